@@ -30,7 +30,7 @@
 // moves the value into `lhs` (which may be a declaration).
 #define MODELSTATE_ASSIGN_OR_RETURN(lhs, rexpr)                             \
   MODELSTATE_INTERNAL_ASSIGN_OR_RETURN(                                     \
-      MODELSTATE_INTERNAL_CONCAT(modelstate_statusor_, __LINE__), lhs, rexpr)
+      MODELSTATE_INTERNAL_CONCAT(modelstate_statusor_, __COUNTER__), lhs, rexpr)
 
 #define MODELSTATE_INTERNAL_ASSIGN_OR_RETURN(statusor, lhs, rexpr) \
   auto statusor = (rexpr);                                         \

@@ -1,0 +1,1034 @@
+#include "core/module.h"
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "core/status_macros.h"
+
+namespace modelstate {
+namespace {
+
+// Every attribute of a bare torch.nn.Module instance (dir(nn.Module()) in
+// PyTorch 1.13): registering any of these names fails with "attribute 'x'
+// already exists", as `hasattr(self, name)` is true for them.
+constexpr absl::string_view kModuleClassAttributes[] = {
+    "T_destination", "__annotations__", "__call__", "__class__",
+    "__delattr__", "__dict__", "__dir__", "__doc__", "__eq__", "__format__",
+    "__ge__", "__getattr__", "__getattribute__", "__getstate__", "__gt__",
+    "__hash__", "__init__", "__init_subclass__", "__le__", "__lt__",
+    "__module__", "__ne__", "__new__", "__reduce__", "__reduce_ex__",
+    "__repr__", "__setattr__", "__setstate__", "__sizeof__", "__str__",
+    "__subclasshook__", "__weakref__", "_apply", "_backward_hooks",
+    "_buffers", "_call_impl", "_forward_hooks", "_forward_pre_hooks",
+    "_get_backward_hooks", "_get_name", "_is_full_backward_hook",
+    "_load_from_state_dict", "_load_state_dict_post_hooks",
+    "_load_state_dict_pre_hooks", "_maybe_warn_non_full_backward_hook",
+    "_modules", "_named_members", "_non_persistent_buffers_set",
+    "_parameters", "_register_load_state_dict_pre_hook",
+    "_register_state_dict_hook", "_replicate_for_data_parallel",
+    "_save_to_state_dict", "_slow_forward", "_state_dict_hooks", "_version",
+    "add_module", "apply", "bfloat16", "buffers", "children", "cpu", "cuda",
+    "double", "dump_patches", "eval", "extra_repr", "float", "forward",
+    "get_buffer", "get_extra_state", "get_parameter", "get_submodule", "half",
+    "ipu", "load_state_dict", "modules", "named_buffers", "named_children",
+    "named_modules", "named_parameters", "parameters",
+    "register_backward_hook", "register_buffer", "register_forward_hook",
+    "register_forward_pre_hook", "register_full_backward_hook",
+    "register_load_state_dict_post_hook", "register_module",
+    "register_parameter", "requires_grad_", "set_extra_state",
+    "share_memory", "state_dict", "to", "to_empty", "train", "training",
+    "type", "xpu", "zero_grad"};
+
+constexpr absl::string_view kExtraStateKey = "_extra_state";
+
+std::string JoinName(absl::string_view prefix, absl::string_view name) {
+  return prefix.empty() ? std::string(name) : absl::StrCat(prefix, ".", name);
+}
+
+// Python's repr of a list of strings: ['a', 'b'].
+std::string PyListRepr(const std::vector<std::string>& items) {
+  return absl::StrCat(
+      "[",
+      absl::StrJoin(items, ", ",
+                    [](std::string* out, const std::string& s) {
+                      absl::StrAppend(out, "'", s, "'");
+                    }),
+      "]");
+}
+
+std::string QuotedList(const std::vector<std::string>& items) {
+  return absl::StrJoin(items, ", ", [](std::string* out, const std::string& s) {
+    absl::StrAppend(out, "\"", s, "\"");
+  });
+}
+
+// The 0-dim tensor holding element 0 of `t` (PyTorch's `input_param[0]`).
+absl::StatusOr<Tensor> FirstElement(const Tensor& t) {
+  if (t.numel() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "index 0 is out of bounds for dimension 0 with size ", t.shape()[0]));
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(t.dtype(), {}, t.device()));
+  if (!t.device().has_storage()) return out;
+  MODELSTATE_ASSIGN_OR_RETURN(void* dst, out.MutableDataForOverwrite());
+  MODELSTATE_RETURN_IF_ERROR(CopyBytes(out.device(), dst, t.device(),
+                                       t.raw_data(), ElementSize(t.dtype())));
+  return out;
+}
+
+absl::Status KeyError(std::string message) {
+  return absl::InvalidArgumentError(std::move(message));
+}
+
+absl::Status AlreadyExists(absl::string_view name) {
+  return absl::AlreadyExistsError(
+      absl::StrCat("attribute '", name, "' already exists"));
+}
+
+}  // namespace
+
+std::string AttrTypeName(const AttrValue& value) {
+  struct Visitor {
+    std::string operator()(std::monostate) const { return "NoneType"; }
+    std::string operator()(bool) const { return "bool"; }
+    std::string operator()(int64_t) const { return "int"; }
+    std::string operator()(double) const { return "float"; }
+    std::string operator()(const std::string&) const { return "str"; }
+    std::string operator()(const std::vector<int64_t>&) const { return "list"; }
+    std::string operator()(const std::vector<double>&) const { return "list"; }
+    std::string operator()(const Tensor& t) const {
+      return t.defined() ? t.TypeName() : "NoneType";
+    }
+  };
+  return std::visit(Visitor{}, value);
+}
+
+std::string IncompatibleKeys::ToString() const {
+  if (missing_keys.empty() && unexpected_keys.empty()) {
+    return "<All keys matched successfully>";
+  }
+  return absl::StrCat("_IncompatibleKeys(missing_keys=",
+                      PyListRepr(missing_keys),
+                      ", unexpected_keys=", PyListRepr(unexpected_keys), ")");
+}
+
+Module::Module(std::string type_name, std::string qualified_name)
+    : type_name_(std::move(type_name)),
+      qualified_name_(qualified_name.empty()
+                          ? absl::StrCat("__main__.", type_name_)
+                          : std::move(qualified_name)) {
+  for (absl::string_view name : kModuleClassAttributes) {
+    class_attributes_.insert(std::string(name));
+  }
+}
+
+std::shared_ptr<Module> Module::Create(std::string type_name,
+                                       std::string qualified_name) {
+  return std::shared_ptr<Module>(
+      new Module(std::move(type_name), std::move(qualified_name)));
+}
+
+void Module::AddClassAttributes(absl::Span<const absl::string_view> names) {
+  for (absl::string_view name : names) class_attributes_.insert(std::string(name));
+}
+
+bool Module::HasClassAttribute(absl::string_view name) const {
+  return class_attributes_.contains(name);
+}
+
+void Module::SetPlainAttribute(std::string name, AttrValue value) {
+  attributes_.Set(std::move(name), std::move(value));
+}
+
+// ---------------------------------------------------------------------------
+// Registration
+
+absl::Status Module::CheckNameFree(EntryKind kind,
+                                   absl::string_view name) const {
+  bool taken = class_attributes_.contains(name) || attributes_.Contains(name) ||
+               (kind != EntryKind::kParameter && parameters_.Contains(name)) ||
+               (kind != EntryKind::kBuffer && buffers_.Contains(name)) ||
+               (kind != EntryKind::kModule && children_.Contains(name));
+  return taken ? AlreadyExists(name) : absl::OkStatus();
+}
+
+bool Module::ContainsModule(const Module* target) const {
+  for (const auto& [path, m] : NamedModules()) {
+    if (m.get() == target) return true;
+  }
+  return false;
+}
+
+SlotState Module::ReadSlot(EntryKind kind, absl::string_view name) const {
+  SlotState state;
+  switch (kind) {
+    case EntryKind::kParameter:
+      if (const Tensor* t = parameters_.Find(name)) {
+        state.existed = true;
+        state.value.tensor = *t;
+        state.position = parameters_.IndexOf(name);
+      }
+      break;
+    case EntryKind::kBuffer:
+      if (const Tensor* t = buffers_.Find(name)) {
+        state.existed = true;
+        state.value.tensor = *t;
+        state.value.persistent = IsPersistentBuffer(name);
+        state.position = buffers_.IndexOf(name);
+      }
+      break;
+    case EntryKind::kModule:
+      if (const auto* m = children_.Find(name)) {
+        state.existed = true;
+        state.value.module = *m;
+        state.position = children_.IndexOf(name);
+      }
+      break;
+  }
+  return state;
+}
+
+namespace {
+
+// Sets `key` in `dict`: in place if present, else at `position` (>= 0) or
+// at the end.
+template <typename V>
+void SetAt(OrderedDict<V>& dict, const std::string& key, V value,
+           ptrdiff_t position) {
+  if (position >= 0 && !dict.Contains(key)) {
+    dict.InsertAt(static_cast<size_t>(position), key, std::move(value));
+  } else {
+    dict.Set(key, std::move(value));
+  }
+}
+
+}  // namespace
+
+void Module::StoreSlot(EntryKind kind, const std::string& name, bool present,
+                       const SlotValue& value, ptrdiff_t position) {
+  switch (kind) {
+    case EntryKind::kParameter:
+      if (present) {
+        SetAt(parameters_, name, value.tensor, position);
+      } else {
+        parameters_.Erase(name);
+      }
+      break;
+    case EntryKind::kBuffer:
+      if (present) {
+        SetAt(buffers_, name, value.tensor, position);
+        if (value.persistent) {
+          non_persistent_.erase(name);
+        } else {
+          non_persistent_.insert(name);
+        }
+      } else {
+        buffers_.Erase(name);
+        non_persistent_.erase(name);
+      }
+      break;
+    case EntryKind::kModule:
+      if (present) {
+        SetAt(children_, name, value.module, position);
+      } else {
+        children_.Erase(name);
+      }
+      break;
+  }
+}
+
+absl::StatusOr<RegistrationOutcome> Module::Register(
+    EntryKind kind, std::string name, SlotValue value, bool removal,
+    const RegistrationContext& ctx) {
+  RegistrationEvent event;
+  event.module = this;
+  event.path = ctx.path;
+  event.kind = kind;
+  event.action = value.is_null() ? RegistrationAction::kUnregister
+                                 : RegistrationAction::kRegister;
+  event.name = std::move(name);
+  event.value = std::move(value);
+
+  SlotState before = ReadSlot(kind, event.name);
+  HookDecision decision;
+  if (ctx.hooks != nullptr) {
+    decision = ctx.hooks->Run(event);
+  } else {
+    decision.value = event.value;
+  }
+  if (!decision.blocked()) {
+    StoreSlot(kind, event.name, !removal, decision.value);
+  }
+  if (ctx.records != nullptr) {
+    ctx.records->push_back(RegistrationRecord{
+        shared_from_this(), event, removal, decision, std::move(before)});
+  }
+  return RegistrationOutcome{std::move(decision)};
+}
+
+absl::StatusOr<RegistrationOutcome> Module::RegisterParameter(
+    std::string name, Tensor param, const RegistrationContext& ctx) {
+  if (absl::StrContains(name, '.')) {
+    return KeyError("parameter name can't contain \".\"");
+  }
+  if (name.empty()) return KeyError("parameter name can't be empty string \"\"");
+  MODELSTATE_RETURN_IF_ERROR(CheckNameFree(EntryKind::kParameter, name));
+  if (param.defined() && !param.is_parameter()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot assign '", param.TypeName(), "' object to parameter '", name,
+        "' (torch.nn.Parameter or None required)"));
+  }
+  if (param.defined()) MODELSTATE_RETURN_IF_ERROR(CheckDeviceAvailable(param.device()));
+  SlotValue value;
+  value.tensor = std::move(param);
+  return Register(EntryKind::kParameter, std::move(name), std::move(value),
+                  /*removal=*/false, ctx);
+}
+
+absl::StatusOr<RegistrationOutcome> Module::RegisterBuffer(
+    std::string name, Tensor tensor, bool persistent,
+    const RegistrationContext& ctx) {
+  if (absl::StrContains(name, '.')) {
+    return KeyError("buffer name can't contain \".\"");
+  }
+  if (name.empty()) return KeyError("buffer name can't be empty string \"\"");
+  MODELSTATE_RETURN_IF_ERROR(CheckNameFree(EntryKind::kBuffer, name));
+  if (tensor.defined()) MODELSTATE_RETURN_IF_ERROR(CheckDeviceAvailable(tensor.device()));
+  SlotValue value;
+  value.tensor = std::move(tensor);
+  value.persistent = persistent;
+  return Register(EntryKind::kBuffer, std::move(name), std::move(value),
+                  /*removal=*/false, ctx);
+}
+
+absl::StatusOr<RegistrationOutcome> Module::RegisterModule(
+    std::string name, std::shared_ptr<Module> child,
+    const RegistrationContext& ctx) {
+  // PyTorch checks the name in a different order for modules (2.13).
+  MODELSTATE_RETURN_IF_ERROR(CheckNameFree(EntryKind::kModule, name));
+  if (absl::StrContains(name, '.')) {
+    return KeyError(
+        absl::StrCat("module name can't contain \".\", got: ", name));
+  }
+  if (name.empty()) return KeyError("module name can't be empty string \"\"");
+  if (child != nullptr &&
+      (child.get() == this || child->ContainsModule(this))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Registering '", name, "' in ", type_name_,
+        " would make the module tree cyclic"));
+  }
+  SlotValue value;
+  value.module = std::move(child);
+  return Register(EntryKind::kModule, std::move(name), std::move(value),
+                  /*removal=*/false, ctx);
+}
+
+absl::StatusOr<RegistrationOutcome> Module::RemoveEntry(
+    absl::string_view name, const RegistrationContext& ctx) {
+  EntryKind kind;
+  if (parameters_.Contains(name)) {
+    kind = EntryKind::kParameter;
+  } else if (buffers_.Contains(name)) {
+    kind = EntryKind::kBuffer;
+  } else if (children_.Contains(name)) {
+    kind = EntryKind::kModule;
+  } else {
+    return absl::NotFoundError(absl::StrCat("'", type_name_,
+                                            "' object has no attribute '",
+                                            name, "'"));
+  }
+  SlotValue none;
+  none.persistent = kind != EntryKind::kBuffer || IsPersistentBuffer(name);
+  return Register(kind, std::string(name), std::move(none), /*removal=*/true,
+                  ctx);
+}
+
+absl::StatusOr<RegistrationOutcome> Module::SetAttr(
+    std::string name, AttrAssignment value, const RegistrationContext& ctx) {
+  const Tensor* tensor = std::get_if<Tensor>(&value);
+  const auto* module = std::get_if<std::shared_ptr<Module>>(&value);
+  bool is_none = std::holds_alternative<std::nullptr_t>(value) ||
+                 (tensor != nullptr && !tensor->defined()) ||
+                 (module != nullptr && *module == nullptr);
+  auto type_name = [&]() -> std::string {
+    if (tensor != nullptr) return tensor->TypeName();
+    if (module != nullptr) return (*module)->qualified_name();
+    if (const auto* plain = std::get_if<AttrValue>(&value)) {
+      return AttrTypeName(*plain);
+    }
+    return "NoneType";
+  };
+  // 3.4a: a Parameter.
+  if (tensor != nullptr && tensor->defined() && tensor->is_parameter()) {
+    return RegisterParameter(std::move(name), *tensor, ctx);
+  }
+  // 3.4b: an existing parameter accepts only None.
+  if (parameters_.Contains(name)) {
+    if (!is_none) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot assign '", type_name(), "' as parameter '", name,
+          "' (torch.nn.Parameter or None expected)"));
+    }
+    return RegisterParameter(std::move(name), Tensor(), ctx);
+  }
+  // 3.4c: a Module.
+  if (module != nullptr && *module != nullptr) {
+    return RegisterModule(std::move(name), *module, ctx);
+  }
+  // 3.4d: an existing submodule accepts only None.
+  if (children_.Contains(name)) {
+    if (!is_none) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot assign '", type_name(), "' as child module '", name,
+          "' (torch.nn.Module or None expected)"));
+    }
+    return RegisterModule(std::move(name), nullptr, ctx);
+  }
+  // 3.4e: an existing buffer accepts a tensor or None; persistence is kept.
+  if (buffers_.Contains(name)) {
+    if (!is_none && tensor == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot assign '", type_name(), "' as buffer '", name,
+          "' (torch.Tensor or None expected)"));
+    }
+    bool persistent = IsPersistentBuffer(name);
+    return RegisterBuffer(std::move(name), is_none ? Tensor() : *tensor,
+                          persistent, ctx);
+  }
+  // 3.4f: a plain attribute (a plain tensor on a new name is not a buffer).
+  AttrValue plain;
+  if (tensor != nullptr) {
+    plain = *tensor;
+  } else if (const auto* v = std::get_if<AttrValue>(&value)) {
+    plain = *v;
+  }
+  attributes_.Set(std::move(name), std::move(plain));
+  return RegistrationOutcome{};
+}
+
+absl::StatusOr<AttrLookup> Module::GetAttr(absl::string_view name) const {
+  if (const Tensor* t = parameters_.Find(name)) return AttrLookup(*t);
+  if (const Tensor* t = buffers_.Find(name)) return AttrLookup(*t);
+  if (const auto* m = children_.Find(name)) return AttrLookup(*m);
+  if (const AttrValue* v = attributes_.Find(name)) return AttrLookup(*v);
+  if (class_attributes_.contains(name)) {
+    return AttrLookup(AttrValue(absl::StrCat("<attribute ", name, " of ",
+                                             type_name_, ">")));
+  }
+  return absl::NotFoundError(absl::StrCat("'", type_name_,
+                                          "' object has no attribute '", name,
+                                          "'"));
+}
+
+absl::StatusOr<RegistrationOutcome> Module::DelAttr(
+    absl::string_view name, const RegistrationContext& ctx) {
+  if (parameters_.Contains(name) || buffers_.Contains(name) ||
+      children_.Contains(name)) {
+    return RemoveEntry(name, ctx);
+  }
+  if (attributes_.Erase(name)) return RegistrationOutcome{};
+  return absl::NotFoundError(absl::StrCat("'", type_name_,
+                                          "' object has no attribute '", name,
+                                          "'"));
+}
+
+absl::StatusOr<std::shared_ptr<Module>> Module::GetSubmodule(
+    absl::string_view path) const {
+  auto current = std::const_pointer_cast<Module>(shared_from_this());
+  if (path.empty()) return current;
+  for (absl::string_view item : absl::StrSplit(path, '.')) {
+    const auto* child = current->children_.Find(item);
+    if (child == nullptr || *child == nullptr) {
+      return absl::NotFoundError(absl::StrCat(
+          current->type_name_, " has no attribute `", item, "`"));
+    }
+    current = *child;
+  }
+  return current;
+}
+
+// ---------------------------------------------------------------------------
+// Traversal
+
+std::vector<std::pair<std::string, std::shared_ptr<Module>>>
+Module::NamedModules(absl::string_view prefix, bool remove_duplicate) const {
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> out;
+  absl::flat_hash_set<const Module*> memo;
+  // Pre-order DFS; a module seen before is skipped with its subtree.
+  struct Walker {
+    bool remove_duplicate;
+    absl::flat_hash_set<const Module*>& memo;
+    std::vector<std::pair<std::string, std::shared_ptr<Module>>>& out;
+    void Visit(const std::shared_ptr<Module>& m, const std::string& prefix) {
+      if (remove_duplicate && !memo.insert(m.get()).second) return;
+      out.emplace_back(prefix, m);
+      for (const auto& item : m->children_) {
+        if (item.value == nullptr) continue;
+        Visit(item.value, JoinName(prefix, item.key));
+      }
+    }
+  };
+  Walker walker{remove_duplicate, memo, out};
+  walker.Visit(std::const_pointer_cast<Module>(shared_from_this()),
+               std::string(prefix));
+  return out;
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<Module>>>
+Module::NamedChildren() const {
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> out;
+  absl::flat_hash_set<const Module*> memo;
+  for (const auto& item : children_) {
+    if (item.value == nullptr || !memo.insert(item.value.get()).second) {
+      continue;
+    }
+    out.emplace_back(item.key, item.value);
+  }
+  return out;
+}
+
+namespace {
+
+// PyTorch's Module._named_members over parameters or buffers.
+template <typename GetMembers>
+std::vector<std::pair<std::string, Tensor>> NamedMembers(
+    const Module& self, absl::string_view prefix, bool recurse,
+    bool remove_duplicate, GetMembers get_members) {
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> modules;
+  if (recurse) {
+    modules = self.NamedModules(prefix, remove_duplicate);
+  } else {
+    modules.emplace_back(std::string(prefix),
+                         std::const_pointer_cast<Module>(
+                             self.shared_from_this()));
+  }
+  std::vector<std::pair<std::string, Tensor>> out;
+  absl::flat_hash_set<const void*> memo;
+  for (const auto& [module_prefix, module] : modules) {
+    get_members(*module, [&](const std::string& name, const Tensor& t) {
+      if (!t.defined() || memo.contains(t.identity())) return;
+      if (remove_duplicate) memo.insert(t.identity());
+      out.emplace_back(JoinName(module_prefix, name), t);
+    });
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, Tensor>> Module::NamedParameters(
+    absl::string_view prefix, bool recurse, bool remove_duplicate) const {
+  return NamedMembers(*this, prefix, recurse, remove_duplicate,
+                      [](const Module& m, const auto& emit) {
+                        for (const auto& item : m.parameters()) {
+                          emit(item.key, item.value);
+                        }
+                      });
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::NamedBuffers(
+    absl::string_view prefix, bool recurse, bool remove_duplicate) const {
+  return NamedMembers(*this, prefix, recurse, remove_duplicate,
+                      [](const Module& m, const auto& emit) {
+                        for (const auto& item : m.buffers()) {
+                          emit(item.key, item.value);
+                        }
+                      });
+}
+
+// ---------------------------------------------------------------------------
+// state_dict
+
+namespace {
+
+void SaveTo(const Module& m, const std::string& prefix, bool keep_vars,
+            StateDict& out) {
+  std::string meta_key = prefix.empty() ? "" : prefix.substr(0, prefix.size() - 1);
+  out.metadata->Set(meta_key, m.version());
+  auto put = [&](const std::string& name, const Tensor& t) {
+    out.tensors.Set(prefix + name, keep_vars ? t : t.Detach());
+  };
+  for (const auto& item : m.parameters()) {
+    if (item.value.defined()) put(item.key, item.value);
+  }
+  for (const auto& item : m.buffers()) {
+    if (item.value.defined() && m.IsPersistentBuffer(item.key)) {
+      put(item.key, item.value);
+    }
+  }
+  if (m.has_extra_state() && m.extra_state().defined()) {
+    put(std::string(kExtraStateKey), m.extra_state());
+  }
+  for (const auto& item : m.children()) {
+    if (item.value != nullptr) {
+      SaveTo(*item.value, prefix + item.key + ".", keep_vars, out);
+    }
+  }
+}
+
+}  // namespace
+
+StateDict Module::GetStateDict(absl::string_view prefix, bool keep_vars) const {
+  StateDict out;
+  out.metadata.emplace();
+  SaveTo(*this, std::string(prefix), keep_vars, out);
+  return out;
+}
+
+void Module::EnableExtraState(Tensor initial) {
+  has_extra_state_ = true;
+  extra_state_ = std::move(initial);
+}
+
+// ---------------------------------------------------------------------------
+// load_state_dict
+
+namespace {
+
+// One entry the load will write: copy `source` into the slot's tensor, or
+// (assign) install it.
+struct PlannedWrite {
+  Module* module;
+  std::string prefix;
+  EntryKind kind;  // kParameter, kBuffer; kModule marks extra state.
+  std::string name;
+  std::string key;
+  Tensor target;
+  Tensor source;
+};
+
+struct LoadPlan {
+  std::vector<PlannedWrite> writes;
+  std::vector<std::string> missing;
+  std::vector<std::string> unexpected;
+  std::vector<std::string> errors;
+};
+
+// PyTorch's Module._load_from_state_dict for one module, then its children
+// (the raw child map: a shared child is visited once per path).
+absl::Status PlanLoad(Module& m, const std::string& prefix,
+                      const StateDict& sd, const LoadOptions& options,
+                      LoadPlan& plan) {
+  std::optional<int> version;
+  if (sd.metadata.has_value()) {
+    std::string meta_key =
+        prefix.empty() ? "" : prefix.substr(0, prefix.size() - 1);
+    if (const int* v = sd.metadata->Find(meta_key)) version = *v;
+  }
+  // local_state: non-null parameters, then non-null persistent buffers.
+  std::vector<std::pair<std::string, EntryKind>> local;
+  absl::flat_hash_set<std::string> local_names;
+  for (const auto& item : m.parameters()) {
+    if (!item.value.defined()) continue;
+    local.emplace_back(item.key, EntryKind::kParameter);
+    local_names.insert(item.key);
+  }
+  for (const auto& item : m.buffers()) {
+    if (!item.value.defined() || !m.IsPersistentBuffer(item.key)) continue;
+    local.emplace_back(item.key, EntryKind::kBuffer);
+    local_names.insert(item.key);
+  }
+  for (const auto& [name, kind] : local) {
+    std::string key = prefix + name;
+    const Tensor& target = kind == EntryKind::kParameter
+                               ? *m.parameters().Find(name)
+                               : *m.buffers().Find(name);
+    const Tensor* found = sd.tensors.Find(key);
+    if (found == nullptr) {
+      // BatchNorm before version 2 had no num_batches_tracked: keep the
+      // module's own counter (PyTorch >= 2.2) instead of reporting it.
+      bool legacy_counter = kind == EntryKind::kBuffer &&
+                            name == "num_batches_tracked" &&
+                            m.version() >= 2 &&
+                            (!version.has_value() || *version < 2);
+      if (!legacy_counter) plan.missing.push_back(key);
+      continue;
+    }
+    Tensor input = *found;
+    if (!input.defined()) {
+      plan.errors.push_back(absl::StrCat(
+          "While copying the parameter named \"", key,
+          "\", expected torch.Tensor or Tensor-like object from checkpoint "
+          "but received <class 'NoneType'>"));
+      continue;
+    }
+    if (target.dim() == 0 && input.dim() == 1) {
+      MODELSTATE_ASSIGN_OR_RETURN(input, FirstElement(input));
+    }
+    if (input.shape() != target.shape()) {
+      plan.errors.push_back(absl::StrCat(
+          "size mismatch for ", key, ": copying a param with shape ",
+          TorchSizeString(input.shape()),
+          " from checkpoint, the shape in current model is ",
+          TorchSizeString(target.shape()), "."));
+      continue;
+    }
+    if (!options.assign && target.device().has_storage() &&
+        input.device().is_meta() && target.numel() > 0) {
+      plan.errors.push_back(absl::StrCat(
+          "While copying the parameter named \"", key,
+          "\", whose dimensions in the model are ",
+          TorchSizeString(target.shape()),
+          " and whose dimensions in the checkpoint are ",
+          TorchSizeString(input.shape()),
+          ", an exception occurred : ('Cannot copy out of meta tensor; no "
+          "data!',)."));
+      continue;
+    }
+    plan.writes.push_back(
+        PlannedWrite{&m, prefix, kind, name, key, target, std::move(input)});
+  }
+  std::string extra_key = prefix + std::string(kExtraStateKey);
+  if (m.has_extra_state()) {
+    if (const Tensor* t = sd.tensors.Find(extra_key)) {
+      plan.writes.push_back(PlannedWrite{&m, prefix, EntryKind::kModule,
+                                         std::string(kExtraStateKey),
+                                         extra_key, m.extra_state(), *t});
+    } else {
+      plan.missing.push_back(extra_key);
+    }
+  } else if (sd.tensors.Contains(extra_key)) {
+    plan.unexpected.push_back(extra_key);
+  }
+  // Unexpected keys (PyTorch main): a dotted remainder must start with a
+  // child's name; an undotted one must name local state.
+  for (const auto& item : sd.tensors) {
+    const std::string& key = item.key;
+    if (!absl::StartsWith(key, prefix) || key == extra_key) continue;
+    absl::string_view rest = absl::string_view(key).substr(prefix.size());
+    size_t dot = rest.find('.');
+    if (dot != absl::string_view::npos) {
+      if (!m.children().Contains(rest.substr(0, dot))) {
+        plan.unexpected.push_back(key);
+      }
+    } else if (!local_names.contains(rest)) {
+      plan.unexpected.push_back(key);
+    }
+  }
+  for (const auto& item : m.children()) {
+    if (item.value == nullptr) continue;
+    MODELSTATE_RETURN_IF_ERROR(
+        PlanLoad(*item.value, prefix + item.key + ".", sd, options, plan));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<LoadResult> Module::LoadStateDict(
+    const StateDict& state_dict, const LoadOptions& options,
+    const RegistrationContext& ctx) {
+  LoadPlan plan;
+  MODELSTATE_RETURN_IF_ERROR(PlanLoad(*this, "", state_dict, options, plan));
+  std::vector<std::string> errors = plan.errors;
+  if (options.strict) {
+    if (!plan.unexpected.empty()) {
+      errors.insert(errors.begin(),
+                    absl::StrCat("Unexpected key(s) in state_dict: ",
+                                 QuotedList(plan.unexpected), ". "));
+    }
+    if (!plan.missing.empty()) {
+      errors.insert(errors.begin(),
+                    absl::StrCat("Missing key(s) in state_dict: ",
+                                 QuotedList(plan.missing), ". "));
+    }
+  }
+  LoadResult result;
+  result.keys.missing_keys = plan.missing;
+  result.keys.unexpected_keys = plan.unexpected;
+  bool write = !options.atomic || errors.empty();
+  if (write && !options.assign) {
+    // Take every storage this load overwrites first, so that running out of
+    // memory (copy-on-write of a shared storage) fails before any byte moved.
+    for (PlannedWrite& w : plan.writes) {
+      if (w.kind == EntryKind::kModule) continue;
+      absl::StatusOr<void*> dst = w.target.MutableDataForOverwrite();
+      if (!dst.ok()) {
+        if (options.atomic) return dst.status();
+        errors.push_back(std::string(dst.status().message()));
+      }
+    }
+  }
+  if (write) {
+    for (PlannedWrite& w : plan.writes) {
+      if (w.kind == EntryKind::kModule) {  // extra state
+        w.module->extra_state_ = w.source;
+        continue;
+      }
+      if (!options.assign) {
+        absl::Status copied = w.target.CopyFrom(w.source);
+        if (!copied.ok()) {
+          errors.push_back(absl::StrCat(
+              "While copying the parameter named \"", w.key,
+              "\", whose dimensions in the model are ",
+              TorchSizeString(w.target.shape()),
+              " and whose dimensions in the checkpoint are ",
+              TorchSizeString(w.source.shape()), ", an exception occurred : ('",
+              copied.message(), "',)."));
+        }
+        continue;
+      }
+      RegistrationContext sub = ctx;
+      sub.path = w.prefix.empty() ? ""
+                                  : w.prefix.substr(0, w.prefix.size() - 1);
+      absl::StatusOr<RegistrationOutcome> outcome;
+      if (w.kind == EntryKind::kParameter) {
+        // Installed as a parameter with the module's requires_grad.
+        Tensor input = w.source;
+        bool requires_grad =
+            w.target.requires_grad() && IsFloatingPoint(input.dtype());
+        if (!input.is_parameter()) {
+          absl::StatusOr<Tensor> param = MakeParameter(input, requires_grad);
+          if (!param.ok()) return param.status();
+          input = *param;
+        } else {
+          MODELSTATE_RETURN_IF_ERROR(input.SetRequiresGrad(requires_grad));
+        }
+        outcome = w.module->Register(EntryKind::kParameter, w.name,
+                                     SlotValue{input, nullptr, true},
+                                     /*removal=*/false, sub);
+      } else {
+        outcome = w.module->Register(
+            EntryKind::kBuffer, w.name,
+            SlotValue{w.source, nullptr, w.module->IsPersistentBuffer(w.name)},
+            /*removal=*/false, sub);
+      }
+      if (!outcome.ok()) return outcome.status();
+      result.registrations.emplace_back(w.key, *std::move(outcome));
+    }
+  }
+  if (!errors.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Error(s) in loading state_dict for ", type_name_, ":\n\t",
+                     absl::StrJoin(errors, "\n\t")));
+  }
+  return result;
+}
+
+// ---------------------------------------------------------------------------
+// Conversion
+
+namespace {
+
+// A tensor object and the data it will take.
+struct PlannedConversion {
+  Module* module;  // For buffers: the module whose map holds it.
+  std::string name;
+  bool is_parameter;
+  Tensor tensor;
+  Tensor converted;
+};
+
+// Plans the conversion of every tensor of the tree, children first (each
+// distinct child once per parent, as PyTorch's _apply), each tensor object
+// converted once.
+template <typename TargetDType>
+absl::Status PlanConversion(Module& m, const std::optional<Device>& device,
+                            const TargetDType& target_dtype,
+                            absl::flat_hash_map<const void*, Tensor>& done,
+                            std::vector<PlannedConversion>& plan) {
+  for (const auto& [name, child] : m.NamedChildren()) {
+    MODELSTATE_RETURN_IF_ERROR(
+        PlanConversion(*child, device, target_dtype, done, plan));
+  }
+  auto visit = [&](const std::string& name, const Tensor& t,
+                   bool is_parameter) -> absl::Status {
+    if (!t.defined()) return absl::OkStatus();
+    Device new_device = device.value_or(t.device());
+    DType new_dtype = target_dtype(t.dtype());
+    if (new_device == t.device() && new_dtype == t.dtype()) {
+      return absl::OkStatus();
+    }
+    auto it = done.find(t.identity());
+    Tensor converted;
+    if (it != done.end()) {
+      converted = it->second;
+    } else {
+      MODELSTATE_ASSIGN_OR_RETURN(converted, t.To(new_device, new_dtype));
+      done.emplace(t.identity(), converted);
+    }
+    plan.push_back(PlannedConversion{&m, name, is_parameter, t, converted});
+    return absl::OkStatus();
+  };
+  for (const auto& item : m.parameters()) {
+    MODELSTATE_RETURN_IF_ERROR(visit(item.key, item.value, true));
+  }
+  for (const auto& item : m.buffers()) {
+    MODELSTATE_RETURN_IF_ERROR(visit(item.key, item.value, false));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+struct ModuleInternals {
+  static void StoreSlot(Module& m, EntryKind kind, const std::string& name,
+                        bool present, const SlotValue& value,
+                        ptrdiff_t position) {
+    m.StoreSlot(kind, name, present, value, position);
+  }
+
+  // Runs a conversion plan: parameters keep their object (data swapped in
+  // place); buffers are replaced by the converted tensor object.
+  static void ApplyConversions(std::vector<PlannedConversion>& plan) {
+    for (PlannedConversion& c : plan) {
+      if (c.is_parameter) {
+        c.tensor.SetData(c.converted);
+      } else {
+        c.module->StoreSlot(
+            EntryKind::kBuffer, c.name, true,
+            SlotValue{c.converted, nullptr,
+                      c.module->IsPersistentBuffer(c.name)});
+      }
+    }
+  }
+};
+
+absl::Status Module::To(std::optional<Device> device,
+                        std::optional<DType> dtype) {
+  if (dtype.has_value() && !IsFloatingPoint(*dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "nn.Module.to only accepts floating point or complex dtypes, but got "
+        "desired dtype=",
+        TorchDTypeName(*dtype)));
+  }
+  if (device.has_value()) MODELSTATE_RETURN_IF_ERROR(CheckDeviceAvailable(*device));
+  absl::flat_hash_map<const void*, Tensor> done;
+  std::vector<PlannedConversion> plan;
+  MODELSTATE_RETURN_IF_ERROR(PlanConversion(
+      *this, device,
+      [&](DType current) {
+        return dtype.has_value() && IsFloatingPoint(current) ? *dtype : current;
+      },
+      done, plan));
+  ModuleInternals::ApplyConversions(plan);
+  return absl::OkStatus();
+}
+
+absl::Status Module::Type(DType dtype) {
+  absl::flat_hash_map<const void*, Tensor> done;
+  std::vector<PlannedConversion> plan;
+  MODELSTATE_RETURN_IF_ERROR(PlanConversion(
+      *this, std::nullopt, [&](DType) { return dtype; }, done, plan));
+  // A parameter that requires grad cannot become an integer tensor.
+  for (const PlannedConversion& c : plan) {
+    if (c.is_parameter && c.tensor.requires_grad() && !IsFloatingPoint(dtype)) {
+      return absl::InvalidArgumentError(
+          "Only Tensors of floating point and complex dtype can require "
+          "gradients");
+    }
+  }
+  ModuleInternals::ApplyConversions(plan);
+  return absl::OkStatus();
+}
+
+absl::Status Module::RequiresGrad(bool value) {
+  std::vector<std::pair<std::string, Tensor>> params = NamedParameters();
+  if (value) {
+    for (const auto& [name, t] : params) {
+      if (!IsFloatingPoint(t.dtype())) {
+        return absl::InvalidArgumentError(
+            "Only Tensors of floating point and complex dtype can require "
+            "gradients");
+      }
+    }
+  }
+  for (auto& [name, t] : params) {
+    Tensor handle = t;
+    MODELSTATE_RETURN_IF_ERROR(handle.SetRequiresGrad(value));
+  }
+  return absl::OkStatus();
+}
+
+void Module::Train(bool mode) {
+  training_ = mode;
+  for (const auto& [name, child] : NamedChildren()) child->Train(mode);
+}
+
+uint64_t Module::TotalBytes() const {
+  uint64_t total = 0;
+  for (const auto& [name, t] : NamedParameters()) total += t.nbytes();
+  for (const auto& [name, t] : NamedBuffers()) total += t.nbytes();
+  return total;
+}
+
+// ---------------------------------------------------------------------------
+// Deferred decisions
+
+namespace {
+
+// One registration slot: (module, kind, name).
+struct SlotKey {
+  Module* module;
+  EntryKind kind;
+  std::string name;
+  bool operator==(const SlotKey& o) const {
+    return module == o.module && kind == o.kind && name == o.name;
+  }
+  template <typename H>
+  friend H AbslHashValue(H h, const SlotKey& k) {
+    return H::combine(std::move(h), k.module, k.kind, k.name);
+  }
+};
+
+}  // namespace
+
+absl::Status ApplyFinalDecisions(absl::Span<const RegistrationRecord> records,
+                                 absl::Span<const HookDecision> finals) {
+  if (records.size() != finals.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ApplyFinalDecisions: ", records.size(), " records but ",
+                     finals.size(), " decisions"));
+  }
+  // Replays every slot's registrations in order with the final decisions:
+  // the slot ends as its last non-blocked registration left it, or as it was
+  // before the first one.
+  struct SlotEnd {
+    bool present;
+    SlotValue value;
+    ptrdiff_t position;  // Where it was before the first registration.
+    bool changed;        // Differs from what the in-process pass stored.
+  };
+  absl::flat_hash_map<SlotKey, SlotEnd> ends;
+  std::vector<SlotKey> order;
+  for (size_t i = 0; i < records.size(); ++i) {
+    const RegistrationRecord& r = records[i];
+    SlotKey key{r.owner.get(), r.event.kind, r.event.name};
+    auto [it, inserted] = ends.try_emplace(
+        key, SlotEnd{r.before.existed, r.before.value, r.before.position,
+                     false});
+    if (inserted) order.push_back(key);
+    const HookDecision& final_decision = finals[i];
+    bool local_stored = !r.local.blocked();
+    bool final_stored = !final_decision.blocked();
+    if (final_stored) {
+      it->second.present = !r.removal;
+      it->second.value = final_decision.value;
+    }
+    if (local_stored != final_stored ||
+        (final_stored &&
+         (!final_decision.value.tensor.is_same(r.local.value.tensor) ||
+          final_decision.value.module != r.local.value.module ||
+          final_decision.value.persistent != r.local.value.persistent))) {
+      it->second.changed = true;
+    }
+  }
+  for (const SlotKey& key : order) {
+    const SlotEnd& end = ends.at(key);
+    if (!end.changed) continue;
+    ModuleInternals::StoreSlot(*key.module, key.kind, key.name, end.present,
+                               end.value, end.position);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace modelstate

@@ -1,0 +1,137 @@
+#include "core/storage.h"
+
+#include <sys/mman.h>
+
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/base/const_init.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+
+namespace modelstate {
+namespace {
+
+// Allocations at least this large are mapped directly, so that freeing them
+// returns the pages to the system at once (malloc may keep them in its heap,
+// which would make the server's RSS grow with every load).
+constexpr size_t kMmapThreshold = size_t{1} << 20;
+constexpr size_t kCpuAlignment = 64;
+
+absl::Mutex backends_mu(absl::kConstInit);
+std::array<std::unique_ptr<DeviceBackend>, 3>& Backends() {
+  static auto* backends = new std::array<std::unique_ptr<DeviceBackend>, 3>();
+  return *backends;
+}
+
+}  // namespace
+
+void RegisterDeviceBackend(std::unique_ptr<DeviceBackend> backend) {
+  absl::MutexLock lock(&backends_mu);
+  size_t slot = static_cast<size_t>(backend->type());
+  Backends()[slot] = std::move(backend);
+}
+
+const DeviceBackend* FindDeviceBackend(DeviceType type) {
+  if (type == DeviceType::kCpu || type == DeviceType::kMeta) return nullptr;
+  absl::MutexLock lock(&backends_mu);
+  return Backends()[static_cast<size_t>(type)].get();
+}
+
+absl::StatusOr<std::shared_ptr<Storage>> Storage::Allocate(size_t nbytes,
+                                                           Device device) {
+  if (device.is_meta()) {
+    return absl::InternalError("Storage::Allocate called for the meta device");
+  }
+  if (device.is_cpu()) {
+    if (nbytes >= kMmapThreshold) {
+      void* p = mmap(nullptr, nbytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("Cannot allocate ", nbytes, " bytes on cpu"));
+      }
+      return std::shared_ptr<Storage>(
+          new Storage(p, nbytes, device, Owner::kMmap));
+    }
+    size_t rounded = (nbytes + kCpuAlignment - 1) / kCpuAlignment *
+                     kCpuAlignment;
+    void* p = std::aligned_alloc(kCpuAlignment,
+                                 rounded == 0 ? kCpuAlignment : rounded);
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("Cannot allocate ", nbytes, " bytes on cpu"));
+    }
+    return std::shared_ptr<Storage>(
+        new Storage(p, nbytes, device, Owner::kMalloc));
+  }
+  const DeviceBackend* backend = FindDeviceBackend(device.type);
+  if (backend == nullptr) return CheckDeviceAvailable(device);
+  absl::StatusOr<void*> p = backend->Allocate(device.index, nbytes);
+  if (!p.ok()) return p.status();
+  return std::shared_ptr<Storage>(
+      new Storage(*p, nbytes, device, Owner::kBackend));
+}
+
+std::shared_ptr<Storage> Storage::AdoptString(std::string bytes) {
+  std::shared_ptr<Storage> storage(
+      new Storage(nullptr, bytes.size(), Device::Cpu(), Owner::kString));
+  storage->owned_string_ = std::move(bytes);
+  storage->data_ = storage->owned_string_.data();
+  return storage;
+}
+
+Storage::~Storage() {
+  switch (owner_) {
+    case Owner::kMalloc:
+      std::free(data_);
+      break;
+    case Owner::kMmap:
+      munmap(data_, nbytes_);
+      break;
+    case Owner::kString:
+      break;
+    case Owner::kBackend:
+      if (const DeviceBackend* backend = FindDeviceBackend(device_.type)) {
+        backend->Free(device_.index, data_);
+      }
+      break;
+  }
+}
+
+absl::Status CopyBytes(const Device& dst_device, void* dst,
+                       const Device& src_device, const void* src,
+                       size_t nbytes) {
+  if (nbytes == 0 || dst_device.is_meta()) return absl::OkStatus();
+  if (src_device.is_meta()) {
+    return absl::InvalidArgumentError("Cannot copy out of meta tensor; no data!");
+  }
+  if (dst_device.is_cpu() && src_device.is_cpu()) {
+    std::memcpy(dst, src, nbytes);
+    return absl::OkStatus();
+  }
+  if (src_device.is_cpu()) {
+    const DeviceBackend* b = FindDeviceBackend(dst_device.type);
+    if (b == nullptr) return CheckDeviceAvailable(dst_device);
+    return b->CopyFromHost(dst_device.index, dst, src, nbytes);
+  }
+  if (dst_device.is_cpu()) {
+    const DeviceBackend* b = FindDeviceBackend(src_device.type);
+    if (b == nullptr) return CheckDeviceAvailable(src_device);
+    return b->CopyToHost(src_device.index, dst, src, nbytes);
+  }
+  if (src_device.type != dst_device.type) {
+    return absl::UnimplementedError(
+        absl::StrCat("Copies from ", src_device.ToString(), " to ",
+                     dst_device.ToString(), " are not supported"));
+  }
+  const DeviceBackend* b = FindDeviceBackend(dst_device.type);
+  if (b == nullptr) return CheckDeviceAvailable(dst_device);
+  return b->CopyOnDevice(dst_device.index, dst, src_device.index, src, nbytes);
+}
+
+}  // namespace modelstate

@@ -1,0 +1,109 @@
+// File: storage.h
+// Contiguous bytes on one device, shared by the tensors that view them, and
+// the per-device memory backends (CPU built in; CUDA registers itself when
+// the project is built with it).
+//
+// Example:
+//   absl::StatusOr<std::shared_ptr<Storage>> s =
+//       Storage::Allocate(1024, Device::Cpu());
+//   std::memset((*s)->data(), 0, (*s)->nbytes());
+#ifndef MODELSTATE_CORE_STORAGE_H_
+#define MODELSTATE_CORE_STORAGE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/device.h"
+#include "core/dtype.h"
+
+namespace modelstate {
+
+// Memory operations for the devices of one type other than cpu and meta.
+// Implementations are thread-safe.
+class DeviceBackend {
+ public:
+  virtual ~DeviceBackend() = default;
+  virtual DeviceType type() const = 0;
+  // Number of devices of this type present (indices 0..count-1).
+  virtual int DeviceCount() const = 0;
+  // Total and free memory of device `index`, in bytes.
+  virtual absl::StatusOr<uint64_t> TotalMemory(int32_t index) const = 0;
+  virtual absl::StatusOr<uint64_t> FreeMemory(int32_t index) const = 0;
+  // A human-readable name of device `index` (e.g. the GPU model).
+  virtual std::string DeviceName(int32_t index) const = 0;
+  // Allocates `nbytes` uninitialised bytes on device `index`.
+  // RESOURCE_EXHAUSTED when the device is out of memory.
+  virtual absl::StatusOr<void*> Allocate(int32_t index, size_t nbytes) const = 0;
+  virtual void Free(int32_t index, void* ptr) const = 0;
+  // Copies `nbytes` from host memory to device memory, and back, and within
+  // or between devices of this type. Synchronous.
+  virtual absl::Status CopyFromHost(int32_t index, void* dst, const void* src,
+                                    size_t nbytes) const = 0;
+  virtual absl::Status CopyToHost(int32_t index, void* dst, const void* src,
+                                  size_t nbytes) const = 0;
+  virtual absl::Status CopyOnDevice(int32_t dst_index, void* dst,
+                                    int32_t src_index, const void* src,
+                                    size_t nbytes) const = 0;
+  // Converts `count` elements on device `index` from `src` (src_dtype) into
+  // `dst` (dst_dtype) with exactly ConvertElements' results.
+  virtual absl::Status ConvertOnDevice(int32_t index, const void* src,
+                                       DType src_dtype, void* dst,
+                                       DType dst_dtype,
+                                       int64_t count) const = 0;
+};
+
+// Installs `backend` for its device type; later calls for the same type
+// replace it. Called once at start-up by backends that are built in.
+void RegisterDeviceBackend(std::unique_ptr<DeviceBackend> backend);
+
+// The backend for `type`, or nullptr when none is built in (always nullptr
+// for cpu and meta, which Storage handles itself).
+const DeviceBackend* FindDeviceBackend(DeviceType type);
+
+// Bytes on one device (never meta). Immutable size; the bytes themselves are
+// written by whoever holds the only reference (see Tensor's copy-on-write
+// rule). Thread-compatible.
+class Storage {
+ public:
+  // Allocates `nbytes` uninitialised bytes on `device`, 64-byte aligned on
+  // cpu. Returns FAILED_PRECONDITION for an unavailable device or meta, and
+  // RESOURCE_EXHAUSTED when the memory cannot be had.
+  static absl::StatusOr<std::shared_ptr<Storage>> Allocate(size_t nbytes,
+                                                           Device device);
+
+  // Takes ownership of `bytes` as CPU storage without copying them.
+  static std::shared_ptr<Storage> AdoptString(std::string bytes);
+
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  ~Storage();
+
+  void* data() { return data_; }
+  const void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  const Device& device() const { return device_; }
+
+ private:
+  enum class Owner { kMalloc, kMmap, kString, kBackend };
+  Storage(void* data, size_t nbytes, Device device, Owner owner)
+      : data_(data), nbytes_(nbytes), device_(device), owner_(owner) {}
+
+  void* data_;
+  size_t nbytes_;
+  Device device_;
+  Owner owner_;
+  std::string owned_string_;  // Holds the bytes when owner_ == kString.
+};
+
+// Copies `nbytes` between two storages' memory on any devices.
+absl::Status CopyBytes(const Device& dst_device, void* dst,
+                       const Device& src_device, const void* src,
+                       size_t nbytes);
+
+}  // namespace modelstate
+
+#endif  // MODELSTATE_CORE_STORAGE_H_
