@@ -1,0 +1,188 @@
+#include "core/tensor.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/sha256.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace modelstate {
+namespace {
+
+using ::modelstate::testing::IsOk;
+using ::modelstate::testing::IsOkAndHolds;
+using ::modelstate::testing::StatusIs;
+using ::testing::HasSubstr;
+
+TEST(DeviceTest, ParsesEverySpelling) {
+  EXPECT_THAT(ParseDevice("cpu"), IsOkAndHolds(Device::Cpu()));
+  EXPECT_THAT(ParseDevice("meta"), IsOkAndHolds(Device::Meta()));
+  EXPECT_THAT(ParseDevice("cuda"), IsOkAndHolds(Device::Cuda(0)));
+  EXPECT_THAT(ParseDevice("cuda:3"), IsOkAndHolds(Device::Cuda(3)));
+  for (const char* bad : {"", "gpu", "cuda:", "cuda:-1", "cuda:x", "CPU", "cuda:1a"}) {
+    EXPECT_THAT(ParseDevice(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr(std::string("'") + bad + "'")))
+        << bad;
+  }
+  EXPECT_EQ(Device::Cuda(2).ToString(), "cuda:2");
+}
+
+TEST(DeviceTest, UnavailableCudaNamesTheDevicesWeHave) {
+  if (AvailableDevices().size() > 2) GTEST_SKIP() << "a GPU is present";
+  EXPECT_THAT(CheckDeviceAvailable(Device::Cuda(0)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("this server has: cpu, meta")));
+  EXPECT_THAT(Tensor::Empty(DType::kFloat32, {2}, Device::Cuda(0)),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  MODELSTATE_EXPECT_OK(CheckDeviceAvailable(Device::Meta()));
+}
+
+TEST(TensorTest, ShapesAreCheckedWithPyTorchsText) {
+  EXPECT_THAT(Tensor::Empty(DType::kFloat32, {2, -1}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "Trying to create tensor with negative dimension -1: [2, -1]"));
+  EXPECT_THAT(CheckedNumElements({int64_t{1} << 40, int64_t{1} << 40}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("2^63-1")));
+  EXPECT_THAT(CheckedNumBytes(int64_t{1} << 62, DType::kFloat64),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("too large")));
+  EXPECT_THAT(CheckedNumElements({}), IsOkAndHolds(1));
+  EXPECT_THAT(CheckedNumElements({3, 0, 5}), IsOkAndHolds(0));
+  EXPECT_EQ(TorchSizeString({4, 3}), "torch.Size([4, 3])");
+  EXPECT_EQ(TorchSizeString({}), "torch.Size([])");
+}
+
+TEST(TensorTest, FromBytesMovesTheBufferInsteadOfCopying) {
+  std::string bytes(4096 * 4, '\0');
+  const char* original = bytes.data();
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      Tensor t, Tensor::FromBytes(DType::kFloat32, {4096}, std::move(bytes)));
+  EXPECT_EQ(t.raw_data(), original);
+  EXPECT_THAT(Tensor::FromBytes(DType::kFloat32, {3}, std::string(11, '\0')),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("Expected 12 bytes")));
+}
+
+TEST(TensorTest, DetachSharesStorageAndCloneCopies) {
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor t, Tensor::Full(DType::kFloat32, {3}, 1.5));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor p, MakeParameter(t));
+  Tensor d = p.Detach();
+  EXPECT_FALSE(d.is_same(p));
+  EXPECT_TRUE(d.SharesStorageWith(p));
+  EXPECT_FALSE(d.requires_grad());
+  EXPECT_FALSE(d.is_parameter());
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor c, p.Clone());
+  EXPECT_FALSE(c.SharesStorageWith(p));
+  EXPECT_TRUE(TensorsEqual(c, d));
+}
+
+TEST(TensorTest, WritesNeverChangeBytesASnapshotStillViews) {
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor t, Tensor::Full(DType::kFloat32, {4}, 1.0));
+  Tensor snapshot = t.Detach();
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor twos, Tensor::Full(DType::kFloat32, {4}, 2.0));
+  ASSERT_THAT(t.CopyFrom(twos), IsOk());
+  EXPECT_EQ(snapshot.data<float>()[0], 1.0f);
+  EXPECT_EQ(t.data<float>()[0], 2.0f);
+  EXPECT_FALSE(t.SharesStorageWith(snapshot));
+  // Without a snapshot the write is in place.
+  const void* before = t.raw_data();
+  ASSERT_THAT(t.CopyFrom(snapshot), IsOk());
+  EXPECT_EQ(t.raw_data(), before);
+  EXPECT_EQ(t.data<float>()[3], 1.0f);
+}
+
+TEST(TensorTest, CopyFromConvertsAndChecksSizes) {
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor dst, Tensor::Zeros(DType::kInt64, {2}));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      Tensor src, Tensor::FromDoubles(DType::kFloat64, {2}, {3.7, -2.5}));
+  ASSERT_THAT(dst.CopyFrom(src), IsOk());
+  EXPECT_EQ(dst.data<int64_t>()[0], 3);
+  EXPECT_EQ(dst.data<int64_t>()[1], -2);
+  EXPECT_EQ(dst.dtype(), DType::kInt64);
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor three, Tensor::Zeros(DType::kFloat32, {3}));
+  EXPECT_THAT(dst.CopyFrom(three), StatusIs(absl::StatusCode::kInvalidArgument));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor meta,
+                                  Tensor::Empty(DType::kInt64, {2}, Device::Meta()));
+  EXPECT_THAT(dst.CopyFrom(meta),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "Cannot copy out of meta tensor; no data!"));
+  EXPECT_THAT(meta.CopyFrom(dst), IsOk());
+}
+
+TEST(TensorTest, ToReturnsTheSameObjectWhenNothingChanges) {
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor t, Tensor::Full(DType::kFloat32, {2}, 0.1));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor same, t.To(Device::Cpu(), DType::kFloat32));
+  EXPECT_TRUE(same.is_same(t));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor half, t.To(Device::Cpu(), DType::kFloat16));
+  EXPECT_EQ(half.dtype(), DType::kFloat16);
+  EXPECT_EQ(half.data<uint16_t>()[0], FloatToHalfBits(0.1f));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor meta, t.To(Device::Meta(), DType::kFloat32));
+  EXPECT_EQ(meta.raw_data(), nullptr);
+  EXPECT_EQ(meta.storage(), nullptr);
+  EXPECT_THAT(meta.To(Device::Cpu(), DType::kFloat32),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(TensorTest, ParametersNeedFloatingPointToRequireGrad) {
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor ints, Tensor::Zeros(DType::kInt64, {2}));
+  EXPECT_THAT(MakeParameter(ints),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "Only Tensors of floating point and complex dtype can "
+                       "require gradients"));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor p, MakeParameter(ints, false));
+  EXPECT_TRUE(p.is_parameter());
+  EXPECT_TRUE(p.SharesStorageWith(ints));
+  EXPECT_THAT(MakeParameter(Tensor()), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(TensorTest, SetDataKeepsIdentity) {
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor p,
+                                  MakeParameter(*Tensor::Zeros(DType::kFloat32, {2})));
+  Tensor alias = p;
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor d, Tensor::Zeros(DType::kFloat64, {2}));
+  p.SetData(d);
+  EXPECT_EQ(alias.dtype(), DType::kFloat64);
+  EXPECT_TRUE(alias.is_parameter());
+  EXPECT_TRUE(alias.requires_grad());
+}
+
+TEST(TensorTest, TypeNamesAreLegacyTorchNames) {
+  EXPECT_EQ(Tensor::Zeros(DType::kFloat32, {1})->TypeName(), "torch.FloatTensor");
+  EXPECT_EQ(Tensor::Zeros(DType::kInt64, {1})->TypeName(), "torch.LongTensor");
+  EXPECT_EQ(Tensor::Zeros(DType::kFloat16, {1})->TypeName(), "torch.HalfTensor");
+  EXPECT_EQ(Tensor::Zeros(DType::kFloat32, {2, 3})->DebugString(),
+            "float32[2, 3] on cpu");
+}
+
+TEST(TensorTest, MetaTensorsHaveNoStorageWhateverTheirSize) {
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      Tensor huge, Tensor::Empty(DType::kFloat32, {1'000'000, 1'000'000}, Device::Meta()));
+  EXPECT_EQ(huge.numel(), int64_t{1'000'000'000'000});
+  EXPECT_EQ(huge.storage(), nullptr);
+  EXPECT_EQ(huge.nbytes(), size_t{4'000'000'000'000});
+}
+
+TEST(TensorTest, ContentHashIsSha256OfTheBytes) {
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor t,
+                                  Tensor::FromBytes(DType::kUInt8, {3}, "abc"));
+  EXPECT_EQ(ContentHash(t),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(Sha256Hex(""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+}
+
+TEST(StorageTest, LargeAllocationsAreMappedAndAligned) {
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(auto big, Storage::Allocate(8 << 20, Device::Cpu()));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(auto small, Storage::Allocate(100, Device::Cpu()));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(big->data()) % 64, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(small->data()) % 64, 0u);
+  std::memset(big->data(), 1, big->nbytes());
+  EXPECT_THAT(Storage::Allocate(1, Device::Meta()),
+              StatusIs(absl::StatusCode::kInternal));
+}
+
+}  // namespace
+}  // namespace modelstate
