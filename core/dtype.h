@@ -68,27 +68,44 @@ absl::string_view LegacyTensorTypeName(DType dtype);
 absl::StatusOr<DType> ParseDType(absl::string_view text);
 
 // Converts `count` elements from `src` (of `src_dtype`) to `dst` (of
-// `dst_dtype`), element by element, as PyTorch's CPU copy kernel does:
+// `dst_dtype`), element by element, as PyTorch 1.13's CPU copy kernel does:
+//  - equal dtypes: the bytes are copied unchanged (NaN payloads included);
 //  - float64 -> float32 and integer -> floating: round to nearest even;
 //  - any -> float16/bfloat16: via float32, then round to nearest even
-//    (c10::Half(float), c10::BFloat16(float)); NaN becomes the canonical
-//    quiet NaN with the input's sign (float16 0x7E00, bfloat16 0x7FC0);
-//  - float16/bfloat16 -> any: exact widening to float32 first;
+//    (c10::Half(float), c10::BFloat16(float)), so float64 and int64 sources
+//    round twice (float64 1 + 2^-11 + 2^-40 gives float16 1.0, not the
+//    nearer 1 + 2^-10). A NaN becomes float16 0x7E00 with the input's sign
+//    (fp16_ieee_from_fp32_value) and bfloat16 0x7FC0 whatever its sign
+//    (c10::detail::round_to_nearest_even). PyTorch's AVX2/AVX-512 copy
+//    kernels write 0xFFFF instead for NaNs that reach their vector body
+//    (contiguous float32 -> bfloat16: all; float64 -> bfloat16: those in
+//    whole 16-element blocks); its scalar and default-capability kernels,
+//    strided copies and the other source dtypes give 0x7FC0, which we use
+//    everywhere so that results depend on neither CPU nor position;
+//  - float16/bfloat16 -> any: exact widening to float32 first. A float16 NaN
+//    becomes a quiet float32 NaN with its payload (0x7C01 -> 0x7FC02000);
+//    bfloat16 widening only shifts the bits (0x7F81 -> 0x7F810000);
+//  - NaN payloads through float32 <-> float64 follow the hardware conversion
+//    (x86 sets the quiet bit and keeps the leading payload bits);
 //  - floating -> integer: truncation toward zero; NaN gives 0 and values
 //    beyond int64's range saturate, then the result wraps to the target width
 //    like an integer -> integer conversion (PyTorch leaves these cases
-//    undefined);
+//    undefined: C++ UB, in practice x86's "integer indefinite" pattern, e.g.
+//    NaN -> int32 INT32_MIN and 1e20 -> uint8 0 where we give 0 and 255).
+//    float -> uint8 goes through int64 as c10 does, so -1.0 gives 255;
 //  - integer -> integer: two's-complement wrap-around;
-//  - any -> bool: value != 0 (NaN is true); bool -> any: 0 or 1.
+//  - any -> bool: value != 0 (NaN is true); bool -> any: 0 or 1 (a bool byte
+//    other than 0 or 1 reads as true).
 // float32 <-> float16 uses F16C and float32 <-> bfloat16 uses AVX2 when the
 // CPU has them (checked once at run time), else portable scalar code with
 // identical results. `src` and `dst` must not overlap unless the dtypes are
-// equal and the pointers are equal.
+// equal and the pointers are equal. `count` must not be negative.
 void ConvertElements(const void* src, DType src_dtype, void* dst,
                      DType dst_dtype, int64_t count);
 
 // Scalar conversions used by ConvertElements and tests (round to nearest
-// even; NaN handling as above).
+// even; NaN handling as above: FloatToHalfBits(NaN) is 0x7E00 | sign,
+// FloatToBFloat16Bits(NaN) is 0x7FC0).
 uint16_t FloatToHalfBits(float value);
 float HalfBitsToFloat(uint16_t bits);
 uint16_t FloatToBFloat16Bits(float value);
