@@ -181,7 +181,9 @@ TEST_P(GoldenModulesTest, KeepVarsReturnsTheModulesOwnTensors) {
     ASSERT_NE(d, nullptr);
     EXPECT_FALSE(d->is_same(*t));
     EXPECT_FALSE(d->is_parameter());
-    if (t->numel() > 0) EXPECT_TRUE(d->SharesStorageWith(*t));
+    if (t->numel() > 0) {
+      EXPECT_TRUE(d->SharesStorageWith(*t));
+    }
   }
 }
 
