@@ -129,55 +129,77 @@ Dst CastElement(Src value) {
   }
 }
 
+// Element access through memcpy: tensor data from the wire may sit at any
+// byte offset, and compilers turn these into plain (vectorisable) moves.
+template <typename T>
+T Load(const unsigned char* p) {
+  T value;
+  std::memcpy(&value, p, sizeof(T));
+  return value;
+}
+template <typename T>
+void Store(unsigned char* p, T value) {
+  std::memcpy(p, &value, sizeof(T));
+}
+
 template <typename Dst, typename Src>
-void ConvertLoop(const Src* src, Dst* dst, int64_t count) {
-  for (int64_t i = 0; i < count; ++i) dst[i] = CastElement<Dst>(src[i]);
+void ConvertLoop(const unsigned char* src, unsigned char* dst, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    Store(dst + i * sizeof(Dst),
+          CastElement<Dst>(Load<Src>(src + i * sizeof(Src))));
+  }
 }
 
 // float32 <-> float16/bfloat16 arrays through the selected kernels.
-void ToFloat(const HalfBits* src, float* dst, int64_t count) {
-  internal::SelectedHalfKernels().half_to_float(
-      reinterpret_cast<const uint16_t*>(src), dst, count);
+template <typename HalfLike>
+void ToFloat(const unsigned char* src, unsigned char* dst, int64_t count) {
+  const internal::HalfKernels& kernels = internal::SelectedHalfKernels();
+  if constexpr (std::is_same_v<HalfLike, HalfBits>) {
+    kernels.half_to_float(src, dst, count);
+  } else {
+    kernels.bfloat16_to_float(src, dst, count);
+  }
 }
-void ToFloat(const BFloat16Bits* src, float* dst, int64_t count) {
-  internal::SelectedHalfKernels().bfloat16_to_float(
-      reinterpret_cast<const uint16_t*>(src), dst, count);
-}
-void FromFloat(const float* src, HalfBits* dst, int64_t count) {
-  internal::SelectedHalfKernels().float_to_half(
-      src, reinterpret_cast<uint16_t*>(dst), count);
-}
-void FromFloat(const float* src, BFloat16Bits* dst, int64_t count) {
-  internal::SelectedHalfKernels().float_to_bfloat16(
-      src, reinterpret_cast<uint16_t*>(dst), count);
+template <typename HalfLike>
+void FromFloat(const unsigned char* src, unsigned char* dst, int64_t count) {
+  const internal::HalfKernels& kernels = internal::SelectedHalfKernels();
+  if constexpr (std::is_same_v<HalfLike, HalfBits>) {
+    kernels.float_to_half(src, dst, count);
+  } else {
+    kernels.float_to_bfloat16(src, dst, count);
+  }
 }
 
 // Converts any pair with a float16/bfloat16 side (but not float32 on the
 // other side, which calls the kernels directly) through a float32 buffer.
 template <typename Dst, typename Src>
-void ConvertViaFloat(const Src* src, Dst* dst, int64_t count) {
+void ConvertViaFloat(const unsigned char* src, unsigned char* dst,
+                     int64_t count) {
   // Small enough for the stack and L1, large enough to amortise the calls.
   constexpr int64_t kChunk = 1024;
   float buffer[kChunk];
+  auto* staged = reinterpret_cast<unsigned char*>(buffer);
   for (int64_t start = 0; start < count; start += kChunk) {
     const int64_t n = std::min(kChunk, count - start);
+    const unsigned char* chunk_src = src + start * sizeof(Src);
+    unsigned char* chunk_dst = dst + start * sizeof(Dst);
     if constexpr (kIsHalfLike<Src>) {
-      ToFloat(src + start, buffer, n);
+      ToFloat<Src>(chunk_src, staged, n);
     } else {
-      ConvertLoop(src + start, buffer, n);
+      ConvertLoop<float, Src>(chunk_src, staged, n);
     }
     if constexpr (kIsHalfLike<Dst>) {
-      FromFloat(buffer, dst + start, n);
+      FromFloat<Dst>(staged, chunk_dst, n);
     } else {
-      ConvertLoop(buffer, dst + start, n);
+      ConvertLoop<Dst, float>(staged, chunk_dst, n);
     }
   }
 }
 
 template <typename Dst, typename Src>
 void ConvertTyped(const void* src, void* dst, int64_t count) {
-  const Src* typed_src = static_cast<const Src*>(src);
-  Dst* typed_dst = static_cast<Dst*>(dst);
+  const auto* src_bytes = static_cast<const unsigned char*>(src);
+  auto* dst_bytes = static_cast<unsigned char*>(dst);
   if constexpr (std::is_same_v<Src, Dst>) {
     // PyTorch copies same-dtype data bit for bit. Equal pointers are
     // allowed (a no-op); memcpy would be UB for them.
@@ -185,13 +207,13 @@ void ConvertTyped(const void* src, void* dst, int64_t count) {
       std::memcpy(dst, src, static_cast<size_t>(count) * sizeof(Src));
     }
   } else if constexpr (std::is_same_v<Src, float> && kIsHalfLike<Dst>) {
-    FromFloat(typed_src, typed_dst, count);
+    FromFloat<Dst>(src_bytes, dst_bytes, count);
   } else if constexpr (kIsHalfLike<Src> && std::is_same_v<Dst, float>) {
-    ToFloat(typed_src, typed_dst, count);
+    ToFloat<Src>(src_bytes, dst_bytes, count);
   } else if constexpr (kIsHalfLike<Src> || kIsHalfLike<Dst>) {
-    ConvertViaFloat(typed_src, typed_dst, count);
+    ConvertViaFloat<Dst, Src>(src_bytes, dst_bytes, count);
   } else {
-    ConvertLoop(typed_src, typed_dst, count);
+    ConvertLoop<Dst, Src>(src_bytes, dst_bytes, count);
   }
 }
 

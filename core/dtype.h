@@ -91,15 +91,17 @@ absl::StatusOr<DType> ParseDType(absl::string_view text);
 //    beyond int64's range saturate, then the result wraps to the target width
 //    like an integer -> integer conversion (PyTorch leaves these cases
 //    undefined: C++ UB, in practice x86's "integer indefinite" pattern, e.g.
-//    NaN -> int32 INT32_MIN and 1e20 -> uint8 0 where we give 0 and 255).
+//    NaN -> int32 INT32_MIN and 1e20 -> uint8 0, where we give 0 and 255).
 //    float -> uint8 goes through int64 as c10 does, so -1.0 gives 255;
 //  - integer -> integer: two's-complement wrap-around;
 //  - any -> bool: value != 0 (NaN is true); bool -> any: 0 or 1 (a bool byte
 //    other than 0 or 1 reads as true).
 // float32 <-> float16 uses F16C and float32 <-> bfloat16 uses AVX2 when the
 // CPU has them (checked once at run time), else portable scalar code with
-// identical results. `src` and `dst` must not overlap unless the dtypes are
-// equal and the pointers are equal. `count` must not be negative.
+// identical results (both assume the default round-to-nearest floating-point
+// mode, as c10 does). `src` and `dst` need no alignment and must not overlap
+// unless the dtypes are equal and the pointers are equal. `count` must not
+// be negative.
 void ConvertElements(const void* src, DType src_dtype, void* dst,
                      DType dst_dtype, int64_t count);
 

@@ -6,27 +6,68 @@
 #include "core/internal/dtype_kernels.h"
 
 #include <cstdint>
+#include <cstring>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
 namespace modelstate::internal {
 
-void FloatToHalfScalar(const float* src, uint16_t* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = FloatToHalfBitsInline(src[i]);
+namespace {
+
+// Element access through memcpy: no alignment is assumed, and compilers
+// turn each call into one (vectorisable) move.
+inline float LoadFloat(const unsigned char* p) {
+  float value;
+  std::memcpy(&value, p, sizeof(value));
+  return value;
+}
+inline uint16_t LoadBits16(const unsigned char* p) {
+  uint16_t value;
+  std::memcpy(&value, p, sizeof(value));
+  return value;
+}
+inline void StoreFloat(unsigned char* p, float value) {
+  std::memcpy(p, &value, sizeof(value));
+}
+inline void StoreBits16(unsigned char* p, uint16_t value) {
+  std::memcpy(p, &value, sizeof(value));
 }
 
-void HalfToFloatScalar(const uint16_t* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = HalfBitsToFloatInline(src[i]);
+}  // namespace
+
+void FloatToHalfScalar(const void* src, void* dst, int64_t n) {
+  const auto* in = static_cast<const unsigned char*>(src);
+  auto* out = static_cast<unsigned char*>(dst);
+  for (int64_t i = 0; i < n; ++i) {
+    StoreBits16(out + 2 * i, FloatToHalfBitsInline(LoadFloat(in + 4 * i)));
+  }
 }
 
-void FloatToBFloat16Scalar(const float* src, uint16_t* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = FloatToBFloat16BitsInline(src[i]);
+void HalfToFloatScalar(const void* src, void* dst, int64_t n) {
+  const auto* in = static_cast<const unsigned char*>(src);
+  auto* out = static_cast<unsigned char*>(dst);
+  for (int64_t i = 0; i < n; ++i) {
+    StoreFloat(out + 4 * i, HalfBitsToFloatInline(LoadBits16(in + 2 * i)));
+  }
 }
 
-void BFloat16ToFloatScalar(const uint16_t* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = BFloat16BitsToFloatInline(src[i]);
+void FloatToBFloat16Scalar(const void* src, void* dst, int64_t n) {
+  const auto* in = static_cast<const unsigned char*>(src);
+  auto* out = static_cast<unsigned char*>(dst);
+  for (int64_t i = 0; i < n; ++i) {
+    StoreBits16(out + 2 * i, FloatToBFloat16BitsInline(LoadFloat(in + 4 * i)));
+  }
+}
+
+void BFloat16ToFloatScalar(const void* src, void* dst, int64_t n) {
+  const auto* in = static_cast<const unsigned char*>(src);
+  auto* out = static_cast<unsigned char*>(dst);
+  for (int64_t i = 0; i < n; ++i) {
+    StoreFloat(out + 4 * i, BFloat16BitsToFloatInline(LoadBits16(in + 2 * i)));
+  }
 }
 
 #if defined(__x86_64__)
@@ -82,126 +123,171 @@ __attribute__((target("avx2"))) inline __m256i FloatToBFloat16Lanes(
 
 }  // namespace
 
+// The unaligned-load/store intrinsics accept any address; their typed
+// pointer parameters are only a formality, hence the casts from bytes.
 // 16 elements per iteration (two 8-wide conversions, one 256-bit store),
-// then one 8-wide step, then the scalar function for the last < 8.
-__attribute__((target("avx2,f16c"))) void FloatToHalfF16C(const float* src,
-                                                          uint16_t* dst,
+// then one 8-wide step, then the scalar kernel for the last < 8.
+__attribute__((target("avx2,f16c"))) void FloatToHalfF16C(const void* src,
+                                                          void* dst,
                                                           int64_t n) {
+  const auto* in = static_cast<const unsigned char*>(src);
+  auto* out = static_cast<unsigned char*>(dst);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m128i low =
-        _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
-    const __m128i high = _mm256_cvtps_ph(_mm256_loadu_ps(src + i + 8),
-                                         _MM_FROUND_TO_NEAREST_INT);
+        _mm256_cvtps_ph(_mm256_loadu_ps(reinterpret_cast<const float*>(in)),
+                        _MM_FROUND_TO_NEAREST_INT);
+    const __m128i high = _mm256_cvtps_ph(
+        _mm256_loadu_ps(reinterpret_cast<const float*>(in + 32)),
+        _MM_FROUND_TO_NEAREST_INT);
     const __m256i both =
         _mm256_inserti128_si256(_mm256_castsi128_si256(low), high, 1);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
                         CanonicalizeHalfNaN256(both));
+    in += 64;
+    out += 32;
   }
   if (i + 8 <= n) {
     const __m128i half =
-        _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+        _mm256_cvtps_ph(_mm256_loadu_ps(reinterpret_cast<const float*>(in)),
+                        _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out),
                      CanonicalizeHalfNaN128(half));
+    in += 32;
+    out += 16;
     i += 8;
   }
-  for (; i < n; ++i) dst[i] = FloatToHalfBitsInline(src[i]);
+  FloatToHalfScalar(in, out, n - i);
 }
 
 // vcvtph2ps already quiets NaNs and keeps their payload, exactly like
 // HalfBitsToFloatInline, so no fix-up is needed.
-__attribute__((target("avx2,f16c"))) void HalfToFloatF16C(const uint16_t* src,
-                                                          float* dst,
+__attribute__((target("avx2,f16c"))) void HalfToFloatF16C(const void* src,
+                                                          void* dst,
                                                           int64_t n) {
+  const auto* in = static_cast<const unsigned char*>(src);
+  auto* out = static_cast<unsigned char*>(dst);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m128i low =
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i low = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in));
     const __m128i high =
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 8));
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(low));
-    _mm256_storeu_ps(dst + i + 8, _mm256_cvtph_ps(high));
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 16));
+    _mm256_storeu_ps(reinterpret_cast<float*>(out), _mm256_cvtph_ps(low));
+    _mm256_storeu_ps(reinterpret_cast<float*>(out + 32), _mm256_cvtph_ps(high));
+    in += 32;
+    out += 64;
   }
   if (i + 8 <= n) {
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(
-                                  reinterpret_cast<const __m128i*>(src + i))));
+    const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in));
+    _mm256_storeu_ps(reinterpret_cast<float*>(out), _mm256_cvtph_ps(half));
+    in += 16;
+    out += 32;
     i += 8;
   }
-  for (; i < n; ++i) dst[i] = HalfBitsToFloatInline(src[i]);
+  HalfToFloatScalar(in, out, n - i);
 }
 
-__attribute__((target("avx2"))) void FloatToBFloat16Avx2(const float* src,
-                                                         uint16_t* dst,
-                                                         int64_t n) {
+__attribute__((target("avx2"))) void FloatToBFloat16Avx2(const void* src,
+                                                         void* dst, int64_t n) {
+  const auto* in = static_cast<const unsigned char*>(src);
+  auto* out = static_cast<unsigned char*>(dst);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m256i low = FloatToBFloat16Lanes(_mm256_loadu_ps(src + i));
-    const __m256i high = FloatToBFloat16Lanes(_mm256_loadu_ps(src + i + 8));
+    const __m256i low = FloatToBFloat16Lanes(
+        _mm256_loadu_ps(reinterpret_cast<const float*>(in)));
+    const __m256i high = FloatToBFloat16Lanes(
+        _mm256_loadu_ps(reinterpret_cast<const float*>(in + 32)));
     // packus works within 128-bit lanes, giving low[0:4] high[0:4]
     // low[4:8] high[4:8]; the permute restores element order. Values fit in
     // 16 bits, so the unsigned saturation never triggers.
     const __m256i packed = _mm256_permute4x64_epi64(
         _mm256_packus_epi32(low, high), _MM_SHUFFLE(3, 1, 2, 0));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), packed);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), packed);
+    in += 64;
+    out += 32;
   }
   if (i + 8 <= n) {
-    const __m256i lanes = FloatToBFloat16Lanes(_mm256_loadu_ps(src + i));
+    const __m256i lanes = FloatToBFloat16Lanes(
+        _mm256_loadu_ps(reinterpret_cast<const float*>(in)));
     const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(lanes),
                                             _mm256_extracti128_si256(lanes, 1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), packed);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), packed);
+    in += 32;
+    out += 16;
     i += 8;
   }
-  for (; i < n; ++i) dst[i] = FloatToBFloat16BitsInline(src[i]);
+  FloatToBFloat16Scalar(in, out, n - i);
 }
 
-__attribute__((target("avx2"))) void BFloat16ToFloatAvx2(const uint16_t* src,
-                                                         float* dst,
-                                                         int64_t n) {
+__attribute__((target("avx2"))) void BFloat16ToFloatAvx2(const void* src,
+                                                         void* dst, int64_t n) {
+  const auto* in = static_cast<const unsigned char*>(src);
+  auto* out = static_cast<unsigned char*>(dst);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m128i low =
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i low = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in));
     const __m128i high =
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 8));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 16));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
                         _mm256_slli_epi32(_mm256_cvtepu16_epi32(low), 16));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i + 8),
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32),
                         _mm256_slli_epi32(_mm256_cvtepu16_epi32(high), 16));
+    in += 32;
+    out += 64;
   }
   if (i + 8 <= n) {
-    const __m128i half =
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+    const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
                         _mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+    in += 16;
+    out += 32;
     i += 8;
   }
-  for (; i < n; ++i) dst[i] = BFloat16BitsToFloatInline(src[i]);
-}
-
-bool CpuHasAvx2F16C() {
-  // __builtin_cpu_supports("avx2") also checks that the OS saves the AVX
-  // state (XGETBV), so the 256-bit registers are usable.
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  BFloat16ToFloatScalar(in, out, n - i);
 }
 
 bool CpuHasAvx2() {
+  // libgcc and compiler-rt set "avx2" only when the OS also saves the AVX
+  // state (they check XGETBV), so the 256-bit registers are usable.
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2");
 }
 
+namespace {
+
+bool CpuHasF16C() {
+#if defined(__clang__)
+  // Clang (14 at least) rejects "f16c" in __builtin_cpu_supports, so read
+  // the CPUID bit (leaf 1, ECX bit 29) directly.
+  unsigned int eax, ebx, ecx, edx;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return false;
+  return (ecx & bit_F16C) != 0;
+#else
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("f16c");
+#endif
+}
+
+}  // namespace
+
+bool CpuHasAvx2F16C() {
+  // F16C's 256-bit forms need the OS-saved AVX state that CpuHasAvx2()
+  // checks for.
+  return CpuHasAvx2() && CpuHasF16C();
+}
+
 #else  // !defined(__x86_64__)
 
-void FloatToHalfF16C(const float* src, uint16_t* dst, int64_t n) {
+void FloatToHalfF16C(const void* src, void* dst, int64_t n) {
   FloatToHalfScalar(src, dst, n);
 }
-void HalfToFloatF16C(const uint16_t* src, float* dst, int64_t n) {
+void HalfToFloatF16C(const void* src, void* dst, int64_t n) {
   HalfToFloatScalar(src, dst, n);
 }
-void FloatToBFloat16Avx2(const float* src, uint16_t* dst, int64_t n) {
+void FloatToBFloat16Avx2(const void* src, void* dst, int64_t n) {
   FloatToBFloat16Scalar(src, dst, n);
 }
-void BFloat16ToFloatAvx2(const uint16_t* src, float* dst, int64_t n) {
+void BFloat16ToFloatAvx2(const void* src, void* dst, int64_t n) {
   BFloat16ToFloatScalar(src, dst, n);
 }
 bool CpuHasAvx2F16C() { return false; }

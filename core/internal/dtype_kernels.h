@@ -90,18 +90,23 @@ inline float BFloat16BitsToFloatInline(uint16_t bits) {
   return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
 }
 
-// Array kernels. `n` >= 0; src and dst must not overlap.
-void FloatToHalfScalar(const float* src, uint16_t* dst, int64_t n);
-void HalfToFloatScalar(const uint16_t* src, float* dst, int64_t n);
-void FloatToBFloat16Scalar(const float* src, uint16_t* dst, int64_t n);
-void BFloat16ToFloatScalar(const uint16_t* src, float* dst, int64_t n);
+// Array kernels over `n` >= 0 elements: float32 on one side, float16 or
+// bfloat16 bits on the other. Pointers need no alignment (tensor data from
+// the wire may sit at any byte offset); src and dst must not overlap.
+using NarrowKernel = void (*)(const void* src, void* dst, int64_t n);
+using WidenKernel = void (*)(const void* src, void* dst, int64_t n);
+
+void FloatToHalfScalar(const void* src, void* dst, int64_t n);
+void HalfToFloatScalar(const void* src, void* dst, int64_t n);
+void FloatToBFloat16Scalar(const void* src, void* dst, int64_t n);
+void BFloat16ToFloatScalar(const void* src, void* dst, int64_t n);
 
 // SIMD kernels; call only when the matching Cpu*() check is true. On
 // non-x86 builds they are the scalar kernels.
-void FloatToHalfF16C(const float* src, uint16_t* dst, int64_t n);
-void HalfToFloatF16C(const uint16_t* src, float* dst, int64_t n);
-void FloatToBFloat16Avx2(const float* src, uint16_t* dst, int64_t n);
-void BFloat16ToFloatAvx2(const uint16_t* src, float* dst, int64_t n);
+void FloatToHalfF16C(const void* src, void* dst, int64_t n);
+void HalfToFloatF16C(const void* src, void* dst, int64_t n);
+void FloatToBFloat16Avx2(const void* src, void* dst, int64_t n);
+void BFloat16ToFloatAvx2(const void* src, void* dst, int64_t n);
 
 // Whether the CPU (and OS) support the SIMD kernels: F16C kernels need
 // both AVX2 and F16C, bfloat16 kernels AVX2.
@@ -111,10 +116,10 @@ bool CpuHasAvx2();
 // The kernels ConvertElements uses: the SIMD ones when the CPU has them,
 // chosen on first use, else the scalar ones.
 struct HalfKernels {
-  void (*float_to_half)(const float*, uint16_t*, int64_t);
-  void (*half_to_float)(const uint16_t*, float*, int64_t);
-  void (*float_to_bfloat16)(const float*, uint16_t*, int64_t);
-  void (*bfloat16_to_float)(const uint16_t*, float*, int64_t);
+  NarrowKernel float_to_half;
+  WidenKernel half_to_float;
+  NarrowKernel float_to_bfloat16;
+  WidenKernel bfloat16_to_float;
 };
 const HalfKernels& SelectedHalfKernels();
 

@@ -458,7 +458,7 @@ std::vector<uint32_t> SweepFloatPatterns(uint64_t start, uint64_t end,
       bits[n++] = static_cast<uint32_t>(p);
     }
     const auto count = static_cast<int64_t>(n);
-    const auto* floats = reinterpret_cast<const float*>(bits.data());
+    const void* floats = bits.data();
     ConvertElements(floats, DType::kFloat32, half.data(), DType::kFloat16,
                     count);
     ConvertElements(floats, DType::kFloat32, bf16.data(), DType::kBFloat16,
@@ -479,36 +479,39 @@ std::vector<uint32_t> SweepFloatPatterns(uint64_t start, uint64_t end,
   return mismatches;
 }
 
-// All 2^32 float32 patterns take about 6.5 s on the (shared) 2-core dev
-// machine in a RelWithDebInfo build, split over two threads (about 9 s on
-// one), so that is the default. Sanitizer and unoptimised builds are several
-// times slower; they sweep every 7th pattern instead, plus all the edge
-// patterns (rounding midpoints of every binade, subnormals, overflow,
-// infinities, NaNs, +-0), which the full sweep also runs.
-// MODELSTATE_DTYPE_SWEEP=full|strided overrides the choice.
-bool FullSweepByDefault() {
+// All 2^32 float32 patterns take about 3.6 s on the 2-core dev machine in a
+// RelWithDebInfo build, split over two threads (about 8 s on one; up to 7 s
+// on two when the machine is busy), so optimised builds sweep them all.
+// Sanitizer and -O0 builds are 50-100x slower (every 7th pattern takes a
+// minute under clang's ASan+UBSan at -O0), so they sweep every 127th
+// pattern. Both also run the edge patterns (rounding midpoints of every
+// binade, subnormals, overflow, infinities, NaNs, +-0).
+// MODELSTATE_DTYPE_SWEEP=full|strided|sparse (stride 1, 7, 127) overrides.
+uint64_t SweepStride() {
+  if (const char* mode = std::getenv("MODELSTATE_DTYPE_SWEEP")) {
+    const std::string name(mode);
+    if (name == "full") return 1;
+    if (name == "strided") return 7;
+    if (name == "sparse") return 127;
+  }
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  return false;
+  return 127;
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
     __has_feature(undefined_behavior_sanitizer)
-  return false;
+  return 127;
 #endif
 #endif
 #if !defined(__OPTIMIZE__)
-  return false;
+  return 127;
 #else
-  return true;
+  return 1;
 #endif
 }
 
 TEST(DTypeTest, VectorFloatToHalfAndBFloat16MatchScalarForAllFloatPatterns) {
-  bool full = FullSweepByDefault();
-  if (const char* mode = std::getenv("MODELSTATE_DTYPE_SWEEP")) {
-    full = std::string(mode) != "strided";
-  }
   const auto start_time = std::chrono::steady_clock::now();
-  const uint64_t stride = full ? 1 : 7;
+  const uint64_t stride = SweepStride();
   constexpr uint64_t kEnd = uint64_t{1} << 32;
   // Two halves, the first a multiple of the stride long, so together they
   // visit exactly the patterns 0, stride, 2 * stride, ...
@@ -548,8 +551,8 @@ TEST(DTypeTest, VectorFloatToHalfAndBFloat16MatchScalarForAllFloatPatterns) {
   const double seconds = std::chrono::duration<double>(
                              std::chrono::steady_clock::now() - start_time)
                              .count();
-  std::printf("[ sweep    ] %s float32 sweep (stride %d): %.1f s\n",
-              full ? "full" : "strided", static_cast<int>(stride), seconds);
+  std::printf("[ sweep    ] float32 patterns with stride %d: %.1f s\n",
+              static_cast<int>(stride), seconds);
 }
 
 TEST(DTypeTest, SimdKernelsAreSelectedWhenTheCpuHasThem) {
@@ -579,33 +582,33 @@ TEST(DTypeTest, KernelsHandleTailsAndUnalignedPointers) {
   for (int i = 0; i < 2000; ++i) pool.push_back(rng());
   std::shuffle(pool.begin(), pool.end(), rng);
 
-  using FromFloatKernel = void (*)(const float*, uint16_t*, int64_t);
-  using ToFloatKernel = void (*)(const uint16_t*, float*, int64_t);
-  std::vector<std::pair<FromFloatKernel, uint16_t (*)(float)>> narrowing = {
-      {internal::FloatToHalfScalar, FloatToHalfBits},
-      {internal::FloatToBFloat16Scalar, FloatToBFloat16Bits},
-  };
-  std::vector<std::pair<ToFloatKernel, float (*)(uint16_t)>> widening = {
-      {internal::HalfToFloatScalar, HalfBitsToFloat},
-      {internal::BFloat16ToFloatScalar, BFloat16BitsToFloat},
-  };
+  std::vector<std::pair<internal::NarrowKernel, uint16_t (*)(float)>>
+      narrowing = {
+          {internal::FloatToHalfScalar, FloatToHalfBits},
+          {internal::FloatToBFloat16Scalar, FloatToBFloat16Bits},
+      };
+  std::vector<std::pair<internal::WidenKernel, float (*)(uint16_t)>> widening =
+      {
+          {internal::HalfToFloatScalar, HalfBitsToFloat},
+          {internal::BFloat16ToFloatScalar, BFloat16BitsToFloat},
+      };
   // ConvertElements itself, whichever kernels it selected.
-  narrowing.push_back({+[](const float* src, uint16_t* dst, int64_t n) {
+  narrowing.push_back({+[](const void* src, void* dst, int64_t n) {
                          ConvertElements(src, DType::kFloat32, dst,
                                          DType::kFloat16, n);
                        },
                        FloatToHalfBits});
-  narrowing.push_back({+[](const float* src, uint16_t* dst, int64_t n) {
+  narrowing.push_back({+[](const void* src, void* dst, int64_t n) {
                          ConvertElements(src, DType::kFloat32, dst,
                                          DType::kBFloat16, n);
                        },
                        FloatToBFloat16Bits});
-  widening.push_back({+[](const uint16_t* src, float* dst, int64_t n) {
+  widening.push_back({+[](const void* src, void* dst, int64_t n) {
                         ConvertElements(src, DType::kFloat16, dst,
                                         DType::kFloat32, n);
                       },
                       HalfBitsToFloat});
-  widening.push_back({+[](const uint16_t* src, float* dst, int64_t n) {
+  widening.push_back({+[](const void* src, void* dst, int64_t n) {
                         ConvertElements(src, DType::kBFloat16, dst,
                                         DType::kFloat32, n);
                       },
@@ -632,8 +635,7 @@ TEST(DTypeTest, KernelsHandleTailsAndUnalignedPointers) {
       }
       for (const auto& [kernel, scalar] : narrowing) {
         std::memset(dst.data(), 0xA5, dst.size());
-        kernel(reinterpret_cast<const float*>(&src[offset]),
-               reinterpret_cast<uint16_t*>(&dst[offset]), length);
+        kernel(&src[offset], &dst[offset], length);
         for (int64_t i = 0; i < length; ++i) {
           const auto in =
               static_cast<uint32_t>(LoadBits(&src[offset + 4 * i], 4));
@@ -648,8 +650,7 @@ TEST(DTypeTest, KernelsHandleTailsAndUnalignedPointers) {
       for (const auto& [kernel, scalar] : widening) {
         std::memset(dst.data(), 0xEF, dst.size());
         StoreBits(&dst[offset + 4 * length], 4, kCanary32);
-        kernel(reinterpret_cast<const uint16_t*>(&src[offset]),
-               reinterpret_cast<float*>(&dst[offset]), length);
+        kernel(&src[offset], &dst[offset], length);
         for (int64_t i = 0; i < length; ++i) {
           const auto in =
               static_cast<uint16_t>(LoadBits(&src[offset + 2 * i], 2));
