@@ -513,8 +513,9 @@ std::vector<std::pair<std::string, Tensor>> NamedMembers(
   }
   std::vector<std::pair<std::string, Tensor>> out;
   absl::flat_hash_set<const void*> memo;
-  for (const auto& [module_prefix, module] : modules) {
-    get_members(*module, [&](const std::string& name, const Tensor& t) {
+  for (const auto& entry : modules) {
+    const std::string& module_prefix = entry.first;
+    get_members(*entry.second, [&](const std::string& name, const Tensor& t) {
       if (!t.defined() || memo.contains(t.identity())) return;
       if (remove_duplicate) memo.insert(t.identity());
       out.emplace_back(JoinName(module_prefix, name), t);
