@@ -489,7 +489,7 @@ absl::StatusOr<std::shared_ptr<Module>> BuildContainer(
   }
   std::vector<std::string> names;
   for (size_t i = 0; i < spec.children.size(); ++i) {
-    const std::string& given = spec.children[i].first;
+    const std::string& given = spec.children[i].name;
     if (spec.type == "ModuleDict") {
       if (given.empty()) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -509,7 +509,7 @@ absl::StatusOr<std::shared_ptr<Module>> BuildContainer(
   // container registers them one by one.
   std::vector<std::shared_ptr<Module>> built;
   for (size_t i = 0; i < spec.children.size(); ++i) {
-    const ModuleSpec& child_spec = spec.children[i].second;
+    const ModuleSpec& child_spec = spec.children[i].spec;
     std::string child_spec_path = absl::StrCat(spec_path, ".children[", i, "]");
     if (!child_spec.ref.empty()) {
       // A sibling built earlier (Sequential(l, l)), or a path below it.

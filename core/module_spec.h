@@ -89,6 +89,8 @@ struct TieSpec {
   std::string source;
 };
 
+struct ModuleChild;
+
 // A module to build.
 struct ModuleSpec {
   // A library type ("Linear", "Sequential", ...; see LayerTypes()), or any
@@ -99,7 +101,7 @@ struct ModuleSpec {
   std::vector<std::pair<std::string, SpecValue>> kwargs;
   // Sequential / ModuleList / ModuleDict children, in order. Names may be
   // empty for Sequential and ModuleList ("0", "1", ... are used).
-  std::vector<std::pair<std::string, ModuleSpec>> children;
+  std::vector<ModuleChild> children;
   // Custom modules: entries in registration order.
   std::vector<MemberSpec> members;
   // Custom modules: hold an opaque extra state saved as "_extra_state".
@@ -115,6 +117,12 @@ struct ModuleSpec {
   static ModuleSpec Layer(std::string type, std::vector<SpecValue> args = {},
                           std::vector<std::pair<std::string, SpecValue>>
                               kwargs = {});
+};
+
+// A container's child: its name ("" for positional) and spec.
+struct ModuleChild {
+  std::string name;
+  ModuleSpec spec;
 };
 
 // Limits a build must respect (RESOURCE_EXHAUSTED names the one exceeded).

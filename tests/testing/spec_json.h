@@ -73,8 +73,7 @@ inline ModuleSpec SpecFromJsonValue(const nlohmann::json& j) {
   }
   if (j.contains("children")) {
     for (const auto& c : j["children"]) {
-      spec.children.emplace_back(c.value("name", ""),
-                                 SpecFromJsonValue(c["spec"]));
+      spec.children.push_back({c.value("name", ""), SpecFromJsonValue(c["spec"])});
     }
   }
   if (j.contains("members")) {

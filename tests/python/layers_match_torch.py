@@ -1,0 +1,185 @@
+"""Every library layer, built by modelstate and by real PyTorch, must agree.
+
+For each case the same constructor arguments, seed and factory dtype are
+given to modelstate's builder (through tests/tools/dump_state_dict) and to
+PyTorch (torch.manual_seed(seed), then the constructor). The state_dict keys
+and their order, shapes, dtypes and the values bit for bit, the _metadata
+versions, named_modules() types and requires_grad must all be equal.
+
+Run by ctest with Debian's /usr/bin/python3 (which has torch):
+    layers_match_torch.py PATH/TO/dump_state_dict
+"""
+import json
+import subprocess
+import sys
+
+import torch
+import torch.nn as nn
+
+
+def spec(type_, *args, **kwargs):
+    s = {"type": type_}
+    if args:
+        s["args"] = list(args)
+    if kwargs:
+        s["kwargs"] = kwargs
+    return s
+
+
+def container(type_, *children, names=None):
+    kids = []
+    for i, c in enumerate(children):
+        kid = {"spec": c}
+        if names:
+            kid["name"] = names[i]
+        kids.append(kid)
+    return {"type": type_, "children": kids}
+
+
+# (label, modelstate spec, torch constructor taking factory kwargs)
+CASES = [
+    ("Identity", spec("Identity"), lambda **f: nn.Identity()),
+    ("Linear(5,3)", spec("Linear", 5, 3), lambda **f: nn.Linear(5, 3, **f)),
+    ("Linear(5,3,bias=False)", spec("Linear", 5, 3, bias=False),
+     lambda **f: nn.Linear(5, 3, bias=False, **f)),
+    ("Linear(0,3)", spec("Linear", 0, 3), lambda **f: nn.Linear(0, 3, **f)),
+    ("Linear(40,20)", spec("Linear", 40, 20), lambda **f: nn.Linear(40, 20, **f)),
+    ("Bilinear(3,4,2)", spec("Bilinear", 3, 4, 2), lambda **f: nn.Bilinear(3, 4, 2, **f)),
+    ("Bilinear(3,4,2,bias=False)", spec("Bilinear", 3, 4, 2, bias=False),
+     lambda **f: nn.Bilinear(3, 4, 2, bias=False, **f)),
+    ("Conv1d(2,4,3)", spec("Conv1d", 2, 4, 3), lambda **f: nn.Conv1d(2, 4, 3, **f)),
+    ("Conv1d(4,4,3,stride=2,padding=1,groups=2)",
+     spec("Conv1d", 4, 4, 3, stride=2, padding=1, groups=2),
+     lambda **f: nn.Conv1d(4, 4, 3, stride=2, padding=1, groups=2, **f)),
+    ("Conv2d(3,8,3)", spec("Conv2d", 3, 8, 3), lambda **f: nn.Conv2d(3, 8, 3, **f)),
+    ("Conv2d(3,8,(3,5),bias=False)", spec("Conv2d", 3, 8, [3, 5], bias=False),
+     lambda **f: nn.Conv2d(3, 8, (3, 5), bias=False, **f)),
+    ("Conv2d(4,4,3,padding='same',padding_mode='reflect')",
+     spec("Conv2d", 4, 4, 3, padding="same", padding_mode="reflect"),
+     lambda **f: nn.Conv2d(4, 4, 3, padding="same", padding_mode="reflect", **f)),
+    ("ConvTranspose2d(2,4,3)", spec("ConvTranspose2d", 2, 4, 3),
+     lambda **f: nn.ConvTranspose2d(2, 4, 3, **f)),
+    ("ConvTranspose2d(4,6,(2,3),groups=2)", spec("ConvTranspose2d", 4, 6, [2, 3], groups=2),
+     lambda **f: nn.ConvTranspose2d(4, 6, (2, 3), groups=2, **f)),
+    ("BatchNorm1d(4)", spec("BatchNorm1d", 4), lambda **f: nn.BatchNorm1d(4, **f)),
+    ("BatchNorm1d(4,affine=False)", spec("BatchNorm1d", 4, affine=False),
+     lambda **f: nn.BatchNorm1d(4, affine=False, **f)),
+    ("BatchNorm2d(5,track_running_stats=False)",
+     spec("BatchNorm2d", 5, track_running_stats=False),
+     lambda **f: nn.BatchNorm2d(5, track_running_stats=False, **f)),
+    ("BatchNorm2d(3,momentum=None)", spec("BatchNorm2d", 3, momentum=None),
+     lambda **f: nn.BatchNorm2d(3, momentum=None, **f)),
+    ("LayerNorm(6)", spec("LayerNorm", 6), lambda **f: nn.LayerNorm(6, **f)),
+    ("LayerNorm([2,3])", spec("LayerNorm", [2, 3]), lambda **f: nn.LayerNorm([2, 3], **f)),
+    ("LayerNorm(4,elementwise_affine=False)", spec("LayerNorm", 4, elementwise_affine=False),
+     lambda **f: nn.LayerNorm(4, elementwise_affine=False, **f)),
+    ("GroupNorm(2,4)", spec("GroupNorm", 2, 4), lambda **f: nn.GroupNorm(2, 4, **f)),
+    ("GroupNorm(2,4,affine=False)", spec("GroupNorm", 2, 4, affine=False),
+     lambda **f: nn.GroupNorm(2, 4, affine=False, **f)),
+    ("Embedding(10,3)", spec("Embedding", 10, 3), lambda **f: nn.Embedding(10, 3, **f)),
+    ("Embedding(10,3,padding_idx=2)", spec("Embedding", 10, 3, padding_idx=2),
+     lambda **f: nn.Embedding(10, 3, padding_idx=2, **f)),
+    ("Embedding(10,3,padding_idx=-1)", spec("Embedding", 10, 3, padding_idx=-1),
+     lambda **f: nn.Embedding(10, 3, padding_idx=-1, **f)),
+    ("Embedding(37,9)", spec("Embedding", 37, 9), lambda **f: nn.Embedding(37, 9, **f)),
+    ("Dropout(0.2)", spec("Dropout", 0.2), lambda **f: nn.Dropout(0.2)),
+    ("ReLU", spec("ReLU"), lambda **f: nn.ReLU()),
+    ("GELU(approximate='tanh')", spec("GELU", approximate="tanh"),
+     lambda **f: nn.GELU(approximate="tanh")),
+    ("SiLU", spec("SiLU"), lambda **f: nn.SiLU()),
+    ("Tanh", spec("Tanh"), lambda **f: nn.Tanh()),
+    ("Sigmoid", spec("Sigmoid"), lambda **f: nn.Sigmoid()),
+    ("Softmax(dim=1)", spec("Softmax", dim=1), lambda **f: nn.Softmax(dim=1)),
+    ("Flatten", spec("Flatten"), lambda **f: nn.Flatten()),
+    ("MultiheadAttention(8,2)", spec("MultiheadAttention", 8, 2),
+     lambda **f: nn.MultiheadAttention(8, 2, **f)),
+    ("MultiheadAttention(8,2,bias=False)", spec("MultiheadAttention", 8, 2, bias=False),
+     lambda **f: nn.MultiheadAttention(8, 2, bias=False, **f)),
+    ("MultiheadAttention(8,2,add_bias_kv=True)",
+     spec("MultiheadAttention", 8, 2, add_bias_kv=True),
+     lambda **f: nn.MultiheadAttention(8, 2, add_bias_kv=True, **f)),
+    ("MultiheadAttention(8,2,kdim=4,vdim=6)", spec("MultiheadAttention", 8, 2, kdim=4, vdim=6),
+     lambda **f: nn.MultiheadAttention(8, 2, kdim=4, vdim=6, **f)),
+    ("TransformerEncoderLayer(8,2,16)", spec("TransformerEncoderLayer", 8, 2, 16),
+     lambda **f: nn.TransformerEncoderLayer(8, 2, 16, **f)),
+    ("TransformerEncoderLayer(8,2,16,gelu,norm_first,batch_first)",
+     spec("TransformerEncoderLayer", 8, 2, 16, activation="gelu", norm_first=True,
+          batch_first=True),
+     lambda **f: nn.TransformerEncoderLayer(8, 2, 16, activation="gelu", norm_first=True,
+                                            batch_first=True, **f)),
+    ("Sequential(Linear,ReLU,Linear,BatchNorm1d)",
+     container("Sequential", spec("Linear", 6, 5), spec("ReLU"), spec("Linear", 5, 4),
+               spec("BatchNorm1d", 4)),
+     lambda **f: nn.Sequential(nn.Linear(6, 5, **f), nn.ReLU(), nn.Linear(5, 4, **f),
+                               nn.BatchNorm1d(4, **f))),
+    ("ModuleList(Conv2d,Embedding)",
+     container("ModuleList", spec("Conv2d", 2, 3, 2), spec("Embedding", 20, 4)),
+     lambda **f: nn.ModuleList([nn.Conv2d(2, 3, 2, **f), nn.Embedding(20, 4, **f)])),
+    ("ModuleDict(enc,dec)",
+     container("ModuleDict", spec("Linear", 3, 3), spec("LayerNorm", 3),
+               names=["enc", "dec"]),
+     lambda **f: nn.ModuleDict({"enc": nn.Linear(3, 3, **f), "dec": nn.LayerNorm(3, **f)})),
+]
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64,
+          "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def torch_dump(make, seed, dtype):
+    torch.manual_seed(seed)
+    m = make(dtype=DTYPES[dtype])
+    sd = m.state_dict()
+    return {
+        "state_dict": [{"key": k, "dtype": str(v.dtype).replace("torch.", ""),
+                        "shape": list(v.shape),
+                        "hex": v.reshape(-1).contiguous().view(torch.uint8)
+                        .numpy().tobytes().hex() if v.numel() else ""}
+                       for k, v in sd.items()],
+        "metadata": {k: v["version"] for k, v in sd._metadata.items()},
+        "named_modules": [[n, type(x).__name__] for n, x in m.named_modules()],
+        "requires_grad": {n: p.requires_grad for n, p in m.named_parameters()},
+    }
+
+
+def main():
+    dumper = sys.argv[1]
+    runs = []
+    for label, s, make in CASES:
+        for seed in (0, 1234):
+            runs.append((label, s, make, seed, "float32"))
+        for dtype in ("float64", "float16", "bfloat16"):
+            runs.append((label, s, make, 7, dtype))
+    requests = [{"spec": s, "seed": seed, "dtype": dtype} for _, s, _, seed, dtype in runs]
+    out = subprocess.run([dumper], input=json.dumps(requests), capture_output=True,
+                         text=True, check=True)
+    ours_all = json.loads(out.stdout)
+    failures = 0
+    for (label, _, make, seed, dtype), ours in zip(runs, ours_all):
+        theirs = torch_dump(make, seed, dtype)
+        where = f"{label} seed={seed} dtype={dtype}"
+        if "error" in ours:
+            print(f"FAIL {where}: modelstate error: {ours['error']}")
+            failures += 1
+            continue
+        for field in ("metadata", "named_modules", "requires_grad"):
+            if ours[field] != theirs[field]:
+                print(f"FAIL {where}: {field}\n  ours:  {ours[field]}\n  torch: {theirs[field]}")
+                failures += 1
+        ok = [e["key"] for e in ours["state_dict"]] == [e["key"] for e in theirs["state_dict"]]
+        if not ok:
+            print(f"FAIL {where}: keys\n  ours:  {[e['key'] for e in ours['state_dict']]}"
+                  f"\n  torch: {[e['key'] for e in theirs['state_dict']]}")
+            failures += 1
+            continue
+        for a, b in zip(ours["state_dict"], theirs["state_dict"]):
+            for field in ("dtype", "shape", "hex"):
+                if a[field] != b[field]:
+                    detail = "values differ" if field == "hex" else f"{a[field]} vs {b[field]}"
+                    print(f"FAIL {where}: {a['key']} {field}: {detail}")
+                    failures += 1
+    print(f"{len(runs)} builds compared with torch {torch.__version__}, {failures} mismatches")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
