@@ -144,13 +144,13 @@ struct RemovableHandle::Shared {
   };
   using List = std::vector<Entry>;
 
-  mutable absl::Mutex mu;
+  mutable Mutex mu;
   std::shared_ptr<const List> lists[3] ABSL_GUARDED_BY(mu) = {
       std::make_shared<List>(), std::make_shared<List>(),
       std::make_shared<List>()};
 
   std::shared_ptr<const List> Snapshot(EntryKind kind) const {
-    absl::MutexLock lock(&mu);
+    MutexLock lock(&mu);
     return lists[KindIndex(kind)];
   }
 };
@@ -158,7 +158,7 @@ struct RemovableHandle::Shared {
 void RemovableHandle::Remove() {
   std::shared_ptr<Shared> shared = registry_.lock();
   if (shared == nullptr) return;
-  absl::MutexLock lock(&shared->mu);
+  MutexLock lock(&shared->mu);
   for (auto& list : shared->lists) {
     for (size_t i = 0; i < list->size(); ++i) {
       if ((*list)[i].id == id_) {
@@ -185,7 +185,7 @@ RemovableHandle HookRegistry::AddHook(EntryKind kind, RegistrationHook hook) {
   uint64_t id = next_hook_id.fetch_add(1);
   auto entry = RemovableHandle::Shared::Entry{
       id, std::make_shared<const RegistrationHook>(std::move(hook))};
-  absl::MutexLock lock(&shared_->mu);
+  MutexLock lock(&shared_->mu);
   auto& list = shared_->lists[KindIndex(kind)];
   auto copy = std::make_shared<RemovableHandle::Shared::List>(*list);
   copy->push_back(std::move(entry));

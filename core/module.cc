@@ -265,12 +265,12 @@ absl::StatusOr<RegistrationOutcome> Module::Register(
   } else {
     decision.value = event.value;
   }
-  if (!decision.blocked()) {
-    StoreSlot(kind, event.name, !removal, decision.value);
-  }
+  bool store = !decision.blocked() && !ctx.dry_run;
+  if (store) StoreSlot(kind, event.name, !removal, decision.value);
   if (ctx.records != nullptr) {
-    ctx.records->push_back(RegistrationRecord{
-        shared_from_this(), event, removal, decision, std::move(before)});
+    ctx.records->push_back(RegistrationRecord{shared_from_this(), event,
+                                              removal, decision,
+                                              std::move(before), store});
   }
   return RegistrationOutcome{std::move(decision)};
 }
@@ -746,7 +746,9 @@ absl::StatusOr<LoadResult> Module::LoadStateDict(
   LoadResult result;
   result.keys.missing_keys = plan.missing;
   result.keys.unexpected_keys = plan.unexpected;
-  bool write = !options.atomic || errors.empty();
+  // A dry run copies nothing; in assign mode it records the registrations.
+  bool write = (!options.atomic || errors.empty()) &&
+               (options.assign || !ctx.dry_run);
   if (write && !options.assign) {
     // Take every storage this load overwrites first, so that running out of
     // memory (copy-on-write of a shared storage) fails before any byte moved.
@@ -762,7 +764,7 @@ absl::StatusOr<LoadResult> Module::LoadStateDict(
   if (write) {
     for (PlannedWrite& w : plan.writes) {
       if (w.kind == EntryKind::kModule) {  // extra state
-        w.module->extra_state_ = w.source;
+        if (!ctx.dry_run) w.module->extra_state_ = w.source;
         continue;
       }
       if (!options.assign) {
@@ -1009,7 +1011,7 @@ absl::Status ApplyFinalDecisions(absl::Span<const RegistrationRecord> records,
                      false});
     if (inserted) order.push_back(key);
     const HookDecision& final_decision = finals[i];
-    bool local_stored = !r.local.blocked();
+    bool local_stored = r.applied;
     bool final_stored = !final_decision.blocked();
     if (final_stored) {
       it->second.present = !r.removal;

@@ -101,6 +101,7 @@ struct RegistrationRecord {
   bool removal = false;           // An explicit removal (not a None store).
   HookDecision local;             // The in-process hooks' decision.
   SlotState before;               // The slot before this registration.
+  bool applied = true;            // Whether `local` was stored (not dry run).
 };
 
 // Where registrations report to. Default: the global in-process hooks, no
@@ -109,6 +110,10 @@ struct RegistrationContext {
   const HookRegistry* hooks = &HookRegistry::Global();  // nullptr: no hooks
   std::vector<RegistrationRecord>* records = nullptr;   // appended to if set
   std::string path;  // Path of the module being registered into.
+  // Validate and run the hooks, record, but store nothing: the caller
+  // applies the (possibly remote) final decisions with ApplyFinalDecisions.
+  // REQUIRES: records != nullptr.
+  bool dry_run = false;
 };
 
 struct LoadOptions {

@@ -388,13 +388,11 @@ absl::Status ApplyTie(const TieSpec& tie, Module& scope,
                               scope.GetSubmodule(target_owner_path));
   std::string target_path =
       target_owner_path.empty() ? path : ChildPath(path, target_owner_path);
-  Tensor tensor = *source;
   if (is_parameter) {
-    return ctx.AddParameter(*target_owner, target_path, target_name,
-                            std::move(tensor), tensor.requires_grad());
+    return ctx.AddParameter(*target_owner, target_path, target_name, *source,
+                            source->requires_grad());
   }
-  return ctx.AddBuffer(*target_owner, target_path, target_name,
-                       std::move(tensor),
+  return ctx.AddBuffer(*target_owner, target_path, target_name, *source,
                        source_owner->IsPersistentBuffer(source_name));
 }
 
@@ -634,7 +632,7 @@ absl::StatusOr<BuildResult> BuildModule(const ModuleSpec& spec,
   }
   internal::BuildContext ctx(options);
   MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Module> root,
-                              internal::BuildSpec(spec, "", "spec", ctx));
+                              internal::BuildSpec(spec, options.root_path, "spec", ctx));
   return BuildResult{std::move(root), std::move(ctx.records())};
 }
 

@@ -140,6 +140,9 @@ struct BuildOptions {
   // In-process hooks that decide each registration; nullptr for none.
   const HookRegistry* hooks = &HookRegistry::Global();
   BuildLimits limits;
+  // The path the built module will have in its tree (events report paths
+  // below it); "" for a new root.
+  std::string root_path;
 };
 
 struct BuildResult {

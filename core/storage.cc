@@ -9,9 +9,8 @@
 #include <string>
 #include <utility>
 
-#include "absl/base/const_init.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "core/sync.h"
 
 namespace modelstate {
 namespace {
@@ -22,7 +21,10 @@ namespace {
 constexpr size_t kMmapThreshold = size_t{1} << 20;
 constexpr size_t kCpuAlignment = 64;
 
-absl::Mutex backends_mu(absl::kConstInit);
+Mutex& BackendsMutex() {
+  static auto* mu = new Mutex();
+  return *mu;
+}
 std::array<std::unique_ptr<DeviceBackend>, 3>& Backends() {
   static auto* backends = new std::array<std::unique_ptr<DeviceBackend>, 3>();
   return *backends;
@@ -31,14 +33,14 @@ std::array<std::unique_ptr<DeviceBackend>, 3>& Backends() {
 }  // namespace
 
 void RegisterDeviceBackend(std::unique_ptr<DeviceBackend> backend) {
-  absl::MutexLock lock(&backends_mu);
+  MutexLock lock(&BackendsMutex());
   size_t slot = static_cast<size_t>(backend->type());
   Backends()[slot] = std::move(backend);
 }
 
 const DeviceBackend* FindDeviceBackend(DeviceType type) {
   if (type == DeviceType::kCpu || type == DeviceType::kMeta) return nullptr;
-  absl::MutexLock lock(&backends_mu);
+  MutexLock lock(&BackendsMutex());
   return Backends()[static_cast<size_t>(type)].get();
 }
 

@@ -252,8 +252,9 @@ TEST_P(GoldenModulesTest, ToFloat16MatchesPyTorch) {
 
   MODELSTATE_ASSERT_OK(m->To(std::nullopt, DType::kFloat16));
 
+  StateDict converted = m->GetStateDict();
   for (const auto& [key, dtype] : golden["dtypes"].items()) {
-    const Tensor* t = m->GetStateDict().tensors.Find(key);
+    const Tensor* t = converted.tensors.Find(key);
     ASSERT_NE(t, nullptr) << key;
     EXPECT_EQ(DTypeName(t->dtype()), dtype.get<std::string>()) << key;
   }

@@ -1,0 +1,463 @@
+#include "core/model_store.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/status_macros.h"
+
+namespace modelstate {
+namespace {
+
+bool ValidNamePart(absl::string_view part) {
+  if (part.empty() || part.size() > 128) return false;
+  for (char c : part) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+              (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// Hooks that answer each event with the next precomputed decision: the
+// second, real pass of a registration that was decided on a dry run.
+class ReplayHooks {
+ public:
+  explicit ReplayHooks(std::vector<HookDecision> decisions)
+      : decisions_(std::move(decisions)) {
+    for (EntryKind kind :
+         {EntryKind::kParameter, EntryKind::kBuffer, EntryKind::kModule}) {
+      handles_.push_back(registry_.AddHook(
+          kind, [this](const RegistrationEvent& event) { return Next(event); }));
+    }
+  }
+  const HookRegistry* registry() const { return &registry_; }
+
+ private:
+  HookResult Next(const RegistrationEvent& event) {
+    if (next_ >= decisions_.size()) {
+      return HookResult::Block("internal: more registrations than decisions");
+    }
+    const HookDecision& d = decisions_[next_++];
+    switch (d.kind) {
+      case HookResult::Kind::kKeep:
+        return HookResult::Keep();
+      case HookResult::Kind::kBlock:
+        return HookResult::Block(d.reason);
+      case HookResult::Kind::kReplace:
+        if (event.kind == EntryKind::kModule) {
+          return HookResult::Replace(d.value.module);
+        }
+        return HookResult::ReplaceBuffer(d.value.tensor, d.value.persistent);
+    }
+    return HookResult::Keep();
+  }
+
+  std::vector<HookDecision> decisions_;
+  size_t next_ = 0;
+  HookRegistry registry_;
+  std::vector<RemovableHandle> handles_;
+};
+
+std::string DescribeBlocked(const RegistrationRecord& r,
+                            const HookDecision& final) {
+  std::string where = r.event.path.empty() ? "the root module"
+                                           : absl::StrCat("'", r.event.path, "'");
+  return absl::StrCat(RegistrationActionName(r.event.action) == "register"
+                          ? "registration"
+                          : "unregistration",
+                      " of ", EntryKindName(r.event.kind), " '", r.event.name,
+                      "' in ", where, " was blocked",
+                      final.reason.empty() ? "" : ": ", final.reason);
+}
+
+std::vector<RegistrationResult> Zip(std::vector<RegistrationRecord> records,
+                                    std::vector<HookDecision> finals) {
+  std::vector<RegistrationResult> out;
+  out.reserve(records.size());
+  for (size_t i = 0; i < records.size(); ++i) {
+    out.push_back(RegistrationResult{std::move(records[i]), std::move(finals[i])});
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<ModuleName> ParseModuleName(absl::string_view text) {
+  ModuleName name;
+  size_t slash = text.find('/');
+  if (slash == absl::string_view::npos) {
+    name.ns = "default";
+    name.name = std::string(text);
+  } else {
+    name.ns = std::string(text.substr(0, slash));
+    name.name = std::string(text.substr(slash + 1));
+  }
+  if (!ValidNamePart(name.ns) || !ValidNamePart(name.name)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "module: '", text,
+        "' is not a valid module name (namespace/name, each 1-128 characters "
+        "of [A-Za-z0-9_.-])"));
+  }
+  return name;
+}
+
+bool GlobMatch(absl::string_view glob, absl::string_view text) {
+  // Iterative matching with one backtrack point for the last '*'.
+  size_t g = 0, t = 0, star = absl::string_view::npos, mark = 0;
+  while (t < text.size()) {
+    if (g < glob.size() && (glob[g] == '?' || glob[g] == text[t])) {
+      ++g;
+      ++t;
+    } else if (g < glob.size() && glob[g] == '*') {
+      star = g++;
+      mark = t;
+    } else if (star != absl::string_view::npos) {
+      g = star + 1;
+      t = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (g < glob.size() && glob[g] == '*') ++g;
+  return g == glob.size();
+}
+
+void ModelStore::set_decider(RegistrationDecider* decider) {
+  MutexLock lock(&mu_);
+  decider_ = decider;
+}
+
+absl::StatusOr<std::shared_ptr<ModelStore::Entry>> ModelStore::Find(
+    const ModuleName& name) const {
+  MutexLock lock(&mu_);
+  auto it = entries_.find(name.full());
+  if (it == entries_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("module '", name.full(), "' does not exist"));
+  }
+  return it->second;
+}
+
+std::vector<HookDecision> ModelStore::Decide(
+    const OperationContext& ctx, const ModuleName& name,
+    absl::Span<const RegistrationRecord> records) {
+  RegistrationDecider* decider;
+  {
+    MutexLock lock(&mu_);
+    decider = decider_;
+  }
+  std::vector<HookDecision> finals;
+  if (decider != nullptr && !records.empty()) {
+    finals = decider->Decide(ctx, name, records);
+  }
+  if (finals.size() != records.size()) {
+    finals.clear();
+    for (const RegistrationRecord& r : records) finals.push_back(r.local);
+  }
+  // What the in-process hooks blocked stays blocked.
+  for (size_t i = 0; i < records.size(); ++i) {
+    if (records[i].local.blocked()) finals[i] = records[i].local;
+  }
+  return finals;
+}
+
+absl::StatusOr<BuildOutcome> ModelStore::Build(const OperationContext& ctx,
+                                               const ModuleName& name,
+                                               const ModuleSpec& spec,
+                                               const BuildOptions& options,
+                                               bool all_or_nothing) {
+  {
+    MutexLock lock(&mu_);
+    if (entries_.contains(name.full())) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("module '", name.full(), "' already exists"));
+    }
+  }
+  BuildOptions build_options = options;
+  build_options.root_path = "";
+  MODELSTATE_ASSIGN_OR_RETURN(BuildResult built, BuildModule(spec, build_options));
+  std::vector<HookDecision> finals = Decide(ctx, name, built.records);
+  MODELSTATE_RETURN_IF_ERROR(ApplyFinalDecisions(built.records, finals));
+  if (all_or_nothing) {
+    std::vector<std::string> blocked;
+    for (size_t i = 0; i < finals.size(); ++i) {
+      if (finals[i].blocked()) {
+        blocked.push_back(DescribeBlocked(built.records[i], finals[i]));
+      }
+    }
+    if (!blocked.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "all_or_nothing build of '", name.full(), "' stored nothing: ",
+          absl::StrJoin(blocked, "; ")));
+    }
+  }
+  auto entry = std::make_shared<Entry>(name, built.root);
+  {
+    MutexLock lock(&mu_);
+    if (!entries_.emplace(name.full(), entry).second) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("module '", name.full(), "' already exists"));
+    }
+  }
+  return BuildOutcome{Zip(std::move(built.records), std::move(finals))};
+}
+
+absl::StatusOr<std::vector<RegistrationResult>> ModelStore::Register(
+    const OperationContext& ctx, const ModuleName& name,
+    RegistrationRequest request) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
+  MutexLock gate(&entry->gate);
+  std::shared_ptr<Module> target;
+  std::vector<RegistrationRecord> records;
+  std::vector<RegistrationRecord> child_records;
+  SlotValue value = request.value;
+  std::string target_path = request.path;
+  {
+    ReaderMutexLock lock(&entry->mu);
+    if (entry->deleted) {
+      return absl::NotFoundError(
+          absl::StrCat("module '", name.full(), "' does not exist"));
+    }
+    absl::StatusOr<std::shared_ptr<Module>> found =
+        entry->root->GetSubmodule(request.path);
+    if (!found.ok()) {
+      return absl::NotFoundError(absl::StrCat("path '", request.path, "' in '",
+                                              name.full(),
+                                              "': ", found.status().message()));
+    }
+    target = *found;
+    if (request.existing_path.has_value()) {
+      absl::StatusOr<std::shared_ptr<Module>> existing =
+          entry->root->GetSubmodule(*request.existing_path);
+      if (!existing.ok()) {
+        return absl::NotFoundError(absl::StrCat(
+            "existing_path '", *request.existing_path, "' in '", name.full(),
+            "': ", existing.status().message()));
+      }
+      value.module = *existing;
+    }
+  }
+  // A submodule spec is built first, detached; its own registrations come
+  // before the module event (PyTorch constructs before it assigns).
+  if (request.spec.has_value()) {
+    BuildOptions options = request.build_options;
+    options.root_path = target_path.empty()
+                            ? request.name
+                            : absl::StrCat(target_path, ".", request.name);
+    MODELSTATE_ASSIGN_OR_RETURN(BuildResult built,
+                                BuildModule(*request.spec, options));
+    value.module = built.root;
+    child_records = std::move(built.records);
+  }
+  // Dry run: validate and record the event without changing anything.
+  RegistrationContext dry;
+  dry.records = &records;
+  dry.path = target_path;
+  dry.dry_run = true;
+  {
+    ReaderMutexLock lock(&entry->mu);
+    absl::StatusOr<RegistrationOutcome> outcome;
+    if (request.removal) {
+      outcome = target->RemoveEntry(request.name, dry);
+    } else if (request.kind == EntryKind::kParameter) {
+      outcome = target->RegisterParameter(request.name, value.tensor, dry);
+    } else if (request.kind == EntryKind::kBuffer) {
+      outcome = target->RegisterBuffer(request.name, value.tensor,
+                                       value.persistent, dry);
+    } else {
+      outcome = target->RegisterModule(request.name, value.module, dry);
+    }
+    if (!outcome.ok()) return outcome.status();
+  }
+  std::vector<RegistrationRecord> all = child_records;
+  all.insert(all.end(), records.begin(), records.end());
+  std::vector<HookDecision> finals = Decide(ctx, name, all);
+  std::vector<HookDecision> child_finals(finals.begin(),
+                                         finals.begin() + child_records.size());
+  MODELSTATE_RETURN_IF_ERROR(ApplyFinalDecisions(child_records, child_finals));
+  const HookDecision& last = finals.back();
+  if (last.blocked()) {
+    return absl::FailedPreconditionError(DescribeBlocked(all.back(), last));
+  }
+  // The real pass, with the final decision replayed as its only hook.
+  ReplayHooks replay({last});
+  RegistrationContext real;
+  real.hooks = replay.registry();
+  real.path = target_path;
+  {
+    WriterMutexLock lock(&entry->mu);
+    absl::StatusOr<RegistrationOutcome> outcome;
+    if (request.removal) {
+      outcome = target->RemoveEntry(request.name, real);
+    } else if (request.kind == EntryKind::kParameter) {
+      outcome = target->RegisterParameter(request.name, value.tensor, real);
+    } else if (request.kind == EntryKind::kBuffer) {
+      outcome = target->RegisterBuffer(request.name, value.tensor,
+                                       value.persistent, real);
+    } else {
+      outcome = target->RegisterModule(request.name, value.module, real);
+    }
+    if (!outcome.ok()) return outcome.status();
+  }
+  return Zip(std::move(all), std::move(finals));
+}
+
+absl::Status ModelStore::Read(
+    const ModuleName& name,
+    absl::FunctionRef<absl::Status(const Module&)> fn) const {
+  MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
+  ReaderMutexLock lock(&entry->mu);
+  if (entry->deleted) {
+    return absl::NotFoundError(
+        absl::StrCat("module '", name.full(), "' does not exist"));
+  }
+  return fn(*entry->root);
+}
+
+absl::StatusOr<StateDict> ModelStore::Snapshot(
+    const ModuleName& name, const SnapshotFilter& filter) const {
+  StateDict snapshot;
+  MODELSTATE_RETURN_IF_ERROR(Read(name, [&](const Module& root) {
+    snapshot = root.GetStateDict();
+    return absl::OkStatus();
+  }));
+  if (filter.key_prefix.empty() && filter.key_glob.empty()) return snapshot;
+  StateDict filtered;
+  filtered.metadata = std::move(snapshot.metadata);
+  for (auto& item : snapshot.tensors) {
+    if (!absl::StartsWith(item.key, filter.key_prefix)) continue;
+    if (!filter.key_glob.empty() && !GlobMatch(filter.key_glob, item.key)) {
+      continue;
+    }
+    filtered.tensors.Set(item.key, std::move(item.value));
+  }
+  return filtered;
+}
+
+absl::StatusOr<LoadResult> ModelStore::Load(const OperationContext& ctx,
+                                            const ModuleName& name,
+                                            const StateDict& state_dict,
+                                            const LoadOptions& options) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
+  MutexLock gate(&entry->gate);
+  std::optional<ReplayHooks> replay;
+  if (options.assign) {
+    // Installations are registrations: decide them on a dry run first.
+    std::vector<RegistrationRecord> records;
+    RegistrationContext dry;
+    dry.records = &records;
+    dry.dry_run = true;
+    {
+      ReaderMutexLock lock(&entry->mu);
+      if (entry->deleted) {
+        return absl::NotFoundError(
+            absl::StrCat("module '", name.full(), "' does not exist"));
+      }
+      MODELSTATE_RETURN_IF_ERROR(
+          entry->root->LoadStateDict(state_dict, options, dry).status());
+    }
+    replay.emplace(Decide(ctx, name, records));
+  }
+  WriterMutexLock lock(&entry->mu);
+  if (entry->deleted) {
+    return absl::NotFoundError(
+        absl::StrCat("module '", name.full(), "' does not exist"));
+  }
+  RegistrationContext real;
+  real.hooks = replay.has_value() ? replay->registry() : nullptr;
+  return entry->root->LoadStateDict(state_dict, options, real);
+}
+
+absl::Status ModelStore::Move(const OperationContext&, const ModuleName& name,
+                              std::optional<Device> device,
+                              std::optional<DType> dtype) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
+  MutexLock gate(&entry->gate);
+  WriterMutexLock lock(&entry->mu);
+  if (entry->deleted) {
+    return absl::NotFoundError(
+        absl::StrCat("module '", name.full(), "' does not exist"));
+  }
+  return entry->root->To(device, dtype);
+}
+
+absl::Status ModelStore::SetTraining(const OperationContext&,
+                                     const ModuleName& name, bool training) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
+  MutexLock gate(&entry->gate);
+  WriterMutexLock lock(&entry->mu);
+  if (entry->deleted) {
+    return absl::NotFoundError(
+        absl::StrCat("module '", name.full(), "' does not exist"));
+  }
+  entry->root->Train(training);
+  return absl::OkStatus();
+}
+
+absl::Status ModelStore::Delete(const OperationContext&, const ModuleName& name) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
+  MutexLock gate(&entry->gate);
+  {
+    WriterMutexLock lock(&entry->mu);
+    if (entry->deleted) {
+      return absl::NotFoundError(
+          absl::StrCat("module '", name.full(), "' does not exist"));
+    }
+    entry->deleted = true;
+  }
+  MutexLock lock(&mu_);
+  entries_.erase(name.full());
+  return absl::OkStatus();
+}
+
+std::vector<ModuleSummary> ModelStore::List(absl::string_view ns,
+                                            absl::string_view after,
+                                            size_t limit) const {
+  std::vector<std::shared_ptr<Entry>> picked;
+  {
+    MutexLock lock(&mu_);
+    auto it = after.empty() ? entries_.begin()
+                            : entries_.upper_bound(std::string(after));
+    for (; it != entries_.end() && picked.size() < limit; ++it) {
+      if (!ns.empty() && it->second->name.ns != ns) continue;
+      picked.push_back(it->second);
+    }
+  }
+  std::vector<ModuleSummary> out;
+  for (const auto& entry : picked) {
+    ReaderMutexLock lock(&entry->mu);
+    if (entry->deleted) continue;
+    ModuleSummary summary;
+    summary.name = entry->name;
+    summary.type = entry->root->type_name();
+    summary.total_bytes = entry->root->TotalBytes();
+    absl::flat_hash_set<std::string> devices;
+    for (const auto& [key, t] : entry->root->NamedParameters()) {
+      summary.num_parameters += static_cast<uint64_t>(t.numel());
+      devices.insert(t.device().ToString());
+    }
+    for (const auto& [key, t] : entry->root->NamedBuffers()) {
+      devices.insert(t.device().ToString());
+    }
+    summary.devices.assign(devices.begin(), devices.end());
+    std::sort(summary.devices.begin(), summary.devices.end());
+    out.push_back(std::move(summary));
+  }
+  return out;
+}
+
+size_t ModelStore::size() const {
+  MutexLock lock(&mu_);
+  return entries_.size();
+}
+
+}  // namespace modelstate

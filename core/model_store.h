@@ -1,0 +1,207 @@
+// File: model_store.h
+// The service's state: module trees stored under "namespace/name", shared by
+// many threads. Every operation a client can ask for is here, free of any
+// RPC type, so that server/ only converts protos.
+//
+// Concurrency: operations on different modules run in parallel; readers of
+// one module (describe, state_dict snapshots) share a lock and never block
+// each other; writers of one module are serialised by a per-module gate,
+// which they hold while registration decisions are pending, and take the
+// module's lock exclusively only to apply a fully decided change, so a
+// reader never sees a half-applied state.
+//
+// Example:
+//   ModelStore store;
+//   MODELSTATE_ASSIGN_OR_RETURN(ModuleName name, ParseModuleName("team/mlp"));
+//   MODELSTATE_ASSIGN_OR_RETURN(BuildOutcome built,
+//                               store.Build({}, name, spec, BuildOptions{}, false));
+//   MODELSTATE_ASSIGN_OR_RETURN(StateDict snapshot, store.Snapshot(name, {}));
+#ifndef MODELSTATE_CORE_MODEL_STORE_H_
+#define MODELSTATE_CORE_MODEL_STORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/sync.h"
+#include "core/hooks.h"
+#include "core/module.h"
+#include "core/module_spec.h"
+
+namespace modelstate {
+
+// "namespace/name"; each part 1-128 characters of [A-Za-z0-9_.-].
+struct ModuleName {
+  std::string ns;
+  std::string name;
+  std::string full() const { return ns + "/" + name; }
+  friend bool operator<(const ModuleName& a, const ModuleName& b) {
+    return a.full() < b.full();
+  }
+};
+
+// Parses "namespace/name" or "name" (namespace "default"). INVALID_ARGUMENT
+// naming the text otherwise.
+absl::StatusOr<ModuleName> ParseModuleName(absl::string_view text);
+
+// Who asked, and which request caused a change (for hooks and the audit
+// log).
+struct OperationContext {
+  std::string identity;
+  std::string correlation_id;
+};
+
+// One registration as decided in the end: the record (event, in-process
+// decision, prior slot) and the final decision after every hook.
+struct RegistrationResult {
+  RegistrationRecord record;
+  HookDecision final;
+};
+
+// Decides registrations after the in-process hooks (the service's remote
+// subscribers). Returns one final decision per record, in order; a record
+// whose in-process decision was a block must stay blocked.
+class RegistrationDecider {
+ public:
+  virtual ~RegistrationDecider() = default;
+  virtual std::vector<HookDecision> Decide(
+      const OperationContext& ctx, const ModuleName& module,
+      absl::Span<const RegistrationRecord> records) = 0;
+};
+
+struct BuildOutcome {
+  std::vector<RegistrationResult> registrations;
+};
+
+// A module's summary for listings.
+struct ModuleSummary {
+  ModuleName name;
+  std::string type;
+  uint64_t num_parameters = 0;  // elements
+  uint64_t total_bytes = 0;
+  std::vector<std::string> devices;
+};
+
+// Which state_dict entries a snapshot holds.
+struct SnapshotFilter {
+  std::string key_prefix;
+  std::string key_glob;  // * and ?; empty matches everything
+};
+
+// What a registration into an existing module carries.
+struct RegistrationRequest {
+  std::string path;  // dotted path of the module to register into
+  std::string name;
+  EntryKind kind = EntryKind::kParameter;
+  // The value: a tensor (parameters, buffers), a module, or None.
+  SlotValue value;
+  bool removal = false;  // RemoveEntry instead of a registration
+  // The spec of a submodule to build first (its own registrations come
+  // before the module event); value.module is ignored then.
+  std::optional<ModuleSpec> spec;
+  BuildOptions build_options;  // for `spec`
+  // Register the module already at this path of the same tree.
+  std::optional<std::string> existing_path;
+};
+
+// Thread-safe.
+class ModelStore {
+ public:
+  ModelStore() = default;
+  ModelStore(const ModelStore&) = delete;
+  ModelStore& operator=(const ModelStore&) = delete;
+
+  // Sets who decides after the in-process hooks (nullptr: nobody; the
+  // in-process decisions are final). Not owned; must outlive its use.
+  void set_decider(RegistrationDecider* decider);
+
+  // Builds `spec` and stores it as `name`. ALREADY_EXISTS if the name is
+  // taken; with `all_or_nothing`, FAILED_PRECONDITION (nothing stored) if any
+  // registration was blocked. Other errors from BuildModule.
+  absl::StatusOr<BuildOutcome> Build(const OperationContext& ctx,
+                                     const ModuleName& name,
+                                     const ModuleSpec& spec,
+                                     const BuildOptions& options,
+                                     bool all_or_nothing);
+
+  // One registration (or removal) inside an existing module. NOT_FOUND for
+  // an unknown module or path; FAILED_PRECONDITION naming who blocked it.
+  absl::StatusOr<std::vector<RegistrationResult>> Register(
+      const OperationContext& ctx, const ModuleName& name,
+      RegistrationRequest request);
+
+  // Runs `fn` on the module under a shared lock. NOT_FOUND if unknown.
+  absl::Status Read(const ModuleName& name,
+                    absl::FunctionRef<absl::Status(const Module&)> fn) const;
+
+  // A consistent snapshot of the module's state_dict (detached tensors that
+  // share storage; later writes never change them), filtered.
+  absl::StatusOr<StateDict> Snapshot(const ModuleName& name,
+                                     const SnapshotFilter& filter) const;
+
+  // load_state_dict on the module. FAILED_PRECONDITION with PyTorch's text
+  // when it fails (nothing changed when atomic). With options.assign the
+  // installations go through the hooks and the decider.
+  absl::StatusOr<LoadResult> Load(const OperationContext& ctx,
+                                  const ModuleName& name,
+                                  const StateDict& state_dict,
+                                  const LoadOptions& options);
+
+  // module.to(device, dtype). Errors as Module::To.
+  absl::Status Move(const OperationContext& ctx, const ModuleName& name,
+                    std::optional<Device> device, std::optional<DType> dtype);
+
+  absl::Status SetTraining(const OperationContext& ctx, const ModuleName& name,
+                           bool training);
+
+  // NOT_FOUND if unknown.
+  absl::Status Delete(const OperationContext& ctx, const ModuleName& name);
+
+  // Modules in name order, of namespace `ns` (all if empty), starting after
+  // `after` (full name; "" = from the start), at most `limit`.
+  std::vector<ModuleSummary> List(absl::string_view ns, absl::string_view after,
+                                  size_t limit) const;
+
+  // Number of modules.
+  size_t size() const;
+
+ private:
+  // One hosted module.
+  struct Entry {
+    explicit Entry(ModuleName n, std::shared_ptr<Module> r)
+        : name(std::move(n)), root(std::move(r)) {}
+    const ModuleName name;
+    // Held by a writer for its whole operation, pending decisions included.
+    Mutex gate;
+    // Guards the tree: shared for readers, exclusive to apply a change.
+    mutable Mutex mu ABSL_ACQUIRED_AFTER(gate);
+    std::shared_ptr<Module> root ABSL_GUARDED_BY(mu);
+    bool deleted ABSL_GUARDED_BY(mu) = false;
+  };
+
+  absl::StatusOr<std::shared_ptr<Entry>> Find(const ModuleName& name) const;
+  // Final decisions for `records` (the in-process ones if no decider).
+  std::vector<HookDecision> Decide(const OperationContext& ctx,
+                                   const ModuleName& name,
+                                   absl::Span<const RegistrationRecord> records);
+
+  mutable Mutex mu_;
+  std::map<std::string, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
+  RegistrationDecider* decider_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+// True if `text` matches `glob` (* any run, ? any one character).
+bool GlobMatch(absl::string_view glob, absl::string_view text);
+
+}  // namespace modelstate
+
+#endif  // MODELSTATE_CORE_MODEL_STORE_H_
