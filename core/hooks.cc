@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/module.h"
 #include "core/status_macros.h"
+#include "core/sync.h"
 
 namespace modelstate {
 namespace {
