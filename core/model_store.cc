@@ -323,24 +323,24 @@ absl::Status ModelStore::Read(
   return fn(*entry->root);
 }
 
-absl::StatusOr<StateDict> ModelStore::Snapshot(
+absl::StatusOr<StateDictSnapshot> ModelStore::Snapshot(
     const ModuleName& name, const SnapshotFilter& filter) const {
-  StateDict snapshot;
+  StateDictSnapshot snapshot;
   MODELSTATE_RETURN_IF_ERROR(Read(name, [&](const Module& root) {
-    snapshot = root.GetStateDict();
+    StateDict kept = root.GetStateDict("", /*keep_vars=*/true);
+    snapshot.state.metadata = std::move(kept.metadata);
+    for (const auto& item : kept.tensors) {
+      if (!absl::StartsWith(item.key, filter.key_prefix)) continue;
+      if (!filter.key_glob.empty() && !GlobMatch(filter.key_glob, item.key)) {
+        continue;
+      }
+      snapshot.kinds.push_back(item.value.is_parameter() ? EntryKind::kParameter
+                                                         : EntryKind::kBuffer);
+      snapshot.state.tensors.Set(item.key, item.value.Detach());
+    }
     return absl::OkStatus();
   }));
-  if (filter.key_prefix.empty() && filter.key_glob.empty()) return snapshot;
-  StateDict filtered;
-  filtered.metadata = std::move(snapshot.metadata);
-  for (auto& item : snapshot.tensors) {
-    if (!absl::StartsWith(item.key, filter.key_prefix)) continue;
-    if (!filter.key_glob.empty() && !GlobMatch(filter.key_glob, item.key)) {
-      continue;
-    }
-    filtered.tensors.Set(item.key, std::move(item.value));
-  }
-  return filtered;
+  return snapshot;
 }
 
 absl::StatusOr<LoadResult> ModelStore::Load(const OperationContext& ctx,

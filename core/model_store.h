@@ -97,6 +97,13 @@ struct SnapshotFilter {
   std::string key_glob;  // * and ?; empty matches everything
 };
 
+// A consistent copy of a module's state_dict: detached tensors sharing
+// storage (later writes never change them) and what each entry is.
+struct StateDictSnapshot {
+  StateDict state;
+  std::vector<EntryKind> kinds;  // parameter or buffer, in state order
+};
+
 // What a registration into an existing module carries.
 struct RegistrationRequest {
   std::string path;  // dotted path of the module to register into
@@ -143,10 +150,9 @@ class ModelStore {
   absl::Status Read(const ModuleName& name,
                     absl::FunctionRef<absl::Status(const Module&)> fn) const;
 
-  // A consistent snapshot of the module's state_dict (detached tensors that
-  // share storage; later writes never change them), filtered.
-  absl::StatusOr<StateDict> Snapshot(const ModuleName& name,
-                                     const SnapshotFilter& filter) const;
+  // A consistent snapshot of the module's state_dict, filtered.
+  absl::StatusOr<StateDictSnapshot> Snapshot(const ModuleName& name,
+                                             const SnapshotFilter& filter) const;
 
   // load_state_dict on the module. FAILED_PRECONDITION with PyTorch's text
   // when it fails (nothing changed when atomic). With options.assign the

@@ -326,6 +326,8 @@ absl::Status InitCustomTensor(Tensor& t, const InitSpec& init,
   return absl::InvalidArgumentError("unknown init kind");
 }
 
+}  // namespace
+
 absl::StatusOr<Tensor> MakeCustomTensor(const TensorSpec& spec,
                                         BuildContext& ctx) {
   Device device = ctx.options().device;
@@ -340,6 +342,8 @@ absl::StatusOr<Tensor> MakeCustomTensor(const TensorSpec& spec,
   MODELSTATE_RETURN_IF_ERROR(InitCustomTensor(t, spec.init, ctx));
   return t;
 }
+
+namespace {
 
 // Splits "a.b.c" into ("a", "b.c").
 std::pair<std::string, std::string> SplitFirst(absl::string_view path) {
@@ -616,6 +620,18 @@ std::vector<std::string> LayerTypes() {
 
 bool IsLayerType(absl::string_view type) {
   return internal::IsContainer(type) || internal::FindLayer(type) != nullptr;
+}
+
+absl::StatusOr<Tensor> CreateTensor(const TensorSpec& spec, uint64_t seed,
+                                    DType default_dtype, Device device,
+                                    const BuildLimits& limits) {
+  BuildOptions options;
+  options.seed = seed;
+  options.dtype = default_dtype;
+  options.device = device;
+  options.limits = limits;
+  internal::BuildContext ctx(options);
+  return internal::MakeCustomTensor(spec, ctx);
 }
 
 absl::StatusOr<BuildResult> BuildModule(const ModuleSpec& spec,

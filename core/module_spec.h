@@ -158,6 +158,13 @@ struct BuildResult {
 absl::StatusOr<BuildResult> BuildModule(const ModuleSpec& spec,
                                         const BuildOptions& options);
 
+// Creates one tensor from `spec` as a custom module's member would be
+// (drawing from Generator(seed) unless spec.init.seed is set), on `device`
+// with `default_dtype` when spec.dtype is unset. Errors as BuildModule.
+absl::StatusOr<Tensor> CreateTensor(const TensorSpec& spec, uint64_t seed,
+                                    DType default_dtype, Device device,
+                                    const BuildLimits& limits);
+
 // Names of the built-in layer and container types.
 std::vector<std::string> LayerTypes();
 bool IsLayerType(absl::string_view type);

@@ -113,6 +113,10 @@ absl::StatusOr<std::shared_ptr<Module>> BuildSpec(const ModuleSpec& spec,
                                                   const std::string& spec_path,
                                                   BuildContext& ctx);
 
+// A custom module's tensor from its spec, on the build's device.
+absl::StatusOr<Tensor> MakeCustomTensor(const TensorSpec& spec,
+                                        BuildContext& ctx);
+
 // A built-in layer: its signature and how to construct it.
 using LayerBuildFn = absl::StatusOr<std::shared_ptr<Module>> (*)(
     const BoundArgs& args, BuildContext& ctx, const std::string& path);

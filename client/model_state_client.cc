@@ -1,0 +1,247 @@
+#include "client/model_state_client.h"
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "core/status_macros.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "proto/convert.h"
+
+namespace modelstate::client {
+
+using convert::FromGrpcStatus;
+
+absl::Status MemorySink::Begin(const StateDictLayout& layout) {
+  MODELSTATE_ASSIGN_OR_RETURN(assembler_,
+                              StateDictAssembler::Create(layout, StreamLimits{}));
+  return absl::OkStatus();
+}
+
+absl::Status MemorySink::Append(absl::string_view bytes) {
+  return assembler_->Append(bytes);
+}
+
+absl::Status MemorySink::Finish() {
+  MODELSTATE_ASSIGN_OR_RETURN(result_, assembler_->Finish());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<MemorySource>> MemorySource::Create(
+    const StateDict& state_dict) {
+  auto source = std::unique_ptr<MemorySource>(new MemorySource());
+  MODELSTATE_ASSIGN_OR_RETURN(source->reader_,
+                              StateDictReader::Create(state_dict, std::nullopt));
+  return source;
+}
+
+absl::StatusOr<std::unique_ptr<ModelStateClient>> ModelStateClient::Connect(
+    const std::string& target, ClientOptions options) {
+  if (target.empty()) {
+    return absl::InvalidArgumentError("server: an address (host:port) is required");
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  auto credentials = options.credentials != nullptr
+                         ? options.credentials
+                         : grpc::InsecureChannelCredentials();
+  return std::make_unique<ModelStateClient>(
+      grpc::CreateCustomChannel(target, credentials, args), std::move(options));
+}
+
+ModelStateClient::ModelStateClient(std::shared_ptr<grpc::Channel> channel,
+                                   ClientOptions options)
+    : channel_(std::move(channel)),
+      stub_(v1::ModelStateService::NewStub(channel_)),
+      options_(std::move(options)) {}
+
+std::unique_ptr<grpc::ClientContext> ModelStateClient::NewContext(
+    absl::Duration timeout) const {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  if (!options_.bearer_token.empty()) {
+    context->AddMetadata("authorization",
+                         absl::StrCat("Bearer ", options_.bearer_token));
+  }
+  return context;
+}
+
+namespace {
+
+// Runs one unary call with the client's deadline.
+template <typename Request, typename Response, typename Method>
+absl::StatusOr<Response> Unary(const ModelStateClient& client, Method method,
+                               const Request& request, absl::Duration timeout) {
+  std::unique_ptr<grpc::ClientContext> context = client.NewContext(timeout);
+  Response response;
+  grpc::Status status = method(context.get(), request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+}  // namespace
+
+#define MODELSTATE_UNARY(Name, Request, Response)                              \
+  absl::StatusOr<v1::Response> ModelStateClient::Name(                        \
+      const v1::Request& request) {                                           \
+    return Unary<v1::Request, v1::Response>(                                  \
+        *this,                                                                \
+        [this](grpc::ClientContext* c, const v1::Request& r, v1::Response* o) { \
+          return stub_->Name(c, r, o);                                        \
+        },                                                                    \
+        request, options_.timeout);                                          \
+  }
+
+MODELSTATE_UNARY(BuildModule, BuildModuleRequest, BuildModuleResponse)
+MODELSTATE_UNARY(RegisterParameter, RegisterTensorRequest, RegisterResponse)
+MODELSTATE_UNARY(RegisterBuffer, RegisterTensorRequest, RegisterResponse)
+MODELSTATE_UNARY(RegisterSubmodule, RegisterSubmoduleRequest, RegisterResponse)
+MODELSTATE_UNARY(RemoveEntry, RemoveEntryRequest, RegisterResponse)
+MODELSTATE_UNARY(GetModule, GetModuleRequest, GetModuleResponse)
+MODELSTATE_UNARY(ListModules, ListModulesRequest, ListModulesResponse)
+MODELSTATE_UNARY(MoveModule, MoveModuleRequest, MoveModuleResponse)
+#undef MODELSTATE_UNARY
+
+absl::Status ModelStateClient::DeleteModule(absl::string_view module) {
+  v1::DeleteModuleRequest request;
+  request.set_module(std::string(module));
+  std::unique_ptr<grpc::ClientContext> context = NewContext(options_.timeout);
+  v1::DeleteModuleResponse response;
+  return FromGrpcStatus(stub_->DeleteModule(context.get(), request, &response));
+}
+
+absl::Status ModelStateClient::SetTraining(absl::string_view module,
+                                           bool training) {
+  v1::SetTrainingRequest request;
+  request.set_module(std::string(module));
+  request.set_training(training);
+  std::unique_ptr<grpc::ClientContext> context = NewContext(options_.timeout);
+  v1::SetTrainingResponse response;
+  return FromGrpcStatus(stub_->SetTraining(context.get(), request, &response));
+}
+
+absl::Status ModelStateClient::GetStateDict(absl::string_view module,
+                                            const GetStateDictOptions& options,
+                                            StateDictSink& sink) {
+  v1::GetStateDictRequest request;
+  request.set_module(std::string(module));
+  request.set_key_prefix(options.key_prefix);
+  request.set_key_glob(options.key_glob);
+  request.set_metadata_only(options.metadata_only);
+  request.set_chunk_bytes(options.chunk_bytes);
+  if (options.target_dtype.has_value()) {
+    request.set_target_dtype(convert::DTypeToProto(*options.target_dtype));
+  }
+  std::unique_ptr<grpc::ClientContext> context =
+      NewContext(options_.transfer_timeout);
+  std::unique_ptr<grpc::ClientReader<v1::StateDictChunk>> reader =
+      stub_->GetStateDict(context.get(), request);
+  v1::StateDictChunk chunk;
+  absl::Status failure;
+  uint64_t done = 0;
+  uint64_t total = 0;
+  bool began = false;
+  while (failure.ok() && reader->Read(&chunk)) {
+    if (chunk.payload_case() == v1::StateDictChunk::kHeader && !began) {
+      absl::StatusOr<StateDictLayout> layout = convert::HeaderToLayout(chunk.header());
+      failure = layout.ok() ? sink.Begin(*layout) : layout.status();
+      total = layout.ok() ? layout->total_bytes : 0;
+      began = true;
+    } else if (chunk.payload_case() == v1::StateDictChunk::kData && began) {
+      failure = sink.Append(chunk.data());
+      done += chunk.data().size();
+      if (options.progress) options.progress(done, total);
+    } else {
+      failure = absl::InternalError("server sent a malformed state_dict stream");
+    }
+  }
+  if (!failure.ok()) {
+    context->TryCancel();
+    reader->Finish().IgnoreError();
+    return failure;
+  }
+  MODELSTATE_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
+  if (!began) return absl::InternalError("server sent no state_dict header");
+  if (options.metadata_only) return absl::OkStatus();
+  return sink.Finish();
+}
+
+absl::StatusOr<StateDict> ModelStateClient::GetStateDict(
+    absl::string_view module, const GetStateDictOptions& options) {
+  MemorySink sink;
+  MODELSTATE_RETURN_IF_ERROR(GetStateDict(module, options, sink));
+  return std::move(sink.state_dict());
+}
+
+absl::StatusOr<v1::LoadStateDictResponse> ModelStateClient::LoadStateDict(
+    absl::string_view module, StateDictSource& source,
+    const LoadStateDictOptions& options) {
+  std::unique_ptr<grpc::ClientContext> context =
+      NewContext(options_.transfer_timeout);
+  v1::LoadStateDictResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::LoadStateDictRequest>> writer =
+      stub_->LoadStateDict(context.get(), &response);
+  v1::LoadStateDictRequest message;
+  v1::LoadStart* start = message.mutable_start();
+  start->set_module(std::string(module));
+  start->mutable_options()->set_strict(options.load.strict);
+  start->mutable_options()->set_atomic(options.load.atomic);
+  start->mutable_options()->set_assign(options.load.assign);
+  convert::LayoutToHeader(source.layout(), start->mutable_header());
+  uint64_t total = source.layout().total_bytes;
+  uint64_t done = 0;
+  bool open = writer->Write(message);
+  absl::Status failure;
+  while (open) {
+    message.Clear();
+    std::string* data = message.mutable_data();
+    absl::StatusOr<size_t> n = source.Read(options.chunk_bytes, data);
+    if (!n.ok()) {
+      failure = n.status();
+      break;
+    }
+    if (*n == 0) break;
+    open = writer->Write(message);
+    done += *n;
+    if (options.progress) options.progress(done, total);
+  }
+  if (!failure.ok()) {
+    // Abandon the call: the server sees a cancelled, incomplete stream and
+    // changes nothing.
+    context->TryCancel();
+    writer->Finish().IgnoreError();
+    return failure;
+  }
+  writer->WritesDone();
+  MODELSTATE_RETURN_IF_ERROR(FromGrpcStatus(writer->Finish()));
+  return response;
+}
+
+absl::StatusOr<v1::LoadStateDictResponse> ModelStateClient::LoadStateDict(
+    absl::string_view module, const StateDict& state_dict,
+    const LoadStateDictOptions& options) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::unique_ptr<MemorySource> source,
+                              MemorySource::Create(state_dict));
+  return LoadStateDict(module, *source, options);
+}
+
+absl::Status ModelStateClient::Health() {
+  auto stub = grpc::health::v1::Health::NewStub(channel_);
+  std::unique_ptr<grpc::ClientContext> context = NewContext(options_.timeout);
+  grpc::health::v1::HealthCheckRequest request;
+  grpc::health::v1::HealthCheckResponse response;
+  MODELSTATE_RETURN_IF_ERROR(
+      FromGrpcStatus(stub->Check(context.get(), request, &response)));
+  if (response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+    return absl::UnavailableError(absl::StrCat(
+        "server is ",
+        grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status())));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace modelstate::client

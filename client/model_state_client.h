@@ -1,0 +1,172 @@
+// File: model_state_client.h
+// A C++ client for modelstate-server. Every call has a deadline (the
+// client's default unless given) and returns absl::Status / StatusOr with the
+// server's code and message. State dicts stream chunk by chunk through a
+// StateDictSink / StateDictSource, so a state of any size can go to or from
+// a file without being held in memory twice.
+//
+// Example:
+//   MODELSTATE_ASSIGN_OR_RETURN(auto client, ModelStateClient::Connect("127.0.0.1:50051"));
+//   v1::BuildModuleRequest build;
+//   build.set_module("team/mlp");
+//   ... fill build.mutable_spec() ...
+//   MODELSTATE_ASSIGN_OR_RETURN(v1::BuildModuleResponse built, client->BuildModule(build));
+//   MODELSTATE_ASSIGN_OR_RETURN(StateDict sd, client->GetStateDict("team/mlp"));
+#ifndef MODELSTATE_CLIENT_MODEL_STATE_CLIENT_H_
+#define MODELSTATE_CLIENT_MODEL_STATE_CLIENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "core/module.h"
+#include "core/state_stream.h"
+#include "grpcpp/grpcpp.h"
+#include "modelstate/v1/model_state_service.grpc.pb.h"
+
+namespace modelstate::client {
+
+struct ClientOptions {
+  // Deadline of unary calls.
+  absl::Duration timeout = absl::Seconds(30);
+  // Deadline of state_dict transfers.
+  absl::Duration transfer_timeout = absl::Minutes(30);
+  int max_message_bytes = 64 << 20;
+  // Insecure (plaintext) when null.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Sent as "authorization: Bearer <token>" when not empty.
+  std::string bearer_token;
+};
+
+// Called as bytes move: (bytes done, bytes in total).
+using ProgressFn = std::function<void(uint64_t, uint64_t)>;
+
+// Receives a streamed state_dict: Begin once, Append the bytes in order,
+// then Finish.
+class StateDictSink {
+ public:
+  virtual ~StateDictSink() = default;
+  virtual absl::Status Begin(const StateDictLayout& layout) = 0;
+  virtual absl::Status Append(absl::string_view bytes) = 0;
+  virtual absl::Status Finish() = 0;
+};
+
+// Provides a state_dict to stream.
+class StateDictSource {
+ public:
+  virtual ~StateDictSource() = default;
+  virtual const StateDictLayout& layout() const = 0;
+  // Appends up to `max_bytes` to `out`; returns how many (0 at the end).
+  virtual absl::StatusOr<size_t> Read(size_t max_bytes, std::string* out) = 0;
+};
+
+// Collects a state_dict in memory.
+class MemorySink : public StateDictSink {
+ public:
+  absl::Status Begin(const StateDictLayout& layout) override;
+  absl::Status Append(absl::string_view bytes) override;
+  absl::Status Finish() override;
+  // The result, after Finish.
+  StateDict& state_dict() { return result_; }
+
+ private:
+  std::unique_ptr<StateDictAssembler> assembler_;
+  StateDict result_;
+};
+
+// Streams an in-memory state_dict.
+class MemorySource : public StateDictSource {
+ public:
+  static absl::StatusOr<std::unique_ptr<MemorySource>> Create(
+      const StateDict& state_dict);
+  const StateDictLayout& layout() const override { return reader_->layout(); }
+  absl::StatusOr<size_t> Read(size_t max_bytes, std::string* out) override {
+    return reader_->Read(max_bytes, out);
+  }
+
+ private:
+  std::unique_ptr<StateDictReader> reader_;
+};
+
+struct GetStateDictOptions {
+  std::string key_prefix;
+  std::string key_glob;
+  std::optional<DType> target_dtype;
+  uint32_t chunk_bytes = 0;  // 0: the server's default
+  bool metadata_only = false;
+  ProgressFn progress;
+};
+
+struct LoadStateDictOptions {
+  LoadOptions load;
+  uint32_t chunk_bytes = 1 << 20;
+  ProgressFn progress;
+};
+
+// Thread-safe: one client may serve many threads.
+class ModelStateClient {
+ public:
+  // Connects to `target` ("host:port"). Does not wait for the server.
+  static absl::StatusOr<std::unique_ptr<ModelStateClient>> Connect(
+      const std::string& target, ClientOptions options = {});
+  // Wraps an existing channel (e.g. an in-process one).
+  ModelStateClient(std::shared_ptr<grpc::Channel> channel, ClientOptions options);
+
+  absl::StatusOr<v1::BuildModuleResponse> BuildModule(
+      const v1::BuildModuleRequest& request);
+  absl::StatusOr<v1::RegisterResponse> RegisterParameter(
+      const v1::RegisterTensorRequest& request);
+  absl::StatusOr<v1::RegisterResponse> RegisterBuffer(
+      const v1::RegisterTensorRequest& request);
+  absl::StatusOr<v1::RegisterResponse> RegisterSubmodule(
+      const v1::RegisterSubmoduleRequest& request);
+  absl::StatusOr<v1::RegisterResponse> RemoveEntry(
+      const v1::RemoveEntryRequest& request);
+  absl::StatusOr<v1::GetModuleResponse> GetModule(
+      const v1::GetModuleRequest& request);
+  absl::StatusOr<v1::ListModulesResponse> ListModules(
+      const v1::ListModulesRequest& request);
+  absl::Status DeleteModule(absl::string_view module);
+  absl::StatusOr<v1::MoveModuleResponse> MoveModule(
+      const v1::MoveModuleRequest& request);
+  absl::Status SetTraining(absl::string_view module, bool training);
+
+  // Streams the module's state_dict into `sink`.
+  absl::Status GetStateDict(absl::string_view module,
+                            const GetStateDictOptions& options,
+                            StateDictSink& sink);
+  // Convenience: the whole state_dict in memory.
+  absl::StatusOr<StateDict> GetStateDict(absl::string_view module,
+                                         const GetStateDictOptions& options = {});
+
+  // Streams `source` into the module's load_state_dict.
+  absl::StatusOr<v1::LoadStateDictResponse> LoadStateDict(
+      absl::string_view module, StateDictSource& source,
+      const LoadStateDictOptions& options = {});
+  absl::StatusOr<v1::LoadStateDictResponse> LoadStateDict(
+      absl::string_view module, const StateDict& state_dict,
+      const LoadStateDictOptions& options = {});
+
+  // grpc.health.v1 Check: OK when the server reports SERVING.
+  absl::Status Health();
+
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+  v1::ModelStateService::Stub& stub() { return *stub_; }
+  // A context with the client's deadline and credentials metadata.
+  std::unique_ptr<grpc::ClientContext> NewContext(absl::Duration timeout) const;
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::ModelStateService::Stub> stub_;
+  const ClientOptions options_;
+};
+
+}  // namespace modelstate::client
+
+#endif  // MODELSTATE_CLIENT_MODEL_STATE_CLIENT_H_

@@ -1,0 +1,236 @@
+#include "core/state_stream.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+
+namespace modelstate {
+
+StateDictLayout LayoutOf(const StateDict& state_dict) {
+  StateDictLayout layout;
+  for (const auto& item : state_dict.tensors) {
+    StateDictLayoutEntry e;
+    e.key = item.key;
+    if (item.value.defined()) {
+      e.dtype = item.value.dtype();
+      e.shape = item.value.shape();
+      e.nbytes = item.value.nbytes();
+      e.requires_grad = item.value.requires_grad();
+      e.kind = item.value.is_parameter() ? EntryKind::kParameter
+                                         : EntryKind::kBuffer;
+    }
+    layout.total_bytes += e.nbytes;
+    layout.entries.push_back(std::move(e));
+  }
+  if (state_dict.metadata.has_value()) {
+    layout.metadata.emplace();
+    for (const auto& item : *state_dict.metadata) {
+      layout.metadata->emplace_back(item.key, item.value);
+    }
+  }
+  return layout;
+}
+
+absl::StatusOr<std::unique_ptr<StateDictReader>> StateDictReader::Create(
+    StateDict snapshot, std::optional<DType> target_dtype,
+    std::vector<EntryKind> kinds) {
+  if (target_dtype.has_value() && !IsFloatingPoint(*target_dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "target_dtype must be a floating point dtype, got ",
+        DTypeName(*target_dtype)));
+  }
+  std::unique_ptr<StateDictReader> reader(new StateDictReader());
+  reader->layout_ = LayoutOf(snapshot);
+  reader->layout_.total_bytes = 0;
+  size_t i = 0;
+  for (auto& item : snapshot.tensors) {
+    StateDictLayoutEntry& e = reader->layout_.entries[i];
+    if (!item.value.defined()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("state_dict entry '", item.key, "' is None"));
+    }
+    if (target_dtype.has_value() && IsFloatingPoint(e.dtype)) {
+      e.dtype = *target_dtype;
+      e.nbytes = static_cast<uint64_t>(item.value.numel()) * ElementSize(e.dtype);
+    }
+    if (i < kinds.size()) e.kind = kinds[i];
+    reader->layout_.total_bytes += e.nbytes;
+    reader->tensors_.push_back(std::move(item.value));
+    ++i;
+  }
+  return reader;
+}
+
+absl::StatusOr<size_t> StateDictReader::Read(size_t max_bytes,
+                                             std::string* out) {
+  size_t produced = 0;
+  while (produced < max_bytes && entry_ < tensors_.size()) {
+    const StateDictLayoutEntry& e = layout_.entries[entry_];
+    const Tensor& t = tensors_[entry_];
+    if (entry_offset_ == e.nbytes) {
+      ++entry_;
+      entry_offset_ = 0;
+      continue;
+    }
+    if (!t.device().has_storage()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "state_dict entry '", e.key,
+          "' is on the meta device and has no data; ask for metadata only"));
+    }
+    size_t n = static_cast<size_t>(
+        std::min<uint64_t>(max_bytes - produced, e.nbytes - entry_offset_));
+    size_t old_size = out->size();
+    out->resize(old_size + n);
+    char* dst = out->data() + old_size;
+    if (e.dtype == t.dtype()) {
+      MODELSTATE_RETURN_IF_ERROR(CopyBytes(
+          Device::Cpu(), dst, t.device(),
+          static_cast<const char*>(t.raw_data()) + entry_offset_, n));
+    } else {
+      // Convert the whole elements covering [entry_offset_, +n) through a
+      // small buffer, so that a chunk may end in the middle of an element.
+      size_t out_es = ElementSize(e.dtype);
+      size_t in_es = ElementSize(t.dtype());
+      uint64_t first = entry_offset_ / out_es;
+      uint64_t last = (entry_offset_ + n + out_es - 1) / out_es;  // exclusive
+      std::string converted((last - first) * out_es, '\0');
+      const char* src = static_cast<const char*>(t.raw_data()) + first * in_es;
+      std::string host;
+      if (!t.device().is_cpu()) {
+        host.resize((last - first) * in_es);
+        MODELSTATE_RETURN_IF_ERROR(
+            CopyBytes(Device::Cpu(), host.data(), t.device(), src, host.size()));
+        src = host.data();
+      }
+      ConvertElements(src, t.dtype(), converted.data(), e.dtype,
+                      static_cast<int64_t>(last - first));
+      std::memcpy(dst, converted.data() + (entry_offset_ - first * out_es), n);
+    }
+    entry_offset_ += n;
+    produced += n;
+    position_ += n;
+  }
+  return produced;
+}
+
+absl::StatusOr<std::unique_ptr<StateDictAssembler>> StateDictAssembler::Create(
+    StateDictLayout layout, const StreamLimits& limits) {
+  if (layout.entries.size() > limits.max_entries) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "header: ", layout.entries.size(), " entries exceed the limit of ",
+        limits.max_entries));
+  }
+  absl::flat_hash_set<std::string> seen;
+  uint64_t total = 0;
+  for (size_t i = 0; i < layout.entries.size(); ++i) {
+    const StateDictLayoutEntry& e = layout.entries[i];
+    std::string where = absl::StrCat("header.entries[", i, "]");
+    if (e.key.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ".key is empty"));
+    }
+    if (!seen.insert(e.key).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".key '", e.key, "' appears twice"));
+    }
+    absl::StatusOr<int64_t> numel = CheckedNumElements(e.shape);
+    if (!numel.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ".shape of '", e.key, "': ", numel.status().message()));
+    }
+    absl::StatusOr<uint64_t> nbytes = CheckedNumBytes(*numel, e.dtype);
+    if (!nbytes.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, " '", e.key, "': ", nbytes.status().message()));
+    }
+    if (*nbytes != e.nbytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ".byte_length of '", e.key, "' is ", e.nbytes, " but ",
+          DTypeName(e.dtype), ShapeToString(e.shape), " needs ", *nbytes));
+    }
+    if (e.nbytes > limits.max_tensor_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          where, " '", e.key, "' has ", e.nbytes,
+          " bytes, over the max_tensor_bytes limit of ",
+          limits.max_tensor_bytes));
+    }
+    if (e.nbytes > UINT64_MAX - total) {
+      return absl::InvalidArgumentError("header: total size overflows");
+    }
+    total += e.nbytes;
+  }
+  if (total != layout.total_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("header.total_bytes is ", layout.total_bytes,
+                     " but the entries add up to ", total));
+  }
+  if (total > limits.max_total_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "header: ", total, " bytes exceed the max_total_bytes limit of ",
+        limits.max_total_bytes));
+  }
+  std::unique_ptr<StateDictAssembler> a(new StateDictAssembler());
+  a->layout_ = std::move(layout);
+  if (a->layout_.metadata.has_value()) {
+    a->result_.metadata.emplace();
+    for (const auto& [path, version] : *a->layout_.metadata) {
+      a->result_.metadata->Set(path, version);
+    }
+  }
+  return a;
+}
+
+absl::Status StateDictAssembler::StartEntry() {
+  const StateDictLayoutEntry& e = layout_.entries[entry_];
+  MODELSTATE_ASSIGN_OR_RETURN(current_, Tensor::Empty(e.dtype, e.shape));
+  MODELSTATE_ASSIGN_OR_RETURN(void* data, current_.MutableDataForOverwrite());
+  current_data_ = static_cast<char*>(data);
+  entry_offset_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status StateDictAssembler::Append(absl::string_view bytes) {
+  if (bytes.size() > layout_.total_bytes - received_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data: received more than the ", layout_.total_bytes,
+        " bytes the header declares"));
+  }
+  while (!bytes.empty() || (entry_ < layout_.entries.size() &&
+                            layout_.entries[entry_].nbytes == 0 &&
+                            !current_.defined())) {
+    if (!current_.defined()) MODELSTATE_RETURN_IF_ERROR(StartEntry());
+    const StateDictLayoutEntry& e = layout_.entries[entry_];
+    size_t n = static_cast<size_t>(
+        std::min<uint64_t>(bytes.size(), e.nbytes - entry_offset_));
+    if (n > 0) std::memcpy(current_data_ + entry_offset_, bytes.data(), n);
+    entry_offset_ += n;
+    received_ += n;
+    bytes.remove_prefix(n);
+    if (entry_offset_ == e.nbytes) {
+      result_.tensors.Set(e.key, std::move(current_));
+      current_ = Tensor();
+      current_data_ = nullptr;
+      ++entry_;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StateDict> StateDictAssembler::Finish() {
+  if (received_ != layout_.total_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the stream ended after ", received_, " of ", layout_.total_bytes,
+        " data bytes"));
+  }
+  // Zero-byte entries at the end have not been visited by Append.
+  MODELSTATE_RETURN_IF_ERROR(Append(""));
+  return std::move(result_);
+}
+
+}  // namespace modelstate

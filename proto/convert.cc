@@ -1,0 +1,512 @@
+#include "proto/convert.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+
+namespace modelstate::convert {
+namespace {
+
+absl::Status FieldError(absl::string_view field, absl::string_view message) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", message));
+}
+
+// Prefixes `status`'s message with `field`.
+absl::Status InField(const absl::Status& status, absl::string_view field) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(field, ": ", status.message()));
+}
+
+constexpr double kMaxExactInteger = 9007199254740992.0;  // 2^53
+
+bool IsIntegral(double v) {
+  return std::isfinite(v) && std::floor(v) == v && std::fabs(v) <= kMaxExactInteger;
+}
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      status.error_message());
+}
+
+v1::DType DTypeToProto(DType dtype) {
+  return static_cast<v1::DType>(static_cast<int>(dtype) + 1);
+}
+
+absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, absl::string_view field) {
+  int value = static_cast<int>(dtype);
+  if (value < 1 || value > kNumDTypes) {
+    return FieldError(field, absl::StrCat("dtype ", v1::DType_Name(dtype).empty()
+                                                        ? absl::StrCat(value)
+                                                        : v1::DType_Name(dtype),
+                                          " is not a tensor dtype"));
+  }
+  return static_cast<DType>(value - 1);
+}
+
+absl::StatusOr<DType> ParseDTypeField(absl::string_view text,
+                                      absl::string_view field,
+                                      std::optional<DType> fallback) {
+  if (text.empty()) {
+    if (fallback.has_value()) return *fallback;
+    return FieldError(field, "a dtype is required");
+  }
+  absl::StatusOr<DType> dtype = ParseDType(text);
+  if (!dtype.ok()) return InField(dtype.status(), field);
+  return dtype;
+}
+
+absl::StatusOr<Device> ParseDeviceField(absl::string_view text,
+                                        absl::string_view field,
+                                        std::optional<Device> fallback) {
+  if (text.empty()) {
+    if (fallback.has_value()) return *fallback;
+    return FieldError(field, "a device is required");
+  }
+  absl::StatusOr<Device> device = ParseDevice(text);
+  if (!device.ok()) return InField(device.status(), field);
+  return device;
+}
+
+absl::StatusOr<ModuleName> ParseModuleField(absl::string_view text) {
+  return ParseModuleName(text);
+}
+
+absl::StatusOr<Tensor> TensorFromProto(v1::TensorProto* proto,
+                                       absl::string_view field,
+                                       uint64_t max_tensor_bytes) {
+  MODELSTATE_ASSIGN_OR_RETURN(
+      DType dtype, DTypeFromProto(proto->dtype(), absl::StrCat(field, ".dtype")));
+  Shape shape(proto->shape().begin(), proto->shape().end());
+  absl::StatusOr<int64_t> numel = CheckedNumElements(shape);
+  if (!numel.ok()) return InField(numel.status(), absl::StrCat(field, ".shape"));
+  absl::StatusOr<uint64_t> nbytes = CheckedNumBytes(*numel, dtype);
+  if (!nbytes.ok()) return InField(nbytes.status(), absl::StrCat(field, ".shape"));
+  if (*nbytes > max_tensor_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        field, ": ", *nbytes, " bytes exceed the max_tensor_bytes limit of ",
+        max_tensor_bytes));
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Device device, ParseDeviceField(proto->device(), absl::StrCat(field, ".device"),
+                                      Device::Cpu()));
+  if (device.is_meta()) {
+    if (!proto->data().empty()) {
+      return FieldError(absl::StrCat(field, ".data"),
+                        "a meta tensor carries no data");
+    }
+    return Tensor::Empty(dtype, std::move(shape), device);
+  }
+  if (proto->data().size() != *nbytes) {
+    return FieldError(absl::StrCat(field, ".data"),
+                      absl::StrCat("has ", proto->data().size(), " bytes but ",
+                                   DTypeName(dtype), ShapeToString(shape),
+                                   " needs ", *nbytes));
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Tensor t, Tensor::FromBytes(dtype, std::move(shape),
+                                  std::move(*proto->mutable_data())));
+  if (!device.is_cpu()) {
+    absl::StatusOr<Tensor> moved = t.To(device, dtype);
+    if (!moved.ok()) return InField(moved.status(), absl::StrCat(field, ".device"));
+    return moved;
+  }
+  return t;
+}
+
+absl::Status TensorToProto(const Tensor& tensor, v1::TensorProto* proto) {
+  proto->set_dtype(DTypeToProto(tensor.dtype()));
+  for (int64_t d : tensor.shape()) proto->add_shape(d);
+  proto->set_device(tensor.device().ToString());
+  proto->set_requires_grad(tensor.requires_grad());
+  if (!tensor.device().has_storage()) return absl::OkStatus();
+  std::string* data = proto->mutable_data();
+  data->resize(tensor.nbytes());
+  return CopyBytes(Device::Cpu(), data->data(), tensor.device(),
+                   tensor.raw_data(), tensor.nbytes());
+}
+
+void TensorInfoToProto(const Tensor& tensor, bool persistent, bool with_hash,
+                       v1::TensorInfo* info) {
+  info->set_dtype(DTypeToProto(tensor.dtype()));
+  for (int64_t d : tensor.shape()) info->add_shape(d);
+  info->set_device(tensor.device().ToString());
+  info->set_nbytes(tensor.nbytes());
+  info->set_requires_grad(tensor.requires_grad());
+  info->set_persistent(persistent);
+  if (with_hash) info->set_sha256(ContentHash(tensor));
+}
+
+absl::StatusOr<SpecValue> SpecValueFromProto(const google::protobuf::Value& value,
+                                             absl::string_view field) {
+  switch (value.kind_case()) {
+    case google::protobuf::Value::kNullValue:
+    case google::protobuf::Value::KIND_NOT_SET:
+      return SpecValue(std::monostate());
+    case google::protobuf::Value::kBoolValue:
+      return SpecValue(value.bool_value());
+    case google::protobuf::Value::kNumberValue: {
+      double v = value.number_value();
+      if (IsIntegral(v)) return SpecValue(static_cast<int64_t>(v));
+      return SpecValue(v);
+    }
+    case google::protobuf::Value::kStringValue:
+      return SpecValue(value.string_value());
+    case google::protobuf::Value::kListValue: {
+      std::vector<int64_t> ints;
+      for (int i = 0; i < value.list_value().values_size(); ++i) {
+        const google::protobuf::Value& e = value.list_value().values(i);
+        if (e.kind_case() != google::protobuf::Value::kNumberValue ||
+            !IsIntegral(e.number_value())) {
+          return FieldError(absl::StrCat(field, "[", i, "]"),
+                            "a list argument may only hold integers");
+        }
+        ints.push_back(static_cast<int64_t>(e.number_value()));
+      }
+      return SpecValue(std::move(ints));
+    }
+    case google::protobuf::Value::kStructValue:
+      return FieldError(field, "an object is not a constructor argument");
+  }
+  return FieldError(field, "unsupported value");
+}
+
+absl::StatusOr<InitSpec> InitFromProto(const v1::InitSpec& proto,
+                                       absl::string_view field) {
+  InitSpec init;
+  switch (proto.kind()) {
+    case v1::InitSpec::KIND_UNSPECIFIED:
+    case v1::InitSpec::KIND_ZEROS:
+      init.kind = InitSpec::Kind::kZeros;
+      break;
+    case v1::InitSpec::KIND_ONES:
+      init.kind = InitSpec::Kind::kOnes;
+      break;
+    case v1::InitSpec::KIND_CONSTANT:
+      init.kind = InitSpec::Kind::kConstant;
+      break;
+    case v1::InitSpec::KIND_UNIFORM:
+      init.kind = InitSpec::Kind::kUniform;
+      break;
+    case v1::InitSpec::KIND_NORMAL:
+      init.kind = InitSpec::Kind::kNormal;
+      break;
+    case v1::InitSpec::KIND_KAIMING_UNIFORM:
+      init.kind = InitSpec::Kind::kKaimingUniform;
+      break;
+    case v1::InitSpec::KIND_XAVIER_UNIFORM:
+      init.kind = InitSpec::Kind::kXavierUniform;
+      break;
+    case v1::InitSpec::KIND_XAVIER_NORMAL:
+      init.kind = InitSpec::Kind::kXavierNormal;
+      break;
+    case v1::InitSpec::KIND_EMPTY:
+      init.kind = InitSpec::Kind::kEmpty;
+      break;
+    default:
+      return FieldError(absl::StrCat(field, ".kind"),
+                        absl::StrCat("unknown init kind ", proto.kind()));
+  }
+  init.a = proto.a();
+  init.b = proto.has_b() ? proto.b() : 1.0;
+  if (init.kind == InitSpec::Kind::kNormal && init.b < 0) {
+    return FieldError(absl::StrCat(field, ".b"),
+                      absl::StrCat("normal expects std >= 0.0, but found std ",
+                                   init.b));
+  }
+  if (init.kind == InitSpec::Kind::kUniform && init.a > init.b) {
+    return FieldError(field, absl::StrCat("uniform_ expects to return a [from, "
+                                          "to) range, but found from=",
+                                          init.a, " > to=", init.b));
+  }
+  if (proto.has_seed()) init.seed = proto.seed();
+  return init;
+}
+
+absl::StatusOr<TensorSpec> TensorSpecFromProto(const v1::TensorSpec& proto,
+                                               absl::string_view field) {
+  TensorSpec spec;
+  if (!proto.dtype().empty()) {
+    MODELSTATE_ASSIGN_OR_RETURN(
+        spec.dtype,
+        ParseDTypeField(proto.dtype(), absl::StrCat(field, ".dtype"), std::nullopt));
+  }
+  spec.shape.assign(proto.shape().begin(), proto.shape().end());
+  MODELSTATE_ASSIGN_OR_RETURN(spec.init,
+                              InitFromProto(proto.init(), absl::StrCat(field, ".init")));
+  if (proto.has_data()) {
+    v1::TensorProto data = proto.data();
+    MODELSTATE_ASSIGN_OR_RETURN(
+        spec.data, TensorFromProto(&data, absl::StrCat(field, ".data"), UINT64_MAX));
+  }
+  return spec;
+}
+
+absl::StatusOr<ModuleSpec> SpecFromProto(const v1::ModuleSpec& proto,
+                                         absl::string_view field) {
+  ModuleSpec spec;
+  spec.type = proto.type();
+  spec.ref = proto.ref();
+  spec.has_extra_state = proto.extra_state();
+  for (int i = 0; i < proto.args_size(); ++i) {
+    MODELSTATE_ASSIGN_OR_RETURN(
+        SpecValue v, SpecValueFromProto(proto.args(i), absl::StrCat(field, ".args[", i, "]")));
+    spec.args.push_back(std::move(v));
+  }
+  // Protobuf maps have no order; keyword arguments need none.
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : proto.kwargs()) keys.push_back(key);
+  std::sort(keys.begin(), keys.end());
+  for (const std::string& key : keys) {
+    MODELSTATE_ASSIGN_OR_RETURN(
+        SpecValue v, SpecValueFromProto(proto.kwargs().at(key),
+                                        absl::StrCat(field, ".kwargs.", key)));
+    spec.kwargs.emplace_back(key, std::move(v));
+  }
+  for (int i = 0; i < proto.children_size(); ++i) {
+    MODELSTATE_ASSIGN_OR_RETURN(
+        ModuleSpec child,
+        SpecFromProto(proto.children(i).spec(), absl::StrCat(field, ".children[", i, "].spec")));
+    spec.children.push_back({proto.children(i).name(), std::move(child)});
+  }
+  for (int i = 0; i < proto.members_size(); ++i) {
+    const v1::Member& m = proto.members(i);
+    std::string where = absl::StrCat(field, ".members[", i, "]");
+    MemberSpec member;
+    switch (m.entry_case()) {
+      case v1::Member::kParameter:
+      case v1::Member::kBuffer: {
+        bool is_param = m.entry_case() == v1::Member::kParameter;
+        const v1::TensorMember& t = is_param ? m.parameter() : m.buffer();
+        std::string tf = absl::StrCat(where, is_param ? ".parameter" : ".buffer");
+        member.kind = is_param ? EntryKind::kParameter : EntryKind::kBuffer;
+        member.name = t.name();
+        member.is_none = t.none();
+        member.requires_grad = t.has_requires_grad() ? t.requires_grad() : true;
+        member.persistent = t.has_persistent() ? t.persistent() : true;
+        v1::TensorSpec ts;
+        ts.set_dtype(t.dtype());
+        *ts.mutable_shape() = t.shape();
+        *ts.mutable_init() = t.init();
+        if (t.has_data()) *ts.mutable_data() = t.data();
+        if (!member.is_none) {
+          MODELSTATE_ASSIGN_OR_RETURN(member.tensor, TensorSpecFromProto(ts, tf));
+        }
+        break;
+      }
+      case v1::Member::kModule:
+        member.kind = EntryKind::kModule;
+        member.name = m.module().name();
+        member.is_none = m.module().none();
+        if (!member.is_none) {
+          MODELSTATE_ASSIGN_OR_RETURN(
+              ModuleSpec child,
+              SpecFromProto(m.module().spec(), absl::StrCat(where, ".module.spec")));
+          member.module = std::make_shared<ModuleSpec>(std::move(child));
+        }
+        break;
+      case v1::Member::ENTRY_NOT_SET:
+        return FieldError(where, "needs one of parameter, buffer or module");
+    }
+    spec.members.push_back(std::move(member));
+  }
+  for (const v1::Tie& tie : proto.ties()) {
+    spec.ties.push_back({tie.target(), tie.source()});
+  }
+  return spec;
+}
+
+google::protobuf::Value AttrToValue(const AttrValue& value) {
+  google::protobuf::Value out;
+  struct Visitor {
+    google::protobuf::Value& out;
+    void operator()(std::monostate) { out.set_null_value({}); }
+    void operator()(bool b) { out.set_bool_value(b); }
+    void operator()(int64_t i) { out.set_number_value(static_cast<double>(i)); }
+    void operator()(double d) { out.set_number_value(d); }
+    void operator()(const std::string& s) { out.set_string_value(s); }
+    void operator()(const std::vector<int64_t>& v) {
+      for (int64_t i : v) {
+        out.mutable_list_value()->add_values()->set_number_value(
+            static_cast<double>(i));
+      }
+      if (v.empty()) out.mutable_list_value();
+    }
+    void operator()(const std::vector<double>& v) {
+      for (double d : v) out.mutable_list_value()->add_values()->set_number_value(d);
+      if (v.empty()) out.mutable_list_value();
+    }
+    void operator()(const Tensor& t) { out.set_string_value(t.DebugString()); }
+  };
+  std::visit(Visitor{out}, value);
+  return out;
+}
+
+namespace {
+
+void DescribeModule(const Module& module, bool with_hashes,
+                    const std::string& path,
+                    absl::flat_hash_map<const Module*, std::string>& seen,
+                    v1::ModuleInfo* info) {
+  seen.emplace(&module, path);
+  info->set_type(module.type_name());
+  info->set_qualified_type(module.qualified_name());
+  info->set_training(module.is_training());
+  info->set_version(module.version());
+  for (const auto& item : module.attributes()) {
+    (*info->mutable_attributes())[item.key] = AttrToValue(item.value);
+  }
+  for (const auto& item : module.parameters()) {
+    v1::EntryInfo* e = info->add_parameters();
+    e->set_name(item.key);
+    if (item.value.defined()) {
+      TensorInfoToProto(item.value, true, with_hashes, e->mutable_tensor());
+    } else {
+      e->set_is_none(true);
+    }
+  }
+  for (const auto& item : module.buffers()) {
+    v1::EntryInfo* e = info->add_buffers();
+    e->set_name(item.key);
+    if (item.value.defined()) {
+      TensorInfoToProto(item.value, module.IsPersistentBuffer(item.key),
+                        with_hashes, e->mutable_tensor());
+    } else {
+      e->set_is_none(true);
+    }
+  }
+  for (const auto& item : module.children()) {
+    v1::ChildInfo* c = info->add_children();
+    c->set_name(item.key);
+    if (item.value == nullptr) {
+      c->set_is_none(true);
+      continue;
+    }
+    auto it = seen.find(item.value.get());
+    if (it != seen.end()) {
+      c->set_same_as(it->second);
+      continue;
+    }
+    std::string child_path = path.empty() ? item.key : path + "." + item.key;
+    DescribeModule(*item.value, with_hashes, child_path, seen, c->mutable_module());
+  }
+}
+
+}  // namespace
+
+void ModuleInfoToProto(const Module& module, bool with_hashes,
+                       v1::ModuleInfo* info) {
+  absl::flat_hash_map<const Module*, std::string> seen;
+  DescribeModule(module, with_hashes, "", seen, info);
+}
+
+v1::EntryKind EntryKindToProto(EntryKind kind) {
+  return static_cast<v1::EntryKind>(static_cast<int>(kind) + 1);
+}
+
+void ReportToProto(const RegistrationResult& result,
+                   v1::RegistrationReport* report) {
+  const RegistrationRecord& r = result.record;
+  report->set_path(r.event.path);
+  report->set_module_type(r.owner != nullptr ? r.owner->type_name() : "");
+  report->set_kind(EntryKindToProto(r.event.kind));
+  report->set_action(r.event.action == RegistrationAction::kRegister
+                         ? v1::REGISTRATION_ACTION_REGISTER
+                         : v1::REGISTRATION_ACTION_UNREGISTER);
+  report->set_name(r.event.name);
+  switch (result.final.kind) {
+    case HookResult::Kind::kKeep:
+      report->set_outcome(v1::OUTCOME_KEEP);
+      break;
+    case HookResult::Kind::kReplace:
+      report->set_outcome(v1::OUTCOME_REPLACE);
+      break;
+    case HookResult::Kind::kBlock:
+      report->set_outcome(v1::OUTCOME_BLOCK);
+      break;
+  }
+  report->set_reason(result.final.reason);
+  if (!result.final.blocked() && result.final.value.tensor.defined()) {
+    TensorInfoToProto(result.final.value.tensor, result.final.value.persistent,
+                      false, report->mutable_value());
+  }
+}
+
+void LayoutToHeader(const StateDictLayout& layout, v1::StateDictHeader* header) {
+  for (const StateDictLayoutEntry& e : layout.entries) {
+    v1::StateDictEntry* out = header->add_entries();
+    out->set_key(e.key);
+    out->set_dtype(DTypeToProto(e.dtype));
+    for (int64_t d : e.shape) out->add_shape(d);
+    out->set_byte_length(e.nbytes);
+    out->set_kind(EntryKindToProto(e.kind));
+    out->set_requires_grad(e.requires_grad);
+  }
+  if (layout.metadata.has_value()) {
+    for (const auto& [path, version] : *layout.metadata) {
+      v1::ModuleVersion* m = header->add_metadata();
+      m->set_path(path);
+      m->set_version(version);
+    }
+  }
+  header->set_total_bytes(layout.total_bytes);
+}
+
+absl::StatusOr<StateDictLayout> HeaderToLayout(const v1::StateDictHeader& header) {
+  StateDictLayout layout;
+  for (int i = 0; i < header.entries_size(); ++i) {
+    const v1::StateDictEntry& in = header.entries(i);
+    StateDictLayoutEntry e;
+    e.key = in.key();
+    MODELSTATE_ASSIGN_OR_RETURN(
+        e.dtype, DTypeFromProto(in.dtype(), absl::StrCat("header.entries[", i, "].dtype")));
+    e.shape.assign(in.shape().begin(), in.shape().end());
+    e.nbytes = in.byte_length();
+    e.kind = in.kind() == v1::ENTRY_KIND_BUFFER ? EntryKind::kBuffer
+                                                : EntryKind::kParameter;
+    e.requires_grad = in.requires_grad();
+    layout.entries.push_back(std::move(e));
+  }
+  if (header.metadata_size() > 0) {
+    layout.metadata.emplace();
+    for (const v1::ModuleVersion& m : header.metadata()) {
+      layout.metadata->emplace_back(m.path(), m.version());
+    }
+  }
+  layout.total_bytes = header.total_bytes();
+  return layout;
+}
+
+LoadOptions LoadOptionsFromProto(const v1::LoadOptions& proto) {
+  LoadOptions options;
+  options.strict = proto.has_strict() ? proto.strict() : true;
+  options.atomic = proto.has_atomic() ? proto.atomic() : true;
+  options.assign = proto.assign();
+  return options;
+}
+
+void LoadResultToProto(const LoadResult& result,
+                       v1::LoadStateDictResponse* response) {
+  for (const std::string& k : result.keys.missing_keys) response->add_missing_keys(k);
+  for (const std::string& k : result.keys.unexpected_keys) {
+    response->add_unexpected_keys(k);
+  }
+  response->set_repr(result.keys.ToString());
+}
+
+}  // namespace modelstate::convert

@@ -1,0 +1,363 @@
+#include "server/model_state_service.h"
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/state_stream.h"
+#include "core/status_macros.h"
+#include "proto/convert.h"
+
+namespace modelstate::server {
+namespace {
+
+using convert::ToGrpcStatus;
+
+// Returns the handler's status from an absl::Status expression.
+#define RETURN_IF_ERROR_GRPC(expr)                          \
+  do {                                                      \
+    ::absl::Status _st = (expr);                            \
+    if (!_st.ok()) return ::modelstate::convert::ToGrpcStatus(_st); \
+  } while (0)
+
+#define ASSIGN_OR_RETURN_GRPC(lhs, rexpr) \
+  ASSIGN_OR_RETURN_GRPC_IMPL(MODELSTATE_INTERNAL_CONCAT(_grpc_so_, __COUNTER__), lhs, rexpr)
+#define ASSIGN_OR_RETURN_GRPC_IMPL(so, lhs, rexpr)                  \
+  auto so = (rexpr);                                                \
+  if (!so.ok()) return ::modelstate::convert::ToGrpcStatus(so.status()); \
+  lhs = std::move(*so)
+
+std::atomic<uint64_t> next_request_id{1};
+
+}  // namespace
+
+OperationContext ContextOf(const grpc::ServerContext* context) {
+  OperationContext ctx;
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find("x-request-id");
+  ctx.correlation_id =
+      it != metadata.end()
+          ? std::string(it->second.data(), it->second.size())
+          : absl::StrCat("req-", next_request_id.fetch_add(1));
+  ctx.identity = context->peer();
+  return ctx;
+}
+
+ModelStateServiceImpl::ModelStateServiceImpl(ModelStore* store,
+                                             ServiceOptions options)
+    : store_(store), options_(options) {}
+
+BuildLimits ModelStateServiceImpl::Limits() const {
+  BuildLimits limits;
+  limits.max_depth = options_.max_spec_depth;
+  limits.max_entries = options_.max_entries;
+  limits.max_tensor_bytes = options_.max_tensor_bytes;
+  limits.max_total_bytes = options_.max_module_bytes;
+  return limits;
+}
+
+grpc::Status ModelStateServiceImpl::BuildModule(
+    grpc::ServerContext* context, const v1::BuildModuleRequest* request,
+    v1::BuildModuleResponse* response) {
+  ASSIGN_OR_RETURN_GRPC(ModuleName name, convert::ParseModuleField(request->module()));
+  ASSIGN_OR_RETURN_GRPC(ModuleSpec spec, convert::SpecFromProto(request->spec()));
+  BuildOptions options;
+  options.seed = request->seed();
+  options.limits = Limits();
+  ASSIGN_OR_RETURN_GRPC(options.device,
+                        convert::ParseDeviceField(request->device(), "device",
+                                                  Device::Cpu()));
+  ASSIGN_OR_RETURN_GRPC(options.dtype,
+                        convert::ParseDTypeField(request->dtype(), "dtype",
+                                                 DType::kFloat32));
+  ASSIGN_OR_RETURN_GRPC(BuildOutcome outcome,
+                        store_->Build(ContextOf(context), name, spec, options,
+                                      request->all_or_nothing()));
+  response->set_module(name.full());
+  for (const RegistrationResult& r : outcome.registrations) {
+    convert::ReportToProto(r, response->add_registrations());
+  }
+  return ToGrpcStatus(store_->Read(name, [&](const Module& root) {
+    convert::ModuleInfoToProto(root, false, response->mutable_info());
+    return absl::OkStatus();
+  }));
+}
+
+grpc::Status ModelStateServiceImpl::RegisterTensor(
+    grpc::ServerContext* context, const v1::RegisterTensorRequest* request,
+    EntryKind kind, v1::RegisterResponse* response) {
+  ASSIGN_OR_RETURN_GRPC(ModuleName name, convert::ParseModuleField(request->module()));
+  RegistrationRequest r;
+  r.path = request->path();
+  r.name = request->name();
+  r.kind = kind;
+  r.value.persistent = request->has_persistent() ? request->persistent() : true;
+  bool requires_grad = request->has_requires_grad() ? request->requires_grad() : true;
+  Tensor tensor;
+  switch (request->value_case()) {
+    case v1::RegisterTensorRequest::kTensor: {
+      v1::TensorProto proto = request->tensor();
+      ASSIGN_OR_RETURN_GRPC(tensor, convert::TensorFromProto(
+                                        &proto, "tensor", options_.max_tensor_bytes));
+      break;
+    }
+    case v1::RegisterTensorRequest::kInit: {
+      ASSIGN_OR_RETURN_GRPC(TensorSpec spec,
+                            convert::TensorSpecFromProto(request->init(), "init"));
+      ASSIGN_OR_RETURN_GRPC(tensor, CreateTensor(spec, request->seed(),
+                                                 DType::kFloat32, Device::Cpu(),
+                                                 Limits()));
+      break;
+    }
+    case v1::RegisterTensorRequest::kNone:
+      break;
+    case v1::RegisterTensorRequest::VALUE_NOT_SET:
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "value: one of tensor, init or none is required");
+  }
+  if (tensor.defined() && kind == EntryKind::kParameter) {
+    ASSIGN_OR_RETURN_GRPC(tensor, MakeParameter(tensor, requires_grad));
+  }
+  r.value.tensor = std::move(tensor);
+  ASSIGN_OR_RETURN_GRPC(std::vector<RegistrationResult> results,
+                        store_->Register(ContextOf(context), name, std::move(r)));
+  for (const RegistrationResult& result : results) {
+    convert::ReportToProto(result, response->add_registrations());
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ModelStateServiceImpl::RegisterParameter(
+    grpc::ServerContext* context, const v1::RegisterTensorRequest* request,
+    v1::RegisterResponse* response) {
+  return RegisterTensor(context, request, EntryKind::kParameter, response);
+}
+
+grpc::Status ModelStateServiceImpl::RegisterBuffer(
+    grpc::ServerContext* context, const v1::RegisterTensorRequest* request,
+    v1::RegisterResponse* response) {
+  return RegisterTensor(context, request, EntryKind::kBuffer, response);
+}
+
+grpc::Status ModelStateServiceImpl::RegisterSubmodule(
+    grpc::ServerContext* context, const v1::RegisterSubmoduleRequest* request,
+    v1::RegisterResponse* response) {
+  ASSIGN_OR_RETURN_GRPC(ModuleName name, convert::ParseModuleField(request->module()));
+  RegistrationRequest r;
+  r.path = request->path();
+  r.name = request->name();
+  r.kind = EntryKind::kModule;
+  switch (request->value_case()) {
+    case v1::RegisterSubmoduleRequest::kSpec: {
+      ASSIGN_OR_RETURN_GRPC(ModuleSpec spec, convert::SpecFromProto(request->spec()));
+      r.spec = std::move(spec);
+      r.build_options.seed = request->seed();
+      r.build_options.limits = Limits();
+      ASSIGN_OR_RETURN_GRPC(r.build_options.device,
+                            convert::ParseDeviceField(request->device(), "device",
+                                                      Device::Cpu()));
+      ASSIGN_OR_RETURN_GRPC(r.build_options.dtype,
+                            convert::ParseDTypeField(request->dtype(), "dtype",
+                                                     DType::kFloat32));
+      break;
+    }
+    case v1::RegisterSubmoduleRequest::kExistingPath:
+      r.existing_path = request->existing_path();
+      break;
+    case v1::RegisterSubmoduleRequest::kNone:
+      break;
+    case v1::RegisterSubmoduleRequest::VALUE_NOT_SET:
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "value: one of spec, existing_path or none is required");
+  }
+  ASSIGN_OR_RETURN_GRPC(std::vector<RegistrationResult> results,
+                        store_->Register(ContextOf(context), name, std::move(r)));
+  for (const RegistrationResult& result : results) {
+    convert::ReportToProto(result, response->add_registrations());
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ModelStateServiceImpl::RemoveEntry(
+    grpc::ServerContext* context, const v1::RemoveEntryRequest* request,
+    v1::RegisterResponse* response) {
+  ASSIGN_OR_RETURN_GRPC(ModuleName name, convert::ParseModuleField(request->module()));
+  RegistrationRequest r;
+  r.path = request->path();
+  r.name = request->name();
+  r.removal = true;
+  ASSIGN_OR_RETURN_GRPC(std::vector<RegistrationResult> results,
+                        store_->Register(ContextOf(context), name, std::move(r)));
+  for (const RegistrationResult& result : results) {
+    convert::ReportToProto(result, response->add_registrations());
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ModelStateServiceImpl::GetModule(grpc::ServerContext*,
+                                              const v1::GetModuleRequest* request,
+                                              v1::GetModuleResponse* response) {
+  ASSIGN_OR_RETURN_GRPC(ModuleName name, convert::ParseModuleField(request->module()));
+  RETURN_IF_ERROR_GRPC(store_->Read(name, [&](const Module& root) -> absl::Status {
+    absl::StatusOr<std::shared_ptr<Module>> sub = root.GetSubmodule(request->path());
+    if (!sub.ok()) {
+      return absl::NotFoundError(absl::StrCat("path '", request->path(), "' in '",
+                                              name.full(), "': ", sub.status().message()));
+    }
+    convert::ModuleInfoToProto(**sub, request->with_hashes(), response->mutable_info());
+    response->set_total_bytes((*sub)->TotalBytes());
+    return absl::OkStatus();
+  }));
+  response->set_module(name.full());
+  for (const Device& d : AvailableDevices()) response->add_server_devices(d.ToString());
+  return grpc::Status::OK;
+}
+
+grpc::Status ModelStateServiceImpl::ListModules(grpc::ServerContext*,
+                                                const v1::ListModulesRequest* request,
+                                                v1::ListModulesResponse* response) {
+  if (request->page_size() < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "page_size: must not be negative");
+  }
+  size_t page = request->page_size() == 0
+                    ? 100
+                    : std::min<size_t>(static_cast<size_t>(request->page_size()), 1000);
+  // The token is the last name of the previous page.
+  std::vector<ModuleSummary> modules =
+      store_->List(request->namespace_(), request->page_token(), page + 1);
+  for (size_t i = 0; i < modules.size() && i < page; ++i) {
+    v1::ModuleSummary* s = response->add_modules();
+    s->set_module(modules[i].name.full());
+    s->set_type(modules[i].type);
+    s->set_num_parameters(modules[i].num_parameters);
+    s->set_total_bytes(modules[i].total_bytes);
+    for (const std::string& d : modules[i].devices) s->add_devices(d);
+  }
+  if (modules.size() > page) response->set_next_page_token(modules[page - 1].name.full());
+  return grpc::Status::OK;
+}
+
+grpc::Status ModelStateServiceImpl::DeleteModule(grpc::ServerContext* context,
+                                                 const v1::DeleteModuleRequest* request,
+                                                 v1::DeleteModuleResponse*) {
+  ASSIGN_OR_RETURN_GRPC(ModuleName name, convert::ParseModuleField(request->module()));
+  return ToGrpcStatus(store_->Delete(ContextOf(context), name));
+}
+
+grpc::Status ModelStateServiceImpl::GetStateDict(
+    grpc::ServerContext* context, const v1::GetStateDictRequest* request,
+    grpc::ServerWriter<v1::StateDictChunk>* writer) {
+  ASSIGN_OR_RETURN_GRPC(ModuleName name, convert::ParseModuleField(request->module()));
+  uint32_t chunk = request->chunk_bytes() == 0 ? options_.default_chunk_bytes
+                                               : request->chunk_bytes();
+  if (chunk > options_.max_chunk_bytes) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("chunk_bytes: ", chunk,
+                                     " exceeds the server's max_chunk_bytes of ",
+                                     options_.max_chunk_bytes));
+  }
+  std::optional<DType> target;
+  if (request->target_dtype() != v1::DTYPE_UNSPECIFIED) {
+    ASSIGN_OR_RETURN_GRPC(target,
+                          convert::DTypeFromProto(request->target_dtype(), "target_dtype"));
+  }
+  SnapshotFilter filter{request->key_prefix(), request->key_glob()};
+  ASSIGN_OR_RETURN_GRPC(StateDictSnapshot snapshot, store_->Snapshot(name, filter));
+  ASSIGN_OR_RETURN_GRPC(std::unique_ptr<StateDictReader> reader,
+                        StateDictReader::Create(std::move(snapshot.state), target,
+                                                std::move(snapshot.kinds)));
+  v1::StateDictChunk message;
+  convert::LayoutToHeader(reader->layout(), message.mutable_header());
+  if (!writer->Write(message)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+  if (request->metadata_only()) return grpc::Status::OK;
+  while (reader->remaining() > 0) {
+    if (context->IsCancelled()) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "client cancelled");
+    }
+    message.Clear();
+    std::string* data = message.mutable_data();
+    data->reserve(std::min<uint64_t>(chunk, reader->remaining()));
+    ASSIGN_OR_RETURN_GRPC(size_t n, reader->Read(chunk, data));
+    if (n == 0) break;
+    if (!writer->Write(message)) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ModelStateServiceImpl::LoadStateDict(
+    grpc::ServerContext* context,
+    grpc::ServerReader<v1::LoadStateDictRequest>* reader,
+    v1::LoadStateDictResponse* response) {
+  v1::LoadStateDictRequest message;
+  if (!reader->Read(&message)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "start: the stream ended before its start message");
+  }
+  if (message.payload_case() != v1::LoadStateDictRequest::kStart) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "start: the first message must be a start message");
+  }
+  const v1::LoadStart& start = message.start();
+  ASSIGN_OR_RETURN_GRPC(ModuleName name, convert::ParseModuleField(start.module()));
+  ASSIGN_OR_RETURN_GRPC(StateDictLayout layout, convert::HeaderToLayout(start.header()));
+  StreamLimits limits;
+  limits.max_tensor_bytes = options_.max_tensor_bytes;
+  limits.max_total_bytes = options_.max_module_bytes;
+  limits.max_entries = static_cast<uint64_t>(options_.max_entries);
+  ASSIGN_OR_RETURN_GRPC(std::unique_ptr<StateDictAssembler> assembler,
+                        StateDictAssembler::Create(std::move(layout), limits));
+  LoadOptions options = convert::LoadOptionsFromProto(start.options());
+  // Nothing touches the module until the whole stream arrived intact.
+  while (reader->Read(&message)) {
+    if (message.payload_case() != v1::LoadStateDictRequest::kData) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "data: only data messages may follow the start message");
+    }
+    RETURN_IF_ERROR_GRPC(assembler->Append(message.data()));
+  }
+  if (context->IsCancelled()) {
+    return grpc::Status(grpc::StatusCode::CANCELLED, "client cancelled; nothing loaded");
+  }
+  ASSIGN_OR_RETURN_GRPC(StateDict state_dict, assembler->Finish());
+  ASSIGN_OR_RETURN_GRPC(LoadResult result,
+                        store_->Load(ContextOf(context), name, state_dict, options));
+  convert::LoadResultToProto(result, response);
+  return grpc::Status::OK;
+}
+
+grpc::Status ModelStateServiceImpl::MoveModule(grpc::ServerContext* context,
+                                               const v1::MoveModuleRequest* request,
+                                               v1::MoveModuleResponse* response) {
+  ASSIGN_OR_RETURN_GRPC(ModuleName name, convert::ParseModuleField(request->module()));
+  std::optional<Device> device;
+  std::optional<DType> dtype;
+  if (!request->device().empty()) {
+    ASSIGN_OR_RETURN_GRPC(device, convert::ParseDeviceField(request->device(), "device",
+                                                            std::nullopt));
+  }
+  if (!request->dtype().empty()) {
+    ASSIGN_OR_RETURN_GRPC(dtype, convert::ParseDTypeField(request->dtype(), "dtype",
+                                                          std::nullopt));
+  }
+  RETURN_IF_ERROR_GRPC(store_->Move(ContextOf(context), name, device, dtype));
+  return ToGrpcStatus(store_->Read(name, [&](const Module& root) {
+    convert::ModuleInfoToProto(root, false, response->mutable_info());
+    return absl::OkStatus();
+  }));
+}
+
+grpc::Status ModelStateServiceImpl::SetTraining(grpc::ServerContext* context,
+                                                const v1::SetTrainingRequest* request,
+                                                v1::SetTrainingResponse*) {
+  ASSIGN_OR_RETURN_GRPC(ModuleName name, convert::ParseModuleField(request->module()));
+  return ToGrpcStatus(store_->SetTraining(ContextOf(context), name, request->training()));
+}
+
+}  // namespace modelstate::server

@@ -1,0 +1,97 @@
+// File: model_state_service.h
+// The gRPC service: each handler converts its request (proto/convert.h),
+// calls ModelStore, and converts the result back. No business logic lives
+// here.
+//
+// Example:
+//   ModelStore store;
+//   ModelStateServiceImpl service(&store, ServiceOptions{});
+//   grpc::ServerBuilder builder;
+//   builder.RegisterService(&service);
+#ifndef MODELSTATE_SERVER_MODEL_STATE_SERVICE_H_
+#define MODELSTATE_SERVER_MODEL_STATE_SERVICE_H_
+
+#include <cstdint>
+
+#include "core/model_store.h"
+#include "core/module_spec.h"
+#include "grpcpp/grpcpp.h"
+#include "modelstate/v1/model_state_service.grpc.pb.h"
+
+namespace modelstate::server {
+
+struct ServiceOptions {
+  // Default and maximum bytes per GetStateDict data message.
+  uint32_t default_chunk_bytes = 1 << 20;
+  uint32_t max_chunk_bytes = 16 << 20;
+  // Largest single tensor accepted or built.
+  uint64_t max_tensor_bytes = uint64_t{16} << 30;
+  // Largest state_dict accepted by LoadStateDict, and per built module.
+  uint64_t max_module_bytes = uint64_t{64} << 30;
+  // Spec nesting and entry counts.
+  int max_spec_depth = 64;
+  int64_t max_entries = 1'000'000;
+};
+
+// Thread-safe (handlers run concurrently on gRPC's threads).
+class ModelStateServiceImpl final : public v1::ModelStateService::Service {
+ public:
+  // `store` is not owned and must outlive the service.
+  ModelStateServiceImpl(ModelStore* store, ServiceOptions options);
+
+  grpc::Status BuildModule(grpc::ServerContext* context,
+                           const v1::BuildModuleRequest* request,
+                           v1::BuildModuleResponse* response) override;
+  grpc::Status RegisterParameter(grpc::ServerContext* context,
+                                 const v1::RegisterTensorRequest* request,
+                                 v1::RegisterResponse* response) override;
+  grpc::Status RegisterBuffer(grpc::ServerContext* context,
+                              const v1::RegisterTensorRequest* request,
+                              v1::RegisterResponse* response) override;
+  grpc::Status RegisterSubmodule(grpc::ServerContext* context,
+                                 const v1::RegisterSubmoduleRequest* request,
+                                 v1::RegisterResponse* response) override;
+  grpc::Status RemoveEntry(grpc::ServerContext* context,
+                           const v1::RemoveEntryRequest* request,
+                           v1::RegisterResponse* response) override;
+  grpc::Status GetModule(grpc::ServerContext* context,
+                         const v1::GetModuleRequest* request,
+                         v1::GetModuleResponse* response) override;
+  grpc::Status ListModules(grpc::ServerContext* context,
+                           const v1::ListModulesRequest* request,
+                           v1::ListModulesResponse* response) override;
+  grpc::Status DeleteModule(grpc::ServerContext* context,
+                            const v1::DeleteModuleRequest* request,
+                            v1::DeleteModuleResponse* response) override;
+  grpc::Status GetStateDict(
+      grpc::ServerContext* context, const v1::GetStateDictRequest* request,
+      grpc::ServerWriter<v1::StateDictChunk>* writer) override;
+  grpc::Status LoadStateDict(
+      grpc::ServerContext* context,
+      grpc::ServerReader<v1::LoadStateDictRequest>* reader,
+      v1::LoadStateDictResponse* response) override;
+  grpc::Status MoveModule(grpc::ServerContext* context,
+                          const v1::MoveModuleRequest* request,
+                          v1::MoveModuleResponse* response) override;
+  grpc::Status SetTraining(grpc::ServerContext* context,
+                           const v1::SetTrainingRequest* request,
+                           v1::SetTrainingResponse* response) override;
+
+ private:
+  grpc::Status RegisterTensor(grpc::ServerContext* context,
+                              const v1::RegisterTensorRequest* request,
+                              EntryKind kind, v1::RegisterResponse* response);
+  BuildLimits Limits() const;
+
+  // Constant after construction.
+  ModelStore* const store_;
+  const ServiceOptions options_;
+};
+
+// The caller's identity and request id (from metadata "x-request-id", or a
+// fresh one) for hooks and the audit log.
+OperationContext ContextOf(const grpc::ServerContext* context);
+
+}  // namespace modelstate::server
+
+#endif  // MODELSTATE_SERVER_MODEL_STATE_SERVICE_H_

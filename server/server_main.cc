@@ -1,0 +1,132 @@
+// modelstate-server: hosts Module trees over gRPC.
+//
+//   modelstate-server --listen=127.0.0.1:50051 --data_dir=./data
+//
+// SIGTERM / SIGINT shut it down cleanly: new calls are refused, running
+// calls get --shutdown_grace_seconds to finish, then are cancelled.
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "core/log.h"
+#include "core/model_store.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
+#include "server/model_state_service.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "Address to listen on (host:port; port 0 picks a free one)");
+ABSL_FLAG(std::string, data_dir, "./data",
+          "Directory for durable state and the audit log");
+ABSL_FLAG(std::string, ready_file, "",
+          "Once serving, write the actual listen address to this file");
+ABSL_FLAG(int, max_message_mib, 64,
+          "Largest gRPC message accepted or sent, in MiB");
+ABSL_FLAG(int, chunk_kib, 1024, "Default GetStateDict chunk size, in KiB");
+ABSL_FLAG(int, max_chunk_kib, 16384, "Largest GetStateDict chunk size, in KiB");
+ABSL_FLAG(int64_t, max_tensor_mib, 16384, "Largest single tensor, in MiB");
+ABSL_FLAG(int64_t, max_module_mib, 65536,
+          "Largest module (build or loaded state_dict), in MiB");
+ABSL_FLAG(int, max_spec_depth, 64, "Deepest module nesting in a spec");
+ABSL_FLAG(int64_t, max_entries, 1000000,
+          "Most parameters, buffers and submodules in one module");
+ABSL_FLAG(int, worker_threads, 0,
+          "Most threads serving calls (0: gRPC's default)");
+ABSL_FLAG(int, shutdown_grace_seconds, 10,
+          "How long running calls may take to finish at shutdown");
+
+namespace {
+
+using modelstate::internal::LogLine;
+
+// Blocks SIGINT and SIGTERM in this thread and every thread started later,
+// so that only the waiter thread receives them.
+sigset_t BlockShutdownSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Hosts PyTorch-style Module trees over gRPC.\n"
+      "Usage: modelstate-server [--listen=127.0.0.1:50051] [--data_dir=./data]");
+  absl::ParseCommandLine(argc, argv);
+  sigset_t signals = BlockShutdownSignals();
+
+  modelstate::server::ServiceOptions options;
+  options.default_chunk_bytes = static_cast<uint32_t>(absl::GetFlag(FLAGS_chunk_kib)) << 10;
+  options.max_chunk_bytes = static_cast<uint32_t>(absl::GetFlag(FLAGS_max_chunk_kib)) << 10;
+  options.max_tensor_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_tensor_mib)) << 20;
+  options.max_module_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_module_mib)) << 20;
+  options.max_spec_depth = absl::GetFlag(FLAGS_max_spec_depth);
+  options.max_entries = absl::GetFlag(FLAGS_max_entries);
+  int max_message = absl::GetFlag(FLAGS_max_message_mib) << 20;
+  if (options.max_chunk_bytes + (1 << 20) > static_cast<uint32_t>(max_message)) {
+    LogLine("--max_chunk_kib must leave room for framing within --max_message_mib");
+    return 2;
+  }
+
+  modelstate::ModelStore store;
+  modelstate::server::ModelStateServiceImpl service(&store, options);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  // A second server on the same port must fail, not share connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.SetMaxReceiveMessageSize(max_message);
+  builder.SetMaxSendMessageSize(max_message);
+  if (int threads = absl::GetFlag(FLAGS_worker_threads); threads > 0) {
+    grpc::ResourceQuota quota("modelstate");
+    quota.SetMaxThreads(threads);
+    builder.SetResourceQuota(quota);
+  }
+  int port = 0;
+  std::string listen = absl::GetFlag(FLAGS_listen);
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    LogLine(absl::StrCat("cannot listen on ", listen));
+    return 1;
+  }
+  std::string host = listen.substr(0, listen.rfind(':'));
+  std::string address = absl::StrCat(host, ":", port);
+  LogLine(absl::StrCat("modelstate-server listening on ", address));
+  if (std::string ready = absl::GetFlag(FLAGS_ready_file); !ready.empty()) {
+    std::string temp = ready + ".tmp";
+    std::ofstream(temp) << address << "\n";
+    std::rename(temp.c_str(), ready.c_str());
+  }
+
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    LogLine(absl::StrCat("signal ", sig, ": shutting down"));
+    server->GetHealthCheckService()->Shutdown();
+    server->Shutdown(absl::ToChronoTime(
+        absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_seconds))));
+  });
+  server->Wait();
+  waiter.join();
+  LogLine("stopped");
+  return 0;
+}

@@ -1,0 +1,659 @@
+// Integration tests: the real modelstate-server binary on a loopback port,
+// driven through the real C++ client.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/model_state_client.h"
+#include "core/module_spec.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
+#include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "proto/convert.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/test_server.h"
+
+namespace modelstate {
+namespace {
+
+using ::modelstate::testing::IsOk;
+using ::modelstate::testing::StatusIs;
+using ::modelstate::testing::TestServer;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+v1::ModuleSpec Spec(const std::string& json) {
+  v1::ModuleSpec spec;
+  auto status = google::protobuf::util::JsonStringToMessage(json, &spec);
+  EXPECT_TRUE(status.ok()) << status.ToString() << " in " << json;
+  return spec;
+}
+
+v1::BuildModuleRequest BuildRequest(const std::string& module,
+                                    const std::string& json, uint64_t seed = 0) {
+  v1::BuildModuleRequest r;
+  r.set_module(module);
+  *r.mutable_spec() = Spec(json);
+  r.set_seed(seed);
+  return r;
+}
+
+// The same spec built in this process (no hooks).
+std::shared_ptr<Module> LocalBuild(const std::string& json, uint64_t seed = 0) {
+  absl::StatusOr<ModuleSpec> spec = convert::SpecFromProto(Spec(json));
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  BuildOptions options;
+  options.seed = seed;
+  options.hooks = nullptr;
+  absl::StatusOr<BuildResult> built = BuildModule(*spec, options);
+  EXPECT_TRUE(built.ok()) << built.status();
+  return built->root;
+}
+
+void ExpectSameState(const StateDict& a, const StateDict& b) {
+  ASSERT_EQ(a.tensors.Keys(), b.tensors.Keys());
+  for (const auto& item : a.tensors) {
+    EXPECT_TRUE(TensorsEqual(item.value, *b.tensors.Find(item.key))) << item.key;
+  }
+}
+
+Tensor Filled(DType dtype, Shape shape, double value) {
+  return *Tensor::Full(dtype, std::move(shape), value);
+}
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = new TestServer({"--max_tensor_mib=1024", "--max_chunk_kib=4096"});
+    absl::Status started = server_->Start();
+    ASSERT_TRUE(started.ok()) << started;
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_NE(server_, nullptr);
+    client_ = server_->NewClient();
+    ASSERT_NE(client_, nullptr);
+  }
+  // Bad input never takes the server down.
+  void TearDown() override { EXPECT_THAT(client_->Health(), IsOk()); }
+
+  static TestServer* server_;
+  std::unique_ptr<client::ModelStateClient> client_;
+};
+TestServer* ServiceTest::server_ = nullptr;
+
+TEST_F(ServiceTest, HealthIsServingAndReflectionListsTheServices) {
+  EXPECT_THAT(client_->Health(), IsOk());
+  auto stub = grpc::reflection::v1alpha::ServerReflection::NewStub(client_->channel());
+  grpc::ClientContext context;
+  auto stream = stub->ServerReflectionInfo(&context);
+  grpc::reflection::v1alpha::ServerReflectionRequest request;
+  request.set_list_services("*");
+  ASSERT_TRUE(stream->Write(request));
+  stream->WritesDone();
+  grpc::reflection::v1alpha::ServerReflectionResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  std::vector<std::string> services;
+  for (const auto& s : response.list_services_response().service()) {
+    services.push_back(s.name());
+  }
+  EXPECT_THAT(services, ::testing::IsSupersetOf({"modelstate.v1.ModelStateService",
+                                                 "grpc.health.v1.Health"}));
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(ServiceTest, BuildsEveryLibraryLayerExactlyAsTheCoreDoes) {
+  const std::map<std::string, std::string> args = {
+      {"Identity", "[]"}, {"Linear", "[3, 2]"}, {"Bilinear", "[3, 4, 2]"},
+      {"Conv1d", "[2, 4, 3]"}, {"Conv2d", "[2, 4, 3]"}, {"ConvTranspose2d", "[2, 4, 3]"},
+      {"BatchNorm1d", "[3]"}, {"BatchNorm2d", "[3]"}, {"LayerNorm", "[[2, 3]]"},
+      {"GroupNorm", "[2, 4]"}, {"Embedding", "[5, 3]"}, {"Dropout", "[]"},
+      {"ReLU", "[]"}, {"GELU", "[]"}, {"SiLU", "[]"}, {"Tanh", "[]"},
+      {"Sigmoid", "[]"}, {"Softmax", "[]"}, {"Flatten", "[]"},
+      {"MultiheadAttention", "[4, 2]"}, {"TransformerEncoderLayer", "[4, 2, 8]"},
+      {"Sequential", ""}, {"ModuleList", ""}, {"ModuleDict", ""}};
+  ASSERT_EQ(args.size(), LayerTypes().size());
+  for (const std::string& type : LayerTypes()) {
+    SCOPED_TRACE(type);
+    std::string json = args.at(type).empty()
+                           ? absl::StrCat(R"({"type": ")", type, R"("})")
+                           : absl::StrCat(R"({"type": ")", type, R"(", "args": )",
+                                          args.at(type), "}");
+    std::string name = "layers/" + type;
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::BuildModuleResponse built,
+                                    client_->BuildModule(BuildRequest(name, json, 5)));
+    EXPECT_EQ(built.module(), name);
+    EXPECT_EQ(built.info().type(), type);
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict remote, client_->GetStateDict(name));
+    ExpectSameState(remote, LocalBuild(json, 5)->GetStateDict());
+  }
+}
+
+TEST_F(ServiceTest, DescribesEntriesAndListsModulesInPages) {
+  ASSERT_THAT(client_->BuildModule(BuildRequest("describe/bn",
+                                                R"({"type": "BatchNorm1d", "args": [4]})")),
+              IsOk());
+  v1::GetModuleRequest get;
+  get.set_module("describe/bn");
+  get.set_with_hashes(true);
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::GetModuleResponse d, client_->GetModule(get));
+  ASSERT_EQ(d.info().parameters_size(), 2);
+  const v1::TensorInfo& w = d.info().parameters(0).tensor();
+  EXPECT_EQ(w.dtype(), v1::DTYPE_FLOAT32);
+  EXPECT_THAT(w.shape(), ElementsAre(4));
+  EXPECT_EQ(w.nbytes(), 16u);
+  EXPECT_EQ(w.device(), "cpu");
+  EXPECT_TRUE(w.requires_grad());
+  EXPECT_EQ(w.sha256(), ContentHash(Filled(DType::kFloat32, {4}, 1.0)));
+  ASSERT_EQ(d.info().buffers_size(), 3);
+  EXPECT_EQ(d.info().buffers(2).name(), "num_batches_tracked");
+  EXPECT_EQ(d.info().buffers(2).tensor().dtype(), v1::DTYPE_INT64);
+  EXPECT_TRUE(d.info().buffers(2).tensor().persistent());
+  EXPECT_EQ(d.info().version(), 2);
+  EXPECT_THAT(std::vector<std::string>(d.server_devices().begin(), d.server_devices().end()),
+              ::testing::Contains("cpu"));
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_THAT(client_->BuildModule(BuildRequest(absl::StrCat("paged/m", i),
+                                                  R"({"type": "ReLU"})")),
+                IsOk());
+  }
+  v1::ListModulesRequest list;
+  list.set_namespace_("paged");
+  list.set_page_size(2);
+  std::vector<std::string> names;
+  int pages = 0;
+  while (true) {
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::ListModulesResponse page, client_->ListModules(list));
+    ++pages;
+    for (const auto& m : page.modules()) names.push_back(m.module());
+    if (page.next_page_token().empty()) break;
+    list.set_page_token(page.next_page_token());
+  }
+  EXPECT_THAT(names, ElementsAre("paged/m0", "paged/m1", "paged/m2", "paged/m3", "paged/m4"));
+  EXPECT_EQ(pages, 3);
+}
+
+constexpr char kNet[] = R"({"type": "Net", "members": [
+    {"module": {"name": "fc1", "spec": {"type": "Linear", "args": [37, 23]}}},
+    {"module": {"name": "bn", "spec": {"type": "BatchNorm1d", "args": [23]}}},
+    {"module": {"name": "fc2", "spec": {"type": "Linear", "args": [23, 5]}}}]})";
+
+TEST_F(ServiceTest, StateDictRoundTripsInAnyChunkSize) {
+  ASSERT_THAT(client_->BuildModule(BuildRequest("sd/net", kNet, 1)), IsOk());
+  StateDict local = LocalBuild(kNet, 1)->GetStateDict();
+  for (uint32_t chunk : {1u, 7u, 1000u, 0u}) {
+    client::GetStateDictOptions options;
+    options.chunk_bytes = chunk;
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict remote, client_->GetStateDict("sd/net", options));
+    ExpectSameState(remote, local);
+  }
+  // Load new values, then read them back.
+  StateDict changed = local;
+  for (auto& item : changed.tensors) {
+    item.value = Filled(item.value.dtype(), item.value.shape(), 0.25);
+  }
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::LoadStateDictResponse loaded,
+                                  client_->LoadStateDict("sd/net", changed));
+  EXPECT_EQ(loaded.repr(), "<All keys matched successfully>");
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict back, client_->GetStateDict("sd/net"));
+  ExpectSameState(back, changed);
+}
+
+TEST_F(ServiceTest, StateDictFiltersConversionAndMetadataOnly) {
+  ASSERT_THAT(client_->BuildModule(BuildRequest("sd/filters", kNet, 2)), IsOk());
+  StateDict local = LocalBuild(kNet, 2)->GetStateDict();
+  client::GetStateDictOptions options;
+  options.key_prefix = "fc";
+  options.key_glob = "*.weight";
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict weights, client_->GetStateDict("sd/filters", options));
+  EXPECT_THAT(weights.tensors.Keys(), ElementsAre("fc1.weight", "fc2.weight"));
+  options = {};
+  options.target_dtype = DType::kFloat16;
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict half, client_->GetStateDict("sd/filters", options));
+  for (const auto& item : local.tensors) {
+    DType want = IsFloatingPoint(item.value.dtype()) ? DType::kFloat16 : item.value.dtype();
+    EXPECT_TRUE(TensorsEqual(*half.tensors.Find(item.key),
+                             *item.value.To(Device::Cpu(), want)))
+        << item.key;
+  }
+  options = {};
+  options.metadata_only = true;
+  struct HeaderOnly : client::StateDictSink {
+    StateDictLayout layout;
+    bool finished = false;
+    absl::Status Begin(const StateDictLayout& l) override {
+      layout = l;
+      return absl::OkStatus();
+    }
+    absl::Status Append(absl::string_view) override {
+      return absl::InternalError("no data expected");
+    }
+    absl::Status Finish() override {
+      finished = true;
+      return absl::OkStatus();
+    }
+  } sink;
+  ASSERT_THAT(client_->GetStateDict("sd/filters", options, sink), IsOk());
+  EXPECT_EQ(sink.layout.entries.size(), local.tensors.size());
+  EXPECT_EQ(sink.layout.entries[2].kind, EntryKind::kParameter);  // bn.weight
+  EXPECT_EQ(sink.layout.entries[4].kind, EntryKind::kBuffer);     // bn.running_mean
+  ASSERT_TRUE(sink.layout.metadata.has_value());
+  EXPECT_EQ(sink.layout.metadata->size(), 4u);
+}
+
+TEST_F(ServiceTest, LargeModelStreamsInOneMebibyteChunks) {
+  // 64 x Linear(1024, 1024): 256 MiB of weights plus biases.
+  std::string json = R"({"type": "Sequential", "children": [)";
+  for (int i = 0; i < 64; ++i) {
+    absl::StrAppend(&json, i ? "," : "", R"({"spec": {"type": "Linear", "args": [1024, 1024]}})");
+  }
+  json += "]}";
+  ASSERT_THAT(client_->BuildModule(BuildRequest("big/stack", json, 3)), IsOk());
+  int chunks = 0;
+  uint64_t last_done = 0;
+  client::GetStateDictOptions options;
+  options.progress = [&](uint64_t done, uint64_t total) {
+    ++chunks;
+    EXPECT_LE(done - last_done, uint64_t{1} << 20);
+    last_done = done;
+    EXPECT_EQ(total, uint64_t{64} * (1024 * 1024 + 1024) * 4);
+  };
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict sd, client_->GetStateDict("big/stack", options));
+  EXPECT_GE(chunks, 256);
+  EXPECT_EQ(sd.tensors.size(), 128u);
+  std::string first_hash = ContentHash(*sd.tensors.Find("0.weight"));
+  // Reload with one tensor changed; only that one changes on the server.
+  sd.tensors.Set("63.bias", Filled(DType::kFloat32, {1024}, 3.0));
+  client::LoadStateDictOptions load;
+  load.chunk_bytes = 1 << 20;
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::LoadStateDictResponse r,
+                                  client_->LoadStateDict("big/stack", sd, load));
+  v1::GetModuleRequest get;
+  get.set_module("big/stack");
+  get.set_path("63");
+  get.set_with_hashes(true);
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::GetModuleResponse last, client_->GetModule(get));
+  EXPECT_EQ(last.info().parameters(1).tensor().sha256(),
+            ContentHash(Filled(DType::kFloat32, {1024}, 3.0)));
+  get.set_path("0");
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::GetModuleResponse first, client_->GetModule(get));
+  EXPECT_EQ(first.info().parameters(0).tensor().sha256(), first_hash);
+  ASSERT_THAT(client_->DeleteModule("big/stack"), IsOk());
+}
+
+TEST_F(ServiceTest, LoadStateDictFailsWithPyTorchsTextAndChangesNothing) {
+  ASSERT_THAT(client_->BuildModule(BuildRequest("load/lin", R"({"type": "Linear", "args": [3, 2]})")),
+              IsOk());
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict before, client_->GetStateDict("load/lin"));
+  StateDict partial;
+  partial.tensors.Set("bias", Filled(DType::kFloat32, {2}, 5.0));
+  partial.tensors.Set("extra", Filled(DType::kFloat32, {1}, 0.0));
+  EXPECT_THAT(client_->LoadStateDict("load/lin", partial),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       "Error(s) in loading state_dict for Linear:\n\tMissing key(s) in "
+                       "state_dict: \"weight\". \n\tUnexpected key(s) in state_dict: "
+                       "\"extra\". "));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict after, client_->GetStateDict("load/lin"));
+  ExpectSameState(after, before);
+  client::LoadStateDictOptions lenient;
+  lenient.load.strict = false;
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::LoadStateDictResponse r,
+                                  client_->LoadStateDict("load/lin", partial, lenient));
+  EXPECT_THAT(r.missing_keys(), ElementsAre("weight"));
+  EXPECT_THAT(r.unexpected_keys(), ElementsAre("extra"));
+  EXPECT_EQ(r.repr(), "_IncompatibleKeys(missing_keys=['weight'], unexpected_keys=['extra'])");
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict loaded, client_->GetStateDict("load/lin"));
+  EXPECT_TRUE(TensorsEqual(*loaded.tensors.Find("bias"), Filled(DType::kFloat32, {2}, 5.0)));
+  partial.tensors.Set("weight", Filled(DType::kFloat32, {4, 3}, 0.0));
+  EXPECT_THAT(client_->LoadStateDict("load/lin", partial, lenient),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("size mismatch for weight: copying a param with shape "
+                                 "torch.Size([4, 3]) from checkpoint, the shape in current "
+                                 "model is torch.Size([2, 3]).")));
+}
+
+// A raw LoadStateDict call, to send what the client library never would.
+grpc::Status RawLoad(client::ModelStateClient& c,
+                     const std::vector<v1::LoadStateDictRequest>& messages) {
+  grpc::ClientContext context;
+  v1::LoadStateDictResponse response;
+  auto writer = c.stub().LoadStateDict(&context, &response);
+  for (const auto& m : messages) {
+    if (!writer->Write(m)) break;
+  }
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+TEST_F(ServiceTest, TruncatedOrMalformedLoadStreamsChangeNothing) {
+  ASSERT_THAT(client_->BuildModule(BuildRequest("load/stream", R"({"type": "Linear", "args": [4, 4]})")),
+              IsOk());
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict before, client_->GetStateDict("load/stream"));
+  StateDict zeros;
+  for (const auto& item : before.tensors) {
+    zeros.tensors.Set(item.key, Filled(DType::kFloat32, item.value.shape(), 0.0));
+  }
+  v1::LoadStateDictRequest start;
+  start.mutable_start()->set_module("load/stream");
+  convert::LayoutToHeader(LayoutOf(zeros), start.mutable_start()->mutable_header());
+  v1::LoadStateDictRequest data;
+  data.set_data(std::string(40, '\0'));  // 40 of the 80 bytes
+  auto expect_invalid = [&](std::vector<v1::LoadStateDictRequest> messages,
+                            const std::string& text) {
+    grpc::Status s = RawLoad(*client_, messages);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << text;
+    EXPECT_THAT(s.error_message(), HasSubstr(text));
+  };
+  expect_invalid({start, data}, "ended after 40 of 80");
+  expect_invalid({}, "ended before its start");
+  expect_invalid({data}, "first message must be a start");
+  expect_invalid({start, start}, "only data messages");
+  v1::LoadStateDictRequest too_much;
+  too_much.set_data(std::string(81, '\0'));
+  expect_invalid({start, too_much}, "more than the 80 bytes");
+  v1::LoadStateDictRequest bad_header = start;
+  bad_header.mutable_start()->mutable_header()->mutable_entries(0)->set_byte_length(3);
+  expect_invalid({bad_header}, "header.entries[0].byte_length");
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict after, client_->GetStateDict("load/stream"));
+  ExpectSameState(after, before);
+}
+
+TEST_F(ServiceTest, BadInputGetsTheRightCodeNamingTheField) {
+  ASSERT_THAT(client_->BuildModule(BuildRequest("bad/lin", R"({"type": "Linear", "args": [2, 2]})")),
+              IsOk());
+  using Code = absl::StatusCode;
+  EXPECT_THAT(client_->BuildModule(BuildRequest("a/b/c", R"({"type": "ReLU"})")),
+              StatusIs(Code::kInvalidArgument, HasSubstr("module: 'a/b/c'")));
+  EXPECT_THAT(client_->BuildModule(BuildRequest("bad/lin", R"({"type": "ReLU"})")),
+              StatusIs(Code::kAlreadyExists, HasSubstr("already exists")));
+  EXPECT_THAT(client_->BuildModule(BuildRequest("bad/x", R"({"type": "Linear", "args": [2]})")),
+              StatusIs(Code::kInvalidArgument, HasSubstr("missing 1 required positional")));
+  EXPECT_THAT(client_->BuildModule(BuildRequest("bad/x", R"({"type": "Linear", "args": [-2, 2]})")),
+              StatusIs(Code::kInvalidArgument, HasSubstr("negative dimension -2")));
+  EXPECT_THAT(client_->BuildModule(BuildRequest("bad/x", R"({"type": "Linear", "args": [100000, 100000]})")),
+              StatusIs(Code::kResourceExhausted, HasSubstr("max_tensor_bytes")));
+  EXPECT_THAT(client_->BuildModule(BuildRequest("bad/x", R"({"type": "Linear", "args": [[1, 2.5], 2]})")),
+              StatusIs(Code::kInvalidArgument, HasSubstr("spec.args[0][1]")));
+  v1::BuildModuleRequest int_dtype = BuildRequest("bad/x", R"({"type": "ReLU"})");
+  int_dtype.set_dtype("int64");
+  EXPECT_THAT(client_->BuildModule(int_dtype),
+              StatusIs(Code::kInvalidArgument, HasSubstr("floating point dtype")));
+  int_dtype.set_dtype("float17");
+  EXPECT_THAT(client_->BuildModule(int_dtype),
+              StatusIs(Code::kInvalidArgument, HasSubstr("dtype: Unknown dtype 'float17'")));
+  v1::GetModuleRequest unknown;
+  unknown.set_module("bad/nope");
+  EXPECT_THAT(client_->GetModule(unknown), StatusIs(Code::kNotFound, HasSubstr("bad/nope")));
+  EXPECT_THAT(client_->GetStateDict("bad/nope"), StatusIs(Code::kNotFound));
+  EXPECT_THAT(client_->DeleteModule("bad/nope"), StatusIs(Code::kNotFound));
+  EXPECT_THAT(client_->SetTraining("bad/nope", false), StatusIs(Code::kNotFound));
+  StateDict empty;
+  EXPECT_THAT(client_->LoadStateDict("bad/nope", empty), StatusIs(Code::kNotFound));
+  v1::GetModuleRequest bad_path;
+  bad_path.set_module("bad/lin");
+  bad_path.set_path("encoder.0");
+  EXPECT_THAT(client_->GetModule(bad_path),
+              StatusIs(Code::kNotFound, HasSubstr("Linear has no attribute `encoder`")));
+  v1::MoveModuleRequest move;
+  move.set_module("bad/lin");
+  move.set_dtype("int32");
+  EXPECT_THAT(client_->MoveModule(move),
+              StatusIs(Code::kInvalidArgument,
+                       "nn.Module.to only accepts floating point or complex dtypes, but "
+                       "got desired dtype=torch.int32"));
+  move.set_dtype("");
+  move.set_device("cuda:0");
+  if (AvailableDevices().size() == 2) {
+    EXPECT_THAT(client_->MoveModule(move),
+                StatusIs(Code::kFailedPrecondition, HasSubstr("this server has: cpu, meta")));
+  }
+  move.set_device("tpu");
+  EXPECT_THAT(client_->MoveModule(move),
+              StatusIs(Code::kInvalidArgument, HasSubstr("device: Invalid device 'tpu'")));
+  client::GetStateDictOptions huge_chunks;
+  huge_chunks.chunk_bytes = 64 << 20;
+  EXPECT_THAT(client_->GetStateDict("bad/lin", huge_chunks),
+              StatusIs(Code::kResourceExhausted, HasSubstr("chunk_bytes")));
+  v1::RegisterTensorRequest reg;
+  reg.set_module("bad/lin");
+  reg.set_name("a.b");
+  reg.mutable_init()->add_shape(2);
+  EXPECT_THAT(client_->RegisterParameter(reg),
+              StatusIs(Code::kInvalidArgument, "parameter name can't contain \".\""));
+  reg.set_name("weight");
+  EXPECT_THAT(client_->RegisterBuffer(reg),
+              StatusIs(Code::kAlreadyExists, "attribute 'weight' already exists"));
+  reg.set_name("w2");
+  v1::TensorProto* t = reg.mutable_tensor();
+  t->set_dtype(v1::DTYPE_FLOAT32);
+  t->add_shape(3);
+  t->set_data(std::string(8, '\0'));
+  EXPECT_THAT(client_->RegisterParameter(reg),
+              StatusIs(Code::kInvalidArgument, HasSubstr("tensor.data: has 8 bytes but")));
+  t->set_dtype(v1::DTYPE_UNSPECIFIED);
+  EXPECT_THAT(client_->RegisterParameter(reg),
+              StatusIs(Code::kInvalidArgument, HasSubstr("tensor.dtype")));
+  t->set_dtype(v1::DTYPE_INT64);
+  t->set_data(std::string(24, '\0'));
+  EXPECT_THAT(client_->RegisterParameter(reg),
+              StatusIs(Code::kInvalidArgument, HasSubstr("Only Tensors of floating point")));
+  v1::RegisterTensorRequest no_value;
+  no_value.set_module("bad/lin");
+  no_value.set_name("x");
+  EXPECT_THAT(client_->RegisterBuffer(no_value),
+              StatusIs(Code::kInvalidArgument, HasSubstr("value:")));
+  v1::RemoveEntryRequest remove;
+  remove.set_module("bad/lin");
+  remove.set_name("nothing");
+  EXPECT_THAT(client_->RemoveEntry(remove),
+              StatusIs(Code::kNotFound, "'Linear' object has no attribute 'nothing'"));
+  v1::ListModulesRequest list;
+  list.set_page_size(-1);
+  EXPECT_THAT(client_->ListModules(list), StatusIs(Code::kInvalidArgument, HasSubstr("page_size")));
+}
+
+TEST_F(ServiceTest, RegistrationRpcsReportEachOutcome) {
+  ASSERT_THAT(client_->BuildModule(BuildRequest("reg/net", R"({"type": "Net", "members": [
+      {"module": {"name": "enc", "spec": {"type": "Linear", "args": [2, 2]}}}]})")),
+              IsOk());
+  v1::RegisterTensorRequest p;
+  p.set_module("reg/net");
+  p.set_path("enc");
+  p.set_name("scale");
+  v1::TensorProto* t = p.mutable_tensor();
+  t->set_dtype(v1::DTYPE_FLOAT32);
+  t->add_shape(2);
+  t->set_data(std::string("\0\0\x80\x3f\0\0\0\x40", 8));  // [1.0, 2.0]
+  p.set_requires_grad(false);
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::RegisterResponse r, client_->RegisterParameter(p));
+  ASSERT_EQ(r.registrations_size(), 1);
+  EXPECT_EQ(r.registrations(0).path(), "enc");
+  EXPECT_EQ(r.registrations(0).module_type(), "Linear");
+  EXPECT_EQ(r.registrations(0).kind(), v1::ENTRY_KIND_PARAMETER);
+  EXPECT_EQ(r.registrations(0).outcome(), v1::OUTCOME_KEEP);
+  EXPECT_FALSE(r.registrations(0).value().requires_grad());
+  v1::RegisterTensorRequest b;
+  b.set_module("reg/net");
+  b.set_name("stats");
+  b.mutable_init()->add_shape(3);
+  b.mutable_init()->mutable_init()->set_kind(v1::InitSpec::KIND_ONES);
+  b.set_persistent(false);
+  ASSERT_THAT(client_->RegisterBuffer(b), IsOk());
+  v1::RegisterSubmoduleRequest s;
+  s.set_module("reg/net");
+  s.set_name("dec");
+  *s.mutable_spec() = Spec(R"({"type": "Linear", "args": [2, 3]})");
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(r, client_->RegisterSubmodule(s));
+  ASSERT_EQ(r.registrations_size(), 3);  // dec.weight, dec.bias, then dec
+  EXPECT_EQ(r.registrations(0).path(), "dec");
+  EXPECT_EQ(r.registrations(2).kind(), v1::ENTRY_KIND_MODULE);
+  EXPECT_EQ(r.registrations(2).name(), "dec");
+  v1::RegisterSubmoduleRequest shared;
+  shared.set_module("reg/net");
+  shared.set_name("enc_again");
+  shared.set_existing_path("enc");
+  ASSERT_THAT(client_->RegisterSubmodule(shared), IsOk());
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict sd, client_->GetStateDict("reg/net"));
+  EXPECT_THAT(sd.tensors.Keys(),
+              ElementsAre("enc.weight", "enc.bias", "enc.scale", "dec.weight", "dec.bias",
+                          "enc_again.weight", "enc_again.bias", "enc_again.scale"));
+  EXPECT_EQ(sd.tensors.Find("enc.scale")->data<float>()[1], 2.0f);
+  v1::GetModuleRequest get;
+  get.set_module("reg/net");
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::GetModuleResponse d, client_->GetModule(get));
+  EXPECT_EQ(d.info().children(2).same_as(), "enc");
+  EXPECT_FALSE(d.info().buffers(0).tensor().persistent());
+  v1::RemoveEntryRequest remove;
+  remove.set_module("reg/net");
+  remove.set_name("enc_again");
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(r, client_->RemoveEntry(remove));
+  EXPECT_EQ(r.registrations(0).action(), v1::REGISTRATION_ACTION_UNREGISTER);
+  v1::RegisterTensorRequest none;
+  none.set_module("reg/net");
+  none.set_path("enc");
+  none.set_name("bias");
+  none.set_none(true);
+  ASSERT_THAT(client_->RegisterParameter(none), IsOk());
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(sd, client_->GetStateDict("reg/net"));
+  EXPECT_THAT(sd.tensors.Keys(), ElementsAre("enc.weight", "enc.scale", "dec.weight", "dec.bias"));
+}
+
+TEST_F(ServiceTest, MoveModuleAndTrainingFlags) {
+  ASSERT_THAT(client_->BuildModule(BuildRequest("move/net", kNet)), IsOk());
+  v1::MoveModuleRequest move;
+  move.set_module("move/net");
+  move.set_dtype("float16");
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::MoveModuleResponse moved, client_->MoveModule(move));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict sd, client_->GetStateDict("move/net"));
+  for (const auto& item : sd.tensors) {
+    DType want = item.key == "bn.num_batches_tracked" ? DType::kInt64 : DType::kFloat16;
+    EXPECT_EQ(item.value.dtype(), want) << item.key;
+  }
+  StateDict local = LocalBuild(kNet)->GetStateDict();
+  EXPECT_TRUE(TensorsEqual(*sd.tensors.Find("fc1.weight"),
+                           *local.tensors.Find("fc1.weight")->To(Device::Cpu(), DType::kFloat16)));
+  move.set_dtype("");
+  move.set_device("meta");
+  ASSERT_THAT(client_->MoveModule(move), IsOk());
+  EXPECT_THAT(client_->GetStateDict("move/net"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("meta")));
+  ASSERT_THAT(client_->SetTraining("move/net", false), IsOk());
+  v1::GetModuleRequest get;
+  get.set_module("move/net");
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::GetModuleResponse d, client_->GetModule(get));
+  EXPECT_FALSE(d.info().training());
+  EXPECT_FALSE(d.info().children(1).module().training());
+  EXPECT_EQ(d.info().parameters_size(), 0);
+  EXPECT_EQ(d.info().children(0).module().parameters(0).tensor().device(), "meta");
+}
+
+TEST_F(ServiceTest, DeleteRemovesTheModule) {
+  ASSERT_THAT(client_->BuildModule(BuildRequest("del/m", R"({"type": "ReLU"})")), IsOk());
+  ASSERT_THAT(client_->DeleteModule("del/m"), IsOk());
+  v1::GetModuleRequest get;
+  get.set_module("del/m");
+  EXPECT_THAT(client_->GetModule(get), StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_THAT(client_->BuildModule(BuildRequest("del/m", R"({"type": "Tanh"})")), IsOk());
+}
+
+TEST_F(ServiceTest, ThirtyTwoConcurrentClients) {
+  constexpr int kClients = 32;
+  const std::string shared_spec = R"({"type": "Linear", "args": [64, 64]})";
+  ASSERT_THAT(client_->BuildModule(BuildRequest("conc/shared", shared_spec)), IsOk());
+  std::atomic<int> failures{0};
+  std::atomic<int> torn{0};
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      std::unique_ptr<client::ModelStateClient> cl = server_->NewClient();
+      if (c % 2 == 0) {
+        // Own module: build, load, read back.
+        std::string name = absl::StrCat("conc/own", c);
+        if (!cl->BuildModule(BuildRequest(name, kNet, c)).ok()) ++failures;
+        for (int i = 0; i < 5; ++i) {
+          absl::StatusOr<StateDict> sd = cl->GetStateDict(name);
+          if (!sd.ok()) {
+            ++failures;
+            continue;
+          }
+          if (!cl->LoadStateDict(name, *sd).ok()) ++failures;
+        }
+      } else if (c % 4 == 1) {
+        // Writers of the shared module: every element of a load equals c.
+        StateDict sd;
+        sd.tensors.Set("weight", Filled(DType::kFloat32, {64, 64}, c));
+        sd.tensors.Set("bias", Filled(DType::kFloat32, {64}, c));
+        for (int i = 0; i < 10; ++i) {
+          if (!cl->LoadStateDict("conc/shared", sd).ok()) ++failures;
+        }
+      } else {
+        // Readers of the shared module: a snapshot is never half of one
+        // load and half of another.
+        for (int i = 0; i < 10; ++i) {
+          absl::StatusOr<StateDict> sd = cl->GetStateDict("conc/shared");
+          if (!sd.ok()) {
+            ++failures;
+            continue;
+          }
+          const float* w = sd->tensors.Find("weight")->data<float>();
+          const float* b = sd->tensors.Find("bias")->data<float>();
+          bool initial = w[0] != std::floor(w[0]);
+          if (initial) continue;  // still the built values
+          for (int k = 0; k < 64 * 64; ++k) {
+            if (w[k] != w[0]) ++torn;
+          }
+          for (int k = 0; k < 64; ++k) {
+            if (b[k] != w[0]) ++torn;
+          }
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(torn.load(), 0);
+}
+
+TEST(ServerLifecycleTest, ShutsDownOnSigtermWithinTheGracePeriod) {
+  TestServer server({"--shutdown_grace_seconds=1"});
+  ASSERT_THAT(server.Start(), IsOk());
+  std::unique_ptr<client::ModelStateClient> c = server.NewClient();
+  ASSERT_THAT(c->BuildModule(BuildRequest("life/m", R"({"type": "Linear", "args": [512, 512]})")),
+              IsOk());
+  // A stream the client never reads stays open on the server.
+  grpc::ClientContext stalled;
+  v1::GetStateDictRequest request;
+  request.set_module("life/m");
+  request.set_chunk_bytes(1024);
+  auto reader = c->stub().GetStateDict(&stalled, request);
+  auto start = std::chrono::steady_clock::now();
+  int status = server.Stop(SIGTERM, std::chrono::seconds(20));
+  double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_LT(seconds, 10.0);
+  stalled.TryCancel();
+}
+
+TEST(ServerLifecycleTest, ASecondServerOnTheSamePortFails) {
+  TestServer first;
+  ASSERT_THAT(first.Start(), IsOk());
+  std::string port = first.address().substr(first.address().rfind(':') + 1);
+  TestServer second({"--listen=127.0.0.1:" + port});
+  // The later --listen flag wins over the fixture's port 0.
+  EXPECT_FALSE(second.Start().ok());
+}
+
+}  // namespace
+}  // namespace modelstate
