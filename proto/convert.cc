@@ -9,6 +9,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "core/status_macros.h"
 
 namespace modelstate::convert {
@@ -507,6 +508,230 @@ void LoadResultToProto(const LoadResult& result,
     response->add_unexpected_keys(k);
   }
   response->set_repr(result.keys.ToString());
+}
+
+absl::StatusOr<SubscriptionSpec> SubscriptionFromProto(const v1::Subscription& proto) {
+  SubscriptionSpec spec;
+  spec.name = proto.name();
+  switch (proto.mode()) {
+    case v1::Subscription::MODE_UNSPECIFIED:
+    case v1::Subscription::MODE_INTERCEPT:
+      spec.mode = SubscriberMode::kIntercept;
+      break;
+    case v1::Subscription::MODE_OBSERVE:
+      spec.mode = SubscriberMode::kObserve;
+      break;
+    case v1::Subscription::MODE_DRY_RUN:
+      spec.mode = SubscriberMode::kDryRun;
+      break;
+    default:
+      return FieldError("subscription.mode", absl::StrCat("unknown mode ", proto.mode()));
+  }
+  for (int k : proto.kinds()) {
+    if (k < v1::ENTRY_KIND_PARAMETER || k > v1::ENTRY_KIND_MODULE) {
+      return FieldError("subscription.kinds", absl::StrCat("unknown kind ", k));
+    }
+    spec.filter.kinds.push_back(static_cast<EntryKind>(k - 1));
+  }
+  for (int a : proto.actions()) {
+    if (a < v1::REGISTRATION_ACTION_REGISTER || a > v1::REGISTRATION_ACTION_UNREGISTER) {
+      return FieldError("subscription.actions", absl::StrCat("unknown action ", a));
+    }
+    spec.filter.actions.push_back(static_cast<RegistrationAction>(a - 1));
+  }
+  spec.filter.namespaces.assign(proto.namespaces().begin(), proto.namespaces().end());
+  spec.filter.module_type_glob = proto.module_type_glob();
+  spec.filter.name_glob = proto.name_glob();
+  spec.priority = proto.priority();
+  spec.timeout = absl::Milliseconds(proto.timeout_ms() == 0 ? 10000 : proto.timeout_ms());
+  spec.failure_policy = proto.failure_policy() == v1::Subscription::FAIL_OPEN
+                            ? FailurePolicy::kFailOpen
+                            : FailurePolicy::kFailClosed;
+  spec.include_data = proto.include_data();
+  spec.max_data_bytes = proto.max_data_bytes() == 0 ? (1 << 20) : proto.max_data_bytes();
+  return spec;
+}
+
+void SubscriptionToProto(const SubscriptionSpec& spec, v1::Subscription* proto) {
+  proto->set_name(spec.name);
+  proto->set_mode(spec.mode == SubscriberMode::kIntercept ? v1::Subscription::MODE_INTERCEPT
+                  : spec.mode == SubscriberMode::kObserve ? v1::Subscription::MODE_OBSERVE
+                                                          : v1::Subscription::MODE_DRY_RUN);
+  for (EntryKind k : spec.filter.kinds) proto->add_kinds(EntryKindToProto(k));
+  for (RegistrationAction a : spec.filter.actions) {
+    proto->add_actions(a == RegistrationAction::kRegister ? v1::REGISTRATION_ACTION_REGISTER
+                                                          : v1::REGISTRATION_ACTION_UNREGISTER);
+  }
+  for (const std::string& ns : spec.filter.namespaces) proto->add_namespaces(ns);
+  proto->set_module_type_glob(spec.filter.module_type_glob);
+  proto->set_name_glob(spec.filter.name_glob);
+  proto->set_priority(spec.priority);
+  proto->set_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(spec.timeout)));
+  proto->set_failure_policy(spec.failure_policy == FailurePolicy::kFailOpen
+                                ? v1::Subscription::FAIL_OPEN
+                                : v1::Subscription::FAIL_CLOSED);
+  proto->set_include_data(spec.include_data);
+  proto->set_max_data_bytes(spec.max_data_bytes);
+}
+
+absl::Status EventToProto(const HookEvent& event, v1::HookEventProto* proto) {
+  proto->set_event_id(event.event_id);
+  proto->set_correlation_id(event.correlation_id);
+  proto->set_identity(event.identity);
+  proto->set_namespace_(event.ns);
+  proto->set_module(event.module);
+  proto->set_path(event.path);
+  proto->set_module_type(event.module_type);
+  proto->set_kind(EntryKindToProto(event.kind));
+  proto->set_action(event.action == RegistrationAction::kRegister
+                        ? v1::REGISTRATION_ACTION_REGISTER
+                        : v1::REGISTRATION_ACTION_UNREGISTER);
+  proto->set_name(event.name);
+  if (event.value.tensor.defined()) {
+    TensorInfoToProto(event.value.tensor, event.value.persistent, false,
+                      proto->mutable_value());
+    proto->mutable_value()->set_sha256(event.value_sha256);
+    if (event.data_included) {
+      MODELSTATE_RETURN_IF_ERROR(TensorToProto(event.value.tensor, proto->mutable_data()));
+    }
+  } else if (event.value.module != nullptr) {
+    proto->set_value_module_type(event.value.module->type_name());
+  }
+  for (const ChainStep& step : event.chain) {
+    v1::ChainStepProto* c = proto->add_chain();
+    c->set_subscriber(step.subscriber);
+    c->set_verdict(step.verdict);
+    c->set_reason(step.reason);
+  }
+  if (event.is_outcome) {
+    proto->set_is_outcome(true);
+    proto->set_outcome(event.outcome == HookResult::Kind::kKeep      ? v1::OUTCOME_KEEP
+                       : event.outcome == HookResult::Kind::kReplace ? v1::OUTCOME_REPLACE
+                                                                     : v1::OUTCOME_BLOCK);
+    proto->set_outcome_reason(event.outcome_reason);
+  }
+  return absl::OkStatus();
+}
+
+SubscriberAnswer AnswerFromProto(v1::HookAnswer* proto, uint64_t max_tensor_bytes) {
+  SubscriberAnswer answer;
+  answer.event_id = proto->event_id();
+  answer.reason = proto->reason();
+  switch (proto->verdict()) {
+    case v1::HookAnswer::APPROVE:
+      answer.verdict = Verdict::kApprove;
+      break;
+    case v1::HookAnswer::MODIFY:
+      answer.verdict = Verdict::kModify;
+      break;
+    case v1::HookAnswer::REJECT:
+      answer.verdict = Verdict::kReject;
+      break;
+    default:
+      answer.invalid = absl::StrCat("answer.verdict: ", proto->verdict(),
+                                    " is not APPROVE, MODIFY or REJECT");
+      return answer;
+  }
+  if (proto->has_replacement()) {
+    absl::StatusOr<Tensor> t =
+        TensorFromProto(proto->mutable_replacement(), "answer.replacement", max_tensor_bytes);
+    if (!t.ok()) {
+      answer.invalid = std::string(t.status().message());
+      return answer;
+    }
+    answer.replacement = *std::move(t);
+  } else if (proto->has_transform()) {
+    const v1::TransformProto& tp = proto->transform();
+    Transform t;
+    if (tp.cast() != v1::DTYPE_UNSPECIFIED) {
+      absl::StatusOr<DType> d = DTypeFromProto(tp.cast(), "answer.transform.cast");
+      if (!d.ok()) {
+        answer.invalid = std::string(d.status().message());
+        return answer;
+      }
+      t.cast = *d;
+    }
+    if (!tp.device().empty()) {
+      absl::StatusOr<Device> d =
+          ParseDeviceField(tp.device(), "answer.transform.device", std::nullopt);
+      if (!d.ok()) {
+        answer.invalid = std::string(d.status().message());
+        return answer;
+      }
+      t.device = *d;
+    }
+    if (tp.has_requires_grad()) t.requires_grad = tp.requires_grad();
+    if (tp.has_persistent()) t.persistent = tp.persistent();
+    if (tp.has_reinit()) {
+      absl::StatusOr<InitSpec> init = InitFromProto(tp.reinit(), "answer.transform.reinit");
+      if (!init.ok()) {
+        answer.invalid = std::string(init.status().message());
+        return answer;
+      }
+      t.reinit = *init;
+    }
+    answer.transform = t;
+  }
+  return answer;
+}
+
+void AuditRecordToProto(const AuditRecord& record, v1::AuditRecordProto* proto) {
+  proto->set_seq(record.seq);
+  proto->set_time(absl::FormatTime("%Y-%m-%d%ET%H:%M:%E9SZ", record.time,
+                                   absl::UTCTimeZone()));
+  proto->set_identity(record.identity);
+  proto->set_correlation_id(record.correlation_id);
+  proto->set_type(record.type);
+  proto->set_namespace_(record.ns);
+  proto->set_module(record.module);
+  proto->set_outcome(record.outcome);
+  proto->set_details_json(record.details_json);
+  proto->set_prev(record.prev);
+  proto->set_hash(record.hash);
+}
+
+AuditRecord AuditRecordFromProto(const v1::AuditRecordProto& proto) {
+  AuditRecord r;
+  r.seq = proto.seq();
+  std::string err;
+  absl::ParseTime("%Y-%m-%d%ET%H:%M:%E*SZ", proto.time(), absl::UTCTimeZone(), &r.time,
+                  &err);
+  r.identity = proto.identity();
+  r.correlation_id = proto.correlation_id();
+  r.type = proto.type();
+  r.ns = proto.namespace_();
+  r.module = proto.module();
+  r.outcome = proto.outcome();
+  r.details_json = proto.details_json();
+  r.prev = proto.prev();
+  r.hash = proto.hash();
+  return r;
+}
+
+absl::StatusOr<AuditQuery> AuditQueryFromProto(const v1::AuditFilter& filter,
+                                               uint64_t after_seq, int32_t limit) {
+  AuditQuery q;
+  auto parse_time = [](const std::string& text,
+                       absl::string_view field) -> absl::StatusOr<std::optional<absl::Time>> {
+    if (text.empty()) return std::optional<absl::Time>();
+    absl::Time t;
+    std::string err;
+    if (!absl::ParseTime(absl::RFC3339_full, text, &t, &err)) {
+      return FieldError(field, absl::StrCat("'", text, "' is not an RFC 3339 time: ", err));
+    }
+    return std::optional<absl::Time>(t);
+  };
+  MODELSTATE_ASSIGN_OR_RETURN(q.since, parse_time(filter.since(), "filter.since"));
+  MODELSTATE_ASSIGN_OR_RETURN(q.until, parse_time(filter.until(), "filter.until"));
+  q.ns = filter.namespace_();
+  q.module = filter.module();
+  q.identity = filter.identity();
+  q.outcome = filter.outcome();
+  q.type = filter.type();
+  q.after_seq = after_seq;
+  if (limit < 0) return FieldError("limit", "must not be negative");
+  q.limit = limit == 0 ? 100 : std::min(limit, 10000);
+  return q;
 }
 
 }  // namespace modelstate::convert

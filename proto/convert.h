@@ -16,10 +16,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/audit_log.h"
 #include "core/model_store.h"
 #include "core/module.h"
 #include "core/module_spec.h"
 #include "core/state_stream.h"
+#include "core/subscriber_hub.h"
 #include "core/tensor.h"
 #include "google/protobuf/struct.pb.h"
 #include "grpcpp/support/status.h"
@@ -82,6 +84,19 @@ absl::StatusOr<StateDictLayout> HeaderToLayout(const v1::StateDictHeader& header
 LoadOptions LoadOptionsFromProto(const v1::LoadOptions& proto);
 void LoadResultToProto(const LoadResult& result,
                        v1::LoadStateDictResponse* response);
+
+// Subscriptions. INVALID_ARGUMENT naming the field.
+absl::StatusOr<SubscriptionSpec> SubscriptionFromProto(const v1::Subscription& proto);
+void SubscriptionToProto(const SubscriptionSpec& spec, v1::Subscription* proto);
+// `data_included` events carry the tensor's values.
+absl::Status EventToProto(const HookEvent& event, v1::HookEventProto* proto);
+// Never fails: a malformed answer comes back with `invalid` set.
+SubscriberAnswer AnswerFromProto(v1::HookAnswer* proto, uint64_t max_tensor_bytes);
+
+void AuditRecordToProto(const AuditRecord& record, v1::AuditRecordProto* proto);
+AuditRecord AuditRecordFromProto(const v1::AuditRecordProto& proto);
+absl::StatusOr<AuditQuery> AuditQueryFromProto(const v1::AuditFilter& filter,
+                                               uint64_t after_seq, int32_t limit);
 
 }  // namespace modelstate::convert
 

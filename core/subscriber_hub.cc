@@ -1,0 +1,675 @@
+#include "core/subscriber_hub.h"
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "core/generator.h"
+#include "core/init.h"
+#include "core/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace modelstate {
+
+struct SubscriberHub::Subscriber {
+  uint64_t id;
+  SubscriptionSpec spec;
+  uint64_t order;
+  std::shared_ptr<SubscriberChannel> channel;
+  absl::flat_hash_set<uint64_t> holding;  // event ids waiting for it
+};
+
+// One event on its way through its chain of interceptors.
+struct SubscriberHub::Pending {
+  uint64_t event_id = 0;
+  const RegistrationRecord* record = nullptr;
+  HookEvent base;
+  SlotValue value;  // current value
+  std::string value_sha256;
+  bool modified = false;
+  std::vector<uint64_t> chain;  // subscription orders, in chain order
+  absl::flat_hash_map<uint64_t, SubscriptionSpec> chain_specs;  // by order
+  size_t stage = 0;
+  std::vector<ChainStep> steps;
+  uint64_t waiting_on = 0;  // subscriber id, 0 when not sent
+  absl::Time sent_at;
+  absl::Time deadline = absl::InfiniteFuture();
+  bool done = false;
+  HookDecision result;
+  size_t* remaining = nullptr;  // the Decide call's count of unfinished events
+};
+
+namespace {
+
+bool ValidSubscriberName(absl::string_view name) {
+  if (name.empty() || name.size() > 128) return false;
+  for (char c : name) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+              (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-' ||
+              c == ':' || c == '@';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+nlohmann::json ValueJson(const SlotValue& v, const std::string& sha256) {
+  nlohmann::json j = nlohmann::json::object();
+  if (v.tensor.defined()) {
+    j["dtype"] = std::string(DTypeName(v.tensor.dtype()));
+    j["shape"] = v.tensor.shape();
+    j["device"] = v.tensor.device().ToString();
+    j["nbytes"] = v.tensor.nbytes();
+    j["requires_grad"] = v.tensor.requires_grad();
+    j["persistent"] = v.persistent;
+    j["sha256"] = sha256;
+  } else if (v.module != nullptr) {
+    j["module_type"] = v.module->type_name();
+  } else {
+    j = nullptr;
+  }
+  return j;
+}
+
+std::string KindName(HookResult::Kind kind) {
+  switch (kind) {
+    case HookResult::Kind::kKeep:
+      return "keep";
+    case HookResult::Kind::kReplace:
+      return "replace";
+    case HookResult::Kind::kBlock:
+      return "block";
+  }
+  return "keep";
+}
+
+}  // namespace
+
+absl::string_view VerdictName(Verdict verdict) {
+  switch (verdict) {
+    case Verdict::kApprove:
+      return "approve";
+    case Verdict::kModify:
+      return "modify";
+    case Verdict::kReject:
+      return "reject";
+  }
+  return "approve";
+}
+
+SubscriberHub::SubscriberHub(AuditLog* audit) : audit_(audit) {}
+SubscriberHub::~SubscriberHub() = default;
+
+void SubscriberHub::Audit(AuditRecord record) {
+  if (audit_ == nullptr) return;
+  // A failed audit append is reported by the operation's final Sync.
+  audit_->Append(std::move(record)).IgnoreError();
+}
+
+absl::StatusOr<uint64_t> SubscriberHub::Attach(
+    SubscriptionSpec spec, std::shared_ptr<SubscriberChannel> channel,
+    const OperationContext& ctx) {
+  if (!ValidSubscriberName(spec.name)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "name: '", spec.name,
+        "' is not a valid subscriber name (1-128 of [A-Za-z0-9_.:@-])"));
+  }
+  if (spec.timeout <= absl::ZeroDuration() || spec.timeout > absl::Hours(1)) {
+    return absl::InvalidArgumentError(
+        "timeout: must be more than 0 and at most 1 hour");
+  }
+  Sends sends;
+  std::shared_ptr<SubscriberChannel> replaced;
+  uint64_t id;
+  {
+    MutexLock lock(&mu_);
+    id = next_subscriber_id_++;
+    auto known = order_by_name_.find(spec.name);
+    uint64_t order = known != order_by_name_.end() ? known->second : next_order_++;
+    order_by_name_[spec.name] = order;
+    auto sub = std::make_unique<Subscriber>();
+    sub->id = id;
+    sub->spec = spec;
+    sub->order = order;
+    sub->channel = channel;
+    // A connected subscriber of the same name is replaced; what it held
+    // goes to the new connection.
+    for (auto it = subscribers_.begin(); it != subscribers_.end(); ++it) {
+      if (it->second->spec.name != spec.name) continue;
+      replaced = it->second->channel;
+      for (uint64_t event_id : it->second->holding) {
+        auto p = pending_.find(event_id);
+        if (p == pending_.end()) continue;
+        p->second->waiting_on = id;
+        sub->holding.insert(event_id);
+        sends.emplace_back(channel, EventFor(*p->second, *sub));
+      }
+      subscribers_.erase(it);
+      break;
+    }
+    subscribers_.emplace(id, std::move(sub));
+  }
+  if (replaced != nullptr) {
+    replaced->Close(absl::AbortedError(absl::StrCat(
+        "subscriber '", spec.name, "' reconnected on another stream")));
+  }
+  Deliver(sends);
+  AuditRecord r;
+  r.identity = ctx.identity;
+  r.correlation_id = ctx.correlation_id;
+  r.type = "subscribe";
+  r.outcome = "ok";
+  nlohmann::json details = {
+      {"subscriber", spec.name},
+      {"mode", spec.mode == SubscriberMode::kIntercept ? "intercept"
+               : spec.mode == SubscriberMode::kObserve ? "observe"
+                                                       : "dry_run"},
+      {"priority", spec.priority},
+      {"timeout_ms", absl::ToInt64Milliseconds(spec.timeout)},
+      {"failure_policy",
+       spec.failure_policy == FailurePolicy::kFailClosed ? "fail_closed" : "fail_open"},
+      {"reconnected", replaced != nullptr}};
+  r.details_json = details.dump();
+  Audit(std::move(r));
+  return id;
+}
+
+void SubscriberHub::Detach(uint64_t subscriber_id, const OperationContext& ctx) {
+  Sends sends;
+  std::string name;
+  {
+    MutexLock lock(&mu_);
+    auto it = subscribers_.find(subscriber_id);
+    if (it == subscribers_.end()) return;
+    std::unique_ptr<Subscriber> sub = std::move(it->second);
+    subscribers_.erase(it);
+    name = sub->spec.name;
+    for (uint64_t event_id : sub->holding) {
+      auto p = pending_.find(event_id);
+      if (p != pending_.end()) {
+        FailLocked(*p->second, *sub, "disconnected", sends);
+      }
+    }
+    cv_.SignalAll();
+  }
+  Deliver(sends);
+  AuditRecord r;
+  r.identity = ctx.identity;
+  r.correlation_id = ctx.correlation_id;
+  r.type = "unsubscribe";
+  r.outcome = "ok";
+  r.details_json = nlohmann::json({{"subscriber", name}}).dump();
+  Audit(std::move(r));
+}
+
+std::vector<SubscriberInfo> SubscriberHub::List() const {
+  MutexLock lock(&mu_);
+  std::vector<SubscriberInfo> out;
+  for (const auto& [id, sub] : subscribers_) {
+    out.push_back(SubscriberInfo{id, sub->spec, sub->order, sub->holding.size()});
+  }
+  return out;
+}
+
+bool SubscriberHub::Matches(const Subscriber& s, const HookEvent& e) const {
+  const SubscriptionSpec& spec = s.spec;
+  auto contains = [](const auto& list, const auto& value) {
+    return list.empty() ||
+           std::find(list.begin(), list.end(), value) != list.end();
+  };
+  return contains(spec.visible_namespaces, e.ns) &&
+         contains(spec.filter.kinds, e.kind) &&
+         contains(spec.filter.actions, e.action) &&
+         contains(spec.filter.namespaces, e.ns) &&
+         (spec.filter.module_type_glob.empty() ||
+          GlobMatch(spec.filter.module_type_glob, e.module_type)) &&
+         (spec.filter.name_glob.empty() || GlobMatch(spec.filter.name_glob, e.name));
+}
+
+std::shared_ptr<const HookEvent> SubscriberHub::EventFor(
+    const Pending& p, const Subscriber& s) const {
+  auto event = std::make_shared<HookEvent>(p.base);
+  event->value = p.value;
+  event->value_sha256 = p.value_sha256;
+  event->chain = p.steps;
+  const Tensor& t = p.value.tensor;
+  event->data_included = s.spec.include_data && t.defined() &&
+                         t.device().has_storage() &&
+                         t.nbytes() <= s.spec.max_data_bytes;
+  return event;
+}
+
+void SubscriberHub::FinishLocked(Pending& p, HookDecision decision) {
+  if (p.done) return;
+  p.done = true;
+  p.result = std::move(decision);
+  p.waiting_on = 0;
+  pending_.erase(p.event_id);
+  --*p.remaining;
+}
+
+void SubscriberHub::AdvanceLocked(Pending& p, Sends& sends) {
+  while (!p.done && p.stage < p.chain.size()) {
+    uint64_t order = p.chain[p.stage];
+    Subscriber* s = nullptr;
+    for (auto& [id, sub] : subscribers_) {
+      if (sub->order == order) s = sub.get();
+    }
+    if (s == nullptr) {
+      // Gone before its turn: its failure policy decides.
+      const SubscriptionSpec& spec = p.chain_specs.at(order);
+      Subscriber ghost{0, spec, order, nullptr, {}};
+      FailLocked(p, ghost, "is not connected", sends);
+      return;
+    }
+    p.waiting_on = s->id;
+    s->holding.insert(p.event_id);
+    p.sent_at = absl::Now();
+    p.deadline = p.sent_at + s->spec.timeout;
+    sends.emplace_back(s->channel, EventFor(p, *s));
+    return;
+  }
+  if (p.done) return;
+  HookDecision d;
+  bool replaced = p.modified || p.record->local.kind == HookResult::Kind::kReplace;
+  d.kind = replaced ? HookResult::Kind::kReplace : HookResult::Kind::kKeep;
+  d.value = p.value;
+  if (p.modified) {
+    std::vector<std::string> who;
+    for (const ChainStep& step : p.steps) {
+      if (step.verdict == "modify") who.push_back(step.subscriber);
+    }
+    d.reason = absl::StrCat("modified by ", absl::StrJoin(who, ", "));
+  } else {
+    d.reason = p.record->local.reason;
+  }
+  FinishLocked(p, std::move(d));
+}
+
+void SubscriberHub::FailLocked(Pending& p, const Subscriber& s,
+                               absl::string_view why, Sends& sends) {
+  if (p.done) return;
+  bool closed = s.spec.failure_policy == FailurePolicy::kFailClosed;
+  p.steps.push_back(ChainStep{s.spec.name, closed ? "failed-closed" : "failed-open",
+                              absl::StrCat(s.spec.name, " ", why)});
+  AuditRecord r;
+  r.identity = p.base.identity;
+  r.correlation_id = p.base.correlation_id;
+  r.type = "answer";
+  r.ns = p.base.ns;
+  r.module = p.base.module;
+  r.outcome = closed ? "failed-closed" : "failed-open";
+  r.details_json = nlohmann::json({{"event_id", p.event_id},
+                                   {"subscriber", s.spec.name},
+                                   {"reason", absl::StrCat(s.spec.name, " ", why)}})
+                       .dump();
+  Audit(std::move(r));
+  p.waiting_on = 0;
+  if (closed) {
+    HookDecision d;
+    d.kind = HookResult::Kind::kBlock;
+    d.reason = absl::StrCat("subscriber ", s.spec.name, " ", why, " (fail-closed)");
+    FinishLocked(p, std::move(d));
+    return;
+  }
+  ++p.stage;
+  AdvanceLocked(p, sends);
+}
+
+absl::Status SubscriberHub::ApplyModify(Pending& p, const SubscriberAnswer& answer,
+                                        const Subscriber& s) {
+  const RegistrationRecord& r = *p.record;
+  if (r.event.action == RegistrationAction::kUnregister) {
+    return absl::InvalidArgumentError("MODIFY is not allowed on an unregister event");
+  }
+  if (r.event.kind == EntryKind::kModule) {
+    return absl::InvalidArgumentError(
+        "a submodule registration can only be approved or rejected");
+  }
+  SlotValue candidate = p.value;
+  if (answer.replacement.defined()) {
+    if (answer.transform.has_value()) {
+      return absl::InvalidArgumentError(
+          "MODIFY carries either a replacement tensor or a transform, not both");
+    }
+    candidate.tensor = answer.replacement;
+  } else if (answer.transform.has_value()) {
+    const Transform& t = *answer.transform;
+    Tensor tensor = p.value.tensor;
+    if (t.reinit.has_value()) {
+      MODELSTATE_ASSIGN_OR_RETURN(tensor, tensor.Clone());
+      Generator gen(t.reinit->seed.value_or(0));
+      const InitSpec& init = *t.reinit;
+      switch (init.kind) {
+        case InitSpec::Kind::kZeros:
+          MODELSTATE_RETURN_IF_ERROR(ConstantInit(tensor, 0.0));
+          break;
+        case InitSpec::Kind::kOnes:
+          MODELSTATE_RETURN_IF_ERROR(ConstantInit(tensor, 1.0));
+          break;
+        case InitSpec::Kind::kConstant:
+          MODELSTATE_RETURN_IF_ERROR(ConstantInit(tensor, init.a));
+          break;
+        case InitSpec::Kind::kUniform:
+          MODELSTATE_RETURN_IF_ERROR(UniformInit(tensor, init.a, init.b, gen));
+          break;
+        case InitSpec::Kind::kNormal:
+          MODELSTATE_RETURN_IF_ERROR(NormalInit(tensor, init.a, init.b, gen));
+          break;
+        default:
+          return absl::InvalidArgumentError(
+              "reinit supports zeros, ones, constant, uniform and normal");
+      }
+    }
+    if (t.cast.has_value() || t.device.has_value()) {
+      if (t.cast.has_value() && IsFloatingPoint(tensor.dtype()) != IsFloatingPoint(*t.cast)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "cannot cast ", DTypeName(tensor.dtype()), " to ", DTypeName(*t.cast)));
+      }
+      MODELSTATE_ASSIGN_OR_RETURN(
+          tensor, tensor.To(t.device.value_or(tensor.device()),
+                            t.cast.value_or(tensor.dtype())));
+    }
+    // A fresh tensor object, so that the proposed one is never changed.
+    Tensor fresh = tensor.is_same(p.value.tensor) ? tensor.Detach() : tensor;
+    if (r.event.kind == EntryKind::kParameter) {
+      bool rg = t.requires_grad.value_or(p.value.tensor.requires_grad());
+      if (rg && !IsFloatingPoint(fresh.dtype())) rg = false;
+      MODELSTATE_ASSIGN_OR_RETURN(fresh, MakeParameter(fresh, rg));
+    } else if (t.requires_grad.has_value()) {
+      return absl::InvalidArgumentError("set_requires_grad applies to parameters only");
+    }
+    if (t.persistent.has_value()) {
+      if (r.event.kind != EntryKind::kBuffer) {
+        return absl::InvalidArgumentError("set_persistent applies to buffers only");
+      }
+      candidate.persistent = *t.persistent;
+    }
+    candidate.tensor = fresh;
+  } else {
+    return absl::InvalidArgumentError(
+        "MODIFY needs a replacement tensor or a transform");
+  }
+  RegistrationEvent event = r.event;
+  event.value = p.value;
+  MODELSTATE_ASSIGN_OR_RETURN(candidate, NormalizeReplacement(event, candidate));
+  MODELSTATE_RETURN_IF_ERROR(ValidateReplacement(event, candidate));
+  p.value = std::move(candidate);
+  p.value_sha256 = ContentHash(p.value.tensor);
+  p.modified = true;
+  (void)s;
+  return absl::OkStatus();
+}
+
+void SubscriberHub::Answer(uint64_t subscriber_id, SubscriberAnswer answer) {
+  Sends sends;
+  {
+    MutexLock lock(&mu_);
+    auto sit = subscribers_.find(subscriber_id);
+    if (sit == subscribers_.end()) return;
+    Subscriber& s = *sit->second;
+    absl::Time now = absl::Now();
+    if (!answer.invalid.empty()) {
+      // Undecodable: treated below as an answer for no waiting event.
+      answer.event_id = 0;
+    }
+    AuditRecord r;
+    r.type = "answer";
+    r.outcome = std::string(VerdictName(answer.verdict));
+    nlohmann::json details = {{"event_id", answer.event_id},
+                              {"subscriber", s.spec.name},
+                              {"reason", answer.reason}};
+    if (s.spec.mode == SubscriberMode::kDryRun) {
+      auto dr = dry_runs_.find(answer.event_id);
+      if (dr != dry_runs_.end()) {
+        r.identity = dr->second.first->identity;
+        r.correlation_id = dr->second.first->correlation_id;
+        r.ns = dr->second.first->ns;
+        r.module = dr->second.first->module;
+        details["latency_ms"] =
+            absl::ToDoubleMilliseconds(now - dr->second.second);
+      } else {
+        r.outcome = "invalid";
+        details["problem"] = "unknown event id";
+      }
+      details["dry_run"] = true;
+      r.details_json = details.dump();
+      Audit(std::move(r));
+      return;
+    }
+    auto pit = pending_.find(answer.event_id);
+    if (pit == pending_.end() || pit->second->waiting_on != subscriber_id) {
+      // Garbage: the subscriber is broken, so everything it holds fails.
+      r.outcome = "invalid";
+      details["problem"] = answer.invalid.empty()
+                               ? "no event with this id is waiting for this subscriber"
+                               : answer.invalid;
+      r.details_json = details.dump();
+      Audit(std::move(r));
+      std::vector<uint64_t> held(s.holding.begin(), s.holding.end());
+      s.holding.clear();
+      for (uint64_t event_id : held) {
+        auto p = pending_.find(event_id);
+        if (p != pending_.end()) {
+          FailLocked(*p->second, s,
+                     answer.invalid.empty()
+                         ? std::string("sent an answer for an unknown event")
+                         : absl::StrCat("sent an invalid answer: ", answer.invalid),
+                     sends);
+        }
+      }
+      cv_.SignalAll();
+    } else {
+      Pending& p = *pit->second;
+      s.holding.erase(p.event_id);
+      r.identity = p.base.identity;
+      r.correlation_id = p.base.correlation_id;
+      r.ns = p.base.ns;
+      r.module = p.base.module;
+      details["latency_ms"] = absl::ToDoubleMilliseconds(now - p.sent_at);
+      absl::Status valid = answer.verdict == Verdict::kModify
+                               ? ApplyModify(p, answer, s)
+                               : absl::OkStatus();
+      if (!valid.ok()) {
+        r.outcome = "invalid";
+        details["problem"] = std::string(valid.message());
+        r.details_json = details.dump();
+        Audit(std::move(r));
+        FailLocked(p, s, absl::StrCat("sent an invalid answer: ", valid.message()),
+                   sends);
+      } else {
+        if (answer.verdict == Verdict::kModify) {
+          details["value"] = ValueJson(p.value, p.value_sha256);
+        }
+        r.details_json = details.dump();
+        Audit(std::move(r));
+        p.steps.push_back(ChainStep{s.spec.name, std::string(VerdictName(answer.verdict)),
+                                    answer.reason});
+        if (answer.verdict == Verdict::kReject) {
+          HookDecision d;
+          d.kind = HookResult::Kind::kBlock;
+          d.reason = absl::StrCat("rejected by ", s.spec.name,
+                                  answer.reason.empty() ? "" : ": ", answer.reason);
+          FinishLocked(p, std::move(d));
+        } else {
+          ++p.stage;
+          AdvanceLocked(p, sends);
+        }
+      }
+      cv_.SignalAll();
+    }
+  }
+  Deliver(sends);
+}
+
+void SubscriberHub::Deliver(const Sends& sends) {
+  for (const auto& [channel, event] : sends) channel->Send(event);
+}
+
+std::vector<HookDecision> SubscriberHub::Decide(
+    const OperationContext& ctx, const ModuleName& module,
+    absl::Span<const RegistrationRecord> records) {
+  std::vector<std::unique_ptr<Pending>> events(records.size());
+  // Content hashes before taking the lock: they read every byte.
+  std::vector<std::string> hashes(records.size());
+  for (size_t i = 0; i < records.size(); ++i) {
+    if (!records[i].local.blocked()) hashes[i] = ContentHash(records[i].local.value.tensor);
+  }
+  size_t remaining = 0;
+  Sends sends;
+  {
+    MutexLock lock(&mu_);
+    std::vector<const Subscriber*> interceptors;
+    for (const auto& [id, sub] : subscribers_) {
+      if (sub->spec.mode == SubscriberMode::kIntercept) interceptors.push_back(sub.get());
+    }
+    std::sort(interceptors.begin(), interceptors.end(),
+              [](const Subscriber* a, const Subscriber* b) {
+                return std::make_pair(a->spec.priority, a->order) <
+                       std::make_pair(b->spec.priority, b->order);
+              });
+    for (size_t i = 0; i < records.size(); ++i) {
+      const RegistrationRecord& rec = records[i];
+      auto p = std::make_unique<Pending>();
+      p->event_id = next_event_id_++;
+      p->record = &rec;
+      p->remaining = &remaining;
+      HookEvent& e = p->base;
+      e.event_id = p->event_id;
+      e.correlation_id = ctx.correlation_id;
+      e.identity = ctx.identity;
+      e.ns = module.ns;
+      e.module = module.name;
+      e.path = rec.event.path;
+      e.module_type = rec.owner != nullptr ? rec.owner->type_name() : "";
+      e.kind = rec.event.kind;
+      e.action = rec.event.action;
+      e.name = rec.event.name;
+      p->value = rec.local.blocked() ? rec.event.value : rec.local.value;
+      p->value_sha256 = hashes[i];
+      AuditRecord ar;
+      ar.identity = ctx.identity;
+      ar.correlation_id = ctx.correlation_id;
+      ar.type = "registration";
+      ar.ns = module.ns;
+      ar.module = module.name;
+      ar.details_json =
+          nlohmann::json({{"event_id", p->event_id},
+                          {"path", e.path},
+                          {"module_type", e.module_type},
+                          {"kind", std::string(EntryKindName(e.kind))},
+                          {"action", std::string(RegistrationActionName(e.action))},
+                          {"name", e.name},
+                          {"value", ValueJson(p->value, p->value_sha256)},
+                          {"in_process", KindName(rec.local.kind)}})
+              .dump();
+      Audit(std::move(ar));
+      if (rec.local.blocked()) {
+        p->done = true;
+        p->result = rec.local;
+        events[i] = std::move(p);
+        continue;
+      }
+      for (const Subscriber* s : interceptors) {
+        if (Matches(*s, e)) {
+          p->chain.push_back(s->order);
+          p->chain_specs.emplace(s->order, s->spec);
+        }
+      }
+      for (const auto& [id, sub] : subscribers_) {
+        if (sub->spec.mode == SubscriberMode::kDryRun && Matches(*sub, e)) {
+          std::shared_ptr<const HookEvent> ev = EventFor(*p, *sub);
+          dry_runs_[p->event_id] = {ev, absl::Now()};
+          sends.emplace_back(sub->channel, ev);
+        }
+      }
+      ++remaining;
+      pending_[p->event_id] = p.get();
+      AdvanceLocked(*p, sends);
+      events[i] = std::move(p);
+    }
+  }
+  Deliver(sends);
+  sends.clear();
+  // Waits for every chain; sends made on timeouts go out with the lock
+  // released, so the lock is taken and released by hand here.
+  mu_.Lock();
+  {
+    while (remaining > 0) {
+      absl::Time next = absl::InfiniteFuture();
+      for (const auto& p : events) {
+        if (!p->done && p->waiting_on != 0) next = std::min(next, p->deadline);
+      }
+      if (next > absl::Now()) cv_.WaitWithDeadline(&mu_, next);
+      absl::Time now = absl::Now();
+      for (const auto& p : events) {
+        if (p->done || p->waiting_on == 0 || p->deadline > now) continue;
+        auto sit = subscribers_.find(p->waiting_on);
+        if (sit == subscribers_.end()) continue;
+        sit->second->holding.erase(p->event_id);
+        FailLocked(*p, *sit->second,
+                   absl::StrCat("timed out after ",
+                                absl::FormatDuration(sit->second->spec.timeout)),
+                   sends);
+      }
+      if (!sends.empty()) {
+        Sends out;
+        out.swap(sends);
+        mu_.Unlock();
+        Deliver(out);
+        mu_.Lock();
+      }
+    }
+    // Outcomes: audited, and sent to observers.
+    absl::Time expired = absl::Now() - absl::Minutes(10);
+    for (auto it = dry_runs_.begin(); it != dry_runs_.end();) {
+      if (it->second.second < expired) {
+        dry_runs_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+    for (const auto& p : events) {
+      AuditRecord ar;
+      ar.identity = ctx.identity;
+      ar.correlation_id = ctx.correlation_id;
+      ar.type = "outcome";
+      ar.ns = module.ns;
+      ar.module = module.name;
+      ar.outcome = KindName(p->result.kind);
+      ar.details_json =
+          nlohmann::json({{"event_id", p->event_id},
+                          {"path", p->base.path},
+                          {"kind", std::string(EntryKindName(p->base.kind))},
+                          {"name", p->base.name},
+                          {"reason", p->result.reason},
+                          {"value", p->result.blocked()
+                                        ? nlohmann::json(nullptr)
+                                        : ValueJson(p->result.value, p->value_sha256)}})
+              .dump();
+      Audit(std::move(ar));
+      for (const auto& [id, sub] : subscribers_) {
+        if (sub->spec.mode != SubscriberMode::kObserve || !Matches(*sub, p->base)) continue;
+        auto ev = std::make_shared<HookEvent>(*EventFor(*p, *sub));
+        if (!p->result.blocked()) ev->value = p->result.value;
+        ev->is_outcome = true;
+        ev->outcome = p->result.kind;
+        ev->outcome_reason = p->result.reason;
+        sends.emplace_back(sub->channel, ev);
+      }
+    }
+  }
+  mu_.Unlock();
+  Deliver(sends);
+  std::vector<HookDecision> finals;
+  finals.reserve(events.size());
+  for (auto& p : events) finals.push_back(std::move(p->result));
+  return finals;
+}
+
+}  // namespace modelstate

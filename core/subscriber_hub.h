@@ -1,0 +1,219 @@
+// File: subscriber_hub.h
+// Remote registration hooks (SEMANTICS H1-H8): subscribers that approve,
+// modify or reject registrations, decided after the in-process hooks.
+//
+// - Interceptors (mode kIntercept) run in (priority, subscription time)
+//   order; each event goes through its own chain, and the chains of
+//   different events run at the same time (an event waits only for its own
+//   answers), so a build with many registrations costs about one round trip
+//   per interceptor, not one per registration. Each slot's chain order, and
+//   so the outcome, is the same as deciding one event at a time.
+// - Each interceptor has a timeout and a failure policy: a timeout, a
+//   disconnect or an invalid answer blocks (fail-closed) or approves
+//   (fail-open). Nothing waits forever.
+// - Dry-run subscribers see every event; their answers are recorded in the
+//   audit log but never enforced nor awaited. Observers get the final
+//   outcome, never awaited.
+// - A subscriber that reconnects under the same name takes its place back
+//   in the order, and receives the events still waiting for it.
+//
+// The transport (a gRPC stream) implements SubscriberChannel; the hub knows
+// nothing of gRPC.
+//
+// Example:
+//   SubscriberHub hub(audit_log);
+//   store.set_decider(&hub);
+//   MODELSTATE_ASSIGN_OR_RETURN(uint64_t id, hub.Attach(spec, &channel, ctx));
+//   ... channel.Send() delivers events; the transport calls
+//   hub.Answer(id, answer) for each answer and hub.Detach(id) at the end.
+#ifndef MODELSTATE_CORE_SUBSCRIBER_HUB_H_
+#define MODELSTATE_CORE_SUBSCRIBER_HUB_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/audit_log.h"
+#include "core/hooks.h"
+#include "core/model_store.h"
+#include "core/module_spec.h"
+#include "core/sync.h"
+
+namespace modelstate {
+
+enum class SubscriberMode : uint8_t { kIntercept = 0, kObserve = 1, kDryRun = 2 };
+enum class FailurePolicy : uint8_t { kFailClosed = 0, kFailOpen = 1 };
+enum class Verdict : uint8_t { kApprove = 0, kModify = 1, kReject = 2 };
+
+absl::string_view VerdictName(Verdict verdict);  // "approve", "modify", "reject"
+
+// Which events a subscriber sees. Empty lists and globs select everything.
+struct SubscriptionFilter {
+  std::vector<EntryKind> kinds;
+  std::vector<RegistrationAction> actions;
+  std::vector<std::string> namespaces;
+  std::string module_type_glob;  // * and ?
+  std::string name_glob;
+};
+
+struct SubscriptionSpec {
+  std::string name;  // unique among connected subscribers; 1-128 chars
+  SubscriberMode mode = SubscriberMode::kIntercept;
+  SubscriptionFilter filter;
+  int32_t priority = 0;  // lower first
+  absl::Duration timeout = absl::Seconds(10);  // per event
+  FailurePolicy failure_policy = FailurePolicy::kFailClosed;
+  bool include_data = false;
+  uint64_t max_data_bytes = 1 << 20;  // larger tensors are sent without data
+  // Namespaces this subscriber may see at all (set by the server from the
+  // caller's identity; empty: every namespace).
+  std::vector<std::string> visible_namespaces;
+};
+
+// What an earlier interceptor of the chain did.
+struct ChainStep {
+  std::string subscriber;
+  std::string verdict;  // "approve", "modify", "reject", "failed-open", "failed-closed"
+  std::string reason;
+};
+
+// One event as a subscriber sees it.
+struct HookEvent {
+  uint64_t event_id = 0;
+  std::string correlation_id;
+  std::string identity;
+  std::string ns;
+  std::string module;
+  std::string path;
+  std::string module_type;
+  EntryKind kind = EntryKind::kParameter;
+  RegistrationAction action = RegistrationAction::kRegister;
+  std::string name;
+  // The value proposed (after the in-process hooks and the earlier
+  // interceptors); undefined tensor / null module for unregistrations.
+  SlotValue value;
+  std::string value_sha256;  // content hash of value.tensor ("" if none)
+  bool data_included = false;  // value.tensor's bytes are to be sent
+  std::vector<ChainStep> chain;
+  // For observers: the final outcome.
+  bool is_outcome = false;
+  HookResult::Kind outcome = HookResult::Kind::kKeep;
+  std::string outcome_reason;
+};
+
+// A transform MODIFY asks for instead of a full replacement (H5).
+struct Transform {
+  std::optional<DType> cast;
+  std::optional<Device> device;
+  std::optional<bool> requires_grad;
+  std::optional<bool> persistent;
+  std::optional<InitSpec> reinit;  // zeros, ones, constant, uniform, normal
+};
+
+struct SubscriberAnswer {
+  uint64_t event_id = 0;
+  Verdict verdict = Verdict::kApprove;
+  std::string reason;
+  Tensor replacement;                   // MODIFY with values
+  std::optional<Transform> transform;   // MODIFY with a transform
+  // Set by the transport when the answer could not even be decoded (for
+  // example a replacement tensor whose bytes do not match its shape): the
+  // answer is invalid for this reason.
+  std::string invalid;
+};
+
+// Delivers events to one subscriber. Send() may be called from any thread,
+// never with the hub's lock held, and must not block or call back into the
+// hub synchronously. The hub keeps its channels alive while it may still
+// send; a channel whose stream is gone must drop what it is sent.
+class SubscriberChannel {
+ public:
+  virtual ~SubscriberChannel() = default;
+  virtual void Send(std::shared_ptr<const HookEvent> event) = 0;
+  // The hub is done with this channel (replaced by a reconnection).
+  virtual void Close(absl::Status status) = 0;
+};
+
+struct SubscriberInfo {
+  uint64_t id;
+  SubscriptionSpec spec;
+  uint64_t order;  // subscription time, kept across reconnections
+  uint64_t pending;  // events waiting for this subscriber's answer
+};
+
+// Thread-safe.
+class SubscriberHub : public RegistrationDecider {
+ public:
+  // `audit` (optional, not owned) receives every event, answer and outcome.
+  explicit SubscriberHub(AuditLog* audit = nullptr);
+  ~SubscriberHub() override;
+
+  // Adds a subscriber. INVALID_ARGUMENT for a bad spec. A connected
+  // subscriber with the same name is replaced: its channel is closed with
+  // ABORTED and the events waiting for it go to the new one.
+  absl::StatusOr<uint64_t> Attach(SubscriptionSpec spec,
+                                  std::shared_ptr<SubscriberChannel> channel,
+                                  const OperationContext& ctx);
+  // The subscriber's stream ended: the events waiting for it get its
+  // failure policy. Unknown ids are ignored.
+  void Detach(uint64_t subscriber_id, const OperationContext& ctx);
+  // An answer from a subscriber. An invalid answer (unknown event, an event
+  // not waiting for this subscriber, a bad replacement) counts as a failure
+  // of that subscriber for the events it holds.
+  void Answer(uint64_t subscriber_id, SubscriberAnswer answer);
+
+  std::vector<SubscriberInfo> List() const;
+
+  // RegistrationDecider: the remote chains for `records`.
+  std::vector<HookDecision> Decide(
+      const OperationContext& ctx, const ModuleName& module,
+      absl::Span<const RegistrationRecord> records) override;
+
+ private:
+  struct Subscriber;
+  struct Pending;
+  struct Round;
+  using Sends = std::vector<std::pair<std::shared_ptr<SubscriberChannel>,
+                                      std::shared_ptr<const HookEvent>>>;
+
+  // Moves `p` forward to its next interceptor (or finishes it); collects
+  // the sends to do once the lock is released.
+  void AdvanceLocked(Pending& p, Sends& sends) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailLocked(Pending& p, const Subscriber& s, absl::string_view why,
+                  Sends& sends) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishLocked(Pending& p, HookDecision decision)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ApplyModify(Pending& p, const SubscriberAnswer& answer,
+                           const Subscriber& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::shared_ptr<const HookEvent> EventFor(const Pending& p,
+                                            const Subscriber& s) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Matches(const Subscriber& s, const HookEvent& e) const;
+  static void Deliver(const Sends& sends);
+  void Audit(AuditRecord record);
+
+  AuditLog* const audit_;
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::map<uint64_t, std::unique_ptr<Subscriber>> subscribers_ ABSL_GUARDED_BY(mu_);
+  // Subscription order by name, kept after a subscriber leaves.
+  absl::flat_hash_map<std::string, uint64_t> order_by_name_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Pending*> pending_ ABSL_GUARDED_BY(mu_);
+  // Dry-run events whose answers are still welcome: event id -> sent time.
+  absl::flat_hash_map<uint64_t, std::pair<std::shared_ptr<const HookEvent>, absl::Time>>
+      dry_runs_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_subscriber_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_event_id_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace modelstate
+
+#endif  // MODELSTATE_CORE_SUBSCRIBER_HUB_H_
