@@ -13,12 +13,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/status_macros.h"
+#include "nlohmann/json.hpp"
 
 namespace modelstate {
 namespace {
 
 bool ValidNamePart(absl::string_view part) {
-  if (part.empty() || part.size() > 128) return false;
+  // "." and ".." would be directory names with a meaning of their own.
+  if (part.empty() || part.size() > 128 || part == "." || part == "..") {
+    return false;
+  }
   for (char c : part) {
     bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
               (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
@@ -136,6 +140,46 @@ void ModelStore::set_decider(RegistrationDecider* decider) {
   decider_ = decider;
 }
 
+void ModelStore::set_audit_log(AuditLog* audit) {
+  MutexLock lock(&mu_);
+  audit_ = audit;
+}
+
+AuditLog* ModelStore::audit() const {
+  MutexLock lock(&mu_);
+  return audit_;
+}
+
+absl::Status ModelStore::Record(const OperationContext& ctx,
+                                const ModuleName& name, absl::string_view type,
+                                const absl::Status& result,
+                                std::string details_json) {
+  AuditLog* log = audit();
+  if (log == nullptr) return result;
+  AuditRecord r;
+  r.identity = ctx.identity;
+  r.correlation_id = ctx.correlation_id;
+  r.type = std::string(type);
+  r.ns = name.ns;
+  r.module = name.name;
+  r.outcome = result.ok() ? "ok" : "error";
+  nlohmann::json details = nlohmann::json::parse(details_json, nullptr, false);
+  if (!details.is_object()) details = nlohmann::json::object();
+  if (!result.ok()) {
+    details["error"] = {{"code", absl::StatusCodeToString(result.code())},
+                        {"message", std::string(result.message())}};
+  }
+  r.details_json = details.dump();
+  absl::StatusOr<uint64_t> seq = log->Append(std::move(r));
+  absl::Status synced = seq.ok() ? log->Sync(*seq) : seq.status();
+  if (!synced.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("the audit log could not record ", type, ": ",
+                     synced.message()));
+  }
+  return result;
+}
+
 absl::StatusOr<std::shared_ptr<ModelStore::Entry>> ModelStore::Find(
     const ModuleName& name) const {
   MutexLock lock(&mu_);
@@ -187,27 +231,35 @@ absl::StatusOr<BuildOutcome> ModelStore::Build(const OperationContext& ctx,
   MODELSTATE_ASSIGN_OR_RETURN(BuildResult built, BuildModule(spec, build_options));
   std::vector<HookDecision> finals = Decide(ctx, name, built.records);
   MODELSTATE_RETURN_IF_ERROR(ApplyFinalDecisions(built.records, finals));
-  if (all_or_nothing) {
-    std::vector<std::string> blocked;
-    for (size_t i = 0; i < finals.size(); ++i) {
-      if (finals[i].blocked()) {
-        blocked.push_back(DescribeBlocked(built.records[i], finals[i]));
-      }
-    }
-    if (!blocked.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "all_or_nothing build of '", name.full(), "' stored nothing: ",
-          absl::StrJoin(blocked, "; ")));
+  size_t blocked_count = 0;
+  std::vector<std::string> blocked;
+  for (size_t i = 0; i < finals.size(); ++i) {
+    if (finals[i].blocked()) {
+      ++blocked_count;
+      blocked.push_back(DescribeBlocked(built.records[i], finals[i]));
     }
   }
-  auto entry = std::make_shared<Entry>(name, built.root);
-  {
+  nlohmann::json details = {{"type", spec.type},
+                            {"seed", options.seed},
+                            {"device", options.device.ToString()},
+                            {"dtype", std::string(DTypeName(options.dtype))},
+                            {"registrations", finals.size()},
+                            {"blocked", blocked_count},
+                            {"all_or_nothing", all_or_nothing}};
+  absl::Status result;
+  if (all_or_nothing && !blocked.empty()) {
+    result = absl::FailedPreconditionError(absl::StrCat(
+        "all_or_nothing build of '", name.full(), "' stored nothing: ",
+        absl::StrJoin(blocked, "; ")));
+  } else {
+    auto entry = std::make_shared<Entry>(name, built.root);
     MutexLock lock(&mu_);
     if (!entries_.emplace(name.full(), entry).second) {
-      return absl::AlreadyExistsError(
+      result = absl::AlreadyExistsError(
           absl::StrCat("module '", name.full(), "' already exists"));
     }
   }
+  MODELSTATE_RETURN_IF_ERROR(Record(ctx, name, "build", result, details.dump()));
   return BuildOutcome{Zip(std::move(built.records), std::move(finals))};
 }
 
@@ -285,8 +337,17 @@ absl::StatusOr<std::vector<RegistrationResult>> ModelStore::Register(
                                          finals.begin() + child_records.size());
   MODELSTATE_RETURN_IF_ERROR(ApplyFinalDecisions(child_records, child_finals));
   const HookDecision& last = finals.back();
+  nlohmann::json details = {
+      {"path", target_path},
+      {"kind", std::string(EntryKindName(all.back().event.kind))},
+      {"name", request.name},
+      {"action", request.removal ? "remove"
+                                 : std::string(RegistrationActionName(
+                                       all.back().event.action))}};
   if (last.blocked()) {
-    return absl::FailedPreconditionError(DescribeBlocked(all.back(), last));
+    return Record(ctx, name, "register",
+                  absl::FailedPreconditionError(DescribeBlocked(all.back(), last)),
+                  details.dump());
   }
   // The real pass, with the final decision replayed as its only hook.
   ReplayHooks replay({last});
@@ -308,6 +369,8 @@ absl::StatusOr<std::vector<RegistrationResult>> ModelStore::Register(
     }
     if (!outcome.ok()) return outcome.status();
   }
+  MODELSTATE_RETURN_IF_ERROR(
+      Record(ctx, name, "register", absl::OkStatus(), details.dump()));
   return Zip(std::move(all), std::move(finals));
 }
 
@@ -374,36 +437,63 @@ absl::StatusOr<LoadResult> ModelStore::Load(const OperationContext& ctx,
   }
   RegistrationContext real;
   real.hooks = replay.has_value() ? replay->registry() : nullptr;
-  return entry->root->LoadStateDict(state_dict, options, real);
+  absl::StatusOr<LoadResult> result =
+      entry->root->LoadStateDict(state_dict, options, real);
+  uint64_t bytes = 0;
+  for (const auto& item : state_dict.tensors) {
+    if (item.value.defined()) bytes += item.value.nbytes();
+  }
+  nlohmann::json details = {{"strict", options.strict},
+                            {"atomic", options.atomic},
+                            {"assign", options.assign},
+                            {"keys", state_dict.tensors.size()},
+                            {"bytes", bytes}};
+  if (result.ok()) {
+    details["missing_keys"] = result->keys.missing_keys;
+    details["unexpected_keys"] = result->keys.unexpected_keys;
+  }
+  MODELSTATE_RETURN_IF_ERROR(
+      Record(ctx, name, "load_state_dict", result.status(), details.dump()));
+  return result;
 }
 
-absl::Status ModelStore::Move(const OperationContext&, const ModuleName& name,
+absl::Status ModelStore::Move(const OperationContext& ctx, const ModuleName& name,
                               std::optional<Device> device,
                               std::optional<DType> dtype) {
   MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
   MutexLock gate(&entry->gate);
-  WriterMutexLock lock(&entry->mu);
-  if (entry->deleted) {
-    return absl::NotFoundError(
-        absl::StrCat("module '", name.full(), "' does not exist"));
+  absl::Status result;
+  {
+    WriterMutexLock lock(&entry->mu);
+    if (entry->deleted) {
+      return absl::NotFoundError(
+          absl::StrCat("module '", name.full(), "' does not exist"));
+    }
+    result = entry->root->To(device, dtype);
   }
-  return entry->root->To(device, dtype);
+  nlohmann::json details = nlohmann::json::object();
+  if (device.has_value()) details["device"] = device->ToString();
+  if (dtype.has_value()) details["dtype"] = std::string(DTypeName(*dtype));
+  return Record(ctx, name, "move", result, details.dump());
 }
 
-absl::Status ModelStore::SetTraining(const OperationContext&,
+absl::Status ModelStore::SetTraining(const OperationContext& ctx,
                                      const ModuleName& name, bool training) {
   MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
   MutexLock gate(&entry->gate);
-  WriterMutexLock lock(&entry->mu);
-  if (entry->deleted) {
-    return absl::NotFoundError(
-        absl::StrCat("module '", name.full(), "' does not exist"));
+  {
+    WriterMutexLock lock(&entry->mu);
+    if (entry->deleted) {
+      return absl::NotFoundError(
+          absl::StrCat("module '", name.full(), "' does not exist"));
+    }
+    entry->root->Train(training);
   }
-  entry->root->Train(training);
-  return absl::OkStatus();
+  return Record(ctx, name, "set_training", absl::OkStatus(),
+                nlohmann::json({{"training", training}}).dump());
 }
 
-absl::Status ModelStore::Delete(const OperationContext&, const ModuleName& name) {
+absl::Status ModelStore::Delete(const OperationContext& ctx, const ModuleName& name) {
   MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
   MutexLock gate(&entry->gate);
   {
@@ -414,9 +504,11 @@ absl::Status ModelStore::Delete(const OperationContext&, const ModuleName& name)
     }
     entry->deleted = true;
   }
-  MutexLock lock(&mu_);
-  entries_.erase(name.full());
-  return absl::OkStatus();
+  {
+    MutexLock lock(&mu_);
+    entries_.erase(name.full());
+  }
+  return Record(ctx, name, "delete", absl::OkStatus(), "{}");
 }
 
 std::vector<ModuleSummary> ModelStore::List(absl::string_view ns,

@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/sync.h"
+#include "core/audit_log.h"
 #include "core/hooks.h"
 #include "core/module.h"
 #include "core/module_spec.h"
@@ -130,6 +131,9 @@ class ModelStore {
   // Sets who decides after the in-process hooks (nullptr: nobody; the
   // in-process decisions are final). Not owned; must outlive its use.
   void set_decider(RegistrationDecider* decider);
+  // Every state change is recorded in `audit` (nullptr: none) and synced
+  // before the operation returns. Not owned; must outlive its use.
+  void set_audit_log(AuditLog* audit);
 
   // Builds `spec` and stores it as `name`. ALREADY_EXISTS if the name is
   // taken; with `all_or_nothing`, FAILED_PRECONDITION (nothing stored) if any
@@ -199,10 +203,18 @@ class ModelStore {
   std::vector<HookDecision> Decide(const OperationContext& ctx,
                                    const ModuleName& name,
                                    absl::Span<const RegistrationRecord> records);
+  // Records the operation `type` on `name` with its result and syncs the
+  // audit log. Returns `result`, or the audit failure when the record
+  // cannot be made durable.
+  absl::Status Record(const OperationContext& ctx, const ModuleName& name,
+                      absl::string_view type, const absl::Status& result,
+                      std::string details_json);
+  AuditLog* audit() const;
 
   mutable Mutex mu_;
   std::map<std::string, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
   RegistrationDecider* decider_ ABSL_GUARDED_BY(mu_) = nullptr;
+  AuditLog* audit_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 // True if `text` matches `glob` (* any run, ? any one character).

@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "core/file_util.h"
 #include "core/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -80,11 +81,6 @@ absl::Status WithPath(const std::string& path, const absl::Status& status) {
   if (status.ok()) return status;
   return absl::Status(status.code(),
                       absl::StrCat(path, ": ", status.message()));
-}
-
-absl::Status ErrnoStatus(int error, const std::string& path,
-                         absl::string_view what) {
-  return absl::ErrnoToStatus(error, absl::StrCat(path, ": ", what));
 }
 
 uint64_t DecodeLittleEndian64(absl::string_view bytes) {
@@ -579,64 +575,6 @@ absl::StatusOr<SerializedHeader> Serialize(
   return out;
 }
 
-// An fd closed on scope exit.
-class ScopedFd {
- public:
-  explicit ScopedFd(int fd) : fd_(fd) {}
-  ScopedFd(const ScopedFd&) = delete;
-  ScopedFd& operator=(const ScopedFd&) = delete;
-  ~ScopedFd() {
-    if (fd_ >= 0) close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-// Reads exactly `size` bytes at `offset`, retrying interrupted and short
-// reads. A file that ends early (it shrank after we checked its size) is an
-// error.
-absl::Status PreadAll(int fd, char* out, uint64_t size, uint64_t offset,
-                      const std::string& path) {
-  while (size > 0) {
-    size_t want = static_cast<size_t>(
-        std::min<uint64_t>(size, std::numeric_limits<ssize_t>::max()));
-    ssize_t got = pread(fd, out, want, static_cast<off_t>(offset));
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoStatus(errno, path, "read failed");
-    }
-    if (got == 0) {
-      return absl::DataLossError(
-          absl::StrCat(path,
-                       ": the file ended early (it changed while being "
-                       "read)"));
-    }
-    out += got;
-    size -= static_cast<uint64_t>(got);
-    offset += static_cast<uint64_t>(got);
-  }
-  return absl::OkStatus();
-}
-
-// Writes all of `bytes`, retrying interrupted and short writes.
-absl::Status WriteAll(int fd, absl::string_view bytes,
-                      const std::string& path) {
-  const char* p = bytes.data();
-  size_t left = bytes.size();
-  while (left > 0) {
-    ssize_t n = write(fd, p, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoStatus(errno, path, "write failed");
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
-}
-
 struct OpenFile {
   std::unique_ptr<ScopedFd> fd;
   uint64_t size = 0;
@@ -837,11 +775,9 @@ SafetensorsFileWriter::Open(
 
   // Same directory as `path`, so the final rename stays on one file system
   // and is atomic; pid and counter keep concurrent writers apart.
-  static std::atomic<uint64_t> counter{0};
   std::unique_ptr<SafetensorsFileWriter> writer(new SafetensorsFileWriter());
   writer->path_ = path;
-  writer->temp_path_ =
-      absl::StrCat(path, ".tmp.", getpid(), ".", counter.fetch_add(1));
+  writer->temp_path_ = TempPathFor(path);
   writer->expected_ = header->data_bytes;
   int fd;
   do {
@@ -914,22 +850,7 @@ absl::Status SafetensorsFileWriter::Finish() {
   }
   finished_ = true;
   // The rename itself is durable only once the directory is synced.
-  const size_t slash = path_.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? std::string(".")
-                          : slash == 0               ? std::string("/")
-                                                     : path_.substr(0, slash);
-  int dir_fd;
-  do {
-    dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  } while (dir_fd < 0 && errno == EINTR);
-  if (dir_fd < 0) {
-    return ErrnoStatus(errno, path_, "cannot open the directory to sync it");
-  }
-  ScopedFd dir_closer(dir_fd);
-  if (fsync(dir_fd) != 0) {
-    return ErrnoStatus(errno, path_, "fsync of the directory failed");
-  }
-  return absl::OkStatus();
+  return FsyncParentDirectory(path_);
 }
 
 absl::Status WriteSafetensorsFile(

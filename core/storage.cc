@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -30,7 +31,18 @@ std::array<std::unique_ptr<DeviceBackend>, 3>& Backends() {
   return *backends;
 }
 
+std::atomic<uint64_t> next_storage_version{1};
+
 }  // namespace
+
+Storage::Storage(void* data, size_t nbytes, Device device, Owner owner)
+    : data_(data),
+      nbytes_(nbytes),
+      device_(device),
+      owner_(owner),
+      version_(next_storage_version.fetch_add(1)) {}
+
+void Storage::MarkWritten() { version_ = next_storage_version.fetch_add(1); }
 
 void RegisterDeviceBackend(std::unique_ptr<DeviceBackend> backend) {
   MutexLock lock(&BackendsMutex());

@@ -87,16 +87,23 @@ class Storage {
   size_t nbytes() const { return nbytes_; }
   const Device& device() const { return device_; }
 
+  // A process-wide unique number that changes whenever the bytes may have
+  // been written (see Tensor::MutableDataForOverwrite): two observations
+  // with the same version saw the same bytes. Durable storage uses it to
+  // rewrite only what changed.
+  uint64_t version() const { return version_; }
+  void MarkWritten();
+
  private:
   enum class Owner { kMalloc, kMmap, kString, kBackend };
-  Storage(void* data, size_t nbytes, Device device, Owner owner)
-      : data_(data), nbytes_(nbytes), device_(device), owner_(owner) {}
+  Storage(void* data, size_t nbytes, Device device, Owner owner);
 
   void* data_;
   size_t nbytes_;
   Device device_;
   Owner owner_;
   std::string owned_string_;  // Holds the bytes when owner_ == kString.
+  uint64_t version_;
 };
 
 // Copies `nbytes` between two storages' memory on any devices.

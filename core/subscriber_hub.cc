@@ -207,6 +207,15 @@ void SubscriberHub::Detach(uint64_t subscriber_id, const OperationContext& ctx) 
   Audit(std::move(r));
 }
 
+void SubscriberHub::CloseAll(const absl::Status& status) {
+  std::vector<std::shared_ptr<SubscriberChannel>> channels;
+  {
+    MutexLock lock(&mu_);
+    for (const auto& [id, sub] : subscribers_) channels.push_back(sub->channel);
+  }
+  for (const auto& channel : channels) channel->Close(status);
+}
+
 std::vector<SubscriberInfo> SubscriberHub::List() const {
   MutexLock lock(&mu_);
   std::vector<SubscriberInfo> out;

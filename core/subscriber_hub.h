@@ -171,6 +171,9 @@ class SubscriberHub : public RegistrationDecider {
 
   std::vector<SubscriberInfo> List() const;
 
+  // Closes every subscriber's channel with `status` (server shutdown).
+  void CloseAll(const absl::Status& status);
+
   // RegistrationDecider: the remote chains for `records`.
   std::vector<HookDecision> Decide(
       const OperationContext& ctx, const ModuleName& module,

@@ -189,6 +189,8 @@ absl::StatusOr<void*> Tensor::MutableDataForOverwrite() {
     MODELSTATE_ASSIGN_OR_RETURN(
         impl_->storage, Storage::Allocate(impl_->storage->nbytes(),
                                           impl_->device));
+  } else {
+    impl_->storage->MarkWritten();
   }
   return impl_->storage->data();
 }

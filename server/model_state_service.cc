@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "core/state_stream.h"
 #include "core/status_macros.h"
 #include "proto/convert.h"
@@ -35,7 +36,7 @@ std::atomic<uint64_t> next_request_id{1};
 
 }  // namespace
 
-OperationContext ContextOf(const grpc::ServerContext* context) {
+OperationContext ContextOf(const grpc::ServerContextBase* context) {
   OperationContext ctx;
   const auto& metadata = context->client_metadata();
   auto it = metadata.find("x-request-id");
@@ -48,8 +49,14 @@ OperationContext ContextOf(const grpc::ServerContext* context) {
 }
 
 ModelStateServiceImpl::ModelStateServiceImpl(ModelStore* store,
+                                             SubscriberHub* hub, AuditLog* audit,
+                                             std::string audit_path,
                                              ServiceOptions options)
-    : store_(store), options_(options) {}
+    : store_(store),
+      hub_(hub),
+      audit_(audit),
+      audit_path_(std::move(audit_path)),
+      options_(options) {}
 
 BuildLimits ModelStateServiceImpl::Limits() const {
   BuildLimits limits;
@@ -358,6 +365,93 @@ grpc::Status ModelStateServiceImpl::SetTraining(grpc::ServerContext* context,
                                                 v1::SetTrainingResponse*) {
   ASSIGN_OR_RETURN_GRPC(ModuleName name, convert::ParseModuleField(request->module()));
   return ToGrpcStatus(store_->SetTraining(ContextOf(context), name, request->training()));
+}
+
+grpc::ServerBidiReactor<v1::SubscribeRequest, v1::SubscribeResponse>*
+ModelStateServiceImpl::Subscribe(grpc::CallbackServerContext* context) {
+  SubscriptionLimits limits;
+  limits.max_queued_events = options_.max_queued_events;
+  limits.max_tensor_bytes = options_.max_tensor_bytes;
+  return new SubscriptionReactor(hub_, ContextOf(context), limits);
+}
+
+grpc::Status ModelStateServiceImpl::ListSubscribers(grpc::ServerContext*,
+                                                    const v1::ListSubscribersRequest*,
+                                                    v1::ListSubscribersResponse* response) {
+  for (const SubscriberInfo& info : hub_->List()) {
+    v1::SubscriberInfoProto* out = response->add_subscribers();
+    out->set_subscriber_id(info.id);
+    convert::SubscriptionToProto(info.spec, out->mutable_subscription());
+    out->set_order(info.order);
+    out->set_pending_events(info.pending);
+  }
+  return grpc::Status::OK;
+}
+
+namespace {
+
+grpc::Status NoAudit() {
+  return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                      "this server keeps no audit log");
+}
+
+}  // namespace
+
+grpc::Status ModelStateServiceImpl::QueryAudit(grpc::ServerContext*,
+                                               const v1::QueryAuditRequest* request,
+                                               v1::QueryAuditResponse* response) {
+  if (audit_ == nullptr) return NoAudit();
+  ASSIGN_OR_RETURN_GRPC(AuditQuery query,
+                        convert::AuditQueryFromProto(request->filter(), request->after_seq(),
+                                                     request->limit()));
+  ASSIGN_OR_RETURN_GRPC(std::vector<AuditRecord> records, audit_->Query(query));
+  for (const AuditRecord& r : records) convert::AuditRecordToProto(r, response->add_records());
+  if (records.size() == query.limit) response->set_next_after_seq(records.back().seq);
+  return grpc::Status::OK;
+}
+
+grpc::Status ModelStateServiceImpl::WatchAudit(
+    grpc::ServerContext* context, const v1::WatchAuditRequest* request,
+    grpc::ServerWriter<v1::AuditRecordProto>* writer) {
+  if (audit_ == nullptr) return NoAudit();
+  ASSIGN_OR_RETURN_GRPC(AuditQuery query,
+                        convert::AuditQueryFromProto(request->filter(), request->after_seq(),
+                                                     1000));
+  uint64_t after = request->after_seq();
+  // Wakes up at least once a second to notice a cancelled call.
+  while (!context->IsCancelled()) {
+    ASSIGN_OR_RETURN_GRPC(std::vector<AuditRecord> records,
+                          audit_->WaitForRecords(after, absl::Now() + absl::Seconds(1), 1000));
+    for (const AuditRecord& r : records) {
+      after = r.seq;
+      query.after_seq = 0;
+      bool match = (query.ns.empty() || r.ns == query.ns) &&
+                   (query.module.empty() || r.module == query.module) &&
+                   (query.identity.empty() || r.identity == query.identity) &&
+                   (query.outcome.empty() || r.outcome == query.outcome) &&
+                   (query.type.empty() || r.type == query.type) &&
+                   (!query.since.has_value() || r.time >= *query.since) &&
+                   (!query.until.has_value() || r.time < *query.until);
+      if (!match) continue;
+      v1::AuditRecordProto out;
+      convert::AuditRecordToProto(r, &out);
+      if (!writer->Write(out)) return grpc::Status::CANCELLED;
+    }
+  }
+  return grpc::Status::CANCELLED;
+}
+
+grpc::Status ModelStateServiceImpl::VerifyAudit(grpc::ServerContext*,
+                                                const v1::VerifyAuditRequest*,
+                                                v1::VerifyAuditResponse* response) {
+  if (audit_ == nullptr) return NoAudit();
+  ASSIGN_OR_RETURN_GRPC(AuditVerification v, AuditLog::Verify(audit_path_));
+  response->set_records(v.records);
+  response->set_ok(v.ok);
+  response->set_broken_seq(v.broken_seq);
+  response->set_broken_line(v.broken_line);
+  response->set_problem(v.problem);
+  return grpc::Status::OK;
 }
 
 }  // namespace modelstate::server

@@ -14,9 +14,12 @@
 #include <cstdint>
 
 #include "core/model_store.h"
+#include "core/audit_log.h"
 #include "core/module_spec.h"
+#include "core/subscriber_hub.h"
 #include "grpcpp/grpcpp.h"
 #include "modelstate/v1/model_state_service.grpc.pb.h"
+#include "server/subscription_reactor.h"
 
 namespace modelstate::server {
 
@@ -31,13 +34,21 @@ struct ServiceOptions {
   // Spec nesting and entry counts.
   int max_spec_depth = 64;
   int64_t max_entries = 1'000'000;
+  // Events waiting for a subscriber before it is dropped.
+  size_t max_queued_events = 10000;
 };
 
-// Thread-safe (handlers run concurrently on gRPC's threads).
-class ModelStateServiceImpl final : public v1::ModelStateService::Service {
+// Thread-safe (handlers run concurrently on gRPC's threads). Subscribe is a
+// callback reactor (a subscriber must not tie up a thread); the other
+// methods are synchronous, since they may wait for subscribers' decisions.
+class ModelStateServiceImpl final
+    : public v1::ModelStateService::WithCallbackMethod_Subscribe<
+          v1::ModelStateService::Service> {
  public:
-  // `store` is not owned and must outlive the service.
-  ModelStateServiceImpl(ModelStore* store, ServiceOptions options);
+  // Nothing is owned; all must outlive the service. `audit` may be null
+  // (no audit log); `audit_path` is the log's file, for VerifyAudit.
+  ModelStateServiceImpl(ModelStore* store, SubscriberHub* hub, AuditLog* audit,
+                        std::string audit_path, ServiceOptions options);
 
   grpc::Status BuildModule(grpc::ServerContext* context,
                            const v1::BuildModuleRequest* request,
@@ -76,6 +87,20 @@ class ModelStateServiceImpl final : public v1::ModelStateService::Service {
   grpc::Status SetTraining(grpc::ServerContext* context,
                            const v1::SetTrainingRequest* request,
                            v1::SetTrainingResponse* response) override;
+  grpc::ServerBidiReactor<v1::SubscribeRequest, v1::SubscribeResponse>* Subscribe(
+      grpc::CallbackServerContext* context) override;
+  grpc::Status ListSubscribers(grpc::ServerContext* context,
+                               const v1::ListSubscribersRequest* request,
+                               v1::ListSubscribersResponse* response) override;
+  grpc::Status QueryAudit(grpc::ServerContext* context,
+                          const v1::QueryAuditRequest* request,
+                          v1::QueryAuditResponse* response) override;
+  grpc::Status WatchAudit(grpc::ServerContext* context,
+                          const v1::WatchAuditRequest* request,
+                          grpc::ServerWriter<v1::AuditRecordProto>* writer) override;
+  grpc::Status VerifyAudit(grpc::ServerContext* context,
+                           const v1::VerifyAuditRequest* request,
+                           v1::VerifyAuditResponse* response) override;
 
  private:
   grpc::Status RegisterTensor(grpc::ServerContext* context,
@@ -85,12 +110,15 @@ class ModelStateServiceImpl final : public v1::ModelStateService::Service {
 
   // Constant after construction.
   ModelStore* const store_;
+  SubscriberHub* const hub_;
+  AuditLog* const audit_;
+  const std::string audit_path_;
   const ServiceOptions options_;
 };
 
 // The caller's identity and request id (from metadata "x-request-id", or a
 // fresh one) for hooks and the audit log.
-OperationContext ContextOf(const grpc::ServerContext* context);
+OperationContext ContextOf(const grpc::ServerContextBase* context);
 
 }  // namespace modelstate::server
 

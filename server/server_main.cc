@@ -19,7 +19,11 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/log.h"
+#include <filesystem>
+
+#include "core/audit_log.h"
 #include "core/model_store.h"
+#include "core/subscriber_hub.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -44,6 +48,8 @@ ABSL_FLAG(int64_t, max_entries, 1000000,
           "Most parameters, buffers and submodules in one module");
 ABSL_FLAG(int, worker_threads, 0,
           "Most threads serving calls (0: gRPC's default)");
+ABSL_FLAG(int, max_queued_events, 10000,
+          "Events waiting for one subscriber before it is disconnected");
 ABSL_FLAG(int, shutdown_grace_seconds, 10,
           "How long running calls may take to finish at shutdown");
 
@@ -84,8 +90,33 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  options.max_queued_events =
+      static_cast<size_t>(absl::GetFlag(FLAGS_max_queued_events));
+
+  std::filesystem::path data_dir = absl::GetFlag(FLAGS_data_dir);
+  std::error_code ec;
+  std::filesystem::create_directories(data_dir, ec);
+  if (ec) {
+    LogLine(absl::StrCat("cannot create --data_dir ", data_dir.string(), ": ",
+                         ec.message()));
+    return 1;
+  }
+  std::string audit_path = (data_dir / "audit.log").string();
+  absl::StatusOr<std::unique_ptr<modelstate::AuditLog>> audit =
+      modelstate::AuditLog::Open(audit_path);
+  if (!audit.ok()) {
+    LogLine(absl::StrCat("cannot open the audit log: ", audit.status().ToString()));
+    return 1;
+  }
+  if ((*audit)->recovered_torn_tail()) {
+    LogLine(absl::StrCat(audit_path, ": removed a torn last record left by a crash"));
+  }
+  modelstate::SubscriberHub hub(audit->get());
   modelstate::ModelStore store;
-  modelstate::server::ModelStateServiceImpl service(&store, options);
+  store.set_decider(&hub);
+  store.set_audit_log(audit->get());
+  modelstate::server::ModelStateServiceImpl service(&store, &hub, audit->get(),
+                                                    audit_path, options);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -122,6 +153,7 @@ int main(int argc, char** argv) {
     sigwait(&signals, &sig);
     LogLine(absl::StrCat("signal ", sig, ": shutting down"));
     server->GetHealthCheckService()->Shutdown();
+    hub.CloseAll(absl::UnavailableError("server shutting down"));
     server->Shutdown(absl::ToChronoTime(
         absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_seconds))));
   });

@@ -1,0 +1,145 @@
+#include "server/subscription_reactor.h"
+
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "proto/convert.h"
+
+namespace modelstate::server {
+
+// The hub's handle on the stream. It outlives the reactor if the hub still
+// holds it; once the reactor is done, what is sent is dropped.
+class SubscriptionReactor::Channel : public SubscriberChannel {
+ public:
+  explicit Channel(SubscriptionReactor* reactor) : reactor_(reactor) {}
+
+  void Send(std::shared_ptr<const HookEvent> event) override {
+    MutexLock lock(&mu_);
+    if (reactor_ != nullptr) reactor_->Enqueue(std::move(event));
+  }
+  void Close(absl::Status status) override {
+    MutexLock lock(&mu_);
+    if (reactor_ != nullptr) reactor_->FinishOnce(convert::ToGrpcStatus(status));
+  }
+  // Called when the reactor is about to be deleted.
+  void Disconnect() {
+    MutexLock lock(&mu_);
+    reactor_ = nullptr;
+  }
+
+ private:
+  Mutex mu_;
+  SubscriptionReactor* reactor_ ABSL_GUARDED_BY(mu_);
+};
+
+SubscriptionReactor::SubscriptionReactor(SubscriberHub* hub, OperationContext ctx,
+                                         SubscriptionLimits limits)
+    : hub_(hub),
+      ctx_(std::move(ctx)),
+      limits_(limits),
+      channel_(std::make_shared<Channel>(this)) {
+  StartRead(&request_);
+}
+
+void SubscriptionReactor::OnReadDone(bool ok) {
+  if (!ok) {
+    // The subscriber closed its side (or the call was cancelled).
+    FinishOnce(grpc::Status::OK);
+    return;
+  }
+  if (subscriber_id_ == 0) {
+    if (request_.payload_case() != v1::SubscribeRequest::kSubscription) {
+      FinishOnce(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              "subscription: the first message must be a subscription"));
+      return;
+    }
+    absl::StatusOr<SubscriptionSpec> spec =
+        convert::SubscriptionFromProto(request_.subscription());
+    absl::StatusOr<uint64_t> id =
+        spec.ok() ? hub_->Attach(*spec, channel_, ctx_) : spec.status();
+    if (!id.ok()) {
+      FinishOnce(convert::ToGrpcStatus(id.status()));
+      return;
+    }
+    subscriber_id_ = *id;
+    v1::SubscribeResponse ack;
+    ack.mutable_ack()->set_subscriber_id(*id);
+    Push(std::move(ack));
+  } else if (request_.payload_case() == v1::SubscribeRequest::kAnswer) {
+    hub_->Answer(subscriber_id_,
+                 convert::AnswerFromProto(request_.mutable_answer(),
+                                          limits_.max_tensor_bytes));
+  } else {
+    FinishOnce(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            "answer: only answers may follow the subscription"));
+    return;
+  }
+  StartRead(&request_);
+}
+
+void SubscriptionReactor::Enqueue(std::shared_ptr<const HookEvent> event) {
+  v1::SubscribeResponse message;
+  absl::Status converted = convert::EventToProto(*event, message.mutable_event());
+  if (!converted.ok()) {
+    // The values could not be read; send the event without them.
+    message.mutable_event()->clear_data();
+  }
+  Push(std::move(message));
+}
+
+void SubscriptionReactor::Push(v1::SubscribeResponse message) {
+  v1::SubscribeResponse* start = nullptr;
+  {
+    MutexLock lock(&mu_);
+    if (finished_) return;
+    if (queue_.size() >= limits_.max_queued_events) {
+      finished_ = true;
+      queue_.clear();
+      // Not reading its events: drop it rather than buffer without bound.
+      Finish(grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("subscriber is not reading its events: ",
+                       limits_.max_queued_events, " are waiting")));
+      return;
+    }
+    queue_.push_back(std::move(message));
+    if (!writing_) {
+      writing_ = true;
+      start = &queue_.front();
+    }
+  }
+  // deque::push_back keeps references to existing elements valid.
+  if (start != nullptr) StartWrite(start);
+}
+
+void SubscriptionReactor::OnWriteDone(bool ok) {
+  v1::SubscribeResponse* next = nullptr;
+  {
+    MutexLock lock(&mu_);
+    if (!queue_.empty()) queue_.pop_front();
+    if (!ok || finished_ || queue_.empty()) {
+      writing_ = false;
+    } else {
+      next = &queue_.front();
+    }
+  }
+  if (next != nullptr) StartWrite(next);
+}
+
+void SubscriptionReactor::FinishOnce(const grpc::Status& status) {
+  {
+    MutexLock lock(&mu_);
+    if (finished_) return;
+    finished_ = true;
+  }
+  Finish(status);
+}
+
+void SubscriptionReactor::OnDone() {
+  channel_->Disconnect();
+  if (subscriber_id_ != 0) hub_->Detach(subscriber_id_, ctx_);
+  delete this;
+}
+
+}  // namespace modelstate::server
