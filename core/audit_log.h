@@ -66,8 +66,8 @@ struct AuditRecord {
 // Which records QueryAudit returns (all conditions must hold; empty/unset
 // means no condition).
 struct AuditQuery {
-  std::optional<absl::Time> since;   // time >= since
-  std::optional<absl::Time> until;   // time < until
+  std::optional<absl::Time> since;  // time >= since
+  std::optional<absl::Time> until;  // time < until
   std::string ns;
   std::string module;
   std::string identity;
@@ -79,10 +79,10 @@ struct AuditQuery {
 
 // The result of Verify.
 struct AuditVerification {
-  uint64_t records = 0;  // how many were read
+  uint64_t records = 0;  // how many valid records precede the break
   bool ok = true;
-  // The first broken record (its seq as written, or its line number when
-  // the line is not even a record) and why.
+  // The first broken record: its seq as written (0 when the line is not
+  // even a record), its 1-based line number, and why.
   uint64_t broken_seq = 0;
   uint64_t broken_line = 0;
   std::string problem;
@@ -95,30 +95,42 @@ class AuditLog {
   // continue the chain. INVALID_ARGUMENT naming the file and line if the
   // existing log is not a valid chain (a torn last line left by a crash is
   // truncated away and reported through `recovered_torn_tail()` instead).
-  static absl::StatusOr<std::unique_ptr<AuditLog>> Open(const std::string& path);
+  // FAILED_PRECONDITION if another AuditLog (in this or another process)
+  // has the file open: two writers would fork the chain. Every record of the
+  // file is kept in memory for Query and WaitForRecords.
+  static absl::StatusOr<std::unique_ptr<AuditLog>> Open(
+      const std::string& path);
   ~AuditLog();
 
   // Appends `record` (filling seq, time, prev, hash); returns its seq.
-  // INVALID_ARGUMENT if details_json is not a JSON object.
+  // INVALID_ARGUMENT if details_json is not a JSON object. The details are
+  // stored canonically (compact, keys sorted); a byte of a string field that
+  // is not valid UTF-8 is stored as U+FFFD. Times never decrease along the
+  // file, even if the clock steps back.
   absl::StatusOr<uint64_t> Append(AuditRecord record);
   // Returns once every record with seq <= `seq` is durable on disk.
+  // Concurrent calls share one fdatasync. INVALID_ARGUMENT if `seq` was
+  // never appended; a failed fdatasync fails this and every later Sync.
   absl::Status Sync(uint64_t seq);
 
   // The sequence number of the last record (0 when empty).
   uint64_t last_seq() const;
   bool recovered_torn_tail() const { return recovered_torn_tail_; }
 
-  // Records matching `query`, in seq order, at most query.limit.
+  // Records matching `query`, in seq order, at most query.limit (0 means
+  // 100; at most 10000).
   absl::StatusOr<std::vector<AuditRecord>> Query(const AuditQuery& query) const;
 
   // Waits until a record with seq > `after_seq` exists or `deadline` passes;
-  // returns the records after `after_seq` (at most `limit`), maybe none.
+  // returns the records after `after_seq` (at most `limit`, with the same
+  // default and cap as Query), maybe none.
   absl::StatusOr<std::vector<AuditRecord>> WaitForRecords(uint64_t after_seq,
                                                           absl::Time deadline,
                                                           size_t limit);
 
   // Walks the chain of the file at `path` (it need not be open) and names
-  // the first broken record.
+  // the first broken record. NOT_FOUND if there is no file; an empty file
+  // is a valid, empty chain. Any byte change in a stored line is detected.
   static absl::StatusOr<AuditVerification> Verify(const std::string& path);
 
   // The record's JSON line (without the trailing newline), as stored.
