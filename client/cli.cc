@@ -1,6 +1,11 @@
 #include "client/cli.h"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <iostream>
+#include <thread>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -26,10 +31,16 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/model_state_client.h"
+#include "client/policy.h"
 #include "client/safetensors_stream.h"
+#include "client/subscriber.h"
+#include "core/audit_log.h"
+#include "core/sync.h"
 #include "core/dtype.h"
 #include "core/state_stream.h"
 #include "google/protobuf/struct.pb.h"
@@ -1114,6 +1125,304 @@ int RunHealth(Context& c) {
   return kExitOk;
 }
 
+
+// ----------------------------------------------------------------- subscribe
+
+// The subscription from --policy's file, then the command's options.
+absl::StatusOr<v1::Subscription> SubscriptionFromOptions(
+    Context& c, const client::Policy* policy) {
+  v1::Subscription s;
+  if (policy != nullptr) s = policy->subscription();
+  if (c.Has("--name")) s.set_name(c.Get("--name"));
+  if (s.name().empty()) {
+    return absl::InvalidArgumentError("--name: a subscriber name is required");
+  }
+  if (c.Has("--mode")) {
+    std::string mode = c.Get("--mode");
+    if (mode == "intercept") {
+      s.set_mode(v1::Subscription::MODE_INTERCEPT);
+    } else if (mode == "observe") {
+      s.set_mode(v1::Subscription::MODE_OBSERVE);
+    } else if (mode == "dry-run") {
+      s.set_mode(v1::Subscription::MODE_DRY_RUN);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--mode: expected intercept, observe or dry-run, got '", mode, "'"));
+    }
+  }
+  if (c.Has("--priority")) {
+    int priority = 0;
+    if (!absl::SimpleAtoi(c.Get("--priority"), &priority)) {
+      return absl::InvalidArgumentError("--priority: expected an integer");
+    }
+    s.set_priority(priority);
+  }
+  if (c.Has("--timeout-ms")) {
+    s.set_timeout_ms(static_cast<uint32_t>(c.GetUint("--timeout-ms", 10000)));
+  }
+  if (c.Has("--fail-open")) s.set_failure_policy(v1::Subscription::FAIL_OPEN);
+  if (c.Has("--kinds")) {
+    s.clear_kinds();
+    for (absl::string_view k : absl::StrSplit(c.Get("--kinds"), ',')) {
+      if (k == "parameter") {
+        s.add_kinds(v1::ENTRY_KIND_PARAMETER);
+      } else if (k == "buffer") {
+        s.add_kinds(v1::ENTRY_KIND_BUFFER);
+      } else if (k == "module") {
+        s.add_kinds(v1::ENTRY_KIND_MODULE);
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--kinds: '", k, "' is not parameter, buffer or module"));
+      }
+    }
+  }
+  if (c.Has("--namespace")) s.add_namespaces(c.Get("--namespace"));
+  if (c.Has("--type")) s.set_module_type_glob(c.Get("--type"));
+  if (c.Has("--name-glob")) s.set_name_glob(c.Get("--name-glob"));
+  if (c.Has("--include-data")) s.set_include_data(true);
+  return s;
+}
+
+// Asks a person at the terminal. Empty line or "a": approve; "r [reason]":
+// reject; "cast DTYPE": modify to DTYPE; "freeze": requires_grad false.
+v1::HookAnswer AskPerson(Context& c, std::istream& in, const v1::HookEventProto& event) {
+  v1::HookAnswer answer;
+  answer.set_event_id(event.event_id());
+  answer.set_verdict(v1::HookAnswer::APPROVE);
+  while (true) {
+    c.out() << client::DescribeEvent(event)
+            << "\n  [a]pprove, [r]eject [reason], cast DTYPE, freeze? " << std::flush;
+    std::string line;
+    if (!std::getline(in, line)) return answer;  // no more input: approve
+    std::vector<std::string> words = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (words.empty() || words[0] == "a" || words[0] == "approve") return answer;
+    if (words[0] == "r" || words[0] == "reject") {
+      answer.set_verdict(v1::HookAnswer::REJECT);
+      size_t space = line.find(' ');
+      answer.set_reason(space == std::string::npos ? "rejected at the terminal"
+                                                   : std::string(absl::StripAsciiWhitespace(
+                                                         line.substr(space + 1))));
+      return answer;
+    }
+    if (words[0] == "cast" && words.size() == 2) {
+      absl::StatusOr<DType> d = ParseDType(words[1]);
+      if (d.ok()) {
+        answer.set_verdict(v1::HookAnswer::MODIFY);
+        answer.mutable_transform()->set_cast(convert::DTypeToProto(*d));
+        answer.set_reason("cast at the terminal");
+        return answer;
+      }
+    }
+    if (words[0] == "freeze") {
+      answer.set_verdict(v1::HookAnswer::MODIFY);
+      answer.mutable_transform()->set_requires_grad(false);
+      answer.set_reason("frozen at the terminal");
+      return answer;
+    }
+    c.out() << "  ? not understood\n";
+  }
+}
+
+int RunSubscribe(Context& c) {
+  if (c.Has("--policy") == c.Has("--interactive")) {
+    return c.UsageError("give exactly one of --policy FILE and --interactive");
+  }
+  std::optional<client::Policy> policy;
+  if (c.Has("--policy")) {
+    MODELSTATE_CLI_ASSIGN_OR_FAIL(text, c, ReadFile(c.Get("--policy")));
+    absl::StatusOr<client::Policy> parsed = client::Policy::FromJson(text);
+    if (!parsed.ok()) {
+      return c.Fail(absl::InvalidArgumentError(
+          absl::StrCat(c.Get("--policy"), ": ", parsed.status().message())));
+    }
+    policy = *std::move(parsed);
+  }
+  MODELSTATE_CLI_ASSIGN_OR_FAIL(subscription, c,
+                                SubscriptionFromOptions(c, policy ? &*policy : nullptr));
+  if (!policy.has_value() && subscription.timeout_ms() == 0) {
+    subscription.set_timeout_ms(60000);  // a person needs time
+  }
+  // SIGINT / SIGTERM end the subscription cleanly. Blocked before the
+  // client starts its threads, so that they inherit the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  MODELSTATE_CLI_ASSIGN_OR_FAIL(rpc, c, c.Client());
+  Mutex out_mu;
+  auto handler = [&](const v1::HookEventProto& event) {
+    if (policy.has_value()) {
+      std::string line;
+      v1::HookAnswer answer = policy->Decide(event, &line);
+      if (!line.empty()) {
+        MutexLock lock(&out_mu);
+        c.out() << (event.is_outcome()
+                        ? absl::StrCat(line, " [outcome ",
+                                       v1::Outcome_Name(event.outcome()), "]")
+                        : line)
+                << std::endl;
+      }
+      return answer;
+    }
+    MutexLock lock(&out_mu);
+    if (event.is_outcome()) {
+      c.out() << client::DescribeEvent(event) << " -> "
+              << v1::Outcome_Name(event.outcome()) << std::endl;
+      return v1::HookAnswer();
+    }
+    return AskPerson(c, std::cin, event);
+  };
+  MODELSTATE_CLI_ASSIGN_OR_FAIL(subscriber, c,
+                                client::Subscriber::Start(*rpc, subscription, handler));
+  {
+    MutexLock lock(&out_mu);
+    c.out() << "subscribed as " << subscription.name() << " (id " << subscriber->id()
+            << ")" << std::endl;
+  }
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    subscriber->Stop();
+  });
+  absl::Status end = subscriber->Wait();
+  // The stream ended on its own (server shutdown, replaced): wake the
+  // waiter thread so it can be joined.
+  kill(getpid(), SIGTERM);
+  waiter.join();
+  if (!end.ok() && end.code() != absl::StatusCode::kCancelled) return c.Fail(end);
+  return kExitOk;
+}
+
+// --------------------------------------------------------------------- audit
+
+absl::StatusOr<v1::AuditFilter> AuditFilterFromOptions(Context& c) {
+  v1::AuditFilter f;
+  f.set_since(c.Get("--since"));
+  f.set_until(c.Get("--until"));
+  f.set_namespace_(c.Get("--namespace"));
+  f.set_module(c.Get("--module"));
+  f.set_identity(c.Get("--identity"));
+  f.set_outcome(c.Get("--outcome"));
+  f.set_type(c.Get("--type"));
+  return f;
+}
+
+void PrintAuditRecord(Context& c, const v1::AuditRecordProto& r) {
+  if (c.json) {
+    google::protobuf::util::JsonPrintOptions options;
+    options.preserve_proto_field_names = true;
+    std::string text;
+    (void)google::protobuf::util::MessageToJsonString(r, &text, options);
+    c.out() << text << std::endl;
+    return;
+  }
+  std::string module = r.module().empty() ? "" : absl::StrCat(r.namespace_(), "/", r.module());
+  c.out() << absl::StrFormat("%6d  %s  %-15s %-8s %-20s %s  %s", r.seq(), r.time(), r.type(),
+                             r.outcome().empty() ? "-" : r.outcome(), module,
+                             r.identity().empty() ? "-" : r.identity(), r.details_json())
+          << std::endl;
+}
+
+int RunAudit(Context& c) {
+  const std::string& what = c.Arg(0);
+  if (what == "verify") {
+    if (c.Has("--file")) {
+      MODELSTATE_CLI_ASSIGN_OR_FAIL(v, c, AuditLog::Verify(c.Get("--file")));
+      if (c.json) {
+        v1::VerifyAuditResponse r;
+        r.set_records(v.records);
+        r.set_ok(v.ok);
+        r.set_broken_seq(v.broken_seq);
+        r.set_broken_line(v.broken_line);
+        r.set_problem(v.problem);
+        c.PrintJson(r);
+      } else if (v.ok) {
+        c.out() << "ok: " << v.records << " records, the chain is intact\n";
+      } else {
+        c.out() << "BROKEN at record " << v.broken_seq << " (line " << v.broken_line
+                << "): " << v.problem << "\n";
+      }
+      return v.ok ? kExitOk : kExitError;
+    }
+    MODELSTATE_CLI_ASSIGN_OR_FAIL(rpc, c, c.Client());
+    std::unique_ptr<grpc::ClientContext> context = rpc->NewContext(c.timeout);
+    v1::VerifyAuditRequest request;
+    v1::VerifyAuditResponse response;
+    absl::Status status =
+        convert::FromGrpcStatus(rpc->stub().VerifyAudit(context.get(), request, &response));
+    if (!status.ok()) return c.Fail(status);
+    if (c.json) {
+      c.PrintJson(response);
+    } else if (response.ok()) {
+      c.out() << "ok: " << response.records() << " records, the chain is intact\n";
+    } else {
+      c.out() << "BROKEN at record " << response.broken_seq() << " (line "
+              << response.broken_line() << "): " << response.problem() << "\n";
+    }
+    return response.ok() ? kExitOk : kExitError;
+  }
+  MODELSTATE_CLI_ASSIGN_OR_FAIL(filter, c, AuditFilterFromOptions(c));
+  // tail ends on SIGINT / SIGTERM: block them before the client starts its
+  // threads, so that only the waiter below receives them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  if (what == "tail") pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  MODELSTATE_CLI_ASSIGN_OR_FAIL(rpc, c, c.Client());
+  if (what == "query") {
+    uint64_t limit = c.GetUint("--limit", UINT64_MAX);
+    v1::QueryAuditRequest request;
+    *request.mutable_filter() = filter;
+    request.set_after_seq(c.GetUint("--after", 0));
+    uint64_t printed = 0;
+    while (printed < limit) {
+      request.set_limit(static_cast<int32_t>(std::min<uint64_t>(limit - printed, 1000)));
+      std::unique_ptr<grpc::ClientContext> context = rpc->NewContext(c.timeout);
+      v1::QueryAuditResponse response;
+      absl::Status status =
+          convert::FromGrpcStatus(rpc->stub().QueryAudit(context.get(), request, &response));
+      if (!status.ok()) return c.Fail(status);
+      for (const v1::AuditRecordProto& r : response.records()) {
+        PrintAuditRecord(c, r);
+        ++printed;
+      }
+      if (response.next_after_seq() == 0) break;
+      request.set_after_seq(response.next_after_seq());
+    }
+    return kExitOk;
+  }
+  if (what == "tail") {
+    v1::WatchAuditRequest request;
+    *request.mutable_filter() = filter;
+    request.set_after_seq(c.GetUint("--after", 0));
+    std::unique_ptr<grpc::ClientContext> context = rpc->NewContext(absl::InfiniteDuration());
+    context->set_deadline(std::chrono::system_clock::time_point::max());
+    grpc::ClientContext* raw = context.get();
+    std::thread waiter([&] {
+      int sig = 0;
+      sigwait(&signals, &sig);
+      raw->TryCancel();
+    });
+    auto reader = rpc->stub().WatchAudit(context.get(), request);
+    v1::AuditRecordProto record;
+    uint64_t limit = c.GetUint("--limit", UINT64_MAX);
+    uint64_t printed = 0;
+    while (printed < limit && reader->Read(&record)) {
+      PrintAuditRecord(c, record);
+      ++printed;
+    }
+    context->TryCancel();
+    absl::Status status = convert::FromGrpcStatus(reader->Finish());
+    kill(getpid(), SIGTERM);
+    waiter.join();
+    if (!status.ok() && status.code() != absl::StatusCode::kCancelled) return c.Fail(status);
+    return kExitOk;
+  }
+  return c.UsageError(absl::StrCat("expected query, tail or verify, got '", what, "'"));
+}
+
 // ------------------------------------------------------------------ the table
 
 constexpr char kModuleHelp[] =
@@ -1232,6 +1541,54 @@ const std::vector<CommandDef>& Commands() {
        {},
        "modelstatectl eval team/mlp",
        RunEval},
+      {"subscribe",
+       "run a registration hook: a policy file or a person",
+       "Subscribes to registration events and answers them until interrupted "
+       "(Ctrl-C) or the server ends the stream. With --policy, a rules file "
+       "decides (see deploy/policies/); with --interactive, each event is "
+       "asked at the terminal: Enter or a to approve, r [reason] to reject, "
+       "cast DTYPE or freeze to modify. Options override the policy's "
+       "subscription.",
+       {},
+       {{"--policy", "", ValueKind::kText, "FILE", "rules file (JSON)"},
+        {"--interactive", "", ValueKind::kFlag, "", "ask a person for each event"},
+        {"--name", "", ValueKind::kText, "NAME", "subscriber name"},
+        {"--mode", "", ValueKind::kText, "intercept|observe|dry-run",
+         "how answers count (default intercept)"},
+        {"--priority", "", ValueKind::kText, "N", "lower runs first (default 0)"},
+        {"--timeout-ms", "", ValueKind::kPositive, "MS",
+         "per-event timeout (default 10000; 60000 with --interactive)"},
+        {"--fail-open", "", ValueKind::kFlag, "",
+         "approve when this subscriber times out or fails (default: block)"},
+        {"--kinds", "", ValueKind::kText, "LIST",
+         "parameter,buffer,module (default all)"},
+        {"--namespace", "", ValueKind::kText, "NS", "only this namespace"},
+        {"--type", "", ValueKind::kText, "GLOB", "only modules of these types"},
+        {"--name-glob", "", ValueKind::kText, "GLOB", "only entries with these names"},
+        {"--include-data", "", ValueKind::kFlag, "", "receive tensor values too"}},
+       "modelstatectl subscribe --policy deploy/policies/block_temp_buffer.json",
+       RunSubscribe},
+      {"audit",
+       "query, follow or verify the audit log",
+       "query prints the records that match; tail prints them as they are "
+       "written, until interrupted; verify walks the hash chain and names the "
+       "first broken record (exit 1 if any), on the server or, with --file, "
+       "in a local copy of the log.",
+       {{"query|tail|verify", "what to do"}},
+       {{"--since", "", ValueKind::kText, "TIME", "RFC 3339, inclusive"},
+        {"--until", "", ValueKind::kText, "TIME", "RFC 3339, exclusive"},
+        {"--namespace", "", ValueKind::kText, "NS", "only this namespace"},
+        {"--module", "", ValueKind::kText, "NAME", "only this module (without namespace)"},
+        {"--identity", "", ValueKind::kText, "ID", "only this caller"},
+        {"--outcome", "", ValueKind::kText, "OUTCOME",
+         "keep, replace, block, approve, reject, ok, error, ..."},
+        {"--type", "", ValueKind::kText, "TYPE",
+         "registration, answer, outcome, build, load_state_dict, ..."},
+        {"--after", "", ValueKind::kUint, "SEQ", "only records after this sequence number"},
+        {"--limit", "", ValueKind::kPositive, "N", "print at most N records"},
+        {"--file", "", ValueKind::kText, "FILE", "verify: a local audit.log instead"}},
+       "modelstatectl audit query --module mlp --outcome block",
+       RunAudit},
       {"health",
        "check that the server is serving",
        "Asks the server's grpc.health.v1 service; prints SERVING and exits 0, "

@@ -54,7 +54,8 @@ void Subscriber::Run() {
     const v1::HookEventProto& event = response.event();
     v1::HookAnswer answer = handler_(event);
     if (event.is_outcome()) continue;
-    answer.set_event_id(event.event_id());
+    // Handlers usually leave the id to us.
+    if (answer.event_id() == 0) answer.set_event_id(event.event_id());
     v1::SubscribeRequest request;
     *request.mutable_answer() = std::move(answer);
     if (!stream_->Write(request)) break;

@@ -132,6 +132,123 @@ inline CommandResult RunCommand(
   return result;
 }
 
+// A program running in the background (a subscriber, a tail): its stdout is
+// read as lines on demand; stdin is a pipe the test may write to; stderr is
+// inherited. Killed (SIGKILL) on destruction if still running.
+class BackgroundProcess {
+ public:
+  explicit BackgroundProcess(const std::vector<std::string>& argv) {
+    int out_pipe[2];
+    int in_pipe[2];
+    if (pipe2(out_pipe, O_CLOEXEC) != 0) return;
+    if (pipe2(in_pipe, O_CLOEXEC) != 0) {
+      close(out_pipe[0]);
+      close(out_pipe[1]);
+      return;
+    }
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, out_pipe[1], STDOUT_FILENO);
+    posix_spawn_file_actions_adddup2(&actions, in_pipe[0], STDIN_FILENO);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    std::vector<std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) {
+      if (std::strncmp(*e, "MODELSTATE_SERVER=", 18) != 0) env.push_back(*e);
+    }
+    std::vector<char*> envp;
+    for (std::string& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    if (posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), envp.data()) != 0) {
+      pid_ = -1;
+    }
+    posix_spawn_file_actions_destroy(&actions);
+    close(out_pipe[1]);
+    close(in_pipe[0]);
+    out_fd_ = out_pipe[0];
+    in_fd_ = in_pipe[1];
+  }
+  ~BackgroundProcess() {
+    Kill(SIGKILL);
+    Wait();
+    if (out_fd_ >= 0) close(out_fd_);
+    if (in_fd_ >= 0) close(in_fd_);
+  }
+  BackgroundProcess(const BackgroundProcess&) = delete;
+  BackgroundProcess& operator=(const BackgroundProcess&) = delete;
+
+  bool started() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
+
+  // Reads stdout until a line containing `needle` arrives (true), the
+  // process closes stdout, or `timeout` passes (false).
+  bool WaitForLine(const std::string& needle,
+                   std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      for (size_t i = checked_; i < lines_.size(); ++i) {
+        if (lines_[i].find(needle) != std::string::npos) {
+          checked_ = i + 1;
+          return true;
+        }
+      }
+      checked_ = lines_.size();
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0 || !ReadSome(left)) return false;
+    }
+  }
+  // Every line read so far.
+  const std::vector<std::string>& lines() const { return lines_; }
+
+  void WriteLine(const std::string& line) {
+    std::string text = line + "\n";
+    if (in_fd_ >= 0) (void)!write(in_fd_, text.data(), text.size());
+  }
+  void Kill(int sig) {
+    if (pid_ > 0 && !exited_) kill(pid_, sig);
+  }
+  // Waits for the process; returns its exit code (128 + signal).
+  int Wait() {
+    if (pid_ <= 0) return -1;
+    if (!exited_) {
+      int status = 0;
+      waitpid(pid_, &status, 0);
+      exited_ = true;
+      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    return exit_code_;
+  }
+
+ private:
+  // Reads what is available within `timeout`; false at end of file.
+  bool ReadSome(std::chrono::milliseconds timeout) {
+    struct pollfd p = {out_fd_, POLLIN, 0};
+    int ready = poll(&p, 1, static_cast<int>(timeout.count()));
+    if (ready <= 0) return ready == 0;
+    char buffer[4096];
+    ssize_t n = read(out_fd_, buffer, sizeof(buffer));
+    if (n <= 0) return false;
+    partial_.append(buffer, static_cast<size_t>(n));
+    size_t nl;
+    while ((nl = partial_.find('\n')) != std::string::npos) {
+      lines_.push_back(partial_.substr(0, nl));
+      partial_.erase(0, nl + 1);
+    }
+    return true;
+  }
+
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  int in_fd_ = -1;
+  bool exited_ = false;
+  int exit_code_ = -1;
+  std::string partial_;
+  std::vector<std::string> lines_;
+  size_t checked_ = 0;
+};
+
 }  // namespace modelstate::testing
 
 #endif  // MODELSTATE_TESTS_TESTING_RUN_COMMAND_H_

@@ -1,0 +1,443 @@
+// Remote registration hooks end to end: the real server, subscribers as
+// separate processes (modelstatectl subscribe with the shipped policies, and
+// a test tool that misbehaves on purpose), and the audit log.
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/model_state_client.h"
+#include "core/generator.h"
+#include "core/init.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/run_command.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/test_server.h"
+
+namespace modelstate {
+namespace {
+
+using ::modelstate::testing::BackgroundProcess;
+using ::modelstate::testing::CommandResult;
+using ::modelstate::testing::IsOk;
+using ::modelstate::testing::RunCommand;
+using ::modelstate::testing::StatusIs;
+using ::modelstate::testing::TestServer;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::string Policy(const std::string& name) {
+  return std::string(MODELSTATE_SOURCE_DIR) + "/deploy/policies/" + name;
+}
+
+v1::BuildModuleRequest BuildRequest(const std::string& module, const std::string& json,
+                                    uint64_t seed = 0) {
+  v1::BuildModuleRequest r;
+  r.set_module(module);
+  EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(json, r.mutable_spec()).ok()) << json;
+  r.set_seed(seed);
+  return r;
+}
+
+const v1::RegistrationReport* Report(const v1::BuildModuleResponse& r, const std::string& path,
+                                     const std::string& name) {
+  for (const auto& report : r.registrations()) {
+    if (report.path() == path && report.name() == name) return &report;
+  }
+  return nullptr;
+}
+
+class SubscriptionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server_ = std::make_unique<TestServer>(flags_);
+    ASSERT_THAT(server_->Start(), IsOk());
+    client_ = server_->NewClient();
+  }
+
+  // Starts `modelstatectl subscribe ...` and waits until it is subscribed.
+  std::unique_ptr<BackgroundProcess> Cli(std::vector<std::string> args) {
+    std::vector<std::string> argv = {MODELSTATE_CLI_BINARY, "--server", server_->address(),
+                                     "subscribe"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto p = std::make_unique<BackgroundProcess>(argv);
+    EXPECT_TRUE(p->WaitForLine("subscribed as")) << "subscriber did not start";
+    return p;
+  }
+  std::unique_ptr<BackgroundProcess> Rogue(std::vector<std::string> args) {
+    std::vector<std::string> argv = {MODELSTATE_ROGUE_BINARY,
+                                     "--server=" + server_->address()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto p = std::make_unique<BackgroundProcess>(argv);
+    EXPECT_TRUE(p->WaitForLine("ready")) << "rogue subscriber did not start";
+    return p;
+  }
+  StateDict State(const std::string& module) {
+    absl::StatusOr<StateDict> sd = client_->GetStateDict(module);
+    EXPECT_TRUE(sd.ok()) << sd.status();
+    return sd.ok() ? *sd : StateDict();
+  }
+  std::vector<v1::AuditRecordProto> Audit(const std::string& type = "") {
+    std::vector<v1::AuditRecordProto> out;
+    v1::QueryAuditRequest q;
+    q.mutable_filter()->set_type(type);
+    q.set_limit(10000);
+    while (true) {
+      grpc::ClientContext context;
+      v1::QueryAuditResponse r;
+      EXPECT_TRUE(client_->stub().QueryAudit(&context, q, &r).ok());
+      out.insert(out.end(), r.records().begin(), r.records().end());
+      if (r.next_after_seq() == 0) break;
+      q.set_after_seq(r.next_after_seq());
+    }
+    return out;
+  }
+
+  std::vector<std::string> flags_;
+  std::unique_ptr<TestServer> server_;
+  std::unique_ptr<client::ModelStateClient> client_;
+};
+
+// ------------------------------------------------------------- seed examples
+
+TEST_F(SubscriptionTest, SeedEveryBufferAndParameterBecomesFloat32) {
+  auto sub = Cli({"--policy", Policy("float32_everything.json")});
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      v1::BuildModuleResponse r,
+      client_->BuildModule(BuildRequest("seeds/f32", R"({"type": "Mixed", "members": [
+          {"parameter": {"name": "p64", "shape": [2], "dtype": "float64"}},
+          {"buffer": {"name": "b16", "shape": [3], "dtype": "float16"}},
+          {"buffer": {"name": "count", "shape": [], "dtype": "int64"}},
+          {"parameter": {"name": "p32", "shape": [2]}}]})")));
+  StateDict sd = State("seeds/f32");
+  EXPECT_EQ(sd.tensors.Find("p64")->dtype(), DType::kFloat32);
+  EXPECT_EQ(sd.tensors.Find("b16")->dtype(), DType::kFloat32);
+  EXPECT_EQ(sd.tensors.Find("count")->dtype(), DType::kInt64);
+  EXPECT_EQ(Report(r, "", "p64")->outcome(), v1::OUTCOME_REPLACE);
+  EXPECT_EQ(Report(r, "", "p32")->outcome(), v1::OUTCOME_KEEP);
+  EXPECT_TRUE(sub->WaitForLine("p64: parameter float64[2] in Mixed (seeds/f32) -> MODIFY"));
+}
+
+TEST_F(SubscriptionTest, SeedRecordEveryBufferRegistered) {
+  auto sub = Cli({"--policy", Policy("record_buffers.json")});
+  ASSERT_THAT(client_->BuildModule(BuildRequest("seeds/bn", R"({"type": "BatchNorm1d",
+                                                               "args": [4]})")),
+              IsOk());
+  // Observers get outcomes, never awaited: wait for the three lines.
+  EXPECT_TRUE(sub->WaitForLine("running_mean: buffer float32[4] in BatchNorm1d"));
+  EXPECT_TRUE(sub->WaitForLine("running_var: buffer float32[4]"));
+  EXPECT_TRUE(sub->WaitForLine("num_batches_tracked: buffer int64[] in BatchNorm1d (seeds/bn) "
+                               "-> APPROVE [outcome OUTCOME_KEEP]"));
+}
+
+TEST_F(SubscriptionTest, SeedBlockBuffersNamedTempBuffer) {
+  auto sub = Cli({"--policy", Policy("block_temp_buffer.json")});
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      v1::BuildModuleResponse r,
+      client_->BuildModule(BuildRequest("seeds/temp", R"({"type": "Net", "members": [
+          {"buffer": {"name": "temp_buffer", "shape": [8]}},
+          {"buffer": {"name": "kept", "shape": [8]}}]})")));
+  const v1::RegistrationReport* temp = Report(r, "", "temp_buffer");
+  ASSERT_NE(temp, nullptr);
+  EXPECT_EQ(temp->outcome(), v1::OUTCOME_BLOCK);
+  EXPECT_EQ(temp->reason(), "rejected by no-temp-buffers: Blocking temporary buffer");
+  EXPECT_THAT(State("seeds/temp").tensors.Keys(), ElementsAre("kept"));
+  // A single registration that is blocked fails with the reason.
+  v1::RegisterTensorRequest again;
+  again.set_module("seeds/temp");
+  again.set_name("temp_buffer");
+  again.mutable_init()->add_shape(1);
+  EXPECT_THAT(client_->RegisterBuffer(again),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("Blocking temporary buffer")));
+}
+
+TEST_F(SubscriptionTest, SeedParametersStartingWithUnderscoreAreNotTrainable) {
+  auto sub = Cli({"--policy", Policy("freeze_underscore_parameters.json")});
+  ASSERT_THAT(client_->BuildModule(BuildRequest("seeds/freeze", R"({"type": "Net", "members": [
+          {"parameter": {"name": "_scale", "shape": [2]}},
+          {"parameter": {"name": "weight", "shape": [2]}}]})")),
+              IsOk());
+  v1::GetModuleRequest get;
+  get.set_module("seeds/freeze");
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::GetModuleResponse d, client_->GetModule(get));
+  EXPECT_FALSE(d.info().parameters(0).tensor().requires_grad());
+  EXPECT_TRUE(d.info().parameters(1).tensor().requires_grad());
+}
+
+TEST_F(SubscriptionTest, SeedLinearWeightsReinitialisedUniformly) {
+  auto sub = Cli({"--policy", Policy("linear_uniform_init.json")});
+  ASSERT_THAT(client_->BuildModule(BuildRequest("seeds/lin", R"({"type": "Sequential",
+      "children": [{"spec": {"type": "Linear", "args": [8, 4]}},
+                   {"spec": {"type": "Conv1d", "args": [2, 2, 3]}}]})", 3)),
+              IsOk());
+  StateDict sd = State("seeds/lin");
+  // The transform's generator (seed 0), exactly.
+  Tensor expected = *Tensor::Empty(DType::kFloat32, {4, 8});
+  Generator gen(0);
+  ASSERT_THAT(UniformInit(expected, -0.05, 0.05, gen), IsOk());
+  EXPECT_TRUE(TensorsEqual(*sd.tensors.Find("0.weight"), expected));
+  // Not Linear weights: PyTorch's default init, untouched.
+  const float* conv = sd.tensors.Find("1.weight")->data<float>();
+  bool outside = false;
+  for (int i = 0; i < 12; ++i) outside |= std::abs(conv[i]) > 0.05f;
+  EXPECT_TRUE(outside);
+}
+
+TEST_F(SubscriptionTest, SeedLogEveryParameterRegistration) {
+  auto sub = Cli({"--policy", Policy("log_parameters.json")});
+  ASSERT_THAT(client_->BuildModule(BuildRequest("seeds/log", R"({"type": "Linear",
+                                                                "args": [3, 2]})")),
+              IsOk());
+  EXPECT_TRUE(sub->WaitForLine("weight: parameter float32[2, 3] in Linear (seeds/log)"));
+  EXPECT_TRUE(sub->WaitForLine("bias: parameter float32[2] in Linear (seeds/log)"));
+}
+
+// ---------------------------------------------------------------- chains
+
+TEST_F(SubscriptionTest, ThreeInterceptorsChainInPriorityOrder) {
+  auto a = Rogue({"--name=a", "--mode=tag", "--priority=1", "--kind=parameter"});
+  auto b = Rogue({"--name=b", "--mode=approve", "--priority=2", "--kind=parameter"});
+  auto c = Rogue({"--name=c", "--mode=tag", "--priority=3", "--kind=parameter"});
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      v1::BuildModuleResponse r,
+      client_->BuildModule(BuildRequest("chain/net", R"({"type": "Net", "members": [
+          {"parameter": {"name": "w", "shape": [4]}}]})")));
+  // The last modification wins: c's constant 3.
+  StateDict sd = State("chain/net");
+  EXPECT_EQ(sd.tensors.Find("w")->data<float>()[0], 3.0f);
+  EXPECT_EQ(Report(r, "", "w")->reason(), "modified by a, c");
+  std::vector<v1::AuditRecordProto> answers = Audit("answer");
+  std::vector<std::string> who;
+  for (const auto& ans : answers) {
+    who.push_back(nlohmann::json::parse(ans.details_json())["subscriber"].get<std::string>() +
+                  ":" + ans.outcome());
+  }
+  EXPECT_THAT(who, ElementsAre("a:modify", "b:approve", "c:modify"));
+}
+
+TEST_F(SubscriptionTest, ARejectInTheMiddleStopsTheChain) {
+  auto a = Rogue({"--name=a", "--mode=approve", "--priority=1"});
+  auto b = Rogue({"--name=b", "--mode=reject", "--priority=2"});
+  auto c = Rogue({"--name=c", "--mode=tag", "--priority=3"});
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      v1::BuildModuleResponse r,
+      client_->BuildModule(BuildRequest("chain/rej", R"({"type": "Net", "members": [
+          {"parameter": {"name": "w", "shape": [4]}}]})")));
+  EXPECT_EQ(Report(r, "", "w")->outcome(), v1::OUTCOME_BLOCK);
+  EXPECT_EQ(Report(r, "", "w")->reason(), "rejected by b: rejected by rogue");
+  EXPECT_FALSE(c->WaitForLine("event", std::chrono::milliseconds(300)));
+}
+
+// ------------------------------------------------------------- failures
+
+TEST_F(SubscriptionTest, TimeoutsFailClosedOrOpen) {
+  auto silent = Rogue({"--name=silent", "--mode=silent", "--timeout_ms=300"});
+  auto start = std::chrono::steady_clock::now();
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      v1::BuildModuleResponse closed,
+      client_->BuildModule(BuildRequest("fail/closed", R"({"type": "Linear", "args": [2, 2]})")));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_EQ(Report(closed, "", "weight")->outcome(), v1::OUTCOME_BLOCK);
+  EXPECT_THAT(Report(closed, "", "weight")->reason(),
+              HasSubstr("silent timed out after 300ms (fail-closed)"));
+  silent.reset();  // killed
+  auto lenient = Rogue({"--name=lenient", "--mode=silent", "--timeout_ms=300", "--fail_open"});
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      v1::BuildModuleResponse open,
+      client_->BuildModule(BuildRequest("fail/open", R"({"type": "Linear", "args": [2, 2]})")));
+  EXPECT_EQ(Report(open, "", "weight")->outcome(), v1::OUTCOME_KEEP);
+  EXPECT_EQ(State("fail/open").tensors.size(), 2u);
+}
+
+TEST_F(SubscriptionTest, ASubscriberKilledMidEventFailsClosedOrOpen) {
+  auto dying = Rogue({"--name=dying", "--mode=die"});
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      v1::BuildModuleResponse closed,
+      client_->BuildModule(BuildRequest("die/closed", R"({"type": "Net", "members": [
+          {"parameter": {"name": "w", "shape": [2]}}]})")));
+  EXPECT_EQ(Report(closed, "", "w")->outcome(), v1::OUTCOME_BLOCK);
+  EXPECT_THAT(Report(closed, "", "w")->reason(), HasSubstr("dying disconnected"));
+  EXPECT_EQ(dying->Wait(), 128 + SIGKILL);
+  auto dying_open = Rogue({"--name=dying-open", "--mode=die", "--fail_open"});
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      v1::BuildModuleResponse open,
+      client_->BuildModule(BuildRequest("die/open", R"({"type": "Net", "members": [
+          {"parameter": {"name": "w", "shape": [2]}}]})")));
+  EXPECT_EQ(Report(open, "", "w")->outcome(), v1::OUTCOME_KEEP);
+}
+
+TEST_F(SubscriptionTest, GarbageAnswersCountAsFailures) {
+  auto garbage = Rogue({"--name=garbage", "--mode=garbage-id"});
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      v1::BuildModuleResponse r,
+      client_->BuildModule(BuildRequest("garbage/id", R"({"type": "Net", "members": [
+          {"parameter": {"name": "w", "shape": [2]}}]})")));
+  EXPECT_EQ(Report(r, "", "w")->outcome(), v1::OUTCOME_BLOCK);
+  EXPECT_THAT(Report(r, "", "w")->reason(), HasSubstr("garbage sent an answer for an unknown event"));
+  garbage.reset();
+  auto shape = Rogue({"--name=shape", "--mode=wrong-shape"});
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      v1::BuildModuleResponse s,
+      client_->BuildModule(BuildRequest("garbage/shape", R"({"type": "Linear", "args": [3, 2]})")));
+  EXPECT_EQ(Report(s, "", "weight")->outcome(), v1::OUTCOME_BLOCK);
+  EXPECT_THAT(Report(s, "", "weight")->reason(),
+              HasSubstr("sent an invalid answer: shape must stay [2, 3]"));
+  std::vector<v1::AuditRecordProto> answers = Audit("answer");
+  bool invalid_recorded = false;
+  for (const auto& a : answers) invalid_recorded |= a.outcome() == "invalid";
+  EXPECT_TRUE(invalid_recorded);
+}
+
+TEST_F(SubscriptionTest, DryRunIsRecordedButNotEnforced) {
+  auto dry = Cli({"--policy", Policy("block_temp_buffer.json"), "--mode", "dry-run",
+                  "--name", "dry"});
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      v1::BuildModuleResponse r,
+      client_->BuildModule(BuildRequest("dry/net", R"({"type": "Net", "members": [
+          {"buffer": {"name": "temp_buffer", "shape": [1]}}]})")));
+  EXPECT_EQ(Report(r, "", "temp_buffer")->outcome(), v1::OUTCOME_KEEP);
+  EXPECT_THAT(State("dry/net").tensors.Keys(), ElementsAre("temp_buffer"));
+  // The answer arrives after the build returned; it is audited when it does.
+  bool recorded = false;
+  for (int i = 0; i < 200 && !recorded; ++i) {
+    for (const auto& a : Audit("answer")) {
+      nlohmann::json d = nlohmann::json::parse(a.details_json());
+      recorded |= a.outcome() == "reject" && d.value("dry_run", false);
+    }
+    if (!recorded) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  EXPECT_TRUE(recorded);
+}
+
+TEST_F(SubscriptionTest, InteractiveAsksAPerson) {
+  auto person = Cli({"--interactive", "--name", "human", "--kinds", "parameter"});
+  std::thread answer([&] {
+    // The prompt itself ends without a newline: wait for the event line.
+    EXPECT_TRUE(person->WaitForLine("weight: parameter float32[2, 2]"));
+    person->WriteLine("r not in my model");
+    EXPECT_TRUE(person->WaitForLine("bias: parameter float32[2]"));
+    person->WriteLine("freeze");
+  });
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      v1::BuildModuleResponse r,
+      client_->BuildModule(BuildRequest("human/lin", R"({"type": "Linear", "args": [2, 2]})")));
+  answer.join();
+  // Both events were sent at once; the person answered them in order.
+  EXPECT_EQ(Report(r, "", "weight")->outcome(), v1::OUTCOME_BLOCK);
+  EXPECT_EQ(Report(r, "", "weight")->reason(), "rejected by human: not in my model");
+  EXPECT_EQ(Report(r, "", "bias")->outcome(), v1::OUTCOME_REPLACE);
+  EXPECT_FALSE(Report(r, "", "bias")->value().requires_grad());
+}
+
+// ---------------------------------------------------------- volume, audit
+
+TEST_F(SubscriptionTest, AThousandRegistrationsWithFourInterceptorsLoseNothing) {
+  std::vector<std::unique_ptr<BackgroundProcess>> subs;
+  for (int i = 0; i < 4; ++i) {
+    subs.push_back(Rogue({absl::StrCat("--name=s", i), "--mode=approve",
+                          absl::StrCat("--priority=", i)}));
+  }
+  std::string json = R"({"type": "Big", "members": [)";
+  for (int i = 0; i < 1000; ++i) {
+    absl::StrAppend(&json, i ? "," : "", R"({"parameter": {"name": "p)", i,
+                    R"(", "shape": [2]}})");
+  }
+  json += "]}";
+  auto start = std::chrono::steady_clock::now();
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::BuildModuleResponse r,
+                                  client_->BuildModule(BuildRequest("volume/big", json)));
+  double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("1000 registrations x 4 interceptors: %.2f s\n", seconds);
+  ASSERT_EQ(r.registrations_size(), 1000);
+  for (const auto& rep : r.registrations()) EXPECT_EQ(rep.outcome(), v1::OUTCOME_KEEP);
+  EXPECT_EQ(Audit("registration").size(), 1000u);
+  EXPECT_EQ(Audit("answer").size(), 4000u);
+  EXPECT_EQ(Audit("outcome").size(), 1000u);
+  std::vector<v1::AuditRecordProto> all = Audit();
+  for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(all[i].seq(), i + 1);
+  CommandResult verify = RunCommand(
+      {MODELSTATE_CLI_BINARY, "--server", server_->address(), "audit", "verify"});
+  EXPECT_EQ(verify.exit_code, 0) << verify.err;
+  EXPECT_THAT(verify.out, HasSubstr("the chain is intact"));
+}
+
+TEST_F(SubscriptionTest, AuditVerifyNamesAnEditedRecord) {
+  ASSERT_THAT(client_->BuildModule(BuildRequest("audit/lin", R"({"type": "Linear",
+                                                                "args": [2, 2]})")),
+              IsOk());
+  std::string path = (server_->data_dir() / "audit.log").string();
+  std::vector<std::string> lines;
+  {
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+  }
+  ASSERT_GE(lines.size(), 4u);
+  // Someone rewrites history: record 2 now says another identity.
+  size_t at = lines[1].find("\"identity\":\"");
+  ASSERT_NE(at, std::string::npos);
+  lines[1].insert(at + 12, "mallory-");
+  {
+    std::ofstream out(path, std::ios::trunc);
+    for (const std::string& line : lines) out << line << "\n";
+  }
+  CommandResult verify = RunCommand(
+      {MODELSTATE_CLI_BINARY, "--server", server_->address(), "audit", "verify"});
+  EXPECT_EQ(verify.exit_code, 1);
+  EXPECT_THAT(verify.out, HasSubstr("BROKEN at record 2 (line 2)"));
+  CommandResult local = RunCommand({MODELSTATE_CLI_BINARY, "audit", "verify", "--file", path});
+  EXPECT_EQ(local.exit_code, 1);
+  EXPECT_THAT(local.out, HasSubstr("BROKEN at record 2"));
+}
+
+TEST_F(SubscriptionTest, AuditQueryAndTailFromTheCli) {
+  auto tail = std::make_unique<BackgroundProcess>(std::vector<std::string>{
+      MODELSTATE_CLI_BINARY, "--server", server_->address(), "audit", "tail", "--type",
+      "build"});
+  ASSERT_THAT(client_->BuildModule(BuildRequest("audit/a", R"({"type": "ReLU"})")), IsOk());
+  EXPECT_TRUE(tail->WaitForLine("audit/a"));
+  CommandResult q = RunCommand({MODELSTATE_CLI_BINARY, "--server", server_->address(), "audit",
+                                "query", "--module", "a", "--type", "build"});
+  EXPECT_EQ(q.exit_code, 0) << q.err;
+  EXPECT_THAT(q.out, HasSubstr("build"));
+  EXPECT_THAT(q.out, HasSubstr("audit/a"));
+  tail->Kill(SIGTERM);
+  EXPECT_EQ(tail->Wait(), 0);
+}
+
+class SlowReaderTest : public SubscriptionTest {
+ protected:
+  SlowReaderTest() { flags_ = {"--max_queued_events=4"}; }
+};
+
+TEST_F(SlowReaderTest, ASubscriberThatStopsReadingIsDroppedNotBuffered) {
+  auto stuck = Rogue({"--name=stuck", "--mode=silent", "--timeout_ms=60000", "--fail_open"});
+  std::string json = R"({"type": "Big", "members": [)";
+  for (int i = 0; i < 3000; ++i) {
+    absl::StrAppend(&json, i ? "," : "", R"({"parameter": {"name": "p)", i,
+                    R"(", "shape": [1]}})");
+  }
+  json += "]}";
+  auto start = std::chrono::steady_clock::now();
+  ASSERT_THAT(client_->BuildModule(BuildRequest("slow/big", json)), IsOk());
+  // Dropped long before its 60 s timeout; fail-open keeps everything.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  grpc::ClientContext context;
+  v1::ListSubscribersResponse list;
+  ASSERT_TRUE(client_->stub().ListSubscribers(&context, {}, &list).ok());
+  EXPECT_EQ(list.subscribers_size(), 0);
+  EXPECT_EQ(State("slow/big").tensors.size(), 3000u);
+}
+
+}  // namespace
+}  // namespace modelstate
