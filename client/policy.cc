@@ -65,22 +65,13 @@ absl::StatusOr<v1::TransformProto> TransformFromJson(const nlohmann::json& j, si
       if (!value.is_object()) return RuleError(i, "transform.reinit", "expected an object");
       v1::InitSpec* init = t.mutable_reinit();
       std::string kind = value.value("kind", "");
-      static const std::pair<const char*, v1::InitSpec::Kind> kKinds[] = {
-          {"zeros", v1::InitSpec::KIND_ZEROS},     {"ones", v1::InitSpec::KIND_ONES},
-          {"constant", v1::InitSpec::KIND_CONSTANT}, {"uniform", v1::InitSpec::KIND_UNIFORM},
-          {"normal", v1::InitSpec::KIND_NORMAL}};
-      bool known = false;
-      for (const auto& [name, k] : kKinds) {
-        if (kind == name) {
-          init->set_kind(k);
-          known = true;
-        }
-      }
-      if (!known) {
+      if (kind != "zeros" && kind != "ones" && kind != "constant" &&
+          kind != "uniform" && kind != "normal") {
         return RuleError(i, "transform.reinit.kind",
                          absl::StrCat("'", kind, "' is not zeros, ones, constant, uniform "
                                                  "or normal"));
       }
+      init->set_kind(kind);
       if (value.contains("a")) init->set_a(value["a"].get<double>());
       if (value.contains("b")) init->set_b(value["b"].get<double>());
       if (value.contains("seed")) init->set_seed(value["seed"].get<uint64_t>());

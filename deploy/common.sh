@@ -4,12 +4,17 @@
 
 MODELSTATE_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
-# Packages the build and the whole test suite need.
-MODELSTATE_PACKAGES=(
+# Packages that building the server and the CLI needs.
+MODELSTATE_RUNTIME_BUILD_PACKAGES=(
   g++ cmake make pkg-config git ca-certificates
   libabsl-dev libgrpc++-dev libprotobuf-dev protobuf-compiler
   protobuf-compiler-grpc grpc-proto libssl-dev libopenblas-dev
-  libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
+  nlohmann-json3-dev
+)
+# ... plus what the whole test suite needs.
+MODELSTATE_PACKAGES=(
+  "${MODELSTATE_RUNTIME_BUILD_PACKAGES[@]}"
+  libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-grpcio python3-protobuf python3-numpy python3-torch
 )
 

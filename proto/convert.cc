@@ -190,38 +190,29 @@ absl::StatusOr<SpecValue> SpecValueFromProto(const google::protobuf::Value& valu
 absl::StatusOr<InitSpec> InitFromProto(const v1::InitSpec& proto,
                                        absl::string_view field) {
   InitSpec init;
-  switch (proto.kind()) {
-    case v1::InitSpec::KIND_UNSPECIFIED:
-    case v1::InitSpec::KIND_ZEROS:
-      init.kind = InitSpec::Kind::kZeros;
-      break;
-    case v1::InitSpec::KIND_ONES:
-      init.kind = InitSpec::Kind::kOnes;
-      break;
-    case v1::InitSpec::KIND_CONSTANT:
-      init.kind = InitSpec::Kind::kConstant;
-      break;
-    case v1::InitSpec::KIND_UNIFORM:
-      init.kind = InitSpec::Kind::kUniform;
-      break;
-    case v1::InitSpec::KIND_NORMAL:
-      init.kind = InitSpec::Kind::kNormal;
-      break;
-    case v1::InitSpec::KIND_KAIMING_UNIFORM:
-      init.kind = InitSpec::Kind::kKaimingUniform;
-      break;
-    case v1::InitSpec::KIND_XAVIER_UNIFORM:
-      init.kind = InitSpec::Kind::kXavierUniform;
-      break;
-    case v1::InitSpec::KIND_XAVIER_NORMAL:
-      init.kind = InitSpec::Kind::kXavierNormal;
-      break;
-    case v1::InitSpec::KIND_EMPTY:
-      init.kind = InitSpec::Kind::kEmpty;
-      break;
-    default:
-      return FieldError(absl::StrCat(field, ".kind"),
-                        absl::StrCat("unknown init kind ", proto.kind()));
+  static constexpr std::pair<absl::string_view, InitSpec::Kind> kKinds[] = {
+      {"", InitSpec::Kind::kZeros},
+      {"zeros", InitSpec::Kind::kZeros},
+      {"ones", InitSpec::Kind::kOnes},
+      {"constant", InitSpec::Kind::kConstant},
+      {"uniform", InitSpec::Kind::kUniform},
+      {"normal", InitSpec::Kind::kNormal},
+      {"kaiming_uniform", InitSpec::Kind::kKaimingUniform},
+      {"xavier_uniform", InitSpec::Kind::kXavierUniform},
+      {"xavier_normal", InitSpec::Kind::kXavierNormal},
+      {"empty", InitSpec::Kind::kEmpty}};
+  bool known = false;
+  for (const auto& [name, kind] : kKinds) {
+    if (proto.kind() == name) {
+      init.kind = kind;
+      known = true;
+    }
+  }
+  if (!known) {
+    return FieldError(absl::StrCat(field, ".kind"),
+                      absl::StrCat("'", proto.kind(),
+                                   "' is not zeros, ones, constant, uniform, normal, "
+                                   "kaiming_uniform, xavier_uniform, xavier_normal or empty"));
   }
   init.a = proto.a();
   init.b = proto.has_b() ? proto.b() : 1.0;

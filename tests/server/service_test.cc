@@ -486,7 +486,7 @@ TEST_F(ServiceTest, RegistrationRpcsReportEachOutcome) {
   b.set_module("reg/net");
   b.set_name("stats");
   b.mutable_init()->add_shape(3);
-  b.mutable_init()->mutable_init()->set_kind(v1::InitSpec::KIND_ONES);
+  b.mutable_init()->mutable_init()->set_kind("ones");
   b.set_persistent(false);
   ASSERT_THAT(client_->RegisterBuffer(b), IsOk());
   v1::RegisterSubmoduleRequest s;

@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
         } else if (mode == "tag") {
           a.set_verdict(HookAnswer::MODIFY);
           auto* init = a.mutable_transform()->mutable_reinit();
-          init->set_kind(modelstate::v1::InitSpec::KIND_CONSTANT);
+          init->set_kind("constant");
           init->set_a(priority);
         }
         return a;
