@@ -4,8 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <iostream>
-#include <thread>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -14,16 +12,19 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -32,7 +33,6 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
-#include "absl/strings/ascii.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/model_state_client.h"
@@ -40,9 +40,9 @@
 #include "client/safetensors_stream.h"
 #include "client/subscriber.h"
 #include "core/audit_log.h"
-#include "core/sync.h"
 #include "core/dtype.h"
 #include "core/state_stream.h"
+#include "core/sync.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpc/health/v1/health.pb.h"
@@ -1125,7 +1125,6 @@ int RunHealth(Context& c) {
   return kExitOk;
 }
 
-
 // ----------------------------------------------------------------- subscribe
 
 // The subscription from --policy's file, then the command's options.
@@ -1185,23 +1184,28 @@ absl::StatusOr<v1::Subscription> SubscriptionFromOptions(
 
 // Asks a person at the terminal. Empty line or "a": approve; "r [reason]":
 // reject; "cast DTYPE": modify to DTYPE; "freeze": requires_grad false.
-v1::HookAnswer AskPerson(Context& c, std::istream& in, const v1::HookEventProto& event) {
+v1::HookAnswer AskPerson(Context& c, std::istream& in,
+                         const v1::HookEventProto& event) {
   v1::HookAnswer answer;
   answer.set_event_id(event.event_id());
   answer.set_verdict(v1::HookAnswer::APPROVE);
   while (true) {
     c.out() << client::DescribeEvent(event)
-            << "\n  [a]pprove, [r]eject [reason], cast DTYPE, freeze? " << std::flush;
+            << "\n  [a]pprove, [r]eject [reason], cast DTYPE, freeze? "
+            << std::flush;
     std::string line;
     if (!std::getline(in, line)) return answer;  // no more input: approve
-    std::vector<std::string> words = absl::StrSplit(line, ' ', absl::SkipEmpty());
-    if (words.empty() || words[0] == "a" || words[0] == "approve") return answer;
+    std::vector<std::string> words =
+        absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (words.empty() || words[0] == "a" || words[0] == "approve")
+      return answer;
     if (words[0] == "r" || words[0] == "reject") {
       answer.set_verdict(v1::HookAnswer::REJECT);
       size_t space = line.find(' ');
-      answer.set_reason(space == std::string::npos ? "rejected at the terminal"
-                                                   : std::string(absl::StripAsciiWhitespace(
-                                                         line.substr(space + 1))));
+      answer.set_reason(space == std::string::npos
+                            ? "rejected at the terminal"
+                            : std::string(absl::StripAsciiWhitespace(
+                                  line.substr(space + 1))));
       return answer;
     }
     if (words[0] == "cast" && words.size() == 2) {
@@ -1237,8 +1241,8 @@ int RunSubscribe(Context& c) {
     }
     policy = *std::move(parsed);
   }
-  MODELSTATE_CLI_ASSIGN_OR_FAIL(subscription, c,
-                                SubscriptionFromOptions(c, policy ? &*policy : nullptr));
+  MODELSTATE_CLI_ASSIGN_OR_FAIL(
+      subscription, c, SubscriptionFromOptions(c, policy ? &*policy : nullptr));
   if (!policy.has_value() && subscription.timeout_ms() == 0) {
     subscription.set_timeout_ms(60000);  // a person needs time
   }
@@ -1273,12 +1277,12 @@ int RunSubscribe(Context& c) {
     }
     return AskPerson(c, std::cin, event);
   };
-  MODELSTATE_CLI_ASSIGN_OR_FAIL(subscriber, c,
-                                client::Subscriber::Start(*rpc, subscription, handler));
+  MODELSTATE_CLI_ASSIGN_OR_FAIL(
+      subscriber, c, client::Subscriber::Start(*rpc, subscription, handler));
   {
     MutexLock lock(&out_mu);
-    c.out() << "subscribed as " << subscription.name() << " (id " << subscriber->id()
-            << ")" << std::endl;
+    c.out() << "subscribed as " << subscription.name() << " (id "
+            << subscriber->id() << ")" << std::endl;
   }
   std::thread waiter([&] {
     int sig = 0;
@@ -1290,7 +1294,8 @@ int RunSubscribe(Context& c) {
   // waiter thread so it can be joined.
   kill(getpid(), SIGTERM);
   waiter.join();
-  if (!end.ok() && end.code() != absl::StatusCode::kCancelled) return c.Fail(end);
+  if (!end.ok() && end.code() != absl::StatusCode::kCancelled)
+    return c.Fail(end);
   return kExitOk;
 }
 
@@ -1317,10 +1322,12 @@ void PrintAuditRecord(Context& c, const v1::AuditRecordProto& r) {
     c.out() << text << std::endl;
     return;
   }
-  std::string module = r.module().empty() ? "" : absl::StrCat(r.namespace_(), "/", r.module());
-  c.out() << absl::StrFormat("%6d  %s  %-15s %-8s %-20s %s  %s", r.seq(), r.time(), r.type(),
-                             r.outcome().empty() ? "-" : r.outcome(), module,
-                             r.identity().empty() ? "-" : r.identity(), r.details_json())
+  std::string module =
+      r.module().empty() ? "" : absl::StrCat(r.namespace_(), "/", r.module());
+  c.out() << absl::StrFormat(
+                 "%6d  %s  %-15s %-8s %-20s %s  %s", r.seq(), r.time(),
+                 r.type(), r.outcome().empty() ? "-" : r.outcome(), module,
+                 r.identity().empty() ? "-" : r.identity(), r.details_json())
           << std::endl;
 }
 
@@ -1340,8 +1347,8 @@ int RunAudit(Context& c) {
       } else if (v.ok) {
         c.out() << "ok: " << v.records << " records, the chain is intact\n";
       } else {
-        c.out() << "BROKEN at record " << v.broken_seq << " (line " << v.broken_line
-                << "): " << v.problem << "\n";
+        c.out() << "BROKEN at record " << v.broken_seq << " (line "
+                << v.broken_line << "): " << v.problem << "\n";
       }
       return v.ok ? kExitOk : kExitError;
     }
@@ -1349,13 +1356,14 @@ int RunAudit(Context& c) {
     std::unique_ptr<grpc::ClientContext> context = rpc->NewContext(c.timeout);
     v1::VerifyAuditRequest request;
     v1::VerifyAuditResponse response;
-    absl::Status status =
-        convert::FromGrpcStatus(rpc->stub().VerifyAudit(context.get(), request, &response));
+    absl::Status status = convert::FromGrpcStatus(
+        rpc->stub().VerifyAudit(context.get(), request, &response));
     if (!status.ok()) return c.Fail(status);
     if (c.json) {
       c.PrintJson(response);
     } else if (response.ok()) {
-      c.out() << "ok: " << response.records() << " records, the chain is intact\n";
+      c.out() << "ok: " << response.records()
+              << " records, the chain is intact\n";
     } else {
       c.out() << "BROKEN at record " << response.broken_seq() << " (line "
               << response.broken_line() << "): " << response.problem() << "\n";
@@ -1378,11 +1386,12 @@ int RunAudit(Context& c) {
     request.set_after_seq(c.GetUint("--after", 0));
     uint64_t printed = 0;
     while (printed < limit) {
-      request.set_limit(static_cast<int32_t>(std::min<uint64_t>(limit - printed, 1000)));
+      request.set_limit(
+          static_cast<int32_t>(std::min<uint64_t>(limit - printed, 1000)));
       std::unique_ptr<grpc::ClientContext> context = rpc->NewContext(c.timeout);
       v1::QueryAuditResponse response;
-      absl::Status status =
-          convert::FromGrpcStatus(rpc->stub().QueryAudit(context.get(), request, &response));
+      absl::Status status = convert::FromGrpcStatus(
+          rpc->stub().QueryAudit(context.get(), request, &response));
       if (!status.ok()) return c.Fail(status);
       for (const v1::AuditRecordProto& r : response.records()) {
         PrintAuditRecord(c, r);
@@ -1397,7 +1406,8 @@ int RunAudit(Context& c) {
     v1::WatchAuditRequest request;
     *request.mutable_filter() = filter;
     request.set_after_seq(c.GetUint("--after", 0));
-    std::unique_ptr<grpc::ClientContext> context = rpc->NewContext(absl::InfiniteDuration());
+    std::unique_ptr<grpc::ClientContext> context =
+        rpc->NewContext(absl::InfiniteDuration());
     context->set_deadline(std::chrono::system_clock::time_point::max());
     grpc::ClientContext* raw = context.get();
     std::thread waiter([&] {
@@ -1417,10 +1427,12 @@ int RunAudit(Context& c) {
     absl::Status status = convert::FromGrpcStatus(reader->Finish());
     kill(getpid(), SIGTERM);
     waiter.join();
-    if (!status.ok() && status.code() != absl::StatusCode::kCancelled) return c.Fail(status);
+    if (!status.ok() && status.code() != absl::StatusCode::kCancelled)
+      return c.Fail(status);
     return kExitOk;
   }
-  return c.UsageError(absl::StrCat("expected query, tail or verify, got '", what, "'"));
+  return c.UsageError(
+      absl::StrCat("expected query, tail or verify, got '", what, "'"));
 }
 
 // ------------------------------------------------------------------ the table
@@ -1551,11 +1563,13 @@ const std::vector<CommandDef>& Commands() {
        "subscription.",
        {},
        {{"--policy", "", ValueKind::kText, "FILE", "rules file (JSON)"},
-        {"--interactive", "", ValueKind::kFlag, "", "ask a person for each event"},
+        {"--interactive", "", ValueKind::kFlag, "",
+         "ask a person for each event"},
         {"--name", "", ValueKind::kText, "NAME", "subscriber name"},
         {"--mode", "", ValueKind::kText, "intercept|observe|dry-run",
          "how answers count (default intercept)"},
-        {"--priority", "", ValueKind::kText, "N", "lower runs first (default 0)"},
+        {"--priority", "", ValueKind::kText, "N",
+         "lower runs first (default 0)"},
         {"--timeout-ms", "", ValueKind::kPositive, "MS",
          "per-event timeout (default 10000; 60000 with --interactive)"},
         {"--fail-open", "", ValueKind::kFlag, "",
@@ -1564,9 +1578,12 @@ const std::vector<CommandDef>& Commands() {
          "parameter,buffer,module (default all)"},
         {"--namespace", "", ValueKind::kText, "NS", "only this namespace"},
         {"--type", "", ValueKind::kText, "GLOB", "only modules of these types"},
-        {"--name-glob", "", ValueKind::kText, "GLOB", "only entries with these names"},
-        {"--include-data", "", ValueKind::kFlag, "", "receive tensor values too"}},
-       "modelstatectl subscribe --policy deploy/policies/block_temp_buffer.json",
+        {"--name-glob", "", ValueKind::kText, "GLOB",
+         "only entries with these names"},
+        {"--include-data", "", ValueKind::kFlag, "",
+         "receive tensor values too"}},
+       "modelstatectl subscribe --policy "
+       "deploy/policies/block_temp_buffer.json",
        RunSubscribe},
       {"audit",
        "query, follow or verify the audit log",
@@ -1578,15 +1595,18 @@ const std::vector<CommandDef>& Commands() {
        {{"--since", "", ValueKind::kText, "TIME", "RFC 3339, inclusive"},
         {"--until", "", ValueKind::kText, "TIME", "RFC 3339, exclusive"},
         {"--namespace", "", ValueKind::kText, "NS", "only this namespace"},
-        {"--module", "", ValueKind::kText, "NAME", "only this module (without namespace)"},
+        {"--module", "", ValueKind::kText, "NAME",
+         "only this module (without namespace)"},
         {"--identity", "", ValueKind::kText, "ID", "only this caller"},
         {"--outcome", "", ValueKind::kText, "OUTCOME",
          "keep, replace, block, approve, reject, ok, error, ..."},
         {"--type", "", ValueKind::kText, "TYPE",
          "registration, answer, outcome, build, load_state_dict, ..."},
-        {"--after", "", ValueKind::kUint, "SEQ", "only records after this sequence number"},
+        {"--after", "", ValueKind::kUint, "SEQ",
+         "only records after this sequence number"},
         {"--limit", "", ValueKind::kPositive, "N", "print at most N records"},
-        {"--file", "", ValueKind::kText, "FILE", "verify: a local audit.log instead"}},
+        {"--file", "", ValueKind::kText, "FILE",
+         "verify: a local audit.log instead"}},
        "modelstatectl audit query --module mlp --outcome block",
        RunAudit},
       {"health",

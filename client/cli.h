@@ -4,9 +4,9 @@
 //   modelstatectl [global options] <command> [arguments] [options]
 //
 // Commands: build, ls, describe, rm, get-state, load-state, to, train, eval,
-// subscribe, audit, health. Every command prints human-readable text by default and the
-// response proto in protobuf's JSON mapping with --json. Exit status: 0 on
-// success, 1 when the server (or a local file) reports an error, 2 for a
+// subscribe, audit, health. Every command prints human-readable text by default
+// and the response proto in protobuf's JSON mapping with --json. Exit status: 0
+// on success, 1 when the server (or a local file) reports an error, 2 for a
 // usage error.
 //
 // The commands live here rather than in cli_main.cc so that the parser and

@@ -16,8 +16,8 @@ namespace modelstate::client {
 using convert::FromGrpcStatus;
 
 absl::Status MemorySink::Begin(const StateDictLayout& layout) {
-  MODELSTATE_ASSIGN_OR_RETURN(assembler_,
-                              StateDictAssembler::Create(layout, StreamLimits{}));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      assembler_, StateDictAssembler::Create(layout, StreamLimits{}));
   return absl::OkStatus();
 }
 
@@ -33,15 +33,16 @@ absl::Status MemorySink::Finish() {
 absl::StatusOr<std::unique_ptr<MemorySource>> MemorySource::Create(
     const StateDict& state_dict) {
   auto source = std::unique_ptr<MemorySource>(new MemorySource());
-  MODELSTATE_ASSIGN_OR_RETURN(source->reader_,
-                              StateDictReader::Create(state_dict, std::nullopt));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      source->reader_, StateDictReader::Create(state_dict, std::nullopt));
   return source;
 }
 
 absl::StatusOr<std::unique_ptr<ModelStateClient>> ModelStateClient::Connect(
     const std::string& target, ClientOptions options) {
   if (target.empty()) {
-    return absl::InvalidArgumentError("server: an address (host:port) is required");
+    return absl::InvalidArgumentError(
+        "server: an address (host:port) is required");
   }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
@@ -85,15 +86,14 @@ absl::StatusOr<Response> Unary(const ModelStateClient& client, Method method,
 
 }  // namespace
 
-#define MODELSTATE_UNARY(Name, Request, Response)                              \
-  absl::StatusOr<v1::Response> ModelStateClient::Name(                        \
-      const v1::Request& request) {                                           \
-    return Unary<v1::Request, v1::Response>(                                  \
-        *this,                                                                \
-        [this](grpc::ClientContext* c, const v1::Request& r, v1::Response* o) { \
-          return stub_->Name(c, r, o);                                        \
-        },                                                                    \
-        request, options_.timeout);                                          \
+#define MODELSTATE_UNARY(Name, Request, Response)                 \
+  absl::StatusOr<v1::Response> ModelStateClient::Name(            \
+      const v1::Request& request) {                               \
+    return Unary<v1::Request, v1::Response>(                      \
+        *this,                                                    \
+        [this](grpc::ClientContext* c, const v1::Request& r,      \
+               v1::Response* o) { return stub_->Name(c, r, o); }, \
+        request, options_.timeout);                               \
   }
 
 MODELSTATE_UNARY(BuildModule, BuildModuleRequest, BuildModuleResponse)
@@ -147,7 +147,8 @@ absl::Status ModelStateClient::GetStateDict(absl::string_view module,
   bool began = false;
   while (failure.ok() && reader->Read(&chunk)) {
     if (chunk.payload_case() == v1::StateDictChunk::kHeader && !began) {
-      absl::StatusOr<StateDictLayout> layout = convert::HeaderToLayout(chunk.header());
+      absl::StatusOr<StateDictLayout> layout =
+          convert::HeaderToLayout(chunk.header());
       failure = layout.ok() ? sink.Begin(*layout) : layout.status();
       total = layout.ok() ? layout->total_bytes : 0;
       began = true;
@@ -156,7 +157,8 @@ absl::Status ModelStateClient::GetStateDict(absl::string_view module,
       done += chunk.data().size();
       if (options.progress) options.progress(done, total);
     } else {
-      failure = absl::InternalError("server sent a malformed state_dict stream");
+      failure =
+          absl::InternalError("server sent a malformed state_dict stream");
     }
   }
   if (!failure.ok()) {
@@ -238,8 +240,8 @@ absl::Status ModelStateClient::Health() {
       FromGrpcStatus(stub->Check(context.get(), request, &response)));
   if (response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
     return absl::UnavailableError(absl::StrCat(
-        "server is ",
-        grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status())));
+        "server is ", grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
+                          response.status())));
   }
   return absl::OkStatus();
 }

@@ -6,12 +6,13 @@
 // a file without being held in memory twice.
 //
 // Example:
-//   MODELSTATE_ASSIGN_OR_RETURN(auto client, ModelStateClient::Connect("127.0.0.1:50051"));
-//   v1::BuildModuleRequest build;
-//   build.set_module("team/mlp");
+//   MODELSTATE_ASSIGN_OR_RETURN(auto client,
+//   ModelStateClient::Connect("127.0.0.1:50051")); v1::BuildModuleRequest
+//   build; build.set_module("team/mlp");
 //   ... fill build.mutable_spec() ...
-//   MODELSTATE_ASSIGN_OR_RETURN(v1::BuildModuleResponse built, client->BuildModule(build));
-//   MODELSTATE_ASSIGN_OR_RETURN(StateDict sd, client->GetStateDict("team/mlp"));
+//   MODELSTATE_ASSIGN_OR_RETURN(v1::BuildModuleResponse built,
+//   client->BuildModule(build)); MODELSTATE_ASSIGN_OR_RETURN(StateDict sd,
+//   client->GetStateDict("team/mlp"));
 #ifndef MODELSTATE_CLIENT_MODEL_STATE_CLIENT_H_
 #define MODELSTATE_CLIENT_MODEL_STATE_CLIENT_H_
 
@@ -116,7 +117,8 @@ class ModelStateClient {
   static absl::StatusOr<std::unique_ptr<ModelStateClient>> Connect(
       const std::string& target, ClientOptions options = {});
   // Wraps an existing channel (e.g. an in-process one).
-  ModelStateClient(std::shared_ptr<grpc::Channel> channel, ClientOptions options);
+  ModelStateClient(std::shared_ptr<grpc::Channel> channel,
+                   ClientOptions options);
 
   absl::StatusOr<v1::BuildModuleResponse> BuildModule(
       const v1::BuildModuleRequest& request);
@@ -142,8 +144,8 @@ class ModelStateClient {
                             const GetStateDictOptions& options,
                             StateDictSink& sink);
   // Convenience: the whole state_dict in memory.
-  absl::StatusOr<StateDict> GetStateDict(absl::string_view module,
-                                         const GetStateDictOptions& options = {});
+  absl::StatusOr<StateDict> GetStateDict(
+      absl::string_view module, const GetStateDictOptions& options = {});
 
   // Streams `source` into the module's load_state_dict.
   absl::StatusOr<v1::LoadStateDictResponse> LoadStateDict(

@@ -14,12 +14,15 @@
 namespace modelstate::client {
 namespace {
 
-absl::Status RuleError(size_t i, absl::string_view field, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat("rules[", i, "].", field, ": ", what));
+absl::Status RuleError(size_t i, absl::string_view field,
+                       absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("rules[", i, "].", field, ": ", what));
 }
 
 // A string or a list of strings.
-absl::StatusOr<std::vector<std::string>> Strings(const nlohmann::json& j, size_t i,
+absl::StatusOr<std::vector<std::string>> Strings(const nlohmann::json& j,
+                                                 size_t i,
                                                  absl::string_view field) {
   std::vector<std::string> out;
   if (j.is_string()) {
@@ -43,33 +46,40 @@ bool AnyGlob(const std::vector<std::string>& globs, const std::string& text) {
   return false;
 }
 
-absl::StatusOr<v1::TransformProto> TransformFromJson(const nlohmann::json& j, size_t i) {
+absl::StatusOr<v1::TransformProto> TransformFromJson(const nlohmann::json& j,
+                                                     size_t i) {
   v1::TransformProto t;
   if (!j.is_object()) return RuleError(i, "transform", "expected an object");
   for (const auto& [key, value] : j.items()) {
     if (key == "cast") {
-      if (!value.is_string()) return RuleError(i, "transform.cast", "expected a dtype");
+      if (!value.is_string())
+        return RuleError(i, "transform.cast", "expected a dtype");
       absl::StatusOr<DType> d = ParseDType(value.get<std::string>());
       if (!d.ok()) return RuleError(i, "transform.cast", d.status().message());
       t.set_cast(convert::DTypeToProto(*d));
     } else if (key == "device") {
-      if (!value.is_string()) return RuleError(i, "transform.device", "expected a device");
+      if (!value.is_string())
+        return RuleError(i, "transform.device", "expected a device");
       t.set_device(value.get<std::string>());
     } else if (key == "requires_grad") {
-      if (!value.is_boolean()) return RuleError(i, "transform.requires_grad", "expected a bool");
+      if (!value.is_boolean())
+        return RuleError(i, "transform.requires_grad", "expected a bool");
       t.set_requires_grad(value.get<bool>());
     } else if (key == "persistent") {
-      if (!value.is_boolean()) return RuleError(i, "transform.persistent", "expected a bool");
+      if (!value.is_boolean())
+        return RuleError(i, "transform.persistent", "expected a bool");
       t.set_persistent(value.get<bool>());
     } else if (key == "reinit") {
-      if (!value.is_object()) return RuleError(i, "transform.reinit", "expected an object");
+      if (!value.is_object())
+        return RuleError(i, "transform.reinit", "expected an object");
       v1::InitSpec* init = t.mutable_reinit();
       std::string kind = value.value("kind", "");
       if (kind != "zeros" && kind != "ones" && kind != "constant" &&
           kind != "uniform" && kind != "normal") {
         return RuleError(i, "transform.reinit.kind",
-                         absl::StrCat("'", kind, "' is not zeros, ones, constant, uniform "
-                                                 "or normal"));
+                         absl::StrCat("'", kind,
+                                      "' is not zeros, ones, constant, uniform "
+                                      "or normal"));
       }
       init->set_kind(kind);
       if (value.contains("a")) init->set_a(value["a"].get<double>());
@@ -92,13 +102,14 @@ absl::StatusOr<Policy> Policy::FromJson(const std::string& text) {
   Policy policy;
   for (const auto& [key, value] : j.items()) {
     if (key != "subscription" && key != "rules" && key != "default") {
-      return absl::InvalidArgumentError(absl::StrCat("policy: unknown field '", key, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("policy: unknown field '", key, "'"));
     }
   }
   if (j.contains("subscription")) {
     google::protobuf::util::JsonParseOptions options;
-    auto status = google::protobuf::util::JsonStringToMessage(j["subscription"].dump(),
-                                                             &policy.subscription_, options);
+    auto status = google::protobuf::util::JsonStringToMessage(
+        j["subscription"].dump(), &policy.subscription_, options);
     if (!status.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("subscription: ", status.message().as_string()));
@@ -114,7 +125,8 @@ absl::StatusOr<Policy> Policy::FromJson(const std::string& text) {
         absl::StrCat("default: '", def, "' is not approve or reject"));
   }
   if (!j.contains("rules")) return policy;
-  if (!j["rules"].is_array()) return absl::InvalidArgumentError("rules: expected a list");
+  if (!j["rules"].is_array())
+    return absl::InvalidArgumentError("rules: expected a list");
   for (size_t i = 0; i < j["rules"].size(); ++i) {
     const nlohmann::json& r = j["rules"][i];
     if (!r.is_object()) return RuleError(i, "", "expected an object");
@@ -124,10 +136,12 @@ absl::StatusOr<Policy> Policy::FromJson(const std::string& text) {
     for (const auto& [key, value] : match.items()) {
       std::string field = absl::StrCat("match.", key);
       if (key == "shape") {
-        if (!value.is_array()) return RuleError(i, field, "expected a list of ints");
+        if (!value.is_array())
+          return RuleError(i, field, "expected a list of ints");
         std::vector<int64_t> shape;
         for (const auto& d : value) {
-          if (!d.is_number_integer()) return RuleError(i, field, "expected a list of ints");
+          if (!d.is_number_integer())
+            return RuleError(i, field, "expected a list of ints");
           shape.push_back(d.get<int64_t>());
         }
         rule.shape = std::move(shape);
@@ -144,8 +158,10 @@ absl::StatusOr<Policy> Policy::FromJson(const std::string& text) {
           } else if (item == "module") {
             rule.kinds.push_back(v1::ENTRY_KIND_MODULE);
           } else {
-            return RuleError(i, field, absl::StrCat("'", item,
-                                                    "' is not parameter, buffer or module"));
+            return RuleError(
+                i, field,
+                absl::StrCat("'", item,
+                             "' is not parameter, buffer or module"));
           }
         } else if (key == "action") {
           if (item == "register") {
@@ -153,8 +169,9 @@ absl::StatusOr<Policy> Policy::FromJson(const std::string& text) {
           } else if (item == "unregister") {
             rule.actions.push_back(v1::REGISTRATION_ACTION_UNREGISTER);
           } else {
-            return RuleError(i, field,
-                             absl::StrCat("'", item, "' is not register or unregister"));
+            return RuleError(
+                i, field,
+                absl::StrCat("'", item, "' is not register or unregister"));
           }
         } else if (key == "type") {
           rule.type_globs.push_back(item);
@@ -184,19 +201,21 @@ absl::StatusOr<Policy> Policy::FromJson(const std::string& text) {
         return RuleError(i, "transform", "a modify rule needs a transform");
       }
     } else {
-      return RuleError(i, "action", absl::StrCat("'", action,
-                                                 "' is not approve, reject or modify"));
+      return RuleError(
+          i, "action",
+          absl::StrCat("'", action, "' is not approve, reject or modify"));
     }
     if (r.contains("transform")) {
-      absl::StatusOr<v1::TransformProto> t = TransformFromJson(r["transform"], i);
+      absl::StatusOr<v1::TransformProto> t =
+          TransformFromJson(r["transform"], i);
       if (!t.ok()) return t.status();
       rule.transform = *t;
     }
     rule.reason = r.value("reason", "");
     rule.log = r.value("log", false);
     for (const auto& [key, value] : r.items()) {
-      if (key != "match" && key != "action" && key != "transform" && key != "reason" &&
-          key != "log") {
+      if (key != "match" && key != "action" && key != "transform" &&
+          key != "reason" && key != "log") {
         return RuleError(i, key, "unknown field");
       }
     }
@@ -206,49 +225,55 @@ absl::StatusOr<Policy> Policy::FromJson(const std::string& text) {
 }
 
 std::string DescribeEvent(const v1::HookEventProto& event) {
-  std::string what = event.has_value()
-                         ? absl::StrCat(
-                               DTypeName(convert::DTypeFromProto(event.value().dtype(), "")
-                                             .value_or(DType::kFloat32)),
-                               "[", absl::StrJoin(event.value().shape(), ", "), "]")
-                         : event.value_module_type().empty()
-                               ? std::string("None")
-                               : event.value_module_type();
+  std::string what =
+      event.has_value()
+          ? absl::StrCat(
+                DTypeName(convert::DTypeFromProto(event.value().dtype(), "")
+                              .value_or(DType::kFloat32)),
+                "[", absl::StrJoin(event.value().shape(), ", "), "]")
+      : event.value_module_type().empty() ? std::string("None")
+                                          : event.value_module_type();
   std::string kind = event.kind() == v1::ENTRY_KIND_PARAMETER ? "parameter"
                      : event.kind() == v1::ENTRY_KIND_BUFFER  ? "buffer"
                                                               : "module";
-  std::string key = event.path().empty() ? event.name()
-                                         : absl::StrCat(event.path(), ".", event.name());
+  std::string key = event.path().empty()
+                        ? event.name()
+                        : absl::StrCat(event.path(), ".", event.name());
   return absl::StrCat(
-      key, ": ", event.action() == v1::REGISTRATION_ACTION_UNREGISTER ? "unregister " : "",
-      kind, " ", what, " in ", event.module_type(), " (", event.namespace_(), "/",
-      event.module(), ")");
+      key, ": ",
+      event.action() == v1::REGISTRATION_ACTION_UNREGISTER ? "unregister " : "",
+      kind, " ", what, " in ", event.module_type(), " (", event.namespace_(),
+      "/", event.module(), ")");
 }
 
 v1::HookAnswer Policy::Decide(const v1::HookEventProto& event,
                               std::string* log_line) const {
   v1::HookAnswer answer;
   answer.set_event_id(event.event_id());
-  std::string key =
-      event.path().empty() ? event.name() : absl::StrCat(event.path(), ".", event.name());
+  std::string key = event.path().empty()
+                        ? event.name()
+                        : absl::StrCat(event.path(), ".", event.name());
   std::string module = absl::StrCat(event.namespace_(), "/", event.module());
   for (const PolicyRule& rule : rules_) {
     auto in = [](const auto& list, const auto& v) {
-      return list.empty() || std::find(list.begin(), list.end(), v) != list.end();
+      return list.empty() ||
+             std::find(list.begin(), list.end(), v) != list.end();
     };
     if (!in(rule.kinds, event.kind()) || !in(rule.actions, event.action()) ||
         !AnyGlob(rule.type_globs, event.module_type()) ||
-        !AnyGlob(rule.name_globs, event.name()) || !AnyGlob(rule.path_globs, key) ||
-        !AnyGlob(rule.module_globs, module)) {
+        !AnyGlob(rule.name_globs, event.name()) ||
+        !AnyGlob(rule.path_globs, key) || !AnyGlob(rule.module_globs, module)) {
       continue;
     }
     if (!rule.dtypes.empty() || rule.shape.has_value()) {
       if (!event.has_value()) continue;
-      absl::StatusOr<DType> dtype = convert::DTypeFromProto(event.value().dtype(), "");
-      if (!rule.dtypes.empty() && (!dtype.ok() || !in(rule.dtypes, *dtype))) continue;
+      absl::StatusOr<DType> dtype =
+          convert::DTypeFromProto(event.value().dtype(), "");
+      if (!rule.dtypes.empty() && (!dtype.ok() || !in(rule.dtypes, *dtype)))
+        continue;
       if (rule.shape.has_value() &&
-          std::vector<int64_t>(event.value().shape().begin(), event.value().shape().end()) !=
-              *rule.shape) {
+          std::vector<int64_t>(event.value().shape().begin(),
+                               event.value().shape().end()) != *rule.shape) {
         continue;
       }
     }

@@ -38,7 +38,8 @@ absl::Status SafetensorsSink::Finish() { return writer_->Finish(); }
 
 absl::StatusOr<std::unique_ptr<SafetensorsSource>> SafetensorsSource::Open(
     const std::string& path) {
-  MODELSTATE_ASSIGN_OR_RETURN(SafetensorsHeader header, ReadSafetensorsHeader(path));
+  MODELSTATE_ASSIGN_OR_RETURN(SafetensorsHeader header,
+                              ReadSafetensorsHeader(path));
   std::unique_ptr<SafetensorsSource> source(new SafetensorsSource());
   source->path_ = path;
   source->fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -62,7 +63,8 @@ SafetensorsSource::~SafetensorsSource() {
   if (fd_ >= 0) close(fd_);
 }
 
-absl::StatusOr<size_t> SafetensorsSource::Read(size_t max_bytes, std::string* out) {
+absl::StatusOr<size_t> SafetensorsSource::Read(size_t max_bytes,
+                                               std::string* out) {
   size_t n = static_cast<size_t>(
       std::min<uint64_t>(max_bytes, layout_.total_bytes - position_));
   if (n == 0) return 0;
@@ -74,9 +76,9 @@ absl::StatusOr<size_t> SafetensorsSource::Read(size_t max_bytes, std::string* ou
                       static_cast<off_t>(data_start_ + position_ + done));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) {
-      return absl::DataLossError(absl::StrCat(
-          path_, ": could not read tensor data (",
-          r < 0 ? std::strerror(errno) : "file shrank", ")"));
+      return absl::DataLossError(
+          absl::StrCat(path_, ": could not read tensor data (",
+                       r < 0 ? std::strerror(errno) : "file shrank", ")"));
     }
     done += static_cast<size_t>(r);
   }

@@ -9,7 +9,8 @@
 namespace modelstate::client {
 
 absl::StatusOr<std::unique_ptr<Subscriber>> Subscriber::Start(
-    ModelStateClient& client, const v1::Subscription& subscription, Handler handler) {
+    ModelStateClient& client, const v1::Subscription& subscription,
+    Handler handler) {
   std::unique_ptr<Subscriber> sub(new Subscriber());
   sub->handler_ = std::move(handler);
   // A subscription lasts until it is stopped: no deadline, but the
@@ -31,10 +32,12 @@ absl::StatusOr<std::unique_ptr<Subscriber>> Subscriber::Start(
       if (sub->cv_.WaitWithDeadline(&sub->mu_, deadline)) break;
     }
     if (sub->acked_) return sub;
-    why = !sub->ended_ ? absl::DeadlineExceededError("no acknowledgement from the server")
-          : sub->end_status_.ok()
-              ? absl::UnavailableError("the server ended the subscription")
-              : sub->end_status_;
+    why =
+        !sub->ended_
+            ? absl::DeadlineExceededError("no acknowledgement from the server")
+        : sub->end_status_.ok()
+            ? absl::UnavailableError("the server ended the subscription")
+            : sub->end_status_;
   }
   sub->Stop();
   return why;

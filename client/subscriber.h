@@ -37,7 +37,8 @@ class Subscriber {
   // Returns the answer to `event`; for outcome events (observers) the
   // answer is not sent. Runs on the subscriber's thread, one event at a
   // time, in arrival order.
-  using Handler = std::function<v1::HookAnswer(const v1::HookEventProto& event)>;
+  using Handler =
+      std::function<v1::HookAnswer(const v1::HookEventProto& event)>;
 
   // Opens the stream and waits (up to the client's timeout) for the
   // server's acknowledgement; returns the server's error otherwise. The
@@ -59,7 +60,8 @@ class Subscriber {
 
   Handler handler_;
   std::unique_ptr<grpc::ClientContext> context_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::SubscribeRequest, v1::SubscribeResponse>>
+  std::unique_ptr<
+      grpc::ClientReaderWriter<v1::SubscribeRequest, v1::SubscribeResponse>>
       stream_;
   std::thread thread_;
   uint64_t id_ = 0;

@@ -30,8 +30,8 @@ absl::StatusOr<Device> ParseDevice(absl::string_view text) {
   if (absl::StartsWith(text, "cuda:")) {
     int32_t index = 0;
     absl::string_view digits = text.substr(5);
-    if (!digits.empty() && digits.find_first_not_of("0123456789") ==
-                               absl::string_view::npos &&
+    if (!digits.empty() &&
+        digits.find_first_not_of("0123456789") == absl::string_view::npos &&
         absl::SimpleAtoi(digits, &index) && index >= 0) {
       return Device::Cuda(index);
     }

@@ -6,7 +6,8 @@
 // Example:
 //   absl::StatusOr<Device> d = ParseDevice("cuda:1");
 //   if (d.ok()) absl::Status s = CheckDeviceAvailable(*d);
-//   // FAILED_PRECONDITION "cuda:1 is not available; this server has: cpu, meta"
+//   // FAILED_PRECONDITION "cuda:1 is not available; this server has: cpu,
+//   meta"
 #ifndef MODELSTATE_CORE_DEVICE_H_
 #define MODELSTATE_CORE_DEVICE_H_
 

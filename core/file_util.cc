@@ -17,7 +17,8 @@
 
 namespace modelstate {
 
-absl::Status ErrnoStatus(int error, const std::string& path, absl::string_view what) {
+absl::Status ErrnoStatus(int error, const std::string& path,
+                         absl::string_view what) {
   return absl::ErrnoToStatus(error, absl::StrCat(path, ": ", what));
 }
 
@@ -28,11 +29,13 @@ ScopedFd::~ScopedFd() {
 absl::Status ScopedFd::Close(const std::string& path) {
   int fd = fd_;
   fd_ = -1;
-  if (fd >= 0 && close(fd) != 0) return ErrnoStatus(errno, path, "close failed");
+  if (fd >= 0 && close(fd) != 0)
+    return ErrnoStatus(errno, path, "close failed");
   return absl::OkStatus();
 }
 
-absl::Status WriteAll(int fd, absl::string_view bytes, const std::string& path) {
+absl::Status WriteAll(int fd, absl::string_view bytes,
+                      const std::string& path) {
   const char* p = bytes.data();
   size_t left = bytes.size();
   while (left > 0) {
@@ -58,8 +61,8 @@ absl::Status PreadAll(int fd, char* out, uint64_t size, uint64_t offset,
       return ErrnoStatus(errno, path, "read failed");
     }
     if (got == 0) {
-      return absl::DataLossError(
-          absl::StrCat(path, ": the file ended early (it changed while being read)"));
+      return absl::DataLossError(absl::StrCat(
+          path, ": the file ended early (it changed while being read)"));
     }
     out += got;
     size -= static_cast<uint64_t>(got);
@@ -77,9 +80,11 @@ absl::Status FsyncParentDirectory(const std::string& path) {
   do {
     fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   } while (fd < 0 && errno == EINTR);
-  if (fd < 0) return ErrnoStatus(errno, path, "cannot open the directory to sync it");
+  if (fd < 0)
+    return ErrnoStatus(errno, path, "cannot open the directory to sync it");
   ScopedFd closer(fd);
-  if (fsync(fd) != 0) return ErrnoStatus(errno, path, "fsync of the directory failed");
+  if (fsync(fd) != 0)
+    return ErrnoStatus(errno, path, "fsync of the directory failed");
   return absl::OkStatus();
 }
 
@@ -88,7 +93,8 @@ std::string TempPathFor(const std::string& path) {
   return absl::StrCat(path, ".tmp.", getpid(), ".", counter.fetch_add(1));
 }
 
-absl::Status WriteFileAtomically(const std::string& path, absl::string_view content) {
+absl::Status WriteFileAtomically(const std::string& path,
+                                 absl::string_view content) {
   std::string temp = TempPathFor(path);
   int fd;
   do {
@@ -97,7 +103,8 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
   if (fd < 0) return ErrnoStatus(errno, path, "cannot create a temporary file");
   ScopedFd file(fd);
   absl::Status status = WriteAll(fd, content, path);
-  if (status.ok() && fsync(fd) != 0) status = ErrnoStatus(errno, path, "fsync failed");
+  if (status.ok() && fsync(fd) != 0)
+    status = ErrnoStatus(errno, path, "fsync failed");
   if (status.ok()) status = file.Close(path);
   if (status.ok() && rename(temp.c_str(), path.c_str()) != 0) {
     status = ErrnoStatus(errno, path, "rename failed");
@@ -115,14 +122,16 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
     fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) {
-    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+    if (errno == ENOENT)
+      return absl::NotFoundError(absl::StrCat(path, ": no such file"));
     return ErrnoStatus(errno, path, "cannot open");
   }
   ScopedFd file(fd);
   struct stat st;
   if (fstat(fd, &st) != 0) return ErrnoStatus(errno, path, "cannot stat");
   std::string content(static_cast<size_t>(st.st_size), '\0');
-  MODELSTATE_RETURN_IF_ERROR(PreadAll(fd, content.data(), content.size(), 0, path));
+  MODELSTATE_RETURN_IF_ERROR(
+      PreadAll(fd, content.data(), content.size(), 0, path));
   return content;
 }
 

@@ -6,7 +6,8 @@
 // Errors name the path.
 //
 // Example:
-//   MODELSTATE_RETURN_IF_ERROR(WriteFileAtomically("data/manifest.json", text));
+//   MODELSTATE_RETURN_IF_ERROR(WriteFileAtomically("data/manifest.json",
+//   text));
 #ifndef MODELSTATE_CORE_FILE_UTIL_H_
 #define MODELSTATE_CORE_FILE_UTIL_H_
 
@@ -20,7 +21,8 @@
 namespace modelstate {
 
 // An absl::Status for errno `error` ("<path>: <what>: <strerror>").
-absl::Status ErrnoStatus(int error, const std::string& path, absl::string_view what);
+absl::Status ErrnoStatus(int error, const std::string& path,
+                         absl::string_view what);
 
 // Writes all of `bytes` to `fd`.
 absl::Status WriteAll(int fd, absl::string_view bytes, const std::string& path);
@@ -33,7 +35,8 @@ absl::Status PreadAll(int fd, char* out, uint64_t size, uint64_t offset,
 absl::Status FsyncParentDirectory(const std::string& path);
 
 // Replaces `path` with `content` atomically and durably.
-absl::Status WriteFileAtomically(const std::string& path, absl::string_view content);
+absl::Status WriteFileAtomically(const std::string& path,
+                                 absl::string_view content);
 
 // The whole file. NOT_FOUND if it does not exist.
 absl::StatusOr<std::string> ReadFile(const std::string& path);

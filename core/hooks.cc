@@ -98,15 +98,16 @@ absl::Status ValidateReplacement(const RegistrationEvent& event,
   const Tensor& t = replacement.tensor;
   if (IsFloatingPoint(original.dtype())) {
     if (!IsFloatingPoint(t.dtype())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dtype ", DTypeName(original.dtype()), " may only become another "
-          "floating point dtype, not ", DTypeName(t.dtype())));
+      return absl::InvalidArgumentError(
+          absl::StrCat("dtype ", DTypeName(original.dtype()),
+                       " may only become another "
+                       "floating point dtype, not ",
+                       DTypeName(t.dtype())));
     }
   } else if (t.dtype() != original.dtype()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dtype ", DTypeName(original.dtype()),
-                     " is not floating point and cannot change to ",
-                     DTypeName(t.dtype())));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dtype ", DTypeName(original.dtype()),
+        " is not floating point and cannot change to ", DTypeName(t.dtype())));
   }
   if (event.module != nullptr && event.module->fixed_shapes() &&
       t.shape() != original.shape()) {
@@ -129,8 +130,8 @@ absl::StatusOr<SlotValue> NormalizeReplacement(const RegistrationEvent& event,
     bool requires_grad = event.value.tensor.defined() &&
                          event.value.tensor.requires_grad() &&
                          IsFloatingPoint(replacement.tensor.dtype());
-    MODELSTATE_ASSIGN_OR_RETURN(replacement.tensor,
-                                MakeParameter(replacement.tensor, requires_grad));
+    MODELSTATE_ASSIGN_OR_RETURN(
+        replacement.tensor, MakeParameter(replacement.tensor, requires_grad));
   }
   if (event.kind != EntryKind::kBuffer) replacement.persistent = true;
   return replacement;
@@ -238,9 +239,9 @@ HookDecision HookRegistry::Run(const RegistrationEvent& event) const {
                                  : normalized.status();
         if (!valid.ok()) {
           decision.kind = HookResult::Kind::kBlock;
-          decision.reason =
-              absl::StrCat("hook ", entry.id,
-                           " returned an invalid replacement: ", valid.message());
+          decision.reason = absl::StrCat(
+              "hook ", entry.id,
+              " returned an invalid replacement: ", valid.message());
           return decision;
         }
         decision.kind = HookResult::Kind::kReplace;

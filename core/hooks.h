@@ -8,8 +8,8 @@
 // Example:
 //   RemovableHandle h = HookRegistry::Global().AddBufferHook(
 //       [](const RegistrationEvent& e) {
-//         if (e.name == "temp_buffer") return HookResult::Block("no temp buffers");
-//         return HookResult::Keep();
+//         if (e.name == "temp_buffer") return HookResult::Block("no temp
+//         buffers"); return HookResult::Keep();
 //       });
 //   ...
 //   h.Remove();

@@ -15,9 +15,9 @@ absl::Status RequireFloating(const Tensor& tensor, absl::string_view op) {
   }
   if (!IsFloatingPoint(tensor.dtype())) {
     // ATen's dispatch error text.
-    return absl::InvalidArgumentError(absl::StrCat(
-        "\"", op, "_cpu\" not implemented for '",
-        TorchDTypeName(tensor.dtype()).substr(6), "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", op, "_cpu\" not implemented for '",
+                     TorchDTypeName(tensor.dtype()).substr(6), "'"));
   }
   return absl::OkStatus();
 }
@@ -106,8 +106,8 @@ absl::Status KaimingUniform(Tensor& tensor, double a, Generator& gen) {
 absl::Status XavierUniform(Tensor& tensor, double gain, Generator& gen) {
   MODELSTATE_RETURN_IF_ERROR(RequireFloating(tensor, "uniform"));
   MODELSTATE_ASSIGN_OR_RETURN(auto fans, FanInAndFanOut(tensor));
-  double std = gain * std::sqrt(2.0 / static_cast<double>(fans.first +
-                                                          fans.second));
+  double std =
+      gain * std::sqrt(2.0 / static_cast<double>(fans.first + fans.second));
   double a = std::sqrt(3.0) * std;
   return UniformInit(tensor, -a, a, gen);
 }
@@ -115,8 +115,8 @@ absl::Status XavierUniform(Tensor& tensor, double gain, Generator& gen) {
 absl::Status XavierNormal(Tensor& tensor, double gain, Generator& gen) {
   MODELSTATE_RETURN_IF_ERROR(RequireFloating(tensor, "normal"));
   MODELSTATE_ASSIGN_OR_RETURN(auto fans, FanInAndFanOut(tensor));
-  double std = gain * std::sqrt(2.0 / static_cast<double>(fans.first +
-                                                          fans.second));
+  double std =
+      gain * std::sqrt(2.0 / static_cast<double>(fans.first + fans.second));
   return NormalInit(tensor, 0.0, std, gen);
 }
 

@@ -37,8 +37,8 @@ std::shared_ptr<Module> NewLayer(absl::string_view type,
 
 absl::Status CheckPositive(absl::string_view what, int64_t value) {
   if (value < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " must be non-negative, got ", value));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " must be non-negative, got ", value));
   }
   return absl::OkStatus();
 }
@@ -54,8 +54,10 @@ absl::StatusOr<LinearTensors> MakeLinearTensors(int64_t in, int64_t out,
                                                 Device device,
                                                 BuildContext& ctx) {
   LinearTensors t;
-  MODELSTATE_ASSIGN_OR_RETURN(t.weight, ctx.NewTensor(dtype, {out, in}, device));
-  MODELSTATE_RETURN_IF_ERROR(KaimingUniform(t.weight, std::sqrt(5.0), ctx.gen()));
+  MODELSTATE_ASSIGN_OR_RETURN(t.weight,
+                              ctx.NewTensor(dtype, {out, in}, device));
+  MODELSTATE_RETURN_IF_ERROR(
+      KaimingUniform(t.weight, std::sqrt(5.0), ctx.gen()));
   if (bias) {
     MODELSTATE_ASSIGN_OR_RETURN(t.bias, ctx.NewTensor(dtype, {out}, device));
     double bound = in > 0 ? 1.0 / std::sqrt(static_cast<double>(in)) : 0.0;
@@ -64,8 +66,8 @@ absl::StatusOr<LinearTensors> MakeLinearTensors(int64_t in, int64_t out,
   return t;
 }
 
-absl::Status RegisterLinear(Module& m, const std::string& path,
-                            LinearTensors t, BuildContext& ctx) {
+absl::Status RegisterLinear(Module& m, const std::string& path, LinearTensors t,
+                            BuildContext& ctx) {
   MODELSTATE_RETURN_IF_ERROR(ctx.AddParameter(m, path, "weight", t.weight));
   return ctx.AddParameter(m, path, "bias", t.bias);
 }
@@ -97,11 +99,12 @@ absl::StatusOr<std::shared_ptr<Module>> BuildLinear(const BoundArgs& args,
   MODELSTATE_ASSIGN_OR_RETURN(int64_t in, args.Int("in_features"));
   MODELSTATE_ASSIGN_OR_RETURN(int64_t out, args.Int("out_features"));
   MODELSTATE_ASSIGN_OR_RETURN(bool bias, args.Bool("bias"));
-  MODELSTATE_ASSIGN_OR_RETURN(DType dtype, args.FactoryDType(ctx.options().dtype));
+  MODELSTATE_ASSIGN_OR_RETURN(DType dtype,
+                              args.FactoryDType(ctx.options().dtype));
   MODELSTATE_ASSIGN_OR_RETURN(Device device,
                               args.FactoryDevice(ctx.options().device));
-  MODELSTATE_ASSIGN_OR_RETURN(LinearTensors t,
-                              MakeLinearTensors(in, out, bias, dtype, device, ctx));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      LinearTensors t, MakeLinearTensors(in, out, bias, dtype, device, ctx));
   std::shared_ptr<Module> m = NewLinearModule("Linear", in, out);
   MODELSTATE_RETURN_IF_ERROR(RegisterLinear(*m, path, std::move(t), ctx));
   return m;
@@ -114,10 +117,12 @@ absl::StatusOr<std::shared_ptr<Module>> BuildBilinear(const BoundArgs& args,
   MODELSTATE_ASSIGN_OR_RETURN(int64_t in2, args.Int("in2_features"));
   MODELSTATE_ASSIGN_OR_RETURN(int64_t out, args.Int("out_features"));
   MODELSTATE_ASSIGN_OR_RETURN(bool bias, args.Bool("bias"));
-  MODELSTATE_ASSIGN_OR_RETURN(DType dtype, args.FactoryDType(ctx.options().dtype));
+  MODELSTATE_ASSIGN_OR_RETURN(DType dtype,
+                              args.FactoryDType(ctx.options().dtype));
   MODELSTATE_ASSIGN_OR_RETURN(Device device,
                               args.FactoryDevice(ctx.options().device));
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor w, ctx.NewTensor(dtype, {out, in1, in2}, device));
+  MODELSTATE_ASSIGN_OR_RETURN(Tensor w,
+                              ctx.NewTensor(dtype, {out, in1, in2}, device));
   Tensor b;
   if (bias) {
     MODELSTATE_ASSIGN_OR_RETURN(b, ctx.NewTensor(dtype, {out}, device));
@@ -125,7 +130,8 @@ absl::StatusOr<std::shared_ptr<Module>> BuildBilinear(const BoundArgs& args,
   // Bilinear.reset_parameters: bound = 1 / sqrt(weight.size(1)).
   double bound = 1.0 / std::sqrt(static_cast<double>(in1));
   MODELSTATE_RETURN_IF_ERROR(UniformInit(w, -bound, bound, ctx.gen()));
-  if (bias) MODELSTATE_RETURN_IF_ERROR(UniformInit(b, -bound, bound, ctx.gen()));
+  if (bias)
+    MODELSTATE_RETURN_IF_ERROR(UniformInit(b, -bound, bound, ctx.gen()));
   std::shared_ptr<Module> m = NewLayer("Bilinear", "linear");
   m->SetPlainAttribute("in1_features", in1);
   m->SetPlainAttribute("in2_features", in2);
@@ -137,12 +143,9 @@ absl::StatusOr<std::shared_ptr<Module>> BuildBilinear(const BoundArgs& args,
 }
 
 // _ConvNd for Conv1d, Conv2d and ConvTranspose2d.
-absl::StatusOr<std::shared_ptr<Module>> BuildConv(const BoundArgs& args,
-                                                  BuildContext& ctx,
-                                                  const std::string& path,
-                                                  absl::string_view type,
-                                                  size_t dims,
-                                                  bool transposed) {
+absl::StatusOr<std::shared_ptr<Module>> BuildConv(
+    const BoundArgs& args, BuildContext& ctx, const std::string& path,
+    absl::string_view type, size_t dims, bool transposed) {
   MODELSTATE_ASSIGN_OR_RETURN(int64_t in, args.Int("in_channels"));
   MODELSTATE_ASSIGN_OR_RETURN(int64_t out, args.Int("out_channels"));
   MODELSTATE_ASSIGN_OR_RETURN(std::vector<int64_t> kernel,
@@ -153,8 +156,10 @@ absl::StatusOr<std::shared_ptr<Module>> BuildConv(const BoundArgs& args,
                               args.Ints("dilation", dims));
   MODELSTATE_ASSIGN_OR_RETURN(int64_t groups, args.Int("groups"));
   MODELSTATE_ASSIGN_OR_RETURN(bool bias, args.Bool("bias"));
-  MODELSTATE_ASSIGN_OR_RETURN(std::string padding_mode, args.Str("padding_mode"));
-  MODELSTATE_ASSIGN_OR_RETURN(DType dtype, args.FactoryDType(ctx.options().dtype));
+  MODELSTATE_ASSIGN_OR_RETURN(std::string padding_mode,
+                              args.Str("padding_mode"));
+  MODELSTATE_ASSIGN_OR_RETURN(DType dtype,
+                              args.FactoryDType(ctx.options().dtype));
   MODELSTATE_ASSIGN_OR_RETURN(Device device,
                               args.FactoryDevice(ctx.options().device));
   AttrValue padding_attr;
@@ -190,7 +195,8 @@ absl::StatusOr<std::shared_ptr<Module>> BuildConv(const BoundArgs& args,
     return absl::InvalidArgumentError("groups must be a positive integer");
   }
   if (in % groups != 0) {
-    return absl::InvalidArgumentError("in_channels must be divisible by groups");
+    return absl::InvalidArgumentError(
+        "in_channels must be divisible by groups");
   }
   if (out % groups != 0) {
     return absl::InvalidArgumentError(
@@ -207,13 +213,14 @@ absl::StatusOr<std::shared_ptr<Module>> BuildConv(const BoundArgs& args,
         padding_mode, "'"));
   }
   if (transposed && padding_mode != "zeros") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Only \"zeros\" padding mode is supported for ", type));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Only \"zeros\" padding mode is supported for ", type));
   }
-  Shape weight_shape = transposed ? Shape{in, out / groups}
-                                  : Shape{out, in / groups};
+  Shape weight_shape =
+      transposed ? Shape{in, out / groups} : Shape{out, in / groups};
   weight_shape.insert(weight_shape.end(), kernel.begin(), kernel.end());
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor w, ctx.NewTensor(dtype, weight_shape, device));
+  MODELSTATE_ASSIGN_OR_RETURN(Tensor w,
+                              ctx.NewTensor(dtype, weight_shape, device));
   Tensor b;
   if (bias) {
     MODELSTATE_ASSIGN_OR_RETURN(b, ctx.NewTensor(dtype, {out}, device));
@@ -268,7 +275,8 @@ absl::StatusOr<std::shared_ptr<Module>> BuildBatchNorm(const BoundArgs& args,
   MODELSTATE_ASSIGN_OR_RETURN(double eps, args.Float("eps"));
   MODELSTATE_ASSIGN_OR_RETURN(bool affine, args.Bool("affine"));
   MODELSTATE_ASSIGN_OR_RETURN(bool track, args.Bool("track_running_stats"));
-  MODELSTATE_ASSIGN_OR_RETURN(DType dtype, args.FactoryDType(ctx.options().dtype));
+  MODELSTATE_ASSIGN_OR_RETURN(DType dtype,
+                              args.FactoryDType(ctx.options().dtype));
   MODELSTATE_ASSIGN_OR_RETURN(Device device,
                               args.FactoryDevice(ctx.options().device));
   AttrValue momentum;
@@ -287,7 +295,8 @@ absl::StatusOr<std::shared_ptr<Module>> BuildBatchNorm(const BoundArgs& args,
     MODELSTATE_ASSIGN_OR_RETURN(mean, ctx.NewTensor(dtype, {n}, device));
     MODELSTATE_ASSIGN_OR_RETURN(var, ctx.NewTensor(dtype, {n}, device));
     // num_batches_tracked ignores the factory dtype.
-    MODELSTATE_ASSIGN_OR_RETURN(count, ctx.NewTensor(DType::kInt64, {}, device));
+    MODELSTATE_ASSIGN_OR_RETURN(count,
+                                ctx.NewTensor(DType::kInt64, {}, device));
     MODELSTATE_RETURN_IF_ERROR(ConstantInit(mean, 0.0));
     MODELSTATE_RETURN_IF_ERROR(ConstantInit(var, 1.0));
     MODELSTATE_RETURN_IF_ERROR(ConstantInit(count, 0.0));
@@ -320,15 +329,15 @@ absl::StatusOr<std::shared_ptr<Module>> BuildBatchNorm2d(
   return BuildBatchNorm(args, ctx, path, "BatchNorm2d");
 }
 
-absl::StatusOr<std::shared_ptr<Module>> BuildLayerNorm(const BoundArgs& args,
-                                                       BuildContext& ctx,
-                                                       const std::string& path) {
+absl::StatusOr<std::shared_ptr<Module>> BuildLayerNorm(
+    const BoundArgs& args, BuildContext& ctx, const std::string& path) {
   MODELSTATE_ASSIGN_OR_RETURN(std::vector<int64_t> shape,
                               args.Ints("normalized_shape", 0));
   MODELSTATE_ASSIGN_OR_RETURN(double eps, args.Float("eps"));
   MODELSTATE_ASSIGN_OR_RETURN(bool affine, args.Bool("elementwise_affine"));
   MODELSTATE_ASSIGN_OR_RETURN(bool bias, args.Bool("bias"));  // 2.1+
-  MODELSTATE_ASSIGN_OR_RETURN(DType dtype, args.FactoryDType(ctx.options().dtype));
+  MODELSTATE_ASSIGN_OR_RETURN(DType dtype,
+                              args.FactoryDType(ctx.options().dtype));
   MODELSTATE_ASSIGN_OR_RETURN(Device device,
                               args.FactoryDevice(ctx.options().device));
   Tensor weight, b;
@@ -350,14 +359,14 @@ absl::StatusOr<std::shared_ptr<Module>> BuildLayerNorm(const BoundArgs& args,
   return m;
 }
 
-absl::StatusOr<std::shared_ptr<Module>> BuildGroupNorm(const BoundArgs& args,
-                                                       BuildContext& ctx,
-                                                       const std::string& path) {
+absl::StatusOr<std::shared_ptr<Module>> BuildGroupNorm(
+    const BoundArgs& args, BuildContext& ctx, const std::string& path) {
   MODELSTATE_ASSIGN_OR_RETURN(int64_t groups, args.Int("num_groups"));
   MODELSTATE_ASSIGN_OR_RETURN(int64_t channels, args.Int("num_channels"));
   MODELSTATE_ASSIGN_OR_RETURN(double eps, args.Float("eps"));
   MODELSTATE_ASSIGN_OR_RETURN(bool affine, args.Bool("affine"));
-  MODELSTATE_ASSIGN_OR_RETURN(DType dtype, args.FactoryDType(ctx.options().dtype));
+  MODELSTATE_ASSIGN_OR_RETURN(DType dtype,
+                              args.FactoryDType(ctx.options().dtype));
   MODELSTATE_ASSIGN_OR_RETURN(Device device,
                               args.FactoryDevice(ctx.options().device));
   if (groups == 0 || channels % groups != 0) {
@@ -366,7 +375,8 @@ absl::StatusOr<std::shared_ptr<Module>> BuildGroupNorm(const BoundArgs& args,
   }
   Tensor weight, bias;
   if (affine) {
-    MODELSTATE_ASSIGN_OR_RETURN(weight, ctx.NewTensor(dtype, {channels}, device));
+    MODELSTATE_ASSIGN_OR_RETURN(weight,
+                                ctx.NewTensor(dtype, {channels}, device));
     MODELSTATE_ASSIGN_OR_RETURN(bias, ctx.NewTensor(dtype, {channels}, device));
     MODELSTATE_RETURN_IF_ERROR(ConstantInit(weight, 1.0));
     MODELSTATE_RETURN_IF_ERROR(ConstantInit(bias, 0.0));
@@ -382,12 +392,12 @@ absl::StatusOr<std::shared_ptr<Module>> BuildGroupNorm(const BoundArgs& args,
   return m;
 }
 
-absl::StatusOr<std::shared_ptr<Module>> BuildEmbedding(const BoundArgs& args,
-                                                       BuildContext& ctx,
-                                                       const std::string& path) {
+absl::StatusOr<std::shared_ptr<Module>> BuildEmbedding(
+    const BoundArgs& args, BuildContext& ctx, const std::string& path) {
   MODELSTATE_ASSIGN_OR_RETURN(int64_t n, args.Int("num_embeddings"));
   MODELSTATE_ASSIGN_OR_RETURN(int64_t d, args.Int("embedding_dim"));
-  MODELSTATE_ASSIGN_OR_RETURN(DType dtype, args.FactoryDType(ctx.options().dtype));
+  MODELSTATE_ASSIGN_OR_RETURN(DType dtype,
+                              args.FactoryDType(ctx.options().dtype));
   MODELSTATE_ASSIGN_OR_RETURN(Device device,
                               args.FactoryDevice(ctx.options().device));
   MODELSTATE_ASSIGN_OR_RETURN(bool freeze, args.Bool("_freeze"));  // 2.x
@@ -494,9 +504,9 @@ absl::StatusOr<std::shared_ptr<Module>> BuildGELU(const BoundArgs& args,
                                                   const std::string&) {
   MODELSTATE_ASSIGN_OR_RETURN(std::string approximate, args.Str("approximate"));
   if (approximate != "none" && approximate != "tanh") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "approximate argument must be either none or tanh, got '", approximate,
-        "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("approximate argument must be either none or tanh, got '",
+                     approximate, "'"));
   }
   std::shared_ptr<Module> m = NewStateless("GELU", "activation");
   m->SetPlainAttribute("approximate", approximate);
@@ -545,7 +555,8 @@ absl::StatusOr<std::shared_ptr<Module>> MakeMultiheadAttention(
     const MhaConfig& c, BuildContext& ctx, const std::string& path) {
   MODELSTATE_RETURN_IF_ERROR(CheckPositive("embed_dim", c.embed_dim));
   if (c.num_heads <= 0 || c.embed_dim % c.num_heads != 0) {
-    return absl::InvalidArgumentError("embed_dim must be divisible by num_heads");
+    return absl::InvalidArgumentError(
+        "embed_dim must be divisible by num_heads");
   }
   const int64_t e = c.embed_dim;
   const bool same = c.kdim == e && c.vdim == e;
@@ -558,8 +569,10 @@ absl::StatusOr<std::shared_ptr<Module>> MakeMultiheadAttention(
                                 ctx.NewTensor(c.dtype, {3 * e, e}, c.device));
   } else {
     MODELSTATE_ASSIGN_OR_RETURN(q, ctx.NewTensor(c.dtype, {e, e}, c.device));
-    MODELSTATE_ASSIGN_OR_RETURN(k, ctx.NewTensor(c.dtype, {e, c.kdim}, c.device));
-    MODELSTATE_ASSIGN_OR_RETURN(v, ctx.NewTensor(c.dtype, {e, c.vdim}, c.device));
+    MODELSTATE_ASSIGN_OR_RETURN(k,
+                                ctx.NewTensor(c.dtype, {e, c.kdim}, c.device));
+    MODELSTATE_ASSIGN_OR_RETURN(v,
+                                ctx.NewTensor(c.dtype, {e, c.vdim}, c.device));
   }
   if (c.bias) {
     MODELSTATE_ASSIGN_OR_RETURN(in_proj_bias,
@@ -569,8 +582,10 @@ absl::StatusOr<std::shared_ptr<Module>> MakeMultiheadAttention(
       LinearTensors out_proj,
       MakeLinearTensors(e, e, c.bias, c.dtype, c.device, ctx));
   if (c.add_bias_kv) {
-    MODELSTATE_ASSIGN_OR_RETURN(bias_k, ctx.NewTensor(c.dtype, {1, 1, e}, c.device));
-    MODELSTATE_ASSIGN_OR_RETURN(bias_v, ctx.NewTensor(c.dtype, {1, 1, e}, c.device));
+    MODELSTATE_ASSIGN_OR_RETURN(bias_k,
+                                ctx.NewTensor(c.dtype, {1, 1, e}, c.device));
+    MODELSTATE_ASSIGN_OR_RETURN(bias_v,
+                                ctx.NewTensor(c.dtype, {1, 1, e}, c.device));
   }
   if (same) {
     MODELSTATE_RETURN_IF_ERROR(XavierUniform(in_proj_weight, 1.0, ctx.gen()));
@@ -597,8 +612,8 @@ absl::StatusOr<std::shared_ptr<Module>> MakeMultiheadAttention(
   m->SetPlainAttribute("dropout", c.dropout);
   m->SetPlainAttribute("batch_first", c.batch_first);
   m->SetPlainAttribute("head_dim", e / c.num_heads);
-  m->AddClassAttributes({"_reset_parameters", "__constants__",
-                         "merge_masks", "__setstate__"});
+  m->AddClassAttributes(
+      {"_reset_parameters", "__constants__", "merge_masks", "__setstate__"});
   if (same) {
     MODELSTATE_RETURN_IF_ERROR(
         ctx.AddParameter(*m, path, "in_proj_weight", in_proj_weight));
@@ -609,7 +624,8 @@ absl::StatusOr<std::shared_ptr<Module>> MakeMultiheadAttention(
     MODELSTATE_RETURN_IF_ERROR(ctx.AddParameter(*m, path, "q_proj_weight", q));
     MODELSTATE_RETURN_IF_ERROR(ctx.AddParameter(*m, path, "k_proj_weight", k));
     MODELSTATE_RETURN_IF_ERROR(ctx.AddParameter(*m, path, "v_proj_weight", v));
-    MODELSTATE_RETURN_IF_ERROR(ctx.AddParameter(*m, path, "in_proj_weight", {}));
+    MODELSTATE_RETURN_IF_ERROR(
+        ctx.AddParameter(*m, path, "in_proj_weight", {}));
   }
   MODELSTATE_RETURN_IF_ERROR(
       ctx.AddParameter(*m, path, "in_proj_bias", in_proj_bias));
@@ -649,7 +665,8 @@ absl::StatusOr<std::shared_ptr<Module>> BuildMultiheadAttention(
   }
   MODELSTATE_ASSIGN_OR_RETURN(c.batch_first, args.Bool("batch_first"));
   MODELSTATE_ASSIGN_OR_RETURN(c.dtype, args.FactoryDType(ctx.options().dtype));
-  MODELSTATE_ASSIGN_OR_RETURN(c.device, args.FactoryDevice(ctx.options().device));
+  MODELSTATE_ASSIGN_OR_RETURN(c.device,
+                              args.FactoryDevice(ctx.options().device));
   return MakeMultiheadAttention(c, ctx, path);
 }
 
@@ -664,23 +681,25 @@ absl::StatusOr<std::shared_ptr<Module>> BuildTransformerEncoderLayer(
   MODELSTATE_ASSIGN_OR_RETURN(bool batch_first, args.Bool("batch_first"));
   MODELSTATE_ASSIGN_OR_RETURN(bool norm_first, args.Bool("norm_first"));
   MODELSTATE_ASSIGN_OR_RETURN(bool bias, args.Bool("bias"));  // 2.1+
-  MODELSTATE_ASSIGN_OR_RETURN(DType dtype, args.FactoryDType(ctx.options().dtype));
+  MODELSTATE_ASSIGN_OR_RETURN(DType dtype,
+                              args.FactoryDType(ctx.options().dtype));
   MODELSTATE_ASSIGN_OR_RETURN(Device device,
                               args.FactoryDevice(ctx.options().device));
   if (activation != "relu" && activation != "gelu") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "activation should be relu/gelu, not ", activation));
+    return absl::InvalidArgumentError(
+        absl::StrCat("activation should be relu/gelu, not ", activation));
   }
   if (dropout < 0 || dropout > 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "dropout probability has to be between 0 and 1, but got ", dropout));
   }
-  std::shared_ptr<Module> m = NewLayer("TransformerEncoderLayer", "transformer");
-  m->AddClassAttributes({"__constants__", "__setstate__", "_sa_block",
-                         "_ff_block"});
+  std::shared_ptr<Module> m =
+      NewLayer("TransformerEncoderLayer", "transformer");
+  m->AddClassAttributes(
+      {"__constants__", "__setstate__", "_sa_block", "_ff_block"});
   // Children are constructed and assigned one at a time, as in __init__.
-  MhaConfig mha{d_model, nhead, dropout, bias, false, false, d_model, d_model,
-                batch_first, dtype, device};
+  MhaConfig mha{d_model, nhead,   dropout,     bias,  false, false,
+                d_model, d_model, batch_first, dtype, device};
   std::string sa_path = ChildPath(path, "self_attn");
   MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Module> self_attn,
                               MakeMultiheadAttention(mha, ctx, sa_path));
@@ -688,9 +707,8 @@ absl::StatusOr<std::shared_ptr<Module>> BuildTransformerEncoderLayer(
 
   auto add_linear = [&](const char* name, int64_t in,
                         int64_t out) -> absl::Status {
-    MODELSTATE_ASSIGN_OR_RETURN(LinearTensors t, MakeLinearTensors(
-                                                     in, out, bias, dtype,
-                                                     device, ctx));
+    MODELSTATE_ASSIGN_OR_RETURN(
+        LinearTensors t, MakeLinearTensors(in, out, bias, dtype, device, ctx));
     std::shared_ptr<Module> lin = NewLinearModule("Linear", in, out);
     MODELSTATE_RETURN_IF_ERROR(
         RegisterLinear(*lin, ChildPath(path, name), std::move(t), ctx));
@@ -742,13 +760,16 @@ std::vector<ArgDef> WithFactory(std::vector<ArgDef> args) {
 
 std::vector<LayerDef> MakeLayers() {
   std::vector<LayerDef> layers;
-  layers.push_back({"Identity", "torch.nn.modules.linear.Identity", {},
-                    &BuildIdentity, /*accepts_anything=*/true});
-  layers.push_back({"Linear", "torch.nn.modules.linear.Linear",
-                    WithFactory({{"in_features", {}},
-                                 {"out_features", {}},
-                                 {"bias", B(true)}}),
-                    &BuildLinear});
+  layers.push_back({"Identity",
+                    "torch.nn.modules.linear.Identity",
+                    {},
+                    &BuildIdentity,
+                    /*accepts_anything=*/true});
+  layers.push_back(
+      {"Linear", "torch.nn.modules.linear.Linear",
+       WithFactory(
+           {{"in_features", {}}, {"out_features", {}}, {"bias", B(true)}}),
+       &BuildLinear});
   layers.push_back({"Bilinear", "torch.nn.modules.linear.Bilinear",
                     WithFactory({{"in1_features", {}},
                                  {"in2_features", {}},
@@ -764,8 +785,10 @@ std::vector<LayerDef> MakeLayers() {
                                           {"groups", I(1)},
                                           {"bias", B(true)},
                                           {"padding_mode", S("zeros")}});
-  layers.push_back({"Conv1d", "torch.nn.modules.conv.Conv1d", conv, &BuildConv1d});
-  layers.push_back({"Conv2d", "torch.nn.modules.conv.Conv2d", conv, &BuildConv2d});
+  layers.push_back(
+      {"Conv1d", "torch.nn.modules.conv.Conv1d", conv, &BuildConv1d});
+  layers.push_back(
+      {"Conv2d", "torch.nn.modules.conv.Conv2d", conv, &BuildConv2d});
   layers.push_back({"ConvTranspose2d", "torch.nn.modules.conv.ConvTranspose2d",
                     WithFactory({{"in_channels", {}},
                                  {"out_channels", {}},
@@ -783,12 +806,13 @@ std::vector<LayerDef> MakeLayers() {
                                         {"momentum", F(0.1)},
                                         {"affine", B(true)},
                                         {"track_running_stats", B(true)}});
-  layers.push_back({"BatchNorm1d", "torch.nn.modules.batchnorm.BatchNorm1d",
-                    bn, &BuildBatchNorm1d});
-  layers.push_back({"BatchNorm2d", "torch.nn.modules.batchnorm.BatchNorm2d",
-                    bn, &BuildBatchNorm2d});
+  layers.push_back({"BatchNorm1d", "torch.nn.modules.batchnorm.BatchNorm1d", bn,
+                    &BuildBatchNorm1d});
+  layers.push_back({"BatchNorm2d", "torch.nn.modules.batchnorm.BatchNorm2d", bn,
+                    &BuildBatchNorm2d});
   // LayerNorm's `bias` argument is PyTorch 2.1's (after elementwise_affine).
-  layers.push_back({"LayerNorm", "torch.nn.modules.normalization.LayerNorm",
+  layers.push_back({"LayerNorm",
+                    "torch.nn.modules.normalization.LayerNorm",
                     {{"normalized_shape", {}},
                      {"eps", F(1e-5)},
                      {"elementwise_affine", B(true)},
@@ -803,7 +827,8 @@ std::vector<LayerDef> MakeLayers() {
                                  {"affine", B(true)}}),
                     &BuildGroupNorm});
   // Embedding's `_freeze` is PyTorch 2.x's (after _weight).
-  layers.push_back({"Embedding", "torch.nn.modules.sparse.Embedding",
+  layers.push_back({"Embedding",
+                    "torch.nn.modules.sparse.Embedding",
                     {{"num_embeddings", {}},
                      {"embedding_dim", {}},
                      {"padding_idx", kNone},
@@ -816,48 +841,63 @@ std::vector<LayerDef> MakeLayers() {
                      {"device", kNone},
                      {"dtype", kNone}},
                     &BuildEmbedding});
-  layers.push_back({"Dropout", "torch.nn.modules.dropout.Dropout",
-                    {{"p", F(0.5)}, {"inplace", B(false)}}, &BuildDropout});
-  layers.push_back({"ReLU", "torch.nn.modules.activation.ReLU",
-                    {{"inplace", B(false)}}, &BuildInplaceActivation<kReLU>});
-  layers.push_back({"GELU", "torch.nn.modules.activation.GELU",
-                    {{"approximate", S("none")}}, &BuildGELU});
-  layers.push_back({"SiLU", "torch.nn.modules.activation.SiLU",
-                    {{"inplace", B(false)}}, &BuildInplaceActivation<kSiLU>});
-  layers.push_back({"Tanh", "torch.nn.modules.activation.Tanh", {},
+  layers.push_back({"Dropout",
+                    "torch.nn.modules.dropout.Dropout",
+                    {{"p", F(0.5)}, {"inplace", B(false)}},
+                    &BuildDropout});
+  layers.push_back({"ReLU",
+                    "torch.nn.modules.activation.ReLU",
+                    {{"inplace", B(false)}},
+                    &BuildInplaceActivation<kReLU>});
+  layers.push_back({"GELU",
+                    "torch.nn.modules.activation.GELU",
+                    {{"approximate", S("none")}},
+                    &BuildGELU});
+  layers.push_back({"SiLU",
+                    "torch.nn.modules.activation.SiLU",
+                    {{"inplace", B(false)}},
+                    &BuildInplaceActivation<kSiLU>});
+  layers.push_back({"Tanh",
+                    "torch.nn.modules.activation.Tanh",
+                    {},
                     &BuildPlainActivation<kTanh>});
-  layers.push_back({"Sigmoid", "torch.nn.modules.activation.Sigmoid", {},
+  layers.push_back({"Sigmoid",
+                    "torch.nn.modules.activation.Sigmoid",
+                    {},
                     &BuildPlainActivation<kSigmoid>});
-  layers.push_back({"Softmax", "torch.nn.modules.activation.Softmax",
-                    {{"dim", kNone}}, &BuildSoftmax});
-  layers.push_back({"Flatten", "torch.nn.modules.flatten.Flatten",
-                    {{"start_dim", I(1)}, {"end_dim", I(-1)}}, &BuildFlatten});
-  layers.push_back(
-      {"MultiheadAttention", "torch.nn.modules.activation.MultiheadAttention",
-       WithFactory({{"embed_dim", {}},
-                    {"num_heads", {}},
-                    {"dropout", F(0.0)},
-                    {"bias", B(true)},
-                    {"add_bias_kv", B(false)},
-                    {"add_zero_attn", B(false)},
-                    {"kdim", kNone},
-                    {"vdim", kNone},
-                    {"batch_first", B(false)}}),
-       &BuildMultiheadAttention});
+  layers.push_back({"Softmax",
+                    "torch.nn.modules.activation.Softmax",
+                    {{"dim", kNone}},
+                    &BuildSoftmax});
+  layers.push_back({"Flatten",
+                    "torch.nn.modules.flatten.Flatten",
+                    {{"start_dim", I(1)}, {"end_dim", I(-1)}},
+                    &BuildFlatten});
+  layers.push_back({"MultiheadAttention",
+                    "torch.nn.modules.activation.MultiheadAttention",
+                    WithFactory({{"embed_dim", {}},
+                                 {"num_heads", {}},
+                                 {"dropout", F(0.0)},
+                                 {"bias", B(true)},
+                                 {"add_bias_kv", B(false)},
+                                 {"add_zero_attn", B(false)},
+                                 {"kdim", kNone},
+                                 {"vdim", kNone},
+                                 {"batch_first", B(false)}}),
+                    &BuildMultiheadAttention});
   // TransformerEncoderLayer's `bias` is PyTorch 2.1's (after norm_first).
-  layers.push_back(
-      {"TransformerEncoderLayer",
-       "torch.nn.modules.transformer.TransformerEncoderLayer",
-       WithFactory({{"d_model", {}},
-                    {"nhead", {}},
-                    {"dim_feedforward", I(2048)},
-                    {"dropout", F(0.1)},
-                    {"activation", S("relu")},
-                    {"layer_norm_eps", F(1e-5)},
-                    {"batch_first", B(false)},
-                    {"norm_first", B(false)},
-                    {"bias", B(true)}}),
-       &BuildTransformerEncoderLayer});
+  layers.push_back({"TransformerEncoderLayer",
+                    "torch.nn.modules.transformer.TransformerEncoderLayer",
+                    WithFactory({{"d_model", {}},
+                                 {"nhead", {}},
+                                 {"dim_feedforward", I(2048)},
+                                 {"dropout", F(0.1)},
+                                 {"activation", S("relu")},
+                                 {"layer_norm_eps", F(1e-5)},
+                                 {"batch_first", B(false)},
+                                 {"norm_first", B(false)},
+                                 {"bias", B(true)}}),
+                    &BuildTransformerEncoderLayer});
   return layers;
 }
 

@@ -44,11 +44,10 @@ void LogLine(const std::string& message);
 
 }  // namespace modelstate::internal
 
-#define MODELSTATE_CHECK(cond)                              \
-  (cond) ? (void)0                                          \
-         : ::modelstate::internal::Voidify() &              \
-               ::modelstate::internal::CheckFailure(        \
-                   __FILE__, __LINE__, #cond)               \
+#define MODELSTATE_CHECK(cond)                                                 \
+  (cond) ? (void)0                                                             \
+         : ::modelstate::internal::Voidify() &                                 \
+               ::modelstate::internal::CheckFailure(__FILE__, __LINE__, #cond) \
                    .stream()
 
 #ifdef NDEBUG

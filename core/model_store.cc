@@ -40,7 +40,8 @@ class ReplayHooks {
     for (EntryKind kind :
          {EntryKind::kParameter, EntryKind::kBuffer, EntryKind::kModule}) {
       handles_.push_back(registry_.AddHook(
-          kind, [this](const RegistrationEvent& event) { return Next(event); }));
+          kind,
+          [this](const RegistrationEvent& event) { return Next(event); }));
     }
   }
   const HookRegistry* registry() const { return &registry_; }
@@ -73,14 +74,14 @@ class ReplayHooks {
 
 std::string DescribeBlocked(const RegistrationRecord& r,
                             const HookDecision& final) {
-  std::string where = r.event.path.empty() ? "the root module"
-                                           : absl::StrCat("'", r.event.path, "'");
-  return absl::StrCat(RegistrationActionName(r.event.action) == "register"
-                          ? "registration"
-                          : "unregistration",
-                      " of ", EntryKindName(r.event.kind), " '", r.event.name,
-                      "' in ", where, " was blocked",
-                      final.reason.empty() ? "" : ": ", final.reason);
+  std::string where = r.event.path.empty()
+                          ? "the root module"
+                          : absl::StrCat("'", r.event.path, "'");
+  return absl::StrCat(
+      RegistrationActionName(r.event.action) == "register" ? "registration"
+                                                           : "unregistration",
+      " of ", EntryKindName(r.event.kind), " '", r.event.name, "' in ", where,
+      " was blocked", final.reason.empty() ? "" : ": ", final.reason);
 }
 
 std::vector<RegistrationResult> Zip(std::vector<RegistrationRecord> records,
@@ -88,7 +89,8 @@ std::vector<RegistrationResult> Zip(std::vector<RegistrationRecord> records,
   std::vector<RegistrationResult> out;
   out.reserve(records.size());
   for (size_t i = 0; i < records.size(); ++i) {
-    out.push_back(RegistrationResult{std::move(records[i]), std::move(finals[i])});
+    out.push_back(
+        RegistrationResult{std::move(records[i]), std::move(finals[i])});
   }
   return out;
 }
@@ -173,9 +175,8 @@ absl::Status ModelStore::Record(const OperationContext& ctx,
   absl::StatusOr<uint64_t> seq = log->Append(std::move(r));
   absl::Status synced = seq.ok() ? log->Sync(*seq) : seq.status();
   if (!synced.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("the audit log could not record ", type, ": ",
-                     synced.message()));
+    return absl::UnavailableError(absl::StrCat(
+        "the audit log could not record ", type, ": ", synced.message()));
   }
   return result;
 }
@@ -228,7 +229,8 @@ absl::StatusOr<BuildOutcome> ModelStore::Build(const OperationContext& ctx,
   }
   BuildOptions build_options = options;
   build_options.root_path = "";
-  MODELSTATE_ASSIGN_OR_RETURN(BuildResult built, BuildModule(spec, build_options));
+  MODELSTATE_ASSIGN_OR_RETURN(BuildResult built,
+                              BuildModule(spec, build_options));
   std::vector<HookDecision> finals = Decide(ctx, name, built.records);
   MODELSTATE_RETURN_IF_ERROR(ApplyFinalDecisions(built.records, finals));
   size_t blocked_count = 0;
@@ -248,9 +250,9 @@ absl::StatusOr<BuildOutcome> ModelStore::Build(const OperationContext& ctx,
                             {"all_or_nothing", all_or_nothing}};
   absl::Status result;
   if (all_or_nothing && !blocked.empty()) {
-    result = absl::FailedPreconditionError(absl::StrCat(
-        "all_or_nothing build of '", name.full(), "' stored nothing: ",
-        absl::StrJoin(blocked, "; ")));
+    result = absl::FailedPreconditionError(
+        absl::StrCat("all_or_nothing build of '", name.full(),
+                     "' stored nothing: ", absl::StrJoin(blocked, "; ")));
   } else {
     auto entry = std::make_shared<Entry>(name, built.root);
     MutexLock lock(&mu_);
@@ -259,7 +261,8 @@ absl::StatusOr<BuildOutcome> ModelStore::Build(const OperationContext& ctx,
           absl::StrCat("module '", name.full(), "' already exists"));
     }
   }
-  MODELSTATE_RETURN_IF_ERROR(Record(ctx, name, "build", result, details.dump()));
+  MODELSTATE_RETURN_IF_ERROR(
+      Record(ctx, name, "build", result, details.dump()));
   return BuildOutcome{Zip(std::move(built.records), std::move(finals))};
 }
 
@@ -291,9 +294,9 @@ absl::StatusOr<std::vector<RegistrationResult>> ModelStore::Register(
       absl::StatusOr<std::shared_ptr<Module>> existing =
           entry->root->GetSubmodule(*request.existing_path);
       if (!existing.ok()) {
-        return absl::NotFoundError(absl::StrCat(
-            "existing_path '", *request.existing_path, "' in '", name.full(),
-            "': ", existing.status().message()));
+        return absl::NotFoundError(
+            absl::StrCat("existing_path '", *request.existing_path, "' in '",
+                         name.full(), "': ", existing.status().message()));
       }
       value.module = *existing;
     }
@@ -345,9 +348,10 @@ absl::StatusOr<std::vector<RegistrationResult>> ModelStore::Register(
                                  : std::string(RegistrationActionName(
                                        all.back().event.action))}};
   if (last.blocked()) {
-    return Record(ctx, name, "register",
-                  absl::FailedPreconditionError(DescribeBlocked(all.back(), last)),
-                  details.dump());
+    return Record(
+        ctx, name, "register",
+        absl::FailedPreconditionError(DescribeBlocked(all.back(), last)),
+        details.dump());
   }
   // The real pass, with the final decision replayed as its only hook.
   ReplayHooks replay({last});
@@ -457,7 +461,8 @@ absl::StatusOr<LoadResult> ModelStore::Load(const OperationContext& ctx,
   return result;
 }
 
-absl::Status ModelStore::Move(const OperationContext& ctx, const ModuleName& name,
+absl::Status ModelStore::Move(const OperationContext& ctx,
+                              const ModuleName& name,
                               std::optional<Device> device,
                               std::optional<DType> dtype) {
   MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
@@ -493,7 +498,8 @@ absl::Status ModelStore::SetTraining(const OperationContext& ctx,
                 nlohmann::json({{"training", training}}).dump());
 }
 
-absl::Status ModelStore::Delete(const OperationContext& ctx, const ModuleName& name) {
+absl::Status ModelStore::Delete(const OperationContext& ctx,
+                                const ModuleName& name) {
   MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
   MutexLock gate(&entry->gate);
   {

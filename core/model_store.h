@@ -14,7 +14,8 @@
 //   ModelStore store;
 //   MODELSTATE_ASSIGN_OR_RETURN(ModuleName name, ParseModuleName("team/mlp"));
 //   MODELSTATE_ASSIGN_OR_RETURN(BuildOutcome built,
-//                               store.Build({}, name, spec, BuildOptions{}, false));
+//                               store.Build({}, name, spec, BuildOptions{},
+//                               false));
 //   MODELSTATE_ASSIGN_OR_RETURN(StateDict snapshot, store.Snapshot(name, {}));
 #ifndef MODELSTATE_CORE_MODEL_STORE_H_
 #define MODELSTATE_CORE_MODEL_STORE_H_
@@ -32,11 +33,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "core/sync.h"
 #include "core/audit_log.h"
 #include "core/hooks.h"
 #include "core/module.h"
 #include "core/module_spec.h"
+#include "core/sync.h"
 
 namespace modelstate {
 
@@ -155,8 +156,8 @@ class ModelStore {
                     absl::FunctionRef<absl::Status(const Module&)> fn) const;
 
   // A consistent snapshot of the module's state_dict, filtered.
-  absl::StatusOr<StateDictSnapshot> Snapshot(const ModuleName& name,
-                                             const SnapshotFilter& filter) const;
+  absl::StatusOr<StateDictSnapshot> Snapshot(
+      const ModuleName& name, const SnapshotFilter& filter) const;
 
   // load_state_dict on the module. FAILED_PRECONDITION with PyTorch's text
   // when it fails (nothing changed when atomic). With options.assign the
@@ -200,9 +201,9 @@ class ModelStore {
 
   absl::StatusOr<std::shared_ptr<Entry>> Find(const ModuleName& name) const;
   // Final decisions for `records` (the in-process ones if no decider).
-  std::vector<HookDecision> Decide(const OperationContext& ctx,
-                                   const ModuleName& name,
-                                   absl::Span<const RegistrationRecord> records);
+  std::vector<HookDecision> Decide(
+      const OperationContext& ctx, const ModuleName& name,
+      absl::Span<const RegistrationRecord> records);
   // Records the operation `type` on `name` with its result and syncs the
   // audit log. Returns `result`, or the audit failure when the record
   // cannot be made durable.

@@ -21,32 +21,107 @@ namespace {
 // PyTorch 1.13): registering any of these names fails with "attribute 'x'
 // already exists", as `hasattr(self, name)` is true for them.
 constexpr absl::string_view kModuleClassAttributes[] = {
-    "T_destination", "__annotations__", "__call__", "__class__",
-    "__delattr__", "__dict__", "__dir__", "__doc__", "__eq__", "__format__",
-    "__ge__", "__getattr__", "__getattribute__", "__getstate__", "__gt__",
-    "__hash__", "__init__", "__init_subclass__", "__le__", "__lt__",
-    "__module__", "__ne__", "__new__", "__reduce__", "__reduce_ex__",
-    "__repr__", "__setattr__", "__setstate__", "__sizeof__", "__str__",
-    "__subclasshook__", "__weakref__", "_apply", "_backward_hooks",
-    "_buffers", "_call_impl", "_forward_hooks", "_forward_pre_hooks",
-    "_get_backward_hooks", "_get_name", "_is_full_backward_hook",
-    "_load_from_state_dict", "_load_state_dict_post_hooks",
-    "_load_state_dict_pre_hooks", "_maybe_warn_non_full_backward_hook",
-    "_modules", "_named_members", "_non_persistent_buffers_set",
-    "_parameters", "_register_load_state_dict_pre_hook",
-    "_register_state_dict_hook", "_replicate_for_data_parallel",
-    "_save_to_state_dict", "_slow_forward", "_state_dict_hooks", "_version",
-    "add_module", "apply", "bfloat16", "buffers", "children", "cpu", "cuda",
-    "double", "dump_patches", "eval", "extra_repr", "float", "forward",
-    "get_buffer", "get_extra_state", "get_parameter", "get_submodule", "half",
-    "ipu", "load_state_dict", "modules", "named_buffers", "named_children",
-    "named_modules", "named_parameters", "parameters",
-    "register_backward_hook", "register_buffer", "register_forward_hook",
-    "register_forward_pre_hook", "register_full_backward_hook",
-    "register_load_state_dict_post_hook", "register_module",
-    "register_parameter", "requires_grad_", "set_extra_state",
-    "share_memory", "state_dict", "to", "to_empty", "train", "training",
-    "type", "xpu", "zero_grad"};
+    "T_destination",
+    "__annotations__",
+    "__call__",
+    "__class__",
+    "__delattr__",
+    "__dict__",
+    "__dir__",
+    "__doc__",
+    "__eq__",
+    "__format__",
+    "__ge__",
+    "__getattr__",
+    "__getattribute__",
+    "__getstate__",
+    "__gt__",
+    "__hash__",
+    "__init__",
+    "__init_subclass__",
+    "__le__",
+    "__lt__",
+    "__module__",
+    "__ne__",
+    "__new__",
+    "__reduce__",
+    "__reduce_ex__",
+    "__repr__",
+    "__setattr__",
+    "__setstate__",
+    "__sizeof__",
+    "__str__",
+    "__subclasshook__",
+    "__weakref__",
+    "_apply",
+    "_backward_hooks",
+    "_buffers",
+    "_call_impl",
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_get_backward_hooks",
+    "_get_name",
+    "_is_full_backward_hook",
+    "_load_from_state_dict",
+    "_load_state_dict_post_hooks",
+    "_load_state_dict_pre_hooks",
+    "_maybe_warn_non_full_backward_hook",
+    "_modules",
+    "_named_members",
+    "_non_persistent_buffers_set",
+    "_parameters",
+    "_register_load_state_dict_pre_hook",
+    "_register_state_dict_hook",
+    "_replicate_for_data_parallel",
+    "_save_to_state_dict",
+    "_slow_forward",
+    "_state_dict_hooks",
+    "_version",
+    "add_module",
+    "apply",
+    "bfloat16",
+    "buffers",
+    "children",
+    "cpu",
+    "cuda",
+    "double",
+    "dump_patches",
+    "eval",
+    "extra_repr",
+    "float",
+    "forward",
+    "get_buffer",
+    "get_extra_state",
+    "get_parameter",
+    "get_submodule",
+    "half",
+    "ipu",
+    "load_state_dict",
+    "modules",
+    "named_buffers",
+    "named_children",
+    "named_modules",
+    "named_parameters",
+    "parameters",
+    "register_backward_hook",
+    "register_buffer",
+    "register_forward_hook",
+    "register_forward_pre_hook",
+    "register_full_backward_hook",
+    "register_load_state_dict_post_hook",
+    "register_module",
+    "register_parameter",
+    "requires_grad_",
+    "set_extra_state",
+    "share_memory",
+    "state_dict",
+    "to",
+    "to_empty",
+    "train",
+    "training",
+    "type",
+    "xpu",
+    "zero_grad"};
 
 constexpr absl::string_view kExtraStateKey = "_extra_state";
 
@@ -56,13 +131,12 @@ std::string JoinName(absl::string_view prefix, absl::string_view name) {
 
 // Python's repr of a list of strings: ['a', 'b'].
 std::string PyListRepr(const std::vector<std::string>& items) {
-  return absl::StrCat(
-      "[",
-      absl::StrJoin(items, ", ",
-                    [](std::string* out, const std::string& s) {
-                      absl::StrAppend(out, "'", s, "'");
-                    }),
-      "]");
+  return absl::StrCat("[",
+                      absl::StrJoin(items, ", ",
+                                    [](std::string* out, const std::string& s) {
+                                      absl::StrAppend(out, "'", s, "'");
+                                    }),
+                      "]");
 }
 
 std::string QuotedList(const std::vector<std::string>& items) {
@@ -77,7 +151,8 @@ absl::StatusOr<Tensor> FirstElement(const Tensor& t) {
     return absl::InvalidArgumentError(absl::StrCat(
         "index 0 is out of bounds for dimension 0 with size ", t.shape()[0]));
   }
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(t.dtype(), {}, t.device()));
+  MODELSTATE_ASSIGN_OR_RETURN(Tensor out,
+                              Tensor::Empty(t.dtype(), {}, t.device()));
   if (!t.device().has_storage()) return out;
   MODELSTATE_ASSIGN_OR_RETURN(void* dst, out.MutableDataForOverwrite());
   MODELSTATE_RETURN_IF_ERROR(CopyBytes(out.device(), dst, t.device(),
@@ -116,9 +191,9 @@ std::string IncompatibleKeys::ToString() const {
   if (missing_keys.empty() && unexpected_keys.empty()) {
     return "<All keys matched successfully>";
   }
-  return absl::StrCat("_IncompatibleKeys(missing_keys=",
-                      PyListRepr(missing_keys),
-                      ", unexpected_keys=", PyListRepr(unexpected_keys), ")");
+  return absl::StrCat(
+      "_IncompatibleKeys(missing_keys=", PyListRepr(missing_keys),
+      ", unexpected_keys=", PyListRepr(unexpected_keys), ")");
 }
 
 Module::Module(std::string type_name, std::string qualified_name)
@@ -138,7 +213,8 @@ std::shared_ptr<Module> Module::Create(std::string type_name,
 }
 
 void Module::AddClassAttributes(absl::Span<const absl::string_view> names) {
-  for (absl::string_view name : names) class_attributes_.insert(std::string(name));
+  for (absl::string_view name : names)
+    class_attributes_.insert(std::string(name));
 }
 
 bool Module::HasClassAttribute(absl::string_view name) const {
@@ -280,14 +356,16 @@ absl::StatusOr<RegistrationOutcome> Module::RegisterParameter(
   if (absl::StrContains(name, '.')) {
     return KeyError("parameter name can't contain \".\"");
   }
-  if (name.empty()) return KeyError("parameter name can't be empty string \"\"");
+  if (name.empty())
+    return KeyError("parameter name can't be empty string \"\"");
   MODELSTATE_RETURN_IF_ERROR(CheckNameFree(EntryKind::kParameter, name));
   if (param.defined() && !param.is_parameter()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cannot assign '", param.TypeName(), "' object to parameter '", name,
         "' (torch.nn.Parameter or None required)"));
   }
-  if (param.defined()) MODELSTATE_RETURN_IF_ERROR(CheckDeviceAvailable(param.device()));
+  if (param.defined())
+    MODELSTATE_RETURN_IF_ERROR(CheckDeviceAvailable(param.device()));
   SlotValue value;
   value.tensor = std::move(param);
   return Register(EntryKind::kParameter, std::move(name), std::move(value),
@@ -302,7 +380,8 @@ absl::StatusOr<RegistrationOutcome> Module::RegisterBuffer(
   }
   if (name.empty()) return KeyError("buffer name can't be empty string \"\"");
   MODELSTATE_RETURN_IF_ERROR(CheckNameFree(EntryKind::kBuffer, name));
-  if (tensor.defined()) MODELSTATE_RETURN_IF_ERROR(CheckDeviceAvailable(tensor.device()));
+  if (tensor.defined())
+    MODELSTATE_RETURN_IF_ERROR(CheckDeviceAvailable(tensor.device()));
   SlotValue value;
   value.tensor = std::move(tensor);
   value.persistent = persistent;
@@ -322,9 +401,9 @@ absl::StatusOr<RegistrationOutcome> Module::RegisterModule(
   if (name.empty()) return KeyError("module name can't be empty string \"\"");
   if (child != nullptr &&
       (child.get() == this || child->ContainsModule(this))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Registering '", name, "' in ", type_name_,
-        " would make the module tree cyclic"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Registering '", name, "' in ", type_name_,
+                     " would make the module tree cyclic"));
   }
   SlotValue value;
   value.module = std::move(child);
@@ -342,9 +421,8 @@ absl::StatusOr<RegistrationOutcome> Module::RemoveEntry(
   } else if (children_.Contains(name)) {
     kind = EntryKind::kModule;
   } else {
-    return absl::NotFoundError(absl::StrCat("'", type_name_,
-                                            "' object has no attribute '",
-                                            name, "'"));
+    return absl::NotFoundError(absl::StrCat(
+        "'", type_name_, "' object has no attribute '", name, "'"));
   }
   SlotValue none;
   none.persistent = kind != EntryKind::kBuffer || IsPersistentBuffer(name);
@@ -374,9 +452,9 @@ absl::StatusOr<RegistrationOutcome> Module::SetAttr(
   // 3.4b: an existing parameter accepts only None.
   if (parameters_.Contains(name)) {
     if (!is_none) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cannot assign '", type_name(), "' as parameter '", name,
-          "' (torch.nn.Parameter or None expected)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot assign '", type_name(), "' as parameter '", name,
+                       "' (torch.nn.Parameter or None expected)"));
     }
     return RegisterParameter(std::move(name), Tensor(), ctx);
   }
@@ -387,18 +465,18 @@ absl::StatusOr<RegistrationOutcome> Module::SetAttr(
   // 3.4d: an existing submodule accepts only None.
   if (children_.Contains(name)) {
     if (!is_none) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cannot assign '", type_name(), "' as child module '", name,
-          "' (torch.nn.Module or None expected)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot assign '", type_name(), "' as child module '",
+                       name, "' (torch.nn.Module or None expected)"));
     }
     return RegisterModule(std::move(name), nullptr, ctx);
   }
   // 3.4e: an existing buffer accepts a tensor or None; persistence is kept.
   if (buffers_.Contains(name)) {
     if (!is_none && tensor == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cannot assign '", type_name(), "' as buffer '", name,
-          "' (torch.Tensor or None expected)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot assign '", type_name(), "' as buffer '", name,
+                       "' (torch.Tensor or None expected)"));
     }
     bool persistent = IsPersistentBuffer(name);
     return RegisterBuffer(std::move(name), is_none ? Tensor() : *tensor,
@@ -421,12 +499,11 @@ absl::StatusOr<AttrLookup> Module::GetAttr(absl::string_view name) const {
   if (const auto* m = children_.Find(name)) return AttrLookup(*m);
   if (const AttrValue* v = attributes_.Find(name)) return AttrLookup(*v);
   if (class_attributes_.contains(name)) {
-    return AttrLookup(AttrValue(absl::StrCat("<attribute ", name, " of ",
-                                             type_name_, ">")));
+    return AttrLookup(
+        AttrValue(absl::StrCat("<attribute ", name, " of ", type_name_, ">")));
   }
-  return absl::NotFoundError(absl::StrCat("'", type_name_,
-                                          "' object has no attribute '", name,
-                                          "'"));
+  return absl::NotFoundError(
+      absl::StrCat("'", type_name_, "' object has no attribute '", name, "'"));
 }
 
 absl::StatusOr<RegistrationOutcome> Module::DelAttr(
@@ -436,9 +513,8 @@ absl::StatusOr<RegistrationOutcome> Module::DelAttr(
     return RemoveEntry(name, ctx);
   }
   if (attributes_.Erase(name)) return RegistrationOutcome{};
-  return absl::NotFoundError(absl::StrCat("'", type_name_,
-                                          "' object has no attribute '", name,
-                                          "'"));
+  return absl::NotFoundError(
+      absl::StrCat("'", type_name_, "' object has no attribute '", name, "'"));
 }
 
 absl::StatusOr<std::shared_ptr<Module>> Module::GetSubmodule(
@@ -448,8 +524,8 @@ absl::StatusOr<std::shared_ptr<Module>> Module::GetSubmodule(
   for (absl::string_view item : absl::StrSplit(path, '.')) {
     const auto* child = current->children_.Find(item);
     if (child == nullptr || *child == nullptr) {
-      return absl::NotFoundError(absl::StrCat(
-          current->type_name_, " has no attribute `", item, "`"));
+      return absl::NotFoundError(
+          absl::StrCat(current->type_name_, " has no attribute `", item, "`"));
     }
     current = *child;
   }
@@ -507,9 +583,8 @@ std::vector<std::pair<std::string, Tensor>> NamedMembers(
   if (recurse) {
     modules = self.NamedModules(prefix, remove_duplicate);
   } else {
-    modules.emplace_back(std::string(prefix),
-                         std::const_pointer_cast<Module>(
-                             self.shared_from_this()));
+    modules.emplace_back(std::string(prefix), std::const_pointer_cast<Module>(
+                                                  self.shared_from_this()));
   }
   std::vector<std::pair<std::string, Tensor>> out;
   absl::flat_hash_set<const void*> memo;
@@ -553,7 +628,8 @@ namespace {
 
 void SaveTo(const Module& m, const std::string& prefix, bool keep_vars,
             StateDict& out) {
-  std::string meta_key = prefix.empty() ? "" : prefix.substr(0, prefix.size() - 1);
+  std::string meta_key =
+      prefix.empty() ? "" : prefix.substr(0, prefix.size() - 1);
   out.metadata->Set(meta_key, m.version());
   auto put = [&](const std::string& name, const Tensor& t) {
     out.tensors.Set(prefix + name, keep_vars ? t : t.Detach());
@@ -616,9 +692,8 @@ struct LoadPlan {
 
 // PyTorch's Module._load_from_state_dict for one module, then its children
 // (the raw child map: a shared child is visited once per path).
-absl::Status PlanLoad(Module& m, const std::string& prefix,
-                      const StateDict& sd, const LoadOptions& options,
-                      LoadPlan& plan) {
+absl::Status PlanLoad(Module& m, const std::string& prefix, const StateDict& sd,
+                      const LoadOptions& options, LoadPlan& plan) {
   std::optional<int> version;
   if (sd.metadata.has_value()) {
     std::string meta_key =
@@ -648,8 +723,7 @@ absl::Status PlanLoad(Module& m, const std::string& prefix,
       // BatchNorm before version 2 had no num_batches_tracked: keep the
       // module's own counter (PyTorch >= 2.2) instead of reporting it.
       bool legacy_counter = kind == EntryKind::kBuffer &&
-                            name == "num_batches_tracked" &&
-                            m.version() >= 2 &&
+                            name == "num_batches_tracked" && m.version() >= 2 &&
                             (!version.has_value() || *version < 2);
       if (!legacy_counter) plan.missing.push_back(key);
       continue;
@@ -692,8 +766,8 @@ absl::Status PlanLoad(Module& m, const std::string& prefix,
   if (m.has_extra_state()) {
     if (const Tensor* t = sd.tensors.Find(extra_key)) {
       plan.writes.push_back(PlannedWrite{&m, prefix, EntryKind::kModule,
-                                         std::string(kExtraStateKey),
-                                         extra_key, m.extra_state(), *t});
+                                         std::string(kExtraStateKey), extra_key,
+                                         m.extra_state(), *t});
     } else {
       plan.missing.push_back(extra_key);
     }
@@ -747,8 +821,8 @@ absl::StatusOr<LoadResult> Module::LoadStateDict(
   result.keys.missing_keys = plan.missing;
   result.keys.unexpected_keys = plan.unexpected;
   // A dry run copies nothing; in assign mode it records the registrations.
-  bool write = (!options.atomic || errors.empty()) &&
-               (options.assign || !ctx.dry_run);
+  bool write =
+      (!options.atomic || errors.empty()) && (options.assign || !ctx.dry_run);
   if (write && !options.assign) {
     // Take every storage this load overwrites first, so that running out of
     // memory (copy-on-write of a shared storage) fails before any byte moved.
@@ -781,8 +855,8 @@ absl::StatusOr<LoadResult> Module::LoadStateDict(
         continue;
       }
       RegistrationContext sub = ctx;
-      sub.path = w.prefix.empty() ? ""
-                                  : w.prefix.substr(0, w.prefix.size() - 1);
+      sub.path =
+          w.prefix.empty() ? "" : w.prefix.substr(0, w.prefix.size() - 1);
       absl::StatusOr<RegistrationOutcome> outcome;
       if (w.kind == EntryKind::kParameter) {
         // Installed as a parameter with the module's requires_grad.
@@ -887,10 +961,9 @@ struct ModuleInternals {
       if (c.is_parameter) {
         c.tensor.SetData(c.converted);
       } else {
-        c.module->StoreSlot(
-            EntryKind::kBuffer, c.name, true,
-            SlotValue{c.converted, nullptr,
-                      c.module->IsPersistentBuffer(c.name)});
+        c.module->StoreSlot(EntryKind::kBuffer, c.name, true,
+                            SlotValue{c.converted, nullptr,
+                                      c.module->IsPersistentBuffer(c.name)});
       }
     }
   }
@@ -904,7 +977,8 @@ absl::Status Module::To(std::optional<Device> device,
         "desired dtype=",
         TorchDTypeName(*dtype)));
   }
-  if (device.has_value()) MODELSTATE_RETURN_IF_ERROR(CheckDeviceAvailable(*device));
+  if (device.has_value())
+    MODELSTATE_RETURN_IF_ERROR(CheckDeviceAvailable(*device));
   absl::flat_hash_map<const void*, Tensor> done;
   std::vector<PlannedConversion> plan;
   MODELSTATE_RETURN_IF_ERROR(PlanConversion(
@@ -1007,8 +1081,8 @@ absl::Status ApplyFinalDecisions(absl::Span<const RegistrationRecord> records,
     const RegistrationRecord& r = records[i];
     SlotKey key{r.owner.get(), r.event.kind, r.event.name};
     auto [it, inserted] = ends.try_emplace(
-        key, SlotEnd{r.before.existed, r.before.value, r.before.position,
-                     false});
+        key,
+        SlotEnd{r.before.existed, r.before.value, r.before.position, false});
     if (inserted) order.push_back(key);
     const HookDecision& final_decision = finals[i];
     bool local_stored = r.applied;

@@ -44,9 +44,9 @@ class Module;
 // A plain (non-registered) attribute value: None, bool, int, float, str,
 // a list of ints or floats, or a plain tensor (PyTorch 3.4f: a tensor
 // assigned to a new name is an attribute, not a buffer).
-using AttrValue = std::variant<std::monostate, bool, int64_t, double,
-                               std::string, std::vector<int64_t>,
-                               std::vector<double>, Tensor>;
+using AttrValue =
+    std::variant<std::monostate, bool, int64_t, double, std::string,
+                 std::vector<int64_t>, std::vector<double>, Tensor>;
 
 // Python's type name of an attribute value, for error texts ("int", "str",
 // "torch.FloatTensor", "NoneType", ...).
@@ -86,8 +86,8 @@ struct RegistrationOutcome {
 // What was in a slot before a registration, so that a later decision (for
 // example a remote subscriber's) can restore it.
 struct SlotState {
-  bool existed = false;   // The name was in the kind's map (maybe as None).
-  SlotValue value;        // The value (null for None).
+  bool existed = false;     // The name was in the kind's map (maybe as None).
+  SlotValue value;          // The value (null for None).
   ptrdiff_t position = -1;  // Its place in that map when it existed.
 };
 
@@ -241,9 +241,9 @@ class Module : public std::enable_shared_from_this<Module> {
   // PyTorch's load_state_dict, atomic by default (SEMANTICS L1). On failure
   // returns FAILED_PRECONDITION whose message is PyTorch's RuntimeError text
   // ("Error(s) in loading state_dict for Linear:\n\t...").
-  absl::StatusOr<LoadResult> LoadStateDict(
-      const StateDict& state_dict, const LoadOptions& options = {},
-      const RegistrationContext& ctx = {});
+  absl::StatusOr<LoadResult> LoadStateDict(const StateDict& state_dict,
+                                           const LoadOptions& options = {},
+                                           const RegistrationContext& ctx = {});
 
   // Extra state (PyTorch's get_extra_state / set_extra_state): modules that
   // opt in hold an opaque byte tensor saved under "_extra_state".
@@ -289,8 +289,7 @@ class Module : public std::enable_shared_from_this<Module> {
   friend struct ModuleInternals;
 
   // The shared registration path: validation done, runs hooks, stores.
-  absl::StatusOr<RegistrationOutcome> Register(EntryKind kind,
-                                               std::string name,
+  absl::StatusOr<RegistrationOutcome> Register(EntryKind kind, std::string name,
                                                SlotValue value, bool removal,
                                                const RegistrationContext& ctx);
   // Stores `value` in the slot (`present` false: erase the name). A name

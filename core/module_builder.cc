@@ -35,7 +35,8 @@ std::string SpecValueTypeName(const SpecValue& v) {
 // 'a', 'b', and 'c'.
 std::string PythonNameList(const std::vector<std::string>& names) {
   std::vector<std::string> quoted;
-  for (const std::string& n : names) quoted.push_back(absl::StrCat("'", n, "'"));
+  for (const std::string& n : names)
+    quoted.push_back(absl::StrCat("'", n, "'"));
   if (quoted.size() == 1) return quoted[0];
   if (quoted.size() == 2) return absl::StrCat(quoted[0], " and ", quoted[1]);
   std::string last = quoted.back();
@@ -66,10 +67,10 @@ absl::StatusOr<BoundArgs> BindArgs(
         required == signature.size()
             ? absl::StrCat(signature.size() + 1)
             : absl::StrCat("from ", required + 1, " to ", signature.size() + 1);
-    return absl::InvalidArgumentError(absl::StrCat(
-        fn, " takes ", takes, " positional argument",
-        signature.size() == 0 ? "" : "s", " but ", args.size() + 1,
-        args.size() + 1 == 1 ? " was" : " were", " given"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(fn, " takes ", takes, " positional argument",
+                     signature.size() == 0 ? "" : "s", " but ", args.size() + 1,
+                     args.size() + 1 == 1 ? " was" : " were", " given"));
   }
   absl::flat_hash_map<std::string, SpecValue> values;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -79,12 +80,12 @@ absl::StatusOr<BoundArgs> BindArgs(
     bool known = false;
     for (const ArgDef& d : signature) known |= d.name == name;
     if (!known) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          fn, " got an unexpected keyword argument '", name, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(fn, " got an unexpected keyword argument '", name, "'"));
     }
     if (!values.emplace(name, value).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          fn, " got multiple values for argument '", name, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(fn, " got multiple values for argument '", name, "'"));
     }
   }
   std::vector<std::string> missing;
@@ -181,8 +182,9 @@ absl::StatusOr<DType> BoundArgs::FactoryDType(DType build_dtype) const {
   MODELSTATE_ASSIGN_OR_RETURN(std::string text, Str("dtype"));
   MODELSTATE_ASSIGN_OR_RETURN(DType dtype, ParseDType(text));
   if (!IsFloatingPoint(dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        type_, ": dtype must be a floating point dtype, got ", DTypeName(dtype)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(type_, ": dtype must be a floating point dtype, got ",
+                     DTypeName(dtype)));
   }
   return dtype;
 }
@@ -192,9 +194,9 @@ absl::StatusOr<Device> BoundArgs::FactoryDevice(Device build_device) const {
   MODELSTATE_ASSIGN_OR_RETURN(std::string text, Str("device"));
   MODELSTATE_ASSIGN_OR_RETURN(Device device, ParseDevice(text));
   if (!device.is_cpu() && !device.is_meta()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        type_, ": modules are built on cpu or meta (got '", text,
-        "'); move them afterwards"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(type_, ": modules are built on cpu or meta (got '", text,
+                     "'); move them afterwards"));
   }
   return device;
 }
@@ -225,10 +227,9 @@ absl::StatusOr<Tensor> BuildContext::NewTensor(DType dtype, Shape shape,
 
 absl::Status BuildContext::CountEntry() {
   if (++entries_ > options_.limits.max_entries) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("The module has more than the max_entries limit of ",
-                     options_.limits.max_entries,
-                     " parameters, buffers and submodules"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "The module has more than the max_entries limit of ",
+        options_.limits.max_entries, " parameters, buffers and submodules"));
   }
   return absl::OkStatus();
 }
@@ -251,8 +252,8 @@ absl::Status BuildContext::AddParameter(Module& module, const std::string& path,
   if (data.defined() && !data.is_parameter()) {
     MODELSTATE_ASSIGN_OR_RETURN(param, MakeParameter(data, requires_grad));
   }
-  return module.RegisterParameter(std::move(name), std::move(param),
-                                  Context(path))
+  return module
+      .RegisterParameter(std::move(name), std::move(param), Context(path))
       .status();
 }
 
@@ -294,8 +295,8 @@ absl::Status WithSpecPath(const absl::Status& status,
                           const std::string& spec_path,
                           absl::string_view type) {
   if (status.ok()) return status;
-  return absl::Status(status.code(), absl::StrCat(spec_path, " (", type, "): ",
-                                                  status.message()));
+  return absl::Status(status.code(), absl::StrCat(spec_path, " (", type,
+                                                  "): ", status.message()));
 }
 
 // Initialises a custom module's tensor per its InitSpec.
@@ -338,7 +339,8 @@ absl::StatusOr<Tensor> MakeCustomTensor(const TensorSpec& spec,
     return t;
   }
   DType dtype = spec.dtype.value_or(ctx.options().dtype);
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor t, ctx.NewTensor(dtype, spec.shape, device));
+  MODELSTATE_ASSIGN_OR_RETURN(Tensor t,
+                              ctx.NewTensor(dtype, spec.shape, device));
   MODELSTATE_RETURN_IF_ERROR(InitCustomTensor(t, spec.init, ctx));
   return t;
 }
@@ -368,9 +370,9 @@ absl::StatusOr<std::shared_ptr<Module>> ResolveRef(const ModuleSpec& spec,
   }
   absl::StatusOr<std::shared_ptr<Module>> found = scope.GetSubmodule(spec.ref);
   if (!found.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ref '", spec.ref, "' names no module built so far (",
-        found.status().message(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ref '", spec.ref, "' names no module built so far (",
+                     found.status().message(), ")"));
   }
   return found;
 }
@@ -384,8 +386,8 @@ absl::Status ApplyTie(const TieSpec& tie, Module& scope,
   bool is_parameter = source != nullptr;
   if (source == nullptr) source = source_owner->buffers().Find(source_name);
   if (source == nullptr || !source->defined()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "source '", tie.source, "' is not a parameter or buffer"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("source '", tie.source, "' is not a parameter or buffer"));
   }
   auto [target_owner_path, target_name] = SplitOwner(tie.target);
   MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Module> target_owner,
@@ -412,7 +414,8 @@ absl::StatusOr<std::shared_ptr<Module>> BuildCustom(
   }
   std::shared_ptr<Module> m = Module::Create(spec.type);
   if (spec.has_extra_state) {
-    MODELSTATE_ASSIGN_OR_RETURN(Tensor empty, Tensor::Empty(DType::kUInt8, {0}));
+    MODELSTATE_ASSIGN_OR_RETURN(Tensor empty,
+                                Tensor::Empty(DType::kUInt8, {0}));
     m->EnableExtraState(empty);
   }
   for (size_t i = 0; i < spec.members.size(); ++i) {
@@ -442,7 +445,8 @@ absl::StatusOr<std::shared_ptr<Module>> BuildCustom(
         std::shared_ptr<Module> child;
         if (!member.is_none) {
           if (member.module == nullptr) {
-            status = absl::InvalidArgumentError("a module member needs 'module'");
+            status =
+                absl::InvalidArgumentError("a module member needs 'module'");
             break;
           }
           if (!member.module->ref.empty()) {
@@ -473,9 +477,8 @@ absl::StatusOr<std::shared_ptr<Module>> BuildCustom(
   for (size_t i = 0; i < spec.ties.size(); ++i) {
     absl::Status status = ApplyTie(spec.ties[i], *m, path, ctx);
     if (!status.ok()) {
-      return absl::Status(status.code(),
-                          absl::StrCat(spec_path, ".ties[", i, "]: ",
-                                       status.message()));
+      return absl::Status(status.code(), absl::StrCat(spec_path, ".ties[", i,
+                                                      "]: ", status.message()));
     }
   }
   return m;
@@ -500,9 +503,11 @@ absl::StatusOr<std::shared_ptr<Module>> BuildContainer(
       names.push_back(given);
     } else if (spec.type == "ModuleList" && !given.empty() &&
                given != absl::StrCat(i)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          spec_path, ".children[", i, "]: ModuleList children are named by "
-          "position; got '", given, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(spec_path, ".children[", i,
+                       "]: ModuleList children are named by "
+                       "position; got '",
+                       given, "'"));
     } else {
       names.push_back(given.empty() ? absl::StrCat(i) : given);
     }
@@ -527,9 +532,9 @@ absl::StatusOr<std::shared_ptr<Module>> BuildContainer(
         found = sub.ok() ? *sub : nullptr;
       }
       if (found == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            child_spec_path, ": ref '", child_spec.ref,
-            "' names no earlier child"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(child_spec_path, ": ref '", child_spec.ref,
+                         "' names no earlier child"));
       }
       built.push_back(std::move(found));
       continue;
@@ -542,9 +547,9 @@ absl::StatusOr<std::shared_ptr<Module>> BuildContainer(
   std::shared_ptr<Module> m = Module::Create(
       spec.type, absl::StrCat(kContainerQualifiedPrefix, spec.type));
   for (size_t i = 0; i < built.size(); ++i) {
-    MODELSTATE_RETURN_IF_ERROR(WithSpecPath(
-        ctx.AddModule(*m, path, names[i], std::move(built[i])),
-        absl::StrCat(spec_path, ".children[", i, "]"), spec.type));
+    MODELSTATE_RETURN_IF_ERROR(
+        WithSpecPath(ctx.AddModule(*m, path, names[i], std::move(built[i])),
+                     absl::StrCat(spec_path, ".children[", i, "]"), spec.type));
   }
   return m;
 }
@@ -556,9 +561,10 @@ absl::StatusOr<std::shared_ptr<Module>> BuildSpec(const ModuleSpec& spec,
                                                   const std::string& spec_path,
                                                   BuildContext& ctx) {
   if (!spec.ref.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        spec_path, ".ref: only a container child or a custom module's member "
-        "may refer to another module"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(spec_path,
+                     ".ref: only a container child or a custom module's member "
+                     "may refer to another module"));
   }
   if (spec.type.empty()) {
     return absl::InvalidArgumentError(
@@ -570,9 +576,10 @@ absl::StatusOr<std::shared_ptr<Module>> BuildSpec(const ModuleSpec& spec,
     result = BuildContainer(spec, path, spec_path, ctx);
   } else if (const LayerDef* layer = FindLayer(spec.type)) {
     if (!spec.children.empty() || !spec.members.empty()) {
-      result = absl::InvalidArgumentError(absl::StrCat(
-          spec_path, " (", spec.type, "): a library layer is configured by "
-          "'args' and 'kwargs' only"));
+      result = absl::InvalidArgumentError(
+          absl::StrCat(spec_path, " (", spec.type,
+                       "): a library layer is configured by "
+                       "'args' and 'kwargs' only"));
     } else {
       std::vector<ArgDef> no_signature;
       absl::StatusOr<BoundArgs> bound =
@@ -647,8 +654,9 @@ absl::StatusOr<BuildResult> BuildModule(const ModuleSpec& spec,
                      options.device.ToString(), "; move them afterwards"));
   }
   internal::BuildContext ctx(options);
-  MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Module> root,
-                              internal::BuildSpec(spec, options.root_path, "spec", ctx));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      std::shared_ptr<Module> root,
+      internal::BuildSpec(spec, options.root_path, "spec", ctx));
   return BuildResult{std::move(root), std::move(ctx.records())};
 }
 

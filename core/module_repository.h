@@ -14,9 +14,10 @@
 // commit and at start-up.
 //
 // Example:
-//   MODELSTATE_ASSIGN_OR_RETURN(auto repo, ModuleRepository::Open("data/modules"));
-//   ModuleRepository::LoadReport report = repo->LoadAll();
-//   MODELSTATE_RETURN_IF_ERROR(repo->Save(name, *root));
+//   MODELSTATE_ASSIGN_OR_RETURN(auto repo,
+//   ModuleRepository::Open("data/modules")); ModuleRepository::LoadReport
+//   report = repo->LoadAll(); MODELSTATE_RETURN_IF_ERROR(repo->Save(name,
+//   *root));
 #ifndef MODELSTATE_CORE_MODULE_REPOSITORY_H_
 #define MODELSTATE_CORE_MODULE_REPOSITORY_H_
 
@@ -40,7 +41,8 @@ namespace modelstate {
 class ModuleRepository {
  public:
   // Opens (creating) `dir`.
-  static absl::StatusOr<std::unique_ptr<ModuleRepository>> Open(std::string dir);
+  static absl::StatusOr<std::unique_ptr<ModuleRepository>> Open(
+      std::string dir);
 
   // Makes `root` the durable state of `name`. Returns once it is on disk.
   absl::Status Save(const ModuleName& name, const Module& root);
@@ -68,7 +70,8 @@ class ModuleRepository {
 
   // Per module: where each storage version's bytes already are on disk.
   struct Saved {
-    absl::flat_hash_map<uint64_t, std::pair<std::string, std::string>> by_version;
+    absl::flat_hash_map<uint64_t, std::pair<std::string, std::string>>
+        by_version;
     uint64_t next_file = 1;
   };
   absl::StatusOr<std::shared_ptr<Module>> LoadOne(const ModuleName& name,

@@ -73,10 +73,10 @@ struct TensorSpec {
 struct MemberSpec {
   EntryKind kind = EntryKind::kParameter;
   std::string name;
-  bool is_none = false;  // Register None (an unregistration event).
-  TensorSpec tensor;     // kParameter, kBuffer
-  bool requires_grad = true;                // kParameter
-  bool persistent = true;                   // kBuffer
+  bool is_none = false;       // Register None (an unregistration event).
+  TensorSpec tensor;          // kParameter, kBuffer
+  bool requires_grad = true;  // kParameter
+  bool persistent = true;     // kBuffer
   std::shared_ptr<const struct ModuleSpec> module;  // kModule
 };
 
@@ -114,9 +114,9 @@ struct ModuleSpec {
   // field must be empty.
   std::string ref;
 
-  static ModuleSpec Layer(std::string type, std::vector<SpecValue> args = {},
-                          std::vector<std::pair<std::string, SpecValue>>
-                              kwargs = {});
+  static ModuleSpec Layer(
+      std::string type, std::vector<SpecValue> args = {},
+      std::vector<std::pair<std::string, SpecValue>> kwargs = {});
 };
 
 // A container's child: its name ("" for positional) and spec.
@@ -127,16 +127,16 @@ struct ModuleChild {
 
 // Limits a build must respect (RESOURCE_EXHAUSTED names the one exceeded).
 struct BuildLimits {
-  int max_depth = 64;                     // Nesting of modules.
-  int64_t max_entries = 1'000'000;        // Parameters + buffers + modules.
+  int max_depth = 64;                      // Nesting of modules.
+  int64_t max_entries = 1'000'000;         // Parameters + buffers + modules.
   uint64_t max_tensor_bytes = UINT64_MAX;  // One tensor.
   uint64_t max_total_bytes = UINT64_MAX;   // All tensors with storage.
 };
 
 struct BuildOptions {
-  uint64_t seed = 0;                 // torch.manual_seed(seed)
-  Device device = Device::Cpu();     // cpu or meta
-  DType dtype = DType::kFloat32;     // factory dtype (floating point)
+  uint64_t seed = 0;              // torch.manual_seed(seed)
+  Device device = Device::Cpu();  // cpu or meta
+  DType dtype = DType::kFloat32;  // factory dtype (floating point)
   // In-process hooks that decide each registration; nullptr for none.
   const HookRegistry* hooks = &HookRegistry::Global();
   BuildLimits limits;

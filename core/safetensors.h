@@ -18,7 +18,8 @@
 //
 // Example:
 //   MODELSTATE_RETURN_IF_ERROR(WriteSafetensorsFile("model.safetensors", sd));
-//   MODELSTATE_ASSIGN_OR_RETURN(StateDict back, ReadSafetensorsFile("model.safetensors"));
+//   MODELSTATE_ASSIGN_OR_RETURN(StateDict back,
+//   ReadSafetensorsFile("model.safetensors"));
 #ifndef MODELSTATE_CORE_SAFETENSORS_H_
 #define MODELSTATE_CORE_SAFETENSORS_H_
 
@@ -69,7 +70,8 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
 
 // Reads and validates the header of the file at `path`. NOT_FOUND if it does
 // not exist; INVALID_ARGUMENT naming the file and the problem otherwise.
-absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path);
+absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(
+    const std::string& path);
 
 // Reads a whole file into a StateDict (CPU tensors, in data order, each
 // tensor's bytes read straight into its own storage).

@@ -23,8 +23,8 @@ Sha256::Sha256() : state_(std::make_unique<State>()) {
 Sha256::~Sha256() { EVP_MD_CTX_free(state_->ctx); }
 
 void Sha256::Update(absl::string_view bytes) {
-  MODELSTATE_CHECK(
-      EVP_DigestUpdate(state_->ctx, bytes.data(), bytes.size()) == 1)
+  MODELSTATE_CHECK(EVP_DigestUpdate(state_->ctx, bytes.data(), bytes.size()) ==
+                   1)
       << "EVP_DigestUpdate failed";
 }
 

@@ -42,9 +42,9 @@ absl::StatusOr<std::unique_ptr<StateDictReader>> StateDictReader::Create(
     StateDict snapshot, std::optional<DType> target_dtype,
     std::vector<EntryKind> kinds) {
   if (target_dtype.has_value() && !IsFloatingPoint(*target_dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "target_dtype must be a floating point dtype, got ",
-        DTypeName(*target_dtype)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("target_dtype must be a floating point dtype, got ",
+                     DTypeName(*target_dtype)));
   }
   std::unique_ptr<StateDictReader> reader(new StateDictReader());
   reader->layout_ = LayoutOf(snapshot);
@@ -58,7 +58,8 @@ absl::StatusOr<std::unique_ptr<StateDictReader>> StateDictReader::Create(
     }
     if (target_dtype.has_value() && IsFloatingPoint(e.dtype)) {
       e.dtype = *target_dtype;
-      e.nbytes = static_cast<uint64_t>(item.value.numel()) * ElementSize(e.dtype);
+      e.nbytes =
+          static_cast<uint64_t>(item.value.numel()) * ElementSize(e.dtype);
     }
     if (i < kinds.size()) e.kind = kinds[i];
     reader->layout_.total_bytes += e.nbytes;
@@ -90,9 +91,9 @@ absl::StatusOr<size_t> StateDictReader::Read(size_t max_bytes,
     out->resize(old_size + n);
     char* dst = out->data() + old_size;
     if (e.dtype == t.dtype()) {
-      MODELSTATE_RETURN_IF_ERROR(CopyBytes(
-          Device::Cpu(), dst, t.device(),
-          static_cast<const char*>(t.raw_data()) + entry_offset_, n));
+      MODELSTATE_RETURN_IF_ERROR(
+          CopyBytes(Device::Cpu(), dst, t.device(),
+                    static_cast<const char*>(t.raw_data()) + entry_offset_, n));
     } else {
       // Convert the whole elements covering [entry_offset_, +n) through a
       // small buffer, so that a chunk may end in the middle of an element.
@@ -105,8 +106,8 @@ absl::StatusOr<size_t> StateDictReader::Read(size_t max_bytes,
       std::string host;
       if (!t.device().is_cpu()) {
         host.resize((last - first) * in_es);
-        MODELSTATE_RETURN_IF_ERROR(
-            CopyBytes(Device::Cpu(), host.data(), t.device(), src, host.size()));
+        MODELSTATE_RETURN_IF_ERROR(CopyBytes(Device::Cpu(), host.data(),
+                                             t.device(), src, host.size()));
         src = host.data();
       }
       ConvertElements(src, t.dtype(), converted.data(), e.dtype,
@@ -123,9 +124,9 @@ absl::StatusOr<size_t> StateDictReader::Read(size_t max_bytes,
 absl::StatusOr<std::unique_ptr<StateDictAssembler>> StateDictAssembler::Create(
     StateDictLayout layout, const StreamLimits& limits) {
   if (layout.entries.size() > limits.max_entries) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "header: ", layout.entries.size(), " entries exceed the limit of ",
-        limits.max_entries));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("header: ", layout.entries.size(),
+                     " entries exceed the limit of ", limits.max_entries));
   }
   absl::flat_hash_set<std::string> seen;
   uint64_t total = 0;
@@ -146,8 +147,8 @@ absl::StatusOr<std::unique_ptr<StateDictAssembler>> StateDictAssembler::Create(
     }
     absl::StatusOr<uint64_t> nbytes = CheckedNumBytes(*numel, e.dtype);
     if (!nbytes.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, " '", e.key, "': ", nbytes.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " '", e.key, "': ", nbytes.status().message()));
     }
     if (*nbytes != e.nbytes) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -155,10 +156,10 @@ absl::StatusOr<std::unique_ptr<StateDictAssembler>> StateDictAssembler::Create(
           DTypeName(e.dtype), ShapeToString(e.shape), " needs ", *nbytes));
     }
     if (e.nbytes > limits.max_tensor_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          where, " '", e.key, "' has ", e.nbytes,
-          " bytes, over the max_tensor_bytes limit of ",
-          limits.max_tensor_bytes));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(where, " '", e.key, "' has ", e.nbytes,
+                       " bytes, over the max_tensor_bytes limit of ",
+                       limits.max_tensor_bytes));
     }
     if (e.nbytes > UINT64_MAX - total) {
       return absl::InvalidArgumentError("header: total size overflows");
@@ -197,13 +198,13 @@ absl::Status StateDictAssembler::StartEntry() {
 
 absl::Status StateDictAssembler::Append(absl::string_view bytes) {
   if (bytes.size() > layout_.total_bytes - received_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data: received more than the ", layout_.total_bytes,
-        " bytes the header declares"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("data: received more than the ", layout_.total_bytes,
+                     " bytes the header declares"));
   }
-  while (!bytes.empty() || (entry_ < layout_.entries.size() &&
-                            layout_.entries[entry_].nbytes == 0 &&
-                            !current_.defined())) {
+  while (!bytes.empty() ||
+         (entry_ < layout_.entries.size() &&
+          layout_.entries[entry_].nbytes == 0 && !current_.defined())) {
     if (!current_.defined()) MODELSTATE_RETURN_IF_ERROR(StartEntry());
     const StateDictLayoutEntry& e = layout_.entries[entry_];
     size_t n = static_cast<size_t>(
@@ -224,9 +225,9 @@ absl::Status StateDictAssembler::Append(absl::string_view bytes) {
 
 absl::StatusOr<StateDict> StateDictAssembler::Finish() {
   if (received_ != layout_.total_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the stream ended after ", received_, " of ", layout_.total_bytes,
-        " data bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the stream ended after ", received_, " of ",
+                     layout_.total_bytes, " data bytes"));
   }
   // Zero-byte entries at the end have not been visited by Append.
   MODELSTATE_RETURN_IF_ERROR(Append(""));

@@ -11,8 +11,9 @@
 // byte arrives.
 //
 // Example:
-//   MODELSTATE_ASSIGN_OR_RETURN(auto reader, StateDictReader::Create(snapshot, {}));
-//   MODELSTATE_ASSIGN_OR_RETURN(auto assembler, StateDictAssembler::Create(
+//   MODELSTATE_ASSIGN_OR_RETURN(auto reader, StateDictReader::Create(snapshot,
+//   {})); MODELSTATE_ASSIGN_OR_RETURN(auto assembler,
+//   StateDictAssembler::Create(
 //       reader->layout(), StreamLimits{}));
 //   std::string chunk;
 //   while (true) {
@@ -94,7 +95,7 @@ class StateDictReader {
 
   StateDictLayout layout_;
   std::vector<Tensor> tensors_;
-  size_t entry_ = 0;          // current entry
+  size_t entry_ = 0;           // current entry
   uint64_t entry_offset_ = 0;  // bytes of the current entry already read
   uint64_t position_ = 0;
 };

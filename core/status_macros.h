@@ -4,9 +4,8 @@
 //
 // Example:
 //   absl::StatusOr<Tensor> MakeWeight() {
-//     MODELSTATE_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kFloat32, {3}));
-//     MODELSTATE_RETURN_IF_ERROR(Fill(t, 1.0));
-//     return t;
+//     MODELSTATE_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kFloat32,
+//     {3})); MODELSTATE_RETURN_IF_ERROR(Fill(t, 1.0)); return t;
 //   }
 #ifndef MODELSTATE_CORE_STATUS_MACROS_H_
 #define MODELSTATE_CORE_STATUS_MACROS_H_
@@ -20,17 +19,18 @@
 #define MODELSTATE_INTERNAL_CONCAT(a, b) MODELSTATE_INTERNAL_CONCAT_IMPL(a, b)
 
 // Returns from the enclosing function if `expr` yields a non-OK status.
-#define MODELSTATE_RETURN_IF_ERROR(expr)                                    \
-  do {                                                                      \
-    ::absl::Status modelstate_status_ = (expr);                             \
-    if (!modelstate_status_.ok()) return modelstate_status_;                \
+#define MODELSTATE_RETURN_IF_ERROR(expr)                     \
+  do {                                                       \
+    ::absl::Status modelstate_status_ = (expr);              \
+    if (!modelstate_status_.ok()) return modelstate_status_; \
   } while (0)
 
 // Evaluates `rexpr` (a StatusOr); on error returns its status, otherwise
 // moves the value into `lhs` (which may be a declaration).
-#define MODELSTATE_ASSIGN_OR_RETURN(lhs, rexpr)                             \
-  MODELSTATE_INTERNAL_ASSIGN_OR_RETURN(                                     \
-      MODELSTATE_INTERNAL_CONCAT(modelstate_statusor_, __COUNTER__), lhs, rexpr)
+#define MODELSTATE_ASSIGN_OR_RETURN(lhs, rexpr)                           \
+  MODELSTATE_INTERNAL_ASSIGN_OR_RETURN(                                   \
+      MODELSTATE_INTERNAL_CONCAT(modelstate_statusor_, __COUNTER__), lhs, \
+      rexpr)
 
 #define MODELSTATE_INTERNAL_ASSIGN_OR_RETURN(statusor, lhs, rexpr) \
   auto statusor = (rexpr);                                         \

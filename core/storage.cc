@@ -72,8 +72,8 @@ absl::StatusOr<std::shared_ptr<Storage>> Storage::Allocate(size_t nbytes,
       return std::shared_ptr<Storage>(
           new Storage(p, nbytes, device, Owner::kMmap));
     }
-    size_t rounded = (nbytes + kCpuAlignment - 1) / kCpuAlignment *
-                     kCpuAlignment;
+    size_t rounded =
+        (nbytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
     void* p = std::aligned_alloc(kCpuAlignment,
                                  rounded == 0 ? kCpuAlignment : rounded);
     if (p == nullptr) {
@@ -122,7 +122,8 @@ absl::Status CopyBytes(const Device& dst_device, void* dst,
                        size_t nbytes) {
   if (nbytes == 0 || dst_device.is_meta()) return absl::OkStatus();
   if (src_device.is_meta()) {
-    return absl::InvalidArgumentError("Cannot copy out of meta tensor; no data!");
+    return absl::InvalidArgumentError(
+        "Cannot copy out of meta tensor; no data!");
   }
   if (dst_device.is_cpu() && src_device.is_cpu()) {
     std::memcpy(dst, src, nbytes);

@@ -37,7 +37,8 @@ class DeviceBackend {
   virtual std::string DeviceName(int32_t index) const = 0;
   // Allocates `nbytes` uninitialised bytes on device `index`.
   // RESOURCE_EXHAUSTED when the device is out of memory.
-  virtual absl::StatusOr<void*> Allocate(int32_t index, size_t nbytes) const = 0;
+  virtual absl::StatusOr<void*> Allocate(int32_t index,
+                                         size_t nbytes) const = 0;
   virtual void Free(int32_t index, void* ptr) const = 0;
   // Copies `nbytes` from host memory to device memory, and back, and within
   // or between devices of this type. Synchronous.

@@ -130,7 +130,8 @@ absl::StatusOr<uint64_t> SubscriberHub::Attach(
     MutexLock lock(&mu_);
     id = next_subscriber_id_++;
     auto known = order_by_name_.find(spec.name);
-    uint64_t order = known != order_by_name_.end() ? known->second : next_order_++;
+    uint64_t order =
+        known != order_by_name_.end() ? known->second : next_order_++;
     order_by_name_[spec.name] = order;
     auto sub = std::make_unique<Subscriber>();
     sub->id = id;
@@ -171,15 +172,17 @@ absl::StatusOr<uint64_t> SubscriberHub::Attach(
                                                        : "dry_run"},
       {"priority", spec.priority},
       {"timeout_ms", absl::ToInt64Milliseconds(spec.timeout)},
-      {"failure_policy",
-       spec.failure_policy == FailurePolicy::kFailClosed ? "fail_closed" : "fail_open"},
+      {"failure_policy", spec.failure_policy == FailurePolicy::kFailClosed
+                             ? "fail_closed"
+                             : "fail_open"},
       {"reconnected", replaced != nullptr}};
   r.details_json = details.dump();
   Audit(std::move(r));
   return id;
 }
 
-void SubscriberHub::Detach(uint64_t subscriber_id, const OperationContext& ctx) {
+void SubscriberHub::Detach(uint64_t subscriber_id,
+                           const OperationContext& ctx) {
   Sends sends;
   std::string name;
   {
@@ -220,7 +223,8 @@ std::vector<SubscriberInfo> SubscriberHub::List() const {
   MutexLock lock(&mu_);
   std::vector<SubscriberInfo> out;
   for (const auto& [id, sub] : subscribers_) {
-    out.push_back(SubscriberInfo{id, sub->spec, sub->order, sub->holding.size()});
+    out.push_back(
+        SubscriberInfo{id, sub->spec, sub->order, sub->holding.size()});
   }
   return out;
 }
@@ -237,7 +241,8 @@ bool SubscriberHub::Matches(const Subscriber& s, const HookEvent& e) const {
          contains(spec.filter.namespaces, e.ns) &&
          (spec.filter.module_type_glob.empty() ||
           GlobMatch(spec.filter.module_type_glob, e.module_type)) &&
-         (spec.filter.name_glob.empty() || GlobMatch(spec.filter.name_glob, e.name));
+         (spec.filter.name_glob.empty() ||
+          GlobMatch(spec.filter.name_glob, e.name));
 }
 
 std::shared_ptr<const HookEvent> SubscriberHub::EventFor(
@@ -285,7 +290,8 @@ void SubscriberHub::AdvanceLocked(Pending& p, Sends& sends) {
   }
   if (p.done) return;
   HookDecision d;
-  bool replaced = p.modified || p.record->local.kind == HookResult::Kind::kReplace;
+  bool replaced =
+      p.modified || p.record->local.kind == HookResult::Kind::kReplace;
   d.kind = replaced ? HookResult::Kind::kReplace : HookResult::Kind::kKeep;
   d.value = p.value;
   if (p.modified) {
@@ -304,7 +310,8 @@ void SubscriberHub::FailLocked(Pending& p, const Subscriber& s,
                                absl::string_view why, Sends& sends) {
   if (p.done) return;
   bool closed = s.spec.failure_policy == FailurePolicy::kFailClosed;
-  p.steps.push_back(ChainStep{s.spec.name, closed ? "failed-closed" : "failed-open",
+  p.steps.push_back(ChainStep{s.spec.name,
+                              closed ? "failed-closed" : "failed-open",
                               absl::StrCat(s.spec.name, " ", why)});
   AuditRecord r;
   r.identity = p.base.identity;
@@ -313,16 +320,18 @@ void SubscriberHub::FailLocked(Pending& p, const Subscriber& s,
   r.ns = p.base.ns;
   r.module = p.base.module;
   r.outcome = closed ? "failed-closed" : "failed-open";
-  r.details_json = nlohmann::json({{"event_id", p.event_id},
-                                   {"subscriber", s.spec.name},
-                                   {"reason", absl::StrCat(s.spec.name, " ", why)}})
-                       .dump();
+  r.details_json =
+      nlohmann::json({{"event_id", p.event_id},
+                      {"subscriber", s.spec.name},
+                      {"reason", absl::StrCat(s.spec.name, " ", why)}})
+          .dump();
   Audit(std::move(r));
   p.waiting_on = 0;
   if (closed) {
     HookDecision d;
     d.kind = HookResult::Kind::kBlock;
-    d.reason = absl::StrCat("subscriber ", s.spec.name, " ", why, " (fail-closed)");
+    d.reason =
+        absl::StrCat("subscriber ", s.spec.name, " ", why, " (fail-closed)");
     FinishLocked(p, std::move(d));
     return;
   }
@@ -330,11 +339,13 @@ void SubscriberHub::FailLocked(Pending& p, const Subscriber& s,
   AdvanceLocked(p, sends);
 }
 
-absl::Status SubscriberHub::ApplyModify(Pending& p, const SubscriberAnswer& answer,
+absl::Status SubscriberHub::ApplyModify(Pending& p,
+                                        const SubscriberAnswer& answer,
                                         const Subscriber& s) {
   const RegistrationRecord& r = *p.record;
   if (r.event.action == RegistrationAction::kUnregister) {
-    return absl::InvalidArgumentError("MODIFY is not allowed on an unregister event");
+    return absl::InvalidArgumentError(
+        "MODIFY is not allowed on an unregister event");
   }
   if (r.event.kind == EntryKind::kModule) {
     return absl::InvalidArgumentError(
@@ -344,7 +355,8 @@ absl::Status SubscriberHub::ApplyModify(Pending& p, const SubscriberAnswer& answ
   if (answer.replacement.defined()) {
     if (answer.transform.has_value()) {
       return absl::InvalidArgumentError(
-          "MODIFY carries either a replacement tensor or a transform, not both");
+          "MODIFY carries either a replacement tensor or a transform, not "
+          "both");
     }
     candidate.tensor = answer.replacement;
   } else if (answer.transform.has_value()) {
@@ -376,13 +388,15 @@ absl::Status SubscriberHub::ApplyModify(Pending& p, const SubscriberAnswer& answ
       }
     }
     if (t.cast.has_value() || t.device.has_value()) {
-      if (t.cast.has_value() && IsFloatingPoint(tensor.dtype()) != IsFloatingPoint(*t.cast)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "cannot cast ", DTypeName(tensor.dtype()), " to ", DTypeName(*t.cast)));
+      if (t.cast.has_value() &&
+          IsFloatingPoint(tensor.dtype()) != IsFloatingPoint(*t.cast)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("cannot cast ", DTypeName(tensor.dtype()), " to ",
+                         DTypeName(*t.cast)));
       }
-      MODELSTATE_ASSIGN_OR_RETURN(
-          tensor, tensor.To(t.device.value_or(tensor.device()),
-                            t.cast.value_or(tensor.dtype())));
+      MODELSTATE_ASSIGN_OR_RETURN(tensor,
+                                  tensor.To(t.device.value_or(tensor.device()),
+                                            t.cast.value_or(tensor.dtype())));
     }
     // A fresh tensor object, so that the proposed one is never changed.
     Tensor fresh = tensor.is_same(p.value.tensor) ? tensor.Detach() : tensor;
@@ -391,11 +405,13 @@ absl::Status SubscriberHub::ApplyModify(Pending& p, const SubscriberAnswer& answ
       if (rg && !IsFloatingPoint(fresh.dtype())) rg = false;
       MODELSTATE_ASSIGN_OR_RETURN(fresh, MakeParameter(fresh, rg));
     } else if (t.requires_grad.has_value()) {
-      return absl::InvalidArgumentError("set_requires_grad applies to parameters only");
+      return absl::InvalidArgumentError(
+          "set_requires_grad applies to parameters only");
     }
     if (t.persistent.has_value()) {
       if (r.event.kind != EntryKind::kBuffer) {
-        return absl::InvalidArgumentError("set_persistent applies to buffers only");
+        return absl::InvalidArgumentError(
+            "set_persistent applies to buffers only");
       }
       candidate.persistent = *t.persistent;
     }
@@ -406,7 +422,8 @@ absl::Status SubscriberHub::ApplyModify(Pending& p, const SubscriberAnswer& answ
   }
   RegistrationEvent event = r.event;
   event.value = p.value;
-  MODELSTATE_ASSIGN_OR_RETURN(candidate, NormalizeReplacement(event, candidate));
+  MODELSTATE_ASSIGN_OR_RETURN(candidate,
+                              NormalizeReplacement(event, candidate));
   MODELSTATE_RETURN_IF_ERROR(ValidateReplacement(event, candidate));
   p.value = std::move(candidate);
   p.value_sha256 = ContentHash(p.value.tensor);
@@ -455,9 +472,10 @@ void SubscriberHub::Answer(uint64_t subscriber_id, SubscriberAnswer answer) {
     if (pit == pending_.end() || pit->second->waiting_on != subscriber_id) {
       // Garbage: the subscriber is broken, so everything it holds fails.
       r.outcome = "invalid";
-      details["problem"] = answer.invalid.empty()
-                               ? "no event with this id is waiting for this subscriber"
-                               : answer.invalid;
+      details["problem"] =
+          answer.invalid.empty()
+              ? "no event with this id is waiting for this subscriber"
+              : answer.invalid;
       r.details_json = details.dump();
       Audit(std::move(r));
       std::vector<uint64_t> held(s.holding.begin(), s.holding.end());
@@ -465,11 +483,12 @@ void SubscriberHub::Answer(uint64_t subscriber_id, SubscriberAnswer answer) {
       for (uint64_t event_id : held) {
         auto p = pending_.find(event_id);
         if (p != pending_.end()) {
-          FailLocked(*p->second, s,
-                     answer.invalid.empty()
-                         ? std::string("sent an answer for an unknown event")
-                         : absl::StrCat("sent an invalid answer: ", answer.invalid),
-                     sends);
+          FailLocked(
+              *p->second, s,
+              answer.invalid.empty()
+                  ? std::string("sent an answer for an unknown event")
+                  : absl::StrCat("sent an invalid answer: ", answer.invalid),
+              sends);
         }
       }
       cv_.SignalAll();
@@ -489,7 +508,8 @@ void SubscriberHub::Answer(uint64_t subscriber_id, SubscriberAnswer answer) {
         details["problem"] = std::string(valid.message());
         r.details_json = details.dump();
         Audit(std::move(r));
-        FailLocked(p, s, absl::StrCat("sent an invalid answer: ", valid.message()),
+        FailLocked(p, s,
+                   absl::StrCat("sent an invalid answer: ", valid.message()),
                    sends);
       } else {
         if (answer.verdict == Verdict::kModify) {
@@ -497,13 +517,15 @@ void SubscriberHub::Answer(uint64_t subscriber_id, SubscriberAnswer answer) {
         }
         r.details_json = details.dump();
         Audit(std::move(r));
-        p.steps.push_back(ChainStep{s.spec.name, std::string(VerdictName(answer.verdict)),
+        p.steps.push_back(ChainStep{s.spec.name,
+                                    std::string(VerdictName(answer.verdict)),
                                     answer.reason});
         if (answer.verdict == Verdict::kReject) {
           HookDecision d;
           d.kind = HookResult::Kind::kBlock;
-          d.reason = absl::StrCat("rejected by ", s.spec.name,
-                                  answer.reason.empty() ? "" : ": ", answer.reason);
+          d.reason =
+              absl::StrCat("rejected by ", s.spec.name,
+                           answer.reason.empty() ? "" : ": ", answer.reason);
           FinishLocked(p, std::move(d));
         } else {
           ++p.stage;
@@ -527,7 +549,8 @@ std::vector<HookDecision> SubscriberHub::Decide(
   // Content hashes before taking the lock: they read every byte.
   std::vector<std::string> hashes(records.size());
   for (size_t i = 0; i < records.size(); ++i) {
-    if (!records[i].local.blocked()) hashes[i] = ContentHash(records[i].local.value.tensor);
+    if (!records[i].local.blocked())
+      hashes[i] = ContentHash(records[i].local.value.tensor);
   }
   size_t remaining = 0;
   Sends sends;
@@ -535,7 +558,8 @@ std::vector<HookDecision> SubscriberHub::Decide(
     MutexLock lock(&mu_);
     std::vector<const Subscriber*> interceptors;
     for (const auto& [id, sub] : subscribers_) {
-      if (sub->spec.mode == SubscriberMode::kIntercept) interceptors.push_back(sub.get());
+      if (sub->spec.mode == SubscriberMode::kIntercept)
+        interceptors.push_back(sub.get());
     }
     std::sort(interceptors.begin(), interceptors.end(),
               [](const Subscriber* a, const Subscriber* b) {
@@ -568,14 +592,15 @@ std::vector<HookDecision> SubscriberHub::Decide(
       ar.ns = module.ns;
       ar.module = module.name;
       ar.details_json =
-          nlohmann::json({{"event_id", p->event_id},
-                          {"path", e.path},
-                          {"module_type", e.module_type},
-                          {"kind", std::string(EntryKindName(e.kind))},
-                          {"action", std::string(RegistrationActionName(e.action))},
-                          {"name", e.name},
-                          {"value", ValueJson(p->value, p->value_sha256)},
-                          {"in_process", KindName(rec.local.kind)}})
+          nlohmann::json(
+              {{"event_id", p->event_id},
+               {"path", e.path},
+               {"module_type", e.module_type},
+               {"kind", std::string(EntryKindName(e.kind))},
+               {"action", std::string(RegistrationActionName(e.action))},
+               {"name", e.name},
+               {"value", ValueJson(p->value, p->value_sha256)},
+               {"in_process", KindName(rec.local.kind)}})
               .dump();
       Audit(std::move(ar));
       if (rec.local.blocked()) {
@@ -621,10 +646,11 @@ std::vector<HookDecision> SubscriberHub::Decide(
         auto sit = subscribers_.find(p->waiting_on);
         if (sit == subscribers_.end()) continue;
         sit->second->holding.erase(p->event_id);
-        FailLocked(*p, *sit->second,
-                   absl::StrCat("timed out after ",
-                                absl::FormatDuration(sit->second->spec.timeout)),
-                   sends);
+        FailLocked(
+            *p, *sit->second,
+            absl::StrCat("timed out after ",
+                         absl::FormatDuration(sit->second->spec.timeout)),
+            sends);
       }
       if (!sends.empty()) {
         Sends out;
@@ -652,18 +678,21 @@ std::vector<HookDecision> SubscriberHub::Decide(
       ar.module = module.name;
       ar.outcome = KindName(p->result.kind);
       ar.details_json =
-          nlohmann::json({{"event_id", p->event_id},
-                          {"path", p->base.path},
-                          {"kind", std::string(EntryKindName(p->base.kind))},
-                          {"name", p->base.name},
-                          {"reason", p->result.reason},
-                          {"value", p->result.blocked()
-                                        ? nlohmann::json(nullptr)
-                                        : ValueJson(p->result.value, p->value_sha256)}})
+          nlohmann::json(
+              {{"event_id", p->event_id},
+               {"path", p->base.path},
+               {"kind", std::string(EntryKindName(p->base.kind))},
+               {"name", p->base.name},
+               {"reason", p->result.reason},
+               {"value", p->result.blocked()
+                             ? nlohmann::json(nullptr)
+                             : ValueJson(p->result.value, p->value_sha256)}})
               .dump();
       Audit(std::move(ar));
       for (const auto& [id, sub] : subscribers_) {
-        if (sub->spec.mode != SubscriberMode::kObserve || !Matches(*sub, p->base)) continue;
+        if (sub->spec.mode != SubscriberMode::kObserve ||
+            !Matches(*sub, p->base))
+          continue;
         auto ev = std::make_shared<HookEvent>(*EventFor(*p, *sub));
         if (!p->result.blocked()) ev->value = p->result.value;
         ev->is_outcome = true;

@@ -48,11 +48,16 @@
 
 namespace modelstate {
 
-enum class SubscriberMode : uint8_t { kIntercept = 0, kObserve = 1, kDryRun = 2 };
+enum class SubscriberMode : uint8_t {
+  kIntercept = 0,
+  kObserve = 1,
+  kDryRun = 2
+};
 enum class FailurePolicy : uint8_t { kFailClosed = 0, kFailOpen = 1 };
 enum class Verdict : uint8_t { kApprove = 0, kModify = 1, kReject = 2 };
 
-absl::string_view VerdictName(Verdict verdict);  // "approve", "modify", "reject"
+absl::string_view VerdictName(
+    Verdict verdict);  // "approve", "modify", "reject"
 
 // Which events a subscriber sees. Empty lists and globs select everything.
 struct SubscriptionFilter {
@@ -67,7 +72,7 @@ struct SubscriptionSpec {
   std::string name;  // unique among connected subscribers; 1-128 chars
   SubscriberMode mode = SubscriberMode::kIntercept;
   SubscriptionFilter filter;
-  int32_t priority = 0;  // lower first
+  int32_t priority = 0;                        // lower first
   absl::Duration timeout = absl::Seconds(10);  // per event
   FailurePolicy failure_policy = FailurePolicy::kFailClosed;
   bool include_data = false;
@@ -80,7 +85,8 @@ struct SubscriptionSpec {
 // What an earlier interceptor of the chain did.
 struct ChainStep {
   std::string subscriber;
-  std::string verdict;  // "approve", "modify", "reject", "failed-open", "failed-closed"
+  std::string
+      verdict;  // "approve", "modify", "reject", "failed-open", "failed-closed"
   std::string reason;
 };
 
@@ -99,7 +105,7 @@ struct HookEvent {
   // The value proposed (after the in-process hooks and the earlier
   // interceptors); undefined tensor / null module for unregistrations.
   SlotValue value;
-  std::string value_sha256;  // content hash of value.tensor ("" if none)
+  std::string value_sha256;    // content hash of value.tensor ("" if none)
   bool data_included = false;  // value.tensor's bytes are to be sent
   std::vector<ChainStep> chain;
   // For observers: the final outcome.
@@ -121,8 +127,8 @@ struct SubscriberAnswer {
   uint64_t event_id = 0;
   Verdict verdict = Verdict::kApprove;
   std::string reason;
-  Tensor replacement;                   // MODIFY with values
-  std::optional<Transform> transform;   // MODIFY with a transform
+  Tensor replacement;                  // MODIFY with values
+  std::optional<Transform> transform;  // MODIFY with a transform
   // Set by the transport when the answer could not even be decoded (for
   // example a replacement tensor whose bytes do not match its shape): the
   // answer is invalid for this reason.
@@ -144,7 +150,7 @@ class SubscriberChannel {
 struct SubscriberInfo {
   uint64_t id;
   SubscriptionSpec spec;
-  uint64_t order;  // subscription time, kept across reconnections
+  uint64_t order;    // subscription time, kept across reconnections
   uint64_t pending;  // events waiting for this subscriber's answer
 };
 
@@ -188,13 +194,15 @@ class SubscriberHub : public RegistrationDecider {
 
   // Moves `p` forward to its next interceptor (or finishes it); collects
   // the sends to do once the lock is released.
-  void AdvanceLocked(Pending& p, Sends& sends) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AdvanceLocked(Pending& p, Sends& sends)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailLocked(Pending& p, const Subscriber& s, absl::string_view why,
                   Sends& sends) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishLocked(Pending& p, HookDecision decision)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ApplyModify(Pending& p, const SubscriberAnswer& answer,
-                           const Subscriber& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                           const Subscriber& s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<const HookEvent> EventFor(const Pending& p,
                                             const Subscriber& s) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -205,12 +213,15 @@ class SubscriberHub : public RegistrationDecider {
   AuditLog* const audit_;
   mutable Mutex mu_;
   CondVar cv_;
-  std::map<uint64_t, std::unique_ptr<Subscriber>> subscribers_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::unique_ptr<Subscriber>> subscribers_
+      ABSL_GUARDED_BY(mu_);
   // Subscription order by name, kept after a subscriber leaves.
-  absl::flat_hash_map<std::string, uint64_t> order_by_name_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uint64_t> order_by_name_
+      ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Pending*> pending_ ABSL_GUARDED_BY(mu_);
   // Dry-run events whose answers are still welcome: event id -> sent time.
-  absl::flat_hash_map<uint64_t, std::pair<std::shared_ptr<const HookEvent>, absl::Time>>
+  absl::flat_hash_map<uint64_t,
+                      std::pair<std::shared_ptr<const HookEvent>, absl::Time>>
       dry_runs_ ABSL_GUARDED_BY(mu_);
   uint64_t next_subscriber_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 1;

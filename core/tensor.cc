@@ -44,8 +44,8 @@ absl::StatusOr<int64_t> CheckedNumElements(absl::Span<const int64_t> shape) {
 
 absl::StatusOr<uint64_t> CheckedNumBytes(int64_t numel, DType dtype) {
   uint64_t size = ElementSize(dtype);
-  if (numel < 0 ||
-      static_cast<uint64_t>(numel) > std::numeric_limits<uint64_t>::max() / size) {
+  if (numel < 0 || static_cast<uint64_t>(numel) >
+                       std::numeric_limits<uint64_t>::max() / size) {
     return absl::InvalidArgumentError(
         absl::StrCat("A tensor of ", numel, " elements of ", DTypeName(dtype),
                      " is too large"));
@@ -73,9 +73,9 @@ absl::StatusOr<Tensor> Tensor::Make(DType dtype, Shape shape, Device device,
     MODELSTATE_ASSIGN_OR_RETURN(storage, Storage::Allocate(nbytes, device));
   }
   if (storage != nullptr && storage->nbytes() != nbytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Expected ", nbytes, " bytes for ", DTypeName(dtype),
-        ShapeToString(shape), " but got ", storage->nbytes()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Expected ", nbytes, " bytes for ", DTypeName(dtype),
+                     ShapeToString(shape), " but got ", storage->nbytes()));
   }
   auto impl = std::make_shared<TensorImpl>();
   impl->dtype = dtype;
@@ -87,7 +87,8 @@ absl::StatusOr<Tensor> Tensor::Make(DType dtype, Shape shape, Device device,
 }
 
 absl::StatusOr<Tensor> Tensor::Empty(DType dtype, Shape shape, Device device) {
-  if (!device.is_meta()) MODELSTATE_RETURN_IF_ERROR(CheckDeviceAvailable(device));
+  if (!device.is_meta())
+    MODELSTATE_RETURN_IF_ERROR(CheckDeviceAvailable(device));
   return Make(dtype, std::move(shape), device, nullptr);
 }
 
@@ -187,8 +188,8 @@ absl::StatusOr<void*> Tensor::MutableDataForOverwrite() {
   // changing what the other one sees.
   if (impl_->storage.use_count() > 1) {
     MODELSTATE_ASSIGN_OR_RETURN(
-        impl_->storage, Storage::Allocate(impl_->storage->nbytes(),
-                                          impl_->device));
+        impl_->storage,
+        Storage::Allocate(impl_->storage->nbytes(), impl_->device));
   } else {
     impl_->storage->MarkWritten();
   }
@@ -200,13 +201,14 @@ absl::Status Tensor::CopyFrom(const Tensor& src) {
     return absl::InvalidArgumentError("Cannot copy from an undefined tensor");
   }
   if (src.numel() != numel()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "The size of tensor a (", numel(), ") must match the size of tensor b (",
-        src.numel(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("The size of tensor a (", numel(),
+                     ") must match the size of tensor b (", src.numel(), ")"));
   }
   if (device().is_meta()) return absl::OkStatus();
   if (src.device().is_meta()) {
-    return absl::InvalidArgumentError("Cannot copy out of meta tensor; no data!");
+    return absl::InvalidArgumentError(
+        "Cannot copy out of meta tensor; no data!");
   }
   if (src.impl_->storage == impl_->storage && src.dtype() == dtype()) {
     return absl::OkStatus();  // Copying a tensor onto itself.
@@ -222,8 +224,7 @@ absl::Status Tensor::CopyFrom(const Tensor& src) {
   }
   // Different dtype across or on devices: convert where the source lives,
   // then copy (one conversion pass, one transfer).
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor converted,
-                              src.To(src.device(), dtype()));
+  MODELSTATE_ASSIGN_OR_RETURN(Tensor converted, src.To(src.device(), dtype()));
   return CopyBytes(device(), dst, converted.device(), converted.raw_data(),
                    nbytes());
 }
@@ -254,7 +255,8 @@ absl::StatusOr<Tensor> Tensor::To(const Device& device, DType dtype) const {
   MODELSTATE_ASSIGN_OR_RETURN(Tensor out, Empty(dtype, shape(), device));
   if (!device.has_storage() || numel() == 0) return out;
   if (this->device().is_meta()) {
-    return absl::InvalidArgumentError("Cannot copy out of meta tensor; no data!");
+    return absl::InvalidArgumentError(
+        "Cannot copy out of meta tensor; no data!");
   }
   void* dst = out.impl_->storage->data();
   if (dtype == this->dtype()) {

@@ -14,9 +14,10 @@
 // storage instead. Readers therefore always see a consistent snapshot.
 //
 // Example:
-//   MODELSTATE_ASSIGN_OR_RETURN(Tensor w, Tensor::Zeros(DType::kFloat32, {2, 3}));
-//   MODELSTATE_ASSIGN_OR_RETURN(Tensor p, MakeParameter(w));
-//   MODELSTATE_ASSIGN_OR_RETURN(Tensor h, p.To(Device::Cpu(), DType::kFloat16));
+//   MODELSTATE_ASSIGN_OR_RETURN(Tensor w, Tensor::Zeros(DType::kFloat32, {2,
+//   3})); MODELSTATE_ASSIGN_OR_RETURN(Tensor p, MakeParameter(w));
+//   MODELSTATE_ASSIGN_OR_RETURN(Tensor h, p.To(Device::Cpu(),
+//   DType::kFloat16));
 #ifndef MODELSTATE_CORE_TENSOR_H_
 #define MODELSTATE_CORE_TENSOR_H_
 

@@ -22,13 +22,15 @@ absl::Status FieldError(absl::string_view field, absl::string_view message) {
 // Prefixes `status`'s message with `field`.
 absl::Status InField(const absl::Status& status, absl::string_view field) {
   if (status.ok()) return status;
-  return absl::Status(status.code(), absl::StrCat(field, ": ", status.message()));
+  return absl::Status(status.code(),
+                      absl::StrCat(field, ": ", status.message()));
 }
 
 constexpr double kMaxExactInteger = 9007199254740992.0;  // 2^53
 
 bool IsIntegral(double v) {
-  return std::isfinite(v) && std::floor(v) == v && std::fabs(v) <= kMaxExactInteger;
+  return std::isfinite(v) && std::floor(v) == v &&
+         std::fabs(v) <= kMaxExactInteger;
 }
 
 }  // namespace
@@ -52,9 +54,10 @@ v1::DType DTypeToProto(DType dtype) {
 absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, absl::string_view field) {
   int value = static_cast<int>(dtype);
   if (value < 1 || value > kNumDTypes) {
-    return FieldError(field, absl::StrCat("dtype ", v1::DType_Name(dtype).empty()
-                                                        ? absl::StrCat(value)
-                                                        : v1::DType_Name(dtype),
+    return FieldError(field, absl::StrCat("dtype ",
+                                          v1::DType_Name(dtype).empty()
+                                              ? absl::StrCat(value)
+                                              : v1::DType_Name(dtype),
                                           " is not a tensor dtype"));
   }
   return static_cast<DType>(value - 1);
@@ -92,20 +95,24 @@ absl::StatusOr<Tensor> TensorFromProto(v1::TensorProto* proto,
                                        absl::string_view field,
                                        uint64_t max_tensor_bytes) {
   MODELSTATE_ASSIGN_OR_RETURN(
-      DType dtype, DTypeFromProto(proto->dtype(), absl::StrCat(field, ".dtype")));
+      DType dtype,
+      DTypeFromProto(proto->dtype(), absl::StrCat(field, ".dtype")));
   Shape shape(proto->shape().begin(), proto->shape().end());
   absl::StatusOr<int64_t> numel = CheckedNumElements(shape);
-  if (!numel.ok()) return InField(numel.status(), absl::StrCat(field, ".shape"));
+  if (!numel.ok())
+    return InField(numel.status(), absl::StrCat(field, ".shape"));
   absl::StatusOr<uint64_t> nbytes = CheckedNumBytes(*numel, dtype);
-  if (!nbytes.ok()) return InField(nbytes.status(), absl::StrCat(field, ".shape"));
+  if (!nbytes.ok())
+    return InField(nbytes.status(), absl::StrCat(field, ".shape"));
   if (*nbytes > max_tensor_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         field, ": ", *nbytes, " bytes exceed the max_tensor_bytes limit of ",
         max_tensor_bytes));
   }
   MODELSTATE_ASSIGN_OR_RETURN(
-      Device device, ParseDeviceField(proto->device(), absl::StrCat(field, ".device"),
-                                      Device::Cpu()));
+      Device device,
+      ParseDeviceField(proto->device(), absl::StrCat(field, ".device"),
+                       Device::Cpu()));
   if (device.is_meta()) {
     if (!proto->data().empty()) {
       return FieldError(absl::StrCat(field, ".data"),
@@ -124,7 +131,8 @@ absl::StatusOr<Tensor> TensorFromProto(v1::TensorProto* proto,
                                   std::move(*proto->mutable_data())));
   if (!device.is_cpu()) {
     absl::StatusOr<Tensor> moved = t.To(device, dtype);
-    if (!moved.ok()) return InField(moved.status(), absl::StrCat(field, ".device"));
+    if (!moved.ok())
+      return InField(moved.status(), absl::StrCat(field, ".device"));
     return moved;
   }
   return t;
@@ -153,8 +161,8 @@ void TensorInfoToProto(const Tensor& tensor, bool persistent, bool with_hash,
   if (with_hash) info->set_sha256(ContentHash(tensor));
 }
 
-absl::StatusOr<SpecValue> SpecValueFromProto(const google::protobuf::Value& value,
-                                             absl::string_view field) {
+absl::StatusOr<SpecValue> SpecValueFromProto(
+    const google::protobuf::Value& value, absl::string_view field) {
   switch (value.kind_case()) {
     case google::protobuf::Value::kNullValue:
     case google::protobuf::Value::KIND_NOT_SET:
@@ -209,17 +217,19 @@ absl::StatusOr<InitSpec> InitFromProto(const v1::InitSpec& proto,
     }
   }
   if (!known) {
-    return FieldError(absl::StrCat(field, ".kind"),
-                      absl::StrCat("'", proto.kind(),
-                                   "' is not zeros, ones, constant, uniform, normal, "
-                                   "kaiming_uniform, xavier_uniform, xavier_normal or empty"));
+    return FieldError(
+        absl::StrCat(field, ".kind"),
+        absl::StrCat(
+            "'", proto.kind(),
+            "' is not zeros, ones, constant, uniform, normal, "
+            "kaiming_uniform, xavier_uniform, xavier_normal or empty"));
   }
   init.a = proto.a();
   init.b = proto.has_b() ? proto.b() : 1.0;
   if (init.kind == InitSpec::Kind::kNormal && init.b < 0) {
-    return FieldError(absl::StrCat(field, ".b"),
-                      absl::StrCat("normal expects std >= 0.0, but found std ",
-                                   init.b));
+    return FieldError(
+        absl::StrCat(field, ".b"),
+        absl::StrCat("normal expects std >= 0.0, but found std ", init.b));
   }
   if (init.kind == InitSpec::Kind::kUniform && init.a > init.b) {
     return FieldError(field, absl::StrCat("uniform_ expects to return a [from, "
@@ -236,15 +246,17 @@ absl::StatusOr<TensorSpec> TensorSpecFromProto(const v1::TensorSpec& proto,
   if (!proto.dtype().empty()) {
     MODELSTATE_ASSIGN_OR_RETURN(
         spec.dtype,
-        ParseDTypeField(proto.dtype(), absl::StrCat(field, ".dtype"), std::nullopt));
+        ParseDTypeField(proto.dtype(), absl::StrCat(field, ".dtype"),
+                        std::nullopt));
   }
   spec.shape.assign(proto.shape().begin(), proto.shape().end());
-  MODELSTATE_ASSIGN_OR_RETURN(spec.init,
-                              InitFromProto(proto.init(), absl::StrCat(field, ".init")));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      spec.init, InitFromProto(proto.init(), absl::StrCat(field, ".init")));
   if (proto.has_data()) {
     v1::TensorProto data = proto.data();
     MODELSTATE_ASSIGN_OR_RETURN(
-        spec.data, TensorFromProto(&data, absl::StrCat(field, ".data"), UINT64_MAX));
+        spec.data,
+        TensorFromProto(&data, absl::StrCat(field, ".data"), UINT64_MAX));
   }
   return spec;
 }
@@ -257,7 +269,8 @@ absl::StatusOr<ModuleSpec> SpecFromProto(const v1::ModuleSpec& proto,
   spec.has_extra_state = proto.extra_state();
   for (int i = 0; i < proto.args_size(); ++i) {
     MODELSTATE_ASSIGN_OR_RETURN(
-        SpecValue v, SpecValueFromProto(proto.args(i), absl::StrCat(field, ".args[", i, "]")));
+        SpecValue v, SpecValueFromProto(proto.args(i),
+                                        absl::StrCat(field, ".args[", i, "]")));
     spec.args.push_back(std::move(v));
   }
   // Protobuf maps have no order; keyword arguments need none.
@@ -273,7 +286,8 @@ absl::StatusOr<ModuleSpec> SpecFromProto(const v1::ModuleSpec& proto,
   for (int i = 0; i < proto.children_size(); ++i) {
     MODELSTATE_ASSIGN_OR_RETURN(
         ModuleSpec child,
-        SpecFromProto(proto.children(i).spec(), absl::StrCat(field, ".children[", i, "].spec")));
+        SpecFromProto(proto.children(i).spec(),
+                      absl::StrCat(field, ".children[", i, "].spec")));
     spec.children.push_back({proto.children(i).name(), std::move(child)});
   }
   for (int i = 0; i < proto.members_size(); ++i) {
@@ -285,7 +299,8 @@ absl::StatusOr<ModuleSpec> SpecFromProto(const v1::ModuleSpec& proto,
       case v1::Member::kBuffer: {
         bool is_param = m.entry_case() == v1::Member::kParameter;
         const v1::TensorMember& t = is_param ? m.parameter() : m.buffer();
-        std::string tf = absl::StrCat(where, is_param ? ".parameter" : ".buffer");
+        std::string tf =
+            absl::StrCat(where, is_param ? ".parameter" : ".buffer");
         member.kind = is_param ? EntryKind::kParameter : EntryKind::kBuffer;
         member.name = t.name();
         member.is_none = t.none();
@@ -297,7 +312,8 @@ absl::StatusOr<ModuleSpec> SpecFromProto(const v1::ModuleSpec& proto,
         *ts.mutable_init() = t.init();
         if (t.has_data()) *ts.mutable_data() = t.data();
         if (!member.is_none) {
-          MODELSTATE_ASSIGN_OR_RETURN(member.tensor, TensorSpecFromProto(ts, tf));
+          MODELSTATE_ASSIGN_OR_RETURN(member.tensor,
+                                      TensorSpecFromProto(ts, tf));
         }
         break;
       }
@@ -308,7 +324,8 @@ absl::StatusOr<ModuleSpec> SpecFromProto(const v1::ModuleSpec& proto,
         if (!member.is_none) {
           MODELSTATE_ASSIGN_OR_RETURN(
               ModuleSpec child,
-              SpecFromProto(m.module().spec(), absl::StrCat(where, ".module.spec")));
+              SpecFromProto(m.module().spec(),
+                            absl::StrCat(where, ".module.spec")));
           member.module = std::make_shared<ModuleSpec>(std::move(child));
         }
         break;
@@ -340,7 +357,8 @@ google::protobuf::Value AttrToValue(const AttrValue& value) {
       if (v.empty()) out.mutable_list_value();
     }
     void operator()(const std::vector<double>& v) {
-      for (double d : v) out.mutable_list_value()->add_values()->set_number_value(d);
+      for (double d : v)
+        out.mutable_list_value()->add_values()->set_number_value(d);
       if (v.empty()) out.mutable_list_value();
     }
     void operator()(const Tensor& t) { out.set_string_value(t.DebugString()); }
@@ -395,7 +413,8 @@ void DescribeModule(const Module& module, bool with_hashes,
       continue;
     }
     std::string child_path = path.empty() ? item.key : path + "." + item.key;
-    DescribeModule(*item.value, with_hashes, child_path, seen, c->mutable_module());
+    DescribeModule(*item.value, with_hashes, child_path, seen,
+                   c->mutable_module());
   }
 }
 
@@ -439,7 +458,8 @@ void ReportToProto(const RegistrationResult& result,
   }
 }
 
-void LayoutToHeader(const StateDictLayout& layout, v1::StateDictHeader* header) {
+void LayoutToHeader(const StateDictLayout& layout,
+                    v1::StateDictHeader* header) {
   for (const StateDictLayoutEntry& e : layout.entries) {
     v1::StateDictEntry* out = header->add_entries();
     out->set_key(e.key);
@@ -459,14 +479,16 @@ void LayoutToHeader(const StateDictLayout& layout, v1::StateDictHeader* header) 
   header->set_total_bytes(layout.total_bytes);
 }
 
-absl::StatusOr<StateDictLayout> HeaderToLayout(const v1::StateDictHeader& header) {
+absl::StatusOr<StateDictLayout> HeaderToLayout(
+    const v1::StateDictHeader& header) {
   StateDictLayout layout;
   for (int i = 0; i < header.entries_size(); ++i) {
     const v1::StateDictEntry& in = header.entries(i);
     StateDictLayoutEntry e;
     e.key = in.key();
     MODELSTATE_ASSIGN_OR_RETURN(
-        e.dtype, DTypeFromProto(in.dtype(), absl::StrCat("header.entries[", i, "].dtype")));
+        e.dtype, DTypeFromProto(in.dtype(),
+                                absl::StrCat("header.entries[", i, "].dtype")));
     e.shape.assign(in.shape().begin(), in.shape().end());
     e.nbytes = in.byte_length();
     e.kind = in.kind() == v1::ENTRY_KIND_BUFFER ? EntryKind::kBuffer
@@ -494,14 +516,16 @@ LoadOptions LoadOptionsFromProto(const v1::LoadOptions& proto) {
 
 void LoadResultToProto(const LoadResult& result,
                        v1::LoadStateDictResponse* response) {
-  for (const std::string& k : result.keys.missing_keys) response->add_missing_keys(k);
+  for (const std::string& k : result.keys.missing_keys)
+    response->add_missing_keys(k);
   for (const std::string& k : result.keys.unexpected_keys) {
     response->add_unexpected_keys(k);
   }
   response->set_repr(result.keys.ToString());
 }
 
-absl::StatusOr<SubscriptionSpec> SubscriptionFromProto(const v1::Subscription& proto) {
+absl::StatusOr<SubscriptionSpec> SubscriptionFromProto(
+    const v1::Subscription& proto) {
   SubscriptionSpec spec;
   spec.name = proto.name();
   switch (proto.mode()) {
@@ -516,7 +540,8 @@ absl::StatusOr<SubscriptionSpec> SubscriptionFromProto(const v1::Subscription& p
       spec.mode = SubscriberMode::kDryRun;
       break;
     default:
-      return FieldError("subscription.mode", absl::StrCat("unknown mode ", proto.mode()));
+      return FieldError("subscription.mode",
+                        absl::StrCat("unknown mode ", proto.mode()));
   }
   for (int k : proto.kinds()) {
     if (k < v1::ENTRY_KIND_PARAMETER || k > v1::ENTRY_KIND_MODULE) {
@@ -525,39 +550,49 @@ absl::StatusOr<SubscriptionSpec> SubscriptionFromProto(const v1::Subscription& p
     spec.filter.kinds.push_back(static_cast<EntryKind>(k - 1));
   }
   for (int a : proto.actions()) {
-    if (a < v1::REGISTRATION_ACTION_REGISTER || a > v1::REGISTRATION_ACTION_UNREGISTER) {
-      return FieldError("subscription.actions", absl::StrCat("unknown action ", a));
+    if (a < v1::REGISTRATION_ACTION_REGISTER ||
+        a > v1::REGISTRATION_ACTION_UNREGISTER) {
+      return FieldError("subscription.actions",
+                        absl::StrCat("unknown action ", a));
     }
     spec.filter.actions.push_back(static_cast<RegistrationAction>(a - 1));
   }
-  spec.filter.namespaces.assign(proto.namespaces().begin(), proto.namespaces().end());
+  spec.filter.namespaces.assign(proto.namespaces().begin(),
+                                proto.namespaces().end());
   spec.filter.module_type_glob = proto.module_type_glob();
   spec.filter.name_glob = proto.name_glob();
   spec.priority = proto.priority();
-  spec.timeout = absl::Milliseconds(proto.timeout_ms() == 0 ? 10000 : proto.timeout_ms());
+  spec.timeout =
+      absl::Milliseconds(proto.timeout_ms() == 0 ? 10000 : proto.timeout_ms());
   spec.failure_policy = proto.failure_policy() == v1::Subscription::FAIL_OPEN
                             ? FailurePolicy::kFailOpen
                             : FailurePolicy::kFailClosed;
   spec.include_data = proto.include_data();
-  spec.max_data_bytes = proto.max_data_bytes() == 0 ? (1 << 20) : proto.max_data_bytes();
+  spec.max_data_bytes =
+      proto.max_data_bytes() == 0 ? (1 << 20) : proto.max_data_bytes();
   return spec;
 }
 
-void SubscriptionToProto(const SubscriptionSpec& spec, v1::Subscription* proto) {
+void SubscriptionToProto(const SubscriptionSpec& spec,
+                         v1::Subscription* proto) {
   proto->set_name(spec.name);
-  proto->set_mode(spec.mode == SubscriberMode::kIntercept ? v1::Subscription::MODE_INTERCEPT
-                  : spec.mode == SubscriberMode::kObserve ? v1::Subscription::MODE_OBSERVE
-                                                          : v1::Subscription::MODE_DRY_RUN);
+  proto->set_mode(
+      spec.mode == SubscriberMode::kIntercept ? v1::Subscription::MODE_INTERCEPT
+      : spec.mode == SubscriberMode::kObserve ? v1::Subscription::MODE_OBSERVE
+                                              : v1::Subscription::MODE_DRY_RUN);
   for (EntryKind k : spec.filter.kinds) proto->add_kinds(EntryKindToProto(k));
   for (RegistrationAction a : spec.filter.actions) {
-    proto->add_actions(a == RegistrationAction::kRegister ? v1::REGISTRATION_ACTION_REGISTER
-                                                          : v1::REGISTRATION_ACTION_UNREGISTER);
+    proto->add_actions(a == RegistrationAction::kRegister
+                           ? v1::REGISTRATION_ACTION_REGISTER
+                           : v1::REGISTRATION_ACTION_UNREGISTER);
   }
-  for (const std::string& ns : spec.filter.namespaces) proto->add_namespaces(ns);
+  for (const std::string& ns : spec.filter.namespaces)
+    proto->add_namespaces(ns);
   proto->set_module_type_glob(spec.filter.module_type_glob);
   proto->set_name_glob(spec.filter.name_glob);
   proto->set_priority(spec.priority);
-  proto->set_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(spec.timeout)));
+  proto->set_timeout_ms(
+      static_cast<uint32_t>(absl::ToInt64Milliseconds(spec.timeout)));
   proto->set_failure_policy(spec.failure_policy == FailurePolicy::kFailOpen
                                 ? v1::Subscription::FAIL_OPEN
                                 : v1::Subscription::FAIL_CLOSED);
@@ -583,7 +618,8 @@ absl::Status EventToProto(const HookEvent& event, v1::HookEventProto* proto) {
                       proto->mutable_value());
     proto->mutable_value()->set_sha256(event.value_sha256);
     if (event.data_included) {
-      MODELSTATE_RETURN_IF_ERROR(TensorToProto(event.value.tensor, proto->mutable_data()));
+      MODELSTATE_RETURN_IF_ERROR(
+          TensorToProto(event.value.tensor, proto->mutable_data()));
     }
   } else if (event.value.module != nullptr) {
     proto->set_value_module_type(event.value.module->type_name());
@@ -596,15 +632,17 @@ absl::Status EventToProto(const HookEvent& event, v1::HookEventProto* proto) {
   }
   if (event.is_outcome) {
     proto->set_is_outcome(true);
-    proto->set_outcome(event.outcome == HookResult::Kind::kKeep      ? v1::OUTCOME_KEEP
-                       : event.outcome == HookResult::Kind::kReplace ? v1::OUTCOME_REPLACE
-                                                                     : v1::OUTCOME_BLOCK);
+    proto->set_outcome(
+        event.outcome == HookResult::Kind::kKeep      ? v1::OUTCOME_KEEP
+        : event.outcome == HookResult::Kind::kReplace ? v1::OUTCOME_REPLACE
+                                                      : v1::OUTCOME_BLOCK);
     proto->set_outcome_reason(event.outcome_reason);
   }
   return absl::OkStatus();
 }
 
-SubscriberAnswer AnswerFromProto(v1::HookAnswer* proto, uint64_t max_tensor_bytes) {
+SubscriberAnswer AnswerFromProto(v1::HookAnswer* proto,
+                                 uint64_t max_tensor_bytes) {
   SubscriberAnswer answer;
   answer.event_id = proto->event_id();
   answer.reason = proto->reason();
@@ -624,8 +662,8 @@ SubscriberAnswer AnswerFromProto(v1::HookAnswer* proto, uint64_t max_tensor_byte
       return answer;
   }
   if (proto->has_replacement()) {
-    absl::StatusOr<Tensor> t =
-        TensorFromProto(proto->mutable_replacement(), "answer.replacement", max_tensor_bytes);
+    absl::StatusOr<Tensor> t = TensorFromProto(
+        proto->mutable_replacement(), "answer.replacement", max_tensor_bytes);
     if (!t.ok()) {
       answer.invalid = std::string(t.status().message());
       return answer;
@@ -635,7 +673,8 @@ SubscriberAnswer AnswerFromProto(v1::HookAnswer* proto, uint64_t max_tensor_byte
     const v1::TransformProto& tp = proto->transform();
     Transform t;
     if (tp.cast() != v1::DTYPE_UNSPECIFIED) {
-      absl::StatusOr<DType> d = DTypeFromProto(tp.cast(), "answer.transform.cast");
+      absl::StatusOr<DType> d =
+          DTypeFromProto(tp.cast(), "answer.transform.cast");
       if (!d.ok()) {
         answer.invalid = std::string(d.status().message());
         return answer;
@@ -643,8 +682,8 @@ SubscriberAnswer AnswerFromProto(v1::HookAnswer* proto, uint64_t max_tensor_byte
       t.cast = *d;
     }
     if (!tp.device().empty()) {
-      absl::StatusOr<Device> d =
-          ParseDeviceField(tp.device(), "answer.transform.device", std::nullopt);
+      absl::StatusOr<Device> d = ParseDeviceField(
+          tp.device(), "answer.transform.device", std::nullopt);
       if (!d.ok()) {
         answer.invalid = std::string(d.status().message());
         return answer;
@@ -654,7 +693,8 @@ SubscriberAnswer AnswerFromProto(v1::HookAnswer* proto, uint64_t max_tensor_byte
     if (tp.has_requires_grad()) t.requires_grad = tp.requires_grad();
     if (tp.has_persistent()) t.persistent = tp.persistent();
     if (tp.has_reinit()) {
-      absl::StatusOr<InitSpec> init = InitFromProto(tp.reinit(), "answer.transform.reinit");
+      absl::StatusOr<InitSpec> init =
+          InitFromProto(tp.reinit(), "answer.transform.reinit");
       if (!init.ok()) {
         answer.invalid = std::string(init.status().message());
         return answer;
@@ -666,7 +706,8 @@ SubscriberAnswer AnswerFromProto(v1::HookAnswer* proto, uint64_t max_tensor_byte
   return answer;
 }
 
-void AuditRecordToProto(const AuditRecord& record, v1::AuditRecordProto* proto) {
+void AuditRecordToProto(const AuditRecord& record,
+                        v1::AuditRecordProto* proto) {
   proto->set_seq(record.seq);
   proto->set_time(absl::FormatTime("%Y-%m-%d%ET%H:%M:%E9SZ", record.time,
                                    absl::UTCTimeZone()));
@@ -685,8 +726,8 @@ AuditRecord AuditRecordFromProto(const v1::AuditRecordProto& proto) {
   AuditRecord r;
   r.seq = proto.seq();
   std::string err;
-  absl::ParseTime("%Y-%m-%d%ET%H:%M:%E*SZ", proto.time(), absl::UTCTimeZone(), &r.time,
-                  &err);
+  absl::ParseTime("%Y-%m-%d%ET%H:%M:%E*SZ", proto.time(), absl::UTCTimeZone(),
+                  &r.time, &err);
   r.identity = proto.identity();
   r.correlation_id = proto.correlation_id();
   r.type = proto.type();
@@ -700,20 +741,25 @@ AuditRecord AuditRecordFromProto(const v1::AuditRecordProto& proto) {
 }
 
 absl::StatusOr<AuditQuery> AuditQueryFromProto(const v1::AuditFilter& filter,
-                                               uint64_t after_seq, int32_t limit) {
+                                               uint64_t after_seq,
+                                               int32_t limit) {
   AuditQuery q;
-  auto parse_time = [](const std::string& text,
-                       absl::string_view field) -> absl::StatusOr<std::optional<absl::Time>> {
+  auto parse_time =
+      [](const std::string& text,
+         absl::string_view field) -> absl::StatusOr<std::optional<absl::Time>> {
     if (text.empty()) return std::optional<absl::Time>();
     absl::Time t;
     std::string err;
     if (!absl::ParseTime(absl::RFC3339_full, text, &t, &err)) {
-      return FieldError(field, absl::StrCat("'", text, "' is not an RFC 3339 time: ", err));
+      return FieldError(
+          field, absl::StrCat("'", text, "' is not an RFC 3339 time: ", err));
     }
     return std::optional<absl::Time>(t);
   };
-  MODELSTATE_ASSIGN_OR_RETURN(q.since, parse_time(filter.since(), "filter.since"));
-  MODELSTATE_ASSIGN_OR_RETURN(q.until, parse_time(filter.until(), "filter.until"));
+  MODELSTATE_ASSIGN_OR_RETURN(q.since,
+                              parse_time(filter.since(), "filter.since"));
+  MODELSTATE_ASSIGN_OR_RETURN(q.until,
+                              parse_time(filter.until(), "filter.until"));
   q.ns = filter.namespace_();
   q.module = filter.module();
   q.identity = filter.identity();

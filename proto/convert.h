@@ -5,8 +5,9 @@
 // server and the client stay thin.
 //
 // Example:
-//   MODELSTATE_ASSIGN_OR_RETURN(ModuleSpec spec, convert::SpecFromProto(request.spec()));
-//   convert::ModuleInfoToProto(*root, /*with_hashes=*/false, response.mutable_info());
+//   MODELSTATE_ASSIGN_OR_RETURN(ModuleSpec spec,
+//   convert::SpecFromProto(request.spec())); convert::ModuleInfoToProto(*root,
+//   /*with_hashes=*/false, response.mutable_info());
 #ifndef MODELSTATE_PROTO_CONVERT_H_
 #define MODELSTATE_PROTO_CONVERT_H_
 
@@ -66,8 +67,8 @@ absl::StatusOr<TensorSpec> TensorSpecFromProto(const v1::TensorSpec& proto,
                                                absl::string_view field);
 absl::StatusOr<InitSpec> InitFromProto(const v1::InitSpec& proto,
                                        absl::string_view field);
-absl::StatusOr<SpecValue> SpecValueFromProto(const google::protobuf::Value& value,
-                                             absl::string_view field);
+absl::StatusOr<SpecValue> SpecValueFromProto(
+    const google::protobuf::Value& value, absl::string_view field);
 
 // The module tree; a child that is the same object as one described earlier
 // is marked same_as (its path) instead of described again.
@@ -76,27 +77,32 @@ void ModuleInfoToProto(const Module& module, bool with_hashes,
 google::protobuf::Value AttrToValue(const AttrValue& value);
 
 v1::EntryKind EntryKindToProto(EntryKind kind);
-void ReportToProto(const RegistrationResult& result, v1::RegistrationReport* report);
+void ReportToProto(const RegistrationResult& result,
+                   v1::RegistrationReport* report);
 
 void LayoutToHeader(const StateDictLayout& layout, v1::StateDictHeader* header);
-absl::StatusOr<StateDictLayout> HeaderToLayout(const v1::StateDictHeader& header);
+absl::StatusOr<StateDictLayout> HeaderToLayout(
+    const v1::StateDictHeader& header);
 
 LoadOptions LoadOptionsFromProto(const v1::LoadOptions& proto);
 void LoadResultToProto(const LoadResult& result,
                        v1::LoadStateDictResponse* response);
 
 // Subscriptions. INVALID_ARGUMENT naming the field.
-absl::StatusOr<SubscriptionSpec> SubscriptionFromProto(const v1::Subscription& proto);
+absl::StatusOr<SubscriptionSpec> SubscriptionFromProto(
+    const v1::Subscription& proto);
 void SubscriptionToProto(const SubscriptionSpec& spec, v1::Subscription* proto);
 // `data_included` events carry the tensor's values.
 absl::Status EventToProto(const HookEvent& event, v1::HookEventProto* proto);
 // Never fails: a malformed answer comes back with `invalid` set.
-SubscriberAnswer AnswerFromProto(v1::HookAnswer* proto, uint64_t max_tensor_bytes);
+SubscriberAnswer AnswerFromProto(v1::HookAnswer* proto,
+                                 uint64_t max_tensor_bytes);
 
 void AuditRecordToProto(const AuditRecord& record, v1::AuditRecordProto* proto);
 AuditRecord AuditRecordFromProto(const v1::AuditRecordProto& proto);
 absl::StatusOr<AuditQuery> AuditQueryFromProto(const v1::AuditFilter& filter,
-                                               uint64_t after_seq, int32_t limit);
+                                               uint64_t after_seq,
+                                               int32_t limit);
 
 }  // namespace modelstate::convert
 

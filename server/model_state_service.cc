@@ -19,16 +19,17 @@ namespace {
 using convert::ToGrpcStatus;
 
 // Returns the handler's status from an absl::Status expression.
-#define RETURN_IF_ERROR_GRPC(expr)                          \
-  do {                                                      \
-    ::absl::Status _st = (expr);                            \
+#define RETURN_IF_ERROR_GRPC(expr)                                  \
+  do {                                                              \
+    ::absl::Status _st = (expr);                                    \
     if (!_st.ok()) return ::modelstate::convert::ToGrpcStatus(_st); \
   } while (0)
 
 #define ASSIGN_OR_RETURN_GRPC(lhs, rexpr) \
-  ASSIGN_OR_RETURN_GRPC_IMPL(MODELSTATE_INTERNAL_CONCAT(_grpc_so_, __COUNTER__), lhs, rexpr)
-#define ASSIGN_OR_RETURN_GRPC_IMPL(so, lhs, rexpr)                  \
-  auto so = (rexpr);                                                \
+  ASSIGN_OR_RETURN_GRPC_IMPL(             \
+      MODELSTATE_INTERNAL_CONCAT(_grpc_so_, __COUNTER__), lhs, rexpr)
+#define ASSIGN_OR_RETURN_GRPC_IMPL(so, lhs, rexpr)                       \
+  auto so = (rexpr);                                                     \
   if (!so.ok()) return ::modelstate::convert::ToGrpcStatus(so.status()); \
   lhs = std::move(*so)
 
@@ -40,16 +41,16 @@ OperationContext ContextOf(const grpc::ServerContextBase* context) {
   OperationContext ctx;
   const auto& metadata = context->client_metadata();
   auto it = metadata.find("x-request-id");
-  ctx.correlation_id =
-      it != metadata.end()
-          ? std::string(it->second.data(), it->second.size())
-          : absl::StrCat("req-", next_request_id.fetch_add(1));
+  ctx.correlation_id = it != metadata.end()
+                           ? std::string(it->second.data(), it->second.size())
+                           : absl::StrCat("req-", next_request_id.fetch_add(1));
   ctx.identity = context->peer();
   return ctx;
 }
 
 ModelStateServiceImpl::ModelStateServiceImpl(ModelStore* store,
-                                             SubscriberHub* hub, AuditLog* audit,
+                                             SubscriberHub* hub,
+                                             AuditLog* audit,
                                              std::string audit_path,
                                              ServiceOptions options)
     : store_(store),
@@ -70,17 +71,19 @@ BuildLimits ModelStateServiceImpl::Limits() const {
 grpc::Status ModelStateServiceImpl::BuildModule(
     grpc::ServerContext* context, const v1::BuildModuleRequest* request,
     v1::BuildModuleResponse* response) {
-  ASSIGN_OR_RETURN_GRPC(ModuleName name, convert::ParseModuleField(request->module()));
-  ASSIGN_OR_RETURN_GRPC(ModuleSpec spec, convert::SpecFromProto(request->spec()));
+  ASSIGN_OR_RETURN_GRPC(ModuleName name,
+                        convert::ParseModuleField(request->module()));
+  ASSIGN_OR_RETURN_GRPC(ModuleSpec spec,
+                        convert::SpecFromProto(request->spec()));
   BuildOptions options;
   options.seed = request->seed();
   options.limits = Limits();
-  ASSIGN_OR_RETURN_GRPC(options.device,
-                        convert::ParseDeviceField(request->device(), "device",
-                                                  Device::Cpu()));
-  ASSIGN_OR_RETURN_GRPC(options.dtype,
-                        convert::ParseDTypeField(request->dtype(), "dtype",
-                                                 DType::kFloat32));
+  ASSIGN_OR_RETURN_GRPC(
+      options.device,
+      convert::ParseDeviceField(request->device(), "device", Device::Cpu()));
+  ASSIGN_OR_RETURN_GRPC(
+      options.dtype,
+      convert::ParseDTypeField(request->dtype(), "dtype", DType::kFloat32));
   ASSIGN_OR_RETURN_GRPC(BuildOutcome outcome,
                         store_->Build(ContextOf(context), name, spec, options,
                                       request->all_or_nothing()));
@@ -97,27 +100,30 @@ grpc::Status ModelStateServiceImpl::BuildModule(
 grpc::Status ModelStateServiceImpl::RegisterTensor(
     grpc::ServerContext* context, const v1::RegisterTensorRequest* request,
     EntryKind kind, v1::RegisterResponse* response) {
-  ASSIGN_OR_RETURN_GRPC(ModuleName name, convert::ParseModuleField(request->module()));
+  ASSIGN_OR_RETURN_GRPC(ModuleName name,
+                        convert::ParseModuleField(request->module()));
   RegistrationRequest r;
   r.path = request->path();
   r.name = request->name();
   r.kind = kind;
   r.value.persistent = request->has_persistent() ? request->persistent() : true;
-  bool requires_grad = request->has_requires_grad() ? request->requires_grad() : true;
+  bool requires_grad =
+      request->has_requires_grad() ? request->requires_grad() : true;
   Tensor tensor;
   switch (request->value_case()) {
     case v1::RegisterTensorRequest::kTensor: {
       v1::TensorProto proto = request->tensor();
-      ASSIGN_OR_RETURN_GRPC(tensor, convert::TensorFromProto(
-                                        &proto, "tensor", options_.max_tensor_bytes));
+      ASSIGN_OR_RETURN_GRPC(
+          tensor, convert::TensorFromProto(&proto, "tensor",
+                                           options_.max_tensor_bytes));
       break;
     }
     case v1::RegisterTensorRequest::kInit: {
-      ASSIGN_OR_RETURN_GRPC(TensorSpec spec,
-                            convert::TensorSpecFromProto(request->init(), "init"));
-      ASSIGN_OR_RETURN_GRPC(tensor, CreateTensor(spec, request->seed(),
-                                                 DType::kFloat32, Device::Cpu(),
-                                                 Limits()));
+      ASSIGN_OR_RETURN_GRPC(TensorSpec spec, convert::TensorSpecFromProto(
+                                                 request->init(), "init"));
+      ASSIGN_OR_RETURN_GRPC(tensor,
+                            CreateTensor(spec, request->seed(), DType::kFloat32,
+                                         Device::Cpu(), Limits()));
       break;
     }
     case v1::RegisterTensorRequest::kNone:
@@ -130,8 +136,9 @@ grpc::Status ModelStateServiceImpl::RegisterTensor(
     ASSIGN_OR_RETURN_GRPC(tensor, MakeParameter(tensor, requires_grad));
   }
   r.value.tensor = std::move(tensor);
-  ASSIGN_OR_RETURN_GRPC(std::vector<RegistrationResult> results,
-                        store_->Register(ContextOf(context), name, std::move(r)));
+  ASSIGN_OR_RETURN_GRPC(
+      std::vector<RegistrationResult> results,
+      store_->Register(ContextOf(context), name, std::move(r)));
   for (const RegistrationResult& result : results) {
     convert::ReportToProto(result, response->add_registrations());
   }
@@ -153,23 +160,25 @@ grpc::Status ModelStateServiceImpl::RegisterBuffer(
 grpc::Status ModelStateServiceImpl::RegisterSubmodule(
     grpc::ServerContext* context, const v1::RegisterSubmoduleRequest* request,
     v1::RegisterResponse* response) {
-  ASSIGN_OR_RETURN_GRPC(ModuleName name, convert::ParseModuleField(request->module()));
+  ASSIGN_OR_RETURN_GRPC(ModuleName name,
+                        convert::ParseModuleField(request->module()));
   RegistrationRequest r;
   r.path = request->path();
   r.name = request->name();
   r.kind = EntryKind::kModule;
   switch (request->value_case()) {
     case v1::RegisterSubmoduleRequest::kSpec: {
-      ASSIGN_OR_RETURN_GRPC(ModuleSpec spec, convert::SpecFromProto(request->spec()));
+      ASSIGN_OR_RETURN_GRPC(ModuleSpec spec,
+                            convert::SpecFromProto(request->spec()));
       r.spec = std::move(spec);
       r.build_options.seed = request->seed();
       r.build_options.limits = Limits();
       ASSIGN_OR_RETURN_GRPC(r.build_options.device,
-                            convert::ParseDeviceField(request->device(), "device",
-                                                      Device::Cpu()));
-      ASSIGN_OR_RETURN_GRPC(r.build_options.dtype,
-                            convert::ParseDTypeField(request->dtype(), "dtype",
-                                                     DType::kFloat32));
+                            convert::ParseDeviceField(request->device(),
+                                                      "device", Device::Cpu()));
+      ASSIGN_OR_RETURN_GRPC(
+          r.build_options.dtype,
+          convert::ParseDTypeField(request->dtype(), "dtype", DType::kFloat32));
       break;
     }
     case v1::RegisterSubmoduleRequest::kExistingPath:
@@ -178,11 +187,13 @@ grpc::Status ModelStateServiceImpl::RegisterSubmodule(
     case v1::RegisterSubmoduleRequest::kNone:
       break;
     case v1::RegisterSubmoduleRequest::VALUE_NOT_SET:
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "value: one of spec, existing_path or none is required");
+      return grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          "value: one of spec, existing_path or none is required");
   }
-  ASSIGN_OR_RETURN_GRPC(std::vector<RegistrationResult> results,
-                        store_->Register(ContextOf(context), name, std::move(r)));
+  ASSIGN_OR_RETURN_GRPC(
+      std::vector<RegistrationResult> results,
+      store_->Register(ContextOf(context), name, std::move(r)));
   for (const RegistrationResult& result : results) {
     convert::ReportToProto(result, response->add_registrations());
   }
@@ -192,48 +203,57 @@ grpc::Status ModelStateServiceImpl::RegisterSubmodule(
 grpc::Status ModelStateServiceImpl::RemoveEntry(
     grpc::ServerContext* context, const v1::RemoveEntryRequest* request,
     v1::RegisterResponse* response) {
-  ASSIGN_OR_RETURN_GRPC(ModuleName name, convert::ParseModuleField(request->module()));
+  ASSIGN_OR_RETURN_GRPC(ModuleName name,
+                        convert::ParseModuleField(request->module()));
   RegistrationRequest r;
   r.path = request->path();
   r.name = request->name();
   r.removal = true;
-  ASSIGN_OR_RETURN_GRPC(std::vector<RegistrationResult> results,
-                        store_->Register(ContextOf(context), name, std::move(r)));
+  ASSIGN_OR_RETURN_GRPC(
+      std::vector<RegistrationResult> results,
+      store_->Register(ContextOf(context), name, std::move(r)));
   for (const RegistrationResult& result : results) {
     convert::ReportToProto(result, response->add_registrations());
   }
   return grpc::Status::OK;
 }
 
-grpc::Status ModelStateServiceImpl::GetModule(grpc::ServerContext*,
-                                              const v1::GetModuleRequest* request,
-                                              v1::GetModuleResponse* response) {
-  ASSIGN_OR_RETURN_GRPC(ModuleName name, convert::ParseModuleField(request->module()));
-  RETURN_IF_ERROR_GRPC(store_->Read(name, [&](const Module& root) -> absl::Status {
-    absl::StatusOr<std::shared_ptr<Module>> sub = root.GetSubmodule(request->path());
-    if (!sub.ok()) {
-      return absl::NotFoundError(absl::StrCat("path '", request->path(), "' in '",
-                                              name.full(), "': ", sub.status().message()));
-    }
-    convert::ModuleInfoToProto(**sub, request->with_hashes(), response->mutable_info());
-    response->set_total_bytes((*sub)->TotalBytes());
-    return absl::OkStatus();
-  }));
+grpc::Status ModelStateServiceImpl::GetModule(
+    grpc::ServerContext*, const v1::GetModuleRequest* request,
+    v1::GetModuleResponse* response) {
+  ASSIGN_OR_RETURN_GRPC(ModuleName name,
+                        convert::ParseModuleField(request->module()));
+  RETURN_IF_ERROR_GRPC(
+      store_->Read(name, [&](const Module& root) -> absl::Status {
+        absl::StatusOr<std::shared_ptr<Module>> sub =
+            root.GetSubmodule(request->path());
+        if (!sub.ok()) {
+          return absl::NotFoundError(
+              absl::StrCat("path '", request->path(), "' in '", name.full(),
+                           "': ", sub.status().message()));
+        }
+        convert::ModuleInfoToProto(**sub, request->with_hashes(),
+                                   response->mutable_info());
+        response->set_total_bytes((*sub)->TotalBytes());
+        return absl::OkStatus();
+      }));
   response->set_module(name.full());
-  for (const Device& d : AvailableDevices()) response->add_server_devices(d.ToString());
+  for (const Device& d : AvailableDevices())
+    response->add_server_devices(d.ToString());
   return grpc::Status::OK;
 }
 
-grpc::Status ModelStateServiceImpl::ListModules(grpc::ServerContext*,
-                                                const v1::ListModulesRequest* request,
-                                                v1::ListModulesResponse* response) {
+grpc::Status ModelStateServiceImpl::ListModules(
+    grpc::ServerContext*, const v1::ListModulesRequest* request,
+    v1::ListModulesResponse* response) {
   if (request->page_size() < 0) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "page_size: must not be negative");
   }
-  size_t page = request->page_size() == 0
-                    ? 100
-                    : std::min<size_t>(static_cast<size_t>(request->page_size()), 1000);
+  size_t page =
+      request->page_size() == 0
+          ? 100
+          : std::min<size_t>(static_cast<size_t>(request->page_size()), 1000);
   // The token is the last name of the previous page.
   std::vector<ModuleSummary> modules =
       store_->List(request->namespace_(), request->page_token(), page + 1);
@@ -245,42 +265,49 @@ grpc::Status ModelStateServiceImpl::ListModules(grpc::ServerContext*,
     s->set_total_bytes(modules[i].total_bytes);
     for (const std::string& d : modules[i].devices) s->add_devices(d);
   }
-  if (modules.size() > page) response->set_next_page_token(modules[page - 1].name.full());
+  if (modules.size() > page)
+    response->set_next_page_token(modules[page - 1].name.full());
   return grpc::Status::OK;
 }
 
-grpc::Status ModelStateServiceImpl::DeleteModule(grpc::ServerContext* context,
-                                                 const v1::DeleteModuleRequest* request,
-                                                 v1::DeleteModuleResponse*) {
-  ASSIGN_OR_RETURN_GRPC(ModuleName name, convert::ParseModuleField(request->module()));
+grpc::Status ModelStateServiceImpl::DeleteModule(
+    grpc::ServerContext* context, const v1::DeleteModuleRequest* request,
+    v1::DeleteModuleResponse*) {
+  ASSIGN_OR_RETURN_GRPC(ModuleName name,
+                        convert::ParseModuleField(request->module()));
   return ToGrpcStatus(store_->Delete(ContextOf(context), name));
 }
 
 grpc::Status ModelStateServiceImpl::GetStateDict(
     grpc::ServerContext* context, const v1::GetStateDictRequest* request,
     grpc::ServerWriter<v1::StateDictChunk>* writer) {
-  ASSIGN_OR_RETURN_GRPC(ModuleName name, convert::ParseModuleField(request->module()));
+  ASSIGN_OR_RETURN_GRPC(ModuleName name,
+                        convert::ParseModuleField(request->module()));
   uint32_t chunk = request->chunk_bytes() == 0 ? options_.default_chunk_bytes
                                                : request->chunk_bytes();
   if (chunk > options_.max_chunk_bytes) {
-    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        absl::StrCat("chunk_bytes: ", chunk,
-                                     " exceeds the server's max_chunk_bytes of ",
-                                     options_.max_chunk_bytes));
+    return grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat("chunk_bytes: ", chunk,
+                     " exceeds the server's max_chunk_bytes of ",
+                     options_.max_chunk_bytes));
   }
   std::optional<DType> target;
   if (request->target_dtype() != v1::DTYPE_UNSPECIFIED) {
-    ASSIGN_OR_RETURN_GRPC(target,
-                          convert::DTypeFromProto(request->target_dtype(), "target_dtype"));
+    ASSIGN_OR_RETURN_GRPC(target, convert::DTypeFromProto(
+                                      request->target_dtype(), "target_dtype"));
   }
   SnapshotFilter filter{request->key_prefix(), request->key_glob()};
-  ASSIGN_OR_RETURN_GRPC(StateDictSnapshot snapshot, store_->Snapshot(name, filter));
-  ASSIGN_OR_RETURN_GRPC(std::unique_ptr<StateDictReader> reader,
-                        StateDictReader::Create(std::move(snapshot.state), target,
-                                                std::move(snapshot.kinds)));
+  ASSIGN_OR_RETURN_GRPC(StateDictSnapshot snapshot,
+                        store_->Snapshot(name, filter));
+  ASSIGN_OR_RETURN_GRPC(
+      std::unique_ptr<StateDictReader> reader,
+      StateDictReader::Create(std::move(snapshot.state), target,
+                              std::move(snapshot.kinds)));
   v1::StateDictChunk message;
   convert::LayoutToHeader(reader->layout(), message.mutable_header());
-  if (!writer->Write(message)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+  if (!writer->Write(message))
+    return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
   if (request->metadata_only()) return grpc::Status::OK;
   while (reader->remaining() > 0) {
     if (context->IsCancelled()) {
@@ -312,8 +339,10 @@ grpc::Status ModelStateServiceImpl::LoadStateDict(
                         "start: the first message must be a start message");
   }
   const v1::LoadStart& start = message.start();
-  ASSIGN_OR_RETURN_GRPC(ModuleName name, convert::ParseModuleField(start.module()));
-  ASSIGN_OR_RETURN_GRPC(StateDictLayout layout, convert::HeaderToLayout(start.header()));
+  ASSIGN_OR_RETURN_GRPC(ModuleName name,
+                        convert::ParseModuleField(start.module()));
+  ASSIGN_OR_RETURN_GRPC(StateDictLayout layout,
+                        convert::HeaderToLayout(start.header()));
   StreamLimits limits;
   limits.max_tensor_bytes = options_.max_tensor_bytes;
   limits.max_total_bytes = options_.max_module_bytes;
@@ -324,34 +353,39 @@ grpc::Status ModelStateServiceImpl::LoadStateDict(
   // Nothing touches the module until the whole stream arrived intact.
   while (reader->Read(&message)) {
     if (message.payload_case() != v1::LoadStateDictRequest::kData) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "data: only data messages may follow the start message");
+      return grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          "data: only data messages may follow the start message");
     }
     RETURN_IF_ERROR_GRPC(assembler->Append(message.data()));
   }
   if (context->IsCancelled()) {
-    return grpc::Status(grpc::StatusCode::CANCELLED, "client cancelled; nothing loaded");
+    return grpc::Status(grpc::StatusCode::CANCELLED,
+                        "client cancelled; nothing loaded");
   }
   ASSIGN_OR_RETURN_GRPC(StateDict state_dict, assembler->Finish());
-  ASSIGN_OR_RETURN_GRPC(LoadResult result,
-                        store_->Load(ContextOf(context), name, state_dict, options));
+  ASSIGN_OR_RETURN_GRPC(
+      LoadResult result,
+      store_->Load(ContextOf(context), name, state_dict, options));
   convert::LoadResultToProto(result, response);
   return grpc::Status::OK;
 }
 
-grpc::Status ModelStateServiceImpl::MoveModule(grpc::ServerContext* context,
-                                               const v1::MoveModuleRequest* request,
-                                               v1::MoveModuleResponse* response) {
-  ASSIGN_OR_RETURN_GRPC(ModuleName name, convert::ParseModuleField(request->module()));
+grpc::Status ModelStateServiceImpl::MoveModule(
+    grpc::ServerContext* context, const v1::MoveModuleRequest* request,
+    v1::MoveModuleResponse* response) {
+  ASSIGN_OR_RETURN_GRPC(ModuleName name,
+                        convert::ParseModuleField(request->module()));
   std::optional<Device> device;
   std::optional<DType> dtype;
   if (!request->device().empty()) {
-    ASSIGN_OR_RETURN_GRPC(device, convert::ParseDeviceField(request->device(), "device",
-                                                            std::nullopt));
+    ASSIGN_OR_RETURN_GRPC(
+        device,
+        convert::ParseDeviceField(request->device(), "device", std::nullopt));
   }
   if (!request->dtype().empty()) {
-    ASSIGN_OR_RETURN_GRPC(dtype, convert::ParseDTypeField(request->dtype(), "dtype",
-                                                          std::nullopt));
+    ASSIGN_OR_RETURN_GRPC(dtype, convert::ParseDTypeField(
+                                     request->dtype(), "dtype", std::nullopt));
   }
   RETURN_IF_ERROR_GRPC(store_->Move(ContextOf(context), name, device, dtype));
   return ToGrpcStatus(store_->Read(name, [&](const Module& root) {
@@ -360,11 +394,13 @@ grpc::Status ModelStateServiceImpl::MoveModule(grpc::ServerContext* context,
   }));
 }
 
-grpc::Status ModelStateServiceImpl::SetTraining(grpc::ServerContext* context,
-                                                const v1::SetTrainingRequest* request,
-                                                v1::SetTrainingResponse*) {
-  ASSIGN_OR_RETURN_GRPC(ModuleName name, convert::ParseModuleField(request->module()));
-  return ToGrpcStatus(store_->SetTraining(ContextOf(context), name, request->training()));
+grpc::Status ModelStateServiceImpl::SetTraining(
+    grpc::ServerContext* context, const v1::SetTrainingRequest* request,
+    v1::SetTrainingResponse*) {
+  ASSIGN_OR_RETURN_GRPC(ModuleName name,
+                        convert::ParseModuleField(request->module()));
+  return ToGrpcStatus(
+      store_->SetTraining(ContextOf(context), name, request->training()));
 }
 
 grpc::ServerBidiReactor<v1::SubscribeRequest, v1::SubscribeResponse>*
@@ -375,9 +411,9 @@ ModelStateServiceImpl::Subscribe(grpc::CallbackServerContext* context) {
   return new SubscriptionReactor(hub_, ContextOf(context), limits);
 }
 
-grpc::Status ModelStateServiceImpl::ListSubscribers(grpc::ServerContext*,
-                                                    const v1::ListSubscribersRequest*,
-                                                    v1::ListSubscribersResponse* response) {
+grpc::Status ModelStateServiceImpl::ListSubscribers(
+    grpc::ServerContext*, const v1::ListSubscribersRequest*,
+    v1::ListSubscribersResponse* response) {
   for (const SubscriberInfo& info : hub_->List()) {
     v1::SubscriberInfoProto* out = response->add_subscribers();
     out->set_subscriber_id(info.id);
@@ -397,16 +433,19 @@ grpc::Status NoAudit() {
 
 }  // namespace
 
-grpc::Status ModelStateServiceImpl::QueryAudit(grpc::ServerContext*,
-                                               const v1::QueryAuditRequest* request,
-                                               v1::QueryAuditResponse* response) {
+grpc::Status ModelStateServiceImpl::QueryAudit(
+    grpc::ServerContext*, const v1::QueryAuditRequest* request,
+    v1::QueryAuditResponse* response) {
   if (audit_ == nullptr) return NoAudit();
-  ASSIGN_OR_RETURN_GRPC(AuditQuery query,
-                        convert::AuditQueryFromProto(request->filter(), request->after_seq(),
-                                                     request->limit()));
+  ASSIGN_OR_RETURN_GRPC(
+      AuditQuery query,
+      convert::AuditQueryFromProto(request->filter(), request->after_seq(),
+                                   request->limit()));
   ASSIGN_OR_RETURN_GRPC(std::vector<AuditRecord> records, audit_->Query(query));
-  for (const AuditRecord& r : records) convert::AuditRecordToProto(r, response->add_records());
-  if (records.size() == query.limit) response->set_next_after_seq(records.back().seq);
+  for (const AuditRecord& r : records)
+    convert::AuditRecordToProto(r, response->add_records());
+  if (records.size() == query.limit)
+    response->set_next_after_seq(records.back().seq);
   return grpc::Status::OK;
 }
 
@@ -415,13 +454,14 @@ grpc::Status ModelStateServiceImpl::WatchAudit(
     grpc::ServerWriter<v1::AuditRecordProto>* writer) {
   if (audit_ == nullptr) return NoAudit();
   ASSIGN_OR_RETURN_GRPC(AuditQuery query,
-                        convert::AuditQueryFromProto(request->filter(), request->after_seq(),
-                                                     1000));
+                        convert::AuditQueryFromProto(
+                            request->filter(), request->after_seq(), 1000));
   uint64_t after = request->after_seq();
   // Wakes up at least once a second to notice a cancelled call.
   while (!context->IsCancelled()) {
-    ASSIGN_OR_RETURN_GRPC(std::vector<AuditRecord> records,
-                          audit_->WaitForRecords(after, absl::Now() + absl::Seconds(1), 1000));
+    ASSIGN_OR_RETURN_GRPC(
+        std::vector<AuditRecord> records,
+        audit_->WaitForRecords(after, absl::Now() + absl::Seconds(1), 1000));
     for (const AuditRecord& r : records) {
       after = r.seq;
       query.after_seq = 0;
@@ -441,9 +481,9 @@ grpc::Status ModelStateServiceImpl::WatchAudit(
   return grpc::Status::CANCELLED;
 }
 
-grpc::Status ModelStateServiceImpl::VerifyAudit(grpc::ServerContext*,
-                                                const v1::VerifyAuditRequest*,
-                                                v1::VerifyAuditResponse* response) {
+grpc::Status ModelStateServiceImpl::VerifyAudit(
+    grpc::ServerContext*, const v1::VerifyAuditRequest*,
+    v1::VerifyAuditResponse* response) {
   if (audit_ == nullptr) return NoAudit();
   ASSIGN_OR_RETURN_GRPC(AuditVerification v, AuditLog::Verify(audit_path_));
   response->set_records(v.records);

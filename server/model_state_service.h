@@ -13,8 +13,8 @@
 
 #include <cstdint>
 
-#include "core/model_store.h"
 #include "core/audit_log.h"
+#include "core/model_store.h"
 #include "core/module_spec.h"
 #include "core/subscriber_hub.h"
 #include "grpcpp/grpcpp.h"
@@ -87,17 +87,17 @@ class ModelStateServiceImpl final
   grpc::Status SetTraining(grpc::ServerContext* context,
                            const v1::SetTrainingRequest* request,
                            v1::SetTrainingResponse* response) override;
-  grpc::ServerBidiReactor<v1::SubscribeRequest, v1::SubscribeResponse>* Subscribe(
-      grpc::CallbackServerContext* context) override;
+  grpc::ServerBidiReactor<v1::SubscribeRequest, v1::SubscribeResponse>*
+  Subscribe(grpc::CallbackServerContext* context) override;
   grpc::Status ListSubscribers(grpc::ServerContext* context,
                                const v1::ListSubscribersRequest* request,
                                v1::ListSubscribersResponse* response) override;
   grpc::Status QueryAudit(grpc::ServerContext* context,
                           const v1::QueryAuditRequest* request,
                           v1::QueryAuditResponse* response) override;
-  grpc::Status WatchAudit(grpc::ServerContext* context,
-                          const v1::WatchAuditRequest* request,
-                          grpc::ServerWriter<v1::AuditRecordProto>* writer) override;
+  grpc::Status WatchAudit(
+      grpc::ServerContext* context, const v1::WatchAuditRequest* request,
+      grpc::ServerWriter<v1::AuditRecordProto>* writer) override;
   grpc::Status VerifyAudit(grpc::ServerContext* context,
                            const v1::VerifyAuditRequest* request,
                            v1::VerifyAuditResponse* response) override;

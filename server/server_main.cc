@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -18,10 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "core/log.h"
-#include <filesystem>
-
 #include "core/audit_log.h"
+#include "core/log.h"
 #include "core/model_store.h"
 #include "core/subscriber_hub.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -73,20 +72,27 @@ sigset_t BlockShutdownSignals() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Hosts PyTorch-style Module trees over gRPC.\n"
-      "Usage: modelstate-server [--listen=127.0.0.1:50051] [--data_dir=./data]");
+      "Usage: modelstate-server [--listen=127.0.0.1:50051] "
+      "[--data_dir=./data]");
   absl::ParseCommandLine(argc, argv);
   sigset_t signals = BlockShutdownSignals();
 
   modelstate::server::ServiceOptions options;
-  options.default_chunk_bytes = static_cast<uint32_t>(absl::GetFlag(FLAGS_chunk_kib)) << 10;
-  options.max_chunk_bytes = static_cast<uint32_t>(absl::GetFlag(FLAGS_max_chunk_kib)) << 10;
-  options.max_tensor_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_tensor_mib)) << 20;
-  options.max_module_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_module_mib)) << 20;
+  options.default_chunk_bytes =
+      static_cast<uint32_t>(absl::GetFlag(FLAGS_chunk_kib)) << 10;
+  options.max_chunk_bytes =
+      static_cast<uint32_t>(absl::GetFlag(FLAGS_max_chunk_kib)) << 10;
+  options.max_tensor_bytes =
+      static_cast<uint64_t>(absl::GetFlag(FLAGS_max_tensor_mib)) << 20;
+  options.max_module_bytes =
+      static_cast<uint64_t>(absl::GetFlag(FLAGS_max_module_mib)) << 20;
   options.max_spec_depth = absl::GetFlag(FLAGS_max_spec_depth);
   options.max_entries = absl::GetFlag(FLAGS_max_entries);
   int max_message = absl::GetFlag(FLAGS_max_message_mib) << 20;
-  if (options.max_chunk_bytes + (1 << 20) > static_cast<uint32_t>(max_message)) {
-    LogLine("--max_chunk_kib must leave room for framing within --max_message_mib");
+  if (options.max_chunk_bytes + (1 << 20) >
+      static_cast<uint32_t>(max_message)) {
+    LogLine(
+        "--max_chunk_kib must leave room for framing within --max_message_mib");
     return 2;
   }
 
@@ -105,11 +111,13 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<modelstate::AuditLog>> audit =
       modelstate::AuditLog::Open(audit_path);
   if (!audit.ok()) {
-    LogLine(absl::StrCat("cannot open the audit log: ", audit.status().ToString()));
+    LogLine(
+        absl::StrCat("cannot open the audit log: ", audit.status().ToString()));
     return 1;
   }
   if ((*audit)->recovered_torn_tail()) {
-    LogLine(absl::StrCat(audit_path, ": removed a torn last record left by a crash"));
+    LogLine(absl::StrCat(audit_path,
+                         ": removed a torn last record left by a crash"));
   }
   modelstate::SubscriberHub hub(audit->get());
   modelstate::ModelStore store;
@@ -155,7 +163,8 @@ int main(int argc, char** argv) {
     server->GetHealthCheckService()->Shutdown();
     hub.CloseAll(absl::UnavailableError("server shutting down"));
     server->Shutdown(absl::ToChronoTime(
-        absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_seconds))));
+        absl::Now() +
+        absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_seconds))));
   });
   server->Wait();
   waiter.join();

@@ -20,7 +20,8 @@ class SubscriptionReactor::Channel : public SubscriberChannel {
   }
   void Close(absl::Status status) override {
     MutexLock lock(&mu_);
-    if (reactor_ != nullptr) reactor_->FinishOnce(convert::ToGrpcStatus(status));
+    if (reactor_ != nullptr)
+      reactor_->FinishOnce(convert::ToGrpcStatus(status));
   }
   // Called when the reactor is about to be deleted.
   void Disconnect() {
@@ -33,7 +34,8 @@ class SubscriptionReactor::Channel : public SubscriberChannel {
   SubscriptionReactor* reactor_ ABSL_GUARDED_BY(mu_);
 };
 
-SubscriptionReactor::SubscriptionReactor(SubscriberHub* hub, OperationContext ctx,
+SubscriptionReactor::SubscriptionReactor(SubscriberHub* hub,
+                                         OperationContext ctx,
                                          SubscriptionLimits limits)
     : hub_(hub),
       ctx_(std::move(ctx)),
@@ -50,8 +52,9 @@ void SubscriptionReactor::OnReadDone(bool ok) {
   }
   if (subscriber_id_ == 0) {
     if (request_.payload_case() != v1::SubscribeRequest::kSubscription) {
-      FinishOnce(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                              "subscription: the first message must be a subscription"));
+      FinishOnce(grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          "subscription: the first message must be a subscription"));
       return;
     }
     absl::StatusOr<SubscriptionSpec> spec =
@@ -71,8 +74,9 @@ void SubscriptionReactor::OnReadDone(bool ok) {
                  convert::AnswerFromProto(request_.mutable_answer(),
                                           limits_.max_tensor_bytes));
   } else {
-    FinishOnce(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            "answer: only answers may follow the subscription"));
+    FinishOnce(
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                     "answer: only answers may follow the subscription"));
     return;
   }
   StartRead(&request_);
@@ -80,7 +84,8 @@ void SubscriptionReactor::OnReadDone(bool ok) {
 
 void SubscriptionReactor::Enqueue(std::shared_ptr<const HookEvent> event) {
   v1::SubscribeResponse message;
-  absl::Status converted = convert::EventToProto(*event, message.mutable_event());
+  absl::Status converted =
+      convert::EventToProto(*event, message.mutable_event());
   if (!converted.ok()) {
     // The values could not be read; send the event without them.
     message.mutable_event()->clear_data();

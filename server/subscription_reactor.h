@@ -27,7 +27,8 @@ struct SubscriptionLimits {
 
 // Deletes itself when the RPC is done (gRPC's reactor contract).
 class SubscriptionReactor
-    : public grpc::ServerBidiReactor<v1::SubscribeRequest, v1::SubscribeResponse> {
+    : public grpc::ServerBidiReactor<v1::SubscribeRequest,
+                                     v1::SubscribeResponse> {
  public:
   SubscriptionReactor(SubscriberHub* hub, OperationContext ctx,
                       SubscriptionLimits limits);

@@ -33,7 +33,8 @@ struct ArgDef {
 // INVALID_ARGUMENT naming the argument when its value has the wrong type.
 class BoundArgs {
  public:
-  BoundArgs(std::string type, absl::flat_hash_map<std::string, SpecValue> values)
+  BoundArgs(std::string type,
+            absl::flat_hash_map<std::string, SpecValue> values)
       : type_(std::move(type)), values_(std::move(values)) {}
 
   bool IsNone(absl::string_view name) const;

@@ -15,8 +15,10 @@ namespace {
 using ::modelstate::testing::StatusIs;
 using ::testing::HasSubstr;
 
-v1::HookEventProto Event(v1::EntryKind kind, const std::string& type, const std::string& name,
-                         v1::DType dtype = v1::DTYPE_FLOAT32, std::vector<int64_t> shape = {2}) {
+v1::HookEventProto Event(v1::EntryKind kind, const std::string& type,
+                         const std::string& name,
+                         v1::DType dtype = v1::DTYPE_FLOAT32,
+                         std::vector<int64_t> shape = {2}) {
   v1::HookEventProto e;
   e.set_event_id(7);
   e.set_namespace_("team");
@@ -54,7 +56,8 @@ TEST(PolicyTest, FirstMatchingRuleDecidesAndTheDefaultCoversTheRest) {
   a = p.Decide(Event(v1::ENTRY_KIND_PARAMETER, "X", "w", v1::DTYPE_FLOAT16));
   EXPECT_EQ(a.verdict(), v1::HookAnswer::MODIFY);
   EXPECT_EQ(a.transform().cast(), v1::DTYPE_FLOAT32);
-  a = p.Decide(Event(v1::ENTRY_KIND_PARAMETER, "X", "w", v1::DTYPE_FLOAT16, {3}));
+  a = p.Decide(
+      Event(v1::ENTRY_KIND_PARAMETER, "X", "w", v1::DTYPE_FLOAT16, {3}));
   EXPECT_EQ(a.verdict(), v1::HookAnswer::APPROVE);  // shape differs
   a = p.Decide(Event(v1::ENTRY_KIND_PARAMETER, "Linear", "weight"));
   EXPECT_EQ(a.verdict(), v1::HookAnswer::REJECT);
@@ -63,28 +66,38 @@ TEST(PolicyTest, FirstMatchingRuleDecidesAndTheDefaultCoversTheRest) {
 }
 
 TEST(PolicyTest, MalformedPoliciesNameTheField) {
-  EXPECT_THAT(Policy::FromJson("[1]"), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(Policy::FromJson("[1]"),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(Policy::FromJson(R"({"rules": [{"match": {"kind": "tensor"}}]})"),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rules[0].match.kind")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("rules[0].match.kind")));
   EXPECT_THAT(Policy::FromJson(R"({"rules": [{"action": "modify"}]})"),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs a transform")));
-  EXPECT_THAT(Policy::FromJson(R"({"rules": [{"match": {"dtype": "float17"}}]})"),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rules[0].match.dtype")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("needs a transform")));
+  EXPECT_THAT(
+      Policy::FromJson(R"({"rules": [{"match": {"dtype": "float17"}}]})"),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("rules[0].match.dtype")));
   EXPECT_THAT(Policy::FromJson(R"({"rules": [{"colour": "red"}]})"),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rules[0].colour")));
-  EXPECT_THAT(Policy::FromJson(R"({"subscription": {"nmae": "x"}})"),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("subscription")));
-  EXPECT_THAT(Policy::FromJson(R"({"rules": [{"action": "modify",
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("rules[0].colour")));
+  EXPECT_THAT(
+      Policy::FromJson(R"({"subscription": {"nmae": "x"}})"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("subscription")));
+  EXPECT_THAT(
+      Policy::FromJson(R"({"rules": [{"action": "modify",
       "transform": {"reinit": {"kind": "kaiming"}}}]})"),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("reinit.kind")));
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("reinit.kind")));
 }
 
 TEST(PolicyTest, TheShippedExamplePoliciesParse) {
-  std::filesystem::path dir = std::filesystem::path(MODELSTATE_SOURCE_DIR) / "deploy/policies";
+  std::filesystem::path dir =
+      std::filesystem::path(MODELSTATE_SOURCE_DIR) / "deploy/policies";
   int count = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     SCOPED_TRACE(entry.path().string());
-    absl::StatusOr<Policy> p = Policy::FromJson(ReadFile(entry.path().string()));
+    absl::StatusOr<Policy> p =
+        Policy::FromJson(ReadFile(entry.path().string()));
     ASSERT_TRUE(p.ok()) << p.status();
     EXPECT_FALSE(p->subscription().name().empty());
     ++count;
@@ -97,7 +110,9 @@ TEST(PolicyTest, LoggingRulesDescribeTheEvent) {
       {"match": {"kind": "buffer"}, "action": "approve", "log": true}]})"));
   std::string line;
   p.Decide(Event(v1::ENTRY_KIND_BUFFER, "BatchNorm1d", "running_mean"), &line);
-  EXPECT_EQ(line, "encoder.0.running_mean: buffer float32[2] in BatchNorm1d (team/mlp) -> APPROVE");
+  EXPECT_EQ(line,
+            "encoder.0.running_mean: buffer float32[2] in BatchNorm1d "
+            "(team/mlp) -> APPROVE");
 }
 
 }  // namespace

@@ -160,9 +160,9 @@ TEST_P(GoldenModulesTest, StateDictMetadataMatches) {
     }
     EXPECT_EQ(ours, golden) << field;
   }
-  EXPECT_THAT(
-      m->GetStateDict("pfx.").tensors.Keys(),
-      ElementsAreArray(GoldenStrings(Case()["state_dict_keys_with_prefix_pfx"])));
+  EXPECT_THAT(m->GetStateDict("pfx.").tensors.Keys(),
+              ElementsAreArray(
+                  GoldenStrings(Case()["state_dict_keys_with_prefix_pfx"])));
 }
 
 TEST_P(GoldenModulesTest, KeepVarsReturnsTheModulesOwnTensors) {
@@ -196,18 +196,21 @@ TEST_P(GoldenModulesTest, NamedParametersAndBuffersMatch) {
   EXPECT_THAT(Names(m->NamedParameters("", true, /*remove_duplicate=*/false)),
               ElementsAreArray(GoldenStrings(
                   c["named_parameters_remove_duplicate_false_2x"])));
-  EXPECT_THAT(Names(m->NamedParameters("", /*recurse=*/false)),
-              ElementsAreArray(GoldenStrings(c["named_parameters_recurse_false"])));
-  EXPECT_THAT(Names(m->NamedParameters("pfx")),
-              ElementsAreArray(GoldenStrings(c["named_parameters_prefix_pfx"])));
+  EXPECT_THAT(
+      Names(m->NamedParameters("", /*recurse=*/false)),
+      ElementsAreArray(GoldenStrings(c["named_parameters_recurse_false"])));
+  EXPECT_THAT(
+      Names(m->NamedParameters("pfx")),
+      ElementsAreArray(GoldenStrings(c["named_parameters_prefix_pfx"])));
   for (const auto& [name, t] : m->NamedParameters()) {
     EXPECT_EQ(t.requires_grad(), c["parameter_requires_grad"][name].get<bool>())
         << name;
   }
   EXPECT_THAT(Names(m->NamedBuffers()),
               ElementsAreArray(GoldenStrings(c["named_buffers"])));
-  EXPECT_THAT(Names(m->NamedBuffers("", /*recurse=*/false)),
-              ElementsAreArray(GoldenStrings(c["named_buffers_recurse_false"])));
+  EXPECT_THAT(
+      Names(m->NamedBuffers("", /*recurse=*/false)),
+      ElementsAreArray(GoldenStrings(c["named_buffers_recurse_false"])));
   std::vector<std::pair<std::string, Tensor>> params = m->NamedParameters();
   EXPECT_EQ(static_cast<int>(params.size()), c["num_parameters"].get<int>());
   int64_t elements = 0;
@@ -235,9 +238,11 @@ TEST_P(GoldenModulesTest, NamedModulesAndChildrenMatch) {
   for (const auto& [name, module] : m->NamedModules("root")) {
     rooted.push_back(name);
   }
-  EXPECT_THAT(rooted, ElementsAreArray(GoldenStrings(c["named_modules_prefix_root"])));
+  EXPECT_THAT(rooted,
+              ElementsAreArray(GoldenStrings(c["named_modules_prefix_root"])));
   std::vector<std::string> children;
-  for (const auto& [name, module] : m->NamedChildren()) children.push_back(name);
+  for (const auto& [name, module] : m->NamedChildren())
+    children.push_back(name);
   EXPECT_THAT(children, ElementsAreArray(GoldenStrings(c["named_children"])));
 }
 
@@ -245,10 +250,12 @@ TEST_P(GoldenModulesTest, ToFloat16MatchesPyTorch) {
   std::shared_ptr<Module> m = BuildCase(GetParam());
   ASSERT_NE(m, nullptr);
   const nlohmann::json& golden = Case()["after_to_float16"];
-  std::vector<std::pair<std::string, Tensor>> params_before = m->NamedParameters();
+  std::vector<std::pair<std::string, Tensor>> params_before =
+      m->NamedParameters();
   std::map<std::string, bool> grad_before;
   for (const auto& [n, t] : params_before) grad_before[n] = t.requires_grad();
-  std::vector<std::pair<std::string, Tensor>> buffers_before = m->NamedBuffers();
+  std::vector<std::pair<std::string, Tensor>> buffers_before =
+      m->NamedBuffers();
 
   MODELSTATE_ASSERT_OK(m->To(std::nullopt, DType::kFloat16));
 
@@ -258,7 +265,8 @@ TEST_P(GoldenModulesTest, ToFloat16MatchesPyTorch) {
     ASSERT_NE(t, nullptr) << key;
     EXPECT_EQ(DTypeName(t->dtype()), dtype.get<std::string>()) << key;
   }
-  std::vector<std::pair<std::string, Tensor>> params_after = m->NamedParameters();
+  std::vector<std::pair<std::string, Tensor>> params_after =
+      m->NamedParameters();
   ASSERT_EQ(params_after.size(), params_before.size());
   bool same_objects = true;
   bool grads_kept = true;
@@ -294,7 +302,8 @@ void ExpectScenario(const std::string& case_name, const std::string& scenario,
               GoldenStrings(golden["result"]["missing_keys"]));
     EXPECT_EQ(result->keys.unexpected_keys,
               GoldenStrings(golden["result"]["unexpected_keys"]));
-    EXPECT_EQ(result->keys.ToString(), golden["result"]["repr"].get<std::string>());
+    EXPECT_EQ(result->keys.ToString(),
+              golden["result"]["repr"].get<std::string>());
   } else {
     EXPECT_EQ(golden["raised"].get<std::string>(), "RuntimeError");
     EXPECT_THAT(result, StatusIs(absl::StatusCode::kFailedPrecondition,
@@ -329,10 +338,12 @@ TEST_P(GoldenModulesTest, LoadStateDictScenariosMatch) {
     bool strict = scenario.find("nonstrict") == std::string::npos;
     if (scenario.rfind("missing_first_key", 0) == 0) {
       offered = Sentinel(*m);
-      ASSERT_TRUE(offered.tensors.Erase(golden["dropped_key"].get<std::string>()));
+      ASSERT_TRUE(
+          offered.tensors.Erase(golden["dropped_key"].get<std::string>()));
     } else if (scenario.rfind("extra_", 0) == 0) {
       offered = Sentinel(*m);
-      MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor z, Tensor::Zeros(DType::kFloat32, {1}));
+      MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor z,
+                                      Tensor::Zeros(DType::kFloat32, {1}));
       offered.tensors.Set(golden["added_key"].get<std::string>(), z);
     } else if (scenario.rfind("shape_mismatch", 0) == 0) {
       offered = Sentinel(*m);
@@ -344,7 +355,8 @@ TEST_P(GoldenModulesTest, LoadStateDictScenariosMatch) {
       } else {
         shape[0] += 1;
       }
-      MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor grown, Tensor::Zeros(old.dtype(), shape));
+      MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor grown,
+                                      Tensor::Zeros(old.dtype(), shape));
       offered.tensors.Set(key, grown);
     } else if (scenario == "float64_into_module") {
       StateDict kept = m->GetStateDict("", /*keep_vars=*/true);

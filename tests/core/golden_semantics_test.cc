@@ -56,7 +56,8 @@ Tensor Zeros(Shape shape, DType dtype = DType::kFloat32) {
 
 Tensor Values(Shape shape, std::vector<double> values,
               DType dtype = DType::kFloat32) {
-  absl::StatusOr<Tensor> t = Tensor::FromDoubles(dtype, std::move(shape), values);
+  absl::StatusOr<Tensor> t =
+      Tensor::FromDoubles(dtype, std::move(shape), values);
   EXPECT_TRUE(t.ok()) << t.status();
   return *t;
 }
@@ -103,7 +104,9 @@ std::shared_ptr<Module> PreparedLinear() {
 }
 
 std::map<std::string, ErrorAction> ErrorActions() {
-  auto m = [] { return Module::Create("Module", "torch.nn.modules.module.Module"); };
+  auto m = [] {
+    return Module::Create("Module", "torch.nn.modules.module.Module");
+  };
   std::shared_ptr<Module> relu = Build(R"({"type": "ReLU"})");
   std::map<std::string, ErrorAction> a;
   a["register_parameter(name='')"] = [=] {
@@ -127,7 +130,9 @@ std::map<std::string, ErrorAction> ErrorActions() {
   a["register_buffer(name='a.b')"] = [=] {
     return m()->RegisterBuffer("a.b", Tensor()).status();
   };
-  a["add_module(name='')"] = [=] { return m()->RegisterModule("", nullptr).status(); };
+  a["add_module(name='')"] = [=] {
+    return m()->RegisterModule("", nullptr).status();
+  };
   a["add_module(name='a.b')"] = [=] {
     return m()->RegisterModule("a.b", relu).status();
   };
@@ -150,7 +155,9 @@ std::map<std::string, ErrorAction> ErrorActions() {
     return PreparedLinear()->RegisterBuffer("sub", Tensor()).status();
   };
   a["Linear.register_parameter('plain', None)  # name is a plain attribute"] =
-      [=] { return PreparedLinear()->RegisterParameter("plain", Tensor()).status(); };
+      [=] {
+        return PreparedLinear()->RegisterParameter("plain", Tensor()).status();
+      };
   a["Linear.register_buffer('in_features', None)  # plain attribute"] = [=] {
     return PreparedLinear()->RegisterBuffer("in_features", Tensor()).status();
   };
@@ -213,15 +220,18 @@ const std::map<std::string, std::string>& NotApplicableErrors() {
 
 TEST(GoldenRegistrationErrorsTest, EveryCaseIsCoveredOrNotApplicable) {
   std::map<std::string, ErrorAction> actions = ErrorActions();
-  for (const auto& [label, c] : Golden("registration_errors.json")["cases"].items()) {
-    EXPECT_TRUE(actions.contains(label) != NotApplicableErrors().contains(label))
+  for (const auto& [label, c] :
+       Golden("registration_errors.json")["cases"].items()) {
+    EXPECT_TRUE(actions.contains(label) !=
+                NotApplicableErrors().contains(label))
         << label;
   }
 }
 
 TEST(GoldenRegistrationErrorsTest, ErrorsHavePyTorchsTextAndTheRightCode) {
   std::map<std::string, ErrorAction> actions = ErrorActions();
-  for (const auto& [label, c] : Golden("registration_errors.json")["cases"].items()) {
+  for (const auto& [label, c] :
+       Golden("registration_errors.json")["cases"].items()) {
     auto it = actions.find(label);
     if (it == actions.end()) continue;
     SCOPED_TRACE(label);
@@ -343,7 +353,8 @@ TEST(GoldenRegistrationOrderTest, ParameterBufferAndModuleOrderMatch) {
   ASSERT_THAT(m->DelAttr("bb"), IsOk());
   ASSERT_THAT(m->SetAttr("bb", Build(R"({"type": "ReLU"})")), IsOk());
   {
-    const nlohmann::json& c = g["setattr Module on buffer name moves it to _modules"];
+    const nlohmann::json& c =
+        g["setattr Module on buffer name moves it to _modules"];
     EXPECT_EQ(MapKeys(m->buffers()), strings(c["_buffers"]));
     EXPECT_EQ(MapKeys(m->children()), strings(c["_modules"]));
   }
@@ -358,14 +369,16 @@ TEST(GoldenRegistrationOrderTest, ParameterBufferAndModuleOrderMatch) {
   ASSERT_THAT(m->SetAttr("t", Zeros({3})), IsOk());
   {
     const nlohmann::json& c =
-        g["setattr plain tensor on a new name is a plain attribute, not a buffer"];
+        g["setattr plain tensor on a new name is a plain attribute, not a "
+          "buffer"];
     EXPECT_EQ(m->attributes().Contains("t"), c["in___dict__"].get<bool>());
     EXPECT_EQ(MapKeys(m->buffers()), strings(c["_buffers"]));
     EXPECT_EQ(Keys(*m), strings(c["state_dict_keys"]));
   }
   ASSERT_THAT(m->DelAttr("y"), IsOk());
   {
-    const nlohmann::json& c = g["del non-persistent buffer also clears the flag"];
+    const nlohmann::json& c =
+        g["del non-persistent buffer also clears the flag"];
     EXPECT_EQ(MapKeys(m->buffers()), strings(c["_buffers"]));
     EXPECT_EQ(NonPersistent(*m), strings(c["non_persistent"]));
   }
@@ -389,7 +402,8 @@ TEST(GoldenRegistrationOrderTest, SubmoduleOverwriteAndNoneSlots) {
   ASSERT_THAT(s->RegisterModule("a", Build(R"({"type": "Tanh"})")), IsOk());
   EXPECT_EQ(types(*s), golden_types(g["add_module overwrite keeps position"]));
   ASSERT_THAT(s->SetAttr("a", Build(R"({"type": "Sigmoid"})")), IsOk());
-  EXPECT_EQ(types(*s), golden_types(g["setattr Module overwrite keeps position"]));
+  EXPECT_EQ(types(*s),
+            golden_types(g["setattr Module overwrite keeps position"]));
   ASSERT_THAT(s->SetAttr("a", nullptr), IsOk());
   const nlohmann::json& c =
       g["setattr None on submodule keeps slot; skipped by traversal"];
@@ -413,8 +427,10 @@ TEST(GoldenRegistrationOrderTest, BufferMayHoldAParameterAndGradTensors) {
   const nlohmann::json& g = Golden("registration_order.json")["cases"];
   std::shared_ptr<Module> p = Module::Create("Module");
   ASSERT_THAT(p->RegisterBuffer("pb", Param({2})), IsOk());
-  const nlohmann::json& c = g["register_buffer accepts a Parameter (stored as buffer)"];
-  EXPECT_EQ(MapKeys(p->buffers()), c["_buffers"].get<std::vector<std::string>>());
+  const nlohmann::json& c =
+      g["register_buffer accepts a Parameter (stored as buffer)"];
+  EXPECT_EQ(MapKeys(p->buffers()),
+            c["_buffers"].get<std::vector<std::string>>());
   EXPECT_EQ(MapKeys(p->parameters()),
             c["_parameters"].get<std::vector<std::string>>());
   EXPECT_EQ(p->buffers().Find("pb")->is_parameter(), c["type"] == "Parameter");
@@ -456,7 +472,8 @@ TEST(GoldenRegistrationOrderTest, EveryCaseIsChecked) {
       "register_buffer accepts a Parameter (stored as buffer)",
       "buffer with requires_grad: state_dict detaches unless keep_vars"};
   std::set<std::string> golden;
-  for (const auto& [label, c] : Golden("registration_order.json")["cases"].items()) {
+  for (const auto& [label, c] :
+       Golden("registration_order.json")["cases"].items()) {
     golden.insert(label);
   }
   EXPECT_EQ(checked, golden);
@@ -484,11 +501,13 @@ class GoldenLoadEdgeCasesTest : public ::testing::Test {
     EXPECT_TRUE(CheckedCases().contains(label)) << label;
     return Golden("load_state_dict_edge_cases.json")["cases"][label];
   }
-  void ExpectRaised(const absl::StatusOr<LoadResult>& r, const nlohmann::json& c) {
+  void ExpectRaised(const absl::StatusOr<LoadResult>& r,
+                    const nlohmann::json& c) {
     EXPECT_THAT(r, StatusIs(absl::StatusCode::kFailedPrecondition,
                             c["message"].get<std::string>()));
   }
-  void ExpectResult(const absl::StatusOr<LoadResult>& r, const nlohmann::json& c) {
+  void ExpectResult(const absl::StatusOr<LoadResult>& r,
+                    const nlohmann::json& c) {
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->keys.missing_keys,
               c["result"]["missing_keys"].get<std::vector<std::string>>());
@@ -535,16 +554,18 @@ class GoldenLoadEdgeCasesTest : public ::testing::Test {
 TEST_F(GoldenLoadEdgeCasesTest, MessagesAndOrder) {
   std::shared_ptr<Module> lin = Build(R"({"type": "Linear", "args": [3, 2]})");
   StateDict sd = lin->GetStateDict();
-  StateDict d = Dict({{"weight", Zeros({4, 3})},
-                      {"zzz", Zeros({1})},
-                      {"aaa", Zeros({1})}});
-  ExpectRaised(lin->LoadStateDict(d, Pytorch()),
-               Case("missing + unexpected + size mismatch, strict (message order)"));
+  StateDict d = Dict(
+      {{"weight", Zeros({4, 3})}, {"zzz", Zeros({1})}, {"aaa", Zeros({1})}});
+  ExpectRaised(
+      lin->LoadStateDict(d, Pytorch()),
+      Case("missing + unexpected + size mismatch, strict (message order)"));
   ExpectRaised(lin->LoadStateDict(d, Pytorch(false)),
                Case("same, strict=False (only size mismatch reported)"));
 
-  const nlohmann::json& c = Case("missing weight: bias still copied before raising");
-  ExpectRaised(lin->LoadStateDict(Dict({{"bias", Values({2}, {5, 5})}}), Pytorch()), c);
+  const nlohmann::json& c =
+      Case("missing weight: bias still copied before raising");
+  ExpectRaised(
+      lin->LoadStateDict(Dict({{"bias", Values({2}, {5, 5})}}), Pytorch()), c);
   std::vector<double> bias = c["bias_after"].get<std::vector<double>>();
   EXPECT_EQ(Scalar(*lin->parameters().Find("bias"), 0), bias[0]);
   EXPECT_EQ(Scalar(*lin->parameters().Find("bias"), 1), bias[1]);
@@ -552,11 +573,13 @@ TEST_F(GoldenLoadEdgeCasesTest, MessagesAndOrder) {
   MODELSTATE_ASSERT_OK(lin->LoadStateDict(sd).status());
   EXPECT_THAT(lin->LoadStateDict(Dict({{"bias", Values({2}, {5, 5})}})),
               StatusIs(absl::StatusCode::kFailedPrecondition));
-  EXPECT_TRUE(TensorsEqual(*lin->parameters().Find("bias"), *sd.tensors.Find("bias")));
+  EXPECT_TRUE(
+      TensorsEqual(*lin->parameters().Find("bias"), *sd.tensors.Find("bias")));
 
   std::shared_ptr<Module> tiny = BuildGolden("TinyModel");
-  ExpectRaised(tiny->LoadStateDict(StateDict(), Pytorch()),
-               Case("empty dict into TinyModel, strict (all keys, state_dict order)"));
+  ExpectRaised(
+      tiny->LoadStateDict(StateDict(), Pytorch()),
+      Case("empty dict into TinyModel, strict (all keys, state_dict order)"));
   ExpectResult(tiny->LoadStateDict(StateDict(), Pytorch(false)),
                Case("empty dict into TinyModel, strict=False"));
 }
@@ -585,16 +608,19 @@ TEST_F(GoldenLoadEdgeCasesTest, ValuesAndDtypes) {
   d.tensors.Set("weight.foo", Zeros({1}));
   // PyTorch 2.x (SEMANTICS L1): a dotted key under a parameter name is
   // unexpected; 1.13, which made the golden file, accepted it.
-  const nlohmann::json& foo = Case("key 'weight.foo' (dotted key under a parameter name)");
+  const nlohmann::json& foo =
+      Case("key 'weight.foo' (dotted key under a parameter name)");
   EXPECT_TRUE(foo.contains("note_2x"));
-  EXPECT_THAT(lin->LoadStateDict(d, Pytorch()),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       "Error(s) in loading state_dict for Linear:\n\tUnexpected "
-                       "key(s) in state_dict: \"weight.foo\". "));
+  EXPECT_THAT(
+      lin->LoadStateDict(d, Pytorch()),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               "Error(s) in loading state_dict for Linear:\n\tUnexpected "
+               "key(s) in state_dict: \"weight.foo\". "));
 
   std::shared_ptr<Module> m = Module::Create("Module");
   ASSERT_THAT(m->RegisterBuffer("s", Values({}, {3.0})), IsOk());
-  MODELSTATE_ASSERT_OK(m->LoadStateDict(Dict({{"s", Values({1}, {9.0})}})).status());
+  MODELSTATE_ASSERT_OK(
+      m->LoadStateDict(Dict({{"s", Values({1}, {9.0})}})).status());
   const nlohmann::json& one =
       Case("0-dim target, 1-dim [1] checkpoint: element 0 is taken");
   EXPECT_EQ(Scalar(*m->buffers().Find("s")), one["value_after"].get<double>());
@@ -616,13 +642,16 @@ TEST_F(GoldenLoadEdgeCasesTest, NoneEntriesAndNonPersistentBuffers) {
   std::shared_ptr<Module> np = Module::Create("Module");
   ASSERT_THAT(np->RegisterBuffer("np", Zeros({1}), false), IsOk());
   const nlohmann::json& c = Case("key for a non-persistent buffer, strict");
-  ExpectRaised(np->LoadStateDict(Dict({{"np", Values({1}, {1.0})}}), Pytorch()), c);
-  EXPECT_EQ(Scalar(*np->buffers().Find("np")), c["buffer_after"][0].get<double>());
+  ExpectRaised(np->LoadStateDict(Dict({{"np", Values({1}, {1.0})}}), Pytorch()),
+               c);
+  EXPECT_EQ(Scalar(*np->buffers().Find("np")),
+            c["buffer_after"][0].get<double>());
 
   std::shared_ptr<Module> none_child = Module::Create("Module");
   ASSERT_THAT(none_child->RegisterModule("c", nullptr), IsOk());
-  ExpectResult(none_child->LoadStateDict(Dict({{"c.weight", Values({1}, {1.0})}})),
-               Case("key under a None submodule is ignored"));
+  ExpectResult(
+      none_child->LoadStateDict(Dict({{"c.weight", Values({1}, {1.0})}})),
+      Case("key under a None submodule is ignored"));
 
   std::shared_ptr<Module> s = Build(R"({"type": "Sequential", "children": [
       {"spec": {"type": "Linear", "args": [2, 2]}}]})");
@@ -630,14 +659,17 @@ TEST_F(GoldenLoadEdgeCasesTest, NoneEntriesAndNonPersistentBuffers) {
   d.tensors.Set("0.nope", Zeros({1}));
   d.tensors.Set("1.weight", Zeros({1}));
   ExpectRaised(s->LoadStateDict(d, Pytorch()),
-               Case("unexpected key order: parent level first, then children (pre-order)"));
+               Case("unexpected key order: parent level first, then children "
+                    "(pre-order)"));
 }
 
 TEST_F(GoldenLoadEdgeCasesTest, TiedParameters) {
   std::shared_ptr<Module> t = BuildGolden("TiedModel");
   StateDict d;
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor ones, Tensor::Full(DType::kFloat32, {10, 4}, 1.0));
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor twos, Tensor::Full(DType::kFloat32, {10, 4}, 2.0));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor ones,
+                                  Tensor::Full(DType::kFloat32, {10, 4}, 1.0));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor twos,
+                                  Tensor::Full(DType::kFloat32, {10, 4}, 2.0));
   d.tensors.Set("embed.weight", ones);
   d.tensors.Set("proj.weight", twos);
   MODELSTATE_ASSERT_OK(t->LoadStateDict(d).status());
@@ -654,7 +686,9 @@ TEST_F(GoldenLoadEdgeCasesTest, TiedParameters) {
 
 TEST_F(GoldenLoadEdgeCasesTest, BatchNormNumBatchesTracked) {
   std::shared_ptr<Module> bn = Build(R"({"type": "BatchNorm1d", "args": [4]})");
-  auto counter = [&] { return Scalar(*bn->buffers().Find("num_batches_tracked")); };
+  auto counter = [&] {
+    return Scalar(*bn->buffers().Find("num_batches_tracked"));
+  };
   auto set_counter = [&](double v) {
     Tensor t = *bn->buffers().Find("num_batches_tracked");
     ASSERT_THAT(t.CopyFrom(Values({}, {v}, DType::kInt64)), IsOk());
@@ -674,7 +708,8 @@ TEST_F(GoldenLoadEdgeCasesTest, BatchNormNumBatchesTracked) {
   StateDict v2 = bn->GetStateDict();
   v2.tensors.Erase("num_batches_tracked");
   const nlohmann::json& c2 = Case(
-      "BatchNorm: state_dict() with _metadata version 2 without num_batches_tracked");
+      "BatchNorm: state_dict() with _metadata version 2 without "
+      "num_batches_tracked");
   ExpectRaised(bn->LoadStateDict(v2, Pytorch()), c2);
   EXPECT_EQ(counter(), c2["num_batches_tracked_after"].get<double>());
 
@@ -689,7 +724,8 @@ TEST_F(GoldenLoadEdgeCasesTest, BatchNormNumBatchesTracked) {
   StateDict f = bn->GetStateDict();
   f.tensors.Set("num_batches_tracked", Values({}, {3.7}));
   MODELSTATE_ASSERT_OK(bn->LoadStateDict(f).status());
-  const nlohmann::json& c3 = Case("BatchNorm: float 3.7 into int64 num_batches_tracked");
+  const nlohmann::json& c3 =
+      Case("BatchNorm: float 3.7 into int64 num_batches_tracked");
   EXPECT_EQ(counter(), c3["value_after"].get<double>());
   EXPECT_EQ(DTypeName(bn->buffers().Find("num_batches_tracked")->dtype()),
             c3["dtype_after"].get<std::string>());
@@ -707,7 +743,8 @@ TEST_F(GoldenLoadEdgeCasesTest, ExtraState) {
   StateDict d = e->GetStateDict();
   d.metadata.reset();
   d.tensors.Erase("_extra_state");
-  ExpectRaised(e->LoadStateDict(d, Pytorch()), Case("_extra_state missing, strict"));
+  ExpectRaised(e->LoadStateDict(d, Pytorch()),
+               Case("_extra_state missing, strict"));
   ExpectResult(e->LoadStateDict(d, Pytorch(false)),
                Case("_extra_state missing, strict=False"));
   std::shared_ptr<Module> lin = Build(R"({"type": "Linear", "args": [1, 1]})");
@@ -721,7 +758,8 @@ TEST_F(GoldenLoadEdgeCasesTest, ExtraState) {
 
 TEST_F(GoldenLoadEdgeCasesTest, EveryCaseIsChecked) {
   std::set<std::string> golden;
-  for (const auto& [label, c] : Golden("load_state_dict_edge_cases.json")["cases"].items()) {
+  for (const auto& [label, c] :
+       Golden("load_state_dict_edge_cases.json")["cases"].items()) {
     golden.insert(label);
   }
   EXPECT_EQ(CheckedCases(), golden);
@@ -741,7 +779,8 @@ std::map<std::string, std::string> DTypes(const Module& m) {
 TEST(GoldenToDTypeTest, EveryConversionMatches) {
   using Op = std::function<absl::Status(Module&)>;
   std::map<std::string, Op> ops = {
-      {"to(torch.float16)", [](Module& m) { return m.To(std::nullopt, DType::kFloat16); }},
+      {"to(torch.float16)",
+       [](Module& m) { return m.To(std::nullopt, DType::kFloat16); }},
       {"to(dtype=torch.float64)",
        [](Module& m) { return m.To(std::nullopt, DType::kFloat64); }},
       {"to('cpu', torch.float64, non_blocking=True)",
@@ -761,7 +800,8 @@ TEST(GoldenToDTypeTest, EveryConversionMatches) {
          absl::Status s = m.Double();
          return s.ok() ? m.Type(DType::kFloat32) : s;
        }},
-      {"to('cpu')  # device only", [](Module& m) { return m.To(Device::Cpu(), std::nullopt); }},
+      {"to('cpu')  # device only",
+       [](Module& m) { return m.To(Device::Cpu(), std::nullopt); }},
   };
   std::set<std::string> not_applicable = {
       "to(torch.complex64)",  // modelstate has no complex dtypes (DT1)
@@ -775,8 +815,9 @@ TEST(GoldenToDTypeTest, EveryConversionMatches) {
     for (const std::string model : {"MixedDtypes", "BatchNorm1d"}) {
       if (!c.contains(model)) continue;
       std::shared_ptr<Module> m =
-          model == "MixedDtypes" ? BuildGolden("MixedDtypes")
-                                 : Build(R"({"type": "BatchNorm1d", "args": [2]})");
+          model == "MixedDtypes"
+              ? BuildGolden("MixedDtypes")
+              : Build(R"({"type": "BatchNorm1d", "args": [2]})");
       MODELSTATE_ASSERT_OK(ops[label](*m));
       using DTypeMap = std::map<std::string, std::string>;
       EXPECT_EQ(DTypes(*m), c[model].get<DTypeMap>()) << model;
@@ -787,7 +828,8 @@ TEST(GoldenToDTypeTest, EveryConversionMatches) {
 TEST(GoldenToDTypeTest, IdentityAndRequiresGrad) {
   const nlohmann::json& cases = Golden("to_dtype.json")["cases"];
   {
-    std::shared_ptr<Module> bn = Build(R"({"type": "BatchNorm1d", "args": [2]})");
+    std::shared_ptr<Module> bn =
+        Build(R"({"type": "BatchNorm1d", "args": [2]})");
     Tensor mean = *bn->buffers().Find("running_mean");
     Tensor weight = *bn->parameters().Find("weight");
     MODELSTATE_ASSERT_OK(bn->To(Device::Cpu(), DType::kFloat32));
@@ -798,13 +840,15 @@ TEST(GoldenToDTypeTest, IdentityAndRequiresGrad) {
               c["weight_same"].get<bool>());
   }
   {
-    std::shared_ptr<Module> bn = Build(R"({"type": "BatchNorm1d", "args": [2]})");
+    std::shared_ptr<Module> bn =
+        Build(R"({"type": "BatchNorm1d", "args": [2]})");
     Tensor mean = *bn->buffers().Find("running_mean");
     Tensor weight = *bn->parameters().Find("weight");
     Tensor count = *bn->buffers().Find("num_batches_tracked");
     MODELSTATE_ASSERT_OK(bn->Half());
     const nlohmann::json& c = cases
-        ["real conversion: params same object, float buffers replaced, int buffer kept"];
+        ["real conversion: params same object, float buffers replaced, int "
+         "buffer kept"];
     EXPECT_EQ(bn->parameters().Find("weight")->is_same(weight),
               c["weight_same"].get<bool>());
     EXPECT_EQ(bn->buffers().Find("running_mean")->is_same(mean),
@@ -831,10 +875,12 @@ TEST(GoldenToDTypeTest, IdentityAndRequiresGrad) {
     const nlohmann::json& c =
         cases["requires_grad_(False) returns self and reaches every parameter"];
     for (const auto& [name, t] : s->NamedParameters()) {
-      EXPECT_EQ(t.requires_grad(), c["requires_grad"][name].get<bool>()) << name;
+      EXPECT_EQ(t.requires_grad(), c["requires_grad"][name].get<bool>())
+          << name;
     }
     for (const auto& [name, t] : s->NamedBuffers()) {
-      EXPECT_EQ(t.requires_grad(), c["buffers_requires_grad"][name].get<bool>());
+      EXPECT_EQ(t.requires_grad(),
+                c["buffers_requires_grad"][name].get<bool>());
     }
     MODELSTATE_ASSERT_OK(s->RequiresGrad());
     const nlohmann::json& d = cases["requires_grad_() default True"];
@@ -844,16 +890,18 @@ TEST(GoldenToDTypeTest, IdentityAndRequiresGrad) {
   }
   {
     std::shared_ptr<Module> s = Build(seq);
-    const nlohmann::json& c =
-        cases["state_dict detaches (requires_grad False); keep_vars returns Parameter"];
+    const nlohmann::json& c = cases
+        ["state_dict detaches (requires_grad False); keep_vars returns "
+         "Parameter"];
     StateDict sd = s->GetStateDict();
     StateDict kept = s->GetStateDict("", true);
     for (const auto& [key, rg] : c["state_dict"].items()) {
       EXPECT_EQ(sd.tensors.Find(key)->requires_grad(), rg.get<bool>()) << key;
       EXPECT_EQ(kept.tensors.Find(key)->is_parameter(),
                 c["keep_vars_types"][key] == "Parameter");
-      EXPECT_EQ(sd.tensors.Find(key)->SharesStorageWith(*kept.tensors.Find(key)),
-                c["shares_storage"].get<bool>());
+      EXPECT_EQ(
+          sd.tensors.Find(key)->SharesStorageWith(*kept.tensors.Find(key)),
+          c["shares_storage"].get<bool>());
     }
   }
 }
@@ -863,7 +911,8 @@ TEST(GoldenToDTypeTest, IdentityAndRequiresGrad) {
 
 double AbsMax(const Tensor& t) {
   double m = 0;
-  for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::abs(Scalar(t, i)));
+  for (int64_t i = 0; i < t.numel(); ++i)
+    m = std::max(m, std::abs(Scalar(t, i)));
   return m;
 }
 
@@ -906,14 +955,15 @@ void ExpectValues(const Tensor& t, const nlohmann::json& rows) {
   }
   ASSERT_EQ(static_cast<int64_t>(flat.size()), t.numel());
   for (size_t i = 0; i < flat.size(); ++i) {
-    EXPECT_EQ(static_cast<float>(Scalar(t, i)), static_cast<float>(flat[i])) << i;
+    EXPECT_EQ(static_cast<float>(Scalar(t, i)), static_cast<float>(flat[i]))
+        << i;
   }
 }
 
 TEST(GoldenInitTest, ExactValuesUnderSeedZero) {
   const nlohmann::json& cases = Golden("init.json")["cases"];
-  std::shared_ptr<Module> a =
-      Build(R"({"type": "Linear", "args": [3, 2], "kwargs": {"bias": false}})", 0);
+  std::shared_ptr<Module> a = Build(
+      R"({"type": "Linear", "args": [3, 2], "kwargs": {"bias": false}})", 0);
   ExpectValues(*a->parameters().Find("weight"),
                cases["values: manual_seed(0); Linear(3,2,bias=False).weight"]);
   std::shared_ptr<Module> b = Build(R"({"type": "Linear", "args": [2, 2]})", 0);
@@ -921,15 +971,16 @@ TEST(GoldenInitTest, ExactValuesUnderSeedZero) {
   ExpectValues(*b->parameters().Find("weight"), lin["weight"]);
   ExpectValues(*b->parameters().Find("bias"), lin["bias"]);
   std::shared_ptr<Module> e = Build(
-      R"({"type": "Embedding", "args": [4, 2], "kwargs": {"padding_idx": 1}})", 0);
-  ExpectValues(*e->parameters().Find("weight"),
-               cases["values: manual_seed(0); Embedding(4,2,padding_idx=1).weight"]);
+      R"({"type": "Embedding", "args": [4, 2], "kwargs": {"padding_idx": 1}})",
+      0);
+  ExpectValues(
+      *e->parameters().Find("weight"),
+      cases["values: manual_seed(0); Embedding(4,2,padding_idx=1).weight"]);
 }
 
 TEST(GoldenInitTest, NormLayerStateMatches) {
   const nlohmann::json& cases = Golden("init.json")["cases"];
-  for (const auto& [label, spec] :
-       std::map<std::string, std::string>{
+  for (const auto& [label, spec] : std::map<std::string, std::string>{
            {"BatchNorm1d(4)", R"({"type": "BatchNorm1d", "args": [4]})"},
            {"LayerNorm(6)", R"({"type": "LayerNorm", "args": [6]})"}}) {
     SCOPED_TRACE(label);
@@ -949,9 +1000,10 @@ TEST(GoldenInitTest, NormLayerStateMatches) {
 }
 
 TEST(GoldenInitTest, EmbeddingMomentsMatch) {
-  const nlohmann::json& c =
-      Golden("init.json")["cases"]["Embedding(1000,8) moments (manual_seed(0))"];
-  std::shared_ptr<Module> e = Build(R"({"type": "Embedding", "args": [1000, 8]})", 0);
+  const nlohmann::json& c = Golden(
+      "init.json")["cases"]["Embedding(1000,8) moments (manual_seed(0))"];
+  std::shared_ptr<Module> e =
+      Build(R"({"type": "Embedding", "args": [1000, 8]})", 0);
   const Tensor& w = *e->parameters().Find("weight");
   double sum = 0;
   for (int64_t i = 0; i < w.numel(); ++i) sum += Scalar(w, i);

@@ -1,6 +1,8 @@
 // Registration hooks (SEMANTICS H1-H6): chain order, keep / replace / block,
 // unregistration events, replacement validation, handles, thread safety, and
 // deferred (remote) decisions applied with ApplyFinalDecisions.
+#include "core/hooks.h"
+
 #include <atomic>
 #include <memory>
 #include <string>
@@ -8,7 +10,6 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
-#include "core/hooks.h"
 #include "core/module.h"
 #include "core/module_spec.h"
 #include "gmock/gmock.h"
@@ -43,20 +44,23 @@ TEST(HookRegistryTest, HooksOfOneKindRunInRegistrationOrderAndChain) {
   std::vector<std::string> calls;
   RemovableHandle h1 = hooks.AddParameterHook([&](const RegistrationEvent& e) {
     calls.push_back("first:" + std::string(DTypeName(e.value.tensor.dtype())));
-    return HookResult::Replace(*e.value.tensor.To(Device::Cpu(), DType::kFloat64));
+    return HookResult::Replace(
+        *e.value.tensor.To(Device::Cpu(), DType::kFloat64));
   });
   RemovableHandle h2 = hooks.AddParameterHook([&](const RegistrationEvent& e) {
     // Sees the first hook's replacement.
     calls.push_back("second:" + std::string(DTypeName(e.value.tensor.dtype())));
     return HookResult::Keep();
   });
-  RemovableHandle buffer_hook = hooks.AddBufferHook([&](const RegistrationEvent&) {
-    calls.push_back("buffer");
-    return HookResult::Keep();
-  });
+  RemovableHandle buffer_hook =
+      hooks.AddBufferHook([&](const RegistrationEvent&) {
+        calls.push_back("buffer");
+        return HookResult::Keep();
+      });
   std::shared_ptr<Module> m = Module::Create("M");
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(RegistrationOutcome o,
-                                  m->RegisterParameter("w", Param({2}), With(hooks)));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      RegistrationOutcome o,
+      m->RegisterParameter("w", Param({2}), With(hooks)));
   EXPECT_THAT(calls, ElementsAre("first:float32", "second:float64"));
   EXPECT_EQ(o.decision.kind, HookResult::Kind::kReplace);
   const Tensor& stored = *m->parameters().Find("w");
@@ -96,8 +100,8 @@ TEST(HookRegistryTest, BlockStopsTheChainAndKeepsThePreviousValue) {
   });
   std::shared_ptr<Module> m = Module::Create("M");
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
-      RegistrationOutcome o, m->RegisterBuffer("temp_buffer", Zeros({1}), true,
-                                               With(hooks)));
+      RegistrationOutcome o,
+      m->RegisterBuffer("temp_buffer", Zeros({1}), true, With(hooks)));
   EXPECT_TRUE(o.decision.blocked());
   EXPECT_EQ(o.decision.reason, "no temp buffers");
   EXPECT_FALSE(m->buffers().Contains("temp_buffer"));
@@ -135,11 +139,10 @@ TEST(HookRegistryTest, UnregistrationIsAnEventWithANullValue) {
   ASSERT_THAT(m->RegisterBuffer("b", Tensor(), true, ctx), IsOk());
   ASSERT_THAT(m->RegisterModule("c", Module::Create("C"), ctx), IsOk());
   ASSERT_THAT(m->RemoveEntry("c", ctx), IsOk());
-  EXPECT_THAT(seen, ElementsAre("parameter:p:unregister:null",
-                                "buffer:b:register:value",
-                                "buffer:b:unregister:null",
-                                "module:c:register:value",
-                                "module:c:unregister:null"));
+  EXPECT_THAT(
+      seen, ElementsAre("parameter:p:unregister:null",
+                        "buffer:b:register:value", "buffer:b:unregister:null",
+                        "module:c:register:value", "module:c:unregister:null"));
   // Registering None keeps the slot (as None); removal deletes it.
   EXPECT_TRUE(m->parameters().Contains("p"));
   EXPECT_FALSE(m->parameters().Find("p")->defined());
@@ -150,8 +153,9 @@ TEST(HookRegistryTest, UnregistrationIsAnEventWithANullValue) {
 TEST(HookRegistryTest, BlockedUnregistrationKeepsTheEntry) {
   HookRegistry hooks;
   RemovableHandle h = hooks.AddModuleHook([](const RegistrationEvent& e) {
-    return e.action == RegistrationAction::kUnregister ? HookResult::Block("frozen")
-                                                       : HookResult::Keep();
+    return e.action == RegistrationAction::kUnregister
+               ? HookResult::Block("frozen")
+               : HookResult::Keep();
   });
   std::shared_ptr<Module> m = Module::Create("M");
   std::shared_ptr<Module> child = Module::Create("C");
@@ -160,7 +164,8 @@ TEST(HookRegistryTest, BlockedUnregistrationKeepsTheEntry) {
                                   m->RemoveEntry("c", With(hooks)));
   EXPECT_TRUE(o.decision.blocked());
   EXPECT_EQ(*m->children().Find("c"), child);
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(o, m->RegisterModule("c", nullptr, With(hooks)));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(o,
+                                  m->RegisterModule("c", nullptr, With(hooks)));
   EXPECT_TRUE(o.decision.blocked());
   EXPECT_EQ(*m->children().Find("c"), child);
 }
@@ -175,7 +180,8 @@ TEST(HookRegistryTest, InvalidReplacementsBlockWithAReason) {
   options.hooks = nullptr;
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
       BuildResult built,
-      BuildModule(SpecFromJson(R"({"type": "Linear", "args": [3, 2]})"), options));
+      BuildModule(SpecFromJson(R"({"type": "Linear", "args": [3, 2]})"),
+                  options));
   std::shared_ptr<Module> linear = built.root;
   struct Case {
     const char* what;
@@ -183,7 +189,8 @@ TEST(HookRegistryTest, InvalidReplacementsBlockWithAReason) {
     const char* reason;
   };
   std::vector<Case> cases = {
-      {"wrong shape in a built-in layer", Zeros({3, 3}), "shape must stay [2, 3]"},
+      {"wrong shape in a built-in layer", Zeros({3, 3}),
+       "shape must stay [2, 3]"},
       {"integer dtype", Zeros({2, 3}, DType::kInt32),
        "may only become another floating point dtype"},
       {"no tensor", Tensor(), "can only be replaced by a tensor"},
@@ -204,7 +211,8 @@ TEST(HookRegistryTest, InvalidReplacementsBlockWithAReason) {
   std::shared_ptr<Module> custom = Module::Create("Custom");
   replacement = Zeros({7});
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
-      RegistrationOutcome o, custom->RegisterParameter("w", Param({2}), With(hooks)));
+      RegistrationOutcome o,
+      custom->RegisterParameter("w", Param({2}), With(hooks)));
   EXPECT_EQ(o.decision.kind, HookResult::Kind::kReplace);
   EXPECT_EQ(custom->parameters().Find("w")->shape(), Shape{7});
   // A plain tensor replacement becomes a parameter keeping requires_grad.
@@ -214,13 +222,16 @@ TEST(HookRegistryTest, InvalidReplacementsBlockWithAReason) {
 
 TEST(HookRegistryTest, ReplacementIsInvalidOnUnregister) {
   HookRegistry hooks;
-  RemovableHandle h = hooks.AddBufferHook(
-      [](const RegistrationEvent&) { return HookResult::Replace(*Tensor::Zeros(DType::kFloat32, {1})); });
+  RemovableHandle h = hooks.AddBufferHook([](const RegistrationEvent&) {
+    return HookResult::Replace(*Tensor::Zeros(DType::kFloat32, {1}));
+  });
   std::shared_ptr<Module> m = Module::Create("M");
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(RegistrationOutcome o,
-                                  m->RegisterBuffer("b", Tensor(), true, With(hooks)));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      RegistrationOutcome o,
+      m->RegisterBuffer("b", Tensor(), true, With(hooks)));
   EXPECT_TRUE(o.decision.blocked());
-  EXPECT_THAT(o.decision.reason, HasSubstr("not allowed for an unregister event"));
+  EXPECT_THAT(o.decision.reason,
+              HasSubstr("not allowed for an unregister event"));
   EXPECT_FALSE(m->buffers().Contains("b"));
 }
 
@@ -278,15 +289,16 @@ TEST(RemovableHandleTest, OutlivingTheRegistryIsHarmless) {
   RemovableHandle h;
   {
     HookRegistry hooks;
-    h = hooks.AddModuleHook([](const RegistrationEvent&) { return HookResult::Keep(); });
+    h = hooks.AddModuleHook(
+        [](const RegistrationEvent&) { return HookResult::Keep(); });
   }
   h.Remove();
 }
 
 TEST(HookRegistryTest, GlobalHooksApplyToPlainRegistrations) {
   int calls = 0;
-  RemovableHandle h = HookRegistry::Global().AddParameterHook(
-      [&](const RegistrationEvent& e) {
+  RemovableHandle h =
+      HookRegistry::Global().AddParameterHook([&](const RegistrationEvent& e) {
         if (e.name == "frozen_by_global") ++calls;
         return HookResult::Keep();
       });
@@ -300,10 +312,11 @@ TEST(HookRegistryTest, GlobalHooksApplyToPlainRegistrations) {
 TEST(HookRegistryTest, ConcurrentRegistrationWhileHooksComeAndGo) {
   HookRegistry hooks;
   std::atomic<int64_t> runs{0};
-  RemovableHandle counting = hooks.AddParameterHook([&](const RegistrationEvent&) {
-    runs.fetch_add(1);
-    return HookResult::Keep();
-  });
+  RemovableHandle counting =
+      hooks.AddParameterHook([&](const RegistrationEvent&) {
+        runs.fetch_add(1);
+        return HookResult::Keep();
+      });
   constexpr int kThreads = 4;
   constexpr int kPerThread = 500;
   std::vector<std::thread> threads;
@@ -311,9 +324,10 @@ TEST(HookRegistryTest, ConcurrentRegistrationWhileHooksComeAndGo) {
   // One thread keeps adding and removing a blocking hook for another name.
   std::thread churn([&] {
     while (!stop.load()) {
-      RemovableHandle h = hooks.AddParameterHook([](const RegistrationEvent& e) {
-        return e.name == "never" ? HookResult::Block() : HookResult::Keep();
-      });
+      RemovableHandle h =
+          hooks.AddParameterHook([](const RegistrationEvent& e) {
+            return e.name == "never" ? HookResult::Block() : HookResult::Keep();
+          });
       h.Remove();
     }
   });
@@ -333,7 +347,8 @@ TEST(HookRegistryTest, ConcurrentRegistrationWhileHooksComeAndGo) {
   stop.store(true);
   churn.join();
   EXPECT_EQ(runs.load(), kThreads * kPerThread);
-  for (const auto& m : modules) EXPECT_EQ(m->parameters().size(), size_t{kPerThread});
+  for (const auto& m : modules)
+    EXPECT_EQ(m->parameters().size(), size_t{kPerThread});
 }
 
 // ---------------------------------------------------------------------------
@@ -354,7 +369,8 @@ TEST(ApplyFinalDecisionsTest, BlockReplaceAndKeepMatchOneAtATimeResults) {
       {"buffer": {"name": "temp_buffer", "shape": [1]}},
       {"parameter": {"name": "_scale", "shape": [1], "init": {"kind": "ones"}}}]})";
   BuildResult built = BuildRecorded(spec);
-  ASSERT_EQ(built.records.size(), 5u);  // fc.weight, fc.bias, fc, temp_buffer, _scale
+  ASSERT_EQ(built.records.size(),
+            5u);  // fc.weight, fc.bias, fc, temp_buffer, _scale
   std::vector<HookDecision> finals;
   for (const RegistrationRecord& r : built.records) finals.push_back(r.local);
   // Block fc.bias, replace _scale, block temp_buffer.

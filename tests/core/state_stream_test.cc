@@ -21,12 +21,13 @@ StateDict Sample() {
   BuildOptions o;
   o.hooks = nullptr;
   o.seed = 3;
-  absl::StatusOr<BuildResult> built = BuildModule(SpecFromJson(R"({"type": "Net", "members": [
+  absl::StatusOr<BuildResult> built =
+      BuildModule(SpecFromJson(R"({"type": "Net", "members": [
       {"module": {"name": "bn", "spec": {"type": "BatchNorm1d", "args": [5]}}},
       {"parameter": {"name": "empty", "shape": [0, 3]}},
       {"buffer": {"name": "scalar", "shape": [], "init": {"kind": "ones"}}},
       {"module": {"name": "fc", "spec": {"type": "Linear", "args": [33, 17]}}}]})"),
-                                                 o);
+                  o);
   EXPECT_TRUE(built.ok()) << built.status();
   return built->root->GetStateDict();
 }
@@ -56,10 +57,12 @@ absl::StatusOr<StateDict> RoundTrip(const StateDict& sd,
 TEST(StateStreamTest, RoundTripsInArbitraryChunks) {
   StateDict sd = Sample();
   for (int seed = 0; seed < 5; ++seed) {
-    MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict back, RoundTrip(sd, std::nullopt, seed));
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict back,
+                                    RoundTrip(sd, std::nullopt, seed));
     ASSERT_EQ(back.tensors.Keys(), sd.tensors.Keys());
     for (const auto& item : sd.tensors) {
-      EXPECT_TRUE(TensorsEqual(*back.tensors.Find(item.key), item.value)) << item.key;
+      EXPECT_TRUE(TensorsEqual(*back.tensors.Find(item.key), item.value))
+          << item.key;
     }
     ASSERT_TRUE(back.metadata.has_value());
     EXPECT_EQ(back.metadata->Keys(), sd.metadata->Keys());
@@ -68,28 +71,34 @@ TEST(StateStreamTest, RoundTripsInArbitraryChunks) {
 
 TEST(StateStreamTest, ConvertsFloatingEntriesOnTheFly) {
   StateDict sd = Sample();
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict half, RoundTrip(sd, DType::kFloat16, 9));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict half,
+                                  RoundTrip(sd, DType::kFloat16, 9));
   for (const auto& item : sd.tensors) {
     const Tensor& got = *half.tensors.Find(item.key);
     DType want = IsFloatingPoint(item.value.dtype()) ? DType::kFloat16
-                                                      : item.value.dtype();
-    MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor expected, item.value.To(Device::Cpu(), want));
+                                                     : item.value.dtype();
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor expected,
+                                    item.value.To(Device::Cpu(), want));
     EXPECT_TRUE(TensorsEqual(got, expected)) << item.key;
   }
-  EXPECT_THAT(StateDictReader::Create(sd, DType::kInt8),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("floating")));
+  EXPECT_THAT(
+      StateDictReader::Create(sd, DType::kInt8),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("floating")));
 }
 
 TEST(StateStreamTest, TruncatedAndOverlongStreamsAreRejected) {
   StateDict sd = Sample();
   StateDictLayout layout = LayoutOf(sd);
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(auto a, StateDictAssembler::Create(layout, {}));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(auto a,
+                                  StateDictAssembler::Create(layout, {}));
   ASSERT_TRUE(a->Append(std::string(10, 'x')).ok());
   EXPECT_THAT(a->Finish(), StatusIs(absl::StatusCode::kInvalidArgument,
                                     HasSubstr("ended after 10 of")));
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(auto b, StateDictAssembler::Create(layout, {}));
-  EXPECT_THAT(b->Append(std::string(layout.total_bytes + 1, 'x')),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("more than")));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(auto b,
+                                  StateDictAssembler::Create(layout, {}));
+  EXPECT_THAT(
+      b->Append(std::string(layout.total_bytes + 1, 'x')),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("more than")));
 }
 
 TEST(StateStreamTest, LayoutsAreValidated) {
@@ -100,15 +109,20 @@ TEST(StateStreamTest, LayoutsAreValidated) {
     return StateDictAssembler::Create(l, StreamLimits{}).status();
   };
   EXPECT_THAT(with([](StateDictLayout& l) { l.entries[0].key = ""; }),
-              StatusIs(absl::StatusCode::kInvalidArgument, "header.entries[0].key is empty"));
-  EXPECT_THAT(with([](StateDictLayout& l) { l.entries[1].key = l.entries[0].key; }),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("appears twice")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "header.entries[0].key is empty"));
+  EXPECT_THAT(
+      with([](StateDictLayout& l) { l.entries[1].key = l.entries[0].key; }),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("appears twice")));
   EXPECT_THAT(with([](StateDictLayout& l) { l.entries[0].shape = {-1}; }),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("negative dimension")));
-  EXPECT_THAT(with([](StateDictLayout& l) { l.entries[0].nbytes += 4; }),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("byte_length")));
-  EXPECT_THAT(with([](StateDictLayout& l) { l.total_bytes += 1; }),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("total_bytes")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("negative dimension")));
+  EXPECT_THAT(
+      with([](StateDictLayout& l) { l.entries[0].nbytes += 4; }),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("byte_length")));
+  EXPECT_THAT(
+      with([](StateDictLayout& l) { l.total_bytes += 1; }),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("total_bytes")));
   EXPECT_THAT(with([](StateDictLayout& l) {
                 l.entries[0].shape = {int64_t{1} << 40, int64_t{1} << 40};
               }),
@@ -116,11 +130,13 @@ TEST(StateStreamTest, LayoutsAreValidated) {
   StreamLimits small;
   small.max_tensor_bytes = 16;
   EXPECT_THAT(StateDictAssembler::Create(base, small),
-              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("max_tensor_bytes")));
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("max_tensor_bytes")));
   small = {};
   small.max_total_bytes = 100;
   EXPECT_THAT(StateDictAssembler::Create(base, small),
-              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("max_total_bytes")));
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("max_total_bytes")));
   small = {};
   small.max_entries = 2;
   EXPECT_THAT(StateDictAssembler::Create(base, small),
@@ -130,11 +146,13 @@ TEST(StateStreamTest, LayoutsAreValidated) {
 TEST(StateStreamTest, MetaEntriesHaveNoBytesToRead) {
   StateDict sd;
   sd.tensors.Set("m", *Tensor::Empty(DType::kFloat32, {4}, Device::Meta()));
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(auto reader, StateDictReader::Create(sd, std::nullopt));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(auto reader,
+                                  StateDictReader::Create(sd, std::nullopt));
   EXPECT_EQ(reader->layout().total_bytes, 16u);
   std::string out;
-  EXPECT_THAT(reader->Read(100, &out),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("meta")));
+  EXPECT_THAT(
+      reader->Read(100, &out),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("meta")));
 }
 
 }  // namespace

@@ -33,9 +33,11 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 // nullopt: never answer.
-using AnswerFn = std::function<std::optional<SubscriberAnswer>(const HookEvent&)>;
+using AnswerFn =
+    std::function<std::optional<SubscriberAnswer>(const HookEvent&)>;
 
-SubscriberAnswer Verdict_(const HookEvent& e, Verdict v, std::string reason = "") {
+SubscriberAnswer Verdict_(const HookEvent& e, Verdict v,
+                          std::string reason = "") {
   SubscriberAnswer a;
   a.event_id = e.event_id;
   a.verdict = v;
@@ -47,11 +49,13 @@ SubscriberAnswer Verdict_(const HookEvent& e, Verdict v, std::string reason = ""
 class FakeSubscriber : public SubscriberChannel,
                        public std::enable_shared_from_this<FakeSubscriber> {
  public:
-  FakeSubscriber(SubscriberHub* hub, AnswerFn fn) : hub_(hub), fn_(std::move(fn)) {}
+  FakeSubscriber(SubscriberHub* hub, AnswerFn fn)
+      : hub_(hub), fn_(std::move(fn)) {}
   ~FakeSubscriber() override { StopWorker(); }
 
   absl::Status Attach(SubscriptionSpec spec) {
-    absl::StatusOr<uint64_t> id = hub_->Attach(std::move(spec), shared_from_this(), {});
+    absl::StatusOr<uint64_t> id =
+        hub_->Attach(std::move(spec), shared_from_this(), {});
     if (!id.ok()) return id.status();
     id_ = *id;
     worker_ = std::thread([this] { Work(); });
@@ -129,7 +133,8 @@ class FakeSubscriber : public SubscriberChannel,
   absl::Status closed_ ABSL_GUARDED_BY(mu_);
 };
 
-SubscriptionSpec Spec(std::string name, SubscriberMode mode = SubscriberMode::kIntercept,
+SubscriptionSpec Spec(std::string name,
+                      SubscriberMode mode = SubscriberMode::kIntercept,
                       int priority = 0) {
   SubscriptionSpec s;
   s.name = std::move(name);
@@ -153,12 +158,13 @@ class HubTest : public ::testing::Test {
     return s;
   }
 
-  absl::StatusOr<BuildOutcome> Build(const std::string& name, const std::string& json,
+  absl::StatusOr<BuildOutcome> Build(const std::string& name,
+                                     const std::string& json,
                                      bool all_or_nothing = false) {
     BuildOptions o;
     o.hooks = nullptr;
-    return store_.Build({"alice", "req-1"}, *ParseModuleName(name), SpecFromJson(json), o,
-                        all_or_nothing);
+    return store_.Build({"alice", "req-1"}, *ParseModuleName(name),
+                        SpecFromJson(json), o, all_or_nothing);
   }
 
   StateDict State(const std::string& name) {
@@ -179,19 +185,23 @@ constexpr char kNet[] = R"({"type": "Net", "members": [
 TEST_F(HubTest, WithoutSubscribersTheInProcessDecisionStands) {
   MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildOutcome b, Build("t/net", kNet));
   ASSERT_EQ(b.registrations.size(), 5u);
-  for (const auto& r : b.registrations) EXPECT_EQ(r.final.kind, HookResult::Kind::kKeep);
+  for (const auto& r : b.registrations)
+    EXPECT_EQ(r.final.kind, HookResult::Kind::kKeep);
 }
 
 TEST_F(HubTest, InterceptorsApproveRejectAndModify) {
-  Add(Spec("policy"), [](const HookEvent& e) -> std::optional<SubscriberAnswer> {
-    if (e.name == "temp_buffer") return Verdict_(e, Verdict::kReject, "Blocking temporary buffer");
-    if (e.name == "_scale") {
-      SubscriberAnswer a = Verdict_(e, Verdict::kModify);
-      a.transform = Transform{DType::kFloat32, std::nullopt, false, std::nullopt, std::nullopt};
-      return a;
-    }
-    return Verdict_(e, Verdict::kApprove);
-  });
+  Add(Spec("policy"),
+      [](const HookEvent& e) -> std::optional<SubscriberAnswer> {
+        if (e.name == "temp_buffer")
+          return Verdict_(e, Verdict::kReject, "Blocking temporary buffer");
+        if (e.name == "_scale") {
+          SubscriberAnswer a = Verdict_(e, Verdict::kModify);
+          a.transform = Transform{DType::kFloat32, std::nullopt, false,
+                                  std::nullopt, std::nullopt};
+          return a;
+        }
+        return Verdict_(e, Verdict::kApprove);
+      });
   MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildOutcome b, Build("t/net", kNet));
   StateDict sd = State("t/net");
   EXPECT_THAT(sd.tensors.Keys(), ElementsAre("_scale", "fc.weight", "fc.bias"));
@@ -216,17 +226,18 @@ TEST_F(HubTest, ChainRunsInPriorityThenSubscriptionOrderAndSeesEarlierSteps) {
       }
       SubscriberAnswer a = Verdict_(e, v);
       if (v == Verdict::kModify) {
-        a.transform = Transform{DType::kFloat64, std::nullopt, std::nullopt, std::nullopt,
-                                std::nullopt};
+        a.transform = Transform{DType::kFloat64, std::nullopt, std::nullopt,
+                                std::nullopt, std::nullopt};
       }
       return a;
     };
   };
   Add(Spec("b", SubscriberMode::kIntercept, 5), record("b", Verdict::kApprove));
   Add(Spec("a", SubscriberMode::kIntercept, 1), record("a", Verdict::kModify));
-  auto c = Add(Spec("c", SubscriberMode::kIntercept, 5), record("c", Verdict::kApprove));
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(
-      BuildOutcome b, Build("t/one", R"({"type": "Net", "members": [
+  auto c = Add(Spec("c", SubscriberMode::kIntercept, 5),
+               record("c", Verdict::kApprove));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildOutcome b,
+                                  Build("t/one", R"({"type": "Net", "members": [
           {"parameter": {"name": "w", "shape": [2]}}]})"));
   EXPECT_THAT(calls, ElementsAre("a:w:0", "b:w:1", "c:w:2"));
   // Later interceptors see the modified value and what came before.
@@ -241,13 +252,15 @@ TEST_F(HubTest, ChainRunsInPriorityThenSubscriptionOrderAndSeesEarlierSteps) {
 TEST_F(HubTest, TimeoutsApplyTheFailurePolicy) {
   SubscriptionSpec closed = Spec("silent-closed");
   closed.timeout = absl::Milliseconds(50);
-  Add(closed, [](const HookEvent&) { return std::optional<SubscriberAnswer>(); });
+  Add(closed,
+      [](const HookEvent&) { return std::optional<SubscriberAnswer>(); });
   auto start = absl::Now();
   MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildOutcome b, Build("t/closed", kNet));
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   for (const auto& r : b.registrations) {
     EXPECT_TRUE(r.final.blocked());
-    EXPECT_THAT(r.final.reason, HasSubstr("silent-closed timed out after 50ms (fail-closed)"));
+    EXPECT_THAT(r.final.reason,
+                HasSubstr("silent-closed timed out after 50ms (fail-closed)"));
   }
   // Blocked everywhere: the module holds nothing.
   EXPECT_TRUE(State("t/closed").tensors.empty());
@@ -258,8 +271,9 @@ TEST_F(HubTest, FailOpenApprovesAndTheChainGoesOn) {
   open.timeout = absl::Milliseconds(50);
   open.failure_policy = FailurePolicy::kFailOpen;
   Add(open, [](const HookEvent&) { return std::optional<SubscriberAnswer>(); });
-  auto next = Add(Spec("next", SubscriberMode::kIntercept, 1),
-                  [](const HookEvent& e) { return Verdict_(e, Verdict::kApprove); });
+  auto next =
+      Add(Spec("next", SubscriberMode::kIntercept, 1),
+          [](const HookEvent& e) { return Verdict_(e, Verdict::kApprove); });
   MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildOutcome b, Build("t/open", kNet));
   for (const auto& r : b.registrations) EXPECT_FALSE(r.final.blocked());
   ASSERT_FALSE(next->events().empty());
@@ -282,18 +296,21 @@ TEST_F(HubTest, ADisconnectMidEventAppliesThePolicy) {
   leaving.join();
   ASSERT_EQ(b.registrations.size(), 1u);
   EXPECT_TRUE(b.registrations[0].final.blocked());
-  EXPECT_THAT(b.registrations[0].final.reason, HasSubstr("leaver disconnected"));
+  EXPECT_THAT(b.registrations[0].final.reason,
+              HasSubstr("leaver disconnected"));
 }
 
 TEST_F(HubTest, InvalidAnswersCountAsFailures) {
   // A replacement of the wrong shape for a built-in layer.
-  Add(Spec("bad-shape"), [](const HookEvent& e) -> std::optional<SubscriberAnswer> {
-    SubscriberAnswer a = Verdict_(e, Verdict::kModify);
-    a.replacement = *Tensor::Zeros(DType::kFloat32, {7});
-    return a;
-  });
+  Add(Spec("bad-shape"),
+      [](const HookEvent& e) -> std::optional<SubscriberAnswer> {
+        SubscriberAnswer a = Verdict_(e, Verdict::kModify);
+        a.replacement = *Tensor::Zeros(DType::kFloat32, {7});
+        return a;
+      });
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
-      BuildOutcome b, Build("t/shape", R"({"type": "Linear", "args": [3, 2]})"));
+      BuildOutcome b,
+      Build("t/shape", R"({"type": "Linear", "args": [3, 2]})"));
   EXPECT_TRUE(b.registrations[0].final.blocked());
   EXPECT_THAT(b.registrations[0].final.reason,
               HasSubstr("sent an invalid answer: shape must stay [2, 3]"));
@@ -316,10 +333,12 @@ TEST_F(HubTest, AnAnswerForAnUnknownEventFailsWhatTheSubscriberHolds) {
 }
 
 TEST_F(HubTest, DryRunIsRecordedButNeitherEnforcedNorAwaited) {
-  Add(Spec("dry", SubscriberMode::kDryRun),
-      [](const HookEvent& e) { return Verdict_(e, Verdict::kReject, "would block"); });
-  auto never = Add(Spec("dry-silent", SubscriberMode::kDryRun),
-                   [](const HookEvent&) { return std::optional<SubscriberAnswer>(); });
+  Add(Spec("dry", SubscriberMode::kDryRun), [](const HookEvent& e) {
+    return Verdict_(e, Verdict::kReject, "would block");
+  });
+  auto never =
+      Add(Spec("dry-silent", SubscriberMode::kDryRun),
+          [](const HookEvent&) { return std::optional<SubscriberAnswer>(); });
   auto start = absl::Now();
   MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildOutcome b, Build("t/dry", kNet));
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
@@ -329,10 +348,12 @@ TEST_F(HubTest, DryRunIsRecordedButNeitherEnforcedNorAwaited) {
 
 TEST_F(HubTest, ObserversReceiveFinalOutcomes) {
   Add(Spec("blocker"), [](const HookEvent& e) {
-    return Verdict_(e, e.name == "bias" ? Verdict::kReject : Verdict::kApprove, "no bias");
+    return Verdict_(e, e.name == "bias" ? Verdict::kReject : Verdict::kApprove,
+                    "no bias");
   });
-  auto watcher = Add(Spec("watcher", SubscriberMode::kObserve),
-                     [](const HookEvent&) { return std::optional<SubscriberAnswer>(); });
+  auto watcher =
+      Add(Spec("watcher", SubscriberMode::kObserve),
+          [](const HookEvent&) { return std::optional<SubscriberAnswer>(); });
   ASSERT_THAT(Build("t/obs", R"({"type": "Linear", "args": [3, 2]})"), IsOk());
   // Observers are never awaited: wait for the worker to have seen both.
   for (int i = 0; i < 1000 && watcher->events().size() < 2; ++i) {
@@ -351,15 +372,18 @@ TEST_F(HubTest, FiltersSelectEvents) {
   spec.filter.kinds = {EntryKind::kBuffer};
   spec.filter.name_glob = "temp_*";
   spec.filter.namespaces = {"t"};
-  auto picky = Add(spec, [](const HookEvent& e) { return Verdict_(e, Verdict::kApprove); });
+  auto picky = Add(
+      spec, [](const HookEvent& e) { return Verdict_(e, Verdict::kApprove); });
   SubscriptionSpec other_ns = Spec("elsewhere");
   other_ns.filter.namespaces = {"other"};
-  auto elsewhere =
-      Add(other_ns, [](const HookEvent& e) { return Verdict_(e, Verdict::kReject); });
+  auto elsewhere = Add(other_ns, [](const HookEvent& e) {
+    return Verdict_(e, Verdict::kReject);
+  });
   SubscriptionSpec types = Spec("linear-only");
   types.filter.module_type_glob = "Lin*";
   types.filter.actions = {RegistrationAction::kRegister};
-  auto linear = Add(types, [](const HookEvent& e) { return Verdict_(e, Verdict::kApprove); });
+  auto linear = Add(
+      types, [](const HookEvent& e) { return Verdict_(e, Verdict::kApprove); });
   ASSERT_THAT(Build("t/filters", kNet), IsOk());
   ASSERT_EQ(picky->events().size(), 1u);
   EXPECT_EQ(picky->events()[0].name, "temp_buffer");
@@ -371,7 +395,8 @@ TEST_F(HubTest, EventsCarryMetadataHashAndOptionalData) {
   SubscriptionSpec spec = Spec("data");
   spec.include_data = true;
   spec.max_data_bytes = 16;
-  auto s = Add(spec, [](const HookEvent& e) { return Verdict_(e, Verdict::kApprove); });
+  auto s = Add(
+      spec, [](const HookEvent& e) { return Verdict_(e, Verdict::kApprove); });
   ASSERT_THAT(Build("t/data", R"({"type": "Linear", "args": [3, 2]})"), IsOk());
   std::vector<HookEvent> seen = s->events();
   ASSERT_EQ(seen.size(), 2u);
@@ -388,16 +413,19 @@ TEST_F(HubTest, EventsCarryMetadataHashAndOptionalData) {
 
 TEST_F(HubTest, ReconnectingUnderTheSameNameKeepsThePlaceAndThePendingEvents) {
   std::atomic<int> first_seen{0};
-  auto first = Add(Spec("same", SubscriberMode::kIntercept, 0), [&](const HookEvent&) {
-    ++first_seen;
-    return std::optional<SubscriberAnswer>();  // never answers
-  });
-  auto later = Add(Spec("later", SubscriberMode::kIntercept, 0),
-                   [](const HookEvent& e) { return Verdict_(e, Verdict::kApprove); });
+  auto first =
+      Add(Spec("same", SubscriberMode::kIntercept, 0), [&](const HookEvent&) {
+        ++first_seen;
+        return std::optional<SubscriberAnswer>();  // never answers
+      });
+  auto later =
+      Add(Spec("later", SubscriberMode::kIntercept, 0),
+          [](const HookEvent& e) { return Verdict_(e, Verdict::kApprove); });
   std::thread reconnect([&] {
     while (first_seen == 0) std::this_thread::yield();
-    Add(Spec("same", SubscriberMode::kIntercept, 0),
-        [](const HookEvent& e) { return Verdict_(e, Verdict::kApprove, "second connection"); });
+    Add(Spec("same", SubscriberMode::kIntercept, 0), [](const HookEvent& e) {
+      return Verdict_(e, Verdict::kApprove, "second connection");
+    });
   });
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
       BuildOutcome b, Build("t/reconnect", R"({"type": "Net", "members": [
@@ -418,7 +446,8 @@ TEST_F(HubTest, ChainsOfManyEventsArePipelined) {
   });
   std::string json = R"({"type": "Sequential", "children": [)";
   for (int i = 0; i < 50; ++i) {
-    absl::StrAppend(&json, i ? "," : "", R"({"spec": {"type": "Linear", "args": [2, 2]}})");
+    absl::StrAppend(&json, i ? "," : "",
+                    R"({"spec": {"type": "Linear", "args": [2, 2]}})");
   }
   json += "]}";
   MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildOutcome b, Build("t/pipeline", json));
@@ -432,7 +461,8 @@ TEST_F(HubTest, PipelinedOutcomesEqualOneAtATimeOutcomes) {
   // event name and subscriber).
   auto make = [](int who) {
     return [who](const HookEvent& e) -> std::optional<SubscriberAnswer> {
-      size_t h = std::hash<std::string>()(absl::StrCat(e.path, ".", e.name, who));
+      size_t h =
+          std::hash<std::string>()(absl::StrCat(e.path, ".", e.name, who));
       switch (h % 5) {
         case 0:
           return Verdict_(e, Verdict::kReject, absl::StrCat("by ", who));
@@ -441,7 +471,8 @@ TEST_F(HubTest, PipelinedOutcomesEqualOneAtATimeOutcomes) {
           InitSpec init;
           init.kind = InitSpec::Kind::kConstant;
           init.a = who;
-          a.transform = Transform{std::nullopt, std::nullopt, std::nullopt, std::nullopt, init};
+          a.transform = Transform{std::nullopt, std::nullopt, std::nullopt,
+                                  std::nullopt, init};
           return a;
         }
         default:
@@ -449,21 +480,25 @@ TEST_F(HubTest, PipelinedOutcomesEqualOneAtATimeOutcomes) {
       }
     };
   };
-  for (int i = 0; i < 4; ++i) Add(Spec(absl::StrCat("s", i), SubscriberMode::kIntercept, i), make(i));
+  for (int i = 0; i < 4; ++i)
+    Add(Spec(absl::StrCat("s", i), SubscriberMode::kIntercept, i), make(i));
   std::string json = R"({"type": "Sequential", "children": [)";
   for (int i = 0; i < 30; ++i) {
-    absl::StrAppend(&json, i ? "," : "", R"({"spec": {"type": "BatchNorm1d", "args": [2]}})");
+    absl::StrAppend(&json, i ? "," : "",
+                    R"({"spec": {"type": "BatchNorm1d", "args": [2]}})");
   }
   json += "]}";
   MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildOutcome all, Build("t/all", json));
   // One at a time: the same build, one registration per Decide call.
   BuildOptions o;
   o.hooks = nullptr;
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult built, BuildModule(SpecFromJson(json), o));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult built,
+                                  BuildModule(SpecFromJson(json), o));
   std::vector<HookDecision> finals;
   for (const RegistrationRecord& r : built.records) {
-    std::vector<HookDecision> one = hub_.Decide({"alice", "req-1"}, *ParseModuleName("t/all"),
-                                                absl::MakeConstSpan(&r, 1));
+    std::vector<HookDecision> one =
+        hub_.Decide({"alice", "req-1"}, *ParseModuleName("t/all"),
+                    absl::MakeConstSpan(&r, 1));
     finals.push_back(one[0]);
   }
   ASSERT_EQ(finals.size(), all.registrations.size());
@@ -471,7 +506,8 @@ TEST_F(HubTest, PipelinedOutcomesEqualOneAtATimeOutcomes) {
     EXPECT_EQ(finals[i].kind, all.registrations[i].final.kind) << i;
     EXPECT_EQ(finals[i].reason, all.registrations[i].final.reason) << i;
     if (!finals[i].blocked() && finals[i].value.tensor.defined()) {
-      EXPECT_TRUE(TensorsEqual(finals[i].value.tensor, all.registrations[i].final.value.tensor))
+      EXPECT_TRUE(TensorsEqual(finals[i].value.tensor,
+                               all.registrations[i].final.value.tensor))
           << i;
     }
   }
@@ -479,19 +515,24 @@ TEST_F(HubTest, PipelinedOutcomesEqualOneAtATimeOutcomes) {
 
 TEST_F(HubTest, AllOrNothingBuildsStoreNothingWhenBlocked) {
   Add(Spec("no-bias"), [](const HookEvent& e) {
-    return Verdict_(e, e.name == "bias" ? Verdict::kReject : Verdict::kApprove, "no bias here");
+    return Verdict_(e, e.name == "bias" ? Verdict::kReject : Verdict::kApprove,
+                    "no bias here");
   });
-  EXPECT_THAT(Build("t/aon", R"({"type": "Linear", "args": [3, 2]})", true),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("registration of parameter 'bias' in the root module was "
-                                 "blocked: rejected by no-bias: no bias here")));
+  EXPECT_THAT(
+      Build("t/aon", R"({"type": "Linear", "args": [3, 2]})", true),
+      StatusIs(
+          absl::StatusCode::kFailedPrecondition,
+          HasSubstr("registration of parameter 'bias' in the root module was "
+                    "blocked: rejected by no-bias: no bias here")));
   EXPECT_EQ(store_.size(), 0u);
 }
 
 TEST_F(HubTest, SingleRegistrationsAreDecidedBeforeAnyReaderSeesThem) {
-  ASSERT_THAT(Build("t/single", R"({"type": "Linear", "args": [3, 2]})"), IsOk());
+  ASSERT_THAT(Build("t/single", R"({"type": "Linear", "args": [3, 2]})"),
+              IsOk());
   Add(Spec("frozen"), [](const HookEvent& e) {
-    return Verdict_(e, e.name == "extra" ? Verdict::kReject : Verdict::kApprove, "frozen");
+    return Verdict_(e, e.name == "extra" ? Verdict::kReject : Verdict::kApprove,
+                    "frozen");
   });
   RegistrationRequest r;
   r.name = "extra";
@@ -504,31 +545,38 @@ TEST_F(HubTest, SingleRegistrationsAreDecidedBeforeAnyReaderSeesThem) {
 }
 
 TEST(HubAuditTest, EventsAnswersAndOutcomesAreAudited) {
-  std::string path = ::testing::TempDir() + "/hub_audit_" + std::to_string(getpid()) + ".log";
+  std::string path =
+      ::testing::TempDir() + "/hub_audit_" + std::to_string(getpid()) + ".log";
   std::filesystem::remove(path);
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditLog> log, AuditLog::Open(path));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditLog> log,
+                                  AuditLog::Open(path));
   SubscriberHub hub(log.get());
   ModelStore store;
   store.set_decider(&hub);
   store.set_audit_log(log.get());
   auto s = std::make_shared<FakeSubscriber>(&hub, [](const HookEvent& e) {
-    return Verdict_(e, e.name == "bias" ? Verdict::kReject : Verdict::kApprove, "no bias");
+    return Verdict_(e, e.name == "bias" ? Verdict::kReject : Verdict::kApprove,
+                    "no bias");
   });
   ASSERT_THAT(s->Attach(Spec("auditor")), IsOk());
   BuildOptions o;
   o.hooks = nullptr;
   ASSERT_THAT(store.Build({"bob", "req-9"}, *ParseModuleName("team/lin"),
-                          SpecFromJson(R"({"type": "Linear", "args": [3, 2]})"), o, false),
+                          SpecFromJson(R"({"type": "Linear", "args": [3, 2]})"),
+                          o, false),
               IsOk());
   s->StopWorker();
   AuditQuery q;
   q.limit = 100;
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::vector<AuditRecord> records, log->Query(q));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::vector<AuditRecord> records,
+                                  log->Query(q));
   std::vector<std::string> types;
-  for (const AuditRecord& r : records) types.push_back(r.type + ":" + r.outcome);
-  EXPECT_THAT(types, ElementsAre("subscribe:ok", "registration:", "registration:",
-                                 "answer:approve", "answer:reject", "outcome:keep",
-                                 "outcome:block", "build:ok"));
+  for (const AuditRecord& r : records)
+    types.push_back(r.type + ":" + r.outcome);
+  EXPECT_THAT(types,
+              ElementsAre("subscribe:ok", "registration:", "registration:",
+                          "answer:approve", "answer:reject", "outcome:keep",
+                          "outcome:block", "build:ok"));
   const AuditRecord& answer = records[4];
   EXPECT_EQ(answer.identity, "bob");
   EXPECT_EQ(answer.correlation_id, "req-9");

@@ -23,9 +23,11 @@ TEST(DeviceTest, ParsesEverySpelling) {
   EXPECT_THAT(ParseDevice("meta"), IsOkAndHolds(Device::Meta()));
   EXPECT_THAT(ParseDevice("cuda"), IsOkAndHolds(Device::Cuda(0)));
   EXPECT_THAT(ParseDevice("cuda:3"), IsOkAndHolds(Device::Cuda(3)));
-  for (const char* bad : {"", "gpu", "cuda:", "cuda:-1", "cuda:x", "CPU", "cuda:1a"}) {
-    EXPECT_THAT(ParseDevice(bad), StatusIs(absl::StatusCode::kInvalidArgument,
-                                           HasSubstr(std::string("'") + bad + "'")))
+  for (const char* bad :
+       {"", "gpu", "cuda:", "cuda:-1", "cuda:x", "CPU", "cuda:1a"}) {
+    EXPECT_THAT(ParseDevice(bad),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(std::string("'") + bad + "'")))
         << bad;
   }
   EXPECT_EQ(Device::Cuda(2).ToString(), "cuda:2");
@@ -42,13 +44,16 @@ TEST(DeviceTest, UnavailableCudaNamesTheDevicesWeHave) {
 }
 
 TEST(TensorTest, ShapesAreCheckedWithPyTorchsText) {
-  EXPECT_THAT(Tensor::Empty(DType::kFloat32, {2, -1}),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       "Trying to create tensor with negative dimension -1: [2, -1]"));
-  EXPECT_THAT(CheckedNumElements({int64_t{1} << 40, int64_t{1} << 40}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("2^63-1")));
-  EXPECT_THAT(CheckedNumBytes(int64_t{1} << 62, DType::kFloat64),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("too large")));
+  EXPECT_THAT(
+      Tensor::Empty(DType::kFloat32, {2, -1}),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               "Trying to create tensor with negative dimension -1: [2, -1]"));
+  EXPECT_THAT(
+      CheckedNumElements({int64_t{1} << 40, int64_t{1} << 40}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("2^63-1")));
+  EXPECT_THAT(
+      CheckedNumBytes(int64_t{1} << 62, DType::kFloat64),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("too large")));
   EXPECT_THAT(CheckedNumElements({}), IsOkAndHolds(1));
   EXPECT_THAT(CheckedNumElements({3, 0, 5}), IsOkAndHolds(0));
   EXPECT_EQ(TorchSizeString({4, 3}), "torch.Size([4, 3])");
@@ -67,7 +72,8 @@ TEST(TensorTest, FromBytesMovesTheBufferInsteadOfCopying) {
 }
 
 TEST(TensorTest, DetachSharesStorageAndCloneCopies) {
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor t, Tensor::Full(DType::kFloat32, {3}, 1.5));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor t,
+                                  Tensor::Full(DType::kFloat32, {3}, 1.5));
   MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor p, MakeParameter(t));
   Tensor d = p.Detach();
   EXPECT_FALSE(d.is_same(p));
@@ -80,9 +86,11 @@ TEST(TensorTest, DetachSharesStorageAndCloneCopies) {
 }
 
 TEST(TensorTest, WritesNeverChangeBytesASnapshotStillViews) {
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor t, Tensor::Full(DType::kFloat32, {4}, 1.0));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor t,
+                                  Tensor::Full(DType::kFloat32, {4}, 1.0));
   Tensor snapshot = t.Detach();
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor twos, Tensor::Full(DType::kFloat32, {4}, 2.0));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor twos,
+                                  Tensor::Full(DType::kFloat32, {4}, 2.0));
   ASSERT_THAT(t.CopyFrom(twos), IsOk());
   EXPECT_EQ(snapshot.data<float>()[0], 1.0f);
   EXPECT_EQ(t.data<float>()[0], 2.0f);
@@ -95,17 +103,20 @@ TEST(TensorTest, WritesNeverChangeBytesASnapshotStillViews) {
 }
 
 TEST(TensorTest, CopyFromConvertsAndChecksSizes) {
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor dst, Tensor::Zeros(DType::kInt64, {2}));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor dst,
+                                  Tensor::Zeros(DType::kInt64, {2}));
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
       Tensor src, Tensor::FromDoubles(DType::kFloat64, {2}, {3.7, -2.5}));
   ASSERT_THAT(dst.CopyFrom(src), IsOk());
   EXPECT_EQ(dst.data<int64_t>()[0], 3);
   EXPECT_EQ(dst.data<int64_t>()[1], -2);
   EXPECT_EQ(dst.dtype(), DType::kInt64);
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor three, Tensor::Zeros(DType::kFloat32, {3}));
-  EXPECT_THAT(dst.CopyFrom(three), StatusIs(absl::StatusCode::kInvalidArgument));
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor meta,
-                                  Tensor::Empty(DType::kInt64, {2}, Device::Meta()));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor three,
+                                  Tensor::Zeros(DType::kFloat32, {3}));
+  EXPECT_THAT(dst.CopyFrom(three),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      Tensor meta, Tensor::Empty(DType::kInt64, {2}, Device::Meta()));
   EXPECT_THAT(dst.CopyFrom(meta),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "Cannot copy out of meta tensor; no data!"));
@@ -113,13 +124,17 @@ TEST(TensorTest, CopyFromConvertsAndChecksSizes) {
 }
 
 TEST(TensorTest, ToReturnsTheSameObjectWhenNothingChanges) {
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor t, Tensor::Full(DType::kFloat32, {2}, 0.1));
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor same, t.To(Device::Cpu(), DType::kFloat32));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor t,
+                                  Tensor::Full(DType::kFloat32, {2}, 0.1));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor same,
+                                  t.To(Device::Cpu(), DType::kFloat32));
   EXPECT_TRUE(same.is_same(t));
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor half, t.To(Device::Cpu(), DType::kFloat16));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor half,
+                                  t.To(Device::Cpu(), DType::kFloat16));
   EXPECT_EQ(half.dtype(), DType::kFloat16);
   EXPECT_EQ(half.data<uint16_t>()[0], FloatToHalfBits(0.1f));
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor meta, t.To(Device::Meta(), DType::kFloat32));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor meta,
+                                  t.To(Device::Meta(), DType::kFloat32));
   EXPECT_EQ(meta.raw_data(), nullptr);
   EXPECT_EQ(meta.storage(), nullptr);
   EXPECT_THAT(meta.To(Device::Cpu(), DType::kFloat32),
@@ -127,7 +142,8 @@ TEST(TensorTest, ToReturnsTheSameObjectWhenNothingChanges) {
 }
 
 TEST(TensorTest, ParametersNeedFloatingPointToRequireGrad) {
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor ints, Tensor::Zeros(DType::kInt64, {2}));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor ints,
+                                  Tensor::Zeros(DType::kInt64, {2}));
   EXPECT_THAT(MakeParameter(ints),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "Only Tensors of floating point and complex dtype can "
@@ -135,14 +151,16 @@ TEST(TensorTest, ParametersNeedFloatingPointToRequireGrad) {
   MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor p, MakeParameter(ints, false));
   EXPECT_TRUE(p.is_parameter());
   EXPECT_TRUE(p.SharesStorageWith(ints));
-  EXPECT_THAT(MakeParameter(Tensor()), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(MakeParameter(Tensor()),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(TensorTest, SetDataKeepsIdentity) {
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor p,
-                                  MakeParameter(*Tensor::Zeros(DType::kFloat32, {2})));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      Tensor p, MakeParameter(*Tensor::Zeros(DType::kFloat32, {2})));
   Tensor alias = p;
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor d, Tensor::Zeros(DType::kFloat64, {2}));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor d,
+                                  Tensor::Zeros(DType::kFloat64, {2}));
   p.SetData(d);
   EXPECT_EQ(alias.dtype(), DType::kFloat64);
   EXPECT_TRUE(alias.is_parameter());
@@ -150,16 +168,19 @@ TEST(TensorTest, SetDataKeepsIdentity) {
 }
 
 TEST(TensorTest, TypeNamesAreLegacyTorchNames) {
-  EXPECT_EQ(Tensor::Zeros(DType::kFloat32, {1})->TypeName(), "torch.FloatTensor");
+  EXPECT_EQ(Tensor::Zeros(DType::kFloat32, {1})->TypeName(),
+            "torch.FloatTensor");
   EXPECT_EQ(Tensor::Zeros(DType::kInt64, {1})->TypeName(), "torch.LongTensor");
-  EXPECT_EQ(Tensor::Zeros(DType::kFloat16, {1})->TypeName(), "torch.HalfTensor");
+  EXPECT_EQ(Tensor::Zeros(DType::kFloat16, {1})->TypeName(),
+            "torch.HalfTensor");
   EXPECT_EQ(Tensor::Zeros(DType::kFloat32, {2, 3})->DebugString(),
             "float32[2, 3] on cpu");
 }
 
 TEST(TensorTest, MetaTensorsHaveNoStorageWhateverTheirSize) {
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
-      Tensor huge, Tensor::Empty(DType::kFloat32, {1'000'000, 1'000'000}, Device::Meta()));
+      Tensor huge,
+      Tensor::Empty(DType::kFloat32, {1'000'000, 1'000'000}, Device::Meta()));
   EXPECT_EQ(huge.numel(), int64_t{1'000'000'000'000});
   EXPECT_EQ(huge.storage(), nullptr);
   EXPECT_EQ(huge.nbytes(), size_t{4'000'000'000'000});
@@ -175,8 +196,10 @@ TEST(TensorTest, ContentHashIsSha256OfTheBytes) {
 }
 
 TEST(StorageTest, LargeAllocationsAreMappedAndAligned) {
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(auto big, Storage::Allocate(8 << 20, Device::Cpu()));
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(auto small, Storage::Allocate(100, Device::Cpu()));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(auto big,
+                                  Storage::Allocate(8 << 20, Device::Cpu()));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(auto small,
+                                  Storage::Allocate(100, Device::Cpu()));
   EXPECT_EQ(reinterpret_cast<uintptr_t>(big->data()) % 64, 0u);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(small->data()) % 64, 0u);
   std::memset(big->data(), 1, big->nbytes());

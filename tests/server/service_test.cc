@@ -37,7 +37,8 @@ v1::ModuleSpec Spec(const std::string& json) {
 }
 
 v1::BuildModuleRequest BuildRequest(const std::string& module,
-                                    const std::string& json, uint64_t seed = 0) {
+                                    const std::string& json,
+                                    uint64_t seed = 0) {
   v1::BuildModuleRequest r;
   r.set_module(module);
   *r.mutable_spec() = Spec(json);
@@ -60,7 +61,8 @@ std::shared_ptr<Module> LocalBuild(const std::string& json, uint64_t seed = 0) {
 void ExpectSameState(const StateDict& a, const StateDict& b) {
   ASSERT_EQ(a.tensors.Keys(), b.tensors.Keys());
   for (const auto& item : a.tensors) {
-    EXPECT_TRUE(TensorsEqual(item.value, *b.tensors.Find(item.key))) << item.key;
+    EXPECT_TRUE(TensorsEqual(item.value, *b.tensors.Find(item.key)))
+        << item.key;
   }
 }
 
@@ -94,7 +96,8 @@ TestServer* ServiceTest::server_ = nullptr;
 
 TEST_F(ServiceTest, HealthIsServingAndReflectionListsTheServices) {
   EXPECT_THAT(client_->Health(), IsOk());
-  auto stub = grpc::reflection::v1alpha::ServerReflection::NewStub(client_->channel());
+  auto stub =
+      grpc::reflection::v1alpha::ServerReflection::NewStub(client_->channel());
   grpc::ClientContext context;
   auto stream = stub->ServerReflectionInfo(&context);
   grpc::reflection::v1alpha::ServerReflectionRequest request;
@@ -107,46 +110,66 @@ TEST_F(ServiceTest, HealthIsServingAndReflectionListsTheServices) {
   for (const auto& s : response.list_services_response().service()) {
     services.push_back(s.name());
   }
-  EXPECT_THAT(services, ::testing::IsSupersetOf({"modelstate.v1.ModelStateService",
-                                                 "grpc.health.v1.Health"}));
+  EXPECT_THAT(services,
+              ::testing::IsSupersetOf({"modelstate.v1.ModelStateService",
+                                       "grpc.health.v1.Health"}));
   EXPECT_TRUE(stream->Finish().ok());
 }
 
 TEST_F(ServiceTest, BuildsEveryLibraryLayerExactlyAsTheCoreDoes) {
   const std::map<std::string, std::string> args = {
-      {"Identity", "[]"}, {"Linear", "[3, 2]"}, {"Bilinear", "[3, 4, 2]"},
-      {"Conv1d", "[2, 4, 3]"}, {"Conv2d", "[2, 4, 3]"}, {"ConvTranspose2d", "[2, 4, 3]"},
-      {"BatchNorm1d", "[3]"}, {"BatchNorm2d", "[3]"}, {"LayerNorm", "[[2, 3]]"},
-      {"GroupNorm", "[2, 4]"}, {"Embedding", "[5, 3]"}, {"Dropout", "[]"},
-      {"ReLU", "[]"}, {"GELU", "[]"}, {"SiLU", "[]"}, {"Tanh", "[]"},
-      {"Sigmoid", "[]"}, {"Softmax", "[]"}, {"Flatten", "[]"},
-      {"MultiheadAttention", "[4, 2]"}, {"TransformerEncoderLayer", "[4, 2, 8]"},
-      {"Sequential", ""}, {"ModuleList", ""}, {"ModuleDict", ""}};
+      {"Identity", "[]"},
+      {"Linear", "[3, 2]"},
+      {"Bilinear", "[3, 4, 2]"},
+      {"Conv1d", "[2, 4, 3]"},
+      {"Conv2d", "[2, 4, 3]"},
+      {"ConvTranspose2d", "[2, 4, 3]"},
+      {"BatchNorm1d", "[3]"},
+      {"BatchNorm2d", "[3]"},
+      {"LayerNorm", "[[2, 3]]"},
+      {"GroupNorm", "[2, 4]"},
+      {"Embedding", "[5, 3]"},
+      {"Dropout", "[]"},
+      {"ReLU", "[]"},
+      {"GELU", "[]"},
+      {"SiLU", "[]"},
+      {"Tanh", "[]"},
+      {"Sigmoid", "[]"},
+      {"Softmax", "[]"},
+      {"Flatten", "[]"},
+      {"MultiheadAttention", "[4, 2]"},
+      {"TransformerEncoderLayer", "[4, 2, 8]"},
+      {"Sequential", ""},
+      {"ModuleList", ""},
+      {"ModuleDict", ""}};
   ASSERT_EQ(args.size(), LayerTypes().size());
   for (const std::string& type : LayerTypes()) {
     SCOPED_TRACE(type);
     std::string json = args.at(type).empty()
                            ? absl::StrCat(R"({"type": ")", type, R"("})")
-                           : absl::StrCat(R"({"type": ")", type, R"(", "args": )",
-                                          args.at(type), "}");
+                           : absl::StrCat(R"({"type": ")", type,
+                                          R"(", "args": )", args.at(type), "}");
     std::string name = "layers/" + type;
-    MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::BuildModuleResponse built,
-                                    client_->BuildModule(BuildRequest(name, json, 5)));
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(
+        v1::BuildModuleResponse built,
+        client_->BuildModule(BuildRequest(name, json, 5)));
     EXPECT_EQ(built.module(), name);
     EXPECT_EQ(built.info().type(), type);
-    MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict remote, client_->GetStateDict(name));
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict remote,
+                                    client_->GetStateDict(name));
     ExpectSameState(remote, LocalBuild(json, 5)->GetStateDict());
   }
 }
 
 TEST_F(ServiceTest, DescribesEntriesAndListsModulesInPages) {
-  ASSERT_THAT(client_->BuildModule(BuildRequest("describe/bn",
-                                                R"({"type": "BatchNorm1d", "args": [4]})")),
+  ASSERT_THAT(client_->BuildModule(BuildRequest(
+                  "describe/bn", R"({"type": "BatchNorm1d", "args": [4]})")),
               IsOk());
   v1::GetModuleRequest get;
   get.set_module("describe/bn");
   get.set_with_hashes(true);
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::GetModuleResponse d, client_->GetModule(get));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::GetModuleResponse d,
+                                  client_->GetModule(get));
   ASSERT_EQ(d.info().parameters_size(), 2);
   const v1::TensorInfo& w = d.info().parameters(0).tensor();
   EXPECT_EQ(w.dtype(), v1::DTYPE_FLOAT32);
@@ -160,7 +183,8 @@ TEST_F(ServiceTest, DescribesEntriesAndListsModulesInPages) {
   EXPECT_EQ(d.info().buffers(2).tensor().dtype(), v1::DTYPE_INT64);
   EXPECT_TRUE(d.info().buffers(2).tensor().persistent());
   EXPECT_EQ(d.info().version(), 2);
-  EXPECT_THAT(std::vector<std::string>(d.server_devices().begin(), d.server_devices().end()),
+  EXPECT_THAT(std::vector<std::string>(d.server_devices().begin(),
+                                       d.server_devices().end()),
               ::testing::Contains("cpu"));
   for (int i = 0; i < 5; ++i) {
     ASSERT_THAT(client_->BuildModule(BuildRequest(absl::StrCat("paged/m", i),
@@ -173,13 +197,15 @@ TEST_F(ServiceTest, DescribesEntriesAndListsModulesInPages) {
   std::vector<std::string> names;
   int pages = 0;
   while (true) {
-    MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::ListModulesResponse page, client_->ListModules(list));
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::ListModulesResponse page,
+                                    client_->ListModules(list));
     ++pages;
     for (const auto& m : page.modules()) names.push_back(m.module());
     if (page.next_page_token().empty()) break;
     list.set_page_token(page.next_page_token());
   }
-  EXPECT_THAT(names, ElementsAre("paged/m0", "paged/m1", "paged/m2", "paged/m3", "paged/m4"));
+  EXPECT_THAT(names, ElementsAre("paged/m0", "paged/m1", "paged/m2", "paged/m3",
+                                 "paged/m4"));
   EXPECT_EQ(pages, 3);
 }
 
@@ -194,7 +220,8 @@ TEST_F(ServiceTest, StateDictRoundTripsInAnyChunkSize) {
   for (uint32_t chunk : {1u, 7u, 1000u, 0u}) {
     client::GetStateDictOptions options;
     options.chunk_bytes = chunk;
-    MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict remote, client_->GetStateDict("sd/net", options));
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict remote,
+                                    client_->GetStateDict("sd/net", options));
     ExpectSameState(remote, local);
   }
   // Load new values, then read them back.
@@ -205,23 +232,28 @@ TEST_F(ServiceTest, StateDictRoundTripsInAnyChunkSize) {
   MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::LoadStateDictResponse loaded,
                                   client_->LoadStateDict("sd/net", changed));
   EXPECT_EQ(loaded.repr(), "<All keys matched successfully>");
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict back, client_->GetStateDict("sd/net"));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict back,
+                                  client_->GetStateDict("sd/net"));
   ExpectSameState(back, changed);
 }
 
 TEST_F(ServiceTest, StateDictFiltersConversionAndMetadataOnly) {
-  ASSERT_THAT(client_->BuildModule(BuildRequest("sd/filters", kNet, 2)), IsOk());
+  ASSERT_THAT(client_->BuildModule(BuildRequest("sd/filters", kNet, 2)),
+              IsOk());
   StateDict local = LocalBuild(kNet, 2)->GetStateDict();
   client::GetStateDictOptions options;
   options.key_prefix = "fc";
   options.key_glob = "*.weight";
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict weights, client_->GetStateDict("sd/filters", options));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict weights,
+                                  client_->GetStateDict("sd/filters", options));
   EXPECT_THAT(weights.tensors.Keys(), ElementsAre("fc1.weight", "fc2.weight"));
   options = {};
   options.target_dtype = DType::kFloat16;
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict half, client_->GetStateDict("sd/filters", options));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict half,
+                                  client_->GetStateDict("sd/filters", options));
   for (const auto& item : local.tensors) {
-    DType want = IsFloatingPoint(item.value.dtype()) ? DType::kFloat16 : item.value.dtype();
+    DType want = IsFloatingPoint(item.value.dtype()) ? DType::kFloat16
+                                                     : item.value.dtype();
     EXPECT_TRUE(TensorsEqual(*half.tensors.Find(item.key),
                              *item.value.To(Device::Cpu(), want)))
         << item.key;
@@ -246,7 +278,8 @@ TEST_F(ServiceTest, StateDictFiltersConversionAndMetadataOnly) {
   ASSERT_THAT(client_->GetStateDict("sd/filters", options, sink), IsOk());
   EXPECT_EQ(sink.layout.entries.size(), local.tensors.size());
   EXPECT_EQ(sink.layout.entries[2].kind, EntryKind::kParameter);  // bn.weight
-  EXPECT_EQ(sink.layout.entries[4].kind, EntryKind::kBuffer);     // bn.running_mean
+  EXPECT_EQ(sink.layout.entries[4].kind,
+            EntryKind::kBuffer);  // bn.running_mean
   ASSERT_TRUE(sink.layout.metadata.has_value());
   EXPECT_EQ(sink.layout.metadata->size(), 4u);
 }
@@ -255,7 +288,8 @@ TEST_F(ServiceTest, LargeModelStreamsInOneMebibyteChunks) {
   // 64 x Linear(1024, 1024): 256 MiB of weights plus biases.
   std::string json = R"({"type": "Sequential", "children": [)";
   for (int i = 0; i < 64; ++i) {
-    absl::StrAppend(&json, i ? "," : "", R"({"spec": {"type": "Linear", "args": [1024, 1024]}})");
+    absl::StrAppend(&json, i ? "," : "",
+                    R"({"spec": {"type": "Linear", "args": [1024, 1024]}})");
   }
   json += "]}";
   ASSERT_THAT(client_->BuildModule(BuildRequest("big/stack", json, 3)), IsOk());
@@ -268,7 +302,8 @@ TEST_F(ServiceTest, LargeModelStreamsInOneMebibyteChunks) {
     last_done = done;
     EXPECT_EQ(total, uint64_t{64} * (1024 * 1024 + 1024) * 4);
   };
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict sd, client_->GetStateDict("big/stack", options));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict sd,
+                                  client_->GetStateDict("big/stack", options));
   EXPECT_GE(chunks, 256);
   EXPECT_EQ(sd.tensors.size(), 128u);
   std::string first_hash = ContentHash(*sd.tensors.Find("0.weight"));
@@ -276,50 +311,65 @@ TEST_F(ServiceTest, LargeModelStreamsInOneMebibyteChunks) {
   sd.tensors.Set("63.bias", Filled(DType::kFloat32, {1024}, 3.0));
   client::LoadStateDictOptions load;
   load.chunk_bytes = 1 << 20;
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::LoadStateDictResponse r,
-                                  client_->LoadStateDict("big/stack", sd, load));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      v1::LoadStateDictResponse r,
+      client_->LoadStateDict("big/stack", sd, load));
   v1::GetModuleRequest get;
   get.set_module("big/stack");
   get.set_path("63");
   get.set_with_hashes(true);
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::GetModuleResponse last, client_->GetModule(get));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::GetModuleResponse last,
+                                  client_->GetModule(get));
   EXPECT_EQ(last.info().parameters(1).tensor().sha256(),
             ContentHash(Filled(DType::kFloat32, {1024}, 3.0)));
   get.set_path("0");
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::GetModuleResponse first, client_->GetModule(get));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::GetModuleResponse first,
+                                  client_->GetModule(get));
   EXPECT_EQ(first.info().parameters(0).tensor().sha256(), first_hash);
   ASSERT_THAT(client_->DeleteModule("big/stack"), IsOk());
 }
 
 TEST_F(ServiceTest, LoadStateDictFailsWithPyTorchsTextAndChangesNothing) {
-  ASSERT_THAT(client_->BuildModule(BuildRequest("load/lin", R"({"type": "Linear", "args": [3, 2]})")),
+  ASSERT_THAT(client_->BuildModule(BuildRequest(
+                  "load/lin", R"({"type": "Linear", "args": [3, 2]})")),
               IsOk());
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict before, client_->GetStateDict("load/lin"));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict before,
+                                  client_->GetStateDict("load/lin"));
   StateDict partial;
   partial.tensors.Set("bias", Filled(DType::kFloat32, {2}, 5.0));
   partial.tensors.Set("extra", Filled(DType::kFloat32, {1}, 0.0));
-  EXPECT_THAT(client_->LoadStateDict("load/lin", partial),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       "Error(s) in loading state_dict for Linear:\n\tMissing key(s) in "
-                       "state_dict: \"weight\". \n\tUnexpected key(s) in state_dict: "
-                       "\"extra\". "));
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict after, client_->GetStateDict("load/lin"));
+  EXPECT_THAT(
+      client_->LoadStateDict("load/lin", partial),
+      StatusIs(
+          absl::StatusCode::kFailedPrecondition,
+          "Error(s) in loading state_dict for Linear:\n\tMissing key(s) in "
+          "state_dict: \"weight\". \n\tUnexpected key(s) in state_dict: "
+          "\"extra\". "));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict after,
+                                  client_->GetStateDict("load/lin"));
   ExpectSameState(after, before);
   client::LoadStateDictOptions lenient;
   lenient.load.strict = false;
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::LoadStateDictResponse r,
-                                  client_->LoadStateDict("load/lin", partial, lenient));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      v1::LoadStateDictResponse r,
+      client_->LoadStateDict("load/lin", partial, lenient));
   EXPECT_THAT(r.missing_keys(), ElementsAre("weight"));
   EXPECT_THAT(r.unexpected_keys(), ElementsAre("extra"));
-  EXPECT_EQ(r.repr(), "_IncompatibleKeys(missing_keys=['weight'], unexpected_keys=['extra'])");
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict loaded, client_->GetStateDict("load/lin"));
-  EXPECT_TRUE(TensorsEqual(*loaded.tensors.Find("bias"), Filled(DType::kFloat32, {2}, 5.0)));
+  EXPECT_EQ(
+      r.repr(),
+      "_IncompatibleKeys(missing_keys=['weight'], unexpected_keys=['extra'])");
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict loaded,
+                                  client_->GetStateDict("load/lin"));
+  EXPECT_TRUE(TensorsEqual(*loaded.tensors.Find("bias"),
+                           Filled(DType::kFloat32, {2}, 5.0)));
   partial.tensors.Set("weight", Filled(DType::kFloat32, {4, 3}, 0.0));
-  EXPECT_THAT(client_->LoadStateDict("load/lin", partial, lenient),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("size mismatch for weight: copying a param with shape "
-                                 "torch.Size([4, 3]) from checkpoint, the shape in current "
-                                 "model is torch.Size([2, 3]).")));
+  EXPECT_THAT(
+      client_->LoadStateDict("load/lin", partial, lenient),
+      StatusIs(
+          absl::StatusCode::kFailedPrecondition,
+          HasSubstr("size mismatch for weight: copying a param with shape "
+                    "torch.Size([4, 3]) from checkpoint, the shape in current "
+                    "model is torch.Size([2, 3]).")));
 }
 
 // A raw LoadStateDict call, to send what the client library never would.
@@ -336,16 +386,20 @@ grpc::Status RawLoad(client::ModelStateClient& c,
 }
 
 TEST_F(ServiceTest, TruncatedOrMalformedLoadStreamsChangeNothing) {
-  ASSERT_THAT(client_->BuildModule(BuildRequest("load/stream", R"({"type": "Linear", "args": [4, 4]})")),
+  ASSERT_THAT(client_->BuildModule(BuildRequest(
+                  "load/stream", R"({"type": "Linear", "args": [4, 4]})")),
               IsOk());
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict before, client_->GetStateDict("load/stream"));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict before,
+                                  client_->GetStateDict("load/stream"));
   StateDict zeros;
   for (const auto& item : before.tensors) {
-    zeros.tensors.Set(item.key, Filled(DType::kFloat32, item.value.shape(), 0.0));
+    zeros.tensors.Set(item.key,
+                      Filled(DType::kFloat32, item.value.shape(), 0.0));
   }
   v1::LoadStateDictRequest start;
   start.mutable_start()->set_module("load/stream");
-  convert::LayoutToHeader(LayoutOf(zeros), start.mutable_start()->mutable_header());
+  convert::LayoutToHeader(LayoutOf(zeros),
+                          start.mutable_start()->mutable_header());
   v1::LoadStateDictRequest data;
   data.set_data(std::string(40, '\0'));  // 40 of the 80 bytes
   auto expect_invalid = [&](std::vector<v1::LoadStateDictRequest> messages,
@@ -362,64 +416,89 @@ TEST_F(ServiceTest, TruncatedOrMalformedLoadStreamsChangeNothing) {
   too_much.set_data(std::string(81, '\0'));
   expect_invalid({start, too_much}, "more than the 80 bytes");
   v1::LoadStateDictRequest bad_header = start;
-  bad_header.mutable_start()->mutable_header()->mutable_entries(0)->set_byte_length(3);
+  bad_header.mutable_start()
+      ->mutable_header()
+      ->mutable_entries(0)
+      ->set_byte_length(3);
   expect_invalid({bad_header}, "header.entries[0].byte_length");
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict after, client_->GetStateDict("load/stream"));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict after,
+                                  client_->GetStateDict("load/stream"));
   ExpectSameState(after, before);
 }
 
 TEST_F(ServiceTest, BadInputGetsTheRightCodeNamingTheField) {
-  ASSERT_THAT(client_->BuildModule(BuildRequest("bad/lin", R"({"type": "Linear", "args": [2, 2]})")),
+  ASSERT_THAT(client_->BuildModule(BuildRequest(
+                  "bad/lin", R"({"type": "Linear", "args": [2, 2]})")),
               IsOk());
   using Code = absl::StatusCode;
-  EXPECT_THAT(client_->BuildModule(BuildRequest("a/b/c", R"({"type": "ReLU"})")),
-              StatusIs(Code::kInvalidArgument, HasSubstr("module: 'a/b/c'")));
-  EXPECT_THAT(client_->BuildModule(BuildRequest("bad/lin", R"({"type": "ReLU"})")),
-              StatusIs(Code::kAlreadyExists, HasSubstr("already exists")));
-  EXPECT_THAT(client_->BuildModule(BuildRequest("bad/x", R"({"type": "Linear", "args": [2]})")),
-              StatusIs(Code::kInvalidArgument, HasSubstr("missing 1 required positional")));
-  EXPECT_THAT(client_->BuildModule(BuildRequest("bad/x", R"({"type": "Linear", "args": [-2, 2]})")),
-              StatusIs(Code::kInvalidArgument, HasSubstr("negative dimension -2")));
-  EXPECT_THAT(client_->BuildModule(BuildRequest("bad/x", R"({"type": "Linear", "args": [100000, 100000]})")),
-              StatusIs(Code::kResourceExhausted, HasSubstr("max_tensor_bytes")));
-  EXPECT_THAT(client_->BuildModule(BuildRequest("bad/x", R"({"type": "Linear", "args": [[1, 2.5], 2]})")),
+  EXPECT_THAT(
+      client_->BuildModule(BuildRequest("a/b/c", R"({"type": "ReLU"})")),
+      StatusIs(Code::kInvalidArgument, HasSubstr("module: 'a/b/c'")));
+  EXPECT_THAT(
+      client_->BuildModule(BuildRequest("bad/lin", R"({"type": "ReLU"})")),
+      StatusIs(Code::kAlreadyExists, HasSubstr("already exists")));
+  EXPECT_THAT(client_->BuildModule(
+                  BuildRequest("bad/x", R"({"type": "Linear", "args": [2]})")),
+              StatusIs(Code::kInvalidArgument,
+                       HasSubstr("missing 1 required positional")));
+  EXPECT_THAT(
+      client_->BuildModule(
+          BuildRequest("bad/x", R"({"type": "Linear", "args": [-2, 2]})")),
+      StatusIs(Code::kInvalidArgument, HasSubstr("negative dimension -2")));
+  EXPECT_THAT(
+      client_->BuildModule(BuildRequest(
+          "bad/x", R"({"type": "Linear", "args": [100000, 100000]})")),
+      StatusIs(Code::kResourceExhausted, HasSubstr("max_tensor_bytes")));
+  EXPECT_THAT(client_->BuildModule(BuildRequest(
+                  "bad/x", R"({"type": "Linear", "args": [[1, 2.5], 2]})")),
               StatusIs(Code::kInvalidArgument, HasSubstr("spec.args[0][1]")));
-  v1::BuildModuleRequest int_dtype = BuildRequest("bad/x", R"({"type": "ReLU"})");
+  v1::BuildModuleRequest int_dtype =
+      BuildRequest("bad/x", R"({"type": "ReLU"})");
   int_dtype.set_dtype("int64");
-  EXPECT_THAT(client_->BuildModule(int_dtype),
-              StatusIs(Code::kInvalidArgument, HasSubstr("floating point dtype")));
+  EXPECT_THAT(
+      client_->BuildModule(int_dtype),
+      StatusIs(Code::kInvalidArgument, HasSubstr("floating point dtype")));
   int_dtype.set_dtype("float17");
   EXPECT_THAT(client_->BuildModule(int_dtype),
-              StatusIs(Code::kInvalidArgument, HasSubstr("dtype: Unknown dtype 'float17'")));
+              StatusIs(Code::kInvalidArgument,
+                       HasSubstr("dtype: Unknown dtype 'float17'")));
   v1::GetModuleRequest unknown;
   unknown.set_module("bad/nope");
-  EXPECT_THAT(client_->GetModule(unknown), StatusIs(Code::kNotFound, HasSubstr("bad/nope")));
+  EXPECT_THAT(client_->GetModule(unknown),
+              StatusIs(Code::kNotFound, HasSubstr("bad/nope")));
   EXPECT_THAT(client_->GetStateDict("bad/nope"), StatusIs(Code::kNotFound));
   EXPECT_THAT(client_->DeleteModule("bad/nope"), StatusIs(Code::kNotFound));
-  EXPECT_THAT(client_->SetTraining("bad/nope", false), StatusIs(Code::kNotFound));
+  EXPECT_THAT(client_->SetTraining("bad/nope", false),
+              StatusIs(Code::kNotFound));
   StateDict empty;
-  EXPECT_THAT(client_->LoadStateDict("bad/nope", empty), StatusIs(Code::kNotFound));
+  EXPECT_THAT(client_->LoadStateDict("bad/nope", empty),
+              StatusIs(Code::kNotFound));
   v1::GetModuleRequest bad_path;
   bad_path.set_module("bad/lin");
   bad_path.set_path("encoder.0");
   EXPECT_THAT(client_->GetModule(bad_path),
-              StatusIs(Code::kNotFound, HasSubstr("Linear has no attribute `encoder`")));
+              StatusIs(Code::kNotFound,
+                       HasSubstr("Linear has no attribute `encoder`")));
   v1::MoveModuleRequest move;
   move.set_module("bad/lin");
   move.set_dtype("int32");
-  EXPECT_THAT(client_->MoveModule(move),
-              StatusIs(Code::kInvalidArgument,
-                       "nn.Module.to only accepts floating point or complex dtypes, but "
-                       "got desired dtype=torch.int32"));
+  EXPECT_THAT(
+      client_->MoveModule(move),
+      StatusIs(
+          Code::kInvalidArgument,
+          "nn.Module.to only accepts floating point or complex dtypes, but "
+          "got desired dtype=torch.int32"));
   move.set_dtype("");
   move.set_device("cuda:0");
   if (AvailableDevices().size() == 2) {
     EXPECT_THAT(client_->MoveModule(move),
-                StatusIs(Code::kFailedPrecondition, HasSubstr("this server has: cpu, meta")));
+                StatusIs(Code::kFailedPrecondition,
+                         HasSubstr("this server has: cpu, meta")));
   }
   move.set_device("tpu");
   EXPECT_THAT(client_->MoveModule(move),
-              StatusIs(Code::kInvalidArgument, HasSubstr("device: Invalid device 'tpu'")));
+              StatusIs(Code::kInvalidArgument,
+                       HasSubstr("device: Invalid device 'tpu'")));
   client::GetStateDictOptions huge_chunks;
   huge_chunks.chunk_bytes = 64 << 20;
   EXPECT_THAT(client_->GetStateDict("bad/lin", huge_chunks),
@@ -428,25 +507,29 @@ TEST_F(ServiceTest, BadInputGetsTheRightCodeNamingTheField) {
   reg.set_module("bad/lin");
   reg.set_name("a.b");
   reg.mutable_init()->add_shape(2);
-  EXPECT_THAT(client_->RegisterParameter(reg),
-              StatusIs(Code::kInvalidArgument, "parameter name can't contain \".\""));
+  EXPECT_THAT(
+      client_->RegisterParameter(reg),
+      StatusIs(Code::kInvalidArgument, "parameter name can't contain \".\""));
   reg.set_name("weight");
-  EXPECT_THAT(client_->RegisterBuffer(reg),
-              StatusIs(Code::kAlreadyExists, "attribute 'weight' already exists"));
+  EXPECT_THAT(
+      client_->RegisterBuffer(reg),
+      StatusIs(Code::kAlreadyExists, "attribute 'weight' already exists"));
   reg.set_name("w2");
   v1::TensorProto* t = reg.mutable_tensor();
   t->set_dtype(v1::DTYPE_FLOAT32);
   t->add_shape(3);
   t->set_data(std::string(8, '\0'));
   EXPECT_THAT(client_->RegisterParameter(reg),
-              StatusIs(Code::kInvalidArgument, HasSubstr("tensor.data: has 8 bytes but")));
+              StatusIs(Code::kInvalidArgument,
+                       HasSubstr("tensor.data: has 8 bytes but")));
   t->set_dtype(v1::DTYPE_UNSPECIFIED);
   EXPECT_THAT(client_->RegisterParameter(reg),
               StatusIs(Code::kInvalidArgument, HasSubstr("tensor.dtype")));
   t->set_dtype(v1::DTYPE_INT64);
   t->set_data(std::string(24, '\0'));
   EXPECT_THAT(client_->RegisterParameter(reg),
-              StatusIs(Code::kInvalidArgument, HasSubstr("Only Tensors of floating point")));
+              StatusIs(Code::kInvalidArgument,
+                       HasSubstr("Only Tensors of floating point")));
   v1::RegisterTensorRequest no_value;
   no_value.set_module("bad/lin");
   no_value.set_name("x");
@@ -455,15 +538,18 @@ TEST_F(ServiceTest, BadInputGetsTheRightCodeNamingTheField) {
   v1::RemoveEntryRequest remove;
   remove.set_module("bad/lin");
   remove.set_name("nothing");
-  EXPECT_THAT(client_->RemoveEntry(remove),
-              StatusIs(Code::kNotFound, "'Linear' object has no attribute 'nothing'"));
+  EXPECT_THAT(
+      client_->RemoveEntry(remove),
+      StatusIs(Code::kNotFound, "'Linear' object has no attribute 'nothing'"));
   v1::ListModulesRequest list;
   list.set_page_size(-1);
-  EXPECT_THAT(client_->ListModules(list), StatusIs(Code::kInvalidArgument, HasSubstr("page_size")));
+  EXPECT_THAT(client_->ListModules(list),
+              StatusIs(Code::kInvalidArgument, HasSubstr("page_size")));
 }
 
 TEST_F(ServiceTest, RegistrationRpcsReportEachOutcome) {
-  ASSERT_THAT(client_->BuildModule(BuildRequest("reg/net", R"({"type": "Net", "members": [
+  ASSERT_THAT(client_->BuildModule(
+                  BuildRequest("reg/net", R"({"type": "Net", "members": [
       {"module": {"name": "enc", "spec": {"type": "Linear", "args": [2, 2]}}}]})")),
               IsOk());
   v1::RegisterTensorRequest p;
@@ -475,7 +561,8 @@ TEST_F(ServiceTest, RegistrationRpcsReportEachOutcome) {
   t->add_shape(2);
   t->set_data(std::string("\0\0\x80\x3f\0\0\0\x40", 8));  // [1.0, 2.0]
   p.set_requires_grad(false);
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::RegisterResponse r, client_->RegisterParameter(p));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::RegisterResponse r,
+                                  client_->RegisterParameter(p));
   ASSERT_EQ(r.registrations_size(), 1);
   EXPECT_EQ(r.registrations(0).path(), "enc");
   EXPECT_EQ(r.registrations(0).module_type(), "Linear");
@@ -503,14 +590,17 @@ TEST_F(ServiceTest, RegistrationRpcsReportEachOutcome) {
   shared.set_name("enc_again");
   shared.set_existing_path("enc");
   ASSERT_THAT(client_->RegisterSubmodule(shared), IsOk());
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict sd, client_->GetStateDict("reg/net"));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict sd,
+                                  client_->GetStateDict("reg/net"));
   EXPECT_THAT(sd.tensors.Keys(),
-              ElementsAre("enc.weight", "enc.bias", "enc.scale", "dec.weight", "dec.bias",
-                          "enc_again.weight", "enc_again.bias", "enc_again.scale"));
+              ElementsAre("enc.weight", "enc.bias", "enc.scale", "dec.weight",
+                          "dec.bias", "enc_again.weight", "enc_again.bias",
+                          "enc_again.scale"));
   EXPECT_EQ(sd.tensors.Find("enc.scale")->data<float>()[1], 2.0f);
   v1::GetModuleRequest get;
   get.set_module("reg/net");
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::GetModuleResponse d, client_->GetModule(get));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::GetModuleResponse d,
+                                  client_->GetModule(get));
   EXPECT_EQ(d.info().children(2).same_as(), "enc");
   EXPECT_FALSE(d.info().buffers(0).tensor().persistent());
   v1::RemoveEntryRequest remove;
@@ -525,7 +615,8 @@ TEST_F(ServiceTest, RegistrationRpcsReportEachOutcome) {
   none.set_none(true);
   ASSERT_THAT(client_->RegisterParameter(none), IsOk());
   MODELSTATE_ASSERT_OK_AND_ASSIGN(sd, client_->GetStateDict("reg/net"));
-  EXPECT_THAT(sd.tensors.Keys(), ElementsAre("enc.weight", "enc.scale", "dec.weight", "dec.bias"));
+  EXPECT_THAT(sd.tensors.Keys(),
+              ElementsAre("enc.weight", "enc.scale", "dec.weight", "dec.bias"));
 }
 
 TEST_F(ServiceTest, MoveModuleAndTrainingFlags) {
@@ -533,43 +624,55 @@ TEST_F(ServiceTest, MoveModuleAndTrainingFlags) {
   v1::MoveModuleRequest move;
   move.set_module("move/net");
   move.set_dtype("float16");
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::MoveModuleResponse moved, client_->MoveModule(move));
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict sd, client_->GetStateDict("move/net"));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::MoveModuleResponse moved,
+                                  client_->MoveModule(move));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict sd,
+                                  client_->GetStateDict("move/net"));
   for (const auto& item : sd.tensors) {
-    DType want = item.key == "bn.num_batches_tracked" ? DType::kInt64 : DType::kFloat16;
+    DType want =
+        item.key == "bn.num_batches_tracked" ? DType::kInt64 : DType::kFloat16;
     EXPECT_EQ(item.value.dtype(), want) << item.key;
   }
   StateDict local = LocalBuild(kNet)->GetStateDict();
-  EXPECT_TRUE(TensorsEqual(*sd.tensors.Find("fc1.weight"),
-                           *local.tensors.Find("fc1.weight")->To(Device::Cpu(), DType::kFloat16)));
+  EXPECT_TRUE(TensorsEqual(
+      *sd.tensors.Find("fc1.weight"),
+      *local.tensors.Find("fc1.weight")->To(Device::Cpu(), DType::kFloat16)));
   move.set_dtype("");
   move.set_device("meta");
   ASSERT_THAT(client_->MoveModule(move), IsOk());
-  EXPECT_THAT(client_->GetStateDict("move/net"),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("meta")));
+  EXPECT_THAT(
+      client_->GetStateDict("move/net"),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("meta")));
   ASSERT_THAT(client_->SetTraining("move/net", false), IsOk());
   v1::GetModuleRequest get;
   get.set_module("move/net");
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::GetModuleResponse d, client_->GetModule(get));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::GetModuleResponse d,
+                                  client_->GetModule(get));
   EXPECT_FALSE(d.info().training());
   EXPECT_FALSE(d.info().children(1).module().training());
   EXPECT_EQ(d.info().parameters_size(), 0);
-  EXPECT_EQ(d.info().children(0).module().parameters(0).tensor().device(), "meta");
+  EXPECT_EQ(d.info().children(0).module().parameters(0).tensor().device(),
+            "meta");
 }
 
 TEST_F(ServiceTest, DeleteRemovesTheModule) {
-  ASSERT_THAT(client_->BuildModule(BuildRequest("del/m", R"({"type": "ReLU"})")), IsOk());
+  ASSERT_THAT(
+      client_->BuildModule(BuildRequest("del/m", R"({"type": "ReLU"})")),
+      IsOk());
   ASSERT_THAT(client_->DeleteModule("del/m"), IsOk());
   v1::GetModuleRequest get;
   get.set_module("del/m");
   EXPECT_THAT(client_->GetModule(get), StatusIs(absl::StatusCode::kNotFound));
-  ASSERT_THAT(client_->BuildModule(BuildRequest("del/m", R"({"type": "Tanh"})")), IsOk());
+  ASSERT_THAT(
+      client_->BuildModule(BuildRequest("del/m", R"({"type": "Tanh"})")),
+      IsOk());
 }
 
 TEST_F(ServiceTest, ThirtyTwoConcurrentClients) {
   constexpr int kClients = 32;
   const std::string shared_spec = R"({"type": "Linear", "args": [64, 64]})";
-  ASSERT_THAT(client_->BuildModule(BuildRequest("conc/shared", shared_spec)), IsOk());
+  ASSERT_THAT(client_->BuildModule(BuildRequest("conc/shared", shared_spec)),
+              IsOk());
   std::atomic<int> failures{0};
   std::atomic<int> torn{0};
   std::vector<std::thread> threads;
@@ -628,7 +731,8 @@ TEST(ServerLifecycleTest, ShutsDownOnSigtermWithinTheGracePeriod) {
   TestServer server({"--shutdown_grace_seconds=1"});
   ASSERT_THAT(server.Start(), IsOk());
   std::unique_ptr<client::ModelStateClient> c = server.NewClient();
-  ASSERT_THAT(c->BuildModule(BuildRequest("life/m", R"({"type": "Linear", "args": [512, 512]})")),
+  ASSERT_THAT(c->BuildModule(BuildRequest(
+                  "life/m", R"({"type": "Linear", "args": [512, 512]})")),
               IsOk());
   // A stream the client never reads stays open on the server.
   grpc::ClientContext stalled;
@@ -639,7 +743,8 @@ TEST(ServerLifecycleTest, ShutsDownOnSigtermWithinTheGracePeriod) {
   auto start = std::chrono::steady_clock::now();
   int status = server.Stop(SIGTERM, std::chrono::seconds(20));
   double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   EXPECT_TRUE(WIFEXITED(status)) << status;
   EXPECT_EQ(WEXITSTATUS(status), 0);
   EXPECT_LT(seconds, 10.0);

@@ -39,16 +39,20 @@ std::string Policy(const std::string& name) {
   return std::string(MODELSTATE_SOURCE_DIR) + "/deploy/policies/" + name;
 }
 
-v1::BuildModuleRequest BuildRequest(const std::string& module, const std::string& json,
+v1::BuildModuleRequest BuildRequest(const std::string& module,
+                                    const std::string& json,
                                     uint64_t seed = 0) {
   v1::BuildModuleRequest r;
   r.set_module(module);
-  EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(json, r.mutable_spec()).ok()) << json;
+  EXPECT_TRUE(
+      google::protobuf::util::JsonStringToMessage(json, r.mutable_spec()).ok())
+      << json;
   r.set_seed(seed);
   return r;
 }
 
-const v1::RegistrationReport* Report(const v1::BuildModuleResponse& r, const std::string& path,
+const v1::RegistrationReport* Report(const v1::BuildModuleResponse& r,
+                                     const std::string& path,
                                      const std::string& name) {
   for (const auto& report : r.registrations()) {
     if (report.path() == path && report.name() == name) return &report;
@@ -66,8 +70,8 @@ class SubscriptionTest : public ::testing::Test {
 
   // Starts `modelstatectl subscribe ...` and waits until it is subscribed.
   std::unique_ptr<BackgroundProcess> Cli(std::vector<std::string> args) {
-    std::vector<std::string> argv = {MODELSTATE_CLI_BINARY, "--server", server_->address(),
-                                     "subscribe"};
+    std::vector<std::string> argv = {MODELSTATE_CLI_BINARY, "--server",
+                                     server_->address(), "subscribe"};
     argv.insert(argv.end(), args.begin(), args.end());
     auto p = std::make_unique<BackgroundProcess>(argv);
     EXPECT_TRUE(p->WaitForLine("subscribed as")) << "subscriber did not start";
@@ -113,7 +117,8 @@ TEST_F(SubscriptionTest, SeedEveryBufferAndParameterBecomesFloat32) {
   auto sub = Cli({"--policy", Policy("float32_everything.json")});
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
       v1::BuildModuleResponse r,
-      client_->BuildModule(BuildRequest("seeds/f32", R"({"type": "Mixed", "members": [
+      client_->BuildModule(
+          BuildRequest("seeds/f32", R"({"type": "Mixed", "members": [
           {"parameter": {"name": "p64", "shape": [2], "dtype": "float64"}},
           {"buffer": {"name": "b16", "shape": [3], "dtype": "float16"}},
           {"buffer": {"name": "count", "shape": [], "dtype": "int64"}},
@@ -124,32 +129,38 @@ TEST_F(SubscriptionTest, SeedEveryBufferAndParameterBecomesFloat32) {
   EXPECT_EQ(sd.tensors.Find("count")->dtype(), DType::kInt64);
   EXPECT_EQ(Report(r, "", "p64")->outcome(), v1::OUTCOME_REPLACE);
   EXPECT_EQ(Report(r, "", "p32")->outcome(), v1::OUTCOME_KEEP);
-  EXPECT_TRUE(sub->WaitForLine("p64: parameter float64[2] in Mixed (seeds/f32) -> MODIFY"));
+  EXPECT_TRUE(sub->WaitForLine(
+      "p64: parameter float64[2] in Mixed (seeds/f32) -> MODIFY"));
 }
 
 TEST_F(SubscriptionTest, SeedRecordEveryBufferRegistered) {
   auto sub = Cli({"--policy", Policy("record_buffers.json")});
-  ASSERT_THAT(client_->BuildModule(BuildRequest("seeds/bn", R"({"type": "BatchNorm1d",
+  ASSERT_THAT(
+      client_->BuildModule(BuildRequest("seeds/bn", R"({"type": "BatchNorm1d",
                                                                "args": [4]})")),
-              IsOk());
+      IsOk());
   // Observers get outcomes, never awaited: wait for the three lines.
-  EXPECT_TRUE(sub->WaitForLine("running_mean: buffer float32[4] in BatchNorm1d"));
+  EXPECT_TRUE(
+      sub->WaitForLine("running_mean: buffer float32[4] in BatchNorm1d"));
   EXPECT_TRUE(sub->WaitForLine("running_var: buffer float32[4]"));
-  EXPECT_TRUE(sub->WaitForLine("num_batches_tracked: buffer int64[] in BatchNorm1d (seeds/bn) "
-                               "-> APPROVE [outcome OUTCOME_KEEP]"));
+  EXPECT_TRUE(sub->WaitForLine(
+      "num_batches_tracked: buffer int64[] in BatchNorm1d (seeds/bn) "
+      "-> APPROVE [outcome OUTCOME_KEEP]"));
 }
 
 TEST_F(SubscriptionTest, SeedBlockBuffersNamedTempBuffer) {
   auto sub = Cli({"--policy", Policy("block_temp_buffer.json")});
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
       v1::BuildModuleResponse r,
-      client_->BuildModule(BuildRequest("seeds/temp", R"({"type": "Net", "members": [
+      client_->BuildModule(
+          BuildRequest("seeds/temp", R"({"type": "Net", "members": [
           {"buffer": {"name": "temp_buffer", "shape": [8]}},
           {"buffer": {"name": "kept", "shape": [8]}}]})")));
   const v1::RegistrationReport* temp = Report(r, "", "temp_buffer");
   ASSERT_NE(temp, nullptr);
   EXPECT_EQ(temp->outcome(), v1::OUTCOME_BLOCK);
-  EXPECT_EQ(temp->reason(), "rejected by no-temp-buffers: Blocking temporary buffer");
+  EXPECT_EQ(temp->reason(),
+            "rejected by no-temp-buffers: Blocking temporary buffer");
   EXPECT_THAT(State("seeds/temp").tensors.Keys(), ElementsAre("kept"));
   // A single registration that is blocked fails with the reason.
   v1::RegisterTensorRequest again;
@@ -163,23 +174,27 @@ TEST_F(SubscriptionTest, SeedBlockBuffersNamedTempBuffer) {
 
 TEST_F(SubscriptionTest, SeedParametersStartingWithUnderscoreAreNotTrainable) {
   auto sub = Cli({"--policy", Policy("freeze_underscore_parameters.json")});
-  ASSERT_THAT(client_->BuildModule(BuildRequest("seeds/freeze", R"({"type": "Net", "members": [
+  ASSERT_THAT(client_->BuildModule(
+                  BuildRequest("seeds/freeze", R"({"type": "Net", "members": [
           {"parameter": {"name": "_scale", "shape": [2]}},
           {"parameter": {"name": "weight", "shape": [2]}}]})")),
               IsOk());
   v1::GetModuleRequest get;
   get.set_module("seeds/freeze");
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::GetModuleResponse d, client_->GetModule(get));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::GetModuleResponse d,
+                                  client_->GetModule(get));
   EXPECT_FALSE(d.info().parameters(0).tensor().requires_grad());
   EXPECT_TRUE(d.info().parameters(1).tensor().requires_grad());
 }
 
 TEST_F(SubscriptionTest, SeedLinearWeightsReinitialisedUniformly) {
   auto sub = Cli({"--policy", Policy("linear_uniform_init.json")});
-  ASSERT_THAT(client_->BuildModule(BuildRequest("seeds/lin", R"({"type": "Sequential",
+  ASSERT_THAT(
+      client_->BuildModule(BuildRequest("seeds/lin", R"({"type": "Sequential",
       "children": [{"spec": {"type": "Linear", "args": [8, 4]}},
-                   {"spec": {"type": "Conv1d", "args": [2, 2, 3]}}]})", 3)),
-              IsOk());
+                   {"spec": {"type": "Conv1d", "args": [2, 2, 3]}}]})",
+                                        3)),
+      IsOk());
   StateDict sd = State("seeds/lin");
   // The transform's generator (seed 0), exactly.
   Tensor expected = *Tensor::Empty(DType::kFloat32, {4, 8});
@@ -195,22 +210,29 @@ TEST_F(SubscriptionTest, SeedLinearWeightsReinitialisedUniformly) {
 
 TEST_F(SubscriptionTest, SeedLogEveryParameterRegistration) {
   auto sub = Cli({"--policy", Policy("log_parameters.json")});
-  ASSERT_THAT(client_->BuildModule(BuildRequest("seeds/log", R"({"type": "Linear",
+  ASSERT_THAT(
+      client_->BuildModule(BuildRequest("seeds/log", R"({"type": "Linear",
                                                                 "args": [3, 2]})")),
-              IsOk());
-  EXPECT_TRUE(sub->WaitForLine("weight: parameter float32[2, 3] in Linear (seeds/log)"));
-  EXPECT_TRUE(sub->WaitForLine("bias: parameter float32[2] in Linear (seeds/log)"));
+      IsOk());
+  EXPECT_TRUE(sub->WaitForLine(
+      "weight: parameter float32[2, 3] in Linear (seeds/log)"));
+  EXPECT_TRUE(
+      sub->WaitForLine("bias: parameter float32[2] in Linear (seeds/log)"));
 }
 
 // ---------------------------------------------------------------- chains
 
 TEST_F(SubscriptionTest, ThreeInterceptorsChainInPriorityOrder) {
-  auto a = Rogue({"--name=a", "--mode=tag", "--priority=1", "--kind=parameter"});
-  auto b = Rogue({"--name=b", "--mode=approve", "--priority=2", "--kind=parameter"});
-  auto c = Rogue({"--name=c", "--mode=tag", "--priority=3", "--kind=parameter"});
+  auto a =
+      Rogue({"--name=a", "--mode=tag", "--priority=1", "--kind=parameter"});
+  auto b =
+      Rogue({"--name=b", "--mode=approve", "--priority=2", "--kind=parameter"});
+  auto c =
+      Rogue({"--name=c", "--mode=tag", "--priority=3", "--kind=parameter"});
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
       v1::BuildModuleResponse r,
-      client_->BuildModule(BuildRequest("chain/net", R"({"type": "Net", "members": [
+      client_->BuildModule(
+          BuildRequest("chain/net", R"({"type": "Net", "members": [
           {"parameter": {"name": "w", "shape": [4]}}]})")));
   // The last modification wins: c's constant 3.
   StateDict sd = State("chain/net");
@@ -219,7 +241,8 @@ TEST_F(SubscriptionTest, ThreeInterceptorsChainInPriorityOrder) {
   std::vector<v1::AuditRecordProto> answers = Audit("answer");
   std::vector<std::string> who;
   for (const auto& ans : answers) {
-    who.push_back(nlohmann::json::parse(ans.details_json())["subscriber"].get<std::string>() +
+    who.push_back(nlohmann::json::parse(ans.details_json())["subscriber"]
+                      .get<std::string>() +
                   ":" + ans.outcome());
   }
   EXPECT_THAT(who, ElementsAre("a:modify", "b:approve", "c:modify"));
@@ -231,7 +254,8 @@ TEST_F(SubscriptionTest, ARejectInTheMiddleStopsTheChain) {
   auto c = Rogue({"--name=c", "--mode=tag", "--priority=3"});
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
       v1::BuildModuleResponse r,
-      client_->BuildModule(BuildRequest("chain/rej", R"({"type": "Net", "members": [
+      client_->BuildModule(
+          BuildRequest("chain/rej", R"({"type": "Net", "members": [
           {"parameter": {"name": "w", "shape": [4]}}]})")));
   EXPECT_EQ(Report(r, "", "w")->outcome(), v1::OUTCOME_BLOCK);
   EXPECT_EQ(Report(r, "", "w")->reason(), "rejected by b: rejected by rogue");
@@ -245,16 +269,19 @@ TEST_F(SubscriptionTest, TimeoutsFailClosedOrOpen) {
   auto start = std::chrono::steady_clock::now();
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
       v1::BuildModuleResponse closed,
-      client_->BuildModule(BuildRequest("fail/closed", R"({"type": "Linear", "args": [2, 2]})")));
+      client_->BuildModule(BuildRequest(
+          "fail/closed", R"({"type": "Linear", "args": [2, 2]})")));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   EXPECT_EQ(Report(closed, "", "weight")->outcome(), v1::OUTCOME_BLOCK);
   EXPECT_THAT(Report(closed, "", "weight")->reason(),
               HasSubstr("silent timed out after 300ms (fail-closed)"));
   silent.reset();  // killed
-  auto lenient = Rogue({"--name=lenient", "--mode=silent", "--timeout_ms=300", "--fail_open"});
+  auto lenient = Rogue(
+      {"--name=lenient", "--mode=silent", "--timeout_ms=300", "--fail_open"});
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
       v1::BuildModuleResponse open,
-      client_->BuildModule(BuildRequest("fail/open", R"({"type": "Linear", "args": [2, 2]})")));
+      client_->BuildModule(
+          BuildRequest("fail/open", R"({"type": "Linear", "args": [2, 2]})")));
   EXPECT_EQ(Report(open, "", "weight")->outcome(), v1::OUTCOME_KEEP);
   EXPECT_EQ(State("fail/open").tensors.size(), 2u);
 }
@@ -263,15 +290,18 @@ TEST_F(SubscriptionTest, ASubscriberKilledMidEventFailsClosedOrOpen) {
   auto dying = Rogue({"--name=dying", "--mode=die"});
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
       v1::BuildModuleResponse closed,
-      client_->BuildModule(BuildRequest("die/closed", R"({"type": "Net", "members": [
+      client_->BuildModule(
+          BuildRequest("die/closed", R"({"type": "Net", "members": [
           {"parameter": {"name": "w", "shape": [2]}}]})")));
   EXPECT_EQ(Report(closed, "", "w")->outcome(), v1::OUTCOME_BLOCK);
-  EXPECT_THAT(Report(closed, "", "w")->reason(), HasSubstr("dying disconnected"));
+  EXPECT_THAT(Report(closed, "", "w")->reason(),
+              HasSubstr("dying disconnected"));
   EXPECT_EQ(dying->Wait(), 128 + SIGKILL);
   auto dying_open = Rogue({"--name=dying-open", "--mode=die", "--fail_open"});
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
       v1::BuildModuleResponse open,
-      client_->BuildModule(BuildRequest("die/open", R"({"type": "Net", "members": [
+      client_->BuildModule(
+          BuildRequest("die/open", R"({"type": "Net", "members": [
           {"parameter": {"name": "w", "shape": [2]}}]})")));
   EXPECT_EQ(Report(open, "", "w")->outcome(), v1::OUTCOME_KEEP);
 }
@@ -280,15 +310,18 @@ TEST_F(SubscriptionTest, GarbageAnswersCountAsFailures) {
   auto garbage = Rogue({"--name=garbage", "--mode=garbage-id"});
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
       v1::BuildModuleResponse r,
-      client_->BuildModule(BuildRequest("garbage/id", R"({"type": "Net", "members": [
+      client_->BuildModule(
+          BuildRequest("garbage/id", R"({"type": "Net", "members": [
           {"parameter": {"name": "w", "shape": [2]}}]})")));
   EXPECT_EQ(Report(r, "", "w")->outcome(), v1::OUTCOME_BLOCK);
-  EXPECT_THAT(Report(r, "", "w")->reason(), HasSubstr("garbage sent an answer for an unknown event"));
+  EXPECT_THAT(Report(r, "", "w")->reason(),
+              HasSubstr("garbage sent an answer for an unknown event"));
   garbage.reset();
   auto shape = Rogue({"--name=shape", "--mode=wrong-shape"});
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
       v1::BuildModuleResponse s,
-      client_->BuildModule(BuildRequest("garbage/shape", R"({"type": "Linear", "args": [3, 2]})")));
+      client_->BuildModule(BuildRequest(
+          "garbage/shape", R"({"type": "Linear", "args": [3, 2]})")));
   EXPECT_EQ(Report(s, "", "weight")->outcome(), v1::OUTCOME_BLOCK);
   EXPECT_THAT(Report(s, "", "weight")->reason(),
               HasSubstr("sent an invalid answer: shape must stay [2, 3]"));
@@ -299,11 +332,11 @@ TEST_F(SubscriptionTest, GarbageAnswersCountAsFailures) {
 }
 
 TEST_F(SubscriptionTest, DryRunIsRecordedButNotEnforced) {
-  auto dry = Cli({"--policy", Policy("block_temp_buffer.json"), "--mode", "dry-run",
-                  "--name", "dry"});
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(
-      v1::BuildModuleResponse r,
-      client_->BuildModule(BuildRequest("dry/net", R"({"type": "Net", "members": [
+  auto dry = Cli({"--policy", Policy("block_temp_buffer.json"), "--mode",
+                  "dry-run", "--name", "dry"});
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::BuildModuleResponse r,
+                                  client_->BuildModule(BuildRequest(
+                                      "dry/net", R"({"type": "Net", "members": [
           {"buffer": {"name": "temp_buffer", "shape": [1]}}]})")));
   EXPECT_EQ(Report(r, "", "temp_buffer")->outcome(), v1::OUTCOME_KEEP);
   EXPECT_THAT(State("dry/net").tensors.Keys(), ElementsAre("temp_buffer"));
@@ -320,7 +353,8 @@ TEST_F(SubscriptionTest, DryRunIsRecordedButNotEnforced) {
 }
 
 TEST_F(SubscriptionTest, InteractiveAsksAPerson) {
-  auto person = Cli({"--interactive", "--name", "human", "--kinds", "parameter"});
+  auto person =
+      Cli({"--interactive", "--name", "human", "--kinds", "parameter"});
   std::thread answer([&] {
     // The prompt itself ends without a newline: wait for the event line.
     EXPECT_TRUE(person->WaitForLine("weight: parameter float32[2, 2]"));
@@ -330,18 +364,21 @@ TEST_F(SubscriptionTest, InteractiveAsksAPerson) {
   });
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
       v1::BuildModuleResponse r,
-      client_->BuildModule(BuildRequest("human/lin", R"({"type": "Linear", "args": [2, 2]})")));
+      client_->BuildModule(
+          BuildRequest("human/lin", R"({"type": "Linear", "args": [2, 2]})")));
   answer.join();
   // Both events were sent at once; the person answered them in order.
   EXPECT_EQ(Report(r, "", "weight")->outcome(), v1::OUTCOME_BLOCK);
-  EXPECT_EQ(Report(r, "", "weight")->reason(), "rejected by human: not in my model");
+  EXPECT_EQ(Report(r, "", "weight")->reason(),
+            "rejected by human: not in my model");
   EXPECT_EQ(Report(r, "", "bias")->outcome(), v1::OUTCOME_REPLACE);
   EXPECT_FALSE(Report(r, "", "bias")->value().requires_grad());
 }
 
 // ---------------------------------------------------------- volume, audit
 
-TEST_F(SubscriptionTest, AThousandRegistrationsWithFourInterceptorsLoseNothing) {
+TEST_F(SubscriptionTest,
+       AThousandRegistrationsWithFourInterceptorsLoseNothing) {
   std::vector<std::unique_ptr<BackgroundProcess>> subs;
   for (int i = 0; i < 4; ++i) {
     subs.push_back(Rogue({absl::StrCat("--name=s", i), "--mode=approve",
@@ -354,28 +391,32 @@ TEST_F(SubscriptionTest, AThousandRegistrationsWithFourInterceptorsLoseNothing) 
   }
   json += "]}";
   auto start = std::chrono::steady_clock::now();
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::BuildModuleResponse r,
-                                  client_->BuildModule(BuildRequest("volume/big", json)));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      v1::BuildModuleResponse r,
+      client_->BuildModule(BuildRequest("volume/big", json)));
   double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   std::printf("1000 registrations x 4 interceptors: %.2f s\n", seconds);
   ASSERT_EQ(r.registrations_size(), 1000);
-  for (const auto& rep : r.registrations()) EXPECT_EQ(rep.outcome(), v1::OUTCOME_KEEP);
+  for (const auto& rep : r.registrations())
+    EXPECT_EQ(rep.outcome(), v1::OUTCOME_KEEP);
   EXPECT_EQ(Audit("registration").size(), 1000u);
   EXPECT_EQ(Audit("answer").size(), 4000u);
   EXPECT_EQ(Audit("outcome").size(), 1000u);
   std::vector<v1::AuditRecordProto> all = Audit();
   for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(all[i].seq(), i + 1);
-  CommandResult verify = RunCommand(
-      {MODELSTATE_CLI_BINARY, "--server", server_->address(), "audit", "verify"});
+  CommandResult verify = RunCommand({MODELSTATE_CLI_BINARY, "--server",
+                                     server_->address(), "audit", "verify"});
   EXPECT_EQ(verify.exit_code, 0) << verify.err;
   EXPECT_THAT(verify.out, HasSubstr("the chain is intact"));
 }
 
 TEST_F(SubscriptionTest, AuditVerifyNamesAnEditedRecord) {
-  ASSERT_THAT(client_->BuildModule(BuildRequest("audit/lin", R"({"type": "Linear",
+  ASSERT_THAT(
+      client_->BuildModule(BuildRequest("audit/lin", R"({"type": "Linear",
                                                                 "args": [2, 2]})")),
-              IsOk());
+      IsOk());
   std::string path = (server_->data_dir() / "audit.log").string();
   std::vector<std::string> lines;
   {
@@ -391,23 +432,27 @@ TEST_F(SubscriptionTest, AuditVerifyNamesAnEditedRecord) {
     std::ofstream out(path, std::ios::trunc);
     for (const std::string& line : lines) out << line << "\n";
   }
-  CommandResult verify = RunCommand(
-      {MODELSTATE_CLI_BINARY, "--server", server_->address(), "audit", "verify"});
+  CommandResult verify = RunCommand({MODELSTATE_CLI_BINARY, "--server",
+                                     server_->address(), "audit", "verify"});
   EXPECT_EQ(verify.exit_code, 1);
   EXPECT_THAT(verify.out, HasSubstr("BROKEN at record 2 (line 2)"));
-  CommandResult local = RunCommand({MODELSTATE_CLI_BINARY, "audit", "verify", "--file", path});
+  CommandResult local =
+      RunCommand({MODELSTATE_CLI_BINARY, "audit", "verify", "--file", path});
   EXPECT_EQ(local.exit_code, 1);
   EXPECT_THAT(local.out, HasSubstr("BROKEN at record 2"));
 }
 
 TEST_F(SubscriptionTest, AuditQueryAndTailFromTheCli) {
   auto tail = std::make_unique<BackgroundProcess>(std::vector<std::string>{
-      MODELSTATE_CLI_BINARY, "--server", server_->address(), "audit", "tail", "--type",
-      "build"});
-  ASSERT_THAT(client_->BuildModule(BuildRequest("audit/a", R"({"type": "ReLU"})")), IsOk());
+      MODELSTATE_CLI_BINARY, "--server", server_->address(), "audit", "tail",
+      "--type", "build"});
+  ASSERT_THAT(
+      client_->BuildModule(BuildRequest("audit/a", R"({"type": "ReLU"})")),
+      IsOk());
   EXPECT_TRUE(tail->WaitForLine("audit/a"));
-  CommandResult q = RunCommand({MODELSTATE_CLI_BINARY, "--server", server_->address(), "audit",
-                                "query", "--module", "a", "--type", "build"});
+  CommandResult q =
+      RunCommand({MODELSTATE_CLI_BINARY, "--server", server_->address(),
+                  "audit", "query", "--module", "a", "--type", "build"});
   EXPECT_EQ(q.exit_code, 0) << q.err;
   EXPECT_THAT(q.out, HasSubstr("build"));
   EXPECT_THAT(q.out, HasSubstr("audit/a"));
@@ -421,7 +466,8 @@ class SlowReaderTest : public SubscriptionTest {
 };
 
 TEST_F(SlowReaderTest, ASubscriberThatStopsReadingIsDroppedNotBuffered) {
-  auto stuck = Rogue({"--name=stuck", "--mode=silent", "--timeout_ms=60000", "--fail_open"});
+  auto stuck = Rogue(
+      {"--name=stuck", "--mode=silent", "--timeout_ms=60000", "--fail_open"});
   std::string json = R"({"type": "Big", "members": [)";
   for (int i = 0; i < 3000; ++i) {
     absl::StrAppend(&json, i ? "," : "", R"({"parameter": {"name": "p)", i,

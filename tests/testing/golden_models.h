@@ -56,7 +56,8 @@ inline const std::map<std::string, std::string>& GoldenModelSpecs() {
           {"buffer": {"name": "b_bool", "shape": [2], "dtype": "bool"}},
           {"buffer": {"name": "b_none", "none": true}},
           {"buffer": {"name": "b_f32", "shape": [2]}}]})"},
-      {"WithExtraState", R"({"type": "WithExtraState", "extra_state": true, "members": [
+      {"WithExtraState",
+       R"({"type": "WithExtraState", "extra_state": true, "members": [
           {"parameter": {"name": "w", "shape": [1]}},
           {"module": {"name": "lin", "spec": {"type": "Linear", "args": [1, 1]}}},
           {"buffer": {"name": "b", "shape": [1]}}]})"},

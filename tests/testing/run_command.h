@@ -151,7 +151,8 @@ class BackgroundProcess {
     posix_spawn_file_actions_adddup2(&actions, out_pipe[1], STDOUT_FILENO);
     posix_spawn_file_actions_adddup2(&actions, in_pipe[0], STDIN_FILENO);
     std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    for (const std::string& a : argv)
+      args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
     std::vector<std::string> env;
     for (char** e = environ; *e != nullptr; ++e) {
@@ -160,7 +161,8 @@ class BackgroundProcess {
     std::vector<char*> envp;
     for (std::string& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
-    if (posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), envp.data()) != 0) {
+    if (posix_spawn(&pid_, args[0], &actions, nullptr, args.data(),
+                    envp.data()) != 0) {
       pid_ = -1;
     }
     posix_spawn_file_actions_destroy(&actions);
@@ -183,8 +185,9 @@ class BackgroundProcess {
 
   // Reads stdout until a line containing `needle` arrives (true), the
   // process closes stdout, or `timeout` passes (false).
-  bool WaitForLine(const std::string& needle,
-                   std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  bool WaitForLine(
+      const std::string& needle,
+      std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
     auto deadline = std::chrono::steady_clock::now() + timeout;
     while (true) {
       for (size_t i = checked_; i < lines_.size(); ++i) {
@@ -216,7 +219,8 @@ class BackgroundProcess {
       int status = 0;
       waitpid(pid_, &status, 0);
       exited_ = true;
-      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      exit_code_ =
+          WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     }
     return exit_code_;
   }

@@ -73,7 +73,8 @@ inline ModuleSpec SpecFromJsonValue(const nlohmann::json& j) {
   }
   if (j.contains("children")) {
     for (const auto& c : j["children"]) {
-      spec.children.push_back({c.value("name", ""), SpecFromJsonValue(c["spec"])});
+      spec.children.push_back(
+          {c.value("name", ""), SpecFromJsonValue(c["spec"])});
     }
   }
   if (j.contains("members")) {
@@ -95,14 +96,16 @@ inline ModuleSpec SpecFromJsonValue(const nlohmann::json& j) {
       member.requires_grad = body->value("requires_grad", true);
       member.persistent = body->value("persistent", true);
       if (body->contains("dtype")) {
-        absl::StatusOr<DType> dt = ParseDType((*body)["dtype"].get<std::string>());
+        absl::StatusOr<DType> dt =
+            ParseDType((*body)["dtype"].get<std::string>());
         EXPECT_TRUE(dt.ok()) << dt.status();
         if (dt.ok()) member.tensor.dtype = *dt;
       }
       if (body->contains("shape")) {
         member.tensor.shape = (*body)["shape"].get<std::vector<int64_t>>();
       }
-      if (body->contains("init")) member.tensor.init = InitFromJson((*body)["init"]);
+      if (body->contains("init"))
+        member.tensor.init = InitFromJson((*body)["init"]);
       if (member.kind == EntryKind::kModule && body->contains("spec")) {
         member.module =
             std::make_shared<ModuleSpec>(SpecFromJsonValue((*body)["spec"]));
@@ -112,8 +115,8 @@ inline ModuleSpec SpecFromJsonValue(const nlohmann::json& j) {
   }
   if (j.contains("ties")) {
     for (const auto& t : j["ties"]) {
-      spec.ties.push_back({t["target"].get<std::string>(),
-                           t["source"].get<std::string>()});
+      spec.ties.push_back(
+          {t["target"].get<std::string>(), t["source"].get<std::string>()});
     }
   }
   return spec;

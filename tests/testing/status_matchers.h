@@ -6,7 +6,8 @@
 //   EXPECT_THAT(m->RegisterParameter("a.b", {}),
 //               StatusIs(absl::StatusCode::kInvalidArgument,
 //                        HasSubstr("can't contain")));
-//   MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor t, Tensor::Zeros(DType::kFloat32, {2}));
+//   MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor t, Tensor::Zeros(DType::kFloat32,
+//   {2}));
 #ifndef MODELSTATE_TESTS_TESTING_STATUS_MATCHERS_H_
 #define MODELSTATE_TESTS_TESTING_STATUS_MATCHERS_H_
 
@@ -45,8 +46,8 @@ MATCHER_P2(StatusIs, code, message_matcher,
   const absl::Status& s = GetStatus(arg);
   *result_listener << "status is " << s;
   return s.code() == code &&
-         ::testing::ExplainMatchResult(message_matcher, std::string(s.message()),
-                                       result_listener);
+         ::testing::ExplainMatchResult(
+             message_matcher, std::string(s.message()), result_listener);
 }
 
 MATCHER_P(IsOkAndHolds, matcher, "is OK and holds a matching value") {
@@ -67,9 +68,9 @@ MATCHER_P(IsOkAndHolds, matcher, "is OK and holds a matching value") {
 #define MODELSTATE_TESTING_CONCAT_IMPL(a, b) a##b
 #define MODELSTATE_TESTING_CONCAT(a, b) MODELSTATE_TESTING_CONCAT_IMPL(a, b)
 // Asserts that `rexpr` (a StatusOr) is OK and moves its value into `lhs`.
-#define MODELSTATE_ASSERT_OK_AND_ASSIGN(lhs, rexpr)                         \
-  MODELSTATE_TESTING_ASSIGN_IMPL(                                           \
-      MODELSTATE_TESTING_CONCAT(modelstate_statusor_, __COUNTER__), lhs,    \
+#define MODELSTATE_ASSERT_OK_AND_ASSIGN(lhs, rexpr)                      \
+  MODELSTATE_TESTING_ASSIGN_IMPL(                                        \
+      MODELSTATE_TESTING_CONCAT(modelstate_statusor_, __COUNTER__), lhs, \
       rexpr)
 #define MODELSTATE_TESTING_ASSIGN_IMPL(statusor, lhs, rexpr) \
   auto statusor = (rexpr);                                   \

@@ -36,8 +36,9 @@ class TestServer {
   explicit TestServer(std::vector<std::string> flags = {})
       : flags_(std::move(flags)) {
     static std::atomic<int> counter{0};
-    dir_ = std::filesystem::temp_directory_path() /
-           absl::StrCat("modelstate-test-", getpid(), "-", counter.fetch_add(1));
+    dir_ =
+        std::filesystem::temp_directory_path() /
+        absl::StrCat("modelstate-test-", getpid(), "-", counter.fetch_add(1));
     std::filesystem::create_directories(dir_);
   }
   ~TestServer() {
@@ -71,7 +72,8 @@ class TestServer {
       int status = 0;
       if (waitpid(pid_, &status, WNOHANG) == pid_) {
         pid_ = -1;
-        return absl::InternalError(absl::StrCat("server exited early, status ", status));
+        return absl::InternalError(
+            absl::StrCat("server exited early, status ", status));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }

@@ -41,10 +41,11 @@ nlohmann::json Dump(const nlohmann::json& request) {
   modelstate::StateDict sd = built->root->GetStateDict();
   out["state_dict"] = nlohmann::json::array();
   for (const auto& item : sd.tensors) {
-    out["state_dict"].push_back({{"key", item.key},
-                                 {"dtype", modelstate::DTypeName(item.value.dtype())},
-                                 {"shape", item.value.shape()},
-                                 {"hex", Hex(item.value)}});
+    out["state_dict"].push_back(
+        {{"key", item.key},
+         {"dtype", modelstate::DTypeName(item.value.dtype())},
+         {"shape", item.value.shape()},
+         {"hex", Hex(item.value)}});
   }
   out["metadata"] = nlohmann::json::object();
   for (const auto& item : *sd.metadata) out["metadata"][item.key] = item.value;
@@ -66,7 +67,8 @@ int main() {
                     std::istreambuf_iterator<char>());
   nlohmann::json requests = nlohmann::json::parse(input);
   nlohmann::json results = nlohmann::json::array();
-  for (const nlohmann::json& request : requests) results.push_back(Dump(request));
+  for (const nlohmann::json& request : requests)
+    results.push_back(Dump(request));
   std::cout << results.dump() << std::endl;
   return 0;
 }

@@ -23,10 +23,12 @@
 
 namespace {
 
-std::string Flag(int argc, char** argv, const std::string& name, const std::string& dflt) {
+std::string Flag(int argc, char** argv, const std::string& name,
+                 const std::string& dflt) {
   std::string prefix = "--" + name + "=";
   for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], prefix.c_str(), prefix.size()) == 0) return argv[i] + prefix.size();
+    if (std::strncmp(argv[i], prefix.c_str(), prefix.size()) == 0)
+      return argv[i] + prefix.size();
     if (std::string(argv[i]) == "--" + name) return "true";
   }
   return dflt;
@@ -45,7 +47,8 @@ int main(int argc, char** argv) {
   modelstate::v1::Subscription s;
   s.set_name(Flag(argc, argv, "name", "rogue"));
   s.set_priority(priority);
-  s.set_timeout_ms(static_cast<uint32_t>(std::stoi(Flag(argc, argv, "timeout_ms", "10000"))));
+  s.set_timeout_ms(static_cast<uint32_t>(
+      std::stoi(Flag(argc, argv, "timeout_ms", "10000"))));
   if (Flag(argc, argv, "fail_open", "") == "true") {
     s.set_failure_policy(modelstate::v1::Subscription::FAIL_OPEN);
   }
@@ -55,10 +58,12 @@ int main(int argc, char** argv) {
   if (kind == "module") s.add_kinds(modelstate::v1::ENTRY_KIND_MODULE);
   auto sub = modelstate::client::Subscriber::Start(
       **client, s, [&](const modelstate::v1::HookEventProto& e) {
-        std::printf("event %llu %s.%s\n", static_cast<unsigned long long>(e.event_id()),
+        std::printf("event %llu %s.%s\n",
+                    static_cast<unsigned long long>(e.event_id()),
                     e.path().c_str(), e.name().c_str());
         std::fflush(stdout);
-        if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+        if (delay_ms > 0)
+          std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
         HookAnswer a;
         a.set_event_id(e.event_id());
         a.set_verdict(HookAnswer::APPROVE);
@@ -87,7 +92,8 @@ int main(int argc, char** argv) {
         return a;
       });
   if (!sub.ok()) {
-    std::fprintf(stderr, "subscribe failed: %s\n", sub.status().ToString().c_str());
+    std::fprintf(stderr, "subscribe failed: %s\n",
+                 sub.status().ToString().c_str());
     return 1;
   }
   std::printf("ready %llu\n", static_cast<unsigned long long>((*sub)->id()));
