@@ -93,6 +93,19 @@ absl::StatusOr<std::shared_ptr<Module>> BuildIdentity(const BoundArgs&,
   return NewLayer("Identity", "linear");
 }
 
+// Linear(in, out, bias) at `path`, initialised and registered.
+absl::StatusOr<std::shared_ptr<Module>> MakeLinear(int64_t in, int64_t out,
+                                                   bool bias, DType dtype,
+                                                   Device device,
+                                                   BuildContext& ctx,
+                                                   const std::string& path) {
+  MODELSTATE_ASSIGN_OR_RETURN(
+      LinearTensors t, MakeLinearTensors(in, out, bias, dtype, device, ctx));
+  std::shared_ptr<Module> m = NewLinearModule("Linear", in, out);
+  MODELSTATE_RETURN_IF_ERROR(RegisterLinear(*m, path, std::move(t), ctx));
+  return m;
+}
+
 absl::StatusOr<std::shared_ptr<Module>> BuildLinear(const BoundArgs& args,
                                                     BuildContext& ctx,
                                                     const std::string& path) {
@@ -103,11 +116,7 @@ absl::StatusOr<std::shared_ptr<Module>> BuildLinear(const BoundArgs& args,
                               args.FactoryDType(ctx.options().dtype));
   MODELSTATE_ASSIGN_OR_RETURN(Device device,
                               args.FactoryDevice(ctx.options().device));
-  MODELSTATE_ASSIGN_OR_RETURN(
-      LinearTensors t, MakeLinearTensors(in, out, bias, dtype, device, ctx));
-  std::shared_ptr<Module> m = NewLinearModule("Linear", in, out);
-  MODELSTATE_RETURN_IF_ERROR(RegisterLinear(*m, path, std::move(t), ctx));
-  return m;
+  return MakeLinear(in, out, bias, dtype, device, ctx, path);
 }
 
 absl::StatusOr<std::shared_ptr<Module>> BuildBilinear(const BoundArgs& args,
@@ -266,6 +275,34 @@ absl::StatusOr<std::shared_ptr<Module>> BuildConvTranspose2d(
   return BuildConv(args, ctx, path, "ConvTranspose2d", 2, true);
 }
 
+// The affine pair of the norm layers: weight = ones, bias = zeros
+// (reset_parameters of LayerNorm, GroupNorm and _NormBase); either may be
+// left out (undefined: registered as None).
+struct AffineTensors {
+  Tensor weight;
+  Tensor bias;
+};
+absl::StatusOr<AffineTensors> MakeAffine(const Shape& shape, bool weight,
+                                         bool bias, DType dtype, Device device,
+                                         BuildContext& ctx) {
+  AffineTensors t;
+  if (weight) {
+    MODELSTATE_ASSIGN_OR_RETURN(t.weight, ctx.NewTensor(dtype, shape, device));
+    MODELSTATE_RETURN_IF_ERROR(ConstantInit(t.weight, 1.0));
+  }
+  if (bias) {
+    MODELSTATE_ASSIGN_OR_RETURN(t.bias, ctx.NewTensor(dtype, shape, device));
+    MODELSTATE_RETURN_IF_ERROR(ConstantInit(t.bias, 0.0));
+  }
+  return t;
+}
+
+absl::Status RegisterAffine(Module& m, const std::string& path,
+                            AffineTensors t, BuildContext& ctx) {
+  MODELSTATE_RETURN_IF_ERROR(ctx.AddParameter(m, path, "weight", t.weight));
+  return ctx.AddParameter(m, path, "bias", t.bias);
+}
+
 // _NormBase for BatchNorm1d / BatchNorm2d.
 absl::StatusOr<std::shared_ptr<Module>> BuildBatchNorm(const BoundArgs& args,
                                                        BuildContext& ctx,
@@ -284,13 +321,10 @@ absl::StatusOr<std::shared_ptr<Module>> BuildBatchNorm(const BoundArgs& args,
     MODELSTATE_ASSIGN_OR_RETURN(double mom, args.Float("momentum"));
     momentum = mom;
   }
-  Tensor weight, bias, mean, var, count;
-  if (affine) {
-    MODELSTATE_ASSIGN_OR_RETURN(weight, ctx.NewTensor(dtype, {n}, device));
-    MODELSTATE_ASSIGN_OR_RETURN(bias, ctx.NewTensor(dtype, {n}, device));
-    MODELSTATE_RETURN_IF_ERROR(ConstantInit(weight, 1.0));
-    MODELSTATE_RETURN_IF_ERROR(ConstantInit(bias, 0.0));
-  }
+  MODELSTATE_ASSIGN_OR_RETURN(
+      AffineTensors affine_tensors,
+      MakeAffine({n}, affine, affine, dtype, device, ctx));
+  Tensor mean, var, count;
   if (track) {
     MODELSTATE_ASSIGN_OR_RETURN(mean, ctx.NewTensor(dtype, {n}, device));
     MODELSTATE_ASSIGN_OR_RETURN(var, ctx.NewTensor(dtype, {n}, device));
@@ -311,8 +345,8 @@ absl::StatusOr<std::shared_ptr<Module>> BuildBatchNorm(const BoundArgs& args,
   m->SetPlainAttribute("track_running_stats", track);
   m->AddClassAttributes({"reset_parameters", "reset_running_stats",
                          "__constants__", "_check_input_dim"});
-  MODELSTATE_RETURN_IF_ERROR(ctx.AddParameter(*m, path, "weight", weight));
-  MODELSTATE_RETURN_IF_ERROR(ctx.AddParameter(*m, path, "bias", bias));
+  MODELSTATE_RETURN_IF_ERROR(
+      RegisterAffine(*m, path, std::move(affine_tensors), ctx));
   MODELSTATE_RETURN_IF_ERROR(ctx.AddBuffer(*m, path, "running_mean", mean));
   MODELSTATE_RETURN_IF_ERROR(ctx.AddBuffer(*m, path, "running_var", var));
   MODELSTATE_RETURN_IF_ERROR(
@@ -329,6 +363,22 @@ absl::StatusOr<std::shared_ptr<Module>> BuildBatchNorm2d(
   return BuildBatchNorm(args, ctx, path, "BatchNorm2d");
 }
 
+// LayerNorm(normalized_shape, eps, elementwise_affine, bias).
+absl::StatusOr<std::shared_ptr<Module>> MakeLayerNorm(
+    const std::vector<int64_t>& shape, double eps, bool affine, bool bias,
+    DType dtype, Device device, BuildContext& ctx, const std::string& path) {
+  MODELSTATE_ASSIGN_OR_RETURN(
+      AffineTensors t,
+      MakeAffine(shape, affine, affine && bias, dtype, device, ctx));
+  std::shared_ptr<Module> m = NewLayer("LayerNorm", "normalization");
+  m->SetPlainAttribute("normalized_shape", shape);
+  m->SetPlainAttribute("eps", eps);
+  m->SetPlainAttribute("elementwise_affine", affine);
+  m->AddClassAttributes({"reset_parameters", "__constants__"});
+  MODELSTATE_RETURN_IF_ERROR(RegisterAffine(*m, path, std::move(t), ctx));
+  return m;
+}
+
 absl::StatusOr<std::shared_ptr<Module>> BuildLayerNorm(
     const BoundArgs& args, BuildContext& ctx, const std::string& path) {
   MODELSTATE_ASSIGN_OR_RETURN(std::vector<int64_t> shape,
@@ -340,23 +390,7 @@ absl::StatusOr<std::shared_ptr<Module>> BuildLayerNorm(
                               args.FactoryDType(ctx.options().dtype));
   MODELSTATE_ASSIGN_OR_RETURN(Device device,
                               args.FactoryDevice(ctx.options().device));
-  Tensor weight, b;
-  if (affine) {
-    MODELSTATE_ASSIGN_OR_RETURN(weight, ctx.NewTensor(dtype, shape, device));
-    MODELSTATE_RETURN_IF_ERROR(ConstantInit(weight, 1.0));
-    if (bias) {
-      MODELSTATE_ASSIGN_OR_RETURN(b, ctx.NewTensor(dtype, shape, device));
-      MODELSTATE_RETURN_IF_ERROR(ConstantInit(b, 0.0));
-    }
-  }
-  std::shared_ptr<Module> m = NewLayer("LayerNorm", "normalization");
-  m->SetPlainAttribute("normalized_shape", shape);
-  m->SetPlainAttribute("eps", eps);
-  m->SetPlainAttribute("elementwise_affine", affine);
-  m->AddClassAttributes({"reset_parameters", "__constants__"});
-  MODELSTATE_RETURN_IF_ERROR(ctx.AddParameter(*m, path, "weight", weight));
-  MODELSTATE_RETURN_IF_ERROR(ctx.AddParameter(*m, path, "bias", b));
-  return m;
+  return MakeLayerNorm(shape, eps, affine, bias, dtype, device, ctx, path);
 }
 
 absl::StatusOr<std::shared_ptr<Module>> BuildGroupNorm(
@@ -373,22 +407,15 @@ absl::StatusOr<std::shared_ptr<Module>> BuildGroupNorm(
     return absl::InvalidArgumentError(
         "num_channels must be divisible by num_groups");
   }
-  Tensor weight, bias;
-  if (affine) {
-    MODELSTATE_ASSIGN_OR_RETURN(weight,
-                                ctx.NewTensor(dtype, {channels}, device));
-    MODELSTATE_ASSIGN_OR_RETURN(bias, ctx.NewTensor(dtype, {channels}, device));
-    MODELSTATE_RETURN_IF_ERROR(ConstantInit(weight, 1.0));
-    MODELSTATE_RETURN_IF_ERROR(ConstantInit(bias, 0.0));
-  }
+  MODELSTATE_ASSIGN_OR_RETURN(
+      AffineTensors t, MakeAffine({channels}, affine, affine, dtype, device, ctx));
   std::shared_ptr<Module> m = NewLayer("GroupNorm", "normalization");
   m->SetPlainAttribute("num_groups", groups);
   m->SetPlainAttribute("num_channels", channels);
   m->SetPlainAttribute("eps", eps);
   m->SetPlainAttribute("affine", affine);
   m->AddClassAttributes({"reset_parameters", "__constants__"});
-  MODELSTATE_RETURN_IF_ERROR(ctx.AddParameter(*m, path, "weight", weight));
-  MODELSTATE_RETURN_IF_ERROR(ctx.AddParameter(*m, path, "bias", bias));
+  MODELSTATE_RETURN_IF_ERROR(RegisterAffine(*m, path, std::move(t), ctx));
   return m;
 }
 
@@ -708,10 +735,8 @@ absl::StatusOr<std::shared_ptr<Module>> BuildTransformerEncoderLayer(
   auto add_linear = [&](const char* name, int64_t in,
                         int64_t out) -> absl::Status {
     MODELSTATE_ASSIGN_OR_RETURN(
-        LinearTensors t, MakeLinearTensors(in, out, bias, dtype, device, ctx));
-    std::shared_ptr<Module> lin = NewLinearModule("Linear", in, out);
-    MODELSTATE_RETURN_IF_ERROR(
-        RegisterLinear(*lin, ChildPath(path, name), std::move(t), ctx));
+        std::shared_ptr<Module> lin,
+        MakeLinear(in, out, bias, dtype, device, ctx, ChildPath(path, name)));
     return ctx.AddModule(*m, path, name, lin);
   };
   auto add_dropout = [&](const char* name) -> absl::Status {
@@ -721,21 +746,10 @@ absl::StatusOr<std::shared_ptr<Module>> BuildTransformerEncoderLayer(
     return ctx.AddModule(*m, path, name, d);
   };
   auto add_norm = [&](const char* name) -> absl::Status {
-    Tensor w, b;
-    MODELSTATE_ASSIGN_OR_RETURN(w, ctx.NewTensor(dtype, {d_model}, device));
-    MODELSTATE_RETURN_IF_ERROR(ConstantInit(w, 1.0));
-    if (bias) {
-      MODELSTATE_ASSIGN_OR_RETURN(b, ctx.NewTensor(dtype, {d_model}, device));
-      MODELSTATE_RETURN_IF_ERROR(ConstantInit(b, 0.0));
-    }
-    std::shared_ptr<Module> norm = NewLayer("LayerNorm", "normalization");
-    norm->SetPlainAttribute("normalized_shape", std::vector<int64_t>{d_model});
-    norm->SetPlainAttribute("eps", eps);
-    norm->SetPlainAttribute("elementwise_affine", true);
-    norm->AddClassAttributes({"reset_parameters", "__constants__"});
-    std::string norm_path = ChildPath(path, name);
-    MODELSTATE_RETURN_IF_ERROR(ctx.AddParameter(*norm, norm_path, "weight", w));
-    MODELSTATE_RETURN_IF_ERROR(ctx.AddParameter(*norm, norm_path, "bias", b));
+    MODELSTATE_ASSIGN_OR_RETURN(
+        std::shared_ptr<Module> norm,
+        MakeLayerNorm({d_model}, eps, /*affine=*/true, bias, dtype, device, ctx,
+                      ChildPath(path, name)));
     return ctx.AddModule(*m, path, name, norm);
   };
   MODELSTATE_RETURN_IF_ERROR(add_linear("linear1", d_model, dff));
