@@ -266,6 +266,28 @@ absl::StatusOr<BuildOutcome> ModelStore::Build(const OperationContext& ctx,
   return BuildOutcome{Zip(std::move(built.records), std::move(finals))};
 }
 
+namespace {
+
+// Performs the one registration (or removal) a request asks for; the
+// context decides whether it is the dry run or the real pass.
+absl::StatusOr<RegistrationOutcome> ApplyRequest(
+    Module& target, const RegistrationRequest& request, const SlotValue& value,
+    const RegistrationContext& context) {
+  if (request.removal) return target.RemoveEntry(request.name, context);
+  switch (request.kind) {
+    case EntryKind::kParameter:
+      return target.RegisterParameter(request.name, value.tensor, context);
+    case EntryKind::kBuffer:
+      return target.RegisterBuffer(request.name, value.tensor, value.persistent,
+                                   context);
+    case EntryKind::kModule:
+      break;
+  }
+  return target.RegisterModule(request.name, value.module, context);
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<RegistrationResult>> ModelStore::Register(
     const OperationContext& ctx, const ModuleName& name,
     RegistrationRequest request) {
@@ -320,18 +342,8 @@ absl::StatusOr<std::vector<RegistrationResult>> ModelStore::Register(
   dry.dry_run = true;
   {
     ReaderMutexLock lock(&entry->mu);
-    absl::StatusOr<RegistrationOutcome> outcome;
-    if (request.removal) {
-      outcome = target->RemoveEntry(request.name, dry);
-    } else if (request.kind == EntryKind::kParameter) {
-      outcome = target->RegisterParameter(request.name, value.tensor, dry);
-    } else if (request.kind == EntryKind::kBuffer) {
-      outcome = target->RegisterBuffer(request.name, value.tensor,
-                                       value.persistent, dry);
-    } else {
-      outcome = target->RegisterModule(request.name, value.module, dry);
-    }
-    if (!outcome.ok()) return outcome.status();
+    MODELSTATE_RETURN_IF_ERROR(
+        ApplyRequest(*target, request, value, dry).status());
   }
   std::vector<RegistrationRecord> all = child_records;
   all.insert(all.end(), records.begin(), records.end());
@@ -360,18 +372,8 @@ absl::StatusOr<std::vector<RegistrationResult>> ModelStore::Register(
   real.path = target_path;
   {
     WriterMutexLock lock(&entry->mu);
-    absl::StatusOr<RegistrationOutcome> outcome;
-    if (request.removal) {
-      outcome = target->RemoveEntry(request.name, real);
-    } else if (request.kind == EntryKind::kParameter) {
-      outcome = target->RegisterParameter(request.name, value.tensor, real);
-    } else if (request.kind == EntryKind::kBuffer) {
-      outcome = target->RegisterBuffer(request.name, value.tensor,
-                                       value.persistent, real);
-    } else {
-      outcome = target->RegisterModule(request.name, value.module, real);
-    }
-    if (!outcome.ok()) return outcome.status();
+    MODELSTATE_RETURN_IF_ERROR(
+        ApplyRequest(*target, request, value, real).status());
   }
   MODELSTATE_RETURN_IF_ERROR(
       Record(ctx, name, "register", absl::OkStatus(), details.dump()));

@@ -97,6 +97,19 @@ grpc::Status ModelStateServiceImpl::BuildModule(
   }));
 }
 
+grpc::Status ModelStateServiceImpl::Register(grpc::ServerContext* context,
+                                             const ModuleName& name,
+                                             RegistrationRequest request,
+                                             v1::RegisterResponse* response) {
+  ASSIGN_OR_RETURN_GRPC(
+      std::vector<RegistrationResult> results,
+      store_->Register(ContextOf(context), name, std::move(request)));
+  for (const RegistrationResult& result : results) {
+    convert::ReportToProto(result, response->add_registrations());
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status ModelStateServiceImpl::RegisterTensor(
     grpc::ServerContext* context, const v1::RegisterTensorRequest* request,
     EntryKind kind, v1::RegisterResponse* response) {
@@ -136,13 +149,7 @@ grpc::Status ModelStateServiceImpl::RegisterTensor(
     ASSIGN_OR_RETURN_GRPC(tensor, MakeParameter(tensor, requires_grad));
   }
   r.value.tensor = std::move(tensor);
-  ASSIGN_OR_RETURN_GRPC(
-      std::vector<RegistrationResult> results,
-      store_->Register(ContextOf(context), name, std::move(r)));
-  for (const RegistrationResult& result : results) {
-    convert::ReportToProto(result, response->add_registrations());
-  }
-  return grpc::Status::OK;
+  return Register(context, name, std::move(r), response);
 }
 
 grpc::Status ModelStateServiceImpl::RegisterParameter(
@@ -191,13 +198,7 @@ grpc::Status ModelStateServiceImpl::RegisterSubmodule(
           grpc::StatusCode::INVALID_ARGUMENT,
           "value: one of spec, existing_path or none is required");
   }
-  ASSIGN_OR_RETURN_GRPC(
-      std::vector<RegistrationResult> results,
-      store_->Register(ContextOf(context), name, std::move(r)));
-  for (const RegistrationResult& result : results) {
-    convert::ReportToProto(result, response->add_registrations());
-  }
-  return grpc::Status::OK;
+  return Register(context, name, std::move(r), response);
 }
 
 grpc::Status ModelStateServiceImpl::RemoveEntry(
@@ -209,13 +210,7 @@ grpc::Status ModelStateServiceImpl::RemoveEntry(
   r.path = request->path();
   r.name = request->name();
   r.removal = true;
-  ASSIGN_OR_RETURN_GRPC(
-      std::vector<RegistrationResult> results,
-      store_->Register(ContextOf(context), name, std::move(r)));
-  for (const RegistrationResult& result : results) {
-    convert::ReportToProto(result, response->add_registrations());
-  }
-  return grpc::Status::OK;
+  return Register(context, name, std::move(r), response);
 }
 
 grpc::Status ModelStateServiceImpl::GetModule(

@@ -103,6 +103,10 @@ class ModelStateServiceImpl final
                            v1::VerifyAuditResponse* response) override;
 
  private:
+  // Runs one registration request and reports every event it fired.
+  grpc::Status Register(grpc::ServerContext* context, const ModuleName& name,
+                        RegistrationRequest request,
+                        v1::RegisterResponse* response);
   grpc::Status RegisterTensor(grpc::ServerContext* context,
                               const v1::RegisterTensorRequest* request,
                               EntryKind kind, v1::RegisterResponse* response);

@@ -30,14 +30,18 @@
 #include "modelstate/v1/model_state_service.pb.h"
 #include "tests/testing/run_command.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tensors.h"
 #include "tests/testing/test_server.h"
 
 namespace modelstate {
 namespace {
 
 using ::modelstate::testing::CommandResult;
+using ::modelstate::testing::ExpectSameState;
+using ::modelstate::testing::Filled;
 using ::modelstate::testing::IsOk;
 using ::modelstate::testing::RunCommand;
+using ::modelstate::testing::SharedServerTest;
 using ::modelstate::testing::StatusIs;
 using ::modelstate::testing::TestServer;
 using ::testing::ElementsAre;
@@ -56,18 +60,6 @@ int CountLines(const std::string& text) {
   return static_cast<int>(std::count(text.begin(), text.end(), '\n'));
 }
 
-void ExpectSameState(const StateDict& a, const StateDict& b) {
-  ASSERT_EQ(a.tensors.Keys(), b.tensors.Keys());
-  for (const auto& item : a.tensors) {
-    EXPECT_TRUE(TensorsEqual(item.value, *b.tensors.Find(item.key)))
-        << item.key;
-  }
-}
-
-Tensor Filled(DType dtype, Shape shape, double value) {
-  return *Tensor::Full(dtype, std::move(shape), value);
-}
-
 template <typename Message>
 Message ParseJson(const std::string& json) {
   Message message;
@@ -84,21 +76,11 @@ constexpr char kMlpSpec[] = R"({"type": "Sequential", "children": [
   {"spec": {"type": "ReLU"}},
   {"spec": {"type": "Linear", "args": [256, 10]}}]})";
 
-class CliTest : public ::testing::Test {
+class CliTest : public SharedServerTest {
  protected:
-  static void SetUpTestSuite() {
-    server_ = new TestServer();
-    absl::Status started = server_->Start();
-    ASSERT_TRUE(started.ok()) << started;
-  }
-  static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
-  }
   void SetUp() override {
-    ASSERT_NE(server_, nullptr);
-    client_ = server_->NewClient();
-    ASSERT_NE(client_, nullptr);
+    SharedServerTest::SetUp();
+    if (HasFatalFailure()) return;
     dir_ = server_->dir() /
            ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::filesystem::create_directories(dir_);
@@ -144,11 +126,8 @@ class CliTest : public ::testing::Test {
     return sd.ok() ? std::move(*sd) : StateDict();
   }
 
-  static TestServer* server_;
-  std::unique_ptr<client::ModelStateClient> client_;
   std::filesystem::path dir_;
 };
-TestServer* CliTest::server_ = nullptr;
 
 // Stops the server process (SIGSTOP) for `pause`, from a thread, so that a
 // transfer started meanwhile lasts longer than the progress bar's 1 s delay

@@ -23,6 +23,7 @@
 #include "tests/testing/golden_models.h"
 #include "tests/testing/spec_json.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tensors.h"
 
 namespace modelstate {
 namespace {
@@ -32,6 +33,7 @@ using ::modelstate::testing::GoldenModelSpecs;
 using ::modelstate::testing::IsOk;
 using ::modelstate::testing::SpecFromJson;
 using ::modelstate::testing::StatusIs;
+using ::modelstate::testing::Zeros;
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 
@@ -46,12 +48,6 @@ std::shared_ptr<Module> Build(const std::string& json, uint64_t seed = 0) {
 
 std::shared_ptr<Module> BuildGolden(const std::string& name) {
   return Build(GoldenModelSpecs().at(name));
-}
-
-Tensor Zeros(Shape shape, DType dtype = DType::kFloat32) {
-  absl::StatusOr<Tensor> t = Tensor::Zeros(dtype, std::move(shape));
-  EXPECT_TRUE(t.ok());
-  return *t;
 }
 
 Tensor Values(Shape shape, std::vector<double> values,

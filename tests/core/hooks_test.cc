@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/spec_json.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tensors.h"
 
 namespace modelstate {
 namespace {
@@ -23,12 +24,10 @@ namespace {
 using ::modelstate::testing::IsOk;
 using ::modelstate::testing::SpecFromJson;
 using ::modelstate::testing::StatusIs;
+using ::modelstate::testing::Zeros;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-Tensor Zeros(Shape shape, DType dtype = DType::kFloat32) {
-  return *Tensor::Zeros(dtype, std::move(shape));
-}
 Tensor Param(Shape shape, DType dtype = DType::kFloat32) {
   return *MakeParameter(Zeros(std::move(shape), dtype));
 }

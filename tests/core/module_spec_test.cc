@@ -15,6 +15,7 @@
 #include "core/module.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/layer_examples.h"
 #include "tests/testing/spec_json.h"
 #include "tests/testing/status_matchers.h"
 
@@ -22,6 +23,8 @@ namespace modelstate {
 namespace {
 
 using ::modelstate::testing::IsOk;
+using ::modelstate::testing::LayerExampleArgs;
+using ::modelstate::testing::LayerExampleJson;
 using ::modelstate::testing::SpecFromJson;
 using ::modelstate::testing::StatusIs;
 using ::testing::ElementsAre;
@@ -294,42 +297,14 @@ TEST(ModuleBuilderTest, FactoryDTypeAppliesToFloatingTensorsOnly) {
 }
 
 TEST(ModuleBuilderTest, EveryLibraryLayerBuildsWithItsDefaults) {
-  const std::map<std::string, std::string> args = {
-      {"Identity", "[]"},
-      {"Linear", "[3, 2]"},
-      {"Bilinear", "[3, 4, 2]"},
-      {"Conv1d", "[2, 4, 3]"},
-      {"Conv2d", "[2, 4, 3]"},
-      {"ConvTranspose2d", "[2, 4, 3]"},
-      {"BatchNorm1d", "[3]"},
-      {"BatchNorm2d", "[3]"},
-      {"LayerNorm", "[[2, 3]]"},
-      {"GroupNorm", "[2, 4]"},
-      {"Embedding", "[5, 3]"},
-      {"Dropout", "[]"},
-      {"ReLU", "[]"},
-      {"GELU", "[]"},
-      {"SiLU", "[]"},
-      {"Tanh", "[]"},
-      {"Sigmoid", "[]"},
-      {"Softmax", "[]"},
-      {"Flatten", "[]"},
-      {"MultiheadAttention", "[4, 2]"},
-      {"TransformerEncoderLayer", "[4, 2, 8]"},
-      {"Sequential", ""},
-      {"ModuleList", ""},
-      {"ModuleDict", ""}};
   for (const std::string& type : LayerTypes()) {
     SCOPED_TRACE(type);
-    ASSERT_TRUE(args.contains(type)) << "add the new layer to this test";
-    std::string json = args.at(type).empty()
-                           ? absl::StrCat(R"({"type": ")", type, R"("})")
-                           : absl::StrCat(R"({"type": ")", type,
-                                          R"(", "args": )", args.at(type), "}");
+    std::string json = LayerExampleJson(type);
+    ASSERT_FALSE(json.empty()) << "add the new layer to layer_examples.h";
     MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult built, Build(json));
     EXPECT_EQ(built.root->type_name(), type);
   }
-  EXPECT_EQ(LayerTypes().size(), args.size());
+  EXPECT_EQ(LayerTypes().size(), LayerExampleArgs().size());
 }
 
 TEST(ModuleBuilderTest, RefsShareModulesAndTiesShareParameters) {

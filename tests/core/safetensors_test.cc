@@ -21,10 +21,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tensors.h"
 
 namespace modelstate {
 namespace {
 
+using ::modelstate::testing::ExpectSameState;
 using ::modelstate::testing::IsOk;
 using ::modelstate::testing::StatusIs;
 using ::testing::AllOf;
@@ -124,15 +126,9 @@ StateDict SampleStateDict() {
 }
 
 void ExpectSameStateDict(const StateDict& got, const StateDict& want) {
-  ASSERT_EQ(got.tensors.Keys(), want.tensors.Keys());
-  for (const auto& item : want.tensors) {
-    const Tensor* t = got.tensors.Find(item.key);
-    ASSERT_NE(t, nullptr) << item.key;
-    EXPECT_TRUE(TensorsEqual(*t, item.value))
-        << item.key << ": " << t->DebugString() << " vs "
-        << item.value.DebugString();
-    EXPECT_TRUE(t->device().is_cpu());
-  }
+  ExpectSameState(got, want);
+  for (const auto& item : got.tensors)
+    EXPECT_TRUE(item.value.device().is_cpu());
 }
 
 TEST_F(SafetensorsTest, RoundTripsEveryDTypeInKeyOrder) {

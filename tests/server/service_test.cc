@@ -17,13 +17,20 @@
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "proto/convert.h"
+#include "tests/testing/layer_examples.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tensors.h"
 #include "tests/testing/test_server.h"
 
 namespace modelstate {
 namespace {
 
+using ::modelstate::testing::ExpectSameState;
+using ::modelstate::testing::Filled;
 using ::modelstate::testing::IsOk;
+using ::modelstate::testing::LayerExampleArgs;
+using ::modelstate::testing::LayerExampleJson;
+using ::modelstate::testing::SharedServerTest;
 using ::modelstate::testing::StatusIs;
 using ::modelstate::testing::TestServer;
 using ::testing::ElementsAre;
@@ -58,41 +65,12 @@ std::shared_ptr<Module> LocalBuild(const std::string& json, uint64_t seed = 0) {
   return built->root;
 }
 
-void ExpectSameState(const StateDict& a, const StateDict& b) {
-  ASSERT_EQ(a.tensors.Keys(), b.tensors.Keys());
-  for (const auto& item : a.tensors) {
-    EXPECT_TRUE(TensorsEqual(item.value, *b.tensors.Find(item.key)))
-        << item.key;
-  }
-}
-
-Tensor Filled(DType dtype, Shape shape, double value) {
-  return *Tensor::Full(dtype, std::move(shape), value);
-}
-
-class ServiceTest : public ::testing::Test {
+class ServiceTest : public SharedServerTest {
  protected:
   static void SetUpTestSuite() {
-    server_ = new TestServer({"--max_tensor_mib=1024", "--max_chunk_kib=4096"});
-    absl::Status started = server_->Start();
-    ASSERT_TRUE(started.ok()) << started;
+    StartServer({"--max_tensor_mib=1024", "--max_chunk_kib=4096"});
   }
-  static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
-  }
-  void SetUp() override {
-    ASSERT_NE(server_, nullptr);
-    client_ = server_->NewClient();
-    ASSERT_NE(client_, nullptr);
-  }
-  // Bad input never takes the server down.
-  void TearDown() override { EXPECT_THAT(client_->Health(), IsOk()); }
-
-  static TestServer* server_;
-  std::unique_ptr<client::ModelStateClient> client_;
 };
-TestServer* ServiceTest::server_ = nullptr;
 
 TEST_F(ServiceTest, HealthIsServingAndReflectionListsTheServices) {
   EXPECT_THAT(client_->Health(), IsOk());
@@ -117,38 +95,10 @@ TEST_F(ServiceTest, HealthIsServingAndReflectionListsTheServices) {
 }
 
 TEST_F(ServiceTest, BuildsEveryLibraryLayerExactlyAsTheCoreDoes) {
-  const std::map<std::string, std::string> args = {
-      {"Identity", "[]"},
-      {"Linear", "[3, 2]"},
-      {"Bilinear", "[3, 4, 2]"},
-      {"Conv1d", "[2, 4, 3]"},
-      {"Conv2d", "[2, 4, 3]"},
-      {"ConvTranspose2d", "[2, 4, 3]"},
-      {"BatchNorm1d", "[3]"},
-      {"BatchNorm2d", "[3]"},
-      {"LayerNorm", "[[2, 3]]"},
-      {"GroupNorm", "[2, 4]"},
-      {"Embedding", "[5, 3]"},
-      {"Dropout", "[]"},
-      {"ReLU", "[]"},
-      {"GELU", "[]"},
-      {"SiLU", "[]"},
-      {"Tanh", "[]"},
-      {"Sigmoid", "[]"},
-      {"Softmax", "[]"},
-      {"Flatten", "[]"},
-      {"MultiheadAttention", "[4, 2]"},
-      {"TransformerEncoderLayer", "[4, 2, 8]"},
-      {"Sequential", ""},
-      {"ModuleList", ""},
-      {"ModuleDict", ""}};
-  ASSERT_EQ(args.size(), LayerTypes().size());
+  ASSERT_EQ(LayerExampleArgs().size(), LayerTypes().size());
   for (const std::string& type : LayerTypes()) {
     SCOPED_TRACE(type);
-    std::string json = args.at(type).empty()
-                           ? absl::StrCat(R"({"type": ")", type, R"("})")
-                           : absl::StrCat(R"({"type": ")", type,
-                                          R"(", "args": )", args.at(type), "}");
+    std::string json = LayerExampleJson(type);
     std::string name = "layers/" + type;
     MODELSTATE_ASSERT_OK_AND_ASSIGN(
         v1::BuildModuleResponse built,

@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "client/model_state_client.h"
+#include "gtest/gtest.h"
 
 namespace modelstate::testing {
 
@@ -120,6 +121,37 @@ class TestServer {
   std::string address_;
   pid_t pid_ = -1;
   bool keep_dir_ = false;
+};
+
+// A test suite that shares one real server; each test gets a fresh client,
+// and a test that leaves the server unhealthy fails. A suite with flags
+// defines its own SetUpTestSuite() that calls StartServer(flags).
+class SharedServerTest : public ::testing::Test {
+ protected:
+  static void StartServer(std::vector<std::string> flags) {
+    server_ = new TestServer(std::move(flags));
+    absl::Status started = server_->Start();
+    ASSERT_TRUE(started.ok()) << started;
+  }
+  static void SetUpTestSuite() { StartServer({}); }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_NE(server_, nullptr);
+    client_ = server_->NewClient();
+    ASSERT_NE(client_, nullptr);
+  }
+  // Whatever a test sent, it never takes the server down.
+  void TearDown() override {
+    if (client_ != nullptr) {
+      EXPECT_TRUE(client_->Health().ok());
+    }
+  }
+
+  static inline TestServer* server_ = nullptr;
+  std::unique_ptr<client::ModelStateClient> client_;
 };
 
 }  // namespace modelstate::testing
