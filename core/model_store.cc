@@ -18,19 +18,6 @@
 namespace modelstate {
 namespace {
 
-bool ValidNamePart(absl::string_view part) {
-  // "." and ".." would be directory names with a meaning of their own.
-  if (part.empty() || part.size() > 128 || part == "." || part == "..") {
-    return false;
-  }
-  for (char c : part) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-              (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
-    if (!ok) return false;
-  }
-  return true;
-}
-
 // Hooks that answer each event with the next precomputed decision: the
 // second, real pass of a registration that was decided on a dry run.
 class ReplayHooks {
@@ -97,25 +84,6 @@ std::vector<RegistrationResult> Zip(std::vector<RegistrationRecord> records,
 
 }  // namespace
 
-absl::StatusOr<ModuleName> ParseModuleName(absl::string_view text) {
-  ModuleName name;
-  size_t slash = text.find('/');
-  if (slash == absl::string_view::npos) {
-    name.ns = "default";
-    name.name = std::string(text);
-  } else {
-    name.ns = std::string(text.substr(0, slash));
-    name.name = std::string(text.substr(slash + 1));
-  }
-  if (!ValidNamePart(name.ns) || !ValidNamePart(name.name)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "module: '", text,
-        "' is not a valid module name (namespace/name, each 1-128 characters "
-        "of [A-Za-z0-9_.-])"));
-  }
-  return name;
-}
-
 bool GlobMatch(absl::string_view glob, absl::string_view text) {
   // Iterative matching with one backtrack point for the last '*'.
   size_t g = 0, t = 0, star = absl::string_view::npos, mark = 0;
@@ -150,6 +118,106 @@ void ModelStore::set_audit_log(AuditLog* audit) {
 AuditLog* ModelStore::audit() const {
   MutexLock lock(&mu_);
   return audit_;
+}
+
+void ModelStore::set_repository(ModuleRepository* repository) {
+  MutexLock lock(&mu_);
+  repository_ = repository;
+}
+
+ModuleRepository* ModelStore::repository() const {
+  MutexLock lock(&mu_);
+  return repository_;
+}
+
+absl::Status ModelStore::Persist(const OperationContext& ctx, Entry& entry,
+                                 absl::string_view type) {
+  ModuleRepository* repo = repository();
+  if (repo == nullptr) return absl::OkStatus();
+  AuditLog* log = audit();
+  ChangeNote note{std::string(type), ctx.identity, ctx.correlation_id,
+                  log == nullptr ? 0 : log->last_seq()};
+  ReaderMutexLock lock(&entry.mu);
+  absl::Status saved = repo->Save(entry.name, *entry.root, note);
+  if (saved.ok() || type == "build") return saved;
+  return absl::InternalError(
+      absl::StrCat("the change to '", entry.name.full(),
+                   "' is applied but could not be ", "saved (", saved.message(),
+                   "); it goes to disk with the module's next saved change"));
+}
+
+absl::StatusOr<bool> ModelStore::RecordIfUnrecorded(const ModuleName& name,
+                                                    const ChangeNote& note) {
+  AuditLog* log = audit();
+  if (log == nullptr) return false;
+  AuditQuery query;
+  query.ns = name.ns;
+  query.module = name.name;
+  query.type = note.type;
+  query.after_seq = note.audit_seq;
+  query.limit = 10000;
+  while (true) {
+    MODELSTATE_ASSIGN_OR_RETURN(std::vector<AuditRecord> records,
+                                log->Query(query));
+    for (const AuditRecord& r : records) {
+      if (r.correlation_id == note.correlation_id) return false;
+    }
+    if (records.size() < query.limit) break;
+    query.after_seq = records.back().seq;
+  }
+  AuditRecord r;
+  r.identity = note.identity;
+  r.correlation_id = note.correlation_id;
+  r.type = "recovered";
+  r.ns = name.ns;
+  r.module = name.name;
+  r.outcome = "ok";
+  r.details_json =
+      nlohmann::json({{"change", note.type},
+                      {"reason",
+                       "the change was saved, but the server stopped before "
+                       "recording it"}})
+          .dump();
+  MODELSTATE_ASSIGN_OR_RETURN(uint64_t seq, log->Append(std::move(r)));
+  MODELSTATE_RETURN_IF_ERROR(log->Sync(seq));
+  return true;
+}
+
+ModelStore::RestoreReport ModelStore::Restore(bool fallback_to_cpu) {
+  RestoreReport report;
+  ModuleRepository* repo = repository();
+  if (repo == nullptr) return report;
+  ModuleRepository::LoadReport loaded = repo->LoadAll(fallback_to_cpu);
+  report.errors = std::move(loaded.errors);
+  auto recover = [&](const ModuleName& name, const ChangeNote& note) {
+    absl::StatusOr<bool> recovered = RecordIfUnrecorded(name, note);
+    if (!recovered.ok()) report.errors.push_back(recovered.status());
+    if (recovered.ok() && *recovered) ++report.recovered;
+    return recovered.ok();
+  };
+  for (ModuleRepository::Removed& removed : loaded.removed) {
+    if (recover(removed.name, removed.note)) repo->DropTombstone(removed.name);
+  }
+  for (ModuleRepository::Loaded& module : loaded.modules) {
+    recover(module.name, module.note);
+    ++report.modules;
+    report.bytes += module.bytes;
+    auto entry = std::make_shared<Entry>(module.name, std::move(module.root));
+    MutexLock lock(&mu_);
+    entries_[module.name.full()] = std::move(entry);
+  }
+  if (AuditLog* log = audit(); log != nullptr) {
+    for (const absl::Status& error : report.errors) {
+      AuditRecord r;
+      r.type = "restore";
+      r.outcome = "error";
+      r.details_json =
+          nlohmann::json({{"error", std::string(error.message())}}).dump();
+      absl::StatusOr<uint64_t> seq = log->Append(std::move(r));
+      if (seq.ok()) log->Sync(*seq).IgnoreError();
+    }
+  }
+  return report;
 }
 
 absl::Status ModelStore::Record(const OperationContext& ctx,
@@ -248,17 +316,39 @@ absl::StatusOr<BuildOutcome> ModelStore::Build(const OperationContext& ctx,
                             {"registrations", finals.size()},
                             {"blocked", blocked_count},
                             {"all_or_nothing", all_or_nothing}};
-  absl::Status result;
   if (all_or_nothing && !blocked.empty()) {
-    result = absl::FailedPreconditionError(
-        absl::StrCat("all_or_nothing build of '", name.full(),
-                     "' stored nothing: ", absl::StrJoin(blocked, "; ")));
-  } else {
-    auto entry = std::make_shared<Entry>(name, built.root);
+    return Record(ctx, name, "build",
+                  absl::FailedPreconditionError(absl::StrCat(
+                      "all_or_nothing build of '", name.full(),
+                      "' stored nothing: ", absl::StrJoin(blocked, "; "))),
+                  details.dump());
+  }
+  auto entry = std::make_shared<Entry>(name, built.root);
+  // Nobody changes the new module before it is saved and recorded.
+  MutexLock gate(&entry->gate);
+  absl::Status result;
+  {
     MutexLock lock(&mu_);
     if (!entries_.emplace(name.full(), entry).second) {
       result = absl::AlreadyExistsError(
           absl::StrCat("module '", name.full(), "' already exists"));
+    }
+  }
+  if (result.ok()) {
+    absl::Status saved = Persist(ctx, *entry, "build");
+    if (!saved.ok()) {
+      {
+        WriterMutexLock lock(&entry->mu);
+        entry->deleted = true;
+      }
+      MutexLock lock(&mu_);
+      entries_.erase(name.full());
+      result =
+          absl::Status(saved.code() == absl::StatusCode::kFailedPrecondition
+                           ? saved.code()
+                           : absl::StatusCode::kInternal,
+                       absl::StrCat("module '", name.full(),
+                                    "' was not stored: ", saved.message()));
     }
   }
   MODELSTATE_RETURN_IF_ERROR(
@@ -375,8 +465,8 @@ absl::StatusOr<std::vector<RegistrationResult>> ModelStore::Register(
     MODELSTATE_RETURN_IF_ERROR(
         ApplyRequest(*target, request, value, real).status());
   }
-  MODELSTATE_RETURN_IF_ERROR(
-      Record(ctx, name, "register", absl::OkStatus(), details.dump()));
+  MODELSTATE_RETURN_IF_ERROR(Record(
+      ctx, name, "register", Persist(ctx, *entry, "register"), details.dump()));
   return Zip(std::move(all), std::move(finals));
 }
 
@@ -436,15 +526,21 @@ absl::StatusOr<LoadResult> ModelStore::Load(const OperationContext& ctx,
     }
     replay.emplace(Decide(ctx, name, records));
   }
-  WriterMutexLock lock(&entry->mu);
-  if (entry->deleted) {
-    return absl::NotFoundError(
-        absl::StrCat("module '", name.full(), "' does not exist"));
+  absl::StatusOr<LoadResult> result;
+  {
+    WriterMutexLock lock(&entry->mu);
+    if (entry->deleted) {
+      return absl::NotFoundError(
+          absl::StrCat("module '", name.full(), "' does not exist"));
+    }
+    RegistrationContext real;
+    real.hooks = replay.has_value() ? replay->registry() : nullptr;
+    result = entry->root->LoadStateDict(state_dict, options, real);
   }
-  RegistrationContext real;
-  real.hooks = replay.has_value() ? replay->registry() : nullptr;
-  absl::StatusOr<LoadResult> result =
-      entry->root->LoadStateDict(state_dict, options, real);
+  // A failed non-atomic load may have changed some tensors already.
+  absl::Status saved = result.ok() || !options.atomic
+                           ? Persist(ctx, *entry, "load_state_dict")
+                           : absl::OkStatus();
   uint64_t bytes = 0;
   for (const auto& item : state_dict.tensors) {
     if (item.value.defined()) bytes += item.value.nbytes();
@@ -458,8 +554,9 @@ absl::StatusOr<LoadResult> ModelStore::Load(const OperationContext& ctx,
     details["missing_keys"] = result->keys.missing_keys;
     details["unexpected_keys"] = result->keys.unexpected_keys;
   }
-  MODELSTATE_RETURN_IF_ERROR(
-      Record(ctx, name, "load_state_dict", result.status(), details.dump()));
+  MODELSTATE_RETURN_IF_ERROR(Record(ctx, name, "load_state_dict",
+                                    result.ok() ? saved : result.status(),
+                                    details.dump()));
   return result;
 }
 
@@ -478,6 +575,7 @@ absl::Status ModelStore::Move(const OperationContext& ctx,
     }
     result = entry->root->To(device, dtype);
   }
+  if (result.ok()) result = Persist(ctx, *entry, "move");
   nlohmann::json details = nlohmann::json::object();
   if (device.has_value()) details["device"] = device->ToString();
   if (dtype.has_value()) details["dtype"] = std::string(DTypeName(*dtype));
@@ -496,7 +594,7 @@ absl::Status ModelStore::SetTraining(const OperationContext& ctx,
     }
     entry->root->Train(training);
   }
-  return Record(ctx, name, "set_training", absl::OkStatus(),
+  return Record(ctx, name, "set_training", Persist(ctx, *entry, "set_training"),
                 nlohmann::json({{"training", training}}).dump());
 }
 
@@ -505,18 +603,38 @@ absl::Status ModelStore::Delete(const OperationContext& ctx,
   MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
   MutexLock gate(&entry->gate);
   {
-    WriterMutexLock lock(&entry->mu);
+    ReaderMutexLock lock(&entry->mu);
     if (entry->deleted) {
       return absl::NotFoundError(
           absl::StrCat("module '", name.full(), "' does not exist"));
     }
+  }
+  ModuleRepository* repo = repository();
+  if (repo != nullptr) {
+    AuditLog* log = audit();
+    absl::Status removed = repo->Remove(
+        name, ChangeNote{"delete", ctx.identity, ctx.correlation_id,
+                         log == nullptr ? 0 : log->last_seq()});
+    if (!removed.ok()) {
+      return Record(ctx, name, "delete",
+                    absl::InternalError(
+                        absl::StrCat("module '", name.full(),
+                                     "' was not deleted: ", removed.message())),
+                    "{}");
+    }
+  }
+  {
+    WriterMutexLock lock(&entry->mu);
     entry->deleted = true;
   }
   {
     MutexLock lock(&mu_);
     entries_.erase(name.full());
   }
-  return Record(ctx, name, "delete", absl::OkStatus(), "{}");
+  absl::Status recorded = Record(ctx, name, "delete", absl::OkStatus(), "{}");
+  // Once recorded, the deletion needs no trace on disk.
+  if (recorded.ok() && repo != nullptr) repo->DropTombstone(name);
+  return recorded;
 }
 
 std::vector<ModuleSummary> ModelStore::List(absl::string_view ns,

@@ -36,24 +36,12 @@
 #include "core/audit_log.h"
 #include "core/hooks.h"
 #include "core/module.h"
+#include "core/module_name.h"
+#include "core/module_repository.h"
 #include "core/module_spec.h"
 #include "core/sync.h"
 
 namespace modelstate {
-
-// "namespace/name"; each part 1-128 characters of [A-Za-z0-9_.-].
-struct ModuleName {
-  std::string ns;
-  std::string name;
-  std::string full() const { return ns + "/" + name; }
-  friend bool operator<(const ModuleName& a, const ModuleName& b) {
-    return a.full() < b.full();
-  }
-};
-
-// Parses "namespace/name" or "name" (namespace "default"). INVALID_ARGUMENT
-// naming the text otherwise.
-absl::StatusOr<ModuleName> ParseModuleName(absl::string_view text);
 
 // Who asked, and which request caused a change (for hooks and the audit
 // log).
@@ -135,6 +123,28 @@ class ModelStore {
   // Every state change is recorded in `audit` (nullptr: none) and synced
   // before the operation returns. Not owned; must outlive its use.
   void set_audit_log(AuditLog* audit);
+  // Every state change is saved in `repository` (nullptr: kept in memory
+  // only) before it is recorded and the operation returns. A change that
+  // cannot be saved is reported as an error naming the file; it stays
+  // applied in memory and goes to disk with the module's next save. Not
+  // owned; must outlive its use.
+  void set_repository(ModuleRepository* repository);
+
+  struct RestoreReport {
+    size_t modules = 0;
+    uint64_t bytes = 0;
+    // Modules whose files could not be loaded (see ModuleRepository).
+    std::vector<absl::Status> errors;
+    // Changes found on disk that the audit log had not recorded (the
+    // server stopped between saving and recording them); each now has a
+    // "recovered" record.
+    size_t recovered = 0;
+  };
+  // Loads every module the repository holds (call once, before serving),
+  // then makes sure the audit log recorded the change behind each saved
+  // state and each finished deletion. Failures to load are recorded as
+  // "restore" errors in the audit log too.
+  RestoreReport Restore(bool fallback_to_cpu = false);
 
   // Builds `spec` and stores it as `name`. ALREADY_EXISTS if the name is
   // taken; with `all_or_nothing`, FAILED_PRECONDITION (nothing stored) if any
@@ -211,11 +221,21 @@ class ModelStore {
                       absl::string_view type, const absl::Status& result,
                       std::string details_json);
   AuditLog* audit() const;
+  ModuleRepository* repository() const;
+  // Saves `entry`'s tree after a change of `type`. REQUIRES: the caller
+  // holds entry.gate, so nobody changes the tree meanwhile.
+  absl::Status Persist(const OperationContext& ctx, Entry& entry,
+                       absl::string_view type);
+  // Appends a "recovered" record for `note` unless the audit log has a
+  // record of the change it names. Returns whether it appended one.
+  absl::StatusOr<bool> RecordIfUnrecorded(const ModuleName& name,
+                                          const ChangeNote& note);
 
   mutable Mutex mu_;
   std::map<std::string, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
   RegistrationDecider* decider_ ABSL_GUARDED_BY(mu_) = nullptr;
   AuditLog* audit_ ABSL_GUARDED_BY(mu_) = nullptr;
+  ModuleRepository* repository_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 // True if `text` matches `glob` (* any run, ? any one character).

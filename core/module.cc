@@ -1,5 +1,6 @@
 #include "core/module.h"
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -219,6 +220,13 @@ void Module::AddClassAttributes(absl::Span<const absl::string_view> names) {
 
 bool Module::HasClassAttribute(absl::string_view name) const {
   return class_attributes_.contains(name);
+}
+
+std::vector<std::string> Module::ClassAttributeNames() const {
+  std::vector<std::string> names(class_attributes_.begin(),
+                                 class_attributes_.end());
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 void Module::SetPlainAttribute(std::string name, AttrValue value) {

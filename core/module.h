@@ -158,6 +158,9 @@ class Module : public std::enable_shared_from_this<Module> {
   bool fixed_shapes() const { return fixed_shapes_; }
   void set_fixed_shapes(bool fixed) { fixed_shapes_ = fixed; }
   bool is_training() const { return training_; }
+  // This module's flag only (Train() sets the whole subtree); for restoring
+  // a saved tree where children may differ from their parent.
+  void set_training(bool training) { training_ = training; }
 
   // ----------------------------------------------------------------------
   // Registration. Each validates the name (PyTorch's texts), runs the hooks
@@ -202,6 +205,8 @@ class Module : public std::enable_shared_from_this<Module> {
   // attributes such as "forward" or "training"), per PyTorch's hasattr.
   void AddClassAttributes(absl::Span<const absl::string_view> names);
   bool HasClassAttribute(absl::string_view name) const;
+  // All of them, sorted.
+  std::vector<std::string> ClassAttributeNames() const;
 
   // ----------------------------------------------------------------------
   // Direct access. Entries may hold undefined tensors / null modules (None).
@@ -256,6 +261,7 @@ class Module : public std::enable_shared_from_this<Module> {
   void set_fills_num_batches_tracked(bool value) {
     fills_num_batches_tracked_ = value;
   }
+  bool fills_num_batches_tracked() const { return fills_num_batches_tracked_; }
 
   // ----------------------------------------------------------------------
   // Conversion (PYTORCH-SPEC 8, 9). Atomic: on error nothing changed.

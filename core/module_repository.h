@@ -1,23 +1,37 @@
 // File: module_repository.h
 // Durable module trees in a data directory, so that a restarted server comes
-// back with every module exactly as it was: tree, order, values bit for bit,
-// dtypes, devices, requires_grad, persistence flags, training mode, shared
-// submodules and tied tensors.
+// back with every module exactly as it was: tree, key order, values bit for
+// bit, dtypes, devices, requires_grad, persistence flags, training modes,
+// plain attributes, shared submodules and tied tensors.
 //
-// Layout: <dir>/<namespace>/<name>/manifest.json describes the tree and
-// names, for every tensor, a safetensors data file and key in the same
-// directory. Save() writes only tensors whose bytes changed since the last
-// save into a new data file (temporary file, fsync, rename, directory fsync),
-// then replaces the manifest the same way: the rename of the manifest is the
-// commit point, so a crash at any moment leaves either the old or the new
-// state, never a mix. Data files no manifest refers to are deleted after the
-// commit and at start-up.
+// Layout, one directory per module:
+//   <dir>/<namespace>/<name>/manifest.json         the tree (the commit)
+//   <dir>/<namespace>/<name>/data-<N>.safetensors  tensor bytes
+//   <dir>/<namespace>/<name>/deleted.json          a deletion in progress
+// The manifest describes every module and tensor of the tree and names, for
+// every tensor with bytes, a data file, a key in it and the bytes' CRC-32C;
+// it carries the SHA-256 of its own body, so a damaged manifest is caught
+// too.
+//
+// Save() writes only storages whose bytes changed since the last save (a
+// storage's write version says so) into one new data file, then replaces the
+// manifest: temporary file, fsync, rename, directory fsync. The manifest's
+// rename is the commit point, so a crash at any moment leaves the old or the
+// new state, never a mix. Data files the manifest no longer names are
+// deleted after the commit (and at start-up); when the files still in use
+// hold mostly dead bytes or grow many, the next save rewrites everything into
+// one file.
+//
+// Every saved state carries a ChangeNote naming the change that produced
+// it, so that start-up can check the audit log recorded it (a crash between
+// the commit and the audit record would otherwise leave a change nobody
+// recorded; see ModelStore::Restore).
 //
 // Example:
-//   MODELSTATE_ASSIGN_OR_RETURN(auto repo,
-//   ModuleRepository::Open("data/modules")); ModuleRepository::LoadReport
-//   report = repo->LoadAll(); MODELSTATE_RETURN_IF_ERROR(repo->Save(name,
-//   *root));
+//   MODELSTATE_ASSIGN_OR_RETURN(std::unique_ptr<ModuleRepository> repo,
+//                               ModuleRepository::Open("data/modules"));
+//   ModuleRepository::LoadReport report = repo->LoadAll();
+//   MODELSTATE_RETURN_IF_ERROR(repo->Save(name, *root, note));
 #ifndef MODELSTATE_CORE_MODULE_REPOSITORY_H_
 #define MODELSTATE_CORE_MODULE_REPOSITORY_H_
 
@@ -27,40 +41,71 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/model_store.h"
 #include "core/module.h"
+#include "core/module_name.h"
 #include "core/sync.h"
 
 namespace modelstate {
 
-// Thread-safe; Save/Remove of one module must not run concurrently (the
-// ModelStore's per-module writer gate ensures it).
+// The change that produced a saved state (or a deletion).
+struct ChangeNote {
+  std::string type;  // the audit record type: "build", "register", ...
+  std::string identity;
+  std::string correlation_id;
+  // The audit log's last sequence number before the change was recorded:
+  // the change's own record, if any, comes after it.
+  uint64_t audit_seq = 0;
+};
+
+// Thread-safe. Saves and removals of one module must not run concurrently
+// (the ModelStore's per-module gate ensures it); different modules may.
 class ModuleRepository {
  public:
-  // Opens (creating) `dir`.
+  // Opens `dir`, creating it if needed.
   static absl::StatusOr<std::unique_ptr<ModuleRepository>> Open(
       std::string dir);
 
-  // Makes `root` the durable state of `name`. Returns once it is on disk.
-  absl::Status Save(const ModuleName& name, const Module& root);
-  // Removes `name` (durably). OK if it was never saved.
-  absl::Status Remove(const ModuleName& name);
+  // Makes `root` the durable state of `name`; returns once it is on disk.
+  // `root` must not change during the call. FAILED_PRECONDITION for a module
+  // whose files could not be loaded at start-up (they are kept for repair,
+  // never overwritten); other errors name the file.
+  absl::Status Save(const ModuleName& name, const Module& root,
+                    const ChangeNote& note);
+
+  // Removes `name` durably: a tombstone holding `note` is committed first,
+  // then the files go. OK if it was never saved. The tombstone stays until
+  // DropTombstone, so that a crash before the deletion is recorded elsewhere
+  // shows up in the next LoadAll.
+  absl::Status Remove(const ModuleName& name, const ChangeNote& note);
+  void DropTombstone(const ModuleName& name);
 
   struct Loaded {
     ModuleName name;
     std::shared_ptr<Module> root;
+    ChangeNote note;  // what produced the saved state
+    uint64_t bytes = 0;
+  };
+  struct Removed {
+    ModuleName name;
+    ChangeNote note;
   };
   struct LoadReport {
     std::vector<Loaded> modules;
-    // One per module that could not be loaded, naming the file and why.
+    // Deletions whose tombstone was still there (see Remove).
+    std::vector<Removed> removed;
+    // One per module that could not be loaded, naming the file and why;
+    // those modules' files are left as they are.
     std::vector<absl::Status> errors;
   };
-  // Reads every saved module (tensors on their saved device; a device this
+  // Reads every saved module, and clears what crashed saves and removals
+  // left behind. Tensors come back on their saved device; a device this
   // process does not have is an error for that module unless
-  // `fallback_to_cpu`).
+  // `fallback_to_cpu`. Call once, before any Save.
   LoadReport LoadAll(bool fallback_to_cpu = false);
 
   const std::string& dir() const { return dir_; }
@@ -68,19 +113,33 @@ class ModuleRepository {
  private:
   explicit ModuleRepository(std::string dir) : dir_(std::move(dir)) {}
 
-  // Per module: where each storage version's bytes already are on disk.
-  struct Saved {
-    absl::flat_hash_map<uint64_t, std::pair<std::string, std::string>>
-        by_version;
+  // Where one storage's bytes are on disk.
+  struct StoredBytes {
+    std::string file;
+    std::string key;
+    uint32_t crc32c = 0;
+  };
+  // What is on disk for one module: the stored bytes of every storage the
+  // manifest names, by (write version, dtype), and the data files in use.
+  struct ModuleFiles {
+    absl::flat_hash_map<std::string, StoredBytes> by_version;
+    std::map<std::string, uint64_t> file_bytes;  // file name -> size
     uint64_t next_file = 1;
   };
-  absl::StatusOr<std::shared_ptr<Module>> LoadOne(const ModuleName& name,
-                                                  bool fallback_to_cpu,
-                                                  Saved& saved);
+
+  std::string ModuleDir(const ModuleName& name) const;
+  // The module's file record, created from the directory's contents the
+  // first time.
+  std::shared_ptr<ModuleFiles> FilesOf(const ModuleName& name);
+  absl::StatusOr<Loaded> LoadOne(const ModuleName& name, bool fallback_to_cpu,
+                                 ModuleFiles& files);
 
   const std::string dir_;
   Mutex mu_;
-  std::map<std::string, std::shared_ptr<Saved>> saved_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<ModuleFiles>> files_
+      ABSL_GUARDED_BY(mu_);
+  // Modules whose files failed to load (full names).
+  absl::flat_hash_set<std::string> damaged_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace modelstate

@@ -17,11 +17,13 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/audit_log.h"
 #include "core/log.h"
 #include "core/model_store.h"
+#include "core/module_repository.h"
 #include "core/subscriber_hub.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -120,9 +122,32 @@ int main(int argc, char** argv) {
                          ": removed a torn last record left by a crash"));
   }
   modelstate::SubscriberHub hub(audit->get());
+  std::string modules_dir = (data_dir / "modules").string();
+  absl::StatusOr<std::unique_ptr<modelstate::ModuleRepository>> repository =
+      modelstate::ModuleRepository::Open(modules_dir);
+  if (!repository.ok()) {
+    LogLine(absl::StrCat("cannot open the module directory: ",
+                         repository.status().ToString()));
+    return 1;
+  }
   modelstate::ModelStore store;
   store.set_decider(&hub);
   store.set_audit_log(audit->get());
+  store.set_repository(repository->get());
+  // Everything saved comes back before the first request is served.
+  absl::Time restore_start = absl::Now();
+  modelstate::ModelStore::RestoreReport restored = store.Restore();
+  for (const absl::Status& error : restored.errors) {
+    LogLine(absl::StrCat("not restored: ", error.ToString()));
+  }
+  LogLine(absl::StrFormat(
+      "restored %d modules (%d bytes) from %s in %.3f s%s", restored.modules,
+      restored.bytes, modules_dir,
+      absl::ToDoubleSeconds(absl::Now() - restore_start),
+      restored.recovered == 0
+          ? ""
+          : absl::StrCat("; recorded ", restored.recovered,
+                         " changes the audit log had missed")));
   modelstate::server::ModelStateServiceImpl service(&store, &hub, audit->get(),
                                                     audit_path, options);
 
