@@ -297,8 +297,8 @@ absl::StatusOr<AffineTensors> MakeAffine(const Shape& shape, bool weight,
   return t;
 }
 
-absl::Status RegisterAffine(Module& m, const std::string& path,
-                            AffineTensors t, BuildContext& ctx) {
+absl::Status RegisterAffine(Module& m, const std::string& path, AffineTensors t,
+                            BuildContext& ctx) {
   MODELSTATE_RETURN_IF_ERROR(ctx.AddParameter(m, path, "weight", t.weight));
   return ctx.AddParameter(m, path, "bias", t.bias);
 }
@@ -408,7 +408,8 @@ absl::StatusOr<std::shared_ptr<Module>> BuildGroupNorm(
         "num_channels must be divisible by num_groups");
   }
   MODELSTATE_ASSIGN_OR_RETURN(
-      AffineTensors t, MakeAffine({channels}, affine, affine, dtype, device, ctx));
+      AffineTensors t,
+      MakeAffine({channels}, affine, affine, dtype, device, ctx));
   std::shared_ptr<Module> m = NewLayer("GroupNorm", "normalization");
   m->SetPlainAttribute("num_groups", groups);
   m->SetPlainAttribute("num_channels", channels);

@@ -139,7 +139,11 @@ absl::Status ModelStore::Persist(const OperationContext& ctx, Entry& entry,
                   log == nullptr ? 0 : log->last_seq()};
   ReaderMutexLock lock(&entry.mu);
   absl::Status saved = repo->Save(entry.name, *entry.root, note);
-  if (saved.ok() || type == "build") return saved;
+  if (saved.ok()) return saved;
+  if (type == "build") {
+    return absl::InternalError(absl::StrCat(
+        "module '", entry.name.full(), "' was not stored: ", saved.message()));
+  }
   return absl::InternalError(
       absl::StrCat("the change to '", entry.name.full(),
                    "' is applied but could not be ", "saved (", saved.message(),
@@ -150,17 +154,20 @@ absl::StatusOr<bool> ModelStore::RecordIfUnrecorded(const ModuleName& name,
                                                     const ChangeNote& note) {
   AuditLog* log = audit();
   if (log == nullptr) return false;
+  // The change's own record, or the "recovered" one an earlier start made.
   AuditQuery query;
   query.ns = name.ns;
   query.module = name.name;
-  query.type = note.type;
   query.after_seq = note.audit_seq;
   query.limit = 10000;
   while (true) {
     MODELSTATE_ASSIGN_OR_RETURN(std::vector<AuditRecord> records,
                                 log->Query(query));
     for (const AuditRecord& r : records) {
-      if (r.correlation_id == note.correlation_id) return false;
+      if (r.correlation_id == note.correlation_id &&
+          (r.type == note.type || r.type == "recovered")) {
+        return false;
+      }
     }
     if (records.size() < query.limit) break;
     query.after_seq = records.back().seq;
@@ -295,6 +302,9 @@ absl::StatusOr<BuildOutcome> ModelStore::Build(const OperationContext& ctx,
           absl::StrCat("module '", name.full(), "' already exists"));
     }
   }
+  if (ModuleRepository* repo = repository(); repo != nullptr) {
+    MODELSTATE_RETURN_IF_ERROR(repo->CheckUsable(name));
+  }
   BuildOptions build_options = options;
   build_options.root_path = "";
   MODELSTATE_ASSIGN_OR_RETURN(BuildResult built,
@@ -335,20 +345,14 @@ absl::StatusOr<BuildOutcome> ModelStore::Build(const OperationContext& ctx,
     }
   }
   if (result.ok()) {
-    absl::Status saved = Persist(ctx, *entry, "build");
-    if (!saved.ok()) {
+    result = Persist(ctx, *entry, "build");
+    if (!result.ok()) {
       {
         WriterMutexLock lock(&entry->mu);
         entry->deleted = true;
       }
       MutexLock lock(&mu_);
       entries_.erase(name.full());
-      result =
-          absl::Status(saved.code() == absl::StatusCode::kFailedPrecondition
-                           ? saved.code()
-                           : absl::StatusCode::kInternal,
-                       absl::StrCat("module '", name.full(),
-                                    "' was not stored: ", saved.message()));
     }
   }
   MODELSTATE_RETURN_IF_ERROR(

@@ -562,17 +562,18 @@ std::shared_ptr<ModuleRepository::ModuleFiles> ModuleRepository::FilesOf(
   return files;
 }
 
+absl::Status ModuleRepository::CheckUsable(const ModuleName& name) {
+  MutexLock lock(&mu_);
+  if (!damaged_.contains(name.full())) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "module '", name.full(), "' has files in ", ModuleDir(name),
+      " that could not be loaded at start-up; move them away (or repair them "
+      "and restart) before using the name"));
+}
+
 absl::Status ModuleRepository::Save(const ModuleName& name, const Module& root,
                                     const ChangeNote& note) {
-  {
-    MutexLock lock(&mu_);
-    if (damaged_.contains(name.full())) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "module '", name.full(), "' has files in ", ModuleDir(name),
-          " that could not be loaded at start-up; move them away (or repair "
-          "them and restart) before using the name"));
-    }
-  }
+  MODELSTATE_RETURN_IF_ERROR(CheckUsable(name));
   std::shared_ptr<ModuleFiles> files = FilesOf(name);
   const std::string dir = ModuleDir(name);
   if (!fs::exists(dir)) {

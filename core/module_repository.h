@@ -77,6 +77,10 @@ class ModuleRepository {
   absl::Status Save(const ModuleName& name, const Module& root,
                     const ChangeNote& note);
 
+  // FAILED_PRECONDITION if `name` has files that could not be loaded at
+  // start-up (Save refuses to overwrite them).
+  absl::Status CheckUsable(const ModuleName& name);
+
   // Removes `name` durably: a tombstone holding `note` is committed first,
   // then the files go. OK if it was never saved. The tombstone stays until
   // DropTombstone, so that a crash before the deletion is recorded elsewhere

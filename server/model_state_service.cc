@@ -3,11 +3,13 @@
 #include <atomic>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "core/state_stream.h"
 #include "core/status_macros.h"
@@ -35,15 +37,26 @@ using convert::ToGrpcStatus;
 
 std::atomic<uint64_t> next_request_id{1};
 
+// Request ids this process makes up are unique across restarts too: the
+// audit log and the saved modules' change notes match on them.
+const std::string& RequestIdPrefix() {
+  static const std::string* prefix = [] {
+    std::random_device random;
+    return new std::string(absl::StrFormat("req-%08x-", random()));
+  }();
+  return *prefix;
+}
+
 }  // namespace
 
 OperationContext ContextOf(const grpc::ServerContextBase* context) {
   OperationContext ctx;
   const auto& metadata = context->client_metadata();
   auto it = metadata.find("x-request-id");
-  ctx.correlation_id = it != metadata.end()
-                           ? std::string(it->second.data(), it->second.size())
-                           : absl::StrCat("req-", next_request_id.fetch_add(1));
+  ctx.correlation_id =
+      it != metadata.end()
+          ? std::string(it->second.data(), it->second.size())
+          : absl::StrCat(RequestIdPrefix(), next_request_id.fetch_add(1));
   ctx.identity = context->peer();
   return ctx;
 }

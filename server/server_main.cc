@@ -140,14 +140,14 @@ int main(int argc, char** argv) {
   for (const absl::Status& error : restored.errors) {
     LogLine(absl::StrCat("not restored: ", error.ToString()));
   }
-  LogLine(absl::StrFormat(
-      "restored %d modules (%d bytes) from %s in %.3f s%s", restored.modules,
-      restored.bytes, modules_dir,
-      absl::ToDoubleSeconds(absl::Now() - restore_start),
-      restored.recovered == 0
-          ? ""
-          : absl::StrCat("; recorded ", restored.recovered,
-                         " changes the audit log had missed")));
+  LogLine(
+      absl::StrFormat("restored %d modules (%d bytes) from %s in %.3f s%s",
+                      restored.modules, restored.bytes, modules_dir,
+                      absl::ToDoubleSeconds(absl::Now() - restore_start),
+                      restored.recovered == 0
+                          ? ""
+                          : absl::StrCat("; recorded ", restored.recovered,
+                                         " changes the audit log had missed")));
   modelstate::server::ModelStateServiceImpl service(&store, &hub, audit->get(),
                                                     audit_path, options);
 

@@ -28,6 +28,7 @@
 #include "grpc/health/v1/health.pb.h"
 #include "gtest/gtest.h"
 #include "modelstate/v1/model_state_service.pb.h"
+#include "tests/testing/requests.h"
 #include "tests/testing/run_command.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tensors.h"
@@ -40,6 +41,7 @@ using ::modelstate::testing::CommandResult;
 using ::modelstate::testing::ExpectSameState;
 using ::modelstate::testing::Filled;
 using ::modelstate::testing::IsOk;
+using ::modelstate::testing::ParseJson;
 using ::modelstate::testing::RunCommand;
 using ::modelstate::testing::SharedServerTest;
 using ::modelstate::testing::StatusIs;
@@ -58,14 +60,6 @@ std::string Show(const CommandResult& r) {
 
 int CountLines(const std::string& text) {
   return static_cast<int>(std::count(text.begin(), text.end(), '\n'));
-}
-
-template <typename Message>
-Message ParseJson(const std::string& json) {
-  Message message;
-  auto status = google::protobuf::util::JsonStringToMessage(json, &message);
-  EXPECT_TRUE(status.ok()) << status.ToString() << " in " << json;
-  return message;
 }
 
 // nn.Sequential(nn.Linear(784, 256), nn.BatchNorm1d(256), nn.ReLU(),

@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "proto/convert.h"
 #include "tests/testing/layer_examples.h"
+#include "tests/testing/requests.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tensors.h"
 #include "tests/testing/test_server.h"
@@ -25,45 +26,19 @@
 namespace modelstate {
 namespace {
 
+using ::modelstate::testing::BuildRequest;
 using ::modelstate::testing::ExpectSameState;
 using ::modelstate::testing::Filled;
 using ::modelstate::testing::IsOk;
 using ::modelstate::testing::LayerExampleArgs;
 using ::modelstate::testing::LayerExampleJson;
+using ::modelstate::testing::LocalBuild;
 using ::modelstate::testing::SharedServerTest;
+using ::modelstate::testing::SpecProto;
 using ::modelstate::testing::StatusIs;
 using ::modelstate::testing::TestServer;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-v1::ModuleSpec Spec(const std::string& json) {
-  v1::ModuleSpec spec;
-  auto status = google::protobuf::util::JsonStringToMessage(json, &spec);
-  EXPECT_TRUE(status.ok()) << status.ToString() << " in " << json;
-  return spec;
-}
-
-v1::BuildModuleRequest BuildRequest(const std::string& module,
-                                    const std::string& json,
-                                    uint64_t seed = 0) {
-  v1::BuildModuleRequest r;
-  r.set_module(module);
-  *r.mutable_spec() = Spec(json);
-  r.set_seed(seed);
-  return r;
-}
-
-// The same spec built in this process (no hooks).
-std::shared_ptr<Module> LocalBuild(const std::string& json, uint64_t seed = 0) {
-  absl::StatusOr<ModuleSpec> spec = convert::SpecFromProto(Spec(json));
-  EXPECT_TRUE(spec.ok()) << spec.status();
-  BuildOptions options;
-  options.seed = seed;
-  options.hooks = nullptr;
-  absl::StatusOr<BuildResult> built = BuildModule(*spec, options);
-  EXPECT_TRUE(built.ok()) << built.status();
-  return built->root;
-}
 
 class ServiceTest : public SharedServerTest {
  protected:
@@ -529,7 +504,7 @@ TEST_F(ServiceTest, RegistrationRpcsReportEachOutcome) {
   v1::RegisterSubmoduleRequest s;
   s.set_module("reg/net");
   s.set_name("dec");
-  *s.mutable_spec() = Spec(R"({"type": "Linear", "args": [2, 3]})");
+  *s.mutable_spec() = SpecProto(R"({"type": "Linear", "args": [2, 3]})");
   MODELSTATE_ASSERT_OK_AND_ASSIGN(r, client_->RegisterSubmodule(s));
   ASSERT_EQ(r.registrations_size(), 3);  // dec.weight, dec.bias, then dec
   EXPECT_EQ(r.registrations(0).path(), "dec");

@@ -10,6 +10,7 @@
 #ifndef MODELSTATE_TESTS_TESTING_TEST_SERVER_H_
 #define MODELSTATE_TESTS_TESTING_TEST_SERVER_H_
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -19,6 +20,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -57,12 +59,18 @@ class TestServer {
                                      "--ready_file=" + ready.string(),
                                      "--data_dir=" + (dir_ / "data").string()};
     args.insert(args.end(), flags_.begin(), flags_.end());
+    // Prepared before fork: the child of a threaded process must not
+    // allocate.
+    const std::string log_file = log_path().string();
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
     pid_ = fork();
     if (pid_ < 0) return absl::InternalError("fork failed");
     if (pid_ == 0) {
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
+      // The server's log goes to a file the test can read (and show).
+      int log = open(log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (log >= 0) dup2(log, STDERR_FILENO);
       execv(argv[0], argv.data());
       _exit(127);
     }
@@ -73,8 +81,8 @@ class TestServer {
       int status = 0;
       if (waitpid(pid_, &status, WNOHANG) == pid_) {
         pid_ = -1;
-        return absl::InternalError(
-            absl::StrCat("server exited early, status ", status));
+        return absl::InternalError(absl::StrCat("server exited early, status ",
+                                                status, "; its log:\n", Log()));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
@@ -107,6 +115,12 @@ class TestServer {
   const std::filesystem::path& dir() const { return dir_; }
   std::filesystem::path data_dir() const { return dir_ / "data"; }
   void keep_dir() { keep_dir_ = true; }
+  // Everything the server wrote to stderr, over all its starts.
+  std::filesystem::path log_path() const { return dir_ / "server.log"; }
+  std::string Log() const {
+    std::ifstream in(log_path());
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
 
   std::unique_ptr<client::ModelStateClient> NewClient(
       client::ClientOptions options = {}) const {

@@ -1,0 +1,450 @@
+// Integration tests of durability: the real server is stopped (often with
+// SIGKILL, at random moments of large loads and builds) and started again on
+// the same data directory; what it serves afterwards must be exactly what
+// it acknowledged, never a torn mix, with the audit chain intact.
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/model_state_client.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+#include "tests/testing/golden_models.h"
+#include "tests/testing/requests.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/tensors.h"
+#include "tests/testing/test_server.h"
+
+namespace modelstate {
+namespace {
+
+namespace fs = std::filesystem;
+using ::modelstate::testing::BuildRequest;
+using ::modelstate::testing::ExpectSameState;
+using ::modelstate::testing::Filled;
+using ::modelstate::testing::GoldenModelSpecs;
+using ::modelstate::testing::IsOk;
+using ::modelstate::testing::LocalBuild;
+using ::modelstate::testing::ParseJson;
+using ::modelstate::testing::StatusIs;
+using ::modelstate::testing::TestServer;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::SizeIs;
+
+// Everything a client can see of the hosted modules.
+struct Observed {
+  std::vector<std::string> names;
+  std::map<std::string, v1::GetModuleResponse> described;
+  std::map<std::string, StateDict> states;
+};
+
+Observed Observe(client::ModelStateClient& client) {
+  Observed seen;
+  v1::ListModulesRequest list;
+  list.set_page_size(1000);
+  absl::StatusOr<v1::ListModulesResponse> listed = client.ListModules(list);
+  EXPECT_THAT(listed, IsOk());
+  if (!listed.ok()) return seen;
+  for (const auto& m : listed->modules()) {
+    seen.names.push_back(m.module());
+    v1::GetModuleRequest get;
+    get.set_module(m.module());
+    get.set_with_hashes(true);
+    absl::StatusOr<v1::GetModuleResponse> described = client.GetModule(get);
+    EXPECT_THAT(described, IsOk()) << m.module();
+    if (described.ok()) seen.described[m.module()] = *described;
+    absl::StatusOr<StateDict> state = client.GetStateDict(m.module());
+    EXPECT_THAT(state, IsOk()) << m.module();
+    if (state.ok()) seen.states[m.module()] = *std::move(state);
+  }
+  return seen;
+}
+
+void ExpectSameObserved(const Observed& got, const Observed& want) {
+  ASSERT_EQ(got.names, want.names);
+  for (const std::string& name : want.names) {
+    SCOPED_TRACE(name);
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(
+        got.described.at(name), want.described.at(name)))
+        << "got " << got.described.at(name).DebugString() << "\nwant "
+        << want.described.at(name).DebugString();
+    ExpectSameState(got.states.at(name), want.states.at(name));
+  }
+}
+
+v1::VerifyAuditResponse VerifyAudit(client::ModelStateClient& client) {
+  grpc::ClientContext context;
+  v1::VerifyAuditResponse response;
+  grpc::Status status =
+      client.stub().VerifyAudit(&context, v1::VerifyAuditRequest(), &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return response;
+}
+
+std::vector<v1::AuditRecordProto> AuditRecords(client::ModelStateClient& client,
+                                               const std::string& type) {
+  grpc::ClientContext context;
+  v1::QueryAuditRequest query;
+  query.mutable_filter()->set_type(type);
+  query.set_limit(10000);
+  v1::QueryAuditResponse response;
+  grpc::Status status = client.stub().QueryAudit(&context, query, &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return {response.records().begin(), response.records().end()};
+}
+
+class DurabilityTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Restart(); }
+
+  // (Re)starts the server on the same data directory.
+  void Restart() {
+    client_.reset();
+    absl::Status started = server_.Start();
+    ASSERT_TRUE(started.ok()) << started;
+    client_ = server_.NewClient();
+    ASSERT_NE(client_, nullptr);
+  }
+  void KillAndRestart() {
+    server_.Stop(SIGKILL);
+    Restart();
+  }
+  // A graceful stop. The client disconnects first: an idle C++ channel
+  // holds the server's shutdown for the whole grace period.
+  void StopGracefully() {
+    client_.reset();
+    server_.Stop(SIGTERM);
+  }
+
+  TestServer server_;
+  std::unique_ptr<client::ModelStateClient> client_;
+};
+
+TEST_F(DurabilityTest, AKilledServerComesBackWithEveryAcknowledgedChange) {
+  for (const auto& [case_name, json] : GoldenModelSpecs()) {
+    ASSERT_THAT(
+        client_->BuildModule(BuildRequest("golden/" + case_name, json, 11)),
+        IsOk());
+  }
+  // A module assembled entry by entry.
+  ASSERT_THAT(
+      client_->BuildModule(BuildRequest("custom/m", R"({"type": "Custom"})")),
+      IsOk());
+  ASSERT_THAT(client_->RegisterParameter(ParseJson<v1::RegisterTensorRequest>(
+                  R"({"module": "custom/m", "name": "frozen",
+                      "init": {"shape": [3, 2], "dtype": "float64",
+                               "init": {"kind": "normal"}},
+                      "requires_grad": false, "seed": 5})")),
+              IsOk());
+  ASSERT_THAT(client_->RegisterBuffer(ParseJson<v1::RegisterTensorRequest>(
+                  R"({"module": "custom/m", "name": "scratch",
+                      "init": {"shape": [4], "dtype": "int16",
+                               "init": {"kind": "constant", "a": 7}},
+                      "persistent": false})")),
+              IsOk());
+  ASSERT_THAT(client_->RegisterBuffer(ParseJson<v1::RegisterTensorRequest>(
+                  R"({"module": "custom/m", "name": "gone", "none": true})")),
+              IsOk());
+  ASSERT_THAT(
+      client_->RegisterSubmodule(ParseJson<v1::RegisterSubmoduleRequest>(
+          R"({"module": "custom/m", "name": "lin",
+                      "spec": {"type": "Linear", "args": [2, 3]}})")),
+      IsOk());
+  ASSERT_THAT(
+      client_->RegisterSubmodule(ParseJson<v1::RegisterSubmoduleRequest>(
+          R"({"module": "custom/m", "name": "again",
+                      "existing_path": "lin"})")),
+      IsOk());
+  // Changes of every other kind.
+  v1::MoveModuleRequest move;
+  move.set_module("golden/Sequential_mlp");
+  move.set_dtype("float16");
+  ASSERT_THAT(client_->MoveModule(move), IsOk());
+  ASSERT_THAT(client_->SetTraining("golden/TinyModel", false), IsOk());
+  StateDict values;
+  values.tensors.Set("weight", Filled(DType::kFloat32, {5, 5}, 0.125));
+  values.tensors.Set("bias", Filled(DType::kFloat32, {5}, -2));
+  ASSERT_THAT(client_->LoadStateDict("golden/Linear_5_5", values), IsOk());
+  ASSERT_THAT(client_->DeleteModule("golden/Conv2d_3_8_3"), IsOk());
+
+  const Observed before = Observe(*client_);
+  ASSERT_THAT(before.names, SizeIs(GoldenModelSpecs().size()));
+  KillAndRestart();
+  ExpectSameObserved(Observe(*client_), before);
+  EXPECT_THAT(
+      server_.Log(),
+      HasSubstr(absl::StrCat("restored ", before.names.size(), " modules")));
+
+  // The chain goes on across the restart.
+  v1::VerifyAuditResponse verified = VerifyAudit(*client_);
+  EXPECT_TRUE(verified.ok()) << verified.problem();
+  ASSERT_THAT(client_->DeleteModule("custom/m"), IsOk());
+  EXPECT_TRUE(VerifyAudit(*client_).ok());
+  EXPECT_GT(VerifyAudit(*client_).records(), verified.records());
+  // A clean stop and start changes nothing either.
+  const Observed after_delete = Observe(*client_);
+  StopGracefully();
+  Restart();
+  ExpectSameObserved(Observe(*client_), after_delete);
+}
+
+// The model the crash test loads into: 8 x Linear(1024, 1024), 32 MiB.
+constexpr char kBigSpec[] = R"({"type": "Sequential", "children": [
+    {"spec": {"type": "Linear", "args": [1024, 1024]}},
+    {"spec": {"type": "Linear", "args": [1024, 1024]}},
+    {"spec": {"type": "Linear", "args": [1024, 1024]}},
+    {"spec": {"type": "Linear", "args": [1024, 1024]}},
+    {"spec": {"type": "Linear", "args": [1024, 1024]}},
+    {"spec": {"type": "Linear", "args": [1024, 1024]}},
+    {"spec": {"type": "Linear", "args": [1024, 1024]}},
+    {"spec": {"type": "Linear", "args": [1024, 1024]}}]})";
+// What each crash round builds alongside: 2 x Linear(1536, 1536), 18 MiB.
+constexpr char kBuiltSpec[] = R"({"type": "Sequential", "children": [
+    {"spec": {"type": "Linear", "args": [1536, 1536]}},
+    {"spec": {"type": "Linear", "args": [1536, 1536]}}]})";
+
+// Every tensor of `like`'s layout, filled with `value`.
+StateDict FilledLike(const StateDict& like, double value) {
+  StateDict out;
+  for (const auto& item : like.tensors) {
+    out.tensors.Set(item.key,
+                    Filled(item.value.dtype(), item.value.shape(), value));
+  }
+  return out;
+}
+
+// The single value every element of `sd` holds, or NaN if they differ
+// (a torn state).
+double UniformValue(const StateDict& sd) {
+  double value = std::numeric_limits<double>::quiet_NaN();
+  bool first = true;
+  for (const auto& item : sd.tensors) {
+    const float* data = item.value.data<float>();
+    for (int64_t i = 0; i < item.value.numel(); ++i) {
+      if (first) {
+        value = data[i];
+        first = false;
+      } else if (data[i] != value) {
+        return std::numeric_limits<double>::quiet_NaN();
+      }
+    }
+  }
+  return value;
+}
+
+TEST_F(DurabilityTest, KillsDuringLoadsAndBuildsNeverTearAModule) {
+  ASSERT_THAT(client_->BuildModule(BuildRequest("crash/big", kBigSpec, 1)),
+              IsOk());
+  absl::StatusOr<StateDict> layout = client_->GetStateDict("crash/big");
+  ASSERT_THAT(layout, IsOk());
+  ASSERT_THAT(client_->LoadStateDict("crash/big", FilledLike(*layout, 0)),
+              IsOk());
+  const StateDict built_want = LocalBuild(kBuiltSpec, 9)->GetStateDict();
+
+  // How long one load takes here, to spread the kills over it.
+  auto start = std::chrono::steady_clock::now();
+  ASSERT_THAT(client_->LoadStateDict("crash/big", FilledLike(*layout, 1)),
+              IsOk());
+  const auto load_time = std::chrono::steady_clock::now() - start;
+  double committed = 1;
+
+  std::mt19937 random(20261121);
+  constexpr int kRounds = 24;
+  int new_states = 0;
+  int old_states = 0;
+  int builds_kept = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    SCOPED_TRACE(absl::StrCat("round ", round));
+    const double next = round + 2;
+    const StateDict payload = FilledLike(*layout, next);
+    const std::string built_name = absl::StrCat("crash/built", round);
+    absl::Status load_status;
+    absl::Status build_status;
+    std::thread loader([&] {
+      load_status = client_->LoadStateDict("crash/big", payload).status();
+    });
+    std::thread builder([&] {
+      build_status =
+          client_->BuildModule(BuildRequest(built_name, kBuiltSpec, 9))
+              .status();
+    });
+    std::uniform_real_distribution<double> fraction(0.0, 1.3);
+    std::this_thread::sleep_for(
+        std::chrono::duration_cast<std::chrono::microseconds>(
+            load_time * fraction(random)));
+    server_.Stop(SIGKILL);
+    loader.join();
+    builder.join();
+    Restart();
+
+    absl::StatusOr<StateDict> big = client_->GetStateDict("crash/big");
+    ASSERT_THAT(big, IsOk());
+    const double value = UniformValue(*big);
+    ASSERT_TRUE(value == committed || value == next)
+        << "torn or unknown state: " << value << " (old " << committed
+        << ", new " << next << ")";
+    if (load_status.ok()) {
+      ASSERT_EQ(value, next) << "an acknowledged load was lost";
+    }
+    (value == next ? new_states : old_states)++;
+    committed = value;
+
+    absl::StatusOr<StateDict> built = client_->GetStateDict(built_name);
+    if (build_status.ok()) {
+      ASSERT_THAT(built, IsOk()) << "an acknowledged build was lost";
+    }
+    if (built.ok()) {
+      ExpectSameState(*built, built_want);
+      ++builds_kept;
+    } else {
+      EXPECT_THAT(built, StatusIs(absl::StatusCode::kNotFound));
+    }
+    v1::VerifyAuditResponse verified = VerifyAudit(*client_);
+    ASSERT_TRUE(verified.ok()) << verified.problem();
+  }
+  // The kills landed on both sides of the commit.
+  EXPECT_GT(new_states, 0);
+  EXPECT_GT(old_states, 0);
+  RecordProperty("new_states", new_states);
+  RecordProperty("old_states", old_states);
+  RecordProperty("builds_kept", builds_kept);
+  std::cout << "kills: " << kRounds << ", load committed " << new_states
+            << ", load lost (unacknowledged) " << old_states << ", builds kept "
+            << builds_kept << "\n";
+}
+
+fs::path ModuleDir(const TestServer& server, const std::string& ns,
+                   const std::string& name) {
+  return server.data_dir() / "modules" / ns / name;
+}
+
+TEST_F(DurabilityTest, ADamagedModuleIsNamedAtStartAndTheOthersLoad) {
+  ASSERT_THAT(client_->BuildModule(BuildRequest(
+                  "d/good", R"({"type": "Linear", "args": [16, 16]})", 1)),
+              IsOk());
+  ASSERT_THAT(client_->BuildModule(BuildRequest(
+                  "d/bad", R"({"type": "Linear", "args": [16, 16]})", 2)),
+              IsOk());
+  absl::StatusOr<StateDict> good = client_->GetStateDict("d/good");
+  ASSERT_THAT(good, IsOk());
+  StopGracefully();
+  {
+    // One flipped bit in the middle of the weight.
+    std::fstream f(ModuleDir(server_, "d", "bad") / "data-1.safetensors",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-100, std::ios::end);
+    char c;
+    f.read(&c, 1);
+    c ^= 1;
+    f.seekp(-100, std::ios::end);
+    f.write(&c, 1);
+  }
+  Restart();
+  EXPECT_THAT(server_.Log(),
+              AllOf(HasSubstr("not restored: DATA_LOSS: "),
+                    HasSubstr("d/bad/data-1.safetensors: tensor 's0' is "
+                              "damaged"),
+                    HasSubstr("restored 1 modules")));
+  absl::StatusOr<StateDict> good_after = client_->GetStateDict("d/good");
+  ASSERT_THAT(good_after, IsOk());
+  ExpectSameState(*good_after, *good);
+  EXPECT_THAT(client_->GetStateDict("d/bad"),
+              StatusIs(absl::StatusCode::kNotFound));
+  // The damaged files are kept for repair, not overwritten.
+  EXPECT_THAT(client_->BuildModule(BuildRequest(
+                  "d/bad", R"({"type": "Linear", "args": [1, 1]})")),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("d/bad"),
+                             HasSubstr("could not be loaded at start-up"))));
+  std::vector<v1::AuditRecordProto> restore = AuditRecords(*client_, "restore");
+  ASSERT_THAT(restore, SizeIs(1));
+  EXPECT_EQ(restore[0].outcome(), "error");
+  EXPECT_THAT(restore[0].details_json(), HasSubstr("d/bad/data-1.safetensors"));
+  EXPECT_TRUE(VerifyAudit(*client_).ok());
+}
+
+TEST_F(DurabilityTest, AChangeSavedButNeverRecordedIsRecordedAtStart) {
+  ASSERT_THAT(client_->BuildModule(BuildRequest(
+                  "r/m", R"({"type": "Linear", "args": [2, 2]})", 1)),
+              IsOk());
+  std::vector<v1::AuditRecordProto> builds = AuditRecords(*client_, "build");
+  ASSERT_THAT(builds, SizeIs(1));
+  StopGracefully();
+  // As if the server died between saving the module and recording the
+  // build: the log ends before the build's record (a shorter chain is still
+  // a valid one).
+  const fs::path log = server_.data_dir() / "audit.log";
+  std::ifstream in(log);
+  std::string kept;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(R"("type":"build")") != std::string::npos) break;
+    kept += line + "\n";
+  }
+  in.close();
+  std::ofstream(log, std::ios::trunc) << kept;
+
+  Restart();
+  EXPECT_THAT(server_.Log(), HasSubstr("recorded 1 changes the audit log "
+                                       "had missed"));
+  std::vector<v1::AuditRecordProto> recovered =
+      AuditRecords(*client_, "recovered");
+  ASSERT_THAT(recovered, SizeIs(1));
+  EXPECT_EQ(recovered[0].module(), "m");
+  EXPECT_EQ(recovered[0].correlation_id(), builds[0].correlation_id());
+  EXPECT_THAT(recovered[0].details_json(), HasSubstr(R"("change":"build")"));
+  EXPECT_TRUE(VerifyAudit(*client_).ok());
+  // Recorded once: the next start finds it.
+  StopGracefully();
+  Restart();
+  EXPECT_THAT(AuditRecords(*client_, "recovered"), SizeIs(1));
+}
+
+TEST_F(DurabilityTest, AChangeThatCannotBeSavedIsAnErrorNamingTheFile) {
+  ASSERT_THAT(client_->BuildModule(BuildRequest(
+                  "s/m", R"({"type": "Linear", "args": [2, 2]})", 1)),
+              IsOk());
+  // The module's directory is moved aside and a file takes its place: every
+  // write into it fails, even for root.
+  const fs::path dir = ModuleDir(server_, "s", "m");
+  const fs::path aside = dir.string() + ".aside";
+  fs::rename(dir, aside);
+  std::ofstream(dir) << "in the way";
+  EXPECT_THAT(client_->SetTraining("s/m", false),
+              StatusIs(absl::StatusCode::kInternal,
+                       AllOf(HasSubstr("is applied but could not be saved"),
+                             HasSubstr("s/m"))));
+  EXPECT_THAT(client_->BuildModule(BuildRequest(
+                  "s/m2", R"({"type": "Linear", "args": [2, 2]})")),
+              IsOk());
+  fs::remove(dir);
+  fs::rename(aside, dir);
+  std::ofstream(ModuleDir(server_, "s", "blocked")) << "in the way";
+  EXPECT_THAT(client_->BuildModule(BuildRequest(
+                  "s/blocked", R"({"type": "Linear", "args": [2, 2]})")),
+              StatusIs(absl::StatusCode::kInternal,
+                       HasSubstr("module 's/blocked' was not stored")));
+  EXPECT_THAT(client_->GetStateDict("s/blocked"),
+              StatusIs(absl::StatusCode::kNotFound));
+  // The failed change is saved with the next one that succeeds.
+  ASSERT_THAT(client_->SetTraining("s/m", false), IsOk());
+  KillAndRestart();
+  v1::GetModuleRequest get;
+  get.set_module("s/m");
+  absl::StatusOr<v1::GetModuleResponse> described = client_->GetModule(get);
+  ASSERT_THAT(described, IsOk());
+  EXPECT_FALSE(described->info().training());
+}
+
+}  // namespace
+}  // namespace modelstate
