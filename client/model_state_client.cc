@@ -132,6 +132,7 @@ absl::Status ModelStateClient::GetStateDict(absl::string_view module,
   request.set_key_prefix(options.key_prefix);
   request.set_key_glob(options.key_glob);
   request.set_metadata_only(options.metadata_only);
+  request.set_selection(options.selection);
   request.set_chunk_bytes(options.chunk_bytes);
   if (options.target_dtype.has_value()) {
     request.set_target_dtype(convert::DTypeToProto(*options.target_dtype));

@@ -101,6 +101,9 @@ struct GetStateDictOptions {
   std::optional<DType> target_dtype;
   uint32_t chunk_bytes = 0;  // 0: the server's default
   bool metadata_only = false;
+  // The state_dict (default), every parameter, or every buffer.
+  v1::GetStateDictRequest::Selection selection =
+      v1::GetStateDictRequest::SELECTION_STATE_DICT;
   ProgressFn progress;
 };
 

@@ -490,16 +490,33 @@ absl::StatusOr<StateDictSnapshot> ModelStore::Snapshot(
     const ModuleName& name, const SnapshotFilter& filter) const {
   StateDictSnapshot snapshot;
   MODELSTATE_RETURN_IF_ERROR(Read(name, [&](const Module& root) {
-    StateDict kept = root.GetStateDict("", /*keep_vars=*/true);
-    snapshot.state.metadata = std::move(kept.metadata);
-    for (const auto& item : kept.tensors) {
-      if (!absl::StartsWith(item.key, filter.key_prefix)) continue;
-      if (!filter.key_glob.empty() && !GlobMatch(filter.key_glob, item.key)) {
-        continue;
+    auto keep = [&](const std::string& key, const Tensor& t, EntryKind kind) {
+      if (!absl::StartsWith(key, filter.key_prefix)) return;
+      if (!filter.key_glob.empty() && !GlobMatch(filter.key_glob, key)) return;
+      snapshot.kinds.push_back(kind);
+      snapshot.state.tensors.Set(key, t.Detach());
+    };
+    switch (filter.selection) {
+      case SnapshotFilter::Selection::kStateDict: {
+        StateDict kept = root.GetStateDict("", /*keep_vars=*/true);
+        snapshot.state.metadata = std::move(kept.metadata);
+        for (const auto& item : kept.tensors) {
+          keep(item.key, item.value,
+               item.value.is_parameter() ? EntryKind::kParameter
+                                         : EntryKind::kBuffer);
+        }
+        break;
       }
-      snapshot.kinds.push_back(item.value.is_parameter() ? EntryKind::kParameter
-                                                         : EntryKind::kBuffer);
-      snapshot.state.tensors.Set(item.key, item.value.Detach());
+      case SnapshotFilter::Selection::kParameters:
+        for (const auto& [key, t] : root.NamedParameters()) {
+          keep(key, t, EntryKind::kParameter);
+        }
+        break;
+      case SnapshotFilter::Selection::kBuffers:
+        for (const auto& [key, t] : root.NamedBuffers()) {
+          keep(key, t, EntryKind::kBuffer);
+        }
+        break;
     }
     return absl::OkStatus();
   }));

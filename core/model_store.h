@@ -81,14 +81,21 @@ struct ModuleSummary {
   std::vector<std::string> devices;
 };
 
-// Which state_dict entries a snapshot holds.
+// Which tensors a snapshot holds.
 struct SnapshotFilter {
   std::string key_prefix;
   std::string key_glob;  // * and ?; empty matches everything
+  enum class Selection {
+    kStateDict,   // state_dict(), with its metadata
+    kParameters,  // named_parameters()
+    kBuffers,     // named_buffers(), non-persistent buffers included
+  };
+  Selection selection = Selection::kStateDict;
 };
 
-// A consistent copy of a module's state_dict: detached tensors sharing
-// storage (later writes never change them) and what each entry is.
+// A consistent copy of a module's state_dict (or parameters, or buffers):
+// detached tensors sharing storage (later writes never change them) and
+// what each entry is.
 struct StateDictSnapshot {
   StateDict state;
   std::vector<EntryKind> kinds;  // parameter or buffer, in state order

@@ -306,6 +306,20 @@ grpc::Status ModelStateServiceImpl::GetStateDict(
                                       request->target_dtype(), "target_dtype"));
   }
   SnapshotFilter filter{request->key_prefix(), request->key_glob()};
+  switch (request->selection()) {
+    case v1::GetStateDictRequest::SELECTION_PARAMETERS:
+      filter.selection = SnapshotFilter::Selection::kParameters;
+      break;
+    case v1::GetStateDictRequest::SELECTION_BUFFERS:
+      filter.selection = SnapshotFilter::Selection::kBuffers;
+      break;
+    case v1::GetStateDictRequest::SELECTION_STATE_DICT:
+      break;
+    default:
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("selection: unknown value ",
+                                       request->selection()));
+  }
   ASSIGN_OR_RETURN_GRPC(StateDictSnapshot snapshot,
                         store_->Snapshot(name, filter));
   ASSIGN_OR_RETURN_GRPC(

@@ -209,6 +209,47 @@ TEST_F(ServiceTest, StateDictFiltersConversionAndMetadataOnly) {
   EXPECT_EQ(sink.layout.metadata->size(), 4u);
 }
 
+TEST_F(ServiceTest, ParametersAndBuffersSelectionsMatchTheCore) {
+  // Tied parameters and a non-persistent buffer: named_parameters() lists
+  // the tie once, named_buffers() lists what state_dict() leaves out.
+  const std::string spec = R"({"type": "Tied", "members": [
+      {"module": {"name": "embed", "spec": {"type": "Embedding", "args": [6, 2]}}},
+      {"module": {"name": "proj", "spec": {"type": "Linear", "args": [2, 6],
+                                           "kwargs": {"bias": false}}}},
+      {"buffer": {"name": "scratch", "shape": [3], "persistent": false}},
+      {"module": {"name": "bn", "spec": {"type": "BatchNorm1d", "args": [2]}}}],
+      "ties": [{"target": "proj.weight", "source": "embed.weight"}]})";
+  ASSERT_THAT(client_->BuildModule(BuildRequest("sd/select", spec, 4)), IsOk());
+  std::shared_ptr<Module> local = LocalBuild(spec, 4);
+  client::GetStateDictOptions options;
+  options.selection = v1::GetStateDictRequest::SELECTION_PARAMETERS;
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict params,
+                                  client_->GetStateDict("sd/select", options));
+  StateDict want_params;
+  for (const auto& [key, t] : local->NamedParameters()) {
+    want_params.tensors.Set(key, t);
+  }
+  ExpectSameState(params, want_params);
+  EXPECT_THAT(params.tensors.Keys(),
+              ElementsAre("embed.weight", "bn.weight", "bn.bias"));
+  options.selection = v1::GetStateDictRequest::SELECTION_BUFFERS;
+  options.key_prefix = "s";
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict buffers,
+                                  client_->GetStateDict("sd/select", options));
+  EXPECT_THAT(buffers.tensors.Keys(), ElementsAre("scratch"));
+  v1::GetStateDictRequest bad;
+  bad.set_module("sd/select");
+  bad.set_selection(static_cast<v1::GetStateDictRequest::Selection>(9));
+  grpc::ClientContext context;
+  auto stream = client_->stub().GetStateDict(&context, bad);
+  v1::StateDictChunk chunk;
+  while (stream->Read(&chunk)) {
+  }
+  grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("selection"));
+}
+
 TEST_F(ServiceTest, LargeModelStreamsInOneMebibyteChunks) {
   // 64 x Linear(1024, 1024): 256 MiB of weights plus biases.
   std::string json = R"({"type": "Sequential", "children": [)";
