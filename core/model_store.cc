@@ -494,7 +494,10 @@ absl::StatusOr<StateDictSnapshot> ModelStore::Snapshot(
       if (!absl::StartsWith(key, filter.key_prefix)) return;
       if (!filter.key_glob.empty() && !GlobMatch(filter.key_glob, key)) return;
       snapshot.kinds.push_back(kind);
-      snapshot.state.tensors.Set(key, t.Detach());
+      // A snapshot of the bytes that still says whether it requires grad.
+      Tensor detached = t.Detach();
+      if (t.requires_grad()) detached.SetRequiresGrad(true).IgnoreError();
+      snapshot.state.tensors.Set(key, std::move(detached));
     };
     switch (filter.selection) {
       case SnapshotFilter::Selection::kStateDict: {

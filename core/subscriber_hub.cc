@@ -359,6 +359,13 @@ absl::Status SubscriberHub::ApplyModify(Pending& p,
           "both");
     }
     candidate.tensor = answer.replacement;
+    if (r.event.kind == EntryKind::kParameter) {
+      MODELSTATE_ASSIGN_OR_RETURN(
+          candidate.tensor,
+          MakeParameter(answer.replacement,
+                        answer.replacement_requires_grad &&
+                            IsFloatingPoint(answer.replacement.dtype())));
+    }
   } else if (answer.transform.has_value()) {
     const Transform& t = *answer.transform;
     Tensor tensor = p.value.tensor;

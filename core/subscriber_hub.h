@@ -128,6 +128,8 @@ struct SubscriberAnswer {
   Verdict verdict = Verdict::kApprove;
   std::string reason;
   Tensor replacement;                  // MODIFY with values
+  // Parameters: whether the replacement requires grad (floating only).
+  bool replacement_requires_grad = false;
   std::optional<Transform> transform;  // MODIFY with a transform
   // Set by the transport when the answer could not even be decoded (for
   // example a replacement tensor whose bytes do not match its shape): the

@@ -669,6 +669,7 @@ SubscriberAnswer AnswerFromProto(v1::HookAnswer* proto,
       return answer;
     }
     answer.replacement = *std::move(t);
+    answer.replacement_requires_grad = proto->replacement().requires_grad();
   } else if (proto->has_transform()) {
     const v1::TransformProto& tp = proto->transform();
     Transform t;

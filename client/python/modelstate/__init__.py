@@ -1,0 +1,26 @@
+"""modelstate: a Python client for modelstate-server, shaped like PyTorch.
+
+    import modelstate, torch
+    ms = modelstate.connect("127.0.0.1:50051")
+    m = ms.build({"type": "Linear", "args": [4, 2]}, "team/lin", seed=0)
+    sd = m.state_dict()                    # OrderedDict of torch.Tensor
+    m.load_state_dict(sd, strict=True)     # <All keys matched successfully>
+    m.to(dtype=torch.float16)
+
+    def no_temp(module, name, buffer):
+        if name == "temp_buffer":
+            return modelstate.REJECT       # block the registration
+    handle = ms.register_module_buffer_registration_hook(no_temp)
+    handle.remove()
+"""
+
+from ._errors import (AlreadyExistsError, DTypeError, FailedPreconditionError,
+                      InvalidArgumentError, ModelStateError, NotFoundError)
+from ._hooks import REJECT, HookHandle, ModuleRef
+from .client import Client, RemoteModule, connect
+
+__all__ = [
+    "AlreadyExistsError", "Client", "DTypeError", "FailedPreconditionError",
+    "HookHandle", "InvalidArgumentError", "ModelStateError", "ModuleRef",
+    "NotFoundError", "REJECT", "RemoteModule", "connect",
+]

@@ -1,0 +1,209 @@
+"""Remote registration hooks: a Python function that runs as one of the
+server's interceptors. The server sends each registration it selects; the
+function sees (module, name, value) like a torch.nn global registration
+hook and answers: None approves, a tensor replaces the value, REJECT blocks.
+A tensor the function changed in place (requires_grad, or its values)
+counts as a replacement, so PyTorch-style hooks that mutate their argument
+work unchanged."""
+
+import itertools
+import os
+import queue
+import threading
+
+import grpc
+
+from . import _tensors
+from ._errors import from_rpc_error
+from .v1 import model_state_service_pb2 as pb
+from .v1 import module_pb2
+
+
+class _Reject:
+    def __repr__(self):
+        return "modelstate.REJECT"
+
+
+# What a hook returns to block a registration.
+REJECT = _Reject()
+
+_KINDS = {
+    "parameter": module_pb2.ENTRY_KIND_PARAMETER,
+    "buffer": module_pb2.ENTRY_KIND_BUFFER,
+    "module": module_pb2.ENTRY_KIND_MODULE,
+}
+
+
+class ModuleRef:
+    """The module a registration goes into, as a hook sees it: its class is
+    named after the module's type, so type(module).__name__ == "Linear".
+    `module` is the hosted module's "namespace/name", `path` the dotted path
+    inside it ("" for the root)."""
+
+    def __init__(self, module, path):
+        self.module = module
+        self.path = path
+
+    @property
+    def type_name(self):
+        return type(self).__name__
+
+    def __repr__(self):
+        where = f"{self.module}:{self.path}" if self.path else self.module
+        return f"<{self.type_name} {where}>"
+
+
+_ref_classes = {}
+_ref_lock = threading.Lock()
+
+
+def _module_ref(type_name, module, path):
+    with _ref_lock:
+        cls = _ref_classes.get(type_name)
+        if cls is None:
+            cls = type(type_name or "Module", (ModuleRef,), {})
+            _ref_classes[type_name] = cls
+    return cls(module, path)
+
+
+_names = itertools.count(1)
+
+
+class HookHandle:
+    """A registered remote hook; .remove() unregisters it (like
+    torch.utils.hooks.RemovableHandle)."""
+
+    def __init__(self, client, kind, hook, name=None, timeout=10.0,
+                 priority=0, fail_open=False, namespaces=(),
+                 max_data_bytes=64 << 20):
+        self._hook = hook
+        self._kind = kind
+        self._removed = False
+        self._error = None
+        self._acked = threading.Event()
+        self._requests = queue.Queue()
+        self.name = name or (f"python-{os.getpid()}-{kind}-"
+                             f"{getattr(hook, '__name__', 'hook')}-"
+                             f"{next(_names)}")
+        subscription = pb.Subscription(
+            name=self.name, mode=pb.Subscription.MODE_INTERCEPT,
+            kinds=[_KINDS[kind]], namespaces=list(namespaces),
+            priority=priority, timeout_ms=int(timeout * 1000),
+            failure_policy=(pb.Subscription.FAIL_OPEN if fail_open
+                            else pb.Subscription.FAIL_CLOSED),
+            include_data=True, max_data_bytes=max_data_bytes)
+        self._requests.put(pb.SubscribeRequest(subscription=subscription))
+        self._call = client._stub.Subscribe(self._outgoing(),
+                                            metadata=client._metadata)
+        self._thread = threading.Thread(target=self._serve, daemon=True,
+                                        name=self.name)
+        self._thread.start()
+        if not self._acked.wait(client._timeout) or self._error is not None:
+            self.remove()
+            if self._error is not None:
+                raise from_rpc_error(self._error)
+            raise TimeoutError(f"subscribing {self.name}: no answer")
+
+    def _outgoing(self):
+        while True:
+            request = self._requests.get()
+            if request is None:
+                return
+            yield request
+
+    def _serve(self):
+        try:
+            for response in self._call:
+                if response.HasField("ack"):
+                    self._acked.set()
+                    continue
+                answer = self._answer(response.event)
+                self._requests.put(pb.SubscribeRequest(answer=answer))
+        except grpc.RpcError as error:
+            if not self._removed:
+                self._error = error
+        finally:
+            self._acked.set()
+
+    def _value(self, event):
+        """The hook's third argument."""
+        if event.action == module_pb2.REGISTRATION_ACTION_UNREGISTER:
+            return None
+        if event.kind == module_pb2.ENTRY_KIND_MODULE:
+            if not event.value_module_type:
+                return None
+            child = f"{event.path}.{event.name}" if event.path else event.name
+            return _module_ref(event.value_module_type,
+                               f"{event.namespace}/{event.module}", child)
+        if not event.HasField("value"):
+            return None  # registering None
+        parameter = event.kind == module_pb2.ENTRY_KIND_PARAMETER
+        if event.HasField("data") and event.value.device != "meta":
+            return _tensors.from_proto(event.data, parameter=parameter)
+        return _tensors.meta_tensor(event.value)
+
+    def _answer(self, event):
+        answer = pb.HookAnswer(event_id=event.event_id)
+        module = _module_ref(event.module_type,
+                             f"{event.namespace}/{event.module}", event.path)
+        try:
+            value = self._value(event)
+            before = _snapshot(value)
+            result = self._hook(module, event.name, value)
+        except Exception as error:  # a failing hook blocks, saying why
+            answer.verdict = pb.HookAnswer.REJECT
+            answer.reason = (f"hook {self.name} raised "
+                             f"{type(error).__name__}: {error}")
+            return answer
+        if result is REJECT:
+            answer.verdict = pb.HookAnswer.REJECT
+            answer.reason = f"rejected by {self.name}"
+        elif result is None:
+            if before is not None and _changed(before, value):
+                answer.verdict = pb.HookAnswer.MODIFY
+                answer.replacement.CopyFrom(_tensors.to_proto(value))
+            else:
+                answer.verdict = pb.HookAnswer.APPROVE
+        elif _tensors.is_tensor(result) and self._kind != "module":
+            answer.verdict = pb.HookAnswer.MODIFY
+            answer.replacement.CopyFrom(_tensors.to_proto(result))
+        else:
+            answer.verdict = pb.HookAnswer.REJECT
+            answer.reason = (f"hook {self.name} returned "
+                             f"{type(result).__name__}; expected None, "
+                             f"{'' if self._kind == 'module' else 'a tensor, '}"
+                             f"or modelstate.REJECT")
+        return answer
+
+    def remove(self):
+        """Unsubscribes; registrations are no longer sent to the hook."""
+        if self._removed:
+            return
+        self._removed = True
+        self._requests.put(None)
+        self._call.cancel()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=10)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+
+    def __repr__(self):
+        return f"<HookHandle {self.name} ({self._kind})>"
+
+
+def _snapshot(value):
+    """What a tensor argument was before the hook ran (None if it holds no
+    values to compare)."""
+    if not _tensors.is_tensor(value) or getattr(value, "is_meta", False):
+        return None
+    _, _, raw = _tensors.host_bytes(value)
+    return (getattr(value, "requires_grad", False), raw.tobytes())
+
+
+def _changed(before, value):
+    _, _, raw = _tensors.host_bytes(value)
+    return before != (getattr(value, "requires_grad", False), raw.tobytes())

@@ -1,0 +1,126 @@
+"""Tensors on the wire: dtype names and numbers, and conversions between
+torch tensors (or numpy arrays when torch is absent) and contiguous
+little-endian bytes, copying only where the wire format forces it."""
+
+import numpy as np
+
+from .v1 import tensor_pb2
+
+try:  # torch is optional: without it tensors come back as numpy arrays
+    import torch
+except ImportError:  # pragma: no cover - exercised by a subprocess test
+    torch = None
+
+# proto number -> (name, numpy dtype, torch dtype name)
+_DTYPES = {
+    tensor_pb2.DTYPE_FLOAT32: ("float32", np.float32, "float32"),
+    tensor_pb2.DTYPE_FLOAT64: ("float64", np.float64, "float64"),
+    tensor_pb2.DTYPE_FLOAT16: ("float16", np.float16, "float16"),
+    # numpy has no bfloat16: without torch its values come as raw uint16.
+    tensor_pb2.DTYPE_BFLOAT16: ("bfloat16", np.uint16, "bfloat16"),
+    tensor_pb2.DTYPE_INT8: ("int8", np.int8, "int8"),
+    tensor_pb2.DTYPE_INT16: ("int16", np.int16, "int16"),
+    tensor_pb2.DTYPE_INT32: ("int32", np.int32, "int32"),
+    tensor_pb2.DTYPE_INT64: ("int64", np.int64, "int64"),
+    tensor_pb2.DTYPE_UINT8: ("uint8", np.uint8, "uint8"),
+    tensor_pb2.DTYPE_BOOL: ("bool", np.bool_, "bool"),
+}
+_BY_NAME = {name: number for number, (name, _, _) in _DTYPES.items()}
+_BY_NUMPY = {np.dtype(npt): number for number, (name, npt, _) in _DTYPES.items()
+             if name != "bfloat16"}
+if torch is not None:
+    _BY_TORCH = {getattr(torch, t): number
+                 for number, (_, _, t) in _DTYPES.items()}
+
+
+def dtype_name(number):
+    """'float32' for DTYPE_FLOAT32."""
+    return _DTYPES[number][0]
+
+
+def torch_dtype(number):
+    return getattr(torch, _DTYPES[number][2])
+
+
+def dtype_number(dtype):
+    """The proto number of a torch dtype, numpy dtype or dtype name."""
+    if torch is not None and isinstance(dtype, torch.dtype):
+        if dtype not in _BY_TORCH:
+            raise TypeError(f"modelstate has no {dtype} tensors")
+        return _BY_TORCH[dtype]
+    if isinstance(dtype, str):
+        name = dtype[len("torch."):] if dtype.startswith("torch.") else dtype
+        if name in _BY_NAME:
+            return _BY_NAME[name]
+        raise TypeError(f"unknown dtype '{dtype}'")
+    try:
+        return _BY_NUMPY[np.dtype(dtype)]
+    except (KeyError, TypeError):
+        raise TypeError(f"modelstate has no {dtype} tensors") from None
+
+
+def is_tensor(value):
+    return (torch is not None and isinstance(value, torch.Tensor)) or \
+        isinstance(value, np.ndarray)
+
+
+def host_bytes(value):
+    """(dtype number, shape, uint8 numpy view of the bytes) of a tensor or
+    array, without copying when it is already contiguous on the CPU."""
+    if torch is not None and isinstance(value, torch.Tensor):
+        t = value.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.contiguous()
+        number = dtype_number(t.dtype)
+        flat = t.reshape(-1)
+        raw = flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat
+        return number, list(t.shape), raw.numpy()
+    if isinstance(value, np.ndarray):
+        a = np.ascontiguousarray(value)
+        number = dtype_number(a.dtype)
+        return number, list(a.shape), a.reshape(-1).view(np.uint8)
+    raise TypeError(f"expected a tensor, got {type(value).__name__}")
+
+
+def from_bytes(raw, number, shape, requires_grad=False, parameter=False):
+    """A tensor (or numpy array) viewing `raw`, a uint8 numpy array that it
+    then owns."""
+    if torch is None:
+        return raw.view(_DTYPES[number][1]).reshape(shape)
+    t = torch.from_numpy(raw).view(torch_dtype(number)).reshape(shape)
+    if parameter:
+        return torch.nn.Parameter(t, requires_grad=requires_grad)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def to_proto(value, requires_grad=None):
+    """A TensorProto holding `value`'s bytes (and its device when it has
+    one other than the CPU)."""
+    number, shape, raw = host_bytes(value)
+    proto = tensor_pb2.TensorProto(dtype=number, shape=shape,
+                                   data=raw.tobytes())
+    if torch is not None and isinstance(value, torch.Tensor):
+        if value.device.type != "cpu":
+            proto.device = str(value.device)
+        if requires_grad is None:
+            requires_grad = value.requires_grad
+    proto.requires_grad = bool(requires_grad)
+    return proto
+
+
+def from_proto(proto, parameter=False):
+    raw = np.frombuffer(proto.data, dtype=np.uint8).copy()
+    return from_bytes(raw, proto.dtype, list(proto.shape),
+                      requires_grad=proto.requires_grad, parameter=parameter)
+
+
+def meta_tensor(info):
+    """A stand-in with the shape and dtype of a TensorInfo but no values (a
+    torch meta tensor, or None without torch)."""
+    if torch is None:
+        return None
+    return torch.empty(list(info.shape), dtype=torch_dtype(info.dtype),
+                       device="meta")

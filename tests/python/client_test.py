@@ -1,0 +1,428 @@
+"""The Python client against the real server, checked against real PyTorch:
+models built locally are pushed and fetched back bit for bit, models built
+on the server load into torch.nn models, errors carry PyTorch's own texts,
+and the seeds' registration hook examples run as remote hooks.
+
+Run by ctest: /usr/bin/python3 client_test.py SERVER_BINARY PYTHON_PACKAGE_DIR
+"""
+
+import collections
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+SERVER = sys.argv[1]
+sys.path.insert(0, sys.argv[2])
+del sys.argv[1:3]
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+import modelstate  # noqa: E402
+
+
+class Server:
+    """The real modelstate-server on a free loopback port."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="modelstate-py-")
+        ready = os.path.join(self.dir, "ready")
+        self.log = open(os.path.join(self.dir, "server.log"), "w")
+        self.process = subprocess.Popen(
+            [SERVER, "--listen=127.0.0.1:0", "--ready_file=" + ready,
+             "--data_dir=" + os.path.join(self.dir, "data")],
+            stderr=self.log)
+        deadline = time.time() + 60
+        while not os.path.exists(ready):
+            if self.process.poll() is not None or time.time() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.02)
+        with open(ready) as f:
+            self.address = f.read().strip()
+
+    def stop(self):
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def setUpModule():
+    global server, ms
+    server = Server()
+    ms = modelstate.connect(server.address)
+
+
+def tearDownModule():
+    ms.close()
+    server.stop()
+
+
+def randomize(model, seed):
+    """Values no initializer would produce, running stats included, so a
+    round trip that dropped anything shows."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for t in list(model.parameters()) + list(model.buffers()):
+            if t.dtype.is_floating_point:
+                t.copy_(torch.randn(t.shape, generator=g))
+            else:
+                t.fill_(int(torch.randint(0, 1000, (), generator=g)))
+    return model
+
+
+MLP_SPEC = {"type": "Sequential", "children": [
+    {"spec": {"type": "Linear", "args": [784, 256]}},
+    {"spec": {"type": "BatchNorm1d", "args": [256]}},
+    {"spec": {"type": "ReLU"}},
+    {"spec": {"type": "Linear", "args": [256, 10]}}]}
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(784, 256), nn.BatchNorm1d(256), nn.ReLU(),
+                         nn.Linear(256, 10))
+
+
+TINY_SPEC = {"type": "TinyModel", "members": [
+    {"module": {"name": "linear1",
+                "spec": {"type": "Linear", "args": [100, 200]}}},
+    {"module": {"name": "activation", "spec": {"type": "ReLU"}}},
+    {"module": {"name": "linear2",
+                "spec": {"type": "Linear", "args": [200, 10]}}},
+    {"module": {"name": "softmax",
+                "spec": {"type": "Softmax", "kwargs": {"dim": 1}}}}]}
+
+
+class TinyModel(nn.Module):
+    """The seeds' TinyModel."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear1 = nn.Linear(100, 200)
+        self.activation = nn.ReLU()
+        self.linear2 = nn.Linear(200, 10)
+        self.softmax = nn.Softmax(dim=1)
+
+
+CNN_SPEC = {"type": "Sequential", "children": [
+    {"spec": {"type": "Conv2d", "args": [3, 8, 3], "kwargs": {"padding": 1}}},
+    {"spec": {"type": "BatchNorm2d", "args": [8]}},
+    {"spec": {"type": "ReLU"}},
+    {"spec": {"type": "Conv2d", "args": [8, 16, 3]}},
+    {"spec": {"type": "BatchNorm2d", "args": [16]}},
+    {"spec": {"type": "Flatten"}},
+    {"spec": {"type": "Linear", "args": [16 * 6 * 6, 10]}}]}
+
+
+def cnn():
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8),
+                         nn.ReLU(), nn.Conv2d(8, 16, 3), nn.BatchNorm2d(16),
+                         nn.Flatten(), nn.Linear(16 * 6 * 6, 10))
+
+
+MODELS = [("mlp", MLP_SPEC, mlp), ("tiny", TINY_SPEC, TinyModel),
+          ("cnn", CNN_SPEC, cnn)]
+
+
+class StateTest(unittest.TestCase):
+
+    def assertSameState(self, got, want):
+        self.assertEqual(list(got.keys()), list(want.keys()))
+        for key in want:
+            a, b = got[key], want[key]
+            self.assertEqual(a.dtype, b.dtype, key)
+            self.assertEqual(a.shape, b.shape, key)
+            # Bit for bit: compare the bytes, so NaNs and -0.0 count too.
+            self.assertTrue(torch.equal(a.reshape(-1).view(torch.uint8),
+                                        b.detach().reshape(-1)
+                                        .view(torch.uint8)), key)
+
+    def test_local_models_pushed_and_fetched_back_bit_for_bit(self):
+        for name, spec, make in MODELS:
+            with self.subTest(name):
+                local = randomize(make(), 1)
+                remote = ms.build(spec, f"push/{name}")
+                result = remote.load_state_dict(local.state_dict())
+                self.assertIsInstance(
+                    result, torch.nn.modules.module._IncompatibleKeys)
+                self.assertEqual(result.missing_keys, [])
+                self.assertEqual(result.unexpected_keys, [])
+                back = remote.state_dict()
+                self.assertSameState(back, local.state_dict())
+                self.assertEqual(back._metadata, local.state_dict()._metadata)
+
+    def test_server_built_models_load_into_torch_strictly(self):
+        for name, spec, make in MODELS:
+            with self.subTest(name):
+                remote = ms.build(spec, f"built/{name}", seed=7)
+                local = randomize(make(), 2)
+                self.assertEqual(
+                    str(local.load_state_dict(remote.state_dict(),
+                                              strict=True)),
+                    "<All keys matched successfully>")
+                # The server's init is PyTorch's, bit for bit.
+                torch.manual_seed(7)
+                self.assertSameState(remote.state_dict(),
+                                     make().state_dict())
+
+    def test_load_errors_and_partial_loads_match_pytorch(self):
+        remote = ms.build(MLP_SPEC, "errors/mlp")
+        local = mlp()
+        bad = collections.OrderedDict(local.state_dict())
+        del bad["0.bias"]
+        bad["extra"] = torch.zeros(2)
+        bad["3.weight"] = torch.zeros(3, 3)
+        with self.assertRaises(RuntimeError) as theirs:
+            local.load_state_dict(bad)
+        before = remote.state_dict()
+        with self.assertRaises(RuntimeError) as ours:
+            remote.load_state_dict(bad)
+        self.assertEqual(str(ours.exception), str(theirs.exception))
+        self.assertSameState(remote.state_dict(), before)  # atomic
+        ok = collections.OrderedDict(local.state_dict())
+        del ok["0.bias"]
+        ok["extra"] = torch.zeros(2)
+        self.assertEqual(remote.load_state_dict(ok, strict=False),
+                         local.load_state_dict(ok, strict=False))
+        with self.assertRaises(TypeError):
+            remote.load_state_dict({"0.weight": 3})
+
+    def test_to_converts_like_pytorch(self):
+        local = randomize(mlp(), 3)
+        remote = ms.build(MLP_SPEC, "to/mlp")
+        remote.load_state_dict(local.state_dict())
+        self.assertIs(remote.to(torch.float16), remote)
+        local.to(torch.float16)
+        self.assertSameState(remote.state_dict(), local.state_dict())
+        remote.to(dtype=torch.bfloat16)
+        local.to(dtype=torch.bfloat16)
+        self.assertSameState(remote.state_dict(), local.state_dict())
+        remote.to("cpu", torch.float64)
+        local.to("cpu", torch.float64)
+        self.assertSameState(remote.state_dict(), local.state_dict())
+        with self.assertRaises(TypeError) as theirs:
+            local.to(torch.int32)
+        with self.assertRaises(TypeError) as ours:
+            remote.to(torch.int32)
+        self.assertEqual(str(ours.exception), str(theirs.exception))
+        with self.assertRaises(modelstate.FailedPreconditionError):
+            remote.to("cuda:7")
+
+    def test_named_parameters_and_buffers_match_pytorch(self):
+        spec = {"type": "WithScratch", "members": [
+            {"module": {"name": "embed",
+                        "spec": {"type": "Embedding", "args": [6, 4]}}},
+            {"module": {"name": "proj", "spec": {
+                "type": "Linear", "args": [4, 6],
+                "kwargs": {"bias": False}}}},
+            {"module": {"name": "bn",
+                        "spec": {"type": "BatchNorm1d", "args": [4]}}},
+            {"buffer": {"name": "scratch", "shape": [3],
+                        "persistent": False}}],
+            "ties": [{"target": "proj.weight", "source": "embed.weight"}]}
+
+        class WithScratch(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed = nn.Embedding(6, 4)
+                self.proj = nn.Linear(4, 6, bias=False)
+                self.bn = nn.BatchNorm1d(4)
+                self.register_buffer("scratch", torch.zeros(3),
+                                     persistent=False)
+                self.proj.weight = self.embed.weight
+
+        remote = ms.build(spec, "named/scratch", seed=5)
+        torch.manual_seed(5)
+        local = WithScratch()
+        ours = list(remote.named_parameters())
+        theirs = list(local.named_parameters())
+        self.assertEqual([n for n, _ in ours], [n for n, _ in theirs])
+        for (name, a), (_, b) in zip(ours, theirs):
+            self.assertIsInstance(a, nn.Parameter, name)
+            self.assertEqual(a.requires_grad, b.requires_grad, name)
+            self.assertTrue(torch.equal(a, b), name)
+        self.assertEqual([n for n, _ in remote.named_buffers()],
+                         [n for n, _ in local.named_buffers()])
+        self.assertNotIn("scratch", remote.state_dict())
+        self.assertEqual(len(list(remote.parameters(recurse=False))), 0)
+        self.assertEqual([n for n, _ in remote.named_buffers(recurse=False)],
+                         ["scratch"])
+
+    def test_training_flags_and_registrations(self):
+        remote = ms.build({"type": "Custom"}, "reg/custom")
+        self.assertTrue(remote.training)
+        self.assertIs(remote.eval(), remote)
+        self.assertFalse(remote.training)
+        remote.register_parameter("w", nn.Parameter(torch.ones(2, 2),
+                                                    requires_grad=False))
+        remote.register_buffer("b", torch.arange(3), persistent=False)
+        remote.register_module("lin", {"type": "Linear", "args": [2, 1]},
+                               seed=3)
+        remote.register_parameter("nothing", None)
+        self.assertEqual(list(remote.state_dict()),
+                         ["w", "lin.weight", "lin.bias"])
+        w = dict(remote.named_parameters())["w"]
+        self.assertFalse(w.requires_grad)
+        self.assertTrue(torch.equal(dict(remote.named_buffers())["b"],
+                                    torch.arange(3)))
+        with self.assertRaises(KeyError) as exists:
+            remote.register_buffer("w", torch.zeros(1))
+        self.assertIn("attribute 'w' already exists", str(exists.exception))
+        with self.assertRaises(modelstate.NotFoundError):
+            ms.module("reg/absent")
+        self.assertIn("reg/custom", ms.modules("reg"))
+        remote.delete()
+        self.assertNotIn("reg/custom", ms.modules("reg"))
+
+    def test_without_torch_tensors_come_back_as_numpy_arrays(self):
+        ms.build({"type": "Linear", "args": [3, 2]}, "numpy/lin", seed=1)
+        script = (
+            "import sys; sys.modules['torch'] = None\n"
+            f"sys.path.insert(0, {sys.path[0]!r})\n"
+            "import numpy, modelstate\n"
+            f"ms = modelstate.connect({server.address!r})\n"
+            "m = ms.module('numpy/lin')\n"
+            "sd = m.state_dict()\n"
+            "assert all(isinstance(v, numpy.ndarray) for v in sd.values())\n"
+            "assert sd['weight'].shape == (2, 3), sd['weight'].shape\n"
+            "sd['bias'] = numpy.full(2, 0.5, numpy.float32)\n"
+            "print(m.load_state_dict(sd))\n"
+            "print(m.state_dict()['bias'].tolist())\n")
+        out = subprocess.run([sys.executable, "-c", script], check=True,
+                             capture_output=True, text=True).stdout
+        self.assertEqual(out, "<All keys matched successfully>\n"
+                              "[0.5, 0.5]\n")
+
+
+class HookTest(unittest.TestCase):
+    """The seeds' registration hook examples, written in Python, running
+    as remote interceptors."""
+
+    def test_buffer_hooks_convert_track_and_block(self):
+        tracked = []
+
+        def float32_buffers(module, name, buffer):
+            if buffer is not None and buffer.dtype != torch.float32 and \
+                    buffer.dtype.is_floating_point:
+                return buffer.to(dtype=torch.float32)
+
+        def track(module, name, buffer):
+            if buffer is not None:
+                tracked.append({"module": type(module).__name__,
+                                "name": name, "shape": tuple(buffer.shape),
+                                "dtype": buffer.dtype})
+
+        def no_temp(module, name, buffer):
+            if name == "temp_buffer":
+                return modelstate.REJECT
+
+        hooks = [ms.register_module_buffer_registration_hook(h)
+                 for h in (float32_buffers, track, no_temp)]
+        try:
+            m = ms.build({"type": "Custom", "members": [
+                {"buffer": {"name": "temp_buffer", "shape": [2]}},
+                {"buffer": {"name": "table", "shape": [2, 2],
+                            "dtype": "float64"}},
+                {"module": {"name": "bn", "spec": {
+                    "type": "BatchNorm1d", "args": [2]}}}]}, "hooks/buffers")
+        finally:
+            for h in hooks:
+                h.remove()
+        buffers = dict(m.named_buffers())
+        self.assertNotIn("temp_buffer", buffers)
+        self.assertEqual(buffers["table"].dtype, torch.float32)
+        # The tracker runs after the converter: it sees float32.
+        self.assertEqual(tracked[0], {"module": "Custom", "name": "temp_buffer",
+                                      "shape": (2,), "dtype": torch.float32})
+        self.assertEqual(tracked[1]["dtype"], torch.float32)
+        self.assertEqual([t["name"] for t in tracked[2:]],
+                         ["running_mean", "running_var",
+                          "num_batches_tracked"])
+        self.assertEqual(tracked[4]["dtype"], torch.int64)
+        blocked = [r for r in m.last_registrations
+                   if r.name == "temp_buffer"]
+        self.assertEqual(len(blocked), 1)
+        self.assertIn("rejected by", blocked[0].reason)
+        # Removed hooks no longer run.
+        m2 = ms.build({"type": "Custom", "members": [
+            {"buffer": {"name": "temp_buffer", "shape": [1]}}]},
+            "hooks/after")
+        self.assertIn("temp_buffer", dict(m2.named_buffers()))
+
+    def test_parameter_hooks_cast_log_freeze_and_initialise(self):
+        log = []
+
+        def float32_params(module, name, param):
+            if param is not None and param.dtype != torch.float32:
+                return param.to(dtype=torch.float32)
+
+        def log_params(module, name, param):
+            if param is not None:
+                log.append(f"Parameter '{name}' in {type(module).__name__}: "
+                           f"shape={list(param.shape)}")
+
+        def freeze_private(module, name, param):
+            if param is not None and name.startswith("_"):
+                param.requires_grad = False
+
+        def custom_init(module, name, param):
+            if param is not None and name == "weight" and \
+                    type(module).__name__ == "Linear":
+                param.data.uniform_(-0.05, 0.05)
+
+        hooks = [ms.register_module_parameter_registration_hook(h)
+                 for h in (float32_params, log_params, freeze_private,
+                           custom_init)]
+        try:
+            m = ms.build({"type": "Custom", "members": [
+                {"parameter": {"name": "_scale", "shape": [3],
+                               "dtype": "float64",
+                               "init": {"kind": "ones"}}},
+                {"module": {"name": "lin", "spec": {
+                    "type": "Linear", "args": [64, 64]}}}]},
+                "hooks/params", seed=4)
+        finally:
+            for h in hooks:
+                h.remove()
+        params = dict(m.named_parameters())
+        self.assertEqual(params["_scale"].dtype, torch.float32)
+        self.assertFalse(params["_scale"].requires_grad)
+        self.assertTrue(params["lin.weight"].requires_grad)
+        self.assertLessEqual(float(params["lin.weight"].abs().max()), 0.05)
+        # Linear's own init would exceed 0.05 somewhere in 4096 draws.
+        torch.manual_seed(4)
+        self.assertGreater(float(nn.Linear(64, 64).weight.abs().max()), 0.05)
+        self.assertEqual(log, [
+            "Parameter '_scale' in Custom: shape=[3]",
+            "Parameter 'weight' in Linear: shape=[64, 64]",
+            "Parameter 'bias' in Linear: shape=[64]"])
+
+    def test_module_hooks_and_failing_hooks_block(self):
+        def no_dropout(module, name, submodule):
+            if type(submodule).__name__ == "Dropout":
+                return modelstate.REJECT
+
+        def broken(module, name, param):
+            raise ValueError("no parameters today")
+
+        with ms.register_module_module_registration_hook(no_dropout):
+            m = ms.build({"type": "Sequential", "children": [
+                {"spec": {"type": "Linear", "args": [2, 2]}},
+                {"spec": {"type": "Dropout"}},
+                {"spec": {"type": "ReLU"}}]}, "hooks/modules")
+        self.assertEqual([c.name for c in m.info().info.children],
+                         ["0", "2"])
+        with ms.register_module_parameter_registration_hook(broken):
+            with self.assertRaises(modelstate.FailedPreconditionError) as e:
+                m.register_parameter("p", torch.zeros(1))
+        self.assertIn("raised ValueError: no parameters today",
+                      str(e.exception))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
