@@ -565,6 +565,40 @@ absl::StatusOr<std::shared_ptr<Module>> BuildFlatten(const BoundArgs& args,
   return m;
 }
 
+absl::StatusOr<std::shared_ptr<Module>> BuildMaxPool2d(const BoundArgs& args,
+                                                       BuildContext&,
+                                                       const std::string&) {
+  MODELSTATE_ASSIGN_OR_RETURN(AttrValue kernel,
+                              args.IntOrTuple("kernel_size", 1));
+  // PyTorch: stride = stride if (stride is not None) else kernel_size.
+  AttrValue stride = kernel;
+  if (!args.IsNone("stride")) {
+    MODELSTATE_ASSIGN_OR_RETURN(stride, args.IntOrTuple("stride", 1));
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(AttrValue padding, args.IntOrTuple("padding", 0));
+  MODELSTATE_ASSIGN_OR_RETURN(AttrValue dilation,
+                              args.IntOrTuple("dilation", 1));
+  MODELSTATE_ASSIGN_OR_RETURN(bool return_indices, args.Bool("return_indices"));
+  MODELSTATE_ASSIGN_OR_RETURN(bool ceil_mode, args.Bool("ceil_mode"));
+  std::shared_ptr<Module> m = NewStateless("MaxPool2d", "pooling");
+  m->SetPlainAttribute("kernel_size", kernel);
+  m->SetPlainAttribute("stride", stride);
+  m->SetPlainAttribute("padding", padding);
+  m->SetPlainAttribute("dilation", dilation);
+  m->SetPlainAttribute("return_indices", return_indices);
+  m->SetPlainAttribute("ceil_mode", ceil_mode);
+  return m;
+}
+
+absl::StatusOr<std::shared_ptr<Module>> BuildAdaptiveAvgPool2d(
+    const BoundArgs& args, BuildContext&, const std::string&) {
+  MODELSTATE_ASSIGN_OR_RETURN(AttrValue size,
+                              args.IntOrTuple("output_size", 0));
+  std::shared_ptr<Module> m = NewStateless("AdaptiveAvgPool2d", "pooling");
+  m->SetPlainAttribute("output_size", size);
+  return m;
+}
+
 struct MhaConfig {
   int64_t embed_dim;
   int64_t num_heads;
@@ -888,6 +922,19 @@ std::vector<LayerDef> MakeLayers() {
                     "torch.nn.modules.flatten.Flatten",
                     {{"start_dim", I(1)}, {"end_dim", I(-1)}},
                     &BuildFlatten});
+  layers.push_back({"MaxPool2d",
+                    "torch.nn.modules.pooling.MaxPool2d",
+                    {{"kernel_size", {}},
+                     {"stride", kNone},
+                     {"padding", I(0)},
+                     {"dilation", I(1)},
+                     {"return_indices", B(false)},
+                     {"ceil_mode", B(false)}},
+                    &BuildMaxPool2d});
+  layers.push_back({"AdaptiveAvgPool2d",
+                    "torch.nn.modules.pooling.AdaptiveAvgPool2d",
+                    {{"output_size", {}}},
+                    &BuildAdaptiveAvgPool2d});
   layers.push_back({"MultiheadAttention",
                     "torch.nn.modules.activation.MultiheadAttention",
                     WithFactory({{"embed_dim", {}},

@@ -177,6 +177,21 @@ absl::StatusOr<std::vector<int64_t>> BoundArgs::Ints(absl::string_view name,
   return WrongType(name, "an int or a tuple of ints", v ? *v : SpecValue());
 }
 
+absl::StatusOr<AttrValue> BoundArgs::IntOrTuple(absl::string_view name,
+                                                int64_t min) const {
+  MODELSTATE_ASSIGN_OR_RETURN(std::vector<int64_t> values, Ints(name, 0));
+  for (int64_t v : values) {
+    if (v < min) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(type_, ": argument '", name, "' must be at least ", min,
+                       ", got ", v));
+    }
+  }
+  const SpecValue* v = Find(name);
+  if (std::holds_alternative<int64_t>(*v)) return AttrValue(values[0]);
+  return AttrValue(std::move(values));
+}
+
 absl::StatusOr<DType> BoundArgs::FactoryDType(DType build_dtype) const {
   if (IsNone("dtype")) return build_dtype;
   MODELSTATE_ASSIGN_OR_RETURN(std::string text, Str("dtype"));

@@ -46,6 +46,10 @@ class BoundArgs {
   // _pair/_single); a tuple must have `n` elements (n == 0: any length).
   absl::StatusOr<std::vector<int64_t>> Ints(absl::string_view name,
                                             size_t n) const;
+  // An int or a tuple of ints kept as given (a pooling layer stores its
+  // kernel_size as passed), each element at least `min`.
+  absl::StatusOr<AttrValue> IntOrTuple(absl::string_view name,
+                                       int64_t min) const;
   // The factory dtype/device kwargs when the signature has them, else the
   // build's.
   absl::StatusOr<DType> FactoryDType(DType build_dtype) const;

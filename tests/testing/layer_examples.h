@@ -39,6 +39,8 @@ inline const std::map<std::string, std::string>& LayerExampleArgs() {
       {"Sigmoid", "[]"},
       {"Softmax", "[]"},
       {"Flatten", "[]"},
+      {"MaxPool2d", "[3, 2, 1]"},
+      {"AdaptiveAvgPool2d", "[[1, 1]]"},
       {"MultiheadAttention", "[4, 2]"},
       {"TransformerEncoderLayer", "[4, 2, 8]"},
       {"Sequential", ""},
