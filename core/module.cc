@@ -745,7 +745,11 @@ absl::Status PlanLoad(Module& m, const std::string& prefix, const StateDict& sd,
       continue;
     }
     if (target.dim() == 0 && input.dim() == 1) {
-      MODELSTATE_ASSIGN_OR_RETURN(input, FirstElement(input));
+      // A source copies the first element itself (LoadSource::CopyInto).
+      MODELSTATE_ASSIGN_OR_RETURN(
+          input, options.source == nullptr
+                     ? FirstElement(input)
+                     : Tensor::Empty(input.dtype(), {}, Device::Meta()));
     }
     if (input.shape() != target.shape()) {
       plan.errors.push_back(absl::StrCat(
@@ -755,8 +759,9 @@ absl::Status PlanLoad(Module& m, const std::string& prefix, const StateDict& sd,
           TorchSizeString(target.shape()), "."));
       continue;
     }
-    if (!options.assign && target.device().has_storage() &&
-        input.device().is_meta() && target.numel() > 0) {
+    if (!options.assign && options.source == nullptr &&
+        target.device().has_storage() && input.device().is_meta() &&
+        target.numel() > 0) {
       plan.errors.push_back(absl::StrCat(
           "While copying the parameter named \"", key,
           "\", whose dimensions in the model are ",
@@ -845,12 +850,19 @@ absl::StatusOr<LoadResult> Module::LoadStateDict(
   }
   if (write) {
     for (PlannedWrite& w : plan.writes) {
+      if (options.source != nullptr &&
+          (w.kind == EntryKind::kModule || options.assign)) {
+        MODELSTATE_ASSIGN_OR_RETURN(w.source, options.source->Read(w.key));
+      }
       if (w.kind == EntryKind::kModule) {  // extra state
         if (!ctx.dry_run) w.module->extra_state_ = w.source;
         continue;
       }
       if (!options.assign) {
-        absl::Status copied = w.target.CopyFrom(w.source);
+        absl::Status copied =
+            options.source == nullptr || !w.target.device().has_storage()
+                ? w.target.CopyFrom(w.source)
+                : options.source->CopyInto(w.key, w.target);
         if (!copied.ok()) {
           errors.push_back(absl::StrCat(
               "While copying the parameter named \"", w.key,

@@ -116,6 +116,21 @@ struct RegistrationContext {
   bool dry_run = false;
 };
 
+// Where a load's bytes come from when the state_dict does not hold them
+// (LoadOptions::source). The state_dict's tensors then only describe the
+// entries: meta tensors with each entry's dtype and shape. The load asks
+// for each entry's bytes as it writes them, so a state_dict staged on disk
+// is never held in memory twice.
+class LoadSource {
+ public:
+  virtual ~LoadSource() = default;
+  // Writes the first target.numel() elements of entry `key`, converted to
+  // target's dtype, into `target`, whose bytes are its own to overwrite.
+  virtual absl::Status CopyInto(const std::string& key, Tensor& target) = 0;
+  // Entry `key` as a CPU tensor (extra state; assign mode).
+  virtual absl::StatusOr<Tensor> Read(const std::string& key) = 0;
+};
+
 struct LoadOptions {
   // Missing or unexpected keys are errors (they are always reported).
   bool strict = true;
@@ -125,6 +140,8 @@ struct LoadOptions {
   // Install the checkpoint's tensors instead of copying into the module's
   // (PyTorch 2.1's assign=True); fires registration hooks.
   bool assign = false;
+  // Not owned. When set, the bytes come from here (see LoadSource).
+  LoadSource* source = nullptr;
 };
 
 struct LoadResult {

@@ -121,8 +121,8 @@ absl::StatusOr<size_t> StateDictReader::Read(size_t max_bytes,
   return produced;
 }
 
-absl::StatusOr<std::unique_ptr<StateDictAssembler>> StateDictAssembler::Create(
-    StateDictLayout layout, const StreamLimits& limits) {
+absl::Status ValidateLayout(const StateDictLayout& layout,
+                            const StreamLimits& limits) {
   if (layout.entries.size() > limits.max_entries) {
     return absl::ResourceExhaustedError(
         absl::StrCat("header: ", layout.entries.size(),
@@ -176,6 +176,12 @@ absl::StatusOr<std::unique_ptr<StateDictAssembler>> StateDictAssembler::Create(
         "header: ", total, " bytes exceed the max_total_bytes limit of ",
         limits.max_total_bytes));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<StateDictAssembler>> StateDictAssembler::Create(
+    StateDictLayout layout, const StreamLimits& limits) {
+  MODELSTATE_RETURN_IF_ERROR(ValidateLayout(layout, limits));
   std::unique_ptr<StateDictAssembler> a(new StateDictAssembler());
   a->layout_ = std::move(layout);
   if (a->layout_.metadata.has_value()) {

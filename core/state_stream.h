@@ -100,12 +100,17 @@ class StateDictReader {
   uint64_t position_ = 0;
 };
 
+// Checks a layout a client sent: keys non-empty and unique, shapes
+// non-negative without overflow, nbytes == numel * element size, total ==
+// sum, within `limits`. INVALID_ARGUMENT / RESOURCE_EXHAUSTED naming the
+// entry.
+absl::Status ValidateLayout(const StateDictLayout& layout,
+                            const StreamLimits& limits);
+
 // Rebuilds a StateDict from a layout and its bytes. Thread-compatible.
 class StateDictAssembler {
  public:
-  // Validates the layout: keys non-empty and unique, shapes non-negative
-  // without overflow, nbytes == numel * element size, total == sum, within
-  // `limits`. INVALID_ARGUMENT / RESOURCE_EXHAUSTED naming the entry.
+  // Validates the layout (ValidateLayout).
   static absl::StatusOr<std::unique_ptr<StateDictAssembler>> Create(
       StateDictLayout layout, const StreamLimits& limits);
 

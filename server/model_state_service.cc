@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "core/staged_state_dict.h"
 #include "core/state_stream.h"
 #include "core/status_macros.h"
 #include "proto/convert.h"
@@ -316,9 +317,9 @@ grpc::Status ModelStateServiceImpl::GetStateDict(
     case v1::GetStateDictRequest::SELECTION_STATE_DICT:
       break;
     default:
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("selection: unknown value ",
-                                       request->selection()));
+      return grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrCat("selection: unknown value ", request->selection()));
   }
   ASSIGN_OR_RETURN_GRPC(StateDictSnapshot snapshot,
                         store_->Snapshot(name, filter));
@@ -369,23 +370,38 @@ grpc::Status ModelStateServiceImpl::LoadStateDict(
   limits.max_tensor_bytes = options_.max_tensor_bytes;
   limits.max_total_bytes = options_.max_module_bytes;
   limits.max_entries = static_cast<uint64_t>(options_.max_entries);
-  ASSIGN_OR_RETURN_GRPC(std::unique_ptr<StateDictAssembler> assembler,
-                        StateDictAssembler::Create(std::move(layout), limits));
   LoadOptions options = convert::LoadOptionsFromProto(start.options());
-  // Nothing touches the module until the whole stream arrived intact.
+  // Nothing touches the module until the whole stream arrived intact. A
+  // copying load stages the bytes on disk and reads each entry straight
+  // into the module's tensor; assign installs new tensors, which must be in
+  // memory anyway.
+  std::unique_ptr<StagedStateDict> staged;
+  std::unique_ptr<StateDictAssembler> assembler;
+  if (!options.assign && !options_.staging_dir.empty()) {
+    ASSIGN_OR_RETURN_GRPC(staged,
+                          StagedStateDict::Create(std::move(layout), limits,
+                                                  options_.staging_dir));
+  } else {
+    ASSIGN_OR_RETURN_GRPC(
+        assembler, StateDictAssembler::Create(std::move(layout), limits));
+  }
   while (reader->Read(&message)) {
     if (message.payload_case() != v1::LoadStateDictRequest::kData) {
       return grpc::Status(
           grpc::StatusCode::INVALID_ARGUMENT,
           "data: only data messages may follow the start message");
     }
-    RETURN_IF_ERROR_GRPC(assembler->Append(message.data()));
+    RETURN_IF_ERROR_GRPC(staged != nullptr ? staged->Append(message.data())
+                                           : assembler->Append(message.data()));
   }
   if (context->IsCancelled()) {
     return grpc::Status(grpc::StatusCode::CANCELLED,
                         "client cancelled; nothing loaded");
   }
-  ASSIGN_OR_RETURN_GRPC(StateDict state_dict, assembler->Finish());
+  ASSIGN_OR_RETURN_GRPC(StateDict state_dict, staged != nullptr
+                                                  ? staged->Finish()
+                                                  : assembler->Finish());
+  options.source = staged.get();
   ASSIGN_OR_RETURN_GRPC(
       LoadResult result,
       store_->Load(ContextOf(context), name, state_dict, options));

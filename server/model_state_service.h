@@ -36,6 +36,9 @@ struct ServiceOptions {
   int64_t max_entries = 1'000'000;
   // Events waiting for a subscriber before it is dropped.
   size_t max_queued_events = 10000;
+  // Where LoadStateDict stages incoming bytes (an existing directory), so a
+  // load never holds the state twice in memory; empty: in memory.
+  std::string staging_dir;
 };
 
 // Thread-safe (handlers run concurrently on gRPC's threads). Subscribe is a

@@ -109,6 +109,14 @@ int main(int argc, char** argv) {
                          ec.message()));
     return 1;
   }
+  // Loads stage their bytes in unlinked files here (nothing to clean up).
+  options.staging_dir = (data_dir / "staging").string();
+  std::filesystem::create_directories(options.staging_dir, ec);
+  if (ec) {
+    LogLine(absl::StrCat("cannot create ", options.staging_dir, ": ",
+                         ec.message()));
+    return 1;
+  }
   std::string audit_path = (data_dir / "audit.log").string();
   absl::StatusOr<std::unique_ptr<modelstate::AuditLog>> audit =
       modelstate::AuditLog::Open(audit_path);

@@ -1,10 +1,14 @@
 #include "core/state_stream.h"
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/module_spec.h"
+#include "core/staged_state_dict.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/spec_json.h"
@@ -13,6 +17,7 @@
 namespace modelstate {
 namespace {
 
+using ::modelstate::testing::IsOk;
 using ::modelstate::testing::SpecFromJson;
 using ::modelstate::testing::StatusIs;
 using ::testing::HasSubstr;
@@ -153,6 +158,133 @@ TEST(StateStreamTest, MetaEntriesHaveNoBytesToRead) {
   EXPECT_THAT(
       reader->Read(100, &out),
       StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("meta")));
+}
+
+}  // namespace
+}  // namespace modelstate
+
+namespace modelstate {
+namespace {
+
+// A module like Sample()'s, built with another seed, to load into.
+std::shared_ptr<Module> SampleModule(uint64_t seed, DType dtype) {
+  BuildOptions o;
+  o.hooks = nullptr;
+  o.seed = seed;
+  o.dtype = dtype;
+  absl::StatusOr<BuildResult> built =
+      BuildModule(SpecFromJson(R"({"type": "Net", "members": [
+      {"module": {"name": "bn", "spec": {"type": "BatchNorm1d", "args": [5]}}},
+      {"parameter": {"name": "empty", "shape": [0, 3]}},
+      {"buffer": {"name": "scalar", "shape": [], "init": {"kind": "ones"}}},
+      {"module": {"name": "fc", "spec": {"type": "Linear", "args": [33, 17]}}}]})"),
+                  o);
+  EXPECT_TRUE(built.ok()) << built.status();
+  return built->root;
+}
+
+class StagedStateDictTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           absl::StrCat("staged_", getpid());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // `sd` streamed (as `wire` dtype for floating entries) into a staged
+  // state_dict in chunks of random sizes.
+  std::unique_ptr<StagedStateDict> Stage(const StateDict& sd,
+                                         std::optional<DType> wire) {
+    auto reader = StateDictReader::Create(sd, wire);
+    EXPECT_TRUE(reader.ok()) << reader.status();
+    auto staged = StagedStateDict::Create((*reader)->layout(), StreamLimits{},
+                                          dir_.string());
+    EXPECT_TRUE(staged.ok()) << staged.status();
+    std::mt19937 rng(7);
+    std::string chunk;
+    while (true) {
+      chunk.clear();
+      absl::StatusOr<size_t> n = (*reader)->Read(1 + rng() % 1000, &chunk);
+      EXPECT_TRUE(n.ok());
+      if (!n.ok() || *n == 0) break;
+      EXPECT_THAT((*staged)->Append(chunk), IsOk());
+    }
+    return std::move(*staged);
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(StagedStateDictTest, LoadsExactlyAsTheSameStateDictInMemory) {
+  const StateDict sd = SampleModule(3, DType::kFloat32)->GetStateDict();
+  for (std::optional<DType> wire :
+       {std::optional<DType>(), std::optional<DType>(DType::kFloat16),
+        std::optional<DType>(DType::kFloat64)}) {
+    SCOPED_TRACE(wire.has_value() ? DTypeName(*wire) : "as is");
+    std::unique_ptr<StagedStateDict> staged = Stage(sd, wire);
+    // Nothing is left in the directory: the staging file is unlinked.
+    EXPECT_TRUE(std::filesystem::is_empty(dir_));
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict described, staged->Finish());
+    for (const auto& item : described.tensors) {
+      EXPECT_TRUE(item.value.device().is_meta()) << item.key;
+    }
+    // The reference: the same bytes assembled in memory.
+    StateDict in_memory = *RoundTrip(sd, wire, 1);
+    std::shared_ptr<Module> want = SampleModule(9, DType::kFloat32);
+    ASSERT_THAT(want->LoadStateDict(in_memory), IsOk());
+    std::shared_ptr<Module> got = SampleModule(9, DType::kFloat32);
+    LoadOptions options;
+    options.source = staged.get();
+    ASSERT_THAT(got->LoadStateDict(described, options), IsOk());
+    StateDict a = got->GetStateDict();
+    StateDict b = want->GetStateDict();
+    ASSERT_EQ(a.tensors.Keys(), b.tensors.Keys());
+    for (const auto& item : b.tensors) {
+      EXPECT_TRUE(TensorsEqual(*a.tensors.Find(item.key), item.value))
+          << item.key;
+    }
+  }
+}
+
+TEST_F(StagedStateDictTest, ErrorsAreTheInMemoryOnes) {
+  const StateDict sd = SampleModule(3, DType::kFloat32)->GetStateDict();
+  std::unique_ptr<StagedStateDict> staged = Stage(sd, std::nullopt);
+  EXPECT_THAT(staged->Append("x"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("received more than the")));
+  // A module with other shapes fails with PyTorch's text and keeps its
+  // values (atomic).
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict described, staged->Finish());
+  BuildOptions o;
+  o.hooks = nullptr;
+  auto other = BuildModule(SpecFromJson(R"({"type": "Net", "members": [
+      {"module": {"name": "fc", "spec": {"type": "Linear", "args": [3, 17]}}}]})"),
+                           o);
+  ASSERT_TRUE(other.ok());
+  StateDict before = other->root->GetStateDict();
+  LoadOptions options;
+  options.source = staged.get();
+  options.strict = false;
+  EXPECT_THAT(other->root->LoadStateDict(described, options),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("size mismatch for fc.weight: copying a "
+                                 "param with shape torch.Size([17, 33])")));
+  EXPECT_TRUE(TensorsEqual(*other->root->GetStateDict().tensors.Find("fc.bias"),
+                           *before.tensors.Find("fc.bias")));
+  // A stream cut short says how much arrived.
+  auto reader = StateDictReader::Create(sd, std::nullopt);
+  ASSERT_TRUE(reader.ok());
+  auto short_stream = StagedStateDict::Create((*reader)->layout(),
+                                              StreamLimits{}, dir_.string());
+  ASSERT_TRUE(short_stream.ok());
+  ASSERT_THAT((*short_stream)->Append("abc"), IsOk());
+  EXPECT_THAT((*short_stream)->Finish(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("the stream ended after 3 of")));
+  EXPECT_THAT(StagedStateDict::Create((*reader)->layout(), StreamLimits{},
+                                      (dir_ / "missing").string()),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("missing")));
 }
 
 }  // namespace
