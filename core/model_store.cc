@@ -1,6 +1,7 @@
 #include "core/model_store.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -130,15 +131,16 @@ ModuleRepository* ModelStore::repository() const {
   return repository_;
 }
 
-absl::Status ModelStore::Persist(const OperationContext& ctx, Entry& entry,
-                                 absl::string_view type) {
+absl::Status ModelStore::Persist(
+    const OperationContext& ctx, Entry& entry, absl::string_view type,
+    const std::vector<PrewrittenBytes>& prewritten) {
   ModuleRepository* repo = repository();
   if (repo == nullptr) return absl::OkStatus();
   AuditLog* log = audit();
   ChangeNote note{std::string(type), ctx.identity, ctx.correlation_id,
                   log == nullptr ? 0 : log->last_seq()};
   ReaderMutexLock lock(&entry.mu);
-  absl::Status saved = repo->Save(entry.name, *entry.root, note);
+  absl::Status saved = repo->Save(entry.name, *entry.root, note, prewritten);
   if (saved.ok()) return saved;
   if (type == "build") {
     return absl::InternalError(absl::StrCat(
@@ -526,10 +528,94 @@ absl::StatusOr<StateDictSnapshot> ModelStore::Snapshot(
   return snapshot;
 }
 
+namespace {
+
+// The audit details of a load_state_dict.
+nlohmann::json LoadDetails(const LoadOptions& options,
+                           const StateDict& state_dict) {
+  uint64_t bytes = 0;
+  for (const auto& item : state_dict.tensors) {
+    if (item.value.defined()) bytes += item.value.nbytes();
+  }
+  return {{"strict", options.strict},
+          {"atomic", options.atomic},
+          {"assign", options.assign},
+          {"keys", state_dict.tensors.size()},
+          {"bytes", bytes}};
+}
+
+}  // namespace
+
 absl::StatusOr<LoadResult> ModelStore::Load(const OperationContext& ctx,
                                             const ModuleName& name,
                                             const StateDict& state_dict,
                                             const LoadOptions& options) {
+  return LoadImpl(ctx, name, state_dict, options, nullptr);
+}
+
+absl::StatusOr<std::unique_ptr<StagedStateDict>> ModelStore::StageLoad(
+    const OperationContext& ctx, const ModuleName& name, StateDictLayout layout,
+    const StreamLimits& limits, const LoadOptions& options,
+    const std::string& staging_dir) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
+  std::unique_ptr<StagedStateDict> staged;
+  if (ModuleRepository* repo = repository(); repo != nullptr) {
+    // Staged straight into a data file of the module: written once.
+    MODELSTATE_ASSIGN_OR_RETURN(std::string path, repo->ReserveDataFile(name));
+    absl::StatusOr<std::unique_ptr<StagedStateDict>> created =
+        StagedStateDict::CreateFile(
+            std::move(layout), limits, path,
+            [repo, name, path] { repo->ReleaseDataFile(name, path); });
+    if (!created.ok()) {
+      repo->ReleaseDataFile(name, path);
+      return created.status();
+    }
+    staged = *std::move(created);
+  } else {
+    MODELSTATE_ASSIGN_OR_RETURN(
+        staged, StagedStateDict::CreateAnonymous(std::move(layout), limits,
+                                                 staging_dir));
+  }
+  if (!options.atomic) return staged;  // a partial load may still apply
+  // A load that cannot succeed fails now, before its bytes travel.
+  StateDict described = staged->Describe();
+  absl::Status fits;
+  {
+    ReaderMutexLock lock(&entry->mu);
+    if (entry->deleted) {
+      return absl::NotFoundError(
+          absl::StrCat("module '", name.full(), "' does not exist"));
+    }
+    std::vector<RegistrationRecord> unused;
+    RegistrationContext check;
+    check.hooks = nullptr;
+    check.records = &unused;
+    check.dry_run = true;
+    LoadOptions checked = options;
+    checked.source = staged.get();
+    fits = entry->root->LoadStateDict(described, checked, check).status();
+  }
+  if (!fits.ok()) {
+    return Record(ctx, name, "load_state_dict", fits,
+                  LoadDetails(options, described).dump());
+  }
+  return staged;
+}
+
+absl::StatusOr<LoadResult> ModelStore::LoadStaged(const OperationContext& ctx,
+                                                  const ModuleName& name,
+                                                  StagedStateDict& staged,
+                                                  LoadOptions options) {
+  MODELSTATE_ASSIGN_OR_RETURN(StateDict described, staged.Finish());
+  options.source = &staged;
+  return LoadImpl(ctx, name, described, options, &staged);
+}
+
+absl::StatusOr<LoadResult> ModelStore::LoadImpl(const OperationContext& ctx,
+                                                const ModuleName& name,
+                                                const StateDict& state_dict,
+                                                const LoadOptions& options,
+                                                StagedStateDict* staged) {
   MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
   MutexLock gate(&entry->gate);
   std::optional<ReplayHooks> replay;
@@ -561,19 +647,21 @@ absl::StatusOr<LoadResult> ModelStore::Load(const OperationContext& ctx,
     real.hooks = replay.has_value() ? replay->registry() : nullptr;
     result = entry->root->LoadStateDict(state_dict, options, real);
   }
+  // Entries copied unchanged from a staged file are on disk already.
+  std::vector<PrewrittenBytes> prewritten;
+  if (staged != nullptr) {
+    const std::string file =
+        std::filesystem::path(staged->path()).filename().string();
+    for (const StagedStateDict::CopiedEntry& c : staged->copied()) {
+      prewritten.push_back({c.storage, c.dtype, file, c.key, c.crc32c});
+    }
+  }
   // A failed non-atomic load may have changed some tensors already.
   absl::Status saved = result.ok() || !options.atomic
-                           ? Persist(ctx, *entry, "load_state_dict")
+                           ? Persist(ctx, *entry, "load_state_dict", prewritten)
                            : absl::OkStatus();
-  uint64_t bytes = 0;
-  for (const auto& item : state_dict.tensors) {
-    if (item.value.defined()) bytes += item.value.nbytes();
-  }
-  nlohmann::json details = {{"strict", options.strict},
-                            {"atomic", options.atomic},
-                            {"assign", options.assign},
-                            {"keys", state_dict.tensors.size()},
-                            {"bytes", bytes}};
+  if (saved.ok() && !prewritten.empty()) staged->Keep();
+  nlohmann::json details = LoadDetails(options, state_dict);
   if (result.ok()) {
     details["missing_keys"] = result->keys.missing_keys;
     details["unexpected_keys"] = result->keys.unexpected_keys;

@@ -39,6 +39,8 @@
 #include "core/module_name.h"
 #include "core/module_repository.h"
 #include "core/module_spec.h"
+#include "core/staged_state_dict.h"
+#include "core/state_stream.h"
 #include "core/sync.h"
 
 namespace modelstate {
@@ -184,6 +186,23 @@ class ModelStore {
                                   const StateDict& state_dict,
                                   const LoadOptions& options);
 
+  // A load whose bytes are still to come (LoadStateDict over the wire, copy
+  // mode): checks the module exists and, when atomic, that the layout fits
+  // it (a load that must fail fails before its bytes travel, recorded like
+  // Load's failures), then stages the bytes in a new data file of the
+  // module (with a repository) or an anonymous file in `staging_dir`.
+  absl::StatusOr<std::unique_ptr<StagedStateDict>> StageLoad(
+      const OperationContext& ctx, const ModuleName& name,
+      StateDictLayout layout, const StreamLimits& limits,
+      const LoadOptions& options, const std::string& staging_dir);
+  // Load() of a staged state_dict once all its bytes were appended. The
+  // entries copied unchanged are not written to disk again: the staged
+  // file becomes one of the module's data files.
+  absl::StatusOr<LoadResult> LoadStaged(const OperationContext& ctx,
+                                        const ModuleName& name,
+                                        StagedStateDict& staged,
+                                        LoadOptions options);
+
   // module.to(device, dtype). Errors as Module::To.
   absl::Status Move(const OperationContext& ctx, const ModuleName& name,
                     std::optional<Device> device, std::optional<DType> dtype);
@@ -232,7 +251,13 @@ class ModelStore {
   // Saves `entry`'s tree after a change of `type`. REQUIRES: the caller
   // holds entry.gate, so nobody changes the tree meanwhile.
   absl::Status Persist(const OperationContext& ctx, Entry& entry,
-                       absl::string_view type);
+                       absl::string_view type,
+                       const std::vector<PrewrittenBytes>& prewritten = {});
+  absl::StatusOr<LoadResult> LoadImpl(const OperationContext& ctx,
+                                      const ModuleName& name,
+                                      const StateDict& state_dict,
+                                      const LoadOptions& options,
+                                      StagedStateDict* staged);
   // Appends a "recovered" record for `note` unless the audit log has a
   // record of the change it names. Returns whether it appended one.
   absl::StatusOr<bool> RecordIfUnrecorded(const ModuleName& name,

@@ -251,19 +251,21 @@ absl::string_view BytesOf(const Tensor& t) {
   return absl::string_view(static_cast<const char*>(t.raw_data()), t.nbytes());
 }
 
-// Deletes the data files of `dir` not in `keep`, and temporary files left by
-// interrupted writes. Best effort: what cannot be deleted now is retried by
-// the next save or start-up.
-void DeleteUnusedFiles(const std::string& dir,
-                       const std::map<std::string, uint64_t>& keep) {
+// The data files of `dir` not in `keep` and not reserved, and temporary
+// files left by interrupted writes (other than a reserved file's).
+std::vector<std::string> UnusedFiles(
+    const std::string& dir, const std::map<std::string, uint64_t>& keep,
+    const absl::flat_hash_set<std::string>& reserved) {
+  std::vector<std::string> unused;
   std::error_code ec;
   for (const auto& item : fs::directory_iterator(dir, ec)) {
     std::string name = item.path().filename().string();
+    std::string base = name.substr(0, name.find(".tmp."));
+    if (reserved.contains(base)) continue;
     bool unused_data = DataFileNumber(name) != 0 && !keep.contains(name);
-    if (unused_data || absl::StrContains(name, ".tmp.")) {
-      fs::remove(item.path(), ec);
-    }
+    if (unused_data || base != name) unused.push_back(item.path().string());
   }
+  return unused;
 }
 
 // ---------------------------------------------------------------------------
@@ -541,6 +543,76 @@ absl::StatusOr<std::unique_ptr<ModuleRepository>> ModuleRepository::Open(
       new ModuleRepository(std::move(dir)));
 }
 
+ModuleRepository::ModuleRepository(std::string dir) : dir_(std::move(dir)) {
+  deleter_ = std::thread([this] { DeleteQueued(); });
+}
+
+ModuleRepository::~ModuleRepository() {
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+    deletions_changed_.SignalAll();
+  }
+  deleter_.join();
+}
+
+void ModuleRepository::DeleteUnused(const std::string& dir,
+                                    const ModuleFiles* files, bool now) {
+  static const std::map<std::string, uint64_t> kNone;
+  static const absl::flat_hash_set<std::string> kNoReservations;
+  MutexLock lock(&mu_);
+  std::vector<std::string> unused =
+      UnusedFiles(dir, files ? files->file_bytes : kNone,
+                  files ? files->reserved : kNoReservations);
+  for (std::string& path : unused) {
+    if (now) {
+      std::error_code ec;
+      fs::remove(path, ec);
+    } else {
+      deletions_.push_back(std::move(path));
+    }
+  }
+  deletions_changed_.SignalAll();
+}
+
+std::string ModuleRepository::NextDataFile(ModuleFiles& files) {
+  uint64_t number = std::max(files.next_file, min_next_file_);
+  files.next_file = number + 1;
+  min_next_file_ = number + 1;
+  return DataFileName(number);
+}
+
+void ModuleRepository::DeleteQueued() {
+  while (true) {
+    std::string path;
+    {
+      MutexLock lock(&mu_);
+      while (deletions_.empty() && !stopping_) deletions_changed_.Wait(&mu_);
+      if (deletions_.empty()) return;
+      path = std::move(deletions_.front());
+      deletions_.pop_front();
+      deleting_ = true;
+    }
+    std::error_code ec;
+    fs::remove(path, ec);  // best effort: start-up deletes what is left
+    MutexLock lock(&mu_);
+    deleting_ = false;
+    deletions_changed_.SignalAll();
+  }
+}
+
+void ModuleRepository::WaitForDeletions() {
+  MutexLock lock(&mu_);
+  while (!deletions_.empty() || deleting_) deletions_changed_.Wait(&mu_);
+}
+
+void ModuleRepository::ReleaseDataFile(const ModuleName& name,
+                                       const std::string& path) {
+  std::shared_ptr<ModuleFiles> files = FilesOf(name);
+  MutexLock lock(&mu_);
+  files->reserved.erase(fs::path(path).filename().string());
+}
+
 std::string ModuleRepository::ModuleDir(const ModuleName& name) const {
   return absl::StrCat(dir_, "/", name.ns, "/", name.name);
 }
@@ -571,22 +643,44 @@ absl::Status ModuleRepository::CheckUsable(const ModuleName& name) {
       "and restart) before using the name"));
 }
 
-absl::Status ModuleRepository::Save(const ModuleName& name, const Module& root,
-                                    const ChangeNote& note) {
+absl::Status ModuleRepository::EnsureModuleDir(const ModuleName& name) {
+  const std::string dir = ModuleDir(name);
+  if (fs::exists(dir)) return absl::OkStatus();
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat(dir, ": cannot create: ", ec.message()));
+  }
+  // The new directory entries must be durable before the files in them.
+  MODELSTATE_RETURN_IF_ERROR(FsyncParentDirectory(dir));
+  return FsyncParentDirectory(absl::StrCat(dir_, "/", name.ns));
+}
+
+absl::StatusOr<std::string> ModuleRepository::ReserveDataFile(
+    const ModuleName& name) {
+  MODELSTATE_RETURN_IF_ERROR(CheckUsable(name));
+  MODELSTATE_RETURN_IF_ERROR(EnsureModuleDir(name));
+  std::shared_ptr<ModuleFiles> files = FilesOf(name);
+  MutexLock lock(&mu_);
+  std::string file = NextDataFile(*files);
+  files->reserved.insert(file);
+  return absl::StrCat(ModuleDir(name), "/", file);
+}
+
+absl::Status ModuleRepository::Save(
+    const ModuleName& name, const Module& root, const ChangeNote& note,
+    const std::vector<PrewrittenBytes>& prewritten) {
   MODELSTATE_RETURN_IF_ERROR(CheckUsable(name));
   std::shared_ptr<ModuleFiles> files = FilesOf(name);
   const std::string dir = ModuleDir(name);
-  if (!fs::exists(dir)) {
+  MODELSTATE_RETURN_IF_ERROR(EnsureModuleDir(name));
+  for (const PrewrittenBytes& p : prewritten) {
+    files->by_version[VersionKey(*p.storage, p.dtype)] = {p.file, p.key,
+                                                          p.crc32c};
     std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (ec) {
-      return absl::UnavailableError(
-          absl::StrCat(dir, ": cannot create: ", ec.message()));
-    }
-    // The new directory entries must be durable before the manifest's.
-    MODELSTATE_RETURN_IF_ERROR(FsyncParentDirectory(dir));
-    MODELSTATE_RETURN_IF_ERROR(
-        FsyncParentDirectory(absl::StrCat(dir_, "/", name.ns)));
+    files->file_bytes[p.file] =
+        fs::file_size(absl::StrCat(dir, "/", p.file), ec);
   }
 
   TreeEncoder tree(root);
@@ -627,7 +721,11 @@ absl::Status ModuleRepository::Save(const ModuleName& name, const Module& root,
     layout.push_back({absl::StrCat("s", i), uses[i].dtype, uses[i].shape});
   }
   if (!to_write.empty()) {
-    const std::string file = DataFileName(files->next_file++);
+    std::string file;
+    {
+      MutexLock lock(&mu_);
+      file = NextDataFile(*files);
+    }
     const std::string path = absl::StrCat(dir, "/", file);
     MODELSTATE_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFileWriter> writer,
                                 SafetensorsFileWriter::Open(path, layout));
@@ -664,7 +762,7 @@ absl::Status ModuleRepository::Save(const ModuleName& name, const Module& root,
     files->by_version[VersionKey(*uses[i].storage, uses[i].dtype)] = where[i];
   }
   files->file_bytes = std::move(file_bytes);
-  DeleteUnusedFiles(dir, files->file_bytes);
+  DeleteUnused(dir, files.get());
   return absl::OkStatus();
 }
 
@@ -689,7 +787,7 @@ absl::Status ModuleRepository::Remove(const ModuleName& name,
     return ErrnoStatus(errno, manifest, "unlink failed");
   }
   MODELSTATE_RETURN_IF_ERROR(FsyncParentDirectory(manifest));
-  DeleteUnusedFiles(dir, {});
+  DeleteUnused(dir, nullptr);
   return absl::OkStatus();
 }
 
@@ -781,15 +879,15 @@ ModuleRepository::LoadReport ModuleRepository::LoadAll(bool fallback_to_cpu) {
     if (deleted) fs::remove(manifest, ec);
     if (!fs::exists(manifest)) {
       // Never committed, or removed: nothing here is needed.
-      DeleteUnusedFiles(dir, {});
+      DeleteUnused(dir, nullptr, /*now=*/true);
       fs::remove(dir, ec);  // only if empty (no tombstone left)
       continue;
     }
     auto files = std::make_shared<ModuleFiles>();
     absl::StatusOr<Loaded> loaded = LoadOne(name, fallback_to_cpu, *files);
-    MutexLock lock(&mu_);
     if (!loaded.ok()) {
       report.errors.push_back(loaded.status());
+      MutexLock lock(&mu_);
       damaged_.insert(name.full());
       continue;
     }
@@ -798,9 +896,10 @@ ModuleRepository::LoadReport ModuleRepository::LoadAll(bool fallback_to_cpu) {
           std::max(files->next_file,
                    DataFileNumber(item.path().filename().string()) + 1);
     }
-    DeleteUnusedFiles(dir, files->file_bytes);
-    files_[name.full()] = files;
+    DeleteUnused(dir, files.get(), /*now=*/true);
     report.modules.push_back(*std::move(loaded));
+    MutexLock lock(&mu_);
+    files_[name.full()] = files;
   }
   return report;
 }

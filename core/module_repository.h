@@ -36,9 +36,11 @@
 #define MODELSTATE_CORE_MODULE_REPOSITORY_H_
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -62,6 +64,17 @@ struct ChangeNote {
   uint64_t audit_seq = 0;
 };
 
+// Bytes of one storage that are already in one of the module's data files,
+// written there by someone else (a streamed load adopts its staging file):
+// Save names them instead of writing them again.
+struct PrewrittenBytes {
+  std::shared_ptr<Storage> storage;  // holds exactly these bytes now
+  DType dtype;
+  std::string file;  // a data file name in the module's directory
+  std::string key;
+  uint32_t crc32c = 0;
+};
+
 // Thread-safe. Saves and removals of one module must not run concurrently
 // (the ModelStore's per-module gate ensures it); different modules may.
 class ModuleRepository {
@@ -75,7 +88,22 @@ class ModuleRepository {
   // whose files could not be loaded at start-up (they are kept for repair,
   // never overwritten); other errors name the file.
   absl::Status Save(const ModuleName& name, const Module& root,
-                    const ChangeNote& note);
+                    const ChangeNote& note,
+                    const std::vector<PrewrittenBytes>& prewritten = {});
+
+  // A path for a new data file of `name` (in its directory, created if
+  // needed), for a writer that Save will then adopt through
+  // PrewrittenBytes. Same errors as Save.
+  absl::StatusOr<std::string> ReserveDataFile(const ModuleName& name);
+  // Ends a reservation: from now on the file is deleted unless a saved
+  // manifest names it.
+  void ReleaseDataFile(const ModuleName& name, const std::string& path);
+
+  // Returns once every file queued for deletion is gone (files nothing names
+  // any more are deleted on a thread of their own: unlinking a large file
+  // takes a while, and nobody needs to wait for it).
+  void WaitForDeletions();
+  ~ModuleRepository();
 
   // FAILED_PRECONDITION if `name` has files that could not be loaded at
   // start-up (Save refuses to overwrite them).
@@ -115,7 +143,7 @@ class ModuleRepository {
   const std::string& dir() const { return dir_; }
 
  private:
-  explicit ModuleRepository(std::string dir) : dir_(std::move(dir)) {}
+  explicit ModuleRepository(std::string dir);
 
   // Where one storage's bytes are on disk.
   struct StoredBytes {
@@ -126,20 +154,43 @@ class ModuleRepository {
   // What is on disk for one module: the stored bytes of every storage the
   // manifest names, by (write version, dtype), and the data files in use.
   struct ModuleFiles {
+    // Used by Save and LoadAll only (one at a time per module).
     absl::flat_hash_map<std::string, StoredBytes> by_version;
     std::map<std::string, uint64_t> file_bytes;  // file name -> size
+    // Guarded by the repository's mu_: reservations come from outside the
+    // module's writer gate (a load streams before it takes the gate).
     uint64_t next_file = 1;
+    absl::flat_hash_set<std::string> reserved;  // data files being written
   };
 
   std::string ModuleDir(const ModuleName& name) const;
+  // Creates the module's directory (durably) if it is not there.
+  absl::Status EnsureModuleDir(const ModuleName& name);
   // The module's file record, created from the directory's contents the
   // first time.
   std::shared_ptr<ModuleFiles> FilesOf(const ModuleName& name);
   absl::StatusOr<Loaded> LoadOne(const ModuleName& name, bool fallback_to_cpu,
                                  ModuleFiles& files);
 
+  // Deletes the data and temporary files in `dir` that `files` (nullptr:
+  // nothing) neither names nor reserves: queued, or at once when `now`.
+  void DeleteUnused(const std::string& dir, const ModuleFiles* files,
+                    bool now = false);
+  // A new data file name for `files` (REQUIRES: mu_ held). Numbers never
+  // repeat within the process, so a queued deletion can never hit a newer
+  // file of the same name.
+  std::string NextDataFile(ModuleFiles& files)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DeleteQueued();
+
   const std::string dir_;
   Mutex mu_;
+  CondVar deletions_changed_;
+  std::deque<std::string> deletions_ ABSL_GUARDED_BY(mu_);
+  bool deleting_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t min_next_file_ ABSL_GUARDED_BY(mu_) = 1;
+  std::thread deleter_;
   std::map<std::string, std::shared_ptr<ModuleFiles>> files_
       ABSL_GUARDED_BY(mu_);
   // Modules whose files failed to load (full names).

@@ -41,6 +41,8 @@ constexpr absl::string_view kMetadataKey = "__metadata__";
 // Accelerator tensors reach the file through a host buffer of this size, so
 // writing never needs a host copy of a whole (possibly huge) tensor.
 constexpr size_t kHostChunkBytes = size_t{16} << 20;
+// SafetensorsFileWriter starts writeback after this many new bytes.
+constexpr uint64_t kWritebackBytes = uint64_t{32} << 20;
 
 // safetensors dtypes that modelstate has no DType for; named separately so
 // that the error says "unsupported" rather than "unknown".
@@ -790,6 +792,7 @@ SafetensorsFileWriter::Open(
     return ErrnoStatus(error, path, "cannot create the temporary file");
   }
   writer->fd_ = fd;
+  writer->data_start_ = header->bytes.size();
   MODELSTATE_RETURN_IF_ERROR(WriteAll(fd, header->bytes, path));
   return writer;
 }
@@ -820,6 +823,14 @@ absl::Status SafetensorsFileWriter::Append(absl::string_view bytes) {
     return status;
   }
   written_ += bytes.size();
+  if (written_ - written_back_ >= kWritebackBytes) {
+    // Start (not wait for) writing the new bytes back; errors surface in
+    // Finish's fsync.
+    sync_file_range(fd_, static_cast<off64_t>(data_start_ + written_back_),
+                    static_cast<off64_t>(written_ - written_back_),
+                    SYNC_FILE_RANGE_WRITE);
+    written_back_ = written_;
+  }
   return absl::OkStatus();
 }
 

@@ -101,17 +101,24 @@ class SafetensorsFileWriter {
       const std::vector<std::pair<std::string, std::string>>& metadata = {});
   ~SafetensorsFileWriter();
 
-  // INVALID_ARGUMENT if more bytes arrive than the layout declares.
+  // INVALID_ARGUMENT if more bytes arrive than the layout declares. Starts
+  // writing back every few tens of MiB, so that Finish's fsync has little
+  // left to wait for.
   absl::Status Append(absl::string_view bytes);
   absl::Status Finish();
+
+  // Where the data section starts in the file (8 + header length).
+  uint64_t data_start() const { return data_start_; }
 
  private:
   SafetensorsFileWriter() = default;
   std::string path_;
   std::string temp_path_;
   int fd_ = -1;
+  uint64_t data_start_ = 0;
   uint64_t expected_ = 0;
   uint64_t written_ = 0;
+  uint64_t written_back_ = 0;  // data bytes whose writeback was started
   bool finished_ = false;
 };
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/crc32c.h"
 #include "core/file_util.h"
 #include "core/status_macros.h"
 
@@ -17,6 +18,8 @@ namespace {
 
 // Conversions between dtypes go through a buffer of about this size.
 constexpr uint64_t kConversionChunkBytes = 4 << 20;
+// Append waits while this much is queued for the writer thread.
+constexpr uint64_t kMaxQueuedBytes = 16 << 20;
 
 // An unlinked file in `dir`: O_TMPFILE where the filesystem has it, else a
 // named file removed right after it was opened.
@@ -32,50 +35,140 @@ absl::StatusOr<int> OpenAnonymousFile(const std::string& dir) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<StagedStateDict>> StagedStateDict::Create(
-    StateDictLayout layout, const StreamLimits& limits,
-    const std::string& dir) {
-  MODELSTATE_RETURN_IF_ERROR(ValidateLayout(layout, limits));
-  MODELSTATE_ASSIGN_OR_RETURN(int fd, OpenAnonymousFile(dir));
-  return std::unique_ptr<StagedStateDict>(
-      new StagedStateDict(std::move(layout), fd, dir + "/(staging)"));
-}
-
-StagedStateDict::StagedStateDict(StateDictLayout layout, int fd,
-                                 std::string path)
-    : layout_(std::move(layout)), fd_(fd), path_(std::move(path)) {
+StagedStateDict::StagedStateDict(StateDictLayout layout)
+    : layout_(std::move(layout)) {
   uint64_t offset = 0;
   for (size_t i = 0; i < layout_.entries.size(); ++i) {
     index_.emplace(layout_.entries[i].key, i);
     offsets_.push_back(offset);
     offset += layout_.entries[i].nbytes;
   }
+  crcs_.assign(layout_.entries.size(), 0);
 }
 
-StagedStateDict::~StagedStateDict() { close(fd_); }
+absl::StatusOr<std::unique_ptr<StagedStateDict>>
+StagedStateDict::CreateAnonymous(StateDictLayout layout,
+                                 const StreamLimits& limits,
+                                 const std::string& dir) {
+  MODELSTATE_RETURN_IF_ERROR(ValidateLayout(layout, limits));
+  std::unique_ptr<StagedStateDict> staged(
+      new StagedStateDict(std::move(layout)));
+  MODELSTATE_ASSIGN_OR_RETURN(staged->fd_, OpenAnonymousFile(dir));
+  staged->StartWriter();
+  return staged;
+}
 
-absl::Status StagedStateDict::Append(absl::string_view bytes) {
+absl::StatusOr<std::unique_ptr<StagedStateDict>> StagedStateDict::CreateFile(
+    StateDictLayout layout, const StreamLimits& limits, const std::string& path,
+    std::function<void()> on_close) {
+  MODELSTATE_RETURN_IF_ERROR(ValidateLayout(layout, limits));
+  std::vector<SafetensorsEntry> entries;
+  for (const StateDictLayoutEntry& e : layout.entries) {
+    entries.push_back({e.key, e.dtype, e.shape});
+  }
+  std::unique_ptr<StagedStateDict> staged(
+      new StagedStateDict(std::move(layout)));
+  staged->path_ = path;
+  staged->on_close_ = std::move(on_close);
+  MODELSTATE_ASSIGN_OR_RETURN(staged->writer_,
+                              SafetensorsFileWriter::Open(path, entries));
+  staged->data_start_ = staged->writer_->data_start();
+  staged->StartWriter();
+  return staged;
+}
+
+StagedStateDict::~StagedStateDict() {
+  {
+    MutexLock lock(&mu_);
+    queue_.clear();  // abandoned: nothing more to write
+  }
+  StopWriter().IgnoreError();
+  if (fd_ >= 0) close(fd_);
+  // A finished file nobody adopted; an unfinished one is the writer's.
+  if (finished_ && !path_.empty() && !keep_) unlink(path_.c_str());
+  writer_.reset();
+  if (on_close_) on_close_();
+}
+
+void StagedStateDict::StartWriter() {
+  writer_thread_ = std::thread([this] { WriteQueued(); });
+}
+
+absl::Status StagedStateDict::Append(std::string bytes) {
   if (bytes.size() > layout_.total_bytes - received_) {
     return absl::InvalidArgumentError(
         absl::StrCat("data: received more than the ", layout_.total_bytes,
                      " bytes the header declares"));
   }
-  MODELSTATE_RETURN_IF_ERROR(WriteAll(fd_, bytes, path_));
   received_ += bytes.size();
+  MutexLock lock(&mu_);
+  while (write_status_.ok() && queued_bytes_ >= kMaxQueuedBytes) {
+    changed_.Wait(&mu_);
+  }
+  if (!write_status_.ok()) return write_status_;
+  queued_bytes_ += bytes.size();
+  queue_.push_back(std::move(bytes));
+  changed_.SignalAll();
   return absl::OkStatus();
 }
 
-absl::StatusOr<StateDict> StagedStateDict::Finish() {
-  if (received_ != layout_.total_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the stream ended after ", received_, " of ",
-                     layout_.total_bytes, " data bytes"));
+void StagedStateDict::WriteQueued() {
+  while (true) {
+    std::string piece;
+    {
+      MutexLock lock(&mu_);
+      while (queue_.empty() && !stopping_) changed_.Wait(&mu_);
+      if (queue_.empty()) return;  // stopping, and everything written
+      piece = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    absl::Status written = WritePiece(piece);
+    MutexLock lock(&mu_);
+    queued_bytes_ -= piece.size();
+    if (!written.ok() && write_status_.ok()) {
+      write_status_ = written;
+      queue_.clear();
+    }
+    changed_.SignalAll();
   }
+}
+
+absl::Status StagedStateDict::StopWriter() {
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+    changed_.SignalAll();
+  }
+  if (writer_thread_.joinable()) writer_thread_.join();
+  MutexLock lock(&mu_);
+  return write_status_;
+}
+
+absl::Status StagedStateDict::WritePiece(absl::string_view bytes) {
+  if (writer_ == nullptr) return WriteAll(fd_, bytes, "the staging file");
+  MODELSTATE_RETURN_IF_ERROR(writer_->Append(bytes));
+  // Each entry's CRC, for the durable store that adopts the file.
+  while (!bytes.empty()) {
+    while (entry_ < layout_.entries.size() &&
+           entry_done_ == layout_.entries[entry_].nbytes) {
+      ++entry_;
+      entry_done_ = 0;
+    }
+    size_t n = static_cast<size_t>(std::min<uint64_t>(
+        bytes.size(), layout_.entries[entry_].nbytes - entry_done_));
+    crcs_[entry_] = Crc32cExtend(crcs_[entry_], bytes.substr(0, n));
+    entry_done_ += n;
+    bytes.remove_prefix(n);
+  }
+  return absl::OkStatus();
+}
+
+StateDict StagedStateDict::Describe() const {
   StateDict described;
   for (const StateDictLayoutEntry& e : layout_.entries) {
-    MODELSTATE_ASSIGN_OR_RETURN(
-        Tensor t, Tensor::Empty(e.dtype, e.shape, Device::Meta()));
-    described.tensors.Set(e.key, std::move(t));
+    // Validated shapes: Empty cannot fail on meta.
+    described.tensors.Set(e.key,
+                          *Tensor::Empty(e.dtype, e.shape, Device::Meta()));
   }
   if (layout_.metadata.has_value()) {
     described.metadata.emplace();
@@ -86,35 +179,61 @@ absl::StatusOr<StateDict> StagedStateDict::Finish() {
   return described;
 }
 
+absl::StatusOr<StateDict> StagedStateDict::Finish() {
+  if (received_ != layout_.total_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the stream ended after ", received_, " of ",
+                     layout_.total_bytes, " data bytes"));
+  }
+  MODELSTATE_RETURN_IF_ERROR(StopWriter());
+  if (writer_ != nullptr && !finished_) {
+    MODELSTATE_RETURN_IF_ERROR(writer_->Finish());
+    finished_ = true;
+    fd_ = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) return ErrnoStatus(errno, path_, "cannot reopen");
+  }
+  return Describe();
+}
+
 const StateDictLayoutEntry* StagedStateDict::Find(const std::string& key,
+                                                  size_t* index,
                                                   uint64_t* offset) const {
   auto it = index_.find(key);
   if (it == index_.end()) return nullptr;
+  *index = it->second;
   *offset = offsets_[it->second];
   return &layout_.entries[it->second];
 }
 
+absl::Status StagedStateDict::ReadData(char* out, uint64_t n, uint64_t offset) {
+  return PreadAll(fd_, out, n, data_start_ + offset,
+                  path_.empty() ? "the staging file" : path_);
+}
+
 absl::StatusOr<Tensor> StagedStateDict::Read(const std::string& key) {
+  size_t index = 0;
   uint64_t offset = 0;
-  const StateDictLayoutEntry* e = Find(key, &offset);
+  const StateDictLayoutEntry* e = Find(key, &index, &offset);
   if (e == nullptr) {
     return absl::NotFoundError(absl::StrCat("no staged entry '", key, "'"));
   }
   MODELSTATE_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(e->dtype, e->shape));
   MODELSTATE_ASSIGN_OR_RETURN(void* data, t.MutableDataForOverwrite());
   MODELSTATE_RETURN_IF_ERROR(
-      PreadAll(fd_, static_cast<char*>(data), e->nbytes, offset, path_));
+      ReadData(static_cast<char*>(data), e->nbytes, offset));
   return t;
 }
 
 absl::Status StagedStateDict::CopyInto(const std::string& key, Tensor& target) {
+  size_t index = 0;
   uint64_t offset = 0;
-  const StateDictLayoutEntry* e = Find(key, &offset);
+  const StateDictLayoutEntry* e = Find(key, &index, &offset);
   if (e == nullptr) {
     return absl::NotFoundError(absl::StrCat("no staged entry '", key, "'"));
   }
   const uint64_t count = static_cast<uint64_t>(target.numel());
-  uint64_t available = e->nbytes / ElementSize(e->dtype);
+  const size_t in_size = ElementSize(e->dtype);
+  const uint64_t available = e->nbytes / in_size;
   if (count > available) {
     return absl::InvalidArgumentError(
         absl::StrCat("The size of tensor a (", count,
@@ -126,15 +245,18 @@ absl::Status StagedStateDict::CopyInto(const std::string& key, Tensor& target) {
                                 Tensor::Empty(e->dtype, target.shape()));
     MODELSTATE_ASSIGN_OR_RETURN(void* data, host.MutableDataForOverwrite());
     MODELSTATE_RETURN_IF_ERROR(
-        PreadAll(fd_, static_cast<char*>(data), host.nbytes(), offset, path_));
+        ReadData(static_cast<char*>(data), host.nbytes(), offset));
     return target.CopyFrom(host);
   }
   MODELSTATE_ASSIGN_OR_RETURN(void* dst, target.MutableDataForOverwrite());
   char* out = static_cast<char*>(dst);
-  const size_t in_size = ElementSize(e->dtype);
   const size_t out_size = ElementSize(target.dtype());
   if (e->dtype == target.dtype()) {
-    return PreadAll(fd_, out, count * in_size, offset, path_);
+    MODELSTATE_RETURN_IF_ERROR(ReadData(out, count * in_size, offset));
+    if (finished_ && count == available) {
+      copied_.push_back({target.storage(), e->dtype, e->key, crcs_[index]});
+    }
+    return absl::OkStatus();
   }
   // Different dtypes: read a piece, convert it, next piece.
   const uint64_t per_chunk =
@@ -142,8 +264,8 @@ absl::Status StagedStateDict::CopyInto(const std::string& key, Tensor& target) {
   std::vector<char> buffer(std::min(count, per_chunk) * in_size);
   for (uint64_t done = 0; done < count;) {
     uint64_t n = std::min(per_chunk, count - done);
-    MODELSTATE_RETURN_IF_ERROR(PreadAll(fd_, buffer.data(), n * in_size,
-                                        offset + done * in_size, path_));
+    MODELSTATE_RETURN_IF_ERROR(
+        ReadData(buffer.data(), n * in_size, offset + done * in_size));
     ConvertElements(buffer.data(), e->dtype, out + done * out_size,
                     target.dtype(), static_cast<int64_t>(n));
     done += n;

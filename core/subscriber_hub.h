@@ -127,7 +127,7 @@ struct SubscriberAnswer {
   uint64_t event_id = 0;
   Verdict verdict = Verdict::kApprove;
   std::string reason;
-  Tensor replacement;                  // MODIFY with values
+  Tensor replacement;  // MODIFY with values
   // Parameters: whether the replacement requires grad (floating only).
   bool replacement_requires_grad = false;
   std::optional<Transform> transform;  // MODIFY with a transform

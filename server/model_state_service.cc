@@ -375,12 +375,13 @@ grpc::Status ModelStateServiceImpl::LoadStateDict(
   // copying load stages the bytes on disk and reads each entry straight
   // into the module's tensor; assign installs new tensors, which must be in
   // memory anyway.
+  const OperationContext ctx = ContextOf(context);
   std::unique_ptr<StagedStateDict> staged;
   std::unique_ptr<StateDictAssembler> assembler;
-  if (!options.assign && !options_.staging_dir.empty()) {
-    ASSIGN_OR_RETURN_GRPC(staged,
-                          StagedStateDict::Create(std::move(layout), limits,
-                                                  options_.staging_dir));
+  if (!options.assign) {
+    ASSIGN_OR_RETURN_GRPC(
+        staged, store_->StageLoad(ctx, name, std::move(layout), limits, options,
+                                  options_.staging_dir));
   } else {
     ASSIGN_OR_RETURN_GRPC(
         assembler, StateDictAssembler::Create(std::move(layout), limits));
@@ -391,20 +392,22 @@ grpc::Status ModelStateServiceImpl::LoadStateDict(
           grpc::StatusCode::INVALID_ARGUMENT,
           "data: only data messages may follow the start message");
     }
-    RETURN_IF_ERROR_GRPC(staged != nullptr ? staged->Append(message.data())
-                                           : assembler->Append(message.data()));
+    RETURN_IF_ERROR_GRPC(
+        staged != nullptr ? staged->Append(std::move(*message.mutable_data()))
+                          : assembler->Append(message.data()));
   }
   if (context->IsCancelled()) {
     return grpc::Status(grpc::StatusCode::CANCELLED,
                         "client cancelled; nothing loaded");
   }
-  ASSIGN_OR_RETURN_GRPC(StateDict state_dict, staged != nullptr
-                                                  ? staged->Finish()
-                                                  : assembler->Finish());
-  options.source = staged.get();
-  ASSIGN_OR_RETURN_GRPC(
-      LoadResult result,
-      store_->Load(ContextOf(context), name, state_dict, options));
+  LoadResult result;
+  if (staged != nullptr) {
+    ASSIGN_OR_RETURN_GRPC(result,
+                          store_->LoadStaged(ctx, name, *staged, options));
+  } else {
+    ASSIGN_OR_RETURN_GRPC(StateDict state_dict, assembler->Finish());
+    ASSIGN_OR_RETURN_GRPC(result, store_->Load(ctx, name, state_dict, options));
+  }
   convert::LoadResultToProto(result, response);
   return grpc::Status::OK;
 }

@@ -4,6 +4,7 @@
 //
 // SIGTERM / SIGINT shut it down cleanly: new calls are refused, running
 // calls get --shutdown_grace_seconds to finish, then are cancelled.
+#include <malloc.h>
 #include <signal.h>
 
 #include <cstdio>
@@ -35,6 +36,10 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "Address to listen on (host:port; port 0 picks a free one)");
 ABSL_FLAG(std::string, data_dir, "./data",
           "Directory for durable state and the audit log");
+ABSL_FLAG(int, stream_window_kib, 8192,
+          "HTTP/2 receive window per stream, in KiB: how far a client may "
+          "send ahead of a load being written to disk, which bounds the "
+          "server's buffering (0: gRPC's adaptive window)");
 ABSL_FLAG(std::string, ready_file, "",
           "Once serving, write the actual listen address to this file");
 ABSL_FLAG(int, max_message_mib, 64,
@@ -166,6 +171,13 @@ int main(int argc, char** argv) {
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(max_message);
   builder.SetMaxSendMessageSize(max_message);
+  if (int window = absl::GetFlag(FLAGS_stream_window_kib); window > 0) {
+    // A fixed window instead of gRPC's adaptive one, which on loopback
+    // grows until a slow consumer has tens of MiB queued in the server.
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
+                               window << 10);
+  }
   if (int threads = absl::GetFlag(FLAGS_worker_threads); threads > 0) {
     grpc::ResourceQuota quota("modelstate");
     quota.SetMaxThreads(threads);

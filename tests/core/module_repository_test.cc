@@ -176,7 +176,9 @@ class ModuleRepositoryTest : public ::testing::Test {
     ModuleName n = Name(name);
     return dir_ / n.ns / n.name;
   }
+  // The module's data files once queued deletions are done.
   std::vector<std::string> DataFiles(const std::string& name) const {
+    repo_->WaitForDeletions();
     std::vector<std::string> files;
     for (const auto& item : fs::directory_iterator(ModuleDir(name))) {
       std::string file = item.path().filename().string();
@@ -382,8 +384,10 @@ class DamagedFileTest : public ModuleRepositoryTest {
     ModuleRepositoryTest::SetUp();
     good_ = Build(R"({"type": "Linear", "args": [8, 8]})");
     bad_ = Build(R"({"type": "Linear", "args": [8, 8]})", 4);
-    ASSERT_THAT(repo_->Save(Name("d/good"), *good_, Note("build")), IsOk());
+    // Data file numbers are unique in the repository: d/bad, saved first,
+    // gets data-1.
     ASSERT_THAT(repo_->Save(Name("d/bad"), *bad_, Note("build")), IsOk());
+    ASSERT_THAT(repo_->Save(Name("d/good"), *good_, Note("build")), IsOk());
   }
   fs::path BadFile(const std::string& file) {
     return ModuleDir("d/bad") / file;

@@ -330,11 +330,12 @@ fs::path ModuleDir(const TestServer& server, const std::string& ns,
 }
 
 TEST_F(DurabilityTest, ADamagedModuleIsNamedAtStartAndTheOthersLoad) {
-  ASSERT_THAT(client_->BuildModule(BuildRequest(
-                  "d/good", R"({"type": "Linear", "args": [16, 16]})", 1)),
-              IsOk());
+  // Built first, d/bad gets the data file data-1.safetensors.
   ASSERT_THAT(client_->BuildModule(BuildRequest(
                   "d/bad", R"({"type": "Linear", "args": [16, 16]})", 2)),
+              IsOk());
+  ASSERT_THAT(client_->BuildModule(BuildRequest(
+                  "d/good", R"({"type": "Linear", "args": [16, 16]})", 1)),
               IsOk());
   absl::StatusOr<StateDict> good = client_->GetStateDict("d/good");
   ASSERT_THAT(good, IsOk());

@@ -1,0 +1,412 @@
+// The service benchmarks, each next to its baseline measured in the same
+// run: state_dict transfers against raw gRPC moving the same bytes in the
+// same chunks (and the server's peak RSS meanwhile), a ResNet-50 build
+// through remote interceptors against a bare ping-pong, and 32 concurrent
+// clients against one. modelstate-server and the raw gRPC server run as
+// separate processes on loopback; this process is the client of both.
+//
+//   transfer_bench --server=PATH --models=DIR --out=results.json
+//                  [--reps=5] [--warmup=1] [--smoke]
+//
+// Writes JSON: every figure's samples and median (seconds, microseconds
+// or bytes, as named).
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "client/model_state_client.h"
+#include "client/subscriber.h"
+#include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
+#include "raw_grpc.h"
+#include "tests/testing/server_process.h"
+
+ABSL_FLAG(std::string, server, "", "modelstate-server binary");
+ABSL_FLAG(std::string, models, "", "directory of the benchmark model specs");
+ABSL_FLAG(std::string, out, "transfer_bench.json", "where the JSON goes");
+ABSL_FLAG(int, reps, 5, "measured repetitions of each figure");
+ABSL_FLAG(int, warmup, 1, "unmeasured repetitions first");
+ABSL_FLAG(bool, smoke, false, "tiny models and counts (for the test suite)");
+ABSL_FLAG(std::vector<std::string>, figures,
+          std::vector<std::string>({"transfer", "hooks", "concurrency"}),
+          "which figures to measure");
+// The raw gRPC server mode (this binary, started by itself).
+ABSL_FLAG(bool, serve_raw, false,
+          "serve the raw gRPC baseline and nothing else");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0", "raw server: address");
+ABSL_FLAG(std::string, ready_file, "",
+          "raw server: where to write the address");
+
+namespace modelstate::bench {
+namespace {
+
+using Json = nlohmann::json;
+using client::ModelStateClient;
+
+constexpr uint32_t kChunk = 1 << 20;
+
+[[noreturn]] void Fail(const std::string& what, const absl::Status& status) {
+  std::cerr << "transfer_bench: " << what << ": " << status << "\n";
+  std::exit(1);
+}
+
+template <typename T>
+T Check(absl::StatusOr<T> value, const std::string& what) {
+  if (!value.ok()) Fail(what, value.status());
+  return *std::move(value);
+}
+
+void Check(const absl::Status& status, const std::string& what) {
+  if (!status.ok()) Fail(what, status);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+Json Figure(const std::vector<double>& samples) {
+  return Json{{"median", Median(samples)}, {"samples", samples}};
+}
+
+// Runs `once` warmup + reps times; returns the measured results.
+template <typename Fn>
+std::vector<double> Repeat(Fn once) {
+  std::vector<double> samples;
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  const int reps = absl::GetFlag(FLAGS_reps);
+  for (int i = 0; i < warmup + reps; ++i) {
+    double value = once();
+    if (i >= warmup) samples.push_back(value);
+  }
+  return samples;
+}
+
+// Runs `baseline` and `measured` alternately, warmup + reps times each, so
+// that both see the same moments of a noisy machine; returns their results.
+template <typename A, typename B>
+std::pair<std::vector<double>, std::vector<double>> RepeatPair(A baseline,
+                                                               B measured) {
+  std::vector<double> a;
+  std::vector<double> b;
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  const int reps = absl::GetFlag(FLAGS_reps);
+  for (int i = 0; i < warmup + reps; ++i) {
+    double x = baseline();
+    double y = measured();
+    if (i >= warmup) {
+      a.push_back(x);
+      b.push_back(y);
+    }
+  }
+  return {a, b};
+}
+
+double Seconds(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+// `count` x Linear(1024, 1024) in a Sequential: 4 MiB each.
+v1::ModuleSpec LinearStack(int count) {
+  v1::ModuleSpec spec;
+  spec.set_type("Sequential");
+  for (int i = 0; i < count; ++i) {
+    v1::ModuleSpec* layer = spec.add_children()->mutable_spec();
+    layer->set_type("Linear");
+    layer->add_args()->set_number_value(1024);
+    layer->add_args()->set_number_value(1024);
+  }
+  return spec;
+}
+
+v1::ModuleSpec LoadSpec(const std::string& model) {
+  if (model == "linear16") return LinearStack(16);
+  std::string path = absl::GetFlag(FLAGS_models) + "/" + model + ".json";
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  if (text.empty()) Fail(path, absl::NotFoundError("cannot read it"));
+  v1::ModuleSpec spec;
+  auto status = google::protobuf::util::JsonStringToMessage(text, &spec);
+  if (!status.ok()) Fail(path, absl::InvalidArgumentError(status.ToString()));
+  return spec;
+}
+
+v1::BuildModuleResponse Build(ModelStateClient& client, const std::string& name,
+                              const v1::ModuleSpec& spec) {
+  v1::BuildModuleRequest request;
+  request.set_module(name);
+  *request.mutable_spec() = spec;
+  return Check(client.BuildModule(request), "build " + name);
+}
+
+// A client on a connection of its own (gRPC would otherwise share one TCP
+// connection among channels to the same address).
+std::unique_ptr<ModelStateClient> OwnConnection(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxSendMessageSize(64 << 20);
+  return std::make_unique<ModelStateClient>(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
+                                args),
+      client::ClientOptions{});
+}
+
+// Receives a state_dict and keeps nothing: the same client-side work as
+// the raw download, which only counts bytes.
+class CountingSink : public client::StateDictSink {
+ public:
+  absl::Status Begin(const StateDictLayout&) override {
+    return absl::OkStatus();
+  }
+  absl::Status Append(absl::string_view bytes) override {
+    bytes_ += bytes.size();
+    return absl::OkStatus();
+  }
+  absl::Status Finish() override { return absl::OkStatus(); }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  uint64_t bytes_ = 0;
+};
+
+// /proc/<pid>/status fields, in bytes.
+uint64_t ProcStatusBytes(pid_t pid, const std::string& field) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) {
+      return std::stoull(line.substr(field.size() + 1)) * 1024;
+    }
+  }
+  return 0;
+}
+
+// Resets the process's peak RSS (VmHWM) to its current RSS.
+void ResetPeakRss(pid_t pid) {
+  std::ofstream(absl::StrCat("/proc/", pid, "/clear_refs")) << "5";
+}
+
+struct Servers {
+  testing::ServerProcess modelstate;
+  testing::ServerProcess raw;
+  std::unique_ptr<ModelStateClient> client;
+  std::unique_ptr<RawClient> raw_client;
+};
+
+Json TransferFigures(Servers& s, const std::string& model) {
+  Build(*s.client, "bench/transfer", LoadSpec(model));
+  v1::GetModuleRequest describe;
+  describe.set_module("bench/transfer");
+  const uint64_t hosted =
+      Check(s.client->GetModule(describe), "describe").total_bytes();
+  const StateDict state =
+      Check(s.client->GetStateDict("bench/transfer"), "fetch");
+  uint64_t bytes = 0;
+  for (const auto& item : state.tensors) bytes += item.value.nbytes();
+  const pid_t pid = s.modelstate.pid();
+  const uint64_t base_rss = ProcStatusBytes(pid, "VmRSS");
+
+  uint64_t get_peak = 0;
+  auto [raw_down, get] = RepeatPair(
+      [&] { return Check(s.raw_client->Download(bytes, kChunk), "raw down"); },
+      [&] {
+        ResetPeakRss(pid);
+        client::GetStateDictOptions options;
+        options.chunk_bytes = kChunk;
+        CountingSink sink;
+        auto start = std::chrono::steady_clock::now();
+        Check(s.client->GetStateDict("bench/transfer", options, sink), "get");
+        double seconds = Seconds(start);
+        if (sink.bytes() != bytes) Fail("get", absl::DataLossError("short"));
+        get_peak = std::max(get_peak, ProcStatusBytes(pid, "VmHWM"));
+        return seconds;
+      });
+  uint64_t load_peak = 0;
+  auto [raw_up, load] = RepeatPair(
+      [&] { return Check(s.raw_client->Upload(bytes, kChunk), "raw up"); },
+      [&] {
+        ResetPeakRss(pid);
+        client::LoadStateDictOptions options;
+        options.chunk_bytes = kChunk;
+        auto start = std::chrono::steady_clock::now();
+        Check(
+            s.client->LoadStateDict("bench/transfer", state, options).status(),
+            "load");
+        double seconds = Seconds(start);
+        load_peak = std::max(load_peak, ProcStatusBytes(pid, "VmHWM"));
+        return seconds;
+      });
+  Check(s.client->DeleteModule("bench/transfer"), "delete");
+  return Json{{"model", model},
+              {"bytes", bytes},
+              {"chunk_bytes", kChunk},
+              {"hosted_bytes", hosted},
+              {"server_rss_before_bytes", base_rss},
+              {"raw_download_s", Figure(raw_down)},
+              {"get_state_dict_s", Figure(get)},
+              {"raw_upload_s", Figure(raw_up)},
+              {"load_state_dict_s", Figure(load)},
+              {"server_peak_rss_get_bytes", get_peak},
+              {"server_peak_rss_load_bytes", load_peak}};
+}
+
+Json PingPongFigures(Servers& s, int count) {
+  std::vector<double> rtt =
+      Check(s.raw_client->PingPong(count, count / 10), "ping-pong");
+  std::sort(rtt.begin(), rtt.end());
+  return Json{{"count", count},
+              {"p50_us", Median(rtt)},
+              {"p99_us", rtt[rtt.size() * 99 / 100]}};
+}
+
+// Builds `model` with `interceptors` remote subscribers approving every
+// registration, each on its own connection.
+Json HookFigures(Servers& s, const std::string& model, double ping_p50_us) {
+  const v1::ModuleSpec spec = LoadSpec(model);
+  Json out{{"model", model}};
+  int registrations = 0;
+  int round = 0;
+  for (int interceptors : {0, 1, 4}) {
+    std::vector<std::unique_ptr<ModelStateClient>> clients;
+    std::vector<std::unique_ptr<client::Subscriber>> subscribers;
+    for (int i = 0; i < interceptors; ++i) {
+      clients.push_back(OwnConnection(s.modelstate.address()));
+      v1::Subscription subscription;
+      subscription.set_name(absl::StrCat("approver-", i));
+      subscription.set_priority(i);
+      subscribers.push_back(Check(
+          client::Subscriber::Start(*clients.back(), subscription,
+                                    [](const v1::HookEventProto& event) {
+                                      v1::HookAnswer answer;
+                                      answer.set_event_id(event.event_id());
+                                      answer.set_verdict(
+                                          v1::HookAnswer::APPROVE);
+                                      return answer;
+                                    }),
+          "subscribe"));
+    }
+    std::vector<double> seconds = Repeat([&] {
+      std::string name = absl::StrCat("bench/hooks", round++);
+      auto start = std::chrono::steady_clock::now();
+      v1::BuildModuleResponse built = Build(*s.client, name, spec);
+      double t = Seconds(start);
+      registrations = built.registrations_size();
+      Check(s.client->DeleteModule(name), "delete");
+      return t;
+    });
+    for (auto& sub : subscribers) sub->Stop();
+    out[absl::StrCat("build_", interceptors, "_interceptors_s")] =
+        Figure(seconds);
+  }
+  out["registrations"] = registrations;
+  out["sequential_estimate_s"] = registrations * ping_p50_us * 1e-6;
+  return out;
+}
+
+Json ConcurrencyFigures(Servers& s, const std::string& model, int clients) {
+  Build(*s.client, "bench/shared", LoadSpec(model));
+  std::vector<std::unique_ptr<ModelStateClient>> connections;
+  for (int i = 0; i < clients; ++i) {
+    connections.push_back(OwnConnection(s.modelstate.address()));
+  }
+  uint64_t bytes = 0;
+  auto fetch = [&](ModelStateClient& c) -> absl::Status {
+    client::GetStateDictOptions options;
+    options.chunk_bytes = kChunk;
+    CountingSink sink;
+    absl::Status status = c.GetStateDict("bench/shared", options, sink);
+    bytes = sink.bytes();
+    return status;
+  };
+  std::vector<double> single = Repeat([&] {
+    auto start = std::chrono::steady_clock::now();
+    Check(fetch(*connections[0]), "single fetch");
+    return Seconds(start);
+  });
+  int errors = 0;
+  std::vector<double> all = Repeat([&] {
+    std::vector<absl::Status> results(clients);
+    std::vector<std::thread> threads;
+    auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < clients; ++i) {
+      threads.emplace_back([&, i] { results[i] = fetch(*connections[i]); });
+    }
+    for (auto& t : threads) t.join();
+    double seconds = Seconds(start);
+    for (const absl::Status& r : results) errors += r.ok() ? 0 : 1;
+    return seconds;
+  });
+  Check(s.client->DeleteModule("bench/shared"), "delete");
+  return Json{{"model", model},
+              {"bytes_per_client", bytes},
+              {"clients", clients},
+              {"single_client_s", Figure(single)},
+              {"all_clients_s", Figure(all)},
+              {"errors", errors}};
+}
+
+int Run() {
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe");
+  const bool smoke = absl::GetFlag(FLAGS_smoke);
+  Servers s{testing::ServerProcess(absl::GetFlag(FLAGS_server), {}),
+            testing::ServerProcess(self, {"--serve_raw"}, /*data_dir=*/false),
+            nullptr, nullptr};
+  Check(s.modelstate.Start(), "start modelstate-server");
+  Check(s.raw.Start(), "start the raw gRPC server");
+  s.client = OwnConnection(s.modelstate.address());
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetMaxReceiveMessageSize(64 << 20);
+  s.raw_client = std::make_unique<RawClient>(grpc::CreateCustomChannel(
+      s.raw.address(), grpc::InsecureChannelCredentials(), args));
+
+  Json out;
+  auto wanted = [](const std::string& figure) {
+    const std::vector<std::string> all = absl::GetFlag(FLAGS_figures);
+    return std::find(all.begin(), all.end(), figure) != all.end();
+  };
+  if (wanted("transfer")) {
+    out["transfer"] = TransferFigures(s, smoke ? "mlp" : "gpt2");
+  }
+  out["ping_pong"] = PingPongFigures(s, smoke ? 200 : 5000);
+  if (wanted("hooks")) {
+    out["hooks"] = HookFigures(s, smoke ? "mlp" : "resnet50",
+                               out["ping_pong"]["p50_us"].get<double>());
+  }
+  if (wanted("concurrency")) {
+    out["concurrency"] =
+        ConcurrencyFigures(s, smoke ? "mlp" : "linear16", smoke ? 4 : 32);
+  }
+  out["reps"] = absl::GetFlag(FLAGS_reps);
+  out["warmup"] = absl::GetFlag(FLAGS_warmup);
+  std::ofstream(absl::GetFlag(FLAGS_out)) << out.dump(2) << "\n";
+  std::cout << out.dump(2) << "\n";
+  return 0;
+}
+
+}  // namespace
+}  // namespace modelstate::bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_serve_raw)) {
+    return modelstate::bench::RunRawServer(absl::GetFlag(FLAGS_listen),
+                                           absl::GetFlag(FLAGS_ready_file));
+  }
+  return modelstate::bench::Run();
+}
