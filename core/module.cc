@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "core/log.h"
 #include "core/status_macros.h"
 
 namespace modelstate {
@@ -923,16 +924,32 @@ struct PlannedConversion {
   bool is_parameter;
   Tensor tensor;
   Tensor converted;
+  // Convert `tensor`'s own storage to `dtype` when applying (`converted`
+  // is made then): a narrowing conversion of a storage nobody else holds
+  // needs no second buffer.
+  bool in_place = false;
+  DType dtype = DType::kFloat32;
+  // A later visit of an in-place tensor: its converted tensor is entry
+  // `same_as`'s.
+  int same_as = -1;
 };
 
 // Plans the conversion of every tensor of the tree, children first (each
 // distinct child once per parent, as PyTorch's _apply), each tensor object
 // converted once.
+// What a tensor became: its converted tensor, or the plan entry that
+// converts it in place.
+struct ConversionDone {
+  Tensor converted;
+  int in_place_entry = -1;
+};
+
 template <typename TargetDType>
-absl::Status PlanConversion(Module& m, const std::optional<Device>& device,
-                            const TargetDType& target_dtype,
-                            absl::flat_hash_map<const void*, Tensor>& done,
-                            std::vector<PlannedConversion>& plan) {
+absl::Status PlanConversion(
+    Module& m, const std::optional<Device>& device,
+    const TargetDType& target_dtype,
+    absl::flat_hash_map<const void*, ConversionDone>& done,
+    std::vector<PlannedConversion>& plan) {
   for (const auto& [name, child] : m.NamedChildren()) {
     MODELSTATE_RETURN_IF_ERROR(
         PlanConversion(*child, device, target_dtype, done, plan));
@@ -945,15 +962,23 @@ absl::Status PlanConversion(Module& m, const std::optional<Device>& device,
     if (new_device == t.device() && new_dtype == t.dtype()) {
       return absl::OkStatus();
     }
+    PlannedConversion c{&m, name, is_parameter, t, Tensor(), false, new_dtype};
     auto it = done.find(t.identity());
-    Tensor converted;
     if (it != done.end()) {
-      converted = it->second;
+      c.converted = it->second.converted;
+      c.same_as = it->second.in_place_entry;
+    } else if (new_device == t.device() && t.CanConvertInPlace(new_dtype) &&
+               (is_parameter || t.IsSoleHandle())) {
+      // A buffer gets a new tensor object, as in PyTorch, so its old one
+      // must be unobservable (only the module holds it) to reuse the bytes.
+      c.in_place = true;
+      done.emplace(t.identity(),
+                   ConversionDone{Tensor(), static_cast<int>(plan.size())});
     } else {
-      MODELSTATE_ASSIGN_OR_RETURN(converted, t.To(new_device, new_dtype));
-      done.emplace(t.identity(), converted);
+      MODELSTATE_ASSIGN_OR_RETURN(c.converted, t.To(new_device, new_dtype));
+      done.emplace(t.identity(), ConversionDone{c.converted});
     }
-    plan.push_back(PlannedConversion{&m, name, is_parameter, t, converted});
+    plan.push_back(std::move(c));
     return absl::OkStatus();
   };
   for (const auto& item : m.parameters()) {
@@ -978,6 +1003,15 @@ struct ModuleInternals {
   // place); buffers are replaced by the converted tensor object.
   static void ApplyConversions(std::vector<PlannedConversion>& plan) {
     for (PlannedConversion& c : plan) {
+      if (c.in_place) {
+        // Checked when planned; nothing since could share the storage.
+        absl::Status converted = c.tensor.ConvertInPlace(c.dtype);
+        MODELSTATE_CHECK(converted.ok()) << converted;
+        // A parameter keeps its object; a buffer gets a new one.
+        c.converted = c.is_parameter ? c.tensor : c.tensor.Detach();
+      } else if (c.same_as >= 0) {
+        c.converted = plan[c.same_as].converted;
+      }
       if (c.is_parameter) {
         c.tensor.SetData(c.converted);
       } else {
@@ -999,7 +1033,7 @@ absl::Status Module::To(std::optional<Device> device,
   }
   if (device.has_value())
     MODELSTATE_RETURN_IF_ERROR(CheckDeviceAvailable(*device));
-  absl::flat_hash_map<const void*, Tensor> done;
+  absl::flat_hash_map<const void*, ConversionDone> done;
   std::vector<PlannedConversion> plan;
   MODELSTATE_RETURN_IF_ERROR(PlanConversion(
       *this, device,
@@ -1012,7 +1046,7 @@ absl::Status Module::To(std::optional<Device> device,
 }
 
 absl::Status Module::Type(DType dtype) {
-  absl::flat_hash_map<const void*, Tensor> done;
+  absl::flat_hash_map<const void*, ConversionDone> done;
   std::vector<PlannedConversion> plan;
   MODELSTATE_RETURN_IF_ERROR(PlanConversion(
       *this, std::nullopt, [&](DType) { return dtype; }, done, plan));

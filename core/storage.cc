@@ -31,6 +31,32 @@ std::array<std::unique_ptr<DeviceBackend>, 3>& Backends() {
   return *backends;
 }
 
+// Mappings at least this large are aligned to a huge page and offered to
+// the kernel's transparent huge pages: filling a tensor then takes 512 times
+// fewer page faults (a large share of building a model from scratch).
+constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kHugePageThreshold = size_t{4} << 20;
+constexpr size_t kPage = 4096;
+
+// `nbytes` of fresh zero pages, or nullptr.
+void* MapAnonymous(size_t nbytes) {
+  const bool huge = nbytes >= kHugePageThreshold;
+  const size_t length = huge ? nbytes + kHugePage : nbytes;
+  void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  if (!huge) return p;
+  // Keep the huge-page aligned part; give back the head and the tail.
+  const uintptr_t start = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t aligned = (start + kHugePage - 1) & ~(kHugePage - 1);
+  const uintptr_t end = aligned + (nbytes + kPage - 1) / kPage * kPage;
+  if (aligned > start) munmap(p, aligned - start);
+  if (start + length > end)
+    munmap(reinterpret_cast<void*>(end), start + length - end);
+  madvise(reinterpret_cast<void*>(aligned), nbytes, MADV_HUGEPAGE);
+  return reinterpret_cast<void*>(aligned);
+}
+
 std::atomic<uint64_t> next_storage_version{1};
 
 }  // namespace
@@ -43,6 +69,17 @@ Storage::Storage(void* data, size_t nbytes, Device device, Owner owner)
       version_(next_storage_version.fetch_add(1)) {}
 
 void Storage::MarkWritten() { version_ = next_storage_version.fetch_add(1); }
+
+void Storage::ShrinkTo(size_t nbytes) {
+  if (nbytes >= nbytes_) return;
+  nbytes_ = nbytes;
+  if (owner_ != Owner::kMmap || nbytes == 0) return;
+  // Shrinking in place never moves the mapping; the pages past the new end
+  // go back to the system.
+  if (mremap(data_, mapped_bytes_, nbytes, 0) != MAP_FAILED) {
+    mapped_bytes_ = nbytes;
+  }
+}
 
 void RegisterDeviceBackend(std::unique_ptr<DeviceBackend> backend) {
   MutexLock lock(&BackendsMutex());
@@ -63,14 +100,15 @@ absl::StatusOr<std::shared_ptr<Storage>> Storage::Allocate(size_t nbytes,
   }
   if (device.is_cpu()) {
     if (nbytes >= kMmapThreshold) {
-      void* p = mmap(nullptr, nbytes, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (p == MAP_FAILED) {
+      void* p = MapAnonymous(nbytes);
+      if (p == nullptr) {
         return absl::ResourceExhaustedError(
             absl::StrCat("Cannot allocate ", nbytes, " bytes on cpu"));
       }
-      return std::shared_ptr<Storage>(
+      std::shared_ptr<Storage> storage(
           new Storage(p, nbytes, device, Owner::kMmap));
+      storage->mapped_bytes_ = nbytes;
+      return storage;
     }
     size_t rounded =
         (nbytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
@@ -105,7 +143,7 @@ Storage::~Storage() {
       std::free(data_);
       break;
     case Owner::kMmap:
-      munmap(data_, nbytes_);
+      munmap(data_, mapped_bytes_);
       break;
     case Owner::kString:
       break;

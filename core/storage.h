@@ -95,12 +95,18 @@ class Storage {
   uint64_t version() const { return version_; }
   void MarkWritten();
 
+  // Keeps only the first `nbytes` bytes (REQUIRES: nbytes <= nbytes()),
+  // giving the rest of a mapped storage back to the system. Only the
+  // storage's sole owner may call it (an in-place narrowing conversion).
+  void ShrinkTo(size_t nbytes);
+
  private:
   enum class Owner { kMalloc, kMmap, kString, kBackend };
   Storage(void* data, size_t nbytes, Device device, Owner owner);
 
   void* data_;
   size_t nbytes_;
+  size_t mapped_bytes_ = 0;  // Owner::kMmap: the length to unmap.
   Device device_;
   Owner owner_;
   std::string owned_string_;  // Holds the bytes when owner_ == kString.

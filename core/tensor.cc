@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -285,6 +286,39 @@ absl::StatusOr<Tensor> Tensor::To(const Device& device, DType dtype) const {
   }
   MODELSTATE_ASSIGN_OR_RETURN(Tensor converted, To(this->device(), dtype));
   return converted.To(device, dtype);
+}
+
+bool Tensor::CanConvertInPlace(DType dtype) const {
+  return defined() && device().is_cpu() && impl_->storage != nullptr &&
+         impl_->storage.use_count() == 1 &&
+         ElementSize(dtype) <= ElementSize(this->dtype());
+}
+
+absl::Status Tensor::ConvertInPlace(DType dtype) {
+  if (!CanConvertInPlace(dtype)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot convert this ", DTypeName(this->dtype()),
+                     " tensor to ", DTypeName(dtype), " in place"));
+  }
+  if (dtype == this->dtype()) return absl::OkStatus();
+  const size_t in = ElementSize(this->dtype());
+  const size_t out = ElementSize(dtype);
+  char* data = static_cast<char*>(impl_->storage->data());
+  impl_->storage->MarkWritten();
+  // Piece by piece through a small buffer: element i's result lands at
+  // i * out <= i * in, so a piece only overwrites input already converted.
+  constexpr int64_t kPiece = 16384;
+  std::vector<char> buffer(static_cast<size_t>(std::min(numel(), kPiece)) *
+                           out);
+  for (int64_t done = 0; done < numel();) {
+    const int64_t n = std::min(kPiece, numel() - done);
+    ConvertElements(data + done * in, this->dtype(), buffer.data(), dtype, n);
+    std::memcpy(data + done * out, buffer.data(), n * out);
+    done += n;
+  }
+  impl_->storage->ShrinkTo(static_cast<size_t>(numel()) * out);
+  impl_->dtype = dtype;
+  return absl::OkStatus();
 }
 
 void Tensor::SetData(const Tensor& other) {

@@ -138,6 +138,17 @@ class Tensor {
   // object) when nothing changes, else a new plain tensor.
   absl::StatusOr<Tensor> To(const Device& device, DType dtype) const;
 
+  // Whether no other handle shares this tensor object.
+  bool IsSoleHandle() const { return impl_.use_count() == 1; }
+  // Whether ConvertInPlace(dtype) can be used: a CPU tensor whose storage
+  // no other tensor object shares, and a dtype no wider than its own.
+  bool CanConvertInPlace(DType dtype) const;
+  // Converts to `dtype` within the tensor's own storage, which then shrinks
+  // to the new size: no second buffer, no new pages to fault in. Every
+  // handle of this tensor object sees the new dtype. FAILED_PRECONDITION
+  // unless CanConvertInPlace(dtype).
+  absl::Status ConvertInPlace(DType dtype);
+
   // Makes this tensor object take `other`'s dtype, shape, device and storage
   // while keeping its identity, requires_grad and parameter-ness (how
   // PyTorch's Module.to() updates parameters so that ties survive).

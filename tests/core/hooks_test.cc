@@ -423,3 +423,44 @@ TEST(ApplyFinalDecisionsTest, BlockingOneOfTwoWritesToASlotKeepsTheOther) {
 
 }  // namespace
 }  // namespace modelstate
+
+namespace modelstate {
+namespace {
+
+TEST(ModuleToTest, ConvertsInPlaceYetSnapshotsKeepTheirBytes) {
+  BuildOptions o;
+  o.hooks = nullptr;
+  auto built = BuildModule(SpecFromJson(R"({"type": "Sequential", "children": [
+          {"spec": {"type": "Linear", "args": [600, 600]}},
+          {"spec": {"type": "BatchNorm1d", "args": [600]}}]})"),
+                           o);
+  ASSERT_TRUE(built.ok());
+  std::shared_ptr<Module> m = built->root;
+  const Tensor& weight =
+      *(*m->children().Find("0"))->parameters().Find("weight");
+  const void* weight_bytes = weight.raw_data();
+  StateDict before = m->GetStateDict();  // shares every storage
+  StateDict copy;
+  for (const auto& item : before.tensors) {
+    copy.tensors.Set(item.key, *item.value.Clone());
+  }
+  ASSERT_THAT(m->To(std::nullopt, DType::kFloat16), IsOk());
+  // The snapshot still holds float32 bytes (the shared storages were
+  // converted into new ones)...
+  for (const auto& item : before.tensors) {
+    EXPECT_TRUE(TensorsEqual(item.value, *copy.tensors.Find(item.key)))
+        << item.key;
+  }
+  EXPECT_NE(weight.raw_data(), weight_bytes);
+  // ...and without a snapshot, the conversion reuses each storage.
+  before = StateDict();
+  copy = StateDict();
+  ASSERT_THAT(m->To(std::nullopt, DType::kBFloat16), IsOk());
+  const void* bf16_bytes = weight.raw_data();
+  ASSERT_THAT(m->To(std::nullopt, DType::kFloat16), IsOk());
+  EXPECT_EQ(weight.raw_data(), bf16_bytes);
+  EXPECT_EQ(weight.dtype(), DType::kFloat16);
+}
+
+}  // namespace
+}  // namespace modelstate

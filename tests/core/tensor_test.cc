@@ -1,10 +1,14 @@
 #include "core/tensor.h"
 
+#include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/device.h"
+#include "core/dtype.h"
 #include "core/sha256.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -205,6 +209,60 @@ TEST(StorageTest, LargeAllocationsAreMappedAndAligned) {
   std::memset(big->data(), 1, big->nbytes());
   EXPECT_THAT(Storage::Allocate(1, Device::Meta()),
               StatusIs(absl::StatusCode::kInternal));
+}
+
+}  // namespace
+}  // namespace modelstate
+
+namespace modelstate {
+namespace {
+
+// Values that exercise rounding, overflow, subnormals, NaN and signed zero.
+Tensor Awkward(DType dtype, int64_t n) {
+  std::vector<double> values;
+  const double specials[] = {0.0,  -0.0,     1.0 / 3,  65504.0, 65520.0,
+                             1e-8, -1e-5,    3.0e38,   -2.5,    1e300,
+                             NAN,  INFINITY, -INFINITY};
+  for (int64_t i = 0; i < n; ++i) {
+    values.push_back(i % 17 == 0 ? specials[(i / 17) % 13]
+                                 : (i - n / 2) * 0.0137);
+  }
+  return *Tensor::FromDoubles(dtype, {n}, values);
+}
+
+TEST(TensorTest, ConvertInPlaceMatchesToAndReturnsTheRest) {
+  // Above the mapped-storage threshold and across several pieces.
+  const int64_t n = (1 << 20) / 4 * 3 + 16384 * 2 + 7;
+  for (auto [from, to] : {std::pair(DType::kFloat32, DType::kFloat16),
+                          std::pair(DType::kFloat32, DType::kBFloat16),
+                          std::pair(DType::kFloat64, DType::kFloat32),
+                          std::pair(DType::kFloat64, DType::kFloat16),
+                          std::pair(DType::kFloat16, DType::kBFloat16)}) {
+    SCOPED_TRACE(absl::StrCat(DTypeName(from), " -> ", DTypeName(to)));
+    Tensor t = Awkward(from, n);
+    Tensor want = *t.To(Device::Cpu(), to);
+    const void* before = t.raw_data();
+    ASSERT_TRUE(t.CanConvertInPlace(to));
+    ASSERT_THAT(t.ConvertInPlace(to), IsOk());
+    EXPECT_EQ(t.dtype(), to);
+    EXPECT_EQ(t.raw_data(), before);  // the same bytes, no new buffer
+    EXPECT_EQ(t.storage()->nbytes(), static_cast<size_t>(n) * ElementSize(to));
+    EXPECT_TRUE(TensorsEqual(t, want));
+  }
+}
+
+TEST(TensorTest, ConvertInPlaceOnlyWhereNobodyElseSeesTheBytes) {
+  Tensor t = Awkward(DType::kFloat32, 100);
+  EXPECT_FALSE(t.CanConvertInPlace(DType::kFloat64));  // wider
+  Tensor snapshot = t.Detach();
+  EXPECT_FALSE(t.CanConvertInPlace(DType::kFloat16));  // shared storage
+  EXPECT_THAT(
+      t.ConvertInPlace(DType::kFloat16),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("in place")));
+  snapshot = Tensor();
+  EXPECT_TRUE(t.CanConvertInPlace(DType::kFloat16));
+  Tensor meta = *Tensor::Empty(DType::kFloat32, {4}, Device::Meta());
+  EXPECT_FALSE(meta.CanConvertInPlace(DType::kFloat16));
 }
 
 }  // namespace
