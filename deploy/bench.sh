@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Runs every benchmark and writes BENCHMARKS.md: each figure a ratio against a
+# baseline measured in the same run (raw gRPC, PyTorch 1.13, memcpy / F16C).
+#
+#   deploy/bench.sh          installs what is missing, builds Release in
+#                            build-bench, runs everything (about 15 minutes
+#                            on 2 cores) and rewrites BENCHMARKS.md
+#   deploy/bench.sh --smoke BUILD_DIR OUT.md
+#                            tiny sizes with the binaries already built in
+#                            BUILD_DIR; the test suite runs this so that the
+#                            benchmarks and this script never rot
+set -euo pipefail
+source "$(dirname "$0")/common.sh"
+
+smoke=0
+if [ "${1:-}" = "--smoke" ]; then
+  smoke=1
+  build_dir=$2
+  report=$3
+else
+  ms_install_packages "${MODELSTATE_PACKAGES[@]}"
+  build_dir=${BENCH_BUILD_DIR:-$MODELSTATE_ROOT/build-bench}
+  report=$MODELSTATE_ROOT/BENCHMARKS.md
+  cmake -S "$MODELSTATE_ROOT" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release
+  cmake --build "$build_dir" -j"$(nproc)" --target modelstate-server \
+    core_bench transfer_bench dump_state_dict
+fi
+
+bench=$MODELSTATE_ROOT/tests/bench
+models=$bench/models
+results=$build_dir/bench-results
+mkdir -p "$results"
+# Debian's interpreter: the one with torch 1.13, grpcio and numpy.
+python=/usr/bin/python3
+
+if [ $smoke = 1 ]; then
+  core_args=(--smoke --benchmark_min_time=0.01 --benchmark_repetitions=2)
+  torch_args=(--smoke --reps 2 --warmup 0)
+  transfer_args=(--smoke --reps 2 --warmup 0)
+  torch_model=mlp
+else
+  core_args=(--benchmark_repetitions=5)
+  torch_args=(--reps 5 --warmup 1 --models gpt2)
+  transfer_args=(--reps 9 --warmup 2)
+  torch_model=gpt2
+fi
+
+echo "[bench] the benchmark models build what PyTorch builds"
+"$python" "$bench/check_models.py" "$build_dir/tests/dump_state_dict" \
+  "$models" $([ $smoke = 1 ] && echo "--models mlp") \
+  | tee "$results/check_models.txt"
+
+echo "[bench] core (1 thread) against memcpy and the F16C loop"
+"$build_dir/tests/bench/core_bench" --models="$models" "${core_args[@]}" \
+  --benchmark_enable_random_interleaving=true \
+  --benchmark_report_aggregates_only=true \
+  --benchmark_out="$results/core.json" --benchmark_out_format=json
+
+echo "[bench] PyTorch, same models, same thread count (1)"
+"$python" "$bench/torch_bench.py" --threads 1 "${torch_args[@]}" \
+  --out "$results/torch.json"
+
+echo "[bench] modelstate-server against a raw gRPC service"
+"$build_dir/tests/bench/transfer_bench" \
+  --server="$build_dir/server/modelstate-server" --models="$models" \
+  "${transfer_args[@]}" --out="$results/transfer.json" >/dev/null
+
+{
+  echo "Checks run with these figures:"
+  echo
+  echo "- the benchmark models build bit for bit what PyTorch builds:"
+  echo "  \`$(tail -n 1 "$results/check_models.txt")\`"
+} >"$results/checks.md"
+
+"$python" "$bench/make_report.py" --core "$results/core.json" \
+  --torch "$results/torch.json" --transfer "$results/transfer.json" \
+  --torch-model "$torch_model" --checks "$results/checks.md" --out "$report"
+echo "[bench] wrote $report"

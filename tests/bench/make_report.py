@@ -1,0 +1,294 @@
+"""Writes BENCHMARKS.md from one run's results.
+
+Every figure is a ratio against a baseline measured in the same run on the
+same machine, from medians (the machines are noisy). Inputs:
+  --core       core_bench's Google Benchmark JSON (--benchmark_out), run
+               with --benchmark_repetitions and aggregates (medians used)
+  --torch      torch_bench.py's JSON (PyTorch 1.13, same thread count)
+  --transfer   transfer_bench's JSON (modelstate-server vs raw gRPC)
+  --forward    optional: forward_bench's Google Benchmark JSON
+  --torch-forward  optional: torch_forward_bench.py's JSON
+  --checks     optional: a text file with extra lines for the notes
+
+Usage (any python3; no third-party modules):
+    make_report.py --core core.json --torch torch.json
+        --transfer transfer.json --out BENCHMARKS.md
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+
+MIB = 1 << 20
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def bench_medians(results):
+    """Google Benchmark JSON -> {name: run} using the median aggregate.
+
+    Without repetitions there are no aggregates: the single run is used.
+    """
+    medians, singles = {}, {}
+    for run in results.get("benchmarks", []):
+        # "BM_X/real_time" and the like: the function name is the key.
+        name = run.get("run_name", run["name"]).split("/")[0]
+        if run.get("run_type") == "aggregate":
+            if run.get("aggregate_name") == "median":
+                medians[name] = run
+        else:
+            singles.setdefault(name, run)
+    singles.update(medians)
+    return singles
+
+
+def seconds(run):
+    scale = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}[run["time_unit"]]
+    return run["real_time"] * scale
+
+
+def machine():
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    memory = ""
+    try:
+        with open("/proc/meminfo") as f:
+            kib = int(f.readline().split()[1])
+            memory = f", {kib / (1 << 20):.0f} GiB memory"
+    except (OSError, ValueError, IndexError):
+        pass
+    return (f"{model}, {os.cpu_count()} cores{memory}, "
+            f"{platform.system()} {platform.release()}")
+
+
+class Table:
+    """Rows of (figure, measured, baseline, ratio, target, met)."""
+
+    def __init__(self):
+        self.rows = []
+
+    def add(self, figure, measured, baseline, ratio, target, met):
+        # met=None: a breakdown row, not a target of its own.
+        mark = "-" if met is None else "yes" if met else "**no**"
+        self.rows.append((figure, measured, baseline, ratio, target, mark))
+
+    def markdown(self):
+        head = ("| figure | measured | baseline (same run) | ratio | target"
+                " | met |\n|---|---|---|---|---|---|\n")
+        return head + "".join("| " + " | ".join(r) + " |\n"
+                              for r in self.rows)
+
+
+def fmt_s(value):
+    if abs(value) < 1e-3:
+        return f"{value * 1e6:.0f} us"
+    return f"{value * 1e3:.1f} ms" if abs(value) < 10 else f"{value:.2f} s"
+
+
+def rate(num_bytes, secs):
+    return f"{num_bytes / secs / 1e9:.2f} GB/s"
+
+
+def transfer_rows(table, t):
+    x = t["transfer"]
+    n = x["bytes"]
+    down, get = x["raw_download_s"]["median"], x["get_state_dict_s"]["median"]
+    up, load_s = x["raw_upload_s"]["median"], x["load_state_dict_s"]["median"]
+    chunk = x["chunk_bytes"] // 1024
+    table.add(f"GetStateDict, {x['model']} ({n / MIB:.0f} MiB, {chunk} KiB "
+              "chunks)", f"{fmt_s(get)} ({rate(n, get)})",
+              f"raw gRPC download {fmt_s(down)} ({rate(n, down)})",
+              f"{down / get:.2f}x", ">= 0.9x", down / get >= 0.9)
+    table.add(f"LoadStateDict, {x['model']}, same chunks",
+              f"{fmt_s(load_s)} ({rate(n, load_s)})",
+              f"raw gRPC upload {fmt_s(up)} ({rate(n, up)})",
+              f"{up / load_s:.2f}x", ">= 0.85x", up / load_s >= 0.85)
+    hosted = x["hosted_bytes"]
+    limit = 1.1 * hosted + 64 * MIB
+    for what in ("get", "load"):
+        peak = x[f"server_peak_rss_{what}_bytes"]
+        table.add(f"server peak RSS during {'GetStateDict' if what == 'get' else 'LoadStateDict'}",
+                  f"{peak / MIB:.0f} MiB",
+                  f"1.1 x hosted {hosted / MIB:.0f} MiB + 64 MiB = "
+                  f"{limit / MIB:.0f} MiB", f"{peak / limit:.2f}x",
+                  "<= 1.0x", peak <= limit)
+
+
+def hook_rows(table, t):
+    h = t["hooks"]
+    p50 = t["ping_pong"]["p50_us"]
+    regs = h["registrations"]
+    sequential = regs * p50 * 1e-6
+    b0 = h["build_0_interceptors_s"]["median"]
+    b1 = h["build_1_interceptors_s"]["median"]
+    b4 = h["build_4_interceptors_s"]["median"]
+    baseline = (f"{regs} registrations x ping-pong p50 {p50:.0f} us = "
+                f"{fmt_s(sequential)}")
+    table.add(f"BuildModule {h['model']}, 1 remote interceptor approving",
+              fmt_s(b1), baseline, f"{b1 / sequential:.2f}x", "<= 0.5x",
+              b1 / sequential <= 0.5)
+    table.add(f"  of which the hooks: 1 interceptor minus none ({fmt_s(b0)})",
+              fmt_s(b1 - b0), baseline, f"{(b1 - b0) / sequential:.2f}x",
+              "(breakdown)", None)
+    table.add(f"BuildModule {h['model']}, 4 interceptors", fmt_s(b4),
+              f"1 interceptor {fmt_s(b1)}", f"{b4 / b1:.2f}x", "<= 1.5x",
+              b4 / b1 <= 1.5)
+
+
+def core_rows(table, core, torch_results, model):
+    gpt2 = torch_results["models"].get(model)
+    label = "GPT-2 shape" if model == "gpt2" else model
+    construct = core.get("BM_ConstructDefaultInit")
+    if construct and gpt2:
+        ours, theirs = seconds(construct), gpt2["construct"]["median_s"]
+        table.add(f"core: construct {label}, default init",
+                  fmt_s(ours),
+                  f"PyTorch {torch_results['torch_version']}, "
+                  f"{torch_results['threads']} thread(s): {fmt_s(theirs)}",
+                  f"{ours / theirs:.2f}x", "<= 0.5x", ours / theirs <= 0.5)
+    load_run, memcpy_run = (core.get("BM_LoadStateDictCopy"),
+                            core.get("BM_MemcpyBaseline"))
+    if load_run and memcpy_run:
+        ours, base = seconds(load_run), seconds(memcpy_run)
+        table.add(f"core: load_state_dict (copy), {label}",
+                  f"{fmt_s(ours)} ({load_run['bytes_per_second'] / 1e9:.1f}"
+                  " GB/s)",
+                  f"memcpy {fmt_s(base)} "
+                  f"({memcpy_run['bytes_per_second'] / 1e9:.1f} GB/s)",
+                  f"{base / ours:.2f}x", ">= 0.8x", base / ours >= 0.8)
+    to_run, f16c = core.get("BM_ToFloat16"), core.get("BM_F16cLoopBaseline")
+    if to_run and f16c:
+        ours, base = seconds(to_run), seconds(f16c)
+        table.add(f"core: to(float16), {label}",
+                  f"{fmt_s(ours)} ({to_run['items_per_second'] / 1e9:.2f}"
+                  " Gelem/s)",
+                  f"F16C loop {fmt_s(base)} "
+                  f"({f16c['items_per_second'] / 1e9:.2f} Gelem/s)",
+                  f"{base / ours:.2f}x", ">= 0.8x", base / ours >= 0.8)
+    meta = core.get("BM_MetaTrillion")
+    if meta:
+        secs, rss = seconds(meta), meta["peak_rss_mib"]
+        table.add(f"meta device: build {meta['params']:.3g} parameters",
+                  f"{fmt_s(secs)}, peak RSS {rss:.0f} MiB",
+                  "absolute: 1 s, 100 MiB",
+                  f"{secs:.3f}x, {rss / 100:.2f}x", "< 1 s, < 100 MiB",
+                  secs < 1 and rss < 100)
+    if gpt2:
+        for what, name in (("load_state_dict", "BM_LoadStateDictCopy"),
+                           ("to_float16", "BM_ToFloat16")):
+            if core.get(name):
+                ours, theirs = seconds(core[name]), gpt2[what]["median_s"]
+                table.add(f"  for reference: {what}, {label}, vs PyTorch",
+                          fmt_s(ours), f"PyTorch {fmt_s(theirs)}",
+                          f"{ours / theirs:.2f}x", "(none)", None)
+
+
+def concurrency_rows(table, t):
+    c = t["concurrency"]
+    single = c["single_client_s"]["median"]
+    together = c["all_clients_s"]["median"]
+    n, size = c["clients"], c["bytes_per_client"]
+    ratio = (n * size / together) / (size / single)
+    table.add(f"{n} concurrent clients, each GetStateDict {size / MIB:.0f} "
+              f"MiB ({c['errors']} errors)",
+              f"aggregate {rate(n * size, together)}",
+              f"one client {rate(size, single)}", f"{ratio:.2f}x",
+              ">= 0.8x, no errors", ratio >= 0.8 and c["errors"] == 0)
+
+
+def forward_rows(table, forward, torch_forward):
+    for name, run in sorted(forward.items()):
+        if not name.startswith("BM_LinearForward"):
+            continue
+        base = forward.get(name.replace("BM_LinearForward", "BM_Sgemm"))
+        if not base:
+            continue
+        ours = run.get("GFLOPS", run.get("gflops"))
+        theirs = base.get("GFLOPS", base.get("gflops"))
+        if ours is None or theirs is None:
+            ours, theirs = 1 / seconds(run), 1 / seconds(base)
+        table.add(f"Linear forward {name[len('BM_LinearForward'):]}",
+                  f"{ours:.1f}", f"cblas_sgemm {theirs:.1f}",
+                  f"{ours / theirs:.2f}x", ">= 0.9x", ours / theirs >= 0.9)
+    block = forward.get("BM_Gpt2BlockForward")
+    if block and torch_forward:
+        ours, theirs = seconds(block), torch_forward["median_s"]
+        table.add("GPT-2-small block forward", fmt_s(ours),
+                  f"PyTorch {fmt_s(theirs)}", f"{ours / theirs:.2f}x",
+                  "<= 1.0x", ours <= theirs)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--core", required=True)
+    parser.add_argument("--torch", required=True)
+    parser.add_argument("--transfer", required=True)
+    parser.add_argument("--forward")
+    parser.add_argument("--torch-forward")
+    parser.add_argument("--checks")
+    parser.add_argument("--torch-model", default="gpt2",
+                        help="torch_bench's model that core_bench built"
+                        " (mlp in smoke runs)")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    core = bench_medians(load(args.core))
+    torch_results = load(args.torch)
+    transfer = load(args.transfer)
+    table = Table()
+    transfer_rows(table, transfer)
+    hook_rows(table, transfer)
+    core_rows(table, core, torch_results, args.torch_model)
+    concurrency_rows(table, transfer)
+    if args.forward:
+        forward_rows(table, bench_medians(load(args.forward)),
+                     load(args.torch_forward) if args.torch_forward else None)
+
+    reps = core.get("BM_LoadStateDictCopy", {}).get("repetitions", 1)
+    lines = [
+        "# Benchmarks",
+        "",
+        "Generated by `deploy/bench.sh` (do not edit by hand). Every ratio "
+        "compares medians measured in the same run on the same machine.",
+        "",
+        f"- machine: {machine()}",
+        f"- date: {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
+        f"- repetitions: transfer/hooks {transfer['reps']} after "
+        f"{transfer['warmup']} warm-up (baseline and measured runs "
+        f"interleaved); core {reps} (Google Benchmark, random "
+        f"interleaving); PyTorch {torch_results['reps']} after "
+        f"{torch_results['warmup']} warm-up, "
+        f"{torch_results['threads']} thread(s)",
+        f"- ping-pong (bare gRPC bidi stream): p50 "
+        f"{transfer['ping_pong']['p50_us']:.0f} us, p99 "
+        f"{transfer['ping_pong']['p99_us']:.0f} us",
+        "",
+        table.markdown(),
+    ]
+    missed = [r[0].strip() for r in table.rows if r[5] == "**no**"]
+    lines.append("Targets missed in this run: " +
+                 ("; ".join(missed) if missed else "none") + ".")
+    lines.append("")
+    if args.checks:
+        with open(args.checks) as f:
+            lines.append(f.read().rstrip() + "\n")
+    with open(args.out, "w") as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
