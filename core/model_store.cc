@@ -229,6 +229,83 @@ ModelStore::RestoreReport ModelStore::Restore(bool fallback_to_cpu) {
   return report;
 }
 
+namespace {
+
+// Bytes a tensor holds in memory (meta tensors hold none).
+uint64_t HeldBytes(const Tensor& t) {
+  return t.defined() && t.device().has_storage() ? t.nbytes() : 0;
+}
+
+// Bytes a module tree holds in memory: what quotas count.
+uint64_t HeldBytes(const Module& module) {
+  uint64_t total = 0;
+  for (const auto& [key, t] : module.NamedParameters()) total += HeldBytes(t);
+  for (const auto& [key, t] : module.NamedBuffers()) total += HeldBytes(t);
+  return total;
+}
+
+// What HeldBytes will be after module.To(device, dtype): to() converts
+// floating-point tensors only.
+uint64_t HeldBytesAfterMove(const Module& module, std::optional<Device> device,
+                            std::optional<DType> dtype) {
+  uint64_t total = 0;
+  auto add = [&](const Tensor& t) {
+    if (!device.value_or(t.device()).has_storage()) return;
+    DType d =
+        dtype.has_value() && IsFloatingPoint(t.dtype()) ? *dtype : t.dtype();
+    total += static_cast<uint64_t>(t.numel()) * ElementSize(d);
+  };
+  for (const auto& [key, t] : module.NamedParameters()) add(t);
+  for (const auto& [key, t] : module.NamedBuffers()) add(t);
+  return total;
+}
+
+}  // namespace
+
+void ModelStore::set_quotas(QuotaPolicy quotas) {
+  MutexLock lock(&mu_);
+  quotas_ = std::move(quotas);
+}
+
+absl::Status ModelStore::CheckQuota(const ModuleName& name,
+                                    uint64_t added_modules,
+                                    uint64_t added_bytes,
+                                    const Entry* excluded) const {
+  NamespaceQuota quota;
+  std::vector<std::shared_ptr<Entry>> same_namespace;
+  {
+    MutexLock lock(&mu_);
+    quota = quotas_.For(name.ns);
+    if (quota.max_modules == 0 && quota.max_bytes == 0) {
+      return absl::OkStatus();
+    }
+    const std::string prefix = absl::StrCat(name.ns, "/");
+    for (auto it = entries_.lower_bound(prefix);
+         it != entries_.end() && absl::StartsWith(it->first, prefix); ++it) {
+      same_namespace.push_back(it->second);
+    }
+  }
+  if (added_modules > 0 && quota.max_modules != 0 &&
+      same_namespace.size() + added_modules > quota.max_modules) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "namespace '", name.ns, "' quota max_modules (", quota.max_modules,
+        ") reached: it holds ", same_namespace.size(), " modules"));
+  }
+  if (quota.max_bytes == 0) return absl::OkStatus();
+  uint64_t held = 0;
+  for (const std::shared_ptr<Entry>& entry : same_namespace) {
+    if (entry.get() == excluded) continue;
+    ReaderMutexLock lock(&entry->mu);
+    if (!entry->deleted) held += HeldBytes(*entry->root);
+  }
+  if (held + added_bytes > quota.max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "namespace '", name.ns, "' quota max_bytes (", quota.max_bytes,
+        ") would be exceeded: ", held, " bytes held + ", added_bytes, " new"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ModelStore::Record(const OperationContext& ctx,
                                 const ModuleName& name, absl::string_view type,
                                 const absl::Status& result,
@@ -335,6 +412,10 @@ absl::StatusOr<BuildOutcome> ModelStore::Build(const OperationContext& ctx,
                       "' stored nothing: ", absl::StrJoin(blocked, "; "))),
                   details.dump());
   }
+  if (absl::Status quota = CheckQuota(name, 1, HeldBytes(*built.root), nullptr);
+      !quota.ok()) {
+    return Record(ctx, name, "build", quota, details.dump());
+  }
   auto entry = std::make_shared<Entry>(name, built.root);
   // Nobody changes the new module before it is saved and recorded.
   MutexLock gate(&entry->gate);
@@ -430,6 +511,20 @@ absl::StatusOr<std::vector<RegistrationResult>> ModelStore::Register(
                                 BuildModule(*request.spec, options));
     value.module = built.root;
     child_records = std::move(built.records);
+  }
+  // A new value counts in full against the quota (the old one is still
+  // held until the change is applied); a module already in the tree adds
+  // nothing.
+  if (!request.removal) {
+    const uint64_t added = request.existing_path.has_value() ? 0
+                           : value.module != nullptr ? HeldBytes(*value.module)
+                                                     : HeldBytes(value.tensor);
+    if (absl::Status quota = CheckQuota(name, 0, added, nullptr); !quota.ok()) {
+      return Record(
+          ctx, name, "register", quota,
+          nlohmann::json({{"path", target_path}, {"name", request.name}})
+              .dump());
+    }
   }
   // Dry run: validate and record the event without changing anything.
   RegistrationContext dry;
@@ -678,6 +773,22 @@ absl::Status ModelStore::Move(const OperationContext& ctx,
                               std::optional<DType> dtype) {
   MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
   MutexLock gate(&entry->gate);
+  nlohmann::json details = nlohmann::json::object();
+  if (device.has_value()) details["device"] = device->ToString();
+  if (dtype.has_value()) details["dtype"] = std::string(DTypeName(*dtype));
+  uint64_t bytes_after = 0;
+  {
+    ReaderMutexLock lock(&entry->mu);
+    if (entry->deleted) {
+      return absl::NotFoundError(
+          absl::StrCat("module '", name.full(), "' does not exist"));
+    }
+    bytes_after = HeldBytesAfterMove(*entry->root, device, dtype);
+  }
+  if (absl::Status quota = CheckQuota(name, 0, bytes_after, entry.get());
+      !quota.ok()) {
+    return Record(ctx, name, "move", quota, details.dump());
+  }
   absl::Status result;
   {
     WriterMutexLock lock(&entry->mu);
@@ -688,9 +799,6 @@ absl::Status ModelStore::Move(const OperationContext& ctx,
     result = entry->root->To(device, dtype);
   }
   if (result.ok()) result = Persist(ctx, *entry, "move");
-  nlohmann::json details = nlohmann::json::object();
-  if (device.has_value()) details["device"] = device->ToString();
-  if (dtype.has_value()) details["dtype"] = std::string(DTypeName(*dtype));
   return Record(ctx, name, "move", result, details.dump());
 }
 

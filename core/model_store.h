@@ -39,6 +39,7 @@
 #include "core/module_name.h"
 #include "core/module_repository.h"
 #include "core/module_spec.h"
+#include "core/quota.h"
 #include "core/staged_state_dict.h"
 #include "core/state_stream.h"
 #include "core/sync.h"
@@ -139,6 +140,12 @@ class ModelStore {
   // owned; must outlive its use.
   void set_repository(ModuleRepository* repository);
 
+  // Per-namespace limits on modules and tensor bytes held (on devices with
+  // storage; meta tensors hold none), checked before a build, registration
+  // or move that would exceed one (RESOURCE_EXHAUSTED naming the limit).
+  // May be replaced at any time (the server does on SIGHUP).
+  void set_quotas(QuotaPolicy quotas);
+
   struct RestoreReport {
     size_t modules = 0;
     uint64_t bytes = 0;
@@ -236,6 +243,11 @@ class ModelStore {
   };
 
   absl::StatusOr<std::shared_ptr<Entry>> Find(const ModuleName& name) const;
+  // OK if `name`'s namespace may take `added_modules` more modules and
+  // `added_bytes` more bytes; `excluded` (may be null) is a module whose
+  // current bytes do not count (it is being resized).
+  absl::Status CheckQuota(const ModuleName& name, uint64_t added_modules,
+                          uint64_t added_bytes, const Entry* excluded) const;
   // Final decisions for `records` (the in-process ones if no decider).
   std::vector<HookDecision> Decide(
       const OperationContext& ctx, const ModuleName& name,
@@ -265,6 +277,7 @@ class ModelStore {
 
   mutable Mutex mu_;
   std::map<std::string, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
+  QuotaPolicy quotas_ ABSL_GUARDED_BY(mu_);
   RegistrationDecider* decider_ ABSL_GUARDED_BY(mu_) = nullptr;
   AuditLog* audit_ ABSL_GUARDED_BY(mu_) = nullptr;
   ModuleRepository* repository_ ABSL_GUARDED_BY(mu_) = nullptr;

@@ -33,6 +33,7 @@
 #include "absl/types/span.h"
 #include "core/device.h"
 #include "core/dtype.h"
+#include "core/forward_hooks.h"
 #include "core/hooks.h"
 #include "core/ordered_dict.h"
 #include "core/tensor.h"
@@ -303,6 +304,20 @@ class Module : public std::enable_shared_from_this<Module> {
   // Total bytes of distinct tensors (parameters and buffers) in the tree.
   uint64_t TotalBytes() const;
 
+  // ----------------------------------------------------------------------
+  // Forward hooks (forward_hooks.h), run by Forward() (forward.h) around
+  // this module's calls: PyTorch's register_forward_pre_hook and
+  // register_forward_hook. Thread-safe.
+  ForwardHookHandle RegisterForwardPreHook(ForwardPreHook hook,
+                                           bool prepend = false) {
+    return forward_hooks_.AddPreHook(std::move(hook), prepend);
+  }
+  ForwardHookHandle RegisterForwardHook(ForwardHook hook,
+                                        bool prepend = false) {
+    return forward_hooks_.AddHook(std::move(hook), prepend);
+  }
+  const ForwardHookList& forward_hooks() const { return forward_hooks_; }
+
  protected:
   Module(std::string type_name, std::string qualified_name);
 
@@ -340,6 +355,8 @@ class Module : public std::enable_shared_from_this<Module> {
   OrderedDict<std::shared_ptr<Module>> children_;
   OrderedDict<AttrValue> attributes_;
   absl::flat_hash_set<std::string> class_attributes_;
+  // Not module state: never saved, copied or hooked.
+  ForwardHookList forward_hooks_;
 };
 
 // Applies the final decisions for `records` (one per record, in order) to the

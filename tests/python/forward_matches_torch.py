@@ -1,0 +1,440 @@
+"""modelstate's Forward must compute what torch computes.
+
+For each case the torch module is built with random parameters (and random
+running statistics for BatchNorm in eval mode), its state_dict and the inputs
+are written as safetensors, and tests/tools/forward_tool builds the same spec,
+loads that state, runs the forward (N times in training mode) and writes the
+outputs and its final state. Outputs must match torch's within a relative
+error of 1e-5 for float32 (1e-12 for float64, 1e-2 for bfloat16), measured
+as max|ours - torch| / max|torch| per tensor; the final state (BatchNorm's
+running statistics and num_batches_tracked after training steps, Embedding's
+max_norm renormalisation) must match likewise.
+
+Dropout with p > 0 in training mode is random in both and is not compared.
+
+Run by ctest with Debian's /usr/bin/python3 (which has torch):
+    forward_matches_torch.py PATH/TO/forward_tool
+"""
+import json
+import warnings
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+import torch.nn as nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from safetensors_interop import read_safetensors, write_safetensors  # noqa: E402
+
+TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 1e-2}
+
+
+def spec(type_, *args, **kwargs):
+    s = {"type": type_}
+    if args:
+        s["args"] = list(args)
+    if kwargs:
+        s["kwargs"] = kwargs
+    return s
+
+
+def seq(*children):
+    return {"type": "Sequential", "children": [{"spec": c} for c in children]}
+
+
+def randn(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype)
+
+
+class Case:
+    def __init__(self, label, spec_, ctor, inputs, train=False, steps=1,
+                 dtype=torch.float32, rename=None, random_params=True):
+        self.label = label
+        self.spec = spec_
+        self.ctor = ctor
+        self.inputs = inputs  # callable returning a list (None allowed)
+        self.train = train
+        self.steps = steps
+        self.dtype = dtype
+        self.rename = rename  # torch state key -> modelstate key
+        self.random_params = random_params
+
+
+def bn_eval_stats(m):
+    """Random running statistics, so that eval mode is not a no-op."""
+    for mod in m.modules():
+        if isinstance(mod, nn.modules.batchnorm._BatchNorm) and \
+                mod.running_mean is not None:
+            mod.running_mean.uniform_(-1, 1)
+            mod.running_var.uniform_(0.5, 2)
+            mod.num_batches_tracked.fill_(7)
+    return m
+
+
+def mha_masks_bool():
+    kpm = torch.zeros(3, 6, dtype=torch.bool)
+    kpm[0, 5] = True
+    kpm[2, 0] = True
+    attn = torch.zeros(4, 6, dtype=torch.bool)
+    attn[1, 2] = True
+    attn[3, 4] = True
+    return kpm, attn
+
+
+def causal_float(n):
+    return torch.triu(torch.full((n, n), float("-inf")), diagonal=1)
+
+
+def tel_masks():
+    kpm = torch.zeros(2, 7, dtype=torch.bool)
+    kpm[1, 6] = True
+    kpm[1, 5] = True
+    return kpm
+
+
+CASES = [
+    Case("Linear(5,3)", spec("Linear", 5, 3), lambda: nn.Linear(5, 3),
+         lambda: [randn(4, 5)]),
+    Case("Linear(5,3,bias=False) 3-D", spec("Linear", 5, 3, bias=False),
+         lambda: nn.Linear(5, 3, bias=False), lambda: [randn(2, 3, 5)]),
+    Case("Linear(40,20) 1-D", spec("Linear", 40, 20), lambda: nn.Linear(40, 20),
+         lambda: [randn(40)]),
+    Case("Linear(64,32) float64", spec("Linear", 64, 32),
+         lambda: nn.Linear(64, 32).double(),
+         lambda: [randn(8, 64, dtype=torch.float64)], dtype=torch.float64),
+    Case("Linear(64,32) bfloat16", spec("Linear", 64, 32),
+         lambda: nn.Linear(64, 32).bfloat16(),
+         lambda: [randn(8, 64).bfloat16()], dtype=torch.bfloat16),
+    Case("Bilinear(3,4,2)", spec("Bilinear", 3, 4, 2),
+         lambda: nn.Bilinear(3, 4, 2), lambda: [randn(5, 3), randn(5, 4)]),
+    Case("Bilinear(3,4,2,bias=False) 3-D", spec("Bilinear", 3, 4, 2, bias=False),
+         lambda: nn.Bilinear(3, 4, 2, bias=False),
+         lambda: [randn(2, 5, 3), randn(2, 5, 4)]),
+    Case("Conv1d(2,4,3)", spec("Conv1d", 2, 4, 3), lambda: nn.Conv1d(2, 4, 3),
+         lambda: [randn(2, 2, 10)]),
+    Case("Conv1d(4,4,3,stride=2,padding=1,groups=2)",
+         spec("Conv1d", 4, 4, 3, stride=2, padding=1, groups=2),
+         lambda: nn.Conv1d(4, 4, 3, stride=2, padding=1, groups=2),
+         lambda: [randn(2, 4, 9)]),
+    Case("Conv1d unbatched, dilation=2", spec("Conv1d", 2, 3, 3, dilation=2),
+         lambda: nn.Conv1d(2, 3, 3, dilation=2), lambda: [randn(2, 11)]),
+    Case("Conv2d(3,8,3)", spec("Conv2d", 3, 8, 3), lambda: nn.Conv2d(3, 8, 3),
+         lambda: [randn(2, 3, 9, 9)]),
+    Case("Conv2d(3,8,(3,5),stride=(2,1),dilation=(1,2),bias=False)",
+         spec("Conv2d", 3, 8, [3, 5], stride=[2, 1], dilation=[1, 2],
+              bias=False),
+         lambda: nn.Conv2d(3, 8, (3, 5), stride=(2, 1), dilation=(1, 2),
+                           bias=False),
+         lambda: [randn(2, 3, 11, 12)]),
+    Case("Conv2d(4,4,3,padding='same',padding_mode='reflect')",
+         spec("Conv2d", 4, 4, 3, padding="same", padding_mode="reflect"),
+         lambda: nn.Conv2d(4, 4, 3, padding="same", padding_mode="reflect"),
+         lambda: [randn(1, 4, 6, 7)]),
+    Case("Conv2d(2,3,4,padding='same') (asymmetric)",
+         spec("Conv2d", 2, 3, 4, padding="same"),
+         lambda: nn.Conv2d(2, 3, 4, padding="same"),
+         lambda: [randn(1, 2, 6, 7)]),
+    Case("Conv2d(2,4,3,padding=2,padding_mode='circular')",
+         spec("Conv2d", 2, 4, 3, padding=2, padding_mode="circular"),
+         lambda: nn.Conv2d(2, 4, 3, padding=2, padding_mode="circular"),
+         lambda: [randn(2, 2, 5, 6)]),
+    Case("Conv2d(2,4,3,padding=1,padding_mode='replicate') unbatched",
+         spec("Conv2d", 2, 4, 3, padding=1, padding_mode="replicate"),
+         lambda: nn.Conv2d(2, 4, 3, padding=1, padding_mode="replicate"),
+         lambda: [randn(2, 5, 6)]),
+    Case("Conv2d(6,4,1,groups=2)", spec("Conv2d", 6, 4, 1, groups=2),
+         lambda: nn.Conv2d(6, 4, 1, groups=2), lambda: [randn(2, 6, 5, 5)]),
+    Case("ConvTranspose2d(2,4,3)", spec("ConvTranspose2d", 2, 4, 3),
+         lambda: nn.ConvTranspose2d(2, 4, 3), lambda: [randn(2, 2, 5, 5)]),
+    Case("ConvTranspose2d(4,6,(2,3),stride=2,padding=1,output_padding=1,"
+         "groups=2)",
+         spec("ConvTranspose2d", 4, 6, [2, 3], stride=2, padding=1,
+              output_padding=1, groups=2),
+         lambda: nn.ConvTranspose2d(4, 6, (2, 3), stride=2, padding=1,
+                                    output_padding=1, groups=2),
+         lambda: [randn(2, 4, 5, 4)]),
+    Case("BatchNorm1d(4) train x3", spec("BatchNorm1d", 4),
+         lambda: nn.BatchNorm1d(4), lambda: [randn(8, 4) * 3 + 1],
+         train=True, steps=3),
+    Case("BatchNorm1d(4) 3-D eval", spec("BatchNorm1d", 4),
+         lambda: bn_eval_stats(nn.BatchNorm1d(4)),
+         lambda: [randn(8, 4, 5)]),
+    Case("BatchNorm1d(4,affine=False) train x3",
+         spec("BatchNorm1d", 4, affine=False),
+         lambda: nn.BatchNorm1d(4, affine=False),
+         lambda: [randn(6, 4, 3) - 2], train=True, steps=3),
+    Case("BatchNorm2d(3,momentum=None) train x3",
+         spec("BatchNorm2d", 3, momentum=None),
+         lambda: nn.BatchNorm2d(3, momentum=None),
+         lambda: [randn(4, 3, 5, 5) * 2], train=True, steps=3),
+    Case("BatchNorm2d(3) eval", spec("BatchNorm2d", 3),
+         lambda: bn_eval_stats(nn.BatchNorm2d(3)),
+         lambda: [randn(4, 3, 5, 5)]),
+    Case("BatchNorm2d(5,track_running_stats=False) eval",
+         spec("BatchNorm2d", 5, track_running_stats=False),
+         lambda: nn.BatchNorm2d(5, track_running_stats=False),
+         lambda: [randn(2, 5, 3, 3)]),
+    Case("BatchNorm2d(3,momentum=0.3) float64 train x3",
+         spec("BatchNorm2d", 3, momentum=0.3),
+         lambda: nn.BatchNorm2d(3, momentum=0.3).double(),
+         lambda: [randn(4, 3, 5, 5, dtype=torch.float64)], train=True,
+         steps=3, dtype=torch.float64),
+    Case("LayerNorm(6)", spec("LayerNorm", 6), lambda: nn.LayerNorm(6),
+         lambda: [randn(3, 4, 6) * 4 + 1]),
+    Case("LayerNorm([2,3])", spec("LayerNorm", [2, 3]),
+         lambda: nn.LayerNorm([2, 3]), lambda: [randn(5, 2, 3)]),
+    Case("LayerNorm(4,elementwise_affine=False)",
+         spec("LayerNorm", 4, elementwise_affine=False),
+         lambda: nn.LayerNorm(4, elementwise_affine=False),
+         lambda: [randn(7, 4)]),
+    Case("GroupNorm(2,4)", spec("GroupNorm", 2, 4), lambda: nn.GroupNorm(2, 4),
+         lambda: [randn(3, 4, 5, 5)]),
+    Case("GroupNorm(3,6,affine=False) 3-D", spec("GroupNorm", 3, 6,
+                                                 affine=False),
+         lambda: nn.GroupNorm(3, 6, affine=False), lambda: [randn(2, 6, 7)]),
+    Case("Embedding(10,3)", spec("Embedding", 10, 3),
+         lambda: nn.Embedding(10, 3),
+         lambda: [torch.tensor([[1, 2, 4, 5], [4, 3, 2, 9]])]),
+    Case("Embedding(10,3,padding_idx=2)", spec("Embedding", 10, 3,
+                                               padding_idx=2),
+         lambda: nn.Embedding(10, 3, padding_idx=2),
+         lambda: [torch.tensor([2, 0, 9, 2])]),
+    Case("Embedding(10,4,max_norm=1.0) (renormalises the weight)",
+         spec("Embedding", 10, 4, max_norm=1.0),
+         lambda: nn.Embedding(10, 4, max_norm=1.0),
+         lambda: [torch.tensor([[1, 2, 1], [7, 0, 3]])]),
+    Case("Dropout(0.5) eval", spec("Dropout", 0.5), lambda: nn.Dropout(0.5),
+         lambda: [randn(4, 5)]),
+    Case("Dropout(0.0) train", spec("Dropout", 0.0), lambda: nn.Dropout(0.0),
+         lambda: [randn(4, 5)], train=True),
+    Case("Identity", spec("Identity"), lambda: nn.Identity(),
+         lambda: [randn(3, 2)]),
+    Case("ReLU", spec("ReLU"), lambda: nn.ReLU(), lambda: [randn(4, 5)]),
+    Case("GELU", spec("GELU"), lambda: nn.GELU(), lambda: [randn(4, 5) * 3]),
+    Case("GELU(tanh)", spec("GELU", approximate="tanh"),
+         lambda: nn.GELU(approximate="tanh"), lambda: [randn(4, 5) * 3]),
+    Case("SiLU", spec("SiLU"), lambda: nn.SiLU(), lambda: [randn(4, 5) * 3]),
+    Case("Tanh", spec("Tanh"), lambda: nn.Tanh(), lambda: [randn(4, 5)]),
+    Case("Sigmoid", spec("Sigmoid"), lambda: nn.Sigmoid(),
+         lambda: [randn(4, 5) * 3]),
+    Case("Softmax(dim=1)", spec("Softmax", dim=1), lambda: nn.Softmax(dim=1),
+         lambda: [randn(3, 4, 5) * 5]),
+    Case("Softmax(dim=-1)", spec("Softmax", dim=-1), lambda: nn.Softmax(dim=-1),
+         lambda: [randn(3, 4, 5)]),
+    Case("Softmax() implicit dim, 3-D", spec("Softmax"), lambda: nn.Softmax(),
+         lambda: [randn(3, 4, 5)]),
+    Case("Flatten()", spec("Flatten"), lambda: nn.Flatten(),
+         lambda: [randn(2, 3, 4, 5)]),
+    Case("Flatten(0,-1)", spec("Flatten", 0, -1), lambda: nn.Flatten(0, -1),
+         lambda: [randn(2, 3, 4)]),
+    Case("MaxPool2d(2)", spec("MaxPool2d", 2), lambda: nn.MaxPool2d(2),
+         lambda: [randn(2, 3, 7, 8)]),
+    Case("MaxPool2d(3,stride=2,padding=1,ceil_mode=True)",
+         spec("MaxPool2d", 3, stride=2, padding=1, ceil_mode=True),
+         lambda: nn.MaxPool2d(3, stride=2, padding=1, ceil_mode=True),
+         lambda: [randn(2, 3, 8, 9)]),
+    Case("MaxPool2d(2,dilation=2,return_indices=True) unbatched",
+         spec("MaxPool2d", 2, dilation=2, return_indices=True),
+         lambda: nn.MaxPool2d(2, dilation=2, return_indices=True),
+         lambda: [randn(3, 7, 7)]),
+    Case("AdaptiveAvgPool2d(1)", spec("AdaptiveAvgPool2d", 1),
+         lambda: nn.AdaptiveAvgPool2d(1), lambda: [randn(2, 3, 7, 7)]),
+    Case("AdaptiveAvgPool2d((3,2)) on 7x5", spec("AdaptiveAvgPool2d", [3, 2]),
+         lambda: nn.AdaptiveAvgPool2d((3, 2)), lambda: [randn(2, 3, 7, 5)]),
+    Case("MultiheadAttention(8,2) sequence-first",
+         spec("MultiheadAttention", 8, 2),
+         lambda: nn.MultiheadAttention(8, 2),
+         lambda: [randn(4, 3, 8), randn(6, 3, 8), randn(6, 3, 8)]),
+    Case("MultiheadAttention(8,2,batch_first) with bool masks",
+         spec("MultiheadAttention", 8, 2, batch_first=True),
+         lambda: nn.MultiheadAttention(8, 2, batch_first=True),
+         lambda: [randn(3, 4, 8), randn(3, 6, 8), randn(3, 6, 8),
+                  *mha_masks_bool()]),
+    Case("MultiheadAttention(8,4,kdim=5,vdim=3) float 3-D mask",
+         spec("MultiheadAttention", 8, 4, kdim=5, vdim=3),
+         lambda: nn.MultiheadAttention(8, 4, kdim=5, vdim=3),
+         lambda: [randn(4, 2, 8), randn(6, 2, 5), randn(6, 2, 3), None,
+                  randn(8, 4, 6)]),
+    Case("MultiheadAttention(8,2,add_bias_kv,add_zero_attn) masks",
+         spec("MultiheadAttention", 8, 2, add_bias_kv=True,
+              add_zero_attn=True),
+         lambda: nn.MultiheadAttention(8, 2, add_bias_kv=True,
+                                       add_zero_attn=True),
+         lambda: [randn(4, 3, 8), randn(6, 3, 8), randn(6, 3, 8),
+                  *mha_masks_bool()]),
+    Case("MultiheadAttention(6,3,bias=False) unbatched, causal",
+         spec("MultiheadAttention", 6, 3, bias=False),
+         lambda: nn.MultiheadAttention(6, 3, bias=False),
+         lambda: [randn(5, 6), randn(5, 6), randn(5, 6), None,
+                  causal_float(5)]),
+    Case("TransformerEncoderLayer(8,2,16) relu",
+         spec("TransformerEncoderLayer", 8, 2, dim_feedforward=16),
+         lambda: nn.TransformerEncoderLayer(8, 2, dim_feedforward=16),
+         lambda: [randn(7, 2, 8)]),
+    Case("TransformerEncoderLayer gelu, norm_first, batch_first, masks",
+         spec("TransformerEncoderLayer", 8, 2, dim_feedforward=16,
+              activation="gelu", norm_first=True, batch_first=True),
+         lambda: nn.TransformerEncoderLayer(8, 2, dim_feedforward=16,
+                                            activation="gelu",
+                                            norm_first=True,
+                                            batch_first=True),
+         lambda: [randn(2, 7, 8), causal_float(7), tel_masks()]),
+    Case("TransformerEncoderLayer dropout=0 train",
+         spec("TransformerEncoderLayer", 8, 2, dim_feedforward=16,
+              dropout=0.0),
+         lambda: nn.TransformerEncoderLayer(8, 2, dim_feedforward=16,
+                                            dropout=0.0),
+         lambda: [randn(5, 3, 8)], train=True),
+    Case("MLP", seq(spec("Linear", 20, 64), spec("ReLU"),
+                    spec("Linear", 64, 64), spec("GELU"),
+                    spec("Linear", 64, 10)),
+         lambda: nn.Sequential(nn.Linear(20, 64), nn.ReLU(),
+                               nn.Linear(64, 64), nn.GELU(),
+                               nn.Linear(64, 10)),
+         lambda: [randn(16, 20)], random_params=False),
+    Case("BatchNorm CNN train x3",
+         seq(spec("Conv2d", 3, 8, 3, padding=1), spec("BatchNorm2d", 8),
+             spec("ReLU"), spec("MaxPool2d", 2), spec("Conv2d", 8, 16, 3),
+             spec("BatchNorm2d", 16), spec("ReLU"),
+             spec("AdaptiveAvgPool2d", 1), spec("Flatten"),
+             spec("Linear", 16, 10)),
+         lambda: nn.Sequential(nn.Conv2d(3, 8, 3, padding=1),
+                               nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                               nn.Conv2d(8, 16, 3), nn.BatchNorm2d(16),
+                               nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                               nn.Flatten(), nn.Linear(16, 10)),
+         lambda: [randn(4, 3, 12, 12)], train=True, steps=3,
+         random_params=False),
+    Case("BatchNorm CNN eval",
+         seq(spec("Conv2d", 3, 8, 3, padding=1), spec("BatchNorm2d", 8),
+             spec("ReLU"), spec("MaxPool2d", 2), spec("Flatten"),
+             spec("Linear", 8 * 36, 10)),
+         lambda: bn_eval_stats(nn.Sequential(
+             nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+             nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8 * 36, 10))),
+         lambda: [randn(4, 3, 12, 12)], random_params=False),
+    Case("TransformerEncoder, 2 layers (d_model 32, 4 heads, eval)",
+         seq(spec("TransformerEncoderLayer", 32, 4, dim_feedforward=64),
+             spec("TransformerEncoderLayer", 32, 4, dim_feedforward=64)),
+         lambda: nn.TransformerEncoder(
+             nn.TransformerEncoderLayer(32, 4, dim_feedforward=64), 2,
+             enable_nested_tensor=False),
+         lambda: [randn(10, 3, 32)],
+         rename=lambda k: k[len("layers."):]),
+]
+
+
+def relative_error(ours, ref):
+    ours = ours.double()
+    ref = ref.double()
+    if ref.numel() == 0:
+        return 0.0
+    scale = ref.abs().max().item()
+    diff = (ours - ref).abs().max().item()
+    if scale == 0:
+        return diff
+    return diff / scale
+
+
+def check_tensor(what, ours, ref, tol, failures):
+    if ours is None:
+        failures.append(f"{what}: missing")
+        return
+    if tuple(ours.shape) != tuple(ref.shape) or ours.dtype != ref.dtype:
+        failures.append(f"{what}: {ours.dtype}{list(ours.shape)} vs torch "
+                        f"{ref.dtype}{list(ref.shape)}")
+        return
+    if not ref.is_floating_point():
+        if not torch.equal(ours, ref):
+            failures.append(f"{what}: values differ")
+        return
+    err = relative_error(ours, ref)
+    if not err <= tol:
+        failures.append(f"{what}: relative error {err:.3g} > {tol:g}")
+
+
+def call_torch(m, inputs):
+    if isinstance(m, nn.MultiheadAttention):
+        # forward(query, key, value, key_padding_mask, need_weights,
+        # attn_mask): the tool's inputs are positional without need_weights.
+        q, k, v, *masks = inputs + [None] * (5 - len(inputs))
+        return m(q, k, v, key_padding_mask=masks[0], attn_mask=masks[1])
+    return m(*inputs)
+
+
+def run_case(tool, tmp, case, index):
+    torch.manual_seed(index)
+    m = case.ctor()
+    if case.random_params:
+        with torch.no_grad():
+            for p in m.parameters():
+                p.copy_(torch.randn_like(p) * 0.5)
+    m.train(case.train)
+    rename = case.rename or (lambda k: k)
+    state = [(rename(k), v.clone()) for k, v in m.state_dict().items()]
+    inputs = case.inputs()
+    tensors = [(f"input{i}", t) for i, t in enumerate(inputs) if t is not None]
+    spec_path = os.path.join(tmp, "spec.json")
+    state_path = os.path.join(tmp, "state.safetensors")
+    inputs_path = os.path.join(tmp, "inputs.safetensors")
+    out_path = os.path.join(tmp, "out.safetensors")
+    state_out_path = os.path.join(tmp, "state_out.safetensors")
+    with open(spec_path, "w") as f:
+        json.dump(case.spec, f)
+    write_safetensors(state_path, state)
+    write_safetensors(inputs_path, tensors)
+    with torch.no_grad():
+        for _ in range(case.steps):
+            out = call_torch(m, inputs)
+    refs = list(out) if isinstance(out, tuple) else [out]
+    dtype_name = {torch.float32: "float32", torch.float64: "float64",
+                  torch.bfloat16: "bfloat16"}[case.dtype]
+    cmd = [tool, "--spec", spec_path, "--state", state_path, "--inputs",
+           inputs_path, "--out", out_path, "--state_out", state_out_path,
+           "--steps", str(case.steps), "--dtype", dtype_name]
+    if case.train:
+        cmd.append("--train")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return [f"forward_tool failed: {proc.stderr.strip()}"]
+    _, _, outputs = read_safetensors(out_path)
+    outputs = dict(outputs)
+    _, _, final_state = read_safetensors(state_out_path)
+    final_state = dict(final_state)
+    tol = TOLERANCE[case.dtype]
+    failures = []
+    for i, ref in enumerate(refs):
+        if ref is None:
+            continue
+        check_tensor(f"output{i}", outputs.get(f"output{i}"), ref, tol,
+                     failures)
+    for k, v in m.state_dict().items():
+        key = rename(k)
+        check_tensor(f"state {key}", final_state.get(key), v, tol, failures)
+    return failures
+
+
+def main():
+    tool = sys.argv[1]
+    torch.set_num_threads(1)
+    # torch warns about implicit softmax dims and even "same" kernels.
+    warnings.filterwarnings("ignore")
+    failed = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for index, case in enumerate(CASES):
+            failures = run_case(tool, tmp, case, index)
+            if failures:
+                failed += 1
+                print(f"FAIL {case.label}")
+                for f in failures:
+                    print(f"    {f}")
+            else:
+                print(f"ok   {case.label}")
+    print(f"{len(CASES) - failed} of {len(CASES)} cases match torch")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
