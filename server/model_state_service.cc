@@ -1,5 +1,6 @@
 #include "server/model_state_service.h"
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <optional>
@@ -14,6 +15,7 @@
 #include "core/staged_state_dict.h"
 #include "core/state_stream.h"
 #include "core/status_macros.h"
+#include "nlohmann/json.hpp"
 #include "proto/convert.h"
 
 namespace modelstate::server {
@@ -71,7 +73,92 @@ ModelStateServiceImpl::ModelStateServiceImpl(ModelStore* store,
       hub_(hub),
       audit_(audit),
       audit_path_(std::move(audit_path)),
-      options_(options) {}
+      options_(options),
+      streams_(options.max_streams_per_identity) {}
+
+absl::StatusOr<ModelStateServiceImpl::Caller>
+ModelStateServiceImpl::Authenticate(const grpc::ServerContextBase* context,
+                                    absl::string_view rpc) {
+  Caller caller;
+  caller.ctx = ContextOf(context);
+  caller.peer = context->peer();
+  absl::StatusOr<Principal> principal =
+      options_.auth != nullptr ? options_.auth->Authenticate(*context)
+                               : AnonymousAdmin(caller.peer);
+  if (!principal.ok()) {
+    caller.ctx.identity = "";
+    RecordDenial(caller.ctx, caller.peer, rpc, ModuleName{},
+                 principal.status());
+    return principal.status();
+  }
+  caller.principal = *std::move(principal);
+  caller.ctx.identity = caller.principal.identity;
+  return caller;
+}
+
+absl::Status ModelStateServiceImpl::Allow(const Caller& caller,
+                                          absl::string_view rpc,
+                                          Permission permission,
+                                          const ModuleName& module) {
+  if (caller.principal.Allows(permission, module.ns)) return absl::OkStatus();
+  absl::Status denied = absl::PermissionDeniedError(absl::StrCat(
+      "'", caller.principal.identity, "' may not ", rpc, " in namespace '",
+      module.ns, "' (needs ", PermissionName(permission), " permission)"));
+  RecordDenial(caller.ctx, caller.peer, rpc, module, denied);
+  return denied;
+}
+
+absl::Status ModelStateServiceImpl::AllowSomewhere(const Caller& caller,
+                                                   absl::string_view rpc,
+                                                   Permission permission) {
+  if (caller.principal.AllowsAnywhere(permission)) return absl::OkStatus();
+  absl::Status denied = absl::PermissionDeniedError(absl::StrCat(
+      "'", caller.principal.identity, "' may not ", rpc, " (needs ",
+      PermissionName(permission), " permission in some namespace)"));
+  RecordDenial(caller.ctx, caller.peer, rpc, ModuleName{}, denied);
+  return denied;
+}
+
+void ModelStateServiceImpl::RecordDenial(const OperationContext& ctx,
+                                         absl::string_view peer,
+                                         absl::string_view rpc,
+                                         const ModuleName& module,
+                                         const absl::Status& status) {
+  if (audit_ == nullptr) return;
+  AuditRecord r;
+  r.identity = ctx.identity;
+  r.correlation_id = ctx.correlation_id;
+  r.type = "denied";
+  r.ns = module.ns;
+  r.module = module.name;
+  r.outcome = "error";
+  r.details_json =
+      nlohmann::json{{"rpc", std::string(rpc)},
+                     {"peer", std::string(peer)},
+                     {"error",
+                      {{"code", absl::StatusCodeToString(status.code())},
+                       {"message", std::string(status.message())}}}}
+          .dump();
+  // A denial that cannot be recorded is still a denial; the log's own
+  // failure shows up on the next change it must record.
+  (void)audit_->Append(std::move(r));
+}
+
+absl::Status ModelStateServiceImpl::AllowAudit(const Caller& caller,
+                                               absl::string_view rpc,
+                                               const std::string& ns) {
+  if (ns.empty()) return AllowSomewhere(caller, rpc, Permission::kAudit);
+  ModuleName in_namespace;
+  in_namespace.ns = ns;
+  return Allow(caller, rpc, Permission::kAudit, in_namespace);
+}
+
+bool ModelStateServiceImpl::Visible(const std::vector<std::string>& namespaces,
+                                    const AuditRecord& r) {
+  if (!namespaces.empty() && namespaces.front() == kAnyNamespace) return true;
+  return !r.ns.empty() && std::find(namespaces.begin(), namespaces.end(),
+                                    r.ns) != namespaces.end();
+}
 
 BuildLimits ModelStateServiceImpl::Limits() const {
   BuildLimits limits;
@@ -85,8 +172,10 @@ BuildLimits ModelStateServiceImpl::Limits() const {
 grpc::Status ModelStateServiceImpl::BuildModule(
     grpc::ServerContext* context, const v1::BuildModuleRequest* request,
     v1::BuildModuleResponse* response) {
+  ASSIGN_OR_RETURN_GRPC(Caller caller, Authenticate(context, "BuildModule"));
   ASSIGN_OR_RETURN_GRPC(ModuleName name,
                         convert::ParseModuleField(request->module()));
+  RETURN_IF_ERROR_GRPC(Allow(caller, "BuildModule", Permission::kWrite, name));
   ASSIGN_OR_RETURN_GRPC(ModuleSpec spec,
                         convert::SpecFromProto(request->spec()));
   BuildOptions options;
@@ -99,7 +188,7 @@ grpc::Status ModelStateServiceImpl::BuildModule(
       options.dtype,
       convert::ParseDTypeField(request->dtype(), "dtype", DType::kFloat32));
   ASSIGN_OR_RETURN_GRPC(BuildOutcome outcome,
-                        store_->Build(ContextOf(context), name, spec, options,
+                        store_->Build(caller.ctx, name, spec, options,
                                       request->all_or_nothing()));
   response->set_module(name.full());
   for (const RegistrationResult& r : outcome.registrations) {
@@ -111,13 +200,12 @@ grpc::Status ModelStateServiceImpl::BuildModule(
   }));
 }
 
-grpc::Status ModelStateServiceImpl::Register(grpc::ServerContext* context,
+grpc::Status ModelStateServiceImpl::Register(const Caller& caller,
                                              const ModuleName& name,
                                              RegistrationRequest request,
                                              v1::RegisterResponse* response) {
-  ASSIGN_OR_RETURN_GRPC(
-      std::vector<RegistrationResult> results,
-      store_->Register(ContextOf(context), name, std::move(request)));
+  ASSIGN_OR_RETURN_GRPC(std::vector<RegistrationResult> results,
+                        store_->Register(caller.ctx, name, std::move(request)));
   for (const RegistrationResult& result : results) {
     convert::ReportToProto(result, response->add_registrations());
   }
@@ -127,8 +215,12 @@ grpc::Status ModelStateServiceImpl::Register(grpc::ServerContext* context,
 grpc::Status ModelStateServiceImpl::RegisterTensor(
     grpc::ServerContext* context, const v1::RegisterTensorRequest* request,
     EntryKind kind, v1::RegisterResponse* response) {
+  const char* rpc =
+      kind == EntryKind::kParameter ? "RegisterParameter" : "RegisterBuffer";
+  ASSIGN_OR_RETURN_GRPC(Caller caller, Authenticate(context, rpc));
   ASSIGN_OR_RETURN_GRPC(ModuleName name,
                         convert::ParseModuleField(request->module()));
+  RETURN_IF_ERROR_GRPC(Allow(caller, rpc, Permission::kWrite, name));
   RegistrationRequest r;
   r.path = request->path();
   r.name = request->name();
@@ -163,7 +255,7 @@ grpc::Status ModelStateServiceImpl::RegisterTensor(
     ASSIGN_OR_RETURN_GRPC(tensor, MakeParameter(tensor, requires_grad));
   }
   r.value.tensor = std::move(tensor);
-  return Register(context, name, std::move(r), response);
+  return Register(caller, name, std::move(r), response);
 }
 
 grpc::Status ModelStateServiceImpl::RegisterParameter(
@@ -181,8 +273,12 @@ grpc::Status ModelStateServiceImpl::RegisterBuffer(
 grpc::Status ModelStateServiceImpl::RegisterSubmodule(
     grpc::ServerContext* context, const v1::RegisterSubmoduleRequest* request,
     v1::RegisterResponse* response) {
+  ASSIGN_OR_RETURN_GRPC(Caller caller,
+                        Authenticate(context, "RegisterSubmodule"));
   ASSIGN_OR_RETURN_GRPC(ModuleName name,
                         convert::ParseModuleField(request->module()));
+  RETURN_IF_ERROR_GRPC(
+      Allow(caller, "RegisterSubmodule", Permission::kWrite, name));
   RegistrationRequest r;
   r.path = request->path();
   r.name = request->name();
@@ -212,26 +308,30 @@ grpc::Status ModelStateServiceImpl::RegisterSubmodule(
           grpc::StatusCode::INVALID_ARGUMENT,
           "value: one of spec, existing_path or none is required");
   }
-  return Register(context, name, std::move(r), response);
+  return Register(caller, name, std::move(r), response);
 }
 
 grpc::Status ModelStateServiceImpl::RemoveEntry(
     grpc::ServerContext* context, const v1::RemoveEntryRequest* request,
     v1::RegisterResponse* response) {
+  ASSIGN_OR_RETURN_GRPC(Caller caller, Authenticate(context, "RemoveEntry"));
   ASSIGN_OR_RETURN_GRPC(ModuleName name,
                         convert::ParseModuleField(request->module()));
+  RETURN_IF_ERROR_GRPC(Allow(caller, "RemoveEntry", Permission::kWrite, name));
   RegistrationRequest r;
   r.path = request->path();
   r.name = request->name();
   r.removal = true;
-  return Register(context, name, std::move(r), response);
+  return Register(caller, name, std::move(r), response);
 }
 
 grpc::Status ModelStateServiceImpl::GetModule(
-    grpc::ServerContext*, const v1::GetModuleRequest* request,
+    grpc::ServerContext* context, const v1::GetModuleRequest* request,
     v1::GetModuleResponse* response) {
+  ASSIGN_OR_RETURN_GRPC(Caller caller, Authenticate(context, "GetModule"));
   ASSIGN_OR_RETURN_GRPC(ModuleName name,
                         convert::ParseModuleField(request->module()));
+  RETURN_IF_ERROR_GRPC(Allow(caller, "GetModule", Permission::kRead, name));
   RETURN_IF_ERROR_GRPC(
       store_->Read(name, [&](const Module& root) -> absl::Status {
         absl::StatusOr<std::shared_ptr<Module>> sub =
@@ -253,8 +353,23 @@ grpc::Status ModelStateServiceImpl::GetModule(
 }
 
 grpc::Status ModelStateServiceImpl::ListModules(
-    grpc::ServerContext*, const v1::ListModulesRequest* request,
+    grpc::ServerContext* context, const v1::ListModulesRequest* request,
     v1::ListModulesResponse* response) {
+  ASSIGN_OR_RETURN_GRPC(Caller caller, Authenticate(context, "ListModules"));
+  const std::string& ns = request->namespace_();
+  const std::vector<std::string> readable =
+      caller.principal.NamespacesFor(Permission::kRead);
+  const bool everything =
+      !ns.empty() || (readable.size() == 1 && readable[0] == kAnyNamespace);
+  if (!ns.empty()) {
+    ModuleName in_namespace;
+    in_namespace.ns = ns;
+    RETURN_IF_ERROR_GRPC(
+        Allow(caller, "ListModules", Permission::kRead, in_namespace));
+  } else if (!everything) {
+    RETURN_IF_ERROR_GRPC(
+        AllowSomewhere(caller, "ListModules", Permission::kRead));
+  }
   if (request->page_size() < 0) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "page_size: must not be negative");
@@ -263,9 +378,21 @@ grpc::Status ModelStateServiceImpl::ListModules(
       request->page_size() == 0
           ? 100
           : std::min<size_t>(static_cast<size_t>(request->page_size()), 1000);
-  // The token is the last name of the previous page.
-  std::vector<ModuleSummary> modules =
-      store_->List(request->namespace_(), request->page_token(), page + 1);
+  // The token is the last name of the previous page. A caller who may read
+  // some namespaces only sees those: listing goes on past the others.
+  std::vector<ModuleSummary> modules;
+  std::string after = request->page_token();
+  while (modules.size() <= page) {
+    std::vector<ModuleSummary> batch = store_->List(ns, after, page + 1);
+    for (ModuleSummary& m : batch) {
+      if (everything || std::find(readable.begin(), readable.end(),
+                                  m.name.ns) != readable.end()) {
+        modules.push_back(std::move(m));
+      }
+    }
+    if (batch.size() < page + 1) break;
+    after = batch.back().name.full();
+  }
   for (size_t i = 0; i < modules.size() && i < page; ++i) {
     v1::ModuleSummary* s = response->add_modules();
     s->set_module(modules[i].name.full());
@@ -282,16 +409,22 @@ grpc::Status ModelStateServiceImpl::ListModules(
 grpc::Status ModelStateServiceImpl::DeleteModule(
     grpc::ServerContext* context, const v1::DeleteModuleRequest* request,
     v1::DeleteModuleResponse*) {
+  ASSIGN_OR_RETURN_GRPC(Caller caller, Authenticate(context, "DeleteModule"));
   ASSIGN_OR_RETURN_GRPC(ModuleName name,
                         convert::ParseModuleField(request->module()));
-  return ToGrpcStatus(store_->Delete(ContextOf(context), name));
+  RETURN_IF_ERROR_GRPC(Allow(caller, "DeleteModule", Permission::kWrite, name));
+  return ToGrpcStatus(store_->Delete(caller.ctx, name));
 }
 
 grpc::Status ModelStateServiceImpl::GetStateDict(
     grpc::ServerContext* context, const v1::GetStateDictRequest* request,
     grpc::ServerWriter<v1::StateDictChunk>* writer) {
+  ASSIGN_OR_RETURN_GRPC(Caller caller, Authenticate(context, "GetStateDict"));
   ASSIGN_OR_RETURN_GRPC(ModuleName name,
                         convert::ParseModuleField(request->module()));
+  RETURN_IF_ERROR_GRPC(Allow(caller, "GetStateDict", Permission::kRead, name));
+  ASSIGN_OR_RETURN_GRPC(std::unique_ptr<StreamLimiter::Slot> slot,
+                        streams_.Acquire(caller.ctx.identity));
   uint32_t chunk = request->chunk_bytes() == 0 ? options_.default_chunk_bytes
                                                : request->chunk_bytes();
   if (chunk > options_.max_chunk_bytes) {
@@ -352,6 +485,7 @@ grpc::Status ModelStateServiceImpl::LoadStateDict(
     grpc::ServerContext* context,
     grpc::ServerReader<v1::LoadStateDictRequest>* reader,
     v1::LoadStateDictResponse* response) {
+  ASSIGN_OR_RETURN_GRPC(Caller caller, Authenticate(context, "LoadStateDict"));
   v1::LoadStateDictRequest message;
   if (!reader->Read(&message)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -364,6 +498,10 @@ grpc::Status ModelStateServiceImpl::LoadStateDict(
   const v1::LoadStart& start = message.start();
   ASSIGN_OR_RETURN_GRPC(ModuleName name,
                         convert::ParseModuleField(start.module()));
+  RETURN_IF_ERROR_GRPC(
+      Allow(caller, "LoadStateDict", Permission::kWrite, name));
+  ASSIGN_OR_RETURN_GRPC(std::unique_ptr<StreamLimiter::Slot> slot,
+                        streams_.Acquire(caller.ctx.identity));
   ASSIGN_OR_RETURN_GRPC(StateDictLayout layout,
                         convert::HeaderToLayout(start.header()));
   StreamLimits limits;
@@ -375,7 +513,7 @@ grpc::Status ModelStateServiceImpl::LoadStateDict(
   // copying load stages the bytes on disk and reads each entry straight
   // into the module's tensor; assign installs new tensors, which must be in
   // memory anyway.
-  const OperationContext ctx = ContextOf(context);
+  const OperationContext& ctx = caller.ctx;
   std::unique_ptr<StagedStateDict> staged;
   std::unique_ptr<StateDictAssembler> assembler;
   if (!options.assign) {
@@ -415,8 +553,10 @@ grpc::Status ModelStateServiceImpl::LoadStateDict(
 grpc::Status ModelStateServiceImpl::MoveModule(
     grpc::ServerContext* context, const v1::MoveModuleRequest* request,
     v1::MoveModuleResponse* response) {
+  ASSIGN_OR_RETURN_GRPC(Caller caller, Authenticate(context, "MoveModule"));
   ASSIGN_OR_RETURN_GRPC(ModuleName name,
                         convert::ParseModuleField(request->module()));
+  RETURN_IF_ERROR_GRPC(Allow(caller, "MoveModule", Permission::kWrite, name));
   std::optional<Device> device;
   std::optional<DType> dtype;
   if (!request->device().empty()) {
@@ -428,7 +568,7 @@ grpc::Status ModelStateServiceImpl::MoveModule(
     ASSIGN_OR_RETURN_GRPC(dtype, convert::ParseDTypeField(
                                      request->dtype(), "dtype", std::nullopt));
   }
-  RETURN_IF_ERROR_GRPC(store_->Move(ContextOf(context), name, device, dtype));
+  RETURN_IF_ERROR_GRPC(store_->Move(caller.ctx, name, device, dtype));
   return ToGrpcStatus(store_->Read(name, [&](const Module& root) {
     convert::ModuleInfoToProto(root, false, response->mutable_info());
     return absl::OkStatus();
@@ -438,10 +578,12 @@ grpc::Status ModelStateServiceImpl::MoveModule(
 grpc::Status ModelStateServiceImpl::SetTraining(
     grpc::ServerContext* context, const v1::SetTrainingRequest* request,
     v1::SetTrainingResponse*) {
+  ASSIGN_OR_RETURN_GRPC(Caller caller, Authenticate(context, "SetTraining"));
   ASSIGN_OR_RETURN_GRPC(ModuleName name,
                         convert::ParseModuleField(request->module()));
+  RETURN_IF_ERROR_GRPC(Allow(caller, "SetTraining", Permission::kWrite, name));
   return ToGrpcStatus(
-      store_->SetTraining(ContextOf(context), name, request->training()));
+      store_->SetTraining(caller.ctx, name, request->training()));
 }
 
 grpc::ServerBidiReactor<v1::SubscribeRequest, v1::SubscribeResponse>*
@@ -449,12 +591,51 @@ ModelStateServiceImpl::Subscribe(grpc::CallbackServerContext* context) {
   SubscriptionLimits limits;
   limits.max_queued_events = options_.max_queued_events;
   limits.max_tensor_bytes = options_.max_tensor_bytes;
-  return new SubscriptionReactor(hub_, ContextOf(context), limits);
+  SubscriptionAccess access;
+  absl::StatusOr<Caller> caller = Authenticate(context, "Subscribe");
+  if (!caller.ok()) {
+    access.denied = caller.status();
+    return new SubscriptionReactor(hub_, ContextOf(context), limits,
+                                   std::move(access));
+  }
+  access.denied = AllowSomewhere(*caller, "Subscribe", Permission::kSubscribe);
+  if (access.denied.ok()) {
+    absl::StatusOr<std::unique_ptr<StreamLimiter::Slot>> slot =
+        streams_.Acquire(caller->ctx.identity);
+    if (slot.ok()) {
+      access.slot = *std::move(slot);
+    } else {
+      access.denied = slot.status();
+    }
+  }
+  // A subscriber sees only the namespaces it may review, and may not ask
+  // for one it may not.
+  access.admit = [this, caller = *caller](SubscriptionSpec& spec) {
+    for (const std::string& wanted : spec.filter.namespaces) {
+      ModuleName module;
+      module.ns = wanted;
+      MODELSTATE_RETURN_IF_ERROR(
+          Allow(caller, "Subscribe", Permission::kSubscribe, module));
+    }
+    std::vector<std::string> visible =
+        caller.principal.NamespacesFor(Permission::kSubscribe);
+    if (!(visible.size() == 1 && visible.front() == kAnyNamespace)) {
+      spec.visible_namespaces = std::move(visible);
+    }
+    return absl::OkStatus();
+  };
+  return new SubscriptionReactor(hub_, caller->ctx, limits, std::move(access));
 }
 
 grpc::Status ModelStateServiceImpl::ListSubscribers(
-    grpc::ServerContext*, const v1::ListSubscribersRequest*,
+    grpc::ServerContext* context, const v1::ListSubscribersRequest*,
     v1::ListSubscribersResponse* response) {
+  ASSIGN_OR_RETURN_GRPC(Caller caller,
+                        Authenticate(context, "ListSubscribers"));
+  if (!caller.principal.AllowsAnywhere(Permission::kAudit)) {
+    RETURN_IF_ERROR_GRPC(
+        AllowSomewhere(caller, "ListSubscribers", Permission::kSubscribe));
+  }
   for (const SubscriberInfo& info : hub_->List()) {
     v1::SubscriberInfoProto* out = response->add_subscribers();
     out->set_subscriber_id(info.id);
@@ -475,28 +656,55 @@ grpc::Status NoAudit() {
 }  // namespace
 
 grpc::Status ModelStateServiceImpl::QueryAudit(
-    grpc::ServerContext*, const v1::QueryAuditRequest* request,
+    grpc::ServerContext* context, const v1::QueryAuditRequest* request,
     v1::QueryAuditResponse* response) {
+  ASSIGN_OR_RETURN_GRPC(Caller caller, Authenticate(context, "QueryAudit"));
   if (audit_ == nullptr) return NoAudit();
   ASSIGN_OR_RETURN_GRPC(
       AuditQuery query,
       convert::AuditQueryFromProto(request->filter(), request->after_seq(),
                                    request->limit()));
-  ASSIGN_OR_RETURN_GRPC(std::vector<AuditRecord> records, audit_->Query(query));
-  for (const AuditRecord& r : records)
-    convert::AuditRecordToProto(r, response->add_records());
-  if (records.size() == query.limit)
-    response->set_next_after_seq(records.back().seq);
+  RETURN_IF_ERROR_GRPC(AllowAudit(caller, "QueryAudit", query.ns));
+  const std::vector<std::string> visible =
+      caller.principal.NamespacesFor(Permission::kAudit);
+  // Records of namespaces the auditor may not see are skipped, so a page
+  // may take several queries.
+  size_t found = 0;
+  uint64_t last = query.after_seq;
+  bool more = true;
+  while (found < query.limit && more) {
+    query.after_seq = last;
+    ASSIGN_OR_RETURN_GRPC(std::vector<AuditRecord> records,
+                          audit_->Query(query));
+    more = records.size() == query.limit;
+    for (const AuditRecord& r : records) {
+      if (found == query.limit) {
+        more = true;
+        break;
+      }
+      last = r.seq;
+      if (!Visible(visible, r)) continue;
+      convert::AuditRecordToProto(r, response->add_records());
+      ++found;
+    }
+  }
+  if (more) response->set_next_after_seq(last);
   return grpc::Status::OK;
 }
 
 grpc::Status ModelStateServiceImpl::WatchAudit(
     grpc::ServerContext* context, const v1::WatchAuditRequest* request,
     grpc::ServerWriter<v1::AuditRecordProto>* writer) {
+  ASSIGN_OR_RETURN_GRPC(Caller caller, Authenticate(context, "WatchAudit"));
   if (audit_ == nullptr) return NoAudit();
   ASSIGN_OR_RETURN_GRPC(AuditQuery query,
                         convert::AuditQueryFromProto(
                             request->filter(), request->after_seq(), 1000));
+  RETURN_IF_ERROR_GRPC(AllowAudit(caller, "WatchAudit", query.ns));
+  ASSIGN_OR_RETURN_GRPC(std::unique_ptr<StreamLimiter::Slot> slot,
+                        streams_.Acquire(caller.ctx.identity));
+  const std::vector<std::string> visible =
+      caller.principal.NamespacesFor(Permission::kAudit);
   uint64_t after = request->after_seq();
   // Wakes up at least once a second to notice a cancelled call.
   while (!context->IsCancelled()) {
@@ -513,7 +721,7 @@ grpc::Status ModelStateServiceImpl::WatchAudit(
                    (query.type.empty() || r.type == query.type) &&
                    (!query.since.has_value() || r.time >= *query.since) &&
                    (!query.until.has_value() || r.time < *query.until);
-      if (!match) continue;
+      if (!match || !Visible(visible, r)) continue;
       v1::AuditRecordProto out;
       convert::AuditRecordToProto(r, &out);
       if (!writer->Write(out)) return grpc::Status::CANCELLED;
@@ -523,8 +731,11 @@ grpc::Status ModelStateServiceImpl::WatchAudit(
 }
 
 grpc::Status ModelStateServiceImpl::VerifyAudit(
-    grpc::ServerContext*, const v1::VerifyAuditRequest*,
+    grpc::ServerContext* context, const v1::VerifyAuditRequest*,
     v1::VerifyAuditResponse* response) {
+  ASSIGN_OR_RETURN_GRPC(Caller caller, Authenticate(context, "VerifyAudit"));
+  RETURN_IF_ERROR_GRPC(
+      AllowSomewhere(caller, "VerifyAudit", Permission::kAudit));
   if (audit_ == nullptr) return NoAudit();
   ASSIGN_OR_RETURN_GRPC(AuditVerification v, AuditLog::Verify(audit_path_));
   response->set_records(v.records);

@@ -13,12 +13,14 @@
 
 #include <cstdint>
 
+#include "core/access_policy.h"
 #include "core/audit_log.h"
 #include "core/model_store.h"
 #include "core/module_spec.h"
 #include "core/subscriber_hub.h"
 #include "grpcpp/grpcpp.h"
 #include "modelstate/v1/model_state_service.grpc.pb.h"
+#include "server/auth.h"
 #include "server/subscription_reactor.h"
 
 namespace modelstate::server {
@@ -39,6 +41,12 @@ struct ServiceOptions {
   // Where LoadStateDict stages incoming bytes (an existing directory), so a
   // load never holds the state twice in memory; empty: in memory.
   std::string staging_dir;
+  // Who may call what (not owned; null: every caller is an admin, which
+  // server_main allows on loopback addresses only).
+  const Authenticator* auth = nullptr;
+  // Streams (state_dict transfers, audit watches, subscriptions) one
+  // identity may have open at once; 0: unlimited.
+  int max_streams_per_identity = 0;
 };
 
 // Thread-safe (handlers run concurrently on gRPC's threads). Subscribe is a
@@ -106,8 +114,15 @@ class ModelStateServiceImpl final
                            v1::VerifyAuditResponse* response) override;
 
  private:
+  // An authenticated caller and the context its changes are recorded with.
+  struct Caller {
+    OperationContext ctx;
+    Principal principal;
+    std::string peer;
+  };
+
   // Runs one registration request and reports every event it fired.
-  grpc::Status Register(grpc::ServerContext* context, const ModuleName& name,
+  grpc::Status Register(const Caller& caller, const ModuleName& name,
                         RegistrationRequest request,
                         v1::RegisterResponse* response);
   grpc::Status RegisterTensor(grpc::ServerContext* context,
@@ -115,12 +130,36 @@ class ModelStateServiceImpl final
                               EntryKind kind, v1::RegisterResponse* response);
   BuildLimits Limits() const;
 
+  // The caller, or UNAUTHENTICATED / PERMISSION_DENIED (recorded in the
+  // audit log as "denied").
+  absl::StatusOr<Caller> Authenticate(const grpc::ServerContextBase* context,
+                                      absl::string_view rpc);
+  // OK if the caller holds `permission` in `module`'s namespace; otherwise
+  // PERMISSION_DENIED, recorded.
+  absl::Status Allow(const Caller& caller, absl::string_view rpc,
+                     Permission permission, const ModuleName& module);
+  // OK if the caller holds `permission` in some namespace (calls that
+  // then show only what those namespaces allow).
+  absl::Status AllowSomewhere(const Caller& caller, absl::string_view rpc,
+                              Permission permission);
+  // Audit reading: in namespace `ns`, or ("" ) in some namespace.
+  absl::Status AllowAudit(const Caller& caller, absl::string_view rpc,
+                          const std::string& ns);
+  // An audit record of type "denied" for a refused call.
+  void RecordDenial(const OperationContext& ctx, absl::string_view peer,
+                    absl::string_view rpc, const ModuleName& module,
+                    const absl::Status& status);
+  // Whether an auditor limited to `namespaces` ({"*"}: all) may see `r`.
+  static bool Visible(const std::vector<std::string>& namespaces,
+                      const AuditRecord& r);
+
   // Constant after construction.
   ModelStore* const store_;
   SubscriberHub* const hub_;
   AuditLog* const audit_;
   const std::string audit_path_;
   const ServiceOptions options_;
+  StreamLimiter streams_;
 };
 
 // The caller's identity and request id (from metadata "x-request-id", or a

@@ -3,7 +3,13 @@
 //   modelstate-server --listen=127.0.0.1:50051 --data_dir=./data
 //
 // SIGTERM / SIGINT shut it down cleanly: new calls are refused, running
-// calls get --shutdown_grace_seconds to finish, then are cancelled.
+// calls get --shutdown_grace_seconds to finish, then are cancelled. SIGHUP
+// re-reads --token_file and --quota_file (a bad file keeps the old one).
+//
+// Without --token_file there is no authentication: every caller is an admin,
+// so the server then listens on loopback addresses only. Plaintext on a
+// non-loopback address needs --plaintext; otherwise --tls_cert_file and
+// --tls_key_file (and --tls_client_ca_file for mutual TLS).
 #include <malloc.h>
 #include <signal.h>
 
@@ -22,14 +28,18 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/audit_log.h"
+#include "core/file_util.h"
 #include "core/log.h"
 #include "core/model_store.h"
 #include "core/module_repository.h"
+#include "core/quota.h"
+#include "core/status_macros.h"
 #include "core/subscriber_hub.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
+#include "server/auth.h"
 #include "server/model_state_service.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
@@ -58,10 +68,101 @@ ABSL_FLAG(int, max_queued_events, 10000,
           "Events waiting for one subscriber before it is disconnected");
 ABSL_FLAG(int, shutdown_grace_seconds, 10,
           "How long running calls may take to finish at shutdown");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "Server certificate chain (PEM); with --tls_key_file turns on TLS");
+ABSL_FLAG(std::string, tls_key_file, "", "Server private key (PEM)");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "CA bundle (PEM) that client certificates must chain to: mutual "
+          "TLS; a certificate's CN names a principal of --token_file");
+ABSL_FLAG(std::string, token_file, "",
+          "Principals, their token hashes and roles (JSON; see README "
+          "\"Deploy\"); turns on authentication; re-read on SIGHUP");
+ABSL_FLAG(bool, plaintext, false,
+          "Allow plaintext on a non-loopback --listen address");
+ABSL_FLAG(std::string, health_listen, "",
+          "A second, plaintext address serving only grpc.health.v1 (for "
+          "probes that cannot present credentials); empty: none");
+ABSL_FLAG(std::string, quota_file, "",
+          "Per-namespace quotas (JSON; see README); re-read on SIGHUP");
+ABSL_FLAG(uint64_t, namespace_max_modules, 0,
+          "Most modules in one namespace (0: unlimited; --quota_file may "
+          "override per namespace)");
+ABSL_FLAG(uint64_t, namespace_max_mib, 0,
+          "Most tensor MiB held by one namespace (0: unlimited; "
+          "--quota_file may override per namespace)");
+ABSL_FLAG(int, max_streams_per_identity, 16,
+          "Streams (state_dict transfers, audit watches, subscriptions) one "
+          "authenticated identity may have open at once (0: unlimited)");
 
 namespace {
 
 using modelstate::internal::LogLine;
+
+// 127.0.0.0/8, ::1 and localhost: reachable from this machine only.
+bool IsLoopback(const std::string& listen) {
+  std::string host = listen.substr(0, listen.rfind(':'));
+  return host == "localhost" || host == "[::1]" || host == "::1" ||
+         host.rfind("127.", 0) == 0;
+}
+
+absl::StatusOr<std::string> ReadPem(const std::string& flag,
+                                    const std::string& path) {
+  absl::StatusOr<std::string> text = modelstate::ReadFile(path);
+  if (!text.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": ", text.status().message()));
+  }
+  return text;
+}
+
+// TLS when --tls_cert_file is given, requiring verified client
+// certificates when --tls_client_ca_file is; plaintext otherwise.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials() {
+  const std::string cert = absl::GetFlag(FLAGS_tls_cert_file);
+  const std::string key = absl::GetFlag(FLAGS_tls_key_file);
+  const std::string client_ca = absl::GetFlag(FLAGS_tls_client_ca_file);
+  if (cert.empty() != key.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_cert_file and --tls_key_file go together");
+  }
+  if (cert.empty()) {
+    if (!client_ca.empty()) {
+      return absl::InvalidArgumentError(
+          "--tls_client_ca_file needs --tls_cert_file and --tls_key_file");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  grpc::SslServerCredentialsOptions options(
+      client_ca.empty()
+          ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+          : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  MODELSTATE_ASSIGN_OR_RETURN(pair.cert_chain, ReadPem("tls_cert_file", cert));
+  MODELSTATE_ASSIGN_OR_RETURN(pair.private_key, ReadPem("tls_key_file", key));
+  options.pem_key_cert_pairs.push_back(std::move(pair));
+  if (!client_ca.empty()) {
+    MODELSTATE_ASSIGN_OR_RETURN(options.pem_root_certs,
+                                ReadPem("tls_client_ca_file", client_ca));
+  }
+  return grpc::SslServerCredentials(options);
+}
+
+modelstate::NamespaceQuota DefaultQuota() {
+  modelstate::NamespaceQuota quota;
+  quota.max_modules = absl::GetFlag(FLAGS_namespace_max_modules);
+  quota.max_bytes = absl::GetFlag(FLAGS_namespace_max_mib) << 20;
+  return quota;
+}
+
+absl::StatusOr<modelstate::QuotaPolicy> LoadQuotas() {
+  const std::string path = absl::GetFlag(FLAGS_quota_file);
+  if (path.empty()) {
+    modelstate::QuotaPolicy policy;
+    policy.defaults = DefaultQuota();
+    return policy;
+  }
+  return modelstate::QuotaPolicy::ReadFile(path, DefaultQuota());
+}
 
 // Blocks SIGINT and SIGTERM in this thread and every thread started later,
 // so that only the waiter thread receives them.
@@ -70,6 +171,7 @@ sigset_t BlockShutdownSignals() {
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   return set;
 }
@@ -84,7 +186,57 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   sigset_t signals = BlockShutdownSignals();
 
+  // Who may connect, and how, before anything else: a misconfigured
+  // server must not start at all.
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      ServerCredentials();
+  if (!credentials.ok()) {
+    LogLine(std::string(credentials.status().message()));
+    return 2;
+  }
+  const bool tls = !absl::GetFlag(FLAGS_tls_cert_file).empty();
+  const bool mtls = !absl::GetFlag(FLAGS_tls_client_ca_file).empty();
+  const std::string token_file = absl::GetFlag(FLAGS_token_file);
+  if (mtls && token_file.empty()) {
+    LogLine(
+        "--tls_client_ca_file needs --token_file: its principals give "
+        "certificate identities (CN) their roles");
+    return 2;
+  }
+  if (!IsLoopback(listen)) {
+    if (token_file.empty()) {
+      LogLine(absl::StrCat(
+          "refusing to listen on ", listen,
+          " without authentication: pass --token_file (and TLS), or listen "
+          "on a loopback address"));
+      return 2;
+    }
+    if (!tls && !absl::GetFlag(FLAGS_plaintext)) {
+      LogLine(absl::StrCat("refusing plaintext on ", listen,
+                           ": pass --tls_cert_file and --tls_key_file, or "
+                           "--plaintext to allow it"));
+      return 2;
+    }
+  }
+  absl::StatusOr<std::unique_ptr<modelstate::server::Authenticator>> auth =
+      modelstate::server::Authenticator::Create(token_file, mtls);
+  if (!auth.ok()) {
+    LogLine(absl::StrCat("--token_file: ", auth.status().message()));
+    return 2;
+  }
+  absl::StatusOr<modelstate::QuotaPolicy> quotas = LoadQuotas();
+  if (!quotas.ok()) {
+    LogLine(absl::StrCat("--quota_file: ", quotas.status().message()));
+    return 2;
+  }
+
   modelstate::server::ServiceOptions options;
+  options.auth = auth->get();
+  // Without authentication there are no identities to count, only peer
+  // addresses, which channels share.
+  options.max_streams_per_identity =
+      (*auth)->enabled() ? absl::GetFlag(FLAGS_max_streams_per_identity) : 0;
   options.default_chunk_bytes =
       static_cast<uint32_t>(absl::GetFlag(FLAGS_chunk_kib)) << 10;
   options.max_chunk_bytes =
@@ -147,6 +299,7 @@ int main(int argc, char** argv) {
   store.set_decider(&hub);
   store.set_audit_log(audit->get());
   store.set_repository(repository->get());
+  store.set_quotas(*quotas);
   // Everything saved comes back before the first request is served.
   absl::Time restore_start = absl::Now();
   modelstate::ModelStore::RestoreReport restored = store.Restore();
@@ -184,8 +337,7 @@ int main(int argc, char** argv) {
     builder.SetResourceQuota(quota);
   }
   int port = 0;
-  std::string listen = absl::GetFlag(FLAGS_listen);
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen, *credentials, &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -194,7 +346,29 @@ int main(int argc, char** argv) {
   }
   std::string host = listen.substr(0, listen.rfind(':'));
   std::string address = absl::StrCat(host, ":", port);
-  LogLine(absl::StrCat("modelstate-server listening on ", address));
+  LogLine(absl::StrCat(
+      "modelstate-server listening on ", address,
+      tls ? (mtls ? " (mutual TLS)" : " (TLS)") : " (plaintext)",
+      (*auth)->enabled()
+          ? absl::StrCat("; ", token_file, " authenticates callers")
+          : "; no authentication (no --token_file): loopback only, every "
+            "caller is an admin"));
+  // Probes that cannot present credentials get health and nothing else.
+  std::unique_ptr<grpc::Server> health_server;
+  if (std::string health = absl::GetFlag(FLAGS_health_listen);
+      !health.empty()) {
+    grpc::ServerBuilder health_builder;
+    int health_port = 0;
+    health_builder.AddListeningPort(health, grpc::InsecureServerCredentials(),
+                                    &health_port);
+    health_server = health_builder.BuildAndStart();
+    if (health_server == nullptr || health_port == 0) {
+      LogLine(absl::StrCat("cannot listen on --health_listen ", health));
+      server->Shutdown();
+      return 1;
+    }
+    LogLine(absl::StrCat("health checks (only) on ", health));
+  }
   if (std::string ready = absl::GetFlag(FLAGS_ready_file); !ready.empty()) {
     std::string temp = ready + ".tmp";
     std::ofstream(temp) << address << "\n";
@@ -203,8 +377,27 @@ int main(int argc, char** argv) {
 
   std::thread waiter([&] {
     int sig = 0;
-    sigwait(&signals, &sig);
+    while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
+      if ((*auth)->enabled()) {
+        absl::StatusOr<size_t> loaded = (*auth)->Reload();
+        LogLine(loaded.ok()
+                    ? absl::StrCat("SIGHUP: ", *loaded, " principals from ",
+                                   token_file)
+                    : absl::StrCat("SIGHUP: kept the principals in force: ",
+                                   loaded.status().message()));
+      }
+      absl::StatusOr<modelstate::QuotaPolicy> fresh = LoadQuotas();
+      if (fresh.ok()) {
+        store.set_quotas(*std::move(fresh));
+      } else {
+        LogLine(absl::StrCat("SIGHUP: kept the quotas in force: ",
+                             fresh.status().message()));
+      }
+    }
     LogLine(absl::StrCat("signal ", sig, ": shutting down"));
+    if (health_server != nullptr) {
+      health_server->GetHealthCheckService()->Shutdown();
+    }
     server->GetHealthCheckService()->Shutdown();
     hub.CloseAll(absl::UnavailableError("server shutting down"));
     server->Shutdown(absl::ToChronoTime(
@@ -213,6 +406,7 @@ int main(int argc, char** argv) {
   });
   server->Wait();
   waiter.join();
+  if (health_server != nullptr) health_server->Shutdown();
   LogLine("stopped");
   return 0;
 }

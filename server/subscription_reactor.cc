@@ -36,11 +36,17 @@ class SubscriptionReactor::Channel : public SubscriberChannel {
 
 SubscriptionReactor::SubscriptionReactor(SubscriberHub* hub,
                                          OperationContext ctx,
-                                         SubscriptionLimits limits)
+                                         SubscriptionLimits limits,
+                                         SubscriptionAccess access)
     : hub_(hub),
       ctx_(std::move(ctx)),
       limits_(limits),
-      channel_(std::make_shared<Channel>(this)) {
+      channel_(std::make_shared<Channel>(this)),
+      access_(std::move(access)) {
+  if (!access_.denied.ok()) {
+    FinishOnce(convert::ToGrpcStatus(access_.denied));
+    return;
+  }
   StartRead(&request_);
 }
 
@@ -59,6 +65,11 @@ void SubscriptionReactor::OnReadDone(bool ok) {
     }
     absl::StatusOr<SubscriptionSpec> spec =
         convert::SubscriptionFromProto(request_.subscription());
+    if (spec.ok() && access_.admit) {
+      if (absl::Status admitted = access_.admit(*spec); !admitted.ok()) {
+        spec = admitted;
+      }
+    }
     absl::StatusOr<uint64_t> id =
         spec.ok() ? hub_->Attach(*spec, channel_, ctx_) : spec.status();
     if (!id.ok()) {

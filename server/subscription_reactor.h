@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 
 #include "core/model_store.h"
@@ -16,6 +17,7 @@
 #include "core/sync.h"
 #include "grpcpp/grpcpp.h"
 #include "modelstate/v1/model_state_service.grpc.pb.h"
+#include "server/auth.h"
 
 namespace modelstate::server {
 
@@ -25,13 +27,24 @@ struct SubscriptionLimits {
   uint64_t max_tensor_bytes = uint64_t{16} << 30;
 };
 
+// What the caller may subscribe to.
+struct SubscriptionAccess {
+  // Not OK: the call ends with this status at once (already audited).
+  absl::Status denied;
+  // Checks the subscription against the caller's rights and narrows what it
+  // may see (SubscriptionSpec::visible_namespaces); null: anything goes.
+  std::function<absl::Status(SubscriptionSpec&)> admit;
+  // Held while the subscription lasts (streams per identity).
+  std::unique_ptr<StreamLimiter::Slot> slot;
+};
+
 // Deletes itself when the RPC is done (gRPC's reactor contract).
 class SubscriptionReactor
     : public grpc::ServerBidiReactor<v1::SubscribeRequest,
                                      v1::SubscribeResponse> {
  public:
   SubscriptionReactor(SubscriberHub* hub, OperationContext ctx,
-                      SubscriptionLimits limits);
+                      SubscriptionLimits limits, SubscriptionAccess access);
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
@@ -50,6 +63,7 @@ class SubscriptionReactor
   const OperationContext ctx_;
   const SubscriptionLimits limits_;
   const std::shared_ptr<Channel> channel_;
+  SubscriptionAccess access_;
 
   // Only touched by reactions, which gRPC never runs concurrently for reads.
   v1::SubscribeRequest request_;
