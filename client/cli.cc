@@ -41,7 +41,10 @@
 #include "client/subscriber.h"
 #include "core/audit_log.h"
 #include "core/dtype.h"
+#include "core/file_util.h"
+#include "core/sha256.h"
 #include "core/state_stream.h"
+#include "core/status_macros.h"
 #include "core/sync.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -345,6 +348,14 @@ const std::vector<OptionDef>& GlobalOptions() {
       {"--progress", "", ValueKind::kText, "auto|always|never",
        "progress bar on stderr for transfers that take over 1 s (auto: only "
        "when stderr is a terminal)"},
+      {"--tls-ca", "", ValueKind::kText, "FILE",
+       "connect with TLS, trusting the CA certificates in FILE (PEM)"},
+      {"--tls-cert", "", ValueKind::kText, "FILE",
+       "client certificate (PEM) for mutual TLS; needs --tls-ca"},
+      {"--tls-key", "", ValueKind::kText, "FILE",
+       "the client certificate's private key (PEM)"},
+      {"--token-file", "", ValueKind::kText, "FILE",
+       "send the bearer token in FILE (default: $MODELSTATE_TOKEN)"},
       {"--help", "-h", ValueKind::kFlag, "", "print help and exit"},
   };
   return *options;
@@ -628,10 +639,45 @@ struct Context {
     return false;
   }
 
+  // TLS and bearer token from the global options.
+  absl::StatusOr<client::ClientOptions> ConnectionOptions() const {
+    client::ClientOptions options;
+    options.timeout = timeout;
+    auto read = [&](absl::string_view option) -> absl::StatusOr<std::string> {
+      absl::StatusOr<std::string> text = ReadFile(Get(option));
+      if (!text.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(option, ": ", text.status().message()));
+      }
+      return text;
+    };
+    if (Has("--tls-cert") != Has("--tls-key")) {
+      return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+    }
+    if (Has("--tls-ca")) {
+      grpc::SslCredentialsOptions ssl;
+      MODELSTATE_ASSIGN_OR_RETURN(ssl.pem_root_certs, read("--tls-ca"));
+      if (Has("--tls-cert")) {
+        MODELSTATE_ASSIGN_OR_RETURN(ssl.pem_cert_chain, read("--tls-cert"));
+        MODELSTATE_ASSIGN_OR_RETURN(ssl.pem_private_key, read("--tls-key"));
+      }
+      options.credentials = grpc::SslCredentials(ssl);
+    } else if (Has("--tls-cert")) {
+      return absl::InvalidArgumentError("--tls-cert needs --tls-ca");
+    }
+    if (Has("--token-file")) {
+      MODELSTATE_ASSIGN_OR_RETURN(std::string token, read("--token-file"));
+      options.bearer_token = std::string(absl::StripAsciiWhitespace(token));
+    } else {
+      options.bearer_token = env.default_token;
+    }
+    return options;
+  }
+
   absl::StatusOr<client::ModelStateClient*> Client() {
     if (client == nullptr) {
-      client::ClientOptions options;
-      options.timeout = timeout;
+      MODELSTATE_ASSIGN_OR_RETURN(client::ClientOptions options,
+                                  ConnectionOptions());
       absl::StatusOr<std::unique_ptr<client::ModelStateClient>> c =
           client::ModelStateClient::Connect(server, std::move(options));
       if (!c.ok()) return c.status();
@@ -1112,6 +1158,18 @@ int RunTrain(Context& c) { return SetTraining(c, true); }
 int RunEval(Context& c) { return SetTraining(c, false); }
 
 // -------------------------------------------------------------------- health
+
+int RunHashToken(Context& c) {
+  absl::StatusOr<std::string> token = ReadFile(c.Arg(0));
+  if (!token.ok()) return c.Fail(token.status());
+  absl::string_view stripped = absl::StripAsciiWhitespace(*token);
+  if (stripped.empty()) {
+    return c.Fail(absl::InvalidArgumentError(
+        absl::StrCat(c.Arg(0), ": the token is empty")));
+  }
+  c.out() << Sha256Hex(stripped) << "\n";
+  return kExitOk;
+}
 
 int RunHealth(Context& c) {
   MODELSTATE_CLI_ASSIGN_OR_FAIL(rpc, c, c.Client());
@@ -1617,6 +1675,16 @@ const std::vector<CommandDef>& Commands() {
        {},
        "modelstatectl --server 10.0.0.5:50051 health",
        RunHealth},
+      {"hash-token",
+       "print the SHA-256 a token file's entry holds for a token",
+       "Reads the token from FILE (surrounding whitespace ignored) and "
+       "prints its SHA-256 in hex: the token_sha256 of the server's "
+       "--token_file. The token itself never goes into that file.",
+       {{"FILE", "file holding the token"}},
+       {},
+       "head -c 32 /dev/urandom | base64 > alice.token && modelstatectl "
+       "hash-token alice.token",
+       RunHashToken},
   };
   return *commands;
 }

@@ -39,6 +39,8 @@ struct Environment {
   bool err_is_tty = false;
   // The server used when no --server is given.
   std::string default_server = "127.0.0.1:50051";
+  // The bearer token sent when no --token-file is given ($MODELSTATE_TOKEN).
+  std::string default_token;
 };
 
 // Runs one invocation; `args` excludes the program name. Returns the exit

@@ -17,6 +17,9 @@ int main(int argc, char** argv) {
       server != nullptr && *server != '\0') {
     env.default_server = server;
   }
+  if (const char* token = std::getenv("MODELSTATE_TOKEN"); token != nullptr) {
+    env.default_token = token;
+  }
   std::vector<std::string> args(argv + 1, argv + argc);
   int rc = modelstate::cli::RunCli(args, env);
   std::cout.flush();

@@ -1,0 +1,775 @@
+// Identities, roles and limits against the real server: every RPC allowed
+// and denied per role and namespace, denials in the audit log, namespace
+// filtering of listings, subscriptions and audit reads, token reload on
+// SIGHUP, TLS and mutual TLS, refusals at start, quotas and stream limits.
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/model_state_client.h"
+#include "client/subscriber.h"
+#include "core/sha256.h"
+#include "core/status_macros.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/requests.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/test_server.h"
+
+namespace modelstate {
+namespace {
+
+using ::modelstate::testing::BuildRequest;
+using ::modelstate::testing::IsOk;
+using ::modelstate::testing::StatusIs;
+using ::modelstate::testing::TestServer;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using Json = nlohmann::json;
+
+constexpr char kNet[] = R"({"type": "Linear", "args": [4, 3]})";
+
+// One principal of the test token file.
+struct Who {
+  std::string identity;
+  std::string token;
+  Json roles;
+};
+
+const std::vector<Who>& People() {
+  static const auto* people = new std::vector<Who>{
+      {"root", "root-token", {{"admin", {"*"}}}},
+      {"alice", "alice-token", {{"builder", {"team-a"}}}},
+      {"rita", "rita-token", {{"reader", {"team-a"}}}},
+      {"rev", "rev-token", {{"reviewer", {"team-a"}}}},
+      {"aud", "aud-token", {{"auditor", {"team-a"}}}},
+      {"nobody", "nobody-token", Json::object()},
+  };
+  return *people;
+}
+
+std::string TokenFile(const std::vector<Who>& people) {
+  Json principals = Json::array();
+  for (const Who& w : people) {
+    Json p = {{"identity", w.identity}, {"roles", w.roles}};
+    if (!w.token.empty()) p["token_sha256"] = Sha256Hex(w.token);
+    principals.push_back(p);
+  }
+  return Json{{"principals", principals}}.dump(2);
+}
+
+void WriteText(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+
+// Whether `roles` (a Who::roles) grants `role_set` in `ns`.
+bool Grants(const Json& roles, const std::set<std::string>& role_set,
+            const std::string& ns) {
+  for (const auto& [role, namespaces] : roles.items()) {
+    if (role != "admin" && !role_set.contains(role)) continue;
+    for (const auto& granted : namespaces) {
+      if (granted == "*" || granted == ns) return true;
+    }
+  }
+  return false;
+}
+
+bool GrantsAnywhere(const Json& roles, const std::set<std::string>& role_set) {
+  for (const auto& [role, namespaces] : roles.items()) {
+    if ((role == "admin" || role_set.contains(role)) && !namespaces.empty()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+class AccessTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::filesystem::path(std::filesystem::temp_directory_path() /
+                                     absl::StrCat("access-test-", getpid()));
+    std::filesystem::create_directories(*dir_);
+    tokens_ = new std::filesystem::path(*dir_ / "tokens.json");
+    WriteText(*tokens_, TokenFile(People()));
+    server_ = new TestServer({absl::StrCat("--token_file=", tokens_->string()),
+                              "--max_streams_per_identity=3"});
+    absl::Status started = server_->Start();
+    ASSERT_TRUE(started.ok()) << started;
+    std::unique_ptr<client::ModelStateClient> root = As("root-token");
+    for (const char* ns : {"team-a", "team-b"}) {
+      ASSERT_THAT(
+          root->BuildModule(BuildRequest(absl::StrCat(ns, "/base"), kNet, 1)),
+          IsOk());
+    }
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+    std::error_code ignored;
+    std::filesystem::remove_all(*dir_, ignored);
+    delete dir_;
+    delete tokens_;
+  }
+
+  static std::unique_ptr<client::ModelStateClient> As(
+      const std::string& token) {
+    client::ClientOptions options;
+    options.bearer_token = token;
+    options.timeout = absl::Seconds(10);
+    return server_->NewClient(options);
+  }
+
+  // Audit records of `type` by `identity` (as root).
+  static std::vector<v1::AuditRecordProto> Records(
+      const std::string& type, const std::string& identity) {
+    std::unique_ptr<client::ModelStateClient> root = As("root-token");
+    v1::QueryAuditRequest request;
+    request.mutable_filter()->set_type(type);
+    request.mutable_filter()->set_identity(identity);
+    request.set_limit(1000);
+    v1::QueryAuditResponse response;
+    auto context = root->NewContext(absl::Seconds(10));
+    grpc::Status s = root->stub().QueryAudit(context.get(), request, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return {response.records().begin(), response.records().end()};
+  }
+
+  static inline TestServer* server_ = nullptr;
+  static inline std::filesystem::path* dir_ = nullptr;
+  static inline std::filesystem::path* tokens_ = nullptr;
+};
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      s.error_message());
+}
+
+// One RPC: what it needs (roles that grant it; namespaced or not) and a
+// call that succeeds when allowed.
+struct RpcCase {
+  std::string rpc;
+  std::set<std::string> roles;  // besides admin
+  bool namespaced;
+  std::function<absl::Status(client::ModelStateClient& caller,
+                             client::ModelStateClient& root,
+                             const std::string& ns, int n)>
+      call;
+};
+
+std::vector<RpcCase> Cases() {
+  auto tensor_request = [](const std::string& ns, const std::string& name) {
+    v1::RegisterTensorRequest r;
+    r.set_module(ns + "/base");
+    r.set_name(name);
+    r.set_none(true);
+    return r;
+  };
+  return {
+      {"BuildModule",
+       {"builder"},
+       true,
+       [](auto& c, auto&, const std::string& ns, int n) {
+         return c.BuildModule(BuildRequest(absl::StrCat(ns, "/b", n), kNet))
+             .status();
+       }},
+      {"RegisterParameter",
+       {"builder"},
+       true,
+       [=](auto& c, auto&, const std::string& ns, int n) {
+         return c.RegisterParameter(tensor_request(ns, absl::StrCat("p", n)))
+             .status();
+       }},
+      {"RegisterBuffer",
+       {"builder"},
+       true,
+       [=](auto& c, auto&, const std::string& ns, int n) {
+         return c.RegisterBuffer(tensor_request(ns, absl::StrCat("q", n)))
+             .status();
+       }},
+      {"RegisterSubmodule",
+       {"builder"},
+       true,
+       [](auto& c, auto&, const std::string& ns, int n) {
+         v1::RegisterSubmoduleRequest r;
+         r.set_module(ns + "/base");
+         r.set_name(absl::StrCat("m", n));
+         r.set_none(true);
+         return c.RegisterSubmodule(r).status();
+       }},
+      {"RemoveEntry",
+       {"builder"},
+       true,
+       [=](auto& c, auto& root, const std::string& ns, int n) {
+         std::string name = absl::StrCat("r", n);
+         MODELSTATE_RETURN_IF_ERROR(
+             root.RegisterBuffer(tensor_request(ns, name)).status());
+         v1::RemoveEntryRequest r;
+         r.set_module(ns + "/base");
+         r.set_name(name);
+         return c.RemoveEntry(r).status();
+       }},
+      {"GetModule",
+       {"builder", "reader"},
+       true,
+       [](auto& c, auto&, const std::string& ns, int) {
+         v1::GetModuleRequest r;
+         r.set_module(ns + "/base");
+         return c.GetModule(r).status();
+       }},
+      {"ListModules",
+       {"builder", "reader"},
+       true,
+       [](auto& c, auto&, const std::string& ns, int) {
+         v1::ListModulesRequest r;
+         r.set_namespace_(ns);
+         return c.ListModules(r).status();
+       }},
+      {"DeleteModule",
+       {"builder"},
+       true,
+       [](auto& c, auto& root, const std::string& ns, int n) {
+         std::string name = absl::StrCat(ns, "/d", n);
+         MODELSTATE_RETURN_IF_ERROR(
+             root.BuildModule(BuildRequest(name, kNet)).status());
+         return c.DeleteModule(name);
+       }},
+      {"GetStateDict",
+       {"builder", "reader"},
+       true,
+       [](auto& c, auto&, const std::string& ns, int) {
+         return c.GetStateDict(ns + "/base").status();
+       }},
+      {"LoadStateDict",
+       {"builder"},
+       true,
+       [](auto& c, auto& root, const std::string& ns, int) {
+         MODELSTATE_ASSIGN_OR_RETURN(StateDict sd,
+                                     root.GetStateDict(ns + "/base"));
+         return c.LoadStateDict(ns + "/base", sd).status();
+       }},
+      {"MoveModule",
+       {"builder"},
+       true,
+       [](auto& c, auto&, const std::string& ns, int) {
+         v1::MoveModuleRequest r;
+         r.set_module(ns + "/base");
+         r.set_dtype("float32");
+         return c.MoveModule(r).status();
+       }},
+      {"SetTraining",
+       {"builder"},
+       true,
+       [](auto& c, auto&, const std::string& ns, int) {
+         return c.SetTraining(ns + "/base", true);
+       }},
+      {"Subscribe",
+       {"reviewer"},
+       true,
+       [](auto& c, auto&, const std::string& ns, int n) -> absl::Status {
+         v1::Subscription s;
+         s.set_name(absl::StrCat("sub", n));
+         s.add_namespaces(ns);
+         MODELSTATE_ASSIGN_OR_RETURN(
+             std::unique_ptr<client::Subscriber> sub,
+             client::Subscriber::Start(c, s, [](const v1::HookEventProto& e) {
+               v1::HookAnswer a;
+               a.set_event_id(e.event_id());
+               a.set_verdict(v1::HookAnswer::APPROVE);
+               return a;
+             }));
+         sub->Stop();
+         return absl::OkStatus();
+       }},
+      {"ListSubscribers",
+       {"reviewer", "auditor"},
+       false,
+       [](auto& c, auto&, const std::string&, int) {
+         v1::ListSubscribersRequest r;
+         v1::ListSubscribersResponse response;
+         auto context = c.NewContext(absl::Seconds(10));
+         return FromGrpc(c.stub().ListSubscribers(context.get(), r, &response));
+       }},
+      {"QueryAudit",
+       {"auditor"},
+       true,
+       [](auto& c, auto&, const std::string& ns, int) {
+         v1::QueryAuditRequest r;
+         r.mutable_filter()->set_namespace_(ns);
+         v1::QueryAuditResponse response;
+         auto context = c.NewContext(absl::Seconds(10));
+         return FromGrpc(c.stub().QueryAudit(context.get(), r, &response));
+       }},
+      {"WatchAudit",
+       {"auditor"},
+       true,
+       [](auto& c, auto&, const std::string& ns, int) {
+         v1::WatchAuditRequest r;
+         r.mutable_filter()->set_namespace_(ns);
+         auto context = c.NewContext(absl::Milliseconds(300));
+         auto reader = c.stub().WatchAudit(context.get(), r);
+         v1::AuditRecordProto record;
+         while (reader->Read(&record)) {
+         }
+         grpc::Status s = reader->Finish();
+         // A watch that was let in runs until its deadline.
+         return s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
+                    ? absl::OkStatus()
+                    : FromGrpc(s);
+       }},
+      {"VerifyAudit",
+       {"auditor"},
+       false,
+       [](auto& c, auto&, const std::string&, int) {
+         v1::VerifyAuditRequest r;
+         v1::VerifyAuditResponse response;
+         auto context = c.NewContext(absl::Seconds(10));
+         return FromGrpc(c.stub().VerifyAudit(context.get(), r, &response));
+       }},
+  };
+}
+
+TEST_F(AccessTest, EveryRpcIsAllowedOrDeniedByRoleAndNamespace) {
+  std::unique_ptr<client::ModelStateClient> root = As("root-token");
+  int n = 0;
+  for (const RpcCase& rpc : Cases()) {
+    for (const Who& who : People()) {
+      std::unique_ptr<client::ModelStateClient> caller = As(who.token);
+      for (const std::string ns : {"team-a", "team-b"}) {
+        SCOPED_TRACE(absl::StrCat(rpc.rpc, " by ", who.identity, " in ", ns));
+        const bool allowed = rpc.namespaced
+                                 ? Grants(who.roles, rpc.roles, ns)
+                                 : GrantsAnywhere(who.roles, rpc.roles);
+        absl::Status s = rpc.call(*caller, *root, ns, ++n);
+        if (allowed) {
+          EXPECT_THAT(s, IsOk());
+        } else {
+          EXPECT_THAT(s, StatusIs(absl::StatusCode::kPermissionDenied,
+                                  HasSubstr(who.identity)));
+        }
+      }
+    }
+  }
+}
+
+TEST_F(AccessTest, NoOrBadCredentialsAreUnauthenticatedButHealthIsOpen) {
+  std::unique_ptr<client::ModelStateClient> root = As("root-token");
+  int n = 1000;
+  for (const std::string token : {"", "not-a-token"}) {
+    std::unique_ptr<client::ModelStateClient> stranger = As(token);
+    EXPECT_THAT(stranger->Health(), IsOk());
+    for (const RpcCase& rpc : Cases()) {
+      SCOPED_TRACE(absl::StrCat(rpc.rpc, " with token '", token, "'"));
+      EXPECT_THAT(rpc.call(*stranger, *root, "team-a", ++n),
+                  StatusIs(absl::StatusCode::kUnauthenticated));
+    }
+  }
+}
+
+TEST_F(AccessTest, DenialsAndChangesAreAuditedUnderTheAuthenticatedIdentity) {
+  std::unique_ptr<client::ModelStateClient> alice = As("alice-token");
+  ASSERT_THAT(alice->BuildModule(BuildRequest("team-a/audited", kNet)), IsOk());
+  EXPECT_THAT(alice->BuildModule(BuildRequest("team-b/sneaky", kNet)),
+              StatusIs(absl::StatusCode::kPermissionDenied));
+  std::vector<v1::AuditRecordProto> builds = Records("build", "alice");
+  ASSERT_FALSE(builds.empty());
+  EXPECT_EQ(builds.back().module(), "audited");
+  std::vector<v1::AuditRecordProto> denied = Records("denied", "alice");
+  ASSERT_FALSE(denied.empty());
+  const v1::AuditRecordProto& last = denied.back();
+  EXPECT_EQ(last.namespace_(), "team-b");
+  EXPECT_EQ(last.module(), "sneaky");
+  Json details = Json::parse(last.details_json());
+  EXPECT_EQ(details["rpc"], "BuildModule");
+  EXPECT_EQ(details["error"]["code"], "PERMISSION_DENIED");
+
+  // A caller without credentials is recorded too, without an identity.
+  std::unique_ptr<client::ModelStateClient> stranger = As("wrong");
+  EXPECT_THAT(stranger->GetStateDict("team-a/base").status(),
+              StatusIs(absl::StatusCode::kUnauthenticated));
+  std::vector<v1::AuditRecordProto> anonymous = Records("denied", "");
+  ASSERT_FALSE(anonymous.empty());
+  EXPECT_EQ(Json::parse(anonymous.back().details_json())["rpc"],
+            "GetStateDict");
+}
+
+TEST_F(AccessTest, ListingsShowOnlyReadableNamespaces) {
+  v1::ListModulesResponse listed =
+      *As("rita-token")->ListModules(v1::ListModulesRequest());
+  ASSERT_GT(listed.modules_size(), 0);
+  for (const v1::ModuleSummary& m : listed.modules()) {
+    EXPECT_THAT(m.module(), ::testing::StartsWith("team-a/"));
+  }
+  v1::ListModulesResponse all =
+      *As("root-token")->ListModules(v1::ListModulesRequest());
+  EXPECT_GT(all.modules_size(), listed.modules_size());
+  // Paging through the filtered listing finds the same modules.
+  std::vector<std::string> paged;
+  v1::ListModulesRequest page;
+  page.set_page_size(1);
+  do {
+    v1::ListModulesResponse r = *As("rita-token")->ListModules(page);
+    for (const auto& m : r.modules()) paged.push_back(m.module());
+    page.set_page_token(r.next_page_token());
+  } while (!page.page_token().empty());
+  std::vector<std::string> want;
+  for (const auto& m : listed.modules()) want.push_back(m.module());
+  EXPECT_EQ(paged, want);
+}
+
+TEST_F(AccessTest, AuditorsReadOnlyTheirNamespaces) {
+  std::unique_ptr<client::ModelStateClient> aud = As("aud-token");
+  v1::QueryAuditRequest request;
+  request.set_limit(5);
+  std::set<std::string> seen;
+  int records = 0;
+  do {
+    v1::QueryAuditResponse response;
+    auto context = aud->NewContext(absl::Seconds(10));
+    ASSERT_TRUE(aud->stub().QueryAudit(context.get(), request, &response).ok());
+    for (const auto& r : response.records()) {
+      seen.insert(r.namespace_());
+      ++records;
+    }
+    request.set_after_seq(response.next_after_seq());
+  } while (request.after_seq() != 0);
+  EXPECT_GT(records, 0);
+  EXPECT_EQ(seen, std::set<std::string>{"team-a"});
+}
+
+TEST_F(AccessTest, ASubscriberNeverSeesANamespaceItMayNotReview) {
+  std::unique_ptr<client::ModelStateClient> rev = As("rev-token");
+  std::mutex mu;
+  std::set<std::string> namespaces;
+  v1::Subscription s;
+  s.set_name("rev-all");
+  absl::StatusOr<std::unique_ptr<client::Subscriber>> sub =
+      client::Subscriber::Start(*rev, s, [&](const v1::HookEventProto& e) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          namespaces.insert(e.namespace_());
+        }
+        v1::HookAnswer a;
+        a.set_event_id(e.event_id());
+        a.set_verdict(v1::HookAnswer::APPROVE);
+        return a;
+      });
+  ASSERT_THAT(sub, IsOk());
+  std::unique_ptr<client::ModelStateClient> root = As("root-token");
+  ASSERT_THAT(root->BuildModule(BuildRequest("team-b/unseen", kNet)), IsOk());
+  ASSERT_THAT(root->BuildModule(BuildRequest("team-a/seen", kNet)), IsOk());
+  (*sub)->Stop();
+  EXPECT_EQ(namespaces, std::set<std::string>{"team-a"});
+}
+
+TEST_F(AccessTest, StreamsPerIdentityAreLimited) {
+  // Three watches (the limit) stay open; a fourth is refused, naming it.
+  std::unique_ptr<client::ModelStateClient> root = As("root-token");
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::AuditRecordProto>>>
+      watches;
+  for (int i = 0; i < 3; ++i) {
+    contexts.push_back(root->NewContext(absl::Seconds(30)));
+    watches.push_back(root->stub().WatchAudit(contexts.back().get(),
+                                              v1::WatchAuditRequest()));
+  }
+  // The watches are open once the server answers a call made after them.
+  auto limited = [&] {
+    return As("root-token")->GetStateDict("team-a/base").status();
+  };
+  absl::Status s;
+  for (int i = 0; i < 100; ++i) {
+    s = limited();
+    if (!s.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kResourceExhausted,
+                          HasSubstr("max_streams_per_identity (3)")));
+  // Another identity is not affected.
+  EXPECT_THAT(As("rita-token")->GetStateDict("team-a/base").status(), IsOk());
+  for (auto& c : contexts) c->TryCancel();
+  for (auto& w : watches) (void)w->Finish();
+  for (int i = 0; i < 100 && !limited().ok(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_THAT(limited(), IsOk());
+}
+
+TEST_F(AccessTest, SighupReloadsTheTokenFileAndABadOneKeepsTheOld) {
+  std::vector<Who> people = People();
+  people.push_back({"carol", "carol-token", {{"reader", {"*"}}}});
+  WriteText(*tokens_, TokenFile(people));
+  ASSERT_EQ(kill(server_->pid(), SIGHUP), 0);
+  absl::Status s;
+  for (int i = 0; i < 200; ++i) {
+    s = As("carol-token")->GetStateDict("team-b/base").status();
+    if (s.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_THAT(s, IsOk());
+
+  WriteText(*tokens_, "{\"principals\": [{\"identity\": 3}]}");
+  ASSERT_EQ(kill(server_->pid(), SIGHUP), 0);
+  for (int i = 0; i < 200; ++i) {
+    if (absl::StrContains(server_->Log(), "kept the principals")) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_THAT(server_->Log(),
+              HasSubstr("principals[0].identity: must be a non-empty string"));
+  EXPECT_THAT(As("carol-token")->GetStateDict("team-b/base").status(), IsOk());
+  WriteText(*tokens_, TokenFile(People()));
+  ASSERT_EQ(kill(server_->pid(), SIGHUP), 0);
+}
+
+// ------------------------------------------------------- start-up refusals
+
+TEST(AccessStartTest, RefusesUnsafeConfigurations) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    absl::StrCat("access-start-", getpid());
+  std::filesystem::create_directories(dir);
+  WriteText(dir / "tokens.json", TokenFile(People()));
+  const std::string tokens = "--token_file=" + (dir / "tokens.json").string();
+  struct Case {
+    std::vector<std::string> flags;
+    std::string says;
+  };
+  // None of these gets as far as listening.
+  for (const Case& c : std::vector<Case>{
+           {{"--listen=0.0.0.0:0"}, "without authentication"},
+           {{"--listen=0.0.0.0:0", tokens}, "refusing plaintext"},
+           {{"--tls_client_ca_file=/nonexistent", tokens},
+            "--tls_client_ca_file needs --tls_cert_file"},
+           {{"--tls_cert_file=/nonexistent"}, "go together"},
+           {{"--token_file=/nonexistent/tokens.json"}, "--token_file"},
+       }) {
+    SCOPED_TRACE(absl::StrJoin(c.flags, " "));
+    TestServer server(c.flags);
+    EXPECT_FALSE(server.Start().ok());
+    EXPECT_THAT(server.Log(), HasSubstr(c.says));
+  }
+  TestServer loopback;
+  ASSERT_THAT(loopback.Start(), IsOk());
+  EXPECT_THAT(loopback.Log(), HasSubstr("no authentication"));
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+}
+
+// --------------------------------------------------------------- TLS, mTLS
+
+// A throwaway CA, a server certificate for 127.0.0.1 and a client
+// certificate with CN "alice-cert", made by the openssl command.
+class TlsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::filesystem::path(std::filesystem::temp_directory_path() /
+                                     absl::StrCat("tls-test-", getpid()));
+    std::filesystem::create_directories(*dir_);
+    const std::string d = dir_->string();
+    WriteText(*dir_ / "server.ext",
+              "subjectAltName=IP:127.0.0.1,DNS:localhost\n");
+    WriteText(*dir_ / "client.ext", "extendedKeyUsage=clientAuth\n");
+    const std::string ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1";
+    std::string script = absl::StrCat(
+        "set -e; cd ", d, "; ", "openssl req -x509 ", ec,
+        " -nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=test-ca; ",
+        "openssl req ", ec,
+        " -nodes -keyout server.key -out server.csr -subj /CN=localhost; ",
+        "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key "
+        "-CAcreateserial -out server.pem -days 2 -extfile server.ext; ",
+        "openssl req ", ec,
+        " -nodes -keyout client.key -out client.csr -subj /CN=alice-cert; ",
+        "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key "
+        "-CAcreateserial -out client.pem -days 2 -extfile client.ext",
+        " 2>/dev/null");
+    ASSERT_EQ(std::system(script.c_str()), 0) << script;
+    WriteText(*dir_ / "tokens.json",
+              TokenFile({{"alice-cert", "", {{"builder", {"team-a"}}}},
+                         {"tok", "tok-token", {{"reader", {"*"}}}}}));
+  }
+  static void TearDownTestSuite() {
+    std::error_code ignored;
+    std::filesystem::remove_all(*dir_, ignored);
+    delete dir_;
+  }
+  static std::string Read(const std::string& name) {
+    std::ifstream in(*dir_ / name);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  static std::string Flag(const std::string& flag, const std::string& file) {
+    return absl::StrCat("--", flag, "=", (*dir_ / file).string());
+  }
+  static std::shared_ptr<grpc::ChannelCredentials> Tls(bool with_cert) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = Read("ca.pem");
+    if (with_cert) {
+      ssl.pem_cert_chain = Read("client.pem");
+      ssl.pem_private_key = Read("client.key");
+    }
+    return grpc::SslCredentials(ssl);
+  }
+  static std::unique_ptr<client::ModelStateClient> Connect(
+      const TestServer& server, std::shared_ptr<grpc::ChannelCredentials> c,
+      const std::string& token = "") {
+    client::ClientOptions options;
+    options.credentials = std::move(c);
+    options.bearer_token = token;
+    options.timeout = absl::Seconds(5);
+    return server.NewClient(options);
+  }
+  static inline std::filesystem::path* dir_ = nullptr;
+};
+
+TEST_F(TlsTest, TlsWithTokens) {
+  TestServer server({Flag("tls_cert_file", "server.pem"),
+                     Flag("tls_key_file", "server.key"),
+                     Flag("token_file", "tokens.json")});
+  ASSERT_THAT(server.Start(), IsOk());
+  EXPECT_THAT(server.Log(), HasSubstr("(TLS)"));
+  EXPECT_THAT(Connect(server, Tls(false), "tok-token")->ListModules({}),
+              IsOk());
+  EXPECT_THAT(Connect(server, Tls(false))->ListModules({}),
+              StatusIs(absl::StatusCode::kUnauthenticated));
+  // Plaintext to a TLS port gets nowhere.
+  EXPECT_FALSE(Connect(server, grpc::InsecureChannelCredentials(), "tok-token")
+                   ->ListModules({})
+                   .ok());
+}
+
+TEST_F(TlsTest, MutualTlsNamesThePrincipalByTheCertificate) {
+  TestServer server({Flag("tls_cert_file", "server.pem"),
+                     Flag("tls_key_file", "server.key"),
+                     Flag("tls_client_ca_file", "ca.pem"),
+                     Flag("token_file", "tokens.json")});
+  ASSERT_THAT(server.Start(), IsOk());
+  EXPECT_THAT(server.Log(), HasSubstr("(mutual TLS)"));
+  std::unique_ptr<client::ModelStateClient> alice = Connect(server, Tls(true));
+  ASSERT_THAT(alice->BuildModule(BuildRequest("team-a/by-cert", kNet)), IsOk());
+  EXPECT_THAT(
+      alice->BuildModule(BuildRequest("team-b/by-cert", kNet)),
+      StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("alice-cert")));
+  // No client certificate: the handshake fails.
+  EXPECT_FALSE(Connect(server, Tls(false), "tok-token")->Health().ok());
+  // With both, the bearer token names the caller: tok reads, it does not
+  // audit.
+  std::unique_ptr<client::ModelStateClient> reader =
+      Connect(server, Tls(true), "tok-token");
+  v1::QueryAuditRequest request;
+  request.mutable_filter()->set_type("build");
+  v1::QueryAuditResponse response;
+  auto context = reader->NewContext(absl::Seconds(5));
+  EXPECT_EQ(
+      reader->stub().QueryAudit(context.get(), request, &response).error_code(),
+      grpc::StatusCode::PERMISSION_DENIED);
+}
+
+// ------------------------------------------------------------------ quotas
+
+TEST(QuotaTest, NamespaceQuotasFromFlagsAndFile) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    absl::StrCat("quota-test-", getpid());
+  std::filesystem::create_directories(dir);
+  // Linear(4, 3) holds 60 bytes.
+  WriteText(dir / "quotas.json",
+            R"({"namespaces": {"small": {"max_bytes": 100}}})");
+  TestServer server({"--namespace_max_modules=2",
+                     "--quota_file=" + (dir / "quotas.json").string()});
+  ASSERT_THAT(server.Start(), IsOk());
+  std::unique_ptr<client::ModelStateClient> c = server.NewClient();
+  ASSERT_THAT(c->BuildModule(BuildRequest("big/one", kNet)), IsOk());
+  ASSERT_THAT(c->BuildModule(BuildRequest("big/two", kNet)), IsOk());
+  EXPECT_THAT(c->BuildModule(BuildRequest("big/three", kNet)),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("max_modules (2)")));
+  ASSERT_THAT(c->DeleteModule("big/one"), IsOk());
+  EXPECT_THAT(c->BuildModule(BuildRequest("big/three", kNet)), IsOk());
+
+  // 100 bytes: one Linear(4, 3) fits, its float64 copy does not.
+  ASSERT_THAT(c->BuildModule(BuildRequest("small/one", kNet)), IsOk());
+  v1::MoveModuleRequest move;
+  move.set_module("small/one");
+  move.set_dtype("float64");
+  EXPECT_THAT(c->MoveModule(move),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("max_bytes (100)")));
+  v1::GetModuleRequest describe;
+  describe.set_module("small/one");
+  EXPECT_EQ(c->GetModule(describe)->total_bytes(), 60u);  // unchanged
+  EXPECT_THAT(c->BuildModule(BuildRequest("small/two", kNet)),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("namespace 'small' quota max_bytes")));
+  // meta tensors hold no bytes.
+  v1::BuildModuleRequest meta = BuildRequest("small/meta", kNet);
+  meta.set_device("meta");
+  EXPECT_THAT(c->BuildModule(meta), IsOk());
+
+  // SIGHUP re-reads the file.
+  WriteText(dir / "quotas.json",
+            R"({"namespaces": {"small": {"max_bytes": 1000}}})");
+  ASSERT_EQ(kill(server.pid(), SIGHUP), 0);
+  absl::Status s;
+  for (int i = 0; i < 200; ++i) {
+    s = c->MoveModule(move).status();
+    if (s.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_THAT(s, IsOk());
+  c.reset();
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+}
+
+// A client that stops reading a large GetStateDict holds the server to its
+// flow-control window, not to the state's size.
+TEST(SlowReaderTest, AStalledGetStateDictDoesNotMakeTheServerBuffer) {
+  TestServer server;
+  ASSERT_THAT(server.Start(), IsOk());
+  std::unique_ptr<client::ModelStateClient> c = server.NewClient();
+  // 64 x Linear(512, 512): 64 MiB of state.
+  std::string spec = R"({"type": "Sequential", "children": [)";
+  for (int i = 0; i < 64; ++i) {
+    absl::StrAppend(&spec, i == 0 ? "" : ",",
+                    R"({"spec": {"type": "Linear", "args": [512, 512]}})");
+  }
+  spec += "]}";
+  ASSERT_THAT(c->BuildModule(BuildRequest("slow/big", spec)), IsOk());
+  auto rss_kib = [&] {
+    std::ifstream in(absl::StrCat("/proc/", server.pid(), "/status"));
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+    }
+    return 0L;
+  };
+  const long before = rss_kib();
+  v1::GetStateDictRequest request;
+  request.set_module("slow/big");
+  auto context = c->NewContext(absl::Seconds(30));
+  auto reader = c->stub().GetStateDict(context.get(), request);
+  v1::StateDictChunk header;
+  ASSERT_TRUE(reader->Read(&header));  // then nothing more is read
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const long during = rss_kib();
+  // The window is 8 MiB; allow as much again for gRPC's own buffers.
+  EXPECT_LT(during - before, 24 * 1024) << before << " KiB -> " << during;
+  context->TryCancel();
+  (void)reader->Finish();
+  c.reset();
+}
+
+}  // namespace
+}  // namespace modelstate
