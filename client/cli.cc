@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -1141,6 +1142,69 @@ int RunTo(Context& c) {
   return kExitOk;
 }
 
+// ------------------------------------------------------------------ forward
+
+// Runs the module on the tensors input0, input1, ... of --input (a gap is
+// None) and writes output0, output1, ... to --output.
+int RunForward(Context& c) {
+  if (c.Has("--train") && c.Has("--eval")) {
+    return c.UsageError("give --train or --eval, not both");
+  }
+  if (!c.Has("--input") || !c.Has("--output")) {
+    return c.UsageError("--input and --output are required");
+  }
+  v1::ForwardRequest request;
+  request.set_module(c.Arg(0));
+  request.set_path(c.Get("--path"));
+  request.set_seed(c.GetUint("--seed", 0));
+  if (c.Has("--train")) request.set_training(true);
+  if (c.Has("--eval")) request.set_training(false);
+  MODELSTATE_CLI_ASSIGN_OR_FAIL(inputs, c,
+                                ReadSafetensorsFile(c.Get("--input")));
+  int count = 0;
+  for (const auto& item : inputs.tensors) {
+    int index = -1;
+    absl::string_view key = item.key;
+    if (!absl::ConsumePrefix(&key, "input") || !absl::SimpleAtoi(key, &index) ||
+        index < 0 || index > 64) {
+      return c.UsageError(absl::StrCat("--input: tensor '", item.key,
+                                       "' is not named input0 .. input64"));
+    }
+    count = std::max(count, index + 1);
+  }
+  for (int i = 0; i < count; ++i) {
+    v1::TensorProto* proto = request.add_inputs();
+    const Tensor* t = inputs.tensors.Find(absl::StrCat("input", i));
+    if (t == nullptr) continue;  // None
+    if (absl::Status s = convert::TensorToProto(*t, proto); !s.ok()) {
+      return c.Fail(s);
+    }
+  }
+  MODELSTATE_CLI_ASSIGN_OR_FAIL(rpc, c, c.Client());
+  MODELSTATE_CLI_ASSIGN_OR_FAIL(response, c, rpc->Forward(request));
+  StateDict outputs;
+  for (int i = 0; i < response.outputs_size(); ++i) {
+    v1::TensorProto proto = response.outputs(i);
+    if (proto.dtype() == v1::DTYPE_UNSPECIFIED) continue;  // None
+    MODELSTATE_CLI_ASSIGN_OR_FAIL(
+        t, c,
+        convert::TensorFromProto(&proto, absl::StrCat("outputs[", i, "]"),
+                                 std::numeric_limits<uint64_t>::max()));
+    outputs.tensors.Set(absl::StrCat("output", i), std::move(t));
+  }
+  if (absl::Status s = WriteSafetensorsFile(c.Get("--output"), outputs);
+      !s.ok()) {
+    return c.Fail(s);
+  }
+  if (c.json) return c.PrintJson(response);
+  c.out() << "wrote " << outputs.tensors.size() << " outputs to "
+          << c.Get("--output") << "\n";
+  for (const auto& item : outputs.tensors) {
+    c.out() << "  " << item.key << ": " << item.value.DebugString() << "\n";
+  }
+  return kExitOk;
+}
+
 // --------------------------------------------------------------- train, eval
 
 int SetTraining(Context& c, bool training) {
@@ -1597,6 +1661,26 @@ const std::vector<CommandDef>& Commands() {
          "a floating dtype, any spelling (float16, bfloat16, double, ...)"}},
        "modelstatectl to team/mlp --dtype float16",
        RunTo},
+      {"forward",
+       "run a module on tensors from a safetensors file",
+       "module(*inputs) on the server, as PyTorch computes it. The inputs "
+       "are the tensors input0, input1, ... of --input (a missing index is "
+       "None); the outputs go to --output as output0, output1, ... In "
+       "training mode BatchNorm's running statistics change (saved and "
+       "audited). Without --train or --eval the module's own mode applies.",
+       {{"MODULE", kModuleHelp}},
+       {{"--input", "-i", ValueKind::kText, "FILE",
+         "safetensors file with input0, input1, ..."},
+        {"--output", "-o", ValueKind::kText, "FILE", "where the outputs go"},
+        {"--path", "", ValueKind::kText, "P",
+         "run the submodule at this dotted path"},
+        {"--train", "", ValueKind::kFlag, "", "training mode for this call"},
+        {"--eval", "", ValueKind::kFlag, "", "eval mode for this call"},
+        {"--seed", "", ValueKind::kUint, "N",
+         "seed of Dropout masks in training mode"}},
+       "modelstatectl forward team/mlp --eval -i x.safetensors -o "
+       "y.safetensors",
+       RunForward},
       {"train",
        "put a module in training mode",
        "module.train(): sets training on the module and all its submodules.",

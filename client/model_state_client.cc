@@ -104,6 +104,7 @@ MODELSTATE_UNARY(RemoveEntry, RemoveEntryRequest, RegisterResponse)
 MODELSTATE_UNARY(GetModule, GetModuleRequest, GetModuleResponse)
 MODELSTATE_UNARY(ListModules, ListModulesRequest, ListModulesResponse)
 MODELSTATE_UNARY(MoveModule, MoveModuleRequest, MoveModuleResponse)
+MODELSTATE_UNARY(Forward, ForwardRequest, ForwardResponse)
 #undef MODELSTATE_UNARY
 
 absl::Status ModelStateClient::DeleteModule(absl::string_view module) {

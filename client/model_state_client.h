@@ -141,6 +141,8 @@ class ModelStateClient {
   absl::StatusOr<v1::MoveModuleResponse> MoveModule(
       const v1::MoveModuleRequest& request);
   absl::Status SetTraining(absl::string_view module, bool training);
+  absl::StatusOr<v1::ForwardResponse> Forward(
+      const v1::ForwardRequest& request);
 
   // Streams the module's state_dict into `sink`.
   absl::Status GetStateDict(absl::string_view module,

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/forward.h"
 #include "core/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -816,6 +817,51 @@ absl::Status ModelStore::SetTraining(const OperationContext& ctx,
   }
   return Record(ctx, name, "set_training", Persist(ctx, *entry, "set_training"),
                 nlohmann::json({{"training", training}}).dump());
+}
+
+absl::StatusOr<std::vector<Tensor>> ModelStore::Forward(
+    const OperationContext& ctx, const ModuleName& name,
+    const std::string& path, std::vector<Tensor> inputs,
+    std::optional<bool> training, uint64_t seed) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
+  MutexLock gate(&entry->gate);
+  absl::StatusOr<std::vector<Tensor>> outputs;
+  bool trained = false;
+  {
+    // Exclusive: a training-mode call writes buffers, and the modes are
+    // switched for the call.
+    WriterMutexLock lock(&entry->mu);
+    if (entry->deleted) {
+      return absl::NotFoundError(
+          absl::StrCat("module '", name.full(), "' does not exist"));
+    }
+    absl::StatusOr<std::shared_ptr<Module>> target =
+        entry->root->GetSubmodule(path);
+    if (!target.ok()) {
+      return absl::NotFoundError(
+          absl::StrCat("path '", path, "' in '", name.full(),
+                       "': ", target.status().message()));
+    }
+    std::vector<std::pair<Module*, bool>> modes;
+    for (const auto& [key, m] : (*target)->NamedModules()) {
+      modes.emplace_back(m.get(), m->is_training());
+      trained = trained || training.value_or(m->is_training());
+    }
+    if (training.has_value()) (*target)->Train(*training);
+    ForwardOptions options;
+    options.seed = seed;
+    outputs = modelstate::Forward(**target, std::move(inputs), options);
+    for (auto& [m, mode] : modes) m->set_training(mode);
+  }
+  if (!trained) return outputs;
+  // Buffers may have changed even if a later submodule failed, as in
+  // PyTorch: save and record either way.
+  nlohmann::json details = {{"path", path}, {"training", true}};
+  absl::Status saved = Persist(ctx, *entry, "forward");
+  absl::Status result = saved.ok() ? outputs.status() : saved;
+  MODELSTATE_RETURN_IF_ERROR(
+      Record(ctx, name, "forward", result, details.dump()));
+  return outputs;
 }
 
 absl::Status ModelStore::Delete(const OperationContext& ctx,

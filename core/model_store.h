@@ -217,6 +217,19 @@ class ModelStore {
   absl::Status SetTraining(const OperationContext& ctx, const ModuleName& name,
                            bool training);
 
+  // module(*inputs) for the submodule at `path` (core/forward.h), in
+  // `training` mode for this call if given (every module's own mode is
+  // restored after). A training-mode call may change buffers (BatchNorm's
+  // running statistics): it is saved and recorded ("forward"); an eval call
+  // changes nothing and is not recorded. NOT_FOUND for an unknown module or
+  // path; Forward's errors otherwise.
+  absl::StatusOr<std::vector<Tensor>> Forward(const OperationContext& ctx,
+                                              const ModuleName& name,
+                                              const std::string& path,
+                                              std::vector<Tensor> inputs,
+                                              std::optional<bool> training,
+                                              uint64_t seed);
+
   // NOT_FOUND if unknown.
   absl::Status Delete(const OperationContext& ctx, const ModuleName& name);
 

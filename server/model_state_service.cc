@@ -586,6 +586,44 @@ grpc::Status ModelStateServiceImpl::SetTraining(
       store_->SetTraining(caller.ctx, name, request->training()));
 }
 
+grpc::Status ModelStateServiceImpl::Forward(grpc::ServerContext* context,
+                                            const v1::ForwardRequest* request,
+                                            v1::ForwardResponse* response) {
+  ASSIGN_OR_RETURN_GRPC(Caller caller, Authenticate(context, "Forward"));
+  ASSIGN_OR_RETURN_GRPC(ModuleName name,
+                        convert::ParseModuleField(request->module()));
+  // Only an eval-mode call is sure to change nothing.
+  const bool read_only = request->has_training() && !request->training();
+  RETURN_IF_ERROR_GRPC(Allow(caller, "Forward",
+                             read_only ? Permission::kRead : Permission::kWrite,
+                             name));
+  std::vector<Tensor> inputs;
+  for (int i = 0; i < request->inputs_size(); ++i) {
+    v1::TensorProto proto = request->inputs(i);
+    if (proto.dtype() == v1::DTYPE_UNSPECIFIED && proto.shape_size() == 0 &&
+        proto.data().empty()) {
+      inputs.emplace_back();  // None
+      continue;
+    }
+    ASSIGN_OR_RETURN_GRPC(
+        Tensor input,
+        convert::TensorFromProto(&proto, absl::StrCat("inputs[", i, "]"),
+                                 options_.max_tensor_bytes));
+    inputs.push_back(std::move(input));
+  }
+  std::optional<bool> training;
+  if (request->has_training()) training = request->training();
+  ASSIGN_OR_RETURN_GRPC(
+      std::vector<Tensor> outputs,
+      store_->Forward(caller.ctx, name, request->path(), std::move(inputs),
+                      training, request->seed()));
+  for (const Tensor& out : outputs) {
+    v1::TensorProto* proto = response->add_outputs();
+    if (out.defined()) RETURN_IF_ERROR_GRPC(convert::TensorToProto(out, proto));
+  }
+  return grpc::Status::OK;
+}
+
 grpc::ServerBidiReactor<v1::SubscribeRequest, v1::SubscribeResponse>*
 ModelStateServiceImpl::Subscribe(grpc::CallbackServerContext* context) {
   SubscriptionLimits limits;

@@ -98,6 +98,9 @@ class ModelStateServiceImpl final
   grpc::Status SetTraining(grpc::ServerContext* context,
                            const v1::SetTrainingRequest* request,
                            v1::SetTrainingResponse* response) override;
+  grpc::Status Forward(grpc::ServerContext* context,
+                       const v1::ForwardRequest* request,
+                       v1::ForwardResponse* response) override;
   grpc::ServerBidiReactor<v1::SubscribeRequest, v1::SubscribeResponse>*
   Subscribe(grpc::CallbackServerContext* context) override;
   grpc::Status ListSubscribers(grpc::ServerContext* context,
