@@ -72,7 +72,10 @@ absl::StatusOr<Principal> ParsePrincipal(const Json& j,
       if (!value.is_object()) {
         return FieldError(at, "must map role names to namespace lists");
       }
-      for (const auto& [role_name, namespaces] : value.items()) {
+      for (const auto& role_item : value.items()) {
+        // Not a structured binding: clang 14 cannot capture one.
+        const std::string role_name = role_item.key();
+        const Json& namespaces = role_item.value();
         const std::string role_at = absl::StrCat(at, ".", role_name);
         auto known =
             std::find_if(std::begin(kRoleNames), std::end(kRoleNames),
