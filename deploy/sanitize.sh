@@ -3,8 +3,8 @@
 #
 #   deploy/sanitize.sh asan   ASan + UBSan build of everything, whole suite
 #                             (build-asan)
-#   deploy/sanitize.sh tsan   TSan build of the server and the concurrency
-#                             and subscriber tests, and those tests
+#   deploy/sanitize.sh tsan   TSan build of the concurrency and subscriber
+#                             tests of the core, and those tests
 #                             (build-tsan)
 #
 # Any sanitizer report fails the run: ASan/UBSan/TSan abort the process
@@ -36,18 +36,29 @@ case "$kind" in
     dir=${TSAN_BUILD_DIR:-$MODELSTATE_ROOT/build-tsan}
     cmake -S "$MODELSTATE_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DMODELSTATE_SANITIZE=thread
-    # The multi-threaded parts: the store and hub in process, and the
-    # server (itself built with TSan) under concurrent clients and
-    # subscribers.
-    targets=(modelstate-server modelstatectl rogue_subscriber
-             subscriber_hub_test hooks_test module_repository_test
-             service_test subscription_test access_test)
+    # The multi-threaded core, in process: the subscriber hub (events,
+    # answers, timeouts and disconnects from many threads), the hook
+    # registries, the module repository (its deletion thread) and the
+    # forward kernels' parallel loops. The tests that start the server
+    # process are left out: Debian's gRPC and Abseil are not built with
+    # TSan, which then reports their internal synchronisation as races and
+    # defers the server's SIGTERM until its threads run instrumented code.
+    targets=(subscriber_hub_test hooks_test module_repository_test
+             forward_test)
     cmake --build "$dir" -j"$(nproc)" --target "${targets[@]}"
-    export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$MODELSTATE_ROOT/tests/tsan.supp"
-    # Tests of targets not built above are listed as *_NOT_BUILT; the
-    # Python and benchmark tests are not part of this run.
-    (cd "$dir" && ctest --output-on-failure -j"$(nproc)" --timeout 1500 \
-      -E '_NOT_BUILT$|^python_|^bench_|^deploy_files')
+    # Ignore the intercepted calls (memcpy, epoll, ...) that uninstrumented
+    # libraries make themselves, one entry per library the tests load;
+    # races in modelstate's own code are still reported.
+    supp=$dir/tsan.supp
+    for target in "${targets[@]}"; do ldd "$dir/tests/$target"; done \
+      | awk '{print $1}' \
+      | grep -E '^lib(grpc|gpr|absl_|protobuf|re2|upb|address_sorting|openblas)' \
+      | sort -u | sed 's/^/called_from_lib:/' >"$supp"
+    export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$supp"
+    for target in "${targets[@]}"; do
+      echo "[tsan] $target"
+      "$dir/tests/$target" --gtest_brief=1
+    done
     ;;
   *)
     echo "usage: deploy/sanitize.sh asan|tsan" >&2

@@ -10,9 +10,12 @@
 // so the server then listens on loopback addresses only. Plaintext on a
 // non-loopback address needs --plaintext; otherwise --tls_cert_file and
 // --tls_key_file (and --tls_client_ca_file for mutual TLS).
+#include <fcntl.h>
 #include <malloc.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -164,16 +167,37 @@ absl::StatusOr<modelstate::QuotaPolicy> LoadQuotas() {
   return modelstate::QuotaPolicy::ReadFile(path, DefaultQuota());
 }
 
-// Blocks SIGINT and SIGTERM in this thread and every thread started later,
-// so that only the waiter thread receives them.
-sigset_t BlockShutdownSignals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  return set;
+// SIGINT, SIGTERM and SIGHUP become bytes on a pipe that the waiter thread
+// reads. Whichever thread the kernel picks runs the handler (a sanitizer's
+// own threads included), and write() is async-signal-safe.
+int signal_pipe[2] = {-1, -1};
+
+void OnSignal(int sig) {
+  const unsigned char byte = static_cast<unsigned char>(sig);
+  (void)!write(signal_pipe[1], &byte, 1);
+}
+
+bool InstallSignalHandlers() {
+  if (pipe2(signal_pipe, O_CLOEXEC) != 0) return false;
+  struct sigaction action = {};
+  action.sa_handler = OnSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    if (sigaction(sig, &action, nullptr) != 0) return false;
+  }
+  return true;
+}
+
+// The next signal number from the pipe (blocking).
+int NextSignal() {
+  unsigned char byte = 0;
+  while (true) {
+    ssize_t n = read(signal_pipe[0], &byte, 1);
+    if (n == 1) return byte;
+    if (n < 0 && errno == EINTR) continue;
+    return SIGTERM;  // the pipe broke: shut down
+  }
 }
 
 }  // namespace
@@ -184,7 +208,10 @@ int main(int argc, char** argv) {
       "Usage: modelstate-server [--listen=127.0.0.1:50051] "
       "[--data_dir=./data]");
   absl::ParseCommandLine(argc, argv);
-  sigset_t signals = BlockShutdownSignals();
+  if (!InstallSignalHandlers()) {
+    LogLine("cannot install the signal handlers");
+    return 1;
+  }
 
   // Who may connect, and how, before anything else: a misconfigured
   // server must not start at all.
@@ -377,7 +404,7 @@ int main(int argc, char** argv) {
 
   std::thread waiter([&] {
     int sig = 0;
-    while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
+    while ((sig = NextSignal()) == SIGHUP) {
       if ((*auth)->enabled()) {
         absl::StatusOr<size_t> loaded = (*auth)->Reload();
         LogLine(loaded.ok()
