@@ -23,7 +23,7 @@ else
   report=$MODELSTATE_ROOT/BENCHMARKS.md
   cmake -S "$MODELSTATE_ROOT" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release
   cmake --build "$build_dir" -j"$(nproc)" --target modelstate-server \
-    core_bench transfer_bench dump_state_dict
+    core_bench transfer_bench dump_state_dict forward_bench
 fi
 
 bench=$MODELSTATE_ROOT/tests/bench
@@ -38,11 +38,15 @@ if [ $smoke = 1 ]; then
   torch_args=(--smoke --reps 2 --warmup 0)
   transfer_args=(--smoke --reps 2 --warmup 0)
   torch_model=mlp
+  forward_args=(--smoke --benchmark_min_time=0.01 --benchmark_repetitions=2)
+  torch_forward_args=(--smoke --reps 2 --warmup 0)
 else
   core_args=(--benchmark_repetitions=5)
   torch_args=(--reps 5 --warmup 1 --models gpt2)
   transfer_args=(--reps 9 --warmup 2)
   torch_model=gpt2
+  forward_args=(--benchmark_repetitions=5)
+  torch_forward_args=(--reps 5 --warmup 1)
 fi
 
 echo "[bench] the benchmark models build what PyTorch builds"
@@ -65,6 +69,14 @@ echo "[bench] modelstate-server against a raw gRPC service"
   --server="$build_dir/server/modelstate-server" --models="$models" \
   "${transfer_args[@]}" --out="$results/transfer.json" >/dev/null
 
+echo "[bench] forward against raw sgemm and PyTorch (2 threads each)"
+"$build_dir/tests/bench/forward_bench" --threads=2 "${forward_args[@]}" \
+  --benchmark_enable_random_interleaving=true \
+  --benchmark_report_aggregates_only=true \
+  --benchmark_out="$results/forward.json" --benchmark_out_format=json
+"$python" "$bench/torch_forward_bench.py" --threads 2 \
+  "${torch_forward_args[@]}" --out "$results/torch_forward.json"
+
 {
   echo "Checks run with these figures:"
   echo
@@ -74,5 +86,7 @@ echo "[bench] modelstate-server against a raw gRPC service"
 
 "$python" "$bench/make_report.py" --core "$results/core.json" \
   --torch "$results/torch.json" --transfer "$results/transfer.json" \
+  --forward "$results/forward.json" \
+  --torch-forward "$results/torch_forward.json" \
   --torch-model "$torch_model" --checks "$results/checks.md" --out "$report"
 echo "[bench] wrote $report"
