@@ -33,31 +33,14 @@
 #include "google/protobuf/util/json_util.h"
 #include "modelstate/v1/model_state_service.pb.h"
 #include "proto/convert.h"
+#include "tests/fuzz/fuzz_support.h"
 
 namespace modelstate {
 namespace {
 
-// MODELSTATE_FUZZ_VERBOSE=1 prints how far each input got, to check seeds
-// and to triage (libFuzzer runs quietly otherwise).
-bool Verbose() {
-  static const bool verbose = std::getenv("MODELSTATE_FUZZ_VERBOSE") != nullptr;
-  return verbose;
-}
-
-// True when `status` is OK; otherwise says so in verbose mode.
-bool Passed(absl::string_view stage, const absl::Status& status) {
-  if (!status.ok() && Verbose()) {
-    std::fprintf(stderr, "spec_fuzz: %.*s: %s\n",
-                 static_cast<int>(stage.size()), stage.data(),
-                 status.ToString().c_str());
-  }
-  return status.ok();
-}
-
-// Protobuf logs every string field that is not UTF-8; the fuzzer makes
-// millions, and the parse failure is all that matters.
-void DiscardProtobufLog(google::protobuf::LogLevel, const char*, int,
-                        const std::string&) {}
+using fuzz::DiscardProtobufLog;
+using fuzz::Passed;
+using fuzz::Verbose;
 
 [[noreturn]] void Broken(const std::string& what) {
   std::fprintf(stderr, "spec_fuzz: invariant broken: %s\n", what.c_str());
