@@ -12,8 +12,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <limits>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -44,6 +44,7 @@
 #include "core/dtype.h"
 #include "core/file_util.h"
 #include "core/sha256.h"
+#include "core/signal_pipe.h"
 #include "core/state_stream.h"
 #include "core/status_macros.h"
 #include "core/sync.h"
@@ -1368,13 +1369,10 @@ int RunSubscribe(Context& c) {
   if (!policy.has_value() && subscription.timeout_ms() == 0) {
     subscription.set_timeout_ms(60000);  // a person needs time
   }
-  // SIGINT / SIGTERM end the subscription cleanly. Blocked before the
-  // client starts its threads, so that they inherit the mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // SIGINT / SIGTERM end the subscription cleanly.
+  if (absl::Status s = InstallSignalPipe({SIGINT, SIGTERM}); !s.ok()) {
+    return c.Fail(s);
+  }
   MODELSTATE_CLI_ASSIGN_OR_FAIL(rpc, c, c.Client());
   Mutex out_mu;
   auto handler = [&](const v1::HookEventProto& event) {
@@ -1407,14 +1405,13 @@ int RunSubscribe(Context& c) {
             << subscriber->id() << ")" << std::endl;
   }
   std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
+    WaitForSignal();
     subscriber->Stop();
   });
   absl::Status end = subscriber->Wait();
   // The stream ended on its own (server shutdown, replaced): wake the
   // waiter thread so it can be joined.
-  kill(getpid(), SIGTERM);
+  NotifySignalWaiter(SIGTERM);
   waiter.join();
   if (!end.ok() && end.code() != absl::StatusCode::kCancelled)
     return c.Fail(end);
@@ -1493,13 +1490,12 @@ int RunAudit(Context& c) {
     return response.ok() ? kExitOk : kExitError;
   }
   MODELSTATE_CLI_ASSIGN_OR_FAIL(filter, c, AuditFilterFromOptions(c));
-  // tail ends on SIGINT / SIGTERM: block them before the client starts its
-  // threads, so that only the waiter below receives them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  if (what == "tail") pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // tail ends on SIGINT / SIGTERM.
+  if (what == "tail") {
+    if (absl::Status s = InstallSignalPipe({SIGINT, SIGTERM}); !s.ok()) {
+      return c.Fail(s);
+    }
+  }
   MODELSTATE_CLI_ASSIGN_OR_FAIL(rpc, c, c.Client());
   if (what == "query") {
     uint64_t limit = c.GetUint("--limit", UINT64_MAX);
@@ -1533,8 +1529,7 @@ int RunAudit(Context& c) {
     context->set_deadline(std::chrono::system_clock::time_point::max());
     grpc::ClientContext* raw = context.get();
     std::thread waiter([&] {
-      int sig = 0;
-      sigwait(&signals, &sig);
+      WaitForSignal();
       raw->TryCancel();
     });
     auto reader = rpc->stub().WatchAudit(context.get(), request);
@@ -1547,7 +1542,7 @@ int RunAudit(Context& c) {
     }
     context->TryCancel();
     absl::Status status = convert::FromGrpcStatus(reader->Finish());
-    kill(getpid(), SIGTERM);
+    NotifySignalWaiter(SIGTERM);
     waiter.join();
     if (!status.ok() && status.code() != absl::StatusCode::kCancelled)
       return c.Fail(status);

@@ -36,6 +36,7 @@
 #include "core/model_store.h"
 #include "core/module_repository.h"
 #include "core/quota.h"
+#include "core/signal_pipe.h"
 #include "core/status_macros.h"
 #include "core/subscriber_hub.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -167,39 +168,6 @@ absl::StatusOr<modelstate::QuotaPolicy> LoadQuotas() {
   return modelstate::QuotaPolicy::ReadFile(path, DefaultQuota());
 }
 
-// SIGINT, SIGTERM and SIGHUP become bytes on a pipe that the waiter thread
-// reads. Whichever thread the kernel picks runs the handler (a sanitizer's
-// own threads included), and write() is async-signal-safe.
-int signal_pipe[2] = {-1, -1};
-
-void OnSignal(int sig) {
-  const unsigned char byte = static_cast<unsigned char>(sig);
-  (void)!write(signal_pipe[1], &byte, 1);
-}
-
-bool InstallSignalHandlers() {
-  if (pipe2(signal_pipe, O_CLOEXEC) != 0) return false;
-  struct sigaction action = {};
-  action.sa_handler = OnSignal;
-  sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
-    if (sigaction(sig, &action, nullptr) != 0) return false;
-  }
-  return true;
-}
-
-// The next signal number from the pipe (blocking).
-int NextSignal() {
-  unsigned char byte = 0;
-  while (true) {
-    ssize_t n = read(signal_pipe[0], &byte, 1);
-    if (n == 1) return byte;
-    if (n < 0 && errno == EINTR) continue;
-    return SIGTERM;  // the pipe broke: shut down
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -208,8 +176,11 @@ int main(int argc, char** argv) {
       "Usage: modelstate-server [--listen=127.0.0.1:50051] "
       "[--data_dir=./data]");
   absl::ParseCommandLine(argc, argv);
-  if (!InstallSignalHandlers()) {
-    LogLine("cannot install the signal handlers");
+  // SIGINT and SIGTERM shut down, SIGHUP reloads; the waiter thread below
+  // reads them from a pipe, whichever thread received them.
+  if (absl::Status s = modelstate::InstallSignalPipe({SIGINT, SIGTERM, SIGHUP});
+      !s.ok()) {
+    LogLine(s.ToString());
     return 1;
   }
 
@@ -404,7 +375,7 @@ int main(int argc, char** argv) {
 
   std::thread waiter([&] {
     int sig = 0;
-    while ((sig = NextSignal()) == SIGHUP) {
+    while ((sig = modelstate::WaitForSignal()) == SIGHUP) {
       if ((*auth)->enabled()) {
         absl::StatusOr<size_t> loaded = (*auth)->Reload();
         LogLine(loaded.ok()
