@@ -197,7 +197,8 @@ def make_specs(pb2, json_format):
             json_format.Parse(json.dumps(doc), request)
         else:
             json_format.Parse(json.dumps(doc), request.spec)
-        write("spec_fuzz", name + ".bin", b"0" + request.SerializeToString())
+        write("spec_fuzz", name + ".bin",
+              b"0" + request.SerializeToString(deterministic=True))
 
 
 # --------------------------------------------------------------- state streams
