@@ -23,7 +23,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/model_state_client.h"
+#include "core/forward.h"
 #include "core/safetensors.h"
+#include "core/sha256.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpc/health/v1/health.pb.h"
@@ -714,6 +716,53 @@ TEST_F(CliTest, GetStateConvertsAndFilters) {
   MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict some, ReadSafetensorsFile(weights));
   EXPECT_THAT(some.tensors.Keys(),
               ElementsAre("1.running_mean", "1.running_var"));
+}
+
+// ---------------------------------------------------------------- forward
+
+TEST_F(CliTest, ForwardRunsTheModuleOnAFilesTensors) {
+  const std::string spec = R"({"type": "Linear", "args": [3, 2]})";
+  Build("fwd/lin", spec, 5);
+  StateDict inputs;
+  inputs.tensors.Set("input0", Filled(DType::kFloat32, {4, 3}, 0.5));
+  const std::string in = Path("x.safetensors");
+  ASSERT_THAT(WriteSafetensorsFile(in, inputs), IsOk());
+  const std::string out = Path("y.safetensors");
+  CommandResult r = Cli({"forward", "fwd/lin", "-i", in, "-o", out, "--eval"});
+  ASSERT_EQ(r.exit_code, 0) << Show(r);
+  EXPECT_THAT(r.out, StartsWith("wrote 1 outputs to "));
+  EXPECT_THAT(r.out, HasSubstr("output0: float32[4, 2] on cpu"));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict got, ReadSafetensorsFile(out));
+  std::shared_ptr<Module> local = modelstate::testing::LocalBuild(spec, 5);
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      std::vector<Tensor> want,
+      Forward(*local, {*inputs.tensors.Find("input0")}));
+  EXPECT_TRUE(TensorsEqual(*got.tensors.Find("output0"), want[0]));
+
+  StateDict wrong;
+  wrong.tensors.Set("x", Filled(DType::kFloat32, {4, 3}, 0.5));
+  ASSERT_THAT(WriteSafetensorsFile(in, wrong), IsOk());
+  r = Cli({"forward", "fwd/lin", "-i", in, "-o", out});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("is not named input0"));
+  inputs.tensors.Set("input0", Filled(DType::kFloat32, {4, 5}, 0.5));
+  ASSERT_THAT(WriteSafetensorsFile(in, inputs), IsOk());
+  r = Cli({"forward", "fwd/lin", "-i", in, "-o", out, "--eval"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT: mat1 and mat2 shapes"));
+}
+
+TEST_F(CliTest, HashTokenPrintsTheSha256OfTheToken) {
+  const std::string token = WriteFile("t.token", "  s3cret-token\n");
+  CommandResult r = Bare({"hash-token", token});
+  ASSERT_EQ(r.exit_code, 0) << Show(r);
+  EXPECT_EQ(r.out, Sha256Hex("s3cret-token") + "\n");
+  r = Bare({"hash-token", WriteFile("empty.token", "\n")});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("the token is empty"));
+  r = Bare({"--tls-cert", token, "health"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("--tls-cert and --tls-key go together"));
 }
 
 // --------------------------------------------------------------- progress
