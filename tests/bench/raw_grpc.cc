@@ -21,9 +21,9 @@ std::string Pattern(size_t n) {
 
 class RawService final : public rawbench::v1::RawBench::Service {
  public:
-  grpc::Status Download(grpc::ServerContext*,
-                        const rawbench::v1::DownloadRequest* request,
-                        grpc::ServerWriter<rawbench::v1::Chunk>* writer) override {
+  grpc::Status Download(
+      grpc::ServerContext*, const rawbench::v1::DownloadRequest* request,
+      grpc::ServerWriter<rawbench::v1::Chunk>* writer) override {
     const uint32_t chunk = std::max<uint32_t>(1, request->chunk_bytes());
     const std::string source = Pattern(chunk);
     rawbench::v1::Chunk message;
@@ -52,7 +52,8 @@ class RawService final : public rawbench::v1::RawBench::Service {
 
   grpc::Status PingPong(
       grpc::ServerContext*,
-      grpc::ServerReaderWriter<rawbench::v1::Chunk, rawbench::v1::Chunk>* stream) override {
+      grpc::ServerReaderWriter<rawbench::v1::Chunk, rawbench::v1::Chunk>*
+          stream) override {
     rawbench::v1::Chunk message;
     while (stream->Read(&message)) {
       if (!stream->Write(message)) break;

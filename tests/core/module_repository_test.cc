@@ -71,8 +71,7 @@ bool SameAttr(const AttrValue& a, const AttrValue& b) {
         } else if constexpr (std::is_same_v<T, Tensor>) {
           return TensorsEqual(x, y);
         } else if constexpr (std::is_same_v<T, std::vector<double>>) {
-          return std::equal(x.begin(), x.end(), y.begin(), y.end(),
-                            SameDouble);
+          return std::equal(x.begin(), x.end(), y.begin(), y.end(), SameDouble);
         } else {
           return x == y;
         }

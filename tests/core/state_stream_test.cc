@@ -198,8 +198,8 @@ class StagedStateDictTest : public ::testing::Test {
                                          std::optional<DType> wire) {
     auto reader = StateDictReader::Create(sd, wire);
     EXPECT_TRUE(reader.ok()) << reader.status();
-    auto staged = StagedStateDict::CreateAnonymous((*reader)->layout(), StreamLimits{},
-                                          dir_.string());
+    auto staged = StagedStateDict::CreateAnonymous(
+        (*reader)->layout(), StreamLimits{}, dir_.string());
     EXPECT_TRUE(staged.ok()) << staged.status();
     std::mt19937 rng(7);
     std::string chunk;
@@ -275,16 +275,17 @@ TEST_F(StagedStateDictTest, ErrorsAreTheInMemoryOnes) {
   // A stream cut short says how much arrived.
   auto reader = StateDictReader::Create(sd, std::nullopt);
   ASSERT_TRUE(reader.ok());
-  auto short_stream = StagedStateDict::CreateAnonymous((*reader)->layout(),
-                                              StreamLimits{}, dir_.string());
+  auto short_stream = StagedStateDict::CreateAnonymous(
+      (*reader)->layout(), StreamLimits{}, dir_.string());
   ASSERT_TRUE(short_stream.ok());
   ASSERT_THAT((*short_stream)->Append("abc"), IsOk());
   EXPECT_THAT((*short_stream)->Finish(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("the stream ended after 3 of")));
-  EXPECT_THAT(StagedStateDict::CreateAnonymous((*reader)->layout(), StreamLimits{},
-                                      (dir_ / "missing").string()),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr("missing")));
+  EXPECT_THAT(
+      StagedStateDict::CreateAnonymous((*reader)->layout(), StreamLimits{},
+                                       (dir_ / "missing").string()),
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr("missing")));
 }
 
 }  // namespace
