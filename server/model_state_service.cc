@@ -96,6 +96,16 @@ ModelStateServiceImpl::Authenticate(const grpc::ServerContextBase* context,
   return caller;
 }
 
+absl::StatusOr<ModelStateServiceImpl::Caller> ModelStateServiceImpl::CallerFor(
+    const grpc::ServerContextBase* context, absl::string_view rpc,
+    Permission permission, const std::string& module_field) {
+  MODELSTATE_ASSIGN_OR_RETURN(Caller caller, Authenticate(context, rpc));
+  MODELSTATE_ASSIGN_OR_RETURN(caller.module,
+                              convert::ParseModuleField(module_field));
+  MODELSTATE_RETURN_IF_ERROR(Allow(caller, rpc, permission, caller.module));
+  return caller;
+}
+
 absl::Status ModelStateServiceImpl::Allow(const Caller& caller,
                                           absl::string_view rpc,
                                           Permission permission,
@@ -172,10 +182,10 @@ BuildLimits ModelStateServiceImpl::Limits() const {
 grpc::Status ModelStateServiceImpl::BuildModule(
     grpc::ServerContext* context, const v1::BuildModuleRequest* request,
     v1::BuildModuleResponse* response) {
-  ASSIGN_OR_RETURN_GRPC(Caller caller, Authenticate(context, "BuildModule"));
-  ASSIGN_OR_RETURN_GRPC(ModuleName name,
-                        convert::ParseModuleField(request->module()));
-  RETURN_IF_ERROR_GRPC(Allow(caller, "BuildModule", Permission::kWrite, name));
+  ASSIGN_OR_RETURN_GRPC(
+      Caller caller,
+      CallerFor(context, "BuildModule", Permission::kWrite, request->module()));
+  const ModuleName& name = caller.module;
   ASSIGN_OR_RETURN_GRPC(ModuleSpec spec,
                         convert::SpecFromProto(request->spec()));
   BuildOptions options;
@@ -217,10 +227,10 @@ grpc::Status ModelStateServiceImpl::RegisterTensor(
     EntryKind kind, v1::RegisterResponse* response) {
   const char* rpc =
       kind == EntryKind::kParameter ? "RegisterParameter" : "RegisterBuffer";
-  ASSIGN_OR_RETURN_GRPC(Caller caller, Authenticate(context, rpc));
-  ASSIGN_OR_RETURN_GRPC(ModuleName name,
-                        convert::ParseModuleField(request->module()));
-  RETURN_IF_ERROR_GRPC(Allow(caller, rpc, Permission::kWrite, name));
+  ASSIGN_OR_RETURN_GRPC(
+      Caller caller,
+      CallerFor(context, rpc, Permission::kWrite, request->module()));
+  const ModuleName& name = caller.module;
   RegistrationRequest r;
   r.path = request->path();
   r.name = request->name();
@@ -273,12 +283,10 @@ grpc::Status ModelStateServiceImpl::RegisterBuffer(
 grpc::Status ModelStateServiceImpl::RegisterSubmodule(
     grpc::ServerContext* context, const v1::RegisterSubmoduleRequest* request,
     v1::RegisterResponse* response) {
-  ASSIGN_OR_RETURN_GRPC(Caller caller,
-                        Authenticate(context, "RegisterSubmodule"));
-  ASSIGN_OR_RETURN_GRPC(ModuleName name,
-                        convert::ParseModuleField(request->module()));
-  RETURN_IF_ERROR_GRPC(
-      Allow(caller, "RegisterSubmodule", Permission::kWrite, name));
+  ASSIGN_OR_RETURN_GRPC(
+      Caller caller, CallerFor(context, "RegisterSubmodule", Permission::kWrite,
+                               request->module()));
+  const ModuleName& name = caller.module;
   RegistrationRequest r;
   r.path = request->path();
   r.name = request->name();
@@ -314,10 +322,10 @@ grpc::Status ModelStateServiceImpl::RegisterSubmodule(
 grpc::Status ModelStateServiceImpl::RemoveEntry(
     grpc::ServerContext* context, const v1::RemoveEntryRequest* request,
     v1::RegisterResponse* response) {
-  ASSIGN_OR_RETURN_GRPC(Caller caller, Authenticate(context, "RemoveEntry"));
-  ASSIGN_OR_RETURN_GRPC(ModuleName name,
-                        convert::ParseModuleField(request->module()));
-  RETURN_IF_ERROR_GRPC(Allow(caller, "RemoveEntry", Permission::kWrite, name));
+  ASSIGN_OR_RETURN_GRPC(
+      Caller caller,
+      CallerFor(context, "RemoveEntry", Permission::kWrite, request->module()));
+  const ModuleName& name = caller.module;
   RegistrationRequest r;
   r.path = request->path();
   r.name = request->name();
@@ -328,10 +336,10 @@ grpc::Status ModelStateServiceImpl::RemoveEntry(
 grpc::Status ModelStateServiceImpl::GetModule(
     grpc::ServerContext* context, const v1::GetModuleRequest* request,
     v1::GetModuleResponse* response) {
-  ASSIGN_OR_RETURN_GRPC(Caller caller, Authenticate(context, "GetModule"));
-  ASSIGN_OR_RETURN_GRPC(ModuleName name,
-                        convert::ParseModuleField(request->module()));
-  RETURN_IF_ERROR_GRPC(Allow(caller, "GetModule", Permission::kRead, name));
+  ASSIGN_OR_RETURN_GRPC(
+      Caller caller,
+      CallerFor(context, "GetModule", Permission::kRead, request->module()));
+  const ModuleName& name = caller.module;
   RETURN_IF_ERROR_GRPC(
       store_->Read(name, [&](const Module& root) -> absl::Status {
         absl::StatusOr<std::shared_ptr<Module>> sub =
@@ -409,20 +417,20 @@ grpc::Status ModelStateServiceImpl::ListModules(
 grpc::Status ModelStateServiceImpl::DeleteModule(
     grpc::ServerContext* context, const v1::DeleteModuleRequest* request,
     v1::DeleteModuleResponse*) {
-  ASSIGN_OR_RETURN_GRPC(Caller caller, Authenticate(context, "DeleteModule"));
-  ASSIGN_OR_RETURN_GRPC(ModuleName name,
-                        convert::ParseModuleField(request->module()));
-  RETURN_IF_ERROR_GRPC(Allow(caller, "DeleteModule", Permission::kWrite, name));
+  ASSIGN_OR_RETURN_GRPC(Caller caller,
+                        CallerFor(context, "DeleteModule", Permission::kWrite,
+                                  request->module()));
+  const ModuleName& name = caller.module;
   return ToGrpcStatus(store_->Delete(caller.ctx, name));
 }
 
 grpc::Status ModelStateServiceImpl::GetStateDict(
     grpc::ServerContext* context, const v1::GetStateDictRequest* request,
     grpc::ServerWriter<v1::StateDictChunk>* writer) {
-  ASSIGN_OR_RETURN_GRPC(Caller caller, Authenticate(context, "GetStateDict"));
-  ASSIGN_OR_RETURN_GRPC(ModuleName name,
-                        convert::ParseModuleField(request->module()));
-  RETURN_IF_ERROR_GRPC(Allow(caller, "GetStateDict", Permission::kRead, name));
+  ASSIGN_OR_RETURN_GRPC(
+      Caller caller,
+      CallerFor(context, "GetStateDict", Permission::kRead, request->module()));
+  const ModuleName& name = caller.module;
   ASSIGN_OR_RETURN_GRPC(std::unique_ptr<StreamLimiter::Slot> slot,
                         streams_.Acquire(caller.ctx.identity));
   uint32_t chunk = request->chunk_bytes() == 0 ? options_.default_chunk_bytes
@@ -553,10 +561,10 @@ grpc::Status ModelStateServiceImpl::LoadStateDict(
 grpc::Status ModelStateServiceImpl::MoveModule(
     grpc::ServerContext* context, const v1::MoveModuleRequest* request,
     v1::MoveModuleResponse* response) {
-  ASSIGN_OR_RETURN_GRPC(Caller caller, Authenticate(context, "MoveModule"));
-  ASSIGN_OR_RETURN_GRPC(ModuleName name,
-                        convert::ParseModuleField(request->module()));
-  RETURN_IF_ERROR_GRPC(Allow(caller, "MoveModule", Permission::kWrite, name));
+  ASSIGN_OR_RETURN_GRPC(
+      Caller caller,
+      CallerFor(context, "MoveModule", Permission::kWrite, request->module()));
+  const ModuleName& name = caller.module;
   std::optional<Device> device;
   std::optional<DType> dtype;
   if (!request->device().empty()) {
@@ -578,10 +586,10 @@ grpc::Status ModelStateServiceImpl::MoveModule(
 grpc::Status ModelStateServiceImpl::SetTraining(
     grpc::ServerContext* context, const v1::SetTrainingRequest* request,
     v1::SetTrainingResponse*) {
-  ASSIGN_OR_RETURN_GRPC(Caller caller, Authenticate(context, "SetTraining"));
-  ASSIGN_OR_RETURN_GRPC(ModuleName name,
-                        convert::ParseModuleField(request->module()));
-  RETURN_IF_ERROR_GRPC(Allow(caller, "SetTraining", Permission::kWrite, name));
+  ASSIGN_OR_RETURN_GRPC(
+      Caller caller,
+      CallerFor(context, "SetTraining", Permission::kWrite, request->module()));
+  const ModuleName& name = caller.module;
   return ToGrpcStatus(
       store_->SetTraining(caller.ctx, name, request->training()));
 }
@@ -589,14 +597,13 @@ grpc::Status ModelStateServiceImpl::SetTraining(
 grpc::Status ModelStateServiceImpl::Forward(grpc::ServerContext* context,
                                             const v1::ForwardRequest* request,
                                             v1::ForwardResponse* response) {
-  ASSIGN_OR_RETURN_GRPC(Caller caller, Authenticate(context, "Forward"));
-  ASSIGN_OR_RETURN_GRPC(ModuleName name,
-                        convert::ParseModuleField(request->module()));
   // Only an eval-mode call is sure to change nothing.
   const bool read_only = request->has_training() && !request->training();
-  RETURN_IF_ERROR_GRPC(Allow(caller, "Forward",
-                             read_only ? Permission::kRead : Permission::kWrite,
-                             name));
+  ASSIGN_OR_RETURN_GRPC(Caller caller, CallerFor(context, "Forward",
+                                                 read_only ? Permission::kRead
+                                                           : Permission::kWrite,
+                                                 request->module()));
+  const ModuleName& name = caller.module;
   std::vector<Tensor> inputs;
   for (int i = 0; i < request->inputs_size(); ++i) {
     v1::TensorProto proto = request->inputs(i);

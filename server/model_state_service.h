@@ -122,6 +122,7 @@ class ModelStateServiceImpl final
     OperationContext ctx;
     Principal principal;
     std::string peer;
+    ModuleName module;  // set by CallerFor
   };
 
   // Runs one registration request and reports every event it fired.
@@ -137,6 +138,11 @@ class ModelStateServiceImpl final
   // audit log as "denied").
   absl::StatusOr<Caller> Authenticate(const grpc::ServerContextBase* context,
                                       absl::string_view rpc);
+  // Authenticate, then the module named by `module_field` (INVALID_ARGUMENT
+  // if malformed) into Caller::module, then Allow.
+  absl::StatusOr<Caller> CallerFor(const grpc::ServerContextBase* context,
+                                   absl::string_view rpc, Permission permission,
+                                   const std::string& module_field);
   // OK if the caller holds `permission` in `module`'s namespace; otherwise
   // PERMISSION_DENIED, recorded.
   absl::Status Allow(const Caller& caller, absl::string_view rpc,

@@ -26,18 +26,12 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from layers_match_torch import spec  # noqa: E402
 from safetensors_interop import read_safetensors, write_safetensors  # noqa: E402
 
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 1e-2}
 
 
-def spec(type_, *args, **kwargs):
-    s = {"type": type_}
-    if args:
-        s["args"] = list(args)
-    if kwargs:
-        s["kwargs"] = kwargs
-    return s
 
 
 def seq(*children):
