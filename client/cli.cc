@@ -1248,6 +1248,24 @@ int RunHealth(Context& c) {
   return kExitOk;
 }
 
+int RunDevices(Context& c) {
+  MODELSTATE_CLI_ASSIGN_OR_FAIL(rpc, c, c.Client());
+  MODELSTATE_CLI_ASSIGN_OR_FAIL(response, c, rpc->ListDevices());
+  if (c.json) return c.PrintJson(response);
+  std::vector<std::vector<std::string>> rows = {
+      {"DEVICE", "TOTAL", "FREE", "DESCRIPTION"}};
+  for (const v1::DeviceInfo& d : response.devices()) {
+    const bool has_memory = d.total_bytes() > 0;
+    rows.push_back({d.device(), has_memory ? HumanBytes(d.total_bytes()) : "-",
+                    has_memory ? HumanBytes(d.free_bytes()) : "-",
+                    d.description()});
+  }
+  for (const std::string& line : AlignRows(rows, {false, true, true, false})) {
+    c.out() << line << "\n";
+  }
+  return kExitOk;
+}
+
 // ----------------------------------------------------------------- subscribe
 
 // The subscription from --policy's file, then the command's options.
@@ -1754,6 +1772,15 @@ const std::vector<CommandDef>& Commands() {
        {},
        "modelstatectl --server 10.0.0.5:50051 health",
        RunHealth},
+      {"devices",
+       "list the server's devices and their memory",
+       "Lists the devices the server can place tensors on (cpu, meta and "
+       "every cuda:N) with total and free memory; `to MODULE --device "
+       "cuda:N` accepts these names.",
+       {},
+       {},
+       "modelstatectl devices --json",
+       RunDevices},
       {"hash-token",
        "print the SHA-256 a token file's entry holds for a token",
        "Reads the token from FILE (surrounding whitespace ignored) and "

@@ -103,6 +103,7 @@ MODELSTATE_UNARY(RegisterSubmodule, RegisterSubmoduleRequest, RegisterResponse)
 MODELSTATE_UNARY(RemoveEntry, RemoveEntryRequest, RegisterResponse)
 MODELSTATE_UNARY(GetModule, GetModuleRequest, GetModuleResponse)
 MODELSTATE_UNARY(ListModules, ListModulesRequest, ListModulesResponse)
+MODELSTATE_UNARY(ListDevices, ListDevicesRequest, ListDevicesResponse)
 MODELSTATE_UNARY(MoveModule, MoveModuleRequest, MoveModuleResponse)
 MODELSTATE_UNARY(Forward, ForwardRequest, ForwardResponse)
 #undef MODELSTATE_UNARY

@@ -137,6 +137,8 @@ class ModelStateClient {
       const v1::GetModuleRequest& request);
   absl::StatusOr<v1::ListModulesResponse> ListModules(
       const v1::ListModulesRequest& request);
+  absl::StatusOr<v1::ListDevicesResponse> ListDevices(
+      const v1::ListDevicesRequest& request = {});
   absl::Status DeleteModule(absl::string_view module);
   absl::StatusOr<v1::MoveModuleResponse> MoveModule(
       const v1::MoveModuleRequest& request);

@@ -62,6 +62,18 @@ absl::Status CheckDeviceAvailable(const Device& device);
 // Every device tensors can be placed on here, cpu and meta first.
 std::vector<Device> AvailableDevices();
 
+// A device with what it is and its memory.
+struct DeviceDescription {
+  Device device;
+  std::string description;  // e.g. the GPU model
+  uint64_t total_bytes = 0;  // 0 for meta
+  uint64_t free_bytes = 0;
+};
+
+// AvailableDevices(), described. For cpu: physical memory and the memory
+// available (MemAvailable).
+std::vector<DeviceDescription> DescribeDevices();
+
 }  // namespace modelstate
 
 #endif  // MODELSTATE_CORE_DEVICE_H_

@@ -12,7 +12,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -71,63 +70,11 @@ constexpr Alias kAliases[] = {
     {"int", DType::kInt32},     {"short", DType::kInt16},
 };
 
-// Storage types for the elements that have no C++ arithmetic type of their
-// own. They only select template specialisations; the bits are read and
-// written through them unchanged.
-struct HalfBits {
-  uint16_t bits;
-};
-struct BFloat16Bits {
-  uint16_t bits;
-};
-// bool is stored as one byte; reading it as uint8_t avoids UB on bytes
-// other than 0 and 1.
-struct BoolByte {
-  uint8_t byte;
-};
-
-template <typename T>
-constexpr bool kIsHalfLike =
-    std::is_same_v<T, HalfBits> || std::is_same_v<T, BFloat16Bits>;
-
-// floating -> integer: truncate toward zero; NaN -> 0; beyond int64's range
-// saturate; then wrap to the target width (C++20 defines integer
-// narrowing as modular). Every static_cast here is in range, so there is no
-// UB for UBSan to find.
-template <typename Int, typename Float>
-Int FloatToInt(Float value) {
-  // 2^63 is exact in float and double; [-2^63, 2^63) converts to int64.
-  constexpr Float kTwoTo63 = static_cast<Float>(9223372036854775808.0);
-  int64_t wide;
-  if (!(value == value)) {
-    wide = 0;
-  } else if (value >= kTwoTo63) {
-    wide = std::numeric_limits<int64_t>::max();
-  } else if (value < -kTwoTo63) {
-    wide = std::numeric_limits<int64_t>::min();
-  } else {
-    wide = static_cast<int64_t>(value);
-  }
-  return static_cast<Int>(wide);
-}
-
-// One element between the arithmetic types and BoolByte (float16/bfloat16
-// never reach here; they go through float32 chunks).
-template <typename Dst, typename Src>
-Dst CastElement(Src value) {
-  if constexpr (std::is_same_v<Src, BoolByte>) {
-    return CastElement<Dst>(static_cast<uint8_t>(value.byte != 0 ? 1 : 0));
-  } else if constexpr (std::is_same_v<Dst, BoolByte>) {
-    return BoolByte{static_cast<uint8_t>(value != 0 ? 1 : 0)};
-  } else if constexpr (std::is_floating_point_v<Dst>) {
-    // double -> float and integer -> floating round to nearest even.
-    return static_cast<Dst>(value);
-  } else if constexpr (std::is_floating_point_v<Src>) {
-    return FloatToInt<Dst>(value);
-  } else {
-    return static_cast<Dst>(value);  // Integer wrap-around.
-  }
-}
+using internal::BFloat16Bits;
+using internal::BoolByte;
+using internal::CastElement;
+using internal::HalfBits;
+using internal::kIsHalfLike;
 
 // Element access through memcpy: tensor data from the wire may sit at any
 // byte offset, and compilers turn these into plain (vectorisable) moves.

@@ -403,22 +403,30 @@ class TreeDecoder {
         return Corrupt(
             path_, absl::StrCat("tensor ", index, " names no stored bytes"));
       }
-      absl::StatusOr<Tensor> on_host =
-          Tensor::FromStorage(dtype, shape, storages_[storage]);
-      if (!on_host.ok()) {
-        return Corrupt(path_, absl::StrCat("tensor ", index, ": ",
-                                           on_host.status().message()));
-      }
-      t = *std::move(on_host);
-      if (!device.is_cpu()) {
+      std::shared_ptr<Storage>& bytes = storages_[storage];
+      if (!device.is_cpu() && bytes->device() != device) {
         absl::Status available = CheckDeviceAvailable(device);
         if (available.ok()) {
-          MODELSTATE_ASSIGN_OR_RETURN(t, t.To(device, dtype));
+          // The storage moves once, so tensors sharing it stay tied.
+          MODELSTATE_ASSIGN_OR_RETURN(
+              std::shared_ptr<Storage> moved,
+              Storage::Allocate(bytes->nbytes(), device));
+          MODELSTATE_RETURN_IF_ERROR(CopyBytes(device, moved->data(),
+                                               bytes->device(), bytes->data(),
+                                               bytes->nbytes()));
+          bytes = std::move(moved);
         } else if (!fallback_to_cpu_) {
           return absl::FailedPreconditionError(absl::StrCat(
               path_, ": tensor ", index, ": ", available.message()));
         }
       }
+      absl::StatusOr<Tensor> restored =
+          Tensor::FromStorage(dtype, shape, bytes);
+      if (!restored.ok()) {
+        return Corrupt(path_, absl::StrCat("tensor ", index, ": ",
+                                           restored.status().message()));
+      }
+      t = *std::move(restored);
     }
     const bool requires_grad = j.at("requires_grad").get<bool>();
     if (j.at("parameter").get<bool>()) {

@@ -69,6 +69,17 @@ absl::StatusOr<std::unique_ptr<StateDictReader>> StateDictReader::Create(
   return reader;
 }
 
+void StateDictReader::PrefetchNextDeviceEntry() {
+  for (size_t i = entry_ + 1; i < tensors_.size(); ++i) {
+    const Tensor& t = tensors_[i];
+    if (t.nbytes() == 0) continue;
+    if (t.device().has_storage() && !t.device().is_cpu()) {
+      device_reader_.Prefetch(t, 0);
+    }
+    return;
+  }
+}
+
 absl::StatusOr<size_t> StateDictReader::Read(size_t max_bytes,
                                              std::string* out) {
   size_t produced = 0;
@@ -85,38 +96,46 @@ absl::StatusOr<size_t> StateDictReader::Read(size_t max_bytes,
           "state_dict entry '", e.key,
           "' is on the meta device and has no data; ask for metadata only"));
     }
+    const bool on_host = t.device().is_cpu();
+    const char* data = static_cast<const char*>(t.raw_data());
     size_t n = static_cast<size_t>(
         std::min<uint64_t>(max_bytes - produced, e.nbytes - entry_offset_));
-    size_t old_size = out->size();
-    out->resize(old_size + n);
-    char* dst = out->data() + old_size;
     if (e.dtype == t.dtype()) {
-      MODELSTATE_RETURN_IF_ERROR(
-          CopyBytes(Device::Cpu(), dst, t.device(),
-                    static_cast<const char*>(t.raw_data()) + entry_offset_, n));
+      const char* src = data + entry_offset_;
+      if (!on_host) {
+        MODELSTATE_ASSIGN_OR_RETURN(absl::string_view bytes,
+                                    device_reader_.Read(t, entry_offset_, n));
+        src = bytes.data();
+        n = bytes.size();
+      }
+      out->append(src, n);
     } else {
       // Convert the whole elements covering [entry_offset_, +n) through a
       // small buffer, so that a chunk may end in the middle of an element.
-      size_t out_es = ElementSize(e.dtype);
-      size_t in_es = ElementSize(t.dtype());
-      uint64_t first = entry_offset_ / out_es;
+      const size_t out_es = ElementSize(e.dtype);
+      const size_t in_es = ElementSize(t.dtype());
+      const uint64_t first = entry_offset_ / out_es;
       uint64_t last = (entry_offset_ + n + out_es - 1) / out_es;  // exclusive
-      std::string converted((last - first) * out_es, '\0');
-      const char* src = static_cast<const char*>(t.raw_data()) + first * in_es;
-      std::string host;
-      if (!t.device().is_cpu()) {
-        host.resize((last - first) * in_es);
-        MODELSTATE_RETURN_IF_ERROR(CopyBytes(Device::Cpu(), host.data(),
-                                             t.device(), src, host.size()));
-        src = host.data();
+      const char* src = data + first * in_es;
+      if (!on_host) {
+        // The device window may end sooner; it holds whole elements.
+        MODELSTATE_ASSIGN_OR_RETURN(
+            absl::string_view bytes,
+            device_reader_.Read(t, first * in_es, (last - first) * in_es));
+        src = bytes.data();
+        last = first + bytes.size() / in_es;
+        n = static_cast<size_t>(
+            std::min<uint64_t>(n, last * out_es - entry_offset_));
       }
+      std::string converted((last - first) * out_es, '\0');
       ConvertElements(src, t.dtype(), converted.data(), e.dtype,
                       static_cast<int64_t>(last - first));
-      std::memcpy(dst, converted.data() + (entry_offset_ - first * out_es), n);
+      out->append(converted.data() + (entry_offset_ - first * out_es), n);
     }
     entry_offset_ += n;
     produced += n;
     position_ += n;
+    if (entry_offset_ == e.nbytes) PrefetchNextDeviceEntry();
   }
   return produced;
 }

@@ -36,6 +36,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/device_reader.h"
 #include "core/hooks.h"
 #include "core/module.h"
 #include "core/tensor.h"
@@ -93,8 +94,15 @@ class StateDictReader {
  private:
   StateDictReader() = default;
 
+  // Starts downloading the next entry on an accelerator, if any, while the
+  // caller sends what was read.
+  void PrefetchNextDeviceEntry();
+
   StateDictLayout layout_;
   std::vector<Tensor> tensors_;
+  // Entries on accelerators are read through it (declared after tensors_:
+  // it is destroyed first, waiting for a download of one of them).
+  DeviceReader device_reader_;
   size_t entry_ = 0;           // current entry
   uint64_t entry_offset_ = 0;  // bytes of the current entry already read
   uint64_t position_ = 0;

@@ -11,7 +11,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "core/sync.h"
+#if MODELSTATE_WITH_CUDA
+#include "core/cuda/cuda_backend.h"
+#endif
 
 namespace modelstate {
 namespace {
@@ -27,7 +31,14 @@ Mutex& BackendsMutex() {
   return *mu;
 }
 std::array<std::unique_ptr<DeviceBackend>, 3>& Backends() {
-  static auto* backends = new std::array<std::unique_ptr<DeviceBackend>, 3>();
+  static auto* backends = [] {
+    auto* built_in = new std::array<std::unique_ptr<DeviceBackend>, 3>();
+#if MODELSTATE_WITH_CUDA
+    (*built_in)[static_cast<size_t>(DeviceType::kCuda)] =
+        cuda::MakeCudaBackend();
+#endif
+    return built_in;
+  }();
   return *backends;
 }
 
@@ -85,6 +96,11 @@ void RegisterDeviceBackend(std::unique_ptr<DeviceBackend> backend) {
   MutexLock lock(&BackendsMutex());
   size_t slot = static_cast<size_t>(backend->type());
   Backends()[slot] = std::move(backend);
+}
+
+void RemoveDeviceBackend(DeviceType type) {
+  MutexLock lock(&BackendsMutex());
+  Backends()[static_cast<size_t>(type)].reset();
 }
 
 const DeviceBackend* FindDeviceBackend(DeviceType type) {
@@ -155,6 +171,20 @@ Storage::~Storage() {
   }
 }
 
+namespace {
+
+absl::StatusOr<const DeviceBackend*> BackendOf(const Device& device) {
+  const DeviceBackend* backend = FindDeviceBackend(device.type);
+  if (backend == nullptr) {
+    MODELSTATE_RETURN_IF_ERROR(CheckDeviceAvailable(device));
+    return absl::InternalError(
+        absl::StrCat("no memory backend for ", device.ToString()));
+  }
+  return backend;
+}
+
+}  // namespace
+
 absl::Status CopyBytes(const Device& dst_device, void* dst,
                        const Device& src_device, const void* src,
                        size_t nbytes) {
@@ -168,23 +198,90 @@ absl::Status CopyBytes(const Device& dst_device, void* dst,
     return absl::OkStatus();
   }
   if (src_device.is_cpu()) {
-    const DeviceBackend* b = FindDeviceBackend(dst_device.type);
-    if (b == nullptr) return CheckDeviceAvailable(dst_device);
-    return b->CopyFromHost(dst_device.index, dst, src, nbytes);
+    MODELSTATE_ASSIGN_OR_RETURN(const DeviceBackend* b, BackendOf(dst_device));
+    const auto* from = static_cast<const char*>(src);
+    return b->Upload(dst_device.index, dst, nbytes,
+                     [from](void* staging, size_t offset, size_t length) {
+                       std::memcpy(staging, from + offset, length);
+                     });
   }
   if (dst_device.is_cpu()) {
-    const DeviceBackend* b = FindDeviceBackend(src_device.type);
-    if (b == nullptr) return CheckDeviceAvailable(src_device);
-    return b->CopyToHost(src_device.index, dst, src, nbytes);
+    MODELSTATE_ASSIGN_OR_RETURN(const DeviceBackend* b, BackendOf(src_device));
+    auto* to = static_cast<char*>(dst);
+    return b->Download(
+        src_device.index, src, nbytes,
+        [to](const void* staging, size_t offset, size_t length) {
+          std::memcpy(to + offset, staging, length);
+        });
   }
   if (src_device.type != dst_device.type) {
     return absl::UnimplementedError(
         absl::StrCat("Copies from ", src_device.ToString(), " to ",
                      dst_device.ToString(), " are not supported"));
   }
-  const DeviceBackend* b = FindDeviceBackend(dst_device.type);
-  if (b == nullptr) return CheckDeviceAvailable(dst_device);
+  MODELSTATE_ASSIGN_OR_RETURN(const DeviceBackend* b, BackendOf(dst_device));
   return b->CopyOnDevice(dst_device.index, dst, src_device.index, src, nbytes);
+}
+
+absl::Status CopyElements(const Device& dst_device, void* dst, DType dst_dtype,
+                          const Device& src_device, const void* src,
+                          DType src_dtype, int64_t count) {
+  const size_t src_size = ElementSize(src_dtype);
+  const size_t dst_size = ElementSize(dst_dtype);
+  if (src_dtype == dst_dtype) {
+    return CopyBytes(dst_device, dst, src_device, src,
+                     static_cast<size_t>(count) * src_size);
+  }
+  if (count == 0 || dst_device.is_meta()) return absl::OkStatus();
+  if (src_device.is_meta()) {
+    return absl::InvalidArgumentError(
+        "Cannot copy out of meta tensor; no data!");
+  }
+  if (dst_device.is_cpu() && src_device.is_cpu()) {
+    ConvertElements(src, src_dtype, dst, dst_dtype, count);
+    return absl::OkStatus();
+  }
+  // Staging pieces are multiples of kStagingGranule bytes, so offsets
+  // divide into whole elements on both sides.
+  if (src_device.is_cpu()) {
+    MODELSTATE_ASSIGN_OR_RETURN(const DeviceBackend* b, BackendOf(dst_device));
+    const auto* from = static_cast<const char*>(src);
+    return b->Upload(
+        dst_device.index, dst, static_cast<size_t>(count) * dst_size,
+        [&](void* staging, size_t offset, size_t length) {
+          ConvertElements(from + offset / dst_size * src_size, src_dtype,
+                          staging, dst_dtype,
+                          static_cast<int64_t>(length / dst_size));
+        });
+  }
+  if (dst_device.is_cpu()) {
+    MODELSTATE_ASSIGN_OR_RETURN(const DeviceBackend* b, BackendOf(src_device));
+    auto* to = static_cast<char*>(dst);
+    return b->Download(
+        src_device.index, src, static_cast<size_t>(count) * src_size,
+        [&](const void* staging, size_t offset, size_t length) {
+          ConvertElements(staging, src_dtype, to + offset / src_size * dst_size,
+                          dst_dtype, static_cast<int64_t>(length / src_size));
+        });
+  }
+  if (src_device.type != dst_device.type) {
+    return absl::UnimplementedError(
+        absl::StrCat("Copies from ", src_device.ToString(), " to ",
+                     dst_device.ToString(), " are not supported"));
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(const DeviceBackend* b, BackendOf(src_device));
+  if (src_device == dst_device) {
+    return b->ConvertOnDevice(src_device.index, src, src_dtype, dst, dst_dtype,
+                              count);
+  }
+  // Between two devices: convert where the data is, then copy across.
+  MODELSTATE_ASSIGN_OR_RETURN(
+      std::shared_ptr<Storage> converted,
+      Storage::Allocate(static_cast<size_t>(count) * dst_size, src_device));
+  MODELSTATE_RETURN_IF_ERROR(b->ConvertOnDevice(
+      src_device.index, src, src_dtype, converted->data(), dst_dtype, count));
+  return b->CopyOnDevice(dst_device.index, dst, src_device.index,
+                         converted->data(), converted->nbytes());
 }
 
 }  // namespace modelstate

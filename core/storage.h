@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/device.h"
@@ -22,14 +23,31 @@
 
 namespace modelstate {
 
+// Fills `length` bytes at `staging` with bytes [offset, offset + length) of
+// what is being uploaded.
+using StagingFill =
+    absl::FunctionRef<void(void* staging, size_t offset, size_t length)>;
+// Consumes `length` downloaded bytes at `staging`: bytes [offset, offset +
+// length) of what is being downloaded.
+using StagingDrain =
+    absl::FunctionRef<void(const void* staging, size_t offset, size_t length)>;
+
 // Memory operations for the devices of one type other than cpu and meta.
 // Implementations are thread-safe.
 class DeviceBackend {
  public:
+  // Host <-> device transfers go through staging buffers of a multiple of
+  // this many bytes (except the last piece), so every piece holds whole
+  // elements of any dtype.
+  static constexpr size_t kStagingGranule = 8;
+
   virtual ~DeviceBackend() = default;
   virtual DeviceType type() const = 0;
   // Number of devices of this type present (indices 0..count-1).
   virtual int DeviceCount() const = 0;
+  // Why DeviceCount() is 0 (e.g. "no CUDA-capable device is detected"), or
+  // empty.
+  virtual std::string UnavailableReason() const = 0;
   // Total and free memory of device `index`, in bytes.
   virtual absl::StatusOr<uint64_t> TotalMemory(int32_t index) const = 0;
   virtual absl::StatusOr<uint64_t> FreeMemory(int32_t index) const = 0;
@@ -40,17 +58,24 @@ class DeviceBackend {
   virtual absl::StatusOr<void*> Allocate(int32_t index,
                                          size_t nbytes) const = 0;
   virtual void Free(int32_t index, void* ptr) const = 0;
-  // Copies `nbytes` from host memory to device memory, and back, and within
-  // or between devices of this type. Synchronous.
-  virtual absl::Status CopyFromHost(int32_t index, void* dst, const void* src,
-                                    size_t nbytes) const = 0;
-  virtual absl::Status CopyToHost(int32_t index, void* dst, const void* src,
-                                  size_t nbytes) const = 0;
+  // Writes `nbytes` at device address `dst`, piece by piece: `fill` writes
+  // each piece into a (pinned) staging buffer, which is then copied to the
+  // device while the next piece is filled. Pieces come in order; each but
+  // the last is a multiple of kStagingGranule bytes. Synchronous: returns
+  // once the bytes are on the device.
+  virtual absl::Status Upload(int32_t index, void* dst, size_t nbytes,
+                              StagingFill fill) const = 0;
+  // Reads `nbytes` at device address `src` piece by piece into staging
+  // buffers and hands each to `drain`, in order, while the next piece is
+  // copied. Same piece sizes as Upload. Synchronous.
+  virtual absl::Status Download(int32_t index, const void* src, size_t nbytes,
+                                StagingDrain drain) const = 0;
+  // Copies `nbytes` within or between devices of this type. Synchronous.
   virtual absl::Status CopyOnDevice(int32_t dst_index, void* dst,
                                     int32_t src_index, const void* src,
                                     size_t nbytes) const = 0;
   // Converts `count` elements on device `index` from `src` (src_dtype) into
-  // `dst` (dst_dtype) with exactly ConvertElements' results.
+  // `dst` (dst_dtype) with exactly ConvertElements' results. Synchronous.
   virtual absl::Status ConvertOnDevice(int32_t index, const void* src,
                                        DType src_dtype, void* dst,
                                        DType dst_dtype,
@@ -60,6 +85,9 @@ class DeviceBackend {
 // Installs `backend` for its device type; later calls for the same type
 // replace it. Called once at start-up by backends that are built in.
 void RegisterDeviceBackend(std::unique_ptr<DeviceBackend> backend);
+// Removes the backend of `type`, if any. Storages on its devices must be
+// gone (tests only).
+void RemoveDeviceBackend(DeviceType type);
 
 // The backend for `type`, or nullptr when none is built in (always nullptr
 // for cpu and meta, which Storage handles itself).
@@ -117,6 +145,16 @@ class Storage {
 absl::Status CopyBytes(const Device& dst_device, void* dst,
                        const Device& src_device, const void* src,
                        size_t nbytes);
+
+// Converts `count` elements from `src` (src_dtype, on src_device) into `dst`
+// (dst_dtype, on dst_device) with ConvertElements' results, in one pass:
+// host -> device converts into the staging buffers as it uploads, device ->
+// host converts out of them as it downloads, and on one device a kernel
+// converts. INVALID_ARGUMENT for a meta source; a meta destination is a
+// no-op.
+absl::Status CopyElements(const Device& dst_device, void* dst, DType dst_dtype,
+                          const Device& src_device, const void* src,
+                          DType src_dtype, int64_t count);
 
 }  // namespace modelstate
 

@@ -216,18 +216,8 @@ absl::Status Tensor::CopyFrom(const Tensor& src) {
   }
   MODELSTATE_ASSIGN_OR_RETURN(void* dst, MutableDataForOverwrite());
   if (numel() == 0) return absl::OkStatus();
-  if (src.dtype() == dtype()) {
-    return CopyBytes(device(), dst, src.device(), src.raw_data(), nbytes());
-  }
-  if (device().is_cpu() && src.device().is_cpu()) {
-    ConvertElements(src.raw_data(), src.dtype(), dst, dtype(), numel());
-    return absl::OkStatus();
-  }
-  // Different dtype across or on devices: convert where the source lives,
-  // then copy (one conversion pass, one transfer).
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor converted, src.To(src.device(), dtype()));
-  return CopyBytes(device(), dst, converted.device(), converted.raw_data(),
-                   nbytes());
+  return CopyElements(device(), dst, dtype(), src.device(), src.raw_data(),
+                      src.dtype(), numel());
 }
 
 bool Tensor::SharesStorageWith(const Tensor& other) const {
@@ -259,33 +249,10 @@ absl::StatusOr<Tensor> Tensor::To(const Device& device, DType dtype) const {
     return absl::InvalidArgumentError(
         "Cannot copy out of meta tensor; no data!");
   }
-  void* dst = out.impl_->storage->data();
-  if (dtype == this->dtype()) {
-    MODELSTATE_RETURN_IF_ERROR(
-        CopyBytes(device, dst, this->device(), raw_data(), nbytes()));
-    return out;
-  }
-  if (device.is_cpu() && this->device().is_cpu()) {
-    ConvertElements(raw_data(), this->dtype(), dst, dtype, numel());
-    return out;
-  }
-  // Conversion on an accelerator happens on the device side of the move, in
-  // one kernel pass: host -> device copies first then converts, device ->
-  // host converts first then copies (the smaller of the two copies is not
-  // always chosen; see the CUDA backend for the pinned-memory path).
-  if (this->device() == device) {
-    const DeviceBackend* b = FindDeviceBackend(device.type);
-    if (b == nullptr) return CheckDeviceAvailable(device);
-    MODELSTATE_RETURN_IF_ERROR(b->ConvertOnDevice(
-        device.index, raw_data(), this->dtype(), dst, dtype, numel()));
-    return out;
-  }
-  if (this->device().is_cpu()) {
-    MODELSTATE_ASSIGN_OR_RETURN(Tensor staged, To(device, this->dtype()));
-    return staged.To(device, dtype);
-  }
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor converted, To(this->device(), dtype));
-  return converted.To(device, dtype);
+  MODELSTATE_RETURN_IF_ERROR(CopyElements(device, out.impl_->storage->data(),
+                                          dtype, this->device(), raw_data(),
+                                          this->dtype(), numel()));
+  return out;
 }
 
 bool Tensor::CanConvertInPlace(DType dtype) const {

@@ -24,6 +24,9 @@ else
   cmake -S "$MODELSTATE_ROOT" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release
   cmake --build "$build_dir" -j"$(nproc)" --target modelstate-server \
     core_bench transfer_bench dump_state_dict forward_bench
+  if grep -q "^MODELSTATE_WITH_CUDA:BOOL=ON" "$build_dir/CMakeCache.txt"; then
+    cmake --build "$build_dir" -j"$(nproc)" --target cuda_bench
+  fi
 fi
 
 bench=$MODELSTATE_ROOT/tests/bench
@@ -77,6 +80,18 @@ echo "[bench] forward against raw sgemm and PyTorch (2 threads each)"
 "$python" "$bench/torch_forward_bench.py" --threads 2 \
   "${torch_forward_args[@]}" --out "$results/torch_forward.json"
 
+# Only in a CUDA build; without a GPU it measures nothing and says so.
+cuda_report=()
+if [ -x "$build_dir/tests/bench/cuda_bench" ]; then
+  echo "[bench] CUDA transfers against raw pinned cudaMemcpy"
+  rm -f "$results/cuda.json"
+  "$build_dir/tests/bench/cuda_bench" $([ $smoke = 1 ] && echo --smoke) \
+    --benchmark_repetitions=$([ $smoke = 1 ] && echo 2 || echo 5) \
+    --benchmark_report_aggregates_only=true \
+    --benchmark_out="$results/cuda.json" --benchmark_out_format=json
+  cuda_report=(--cuda "$results/cuda.json")
+fi
+
 {
   echo "Checks run with these figures:"
   echo
@@ -88,5 +103,6 @@ echo "[bench] forward against raw sgemm and PyTorch (2 threads each)"
   --torch "$results/torch.json" --transfer "$results/transfer.json" \
   --forward "$results/forward.json" \
   --torch-forward "$results/torch_forward.json" \
-  --torch-model "$torch_model" --checks "$results/checks.md" --out "$report"
+  --torch-model "$torch_model" --checks "$results/checks.md" \
+  "${cuda_report[@]}" --out "$report"
 echo "[bench] wrote $report"

@@ -24,7 +24,7 @@ read -r -a targets <<<"${FUZZ_TARGETS:-safetensors_fuzz spec_fuzz stream_fuzz}"
 # CLI out of the default build, so this builds the fuzz targets and the
 # libraries they link.
 CC=clang-14 CXX=clang++-14 ms_build "$build_dir" RelWithDebInfo \
-  -DMODELSTATE_FUZZ=ON -DMODELSTATE_BUILD_TESTS=OFF
+  -DMODELSTATE_FUZZ=ON -DMODELSTATE_BUILD_TESTS=OFF -DMODELSTATE_WITH_CUDA=OFF
 
 # The build already makes UBSan findings fatal; this adds their stack.
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}

@@ -23,7 +23,7 @@ case "$kind" in
     # keep its reports readable.
     cmake -S "$MODELSTATE_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
-      -DMODELSTATE_SANITIZE=address,undefined
+      -DMODELSTATE_SANITIZE=address,undefined -DMODELSTATE_WITH_CUDA=OFF
     cmake --build "$dir" -j"$(nproc)"
     export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:halt_on_error=1
     export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
@@ -35,7 +35,7 @@ case "$kind" in
   tsan)
     dir=${TSAN_BUILD_DIR:-$MODELSTATE_ROOT/build-tsan}
     cmake -S "$MODELSTATE_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      -DMODELSTATE_SANITIZE=thread
+      -DMODELSTATE_SANITIZE=thread -DMODELSTATE_WITH_CUDA=OFF
     # The multi-threaded core, in process: the subscriber hub (events,
     # answers, timeouts and disconnects from many threads), the hook
     # registries, the module repository (its deletion thread) and the

@@ -775,6 +775,21 @@ grpc::Status ModelStateServiceImpl::WatchAudit(
   return grpc::Status::CANCELLED;
 }
 
+grpc::Status ModelStateServiceImpl::ListDevices(
+    grpc::ServerContext* context, const v1::ListDevicesRequest*,
+    v1::ListDevicesResponse* response) {
+  ASSIGN_OR_RETURN_GRPC(Caller caller, Authenticate(context, "ListDevices"));
+  static_cast<void>(caller);
+  for (const DeviceDescription& d : DescribeDevices()) {
+    v1::DeviceInfo* info = response->add_devices();
+    info->set_device(d.device.ToString());
+    info->set_description(d.description);
+    info->set_total_bytes(d.total_bytes);
+    info->set_free_bytes(d.free_bytes);
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status ModelStateServiceImpl::VerifyAudit(
     grpc::ServerContext* context, const v1::VerifyAuditRequest*,
     v1::VerifyAuditResponse* response) {

@@ -115,6 +115,9 @@ class ModelStateServiceImpl final
   grpc::Status VerifyAudit(grpc::ServerContext* context,
                            const v1::VerifyAuditRequest* request,
                            v1::VerifyAuditResponse* response) override;
+  grpc::Status ListDevices(grpc::ServerContext* context,
+                           const v1::ListDevicesRequest* request,
+                           v1::ListDevicesResponse* response) override;
 
  private:
   // An authenticated caller and the context its changes are recorded with.

@@ -30,6 +30,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/emulated_device.h"
 #include "core/audit_log.h"
 #include "core/file_util.h"
 #include "core/log.h"
@@ -97,6 +98,14 @@ ABSL_FLAG(uint64_t, namespace_max_mib, 0,
 ABSL_FLAG(int, max_streams_per_identity, 16,
           "Streams (state_dict transfers, audit watches, subscriptions) one "
           "authenticated identity may have open at once (0: unlimited)");
+ABSL_FLAG(bool, fallback_to_cpu, false,
+          "On start, restore modules saved on a device this server does not "
+          "have (e.g. cuda:1 on a machine without that GPU) onto cpu instead "
+          "of leaving them unloaded");
+ABSL_FLAG(int, emulated_cuda_devices, 0,
+          "TESTING ONLY: stand in N host-memory devices for cuda:0..N-1 "
+          "(replacing real GPUs), so that device handling is tested without "
+          "a GPU");
 
 namespace {
 
@@ -176,6 +185,17 @@ int main(int argc, char** argv) {
       "Usage: modelstate-server [--listen=127.0.0.1:50051] "
       "[--data_dir=./data]");
   absl::ParseCommandLine(argc, argv);
+  if (int emulated = absl::GetFlag(FLAGS_emulated_cuda_devices); emulated != 0) {
+    if (emulated < 0 || emulated > 16) {
+      LogLine(absl::StrCat("--emulated_cuda_devices must be in [0, 16], got ",
+                           emulated));
+      return 2;
+    }
+    modelstate::InstallEmulatedCudaDevices({.count = emulated});
+    LogLine(absl::StrCat(
+        "TESTING ONLY: cuda:0..cuda:", emulated - 1,
+        " are emulated in host memory (--emulated_cuda_devices)"));
+  }
   // SIGINT and SIGTERM shut down, SIGHUP reloads; the waiter thread below
   // reads them from a pipe, whichever thread received them.
   if (absl::Status s = modelstate::InstallSignalPipe({SIGINT, SIGTERM, SIGHUP});
@@ -300,9 +320,14 @@ int main(int argc, char** argv) {
   store.set_quotas(*quotas);
   // Everything saved comes back before the first request is served.
   absl::Time restore_start = absl::Now();
-  modelstate::ModelStore::RestoreReport restored = store.Restore();
+  const bool fallback_to_cpu = absl::GetFlag(FLAGS_fallback_to_cpu);
+  modelstate::ModelStore::RestoreReport restored =
+      store.Restore(fallback_to_cpu);
   for (const absl::Status& error : restored.errors) {
     LogLine(absl::StrCat("not restored: ", error.ToString()));
+    if (absl::IsFailedPrecondition(error) && !fallback_to_cpu) {
+      LogLine("  (start with --fallback_to_cpu to restore it onto cpu)");
+    }
   }
   LogLine(
       absl::StrFormat("restored %d modules (%d bytes) from %s in %.3f s%s",

@@ -234,6 +234,29 @@ def forward_rows(table, forward, torch_forward):
                   f"{ours / theirs:.2f}x", "<= 1.0x", ours <= theirs)
 
 
+def cuda_rows(table, cuda):
+    """Rows from cuda_bench (absent or empty without a GPU)."""
+    def gbps(run):
+        return run["bytes_per_second"] / 1e9
+    for ours_name, base_name, what in (
+            ("BM_ToH2D", "BM_RawPinnedH2D", "host -> device"),
+            ("BM_ToD2H", "BM_RawPinnedD2H", "device -> host")):
+        ours, base = cuda.get(ours_name), cuda.get(base_name)
+        if ours and base:
+            ratio = gbps(ours) / gbps(base)
+            table.add(f"Tensor.to(), {what}", f"{gbps(ours):.2f} GB/s",
+                      f"raw pinned cudaMemcpy {gbps(base):.2f} GB/s",
+                      f"{ratio:.2f}x", ">= 0.9x", ratio >= 0.9)
+    gpu, cpu = cuda.get("BM_StreamStateDict/cuda"), cuda.get(
+        "BM_StreamStateDict/cpu")
+    if gpu and cpu:
+        ratio = gbps(gpu) / gbps(cpu)
+        table.add("state_dict stream from a GPU module (1 MiB chunks)",
+                  f"{gbps(gpu):.2f} GB/s", f"same module on cpu "
+                  f"{gbps(cpu):.2f} GB/s", f"{ratio:.2f}x", ">= 0.85x",
+                  ratio >= 0.85)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--core", required=True)
@@ -241,6 +264,7 @@ def main():
     parser.add_argument("--transfer", required=True)
     parser.add_argument("--forward")
     parser.add_argument("--torch-forward")
+    parser.add_argument("--cuda", help="optional: cuda_bench's JSON")
     parser.add_argument("--checks")
     parser.add_argument("--torch-model", default="gpt2",
                         help="torch_bench's model that core_bench built"
@@ -259,6 +283,8 @@ def main():
     if args.forward:
         forward_rows(table, bench_medians(load(args.forward)),
                      load(args.torch_forward) if args.torch_forward else None)
+    if args.cuda and os.path.exists(args.cuda):
+        cuda_rows(table, bench_medians(load(args.cuda)))
 
     reps = core.get("BM_LoadStateDictCopy", {}).get("repetitions", 1)
     lines = [

@@ -112,6 +112,8 @@ class ServerProcess {
     return status;
   }
 
+  // Flags for the next Start() (the data directory stays).
+  void set_flags(std::vector<std::string> flags) { flags_ = std::move(flags); }
   bool running() const { return pid_ > 0; }
   pid_t pid() const { return pid_; }
   const std::string& address() const { return address_; }

@@ -1,0 +1,76 @@
+#include "core/device_reader.h"
+
+#include <algorithm>
+#include <future>
+#include <string>
+#include <utility>
+
+#include "core/storage.h"
+#include "core/status_macros.h"
+
+namespace modelstate {
+
+DeviceReader::DeviceReader(size_t window_bytes)
+    : window_bytes_(std::max<size_t>(8, (window_bytes + 7) / 8 * 8)) {}
+
+DeviceReader::~DeviceReader() {
+  if (next_.valid()) next_.wait();
+}
+
+uint64_t DeviceReader::WindowBegin(uint64_t offset) const {
+  return offset / window_bytes_ * window_bytes_;
+}
+
+absl::StatusOr<DeviceReader::Window> DeviceReader::Download(
+    const Tensor& tensor, uint64_t begin) const {
+  Window window;
+  window.data = tensor.raw_data();
+  window.begin = begin;
+  window.bytes.resize(
+      static_cast<size_t>(std::min<uint64_t>(window_bytes_,
+                                             tensor.nbytes() - begin)));
+  MODELSTATE_RETURN_IF_ERROR(CopyBytes(
+      Device::Cpu(), window.bytes.data(), tensor.device(),
+      static_cast<const char*>(tensor.raw_data()) + begin,
+      window.bytes.size()));
+  return window;
+}
+
+void DeviceReader::Prefetch(const Tensor& tensor, uint64_t offset) {
+  if (next_.valid() || offset >= tensor.nbytes()) return;
+  next_data_ = tensor.raw_data();
+  next_begin_ = WindowBegin(offset);
+  // The lambda holds its own reference to the tensor's storage.
+  next_ = std::async(std::launch::async,
+                     [this, tensor, begin = next_begin_] {
+                       return Download(tensor, begin);
+                     });
+}
+
+absl::StatusOr<absl::string_view> DeviceReader::Read(const Tensor& tensor,
+                                                     uint64_t offset,
+                                                     size_t wanted) {
+  const uint64_t begin = WindowBegin(offset);
+  const bool have = current_.data == tensor.raw_data() &&
+                    current_.begin == begin && !current_.bytes.empty();
+  if (!have) {
+    if (next_.valid()) {
+      absl::StatusOr<Window> next = next_.get();
+      if (next_data_ == tensor.raw_data() && next_begin_ == begin) {
+        if (!next.ok()) return next.status();
+        current_ = *std::move(next);
+      }
+    }
+    if (current_.data != tensor.raw_data() || current_.begin != begin) {
+      MODELSTATE_ASSIGN_OR_RETURN(current_, Download(tensor, begin));
+    }
+    // Read-ahead: the rest of this tensor downloads while this window is
+    // consumed.
+    Prefetch(tensor, begin + window_bytes_);
+  }
+  const size_t skip = static_cast<size_t>(offset - begin);
+  return absl::string_view(current_.bytes)
+      .substr(skip, std::min(wanted, current_.bytes.size() - skip));
+}
+
+}  // namespace modelstate
