@@ -120,17 +120,27 @@ TEST(ElementConvertTest, ConvertOneMatchesConvertElementsForEveryPair) {
   }
 }
 
-TEST(ElementConvertTest, NaNToDoubleKeepsSignAndPayloadLikeTheCpu) {
-  for (uint32_t bits : {0x7FC00000u, 0xFFC00001u, 0x7F800001u, 0xFFA5A5A5u}) {
+// The device spells out float <-> double for NaNs (GPUs give a canonical
+// NaN); the spelled-out forms must equal the CPU's run-time conversion.
+TEST(ElementConvertTest, SpelledOutNaNConversionsMatchTheCpu) {
+  for (uint32_t bits : {0x7FC00000u, 0xFFC00001u, 0x7F800001u, 0xFFA5A5A5u,
+                        0x7FFFFFFFu}) {
     float f;
     std::memcpy(&f, &bits, 4);
-    const double spelled = internal::FloatNaNToDouble(f);
-    const double native = static_cast<double>(f);
-    EXPECT_EQ(internal::BitCast<uint64_t>(spelled),
-              internal::BitCast<uint64_t>(native))
+    double widened;
+    ConvertElements(&f, DType::kFloat32, &widened, DType::kFloat64, 1);
+    EXPECT_EQ(internal::BitCast<uint64_t>(internal::FloatNaNToDouble(f)),
+              internal::BitCast<uint64_t>(widened))
         << std::hex << bits;
-    EXPECT_EQ(internal::BitCast<uint32_t>(internal::DoubleNaNToFloat(native)),
-              internal::BitCast<uint32_t>(static_cast<float>(native)))
+  }
+  for (uint64_t bits : {0x7FF8000000000000ull, 0xFFF0000000000001ull,
+                        0x7FF4A5A5A5A5A5A5ull, 0xFFFFFFFFFFFFFFFFull}) {
+    double d;
+    std::memcpy(&d, &bits, 8);
+    float narrowed;
+    ConvertElements(&d, DType::kFloat64, &narrowed, DType::kFloat32, 1);
+    EXPECT_EQ(internal::BitCast<uint32_t>(internal::DoubleNaNToFloat(d)),
+              internal::BitCast<uint32_t>(narrowed))
         << std::hex << bits;
   }
 }
