@@ -61,10 +61,10 @@ namespace {
 std::pair<uint64_t, uint64_t> HostMemory() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page_size = sysconf(_SC_PAGE_SIZE);
-  uint64_t total = pages > 0 && page_size > 0
-                       ? static_cast<uint64_t>(pages) *
-                             static_cast<uint64_t>(page_size)
-                       : 0;
+  uint64_t total =
+      pages > 0 && page_size > 0
+          ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size)
+          : 0;
   uint64_t available = 0;
   std::ifstream meminfo("/proc/meminfo");
   std::string key;

@@ -65,7 +65,7 @@ std::vector<Device> AvailableDevices();
 // A device with what it is and its memory.
 struct DeviceDescription {
   Device device;
-  std::string description;  // e.g. the GPU model
+  std::string description;   // e.g. the GPU model
   uint64_t total_bytes = 0;  // 0 for meta
   uint64_t free_bytes = 0;
 };

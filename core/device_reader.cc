@@ -5,8 +5,8 @@
 #include <string>
 #include <utility>
 
-#include "core/storage.h"
 #include "core/status_macros.h"
+#include "core/storage.h"
 
 namespace modelstate {
 
@@ -26,13 +26,12 @@ absl::StatusOr<DeviceReader::Window> DeviceReader::Download(
   Window window;
   window.data = tensor.raw_data();
   window.begin = begin;
-  window.bytes.resize(
-      static_cast<size_t>(std::min<uint64_t>(window_bytes_,
-                                             tensor.nbytes() - begin)));
-  MODELSTATE_RETURN_IF_ERROR(CopyBytes(
-      Device::Cpu(), window.bytes.data(), tensor.device(),
-      static_cast<const char*>(tensor.raw_data()) + begin,
-      window.bytes.size()));
+  window.bytes.resize(static_cast<size_t>(
+      std::min<uint64_t>(window_bytes_, tensor.nbytes() - begin)));
+  MODELSTATE_RETURN_IF_ERROR(
+      CopyBytes(Device::Cpu(), window.bytes.data(), tensor.device(),
+                static_cast<const char*>(tensor.raw_data()) + begin,
+                window.bytes.size()));
   return window;
 }
 
@@ -41,10 +40,9 @@ void DeviceReader::Prefetch(const Tensor& tensor, uint64_t offset) {
   next_data_ = tensor.raw_data();
   next_begin_ = WindowBegin(offset);
   // The lambda holds its own reference to the tensor's storage.
-  next_ = std::async(std::launch::async,
-                     [this, tensor, begin = next_begin_] {
-                       return Download(tensor, begin);
-                     });
+  next_ = std::async(std::launch::async, [this, tensor, begin = next_begin_] {
+    return Download(tensor, begin);
+  });
 }
 
 absl::StatusOr<absl::string_view> DeviceReader::Read(const Tensor& tensor,

@@ -23,7 +23,8 @@ namespace {
 void Invert(const void* src, void* dst, size_t nbytes) {
   const auto* in = static_cast<const unsigned char*>(src);
   auto* out = static_cast<unsigned char*>(dst);
-  for (size_t i = 0; i < nbytes; ++i) out[i] = static_cast<unsigned char>(~in[i]);
+  for (size_t i = 0; i < nbytes; ++i)
+    out[i] = static_cast<unsigned char>(~in[i]);
 }
 
 template <typename Dst, typename Src>
@@ -126,8 +127,8 @@ class EmulatedCudaBackend : public DeviceBackend {
     return absl::OkStatus();
   }
 
-  absl::Status ConvertOnDevice(int32_t index, const void* src,
-                               DType src_dtype, void* dst, DType dst_dtype,
+  absl::Status ConvertOnDevice(int32_t index, const void* src, DType src_dtype,
+                               void* dst, DType dst_dtype,
                                int64_t count) const override {
     MODELSTATE_RETURN_IF_ERROR(CheckIndex(index));
     internal::VisitElementType(static_cast<int>(src_dtype), [&](auto src_tag) {

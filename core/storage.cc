@@ -208,11 +208,10 @@ absl::Status CopyBytes(const Device& dst_device, void* dst,
   if (dst_device.is_cpu()) {
     MODELSTATE_ASSIGN_OR_RETURN(const DeviceBackend* b, BackendOf(src_device));
     auto* to = static_cast<char*>(dst);
-    return b->Download(
-        src_device.index, src, nbytes,
-        [to](const void* staging, size_t offset, size_t length) {
-          std::memcpy(to + offset, staging, length);
-        });
+    return b->Download(src_device.index, src, nbytes,
+                       [to](const void* staging, size_t offset, size_t length) {
+                         std::memcpy(to + offset, staging, length);
+                       });
   }
   if (src_device.type != dst_device.type) {
     return absl::UnimplementedError(
@@ -246,13 +245,13 @@ absl::Status CopyElements(const Device& dst_device, void* dst, DType dst_dtype,
   if (src_device.is_cpu()) {
     MODELSTATE_ASSIGN_OR_RETURN(const DeviceBackend* b, BackendOf(dst_device));
     const auto* from = static_cast<const char*>(src);
-    return b->Upload(
-        dst_device.index, dst, static_cast<size_t>(count) * dst_size,
-        [&](void* staging, size_t offset, size_t length) {
-          ConvertElements(from + offset / dst_size * src_size, src_dtype,
-                          staging, dst_dtype,
-                          static_cast<int64_t>(length / dst_size));
-        });
+    return b->Upload(dst_device.index, dst,
+                     static_cast<size_t>(count) * dst_size,
+                     [&](void* staging, size_t offset, size_t length) {
+                       ConvertElements(from + offset / dst_size * src_size,
+                                       src_dtype, staging, dst_dtype,
+                                       static_cast<int64_t>(length / dst_size));
+                     });
   }
   if (dst_device.is_cpu()) {
     MODELSTATE_ASSIGN_OR_RETURN(const DeviceBackend* b, BackendOf(src_device));

@@ -30,8 +30,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "core/emulated_device.h"
 #include "core/audit_log.h"
+#include "core/emulated_device.h"
 #include "core/file_util.h"
 #include "core/log.h"
 #include "core/model_store.h"
@@ -185,16 +185,17 @@ int main(int argc, char** argv) {
       "Usage: modelstate-server [--listen=127.0.0.1:50051] "
       "[--data_dir=./data]");
   absl::ParseCommandLine(argc, argv);
-  if (int emulated = absl::GetFlag(FLAGS_emulated_cuda_devices); emulated != 0) {
+  if (int emulated = absl::GetFlag(FLAGS_emulated_cuda_devices);
+      emulated != 0) {
     if (emulated < 0 || emulated > 16) {
       LogLine(absl::StrCat("--emulated_cuda_devices must be in [0, 16], got ",
                            emulated));
       return 2;
     }
     modelstate::InstallEmulatedCudaDevices({.count = emulated});
-    LogLine(absl::StrCat(
-        "TESTING ONLY: cuda:0..cuda:", emulated - 1,
-        " are emulated in host memory (--emulated_cuda_devices)"));
+    LogLine(
+        absl::StrCat("TESTING ONLY: cuda:0..cuda:", emulated - 1,
+                     " are emulated in host memory (--emulated_cuda_devices)"));
   }
   // SIGINT and SIGTERM shut down, SIGHUP reloads; the waiter thread below
   // reads them from a pipe, whichever thread received them.

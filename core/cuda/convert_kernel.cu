@@ -1,10 +1,9 @@
-#include "core/cuda/convert_kernel.h"
-
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 
+#include "core/cuda/convert_kernel.h"
 #include "core/internal/element_convert.h"
 
 namespace modelstate::cuda {

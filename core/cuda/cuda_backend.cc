@@ -87,8 +87,7 @@ absl::StatusOr<std::unique_ptr<Lane>> NewLane() {
       cudaHostAlloc(&pinned, kSlots * kSlotBytes, cudaHostAllocPortable));
   lane->pinned = static_cast<char*>(pinned);
   for (cudaEvent_t& e : lane->done) {
-    CUDA_RETURN_IF_ERROR(
-        cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
   return lane;
 }
@@ -198,9 +197,8 @@ class CudaBackend : public DeviceBackend {
                        "download");
     };
     absl::Status status = absl::OkStatus();
-    for (size_t piece = 0; piece < std::min<size_t>(pieces, kSlots) &&
-                           status.ok();
-         ++piece) {
+    for (size_t piece = 0;
+         piece < std::min<size_t>(pieces, kSlots) && status.ok(); ++piece) {
       status = enqueue(piece);
     }
     for (size_t piece = 0; piece < pieces && status.ok(); ++piece) {
@@ -222,19 +220,17 @@ class CudaBackend : public DeviceBackend {
     ScopedDevice device(dst_index);
     MODELSTATE_RETURN_IF_ERROR(device.status());
     if (dst_index == src_index) {
-      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, nbytes,
-                                           cudaMemcpyDeviceToDevice,
-                                           cudaStreamPerThread));
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+          dst, src, nbytes, cudaMemcpyDeviceToDevice, cudaStreamPerThread));
     } else {
       CUDA_RETURN_IF_ERROR(cudaMemcpyPeerAsync(dst, dst_index, src, src_index,
                                                nbytes, cudaStreamPerThread));
     }
-    return CudaError(cudaStreamSynchronize(cudaStreamPerThread),
-                     "device copy");
+    return CudaError(cudaStreamSynchronize(cudaStreamPerThread), "device copy");
   }
 
-  absl::Status ConvertOnDevice(int32_t index, const void* src,
-                               DType src_dtype, void* dst, DType dst_dtype,
+  absl::Status ConvertOnDevice(int32_t index, const void* src, DType src_dtype,
+                               void* dst, DType dst_dtype,
                                int64_t count) const override {
     ScopedDevice device(index);
     MODELSTATE_RETURN_IF_ERROR(device.status());
@@ -255,8 +251,8 @@ class CudaBackend : public DeviceBackend {
       if (error != cudaSuccess) {
         static_cast<void>(cudaGetLastError());
         count_ = 0;
-        reason_ = absl::StrCat("built with CUDA, but ",
-                               cudaGetErrorString(error));
+        reason_ =
+            absl::StrCat("built with CUDA, but ", cudaGetErrorString(error));
       } else {
         count_ = count;
         if (count == 0) reason_ = "built with CUDA, but no GPU is visible";

@@ -162,15 +162,14 @@ MODELSTATE_HOST_DEVICE inline Int FloatToInt(Float value) {
 // out because GPUs return a canonical NaN instead.
 MODELSTATE_HOST_DEVICE inline double FloatNaNToDouble(float value) {
   const uint64_t bits = BitCast<uint32_t>(value);
-  return BitCast<double>(((bits & 0x80000000u) << 32) |
-                         0x7FF8000000000000ull |
+  return BitCast<double>(((bits & 0x80000000u) << 32) | 0x7FF8000000000000ull |
                          ((bits & 0x007FFFFFu) << 29));
 }
 MODELSTATE_HOST_DEVICE inline float DoubleNaNToFloat(double value) {
   const uint64_t bits = BitCast<uint64_t>(value);
-  return BitCast<float>(static_cast<uint32_t>(
-      ((bits >> 32) & 0x80000000u) | 0x7FC00000u |
-      ((bits >> 29) & 0x007FFFFFu)));
+  return BitCast<float>(static_cast<uint32_t>(((bits >> 32) & 0x80000000u) |
+                                              0x7FC00000u |
+                                              ((bits >> 29) & 0x007FFFFFu)));
 }
 
 // One element between the arithmetic types and BoolByte (float16/bfloat16
@@ -242,16 +241,36 @@ MODELSTATE_HOST_DEVICE inline Dst ConvertOne(Src value) {
 template <typename Visitor>
 inline bool VisitElementType(int dtype_number, Visitor&& visit) {
   switch (dtype_number) {
-    case 0: visit(float{}); return true;
-    case 1: visit(double{}); return true;
-    case 2: visit(HalfBits{}); return true;
-    case 3: visit(BFloat16Bits{}); return true;
-    case 4: visit(int8_t{}); return true;
-    case 5: visit(int16_t{}); return true;
-    case 6: visit(int32_t{}); return true;
-    case 7: visit(int64_t{}); return true;
-    case 8: visit(uint8_t{}); return true;
-    case 9: visit(BoolByte{}); return true;
+    case 0:
+      visit(float{});
+      return true;
+    case 1:
+      visit(double{});
+      return true;
+    case 2:
+      visit(HalfBits{});
+      return true;
+    case 3:
+      visit(BFloat16Bits{});
+      return true;
+    case 4:
+      visit(int8_t{});
+      return true;
+    case 5:
+      visit(int16_t{});
+      return true;
+    case 6:
+      visit(int32_t{});
+      return true;
+    case 7:
+      visit(int64_t{});
+      return true;
+    case 8:
+      visit(uint8_t{});
+      return true;
+    case 9:
+      visit(BoolByte{});
+      return true;
   }
   return false;
 }

@@ -36,8 +36,7 @@ size_t Bytes() { return g_smoke ? size_t{8} << 20 : size_t{512} << 20; }
 Tensor HostTensor(size_t nbytes) {
   std::string bytes(nbytes, '\0');
   for (size_t i = 0; i < nbytes; i += 4096) bytes[i] = static_cast<char>(i);
-  return *Tensor::FromBytes(DType::kFloat32,
-                            {static_cast<int64_t>(nbytes / 4)},
+  return *Tensor::FromBytes(DType::kFloat32, {static_cast<int64_t>(nbytes / 4)},
                             std::move(bytes));
 }
 
@@ -153,9 +152,11 @@ int main(int argc, char** argv) {
                                 : cuda->UnavailableReason().c_str());
     return 0;
   }
-  benchmark::RegisterBenchmark("BM_RawPinnedH2D", BM_RawPinnedH2D)->UseRealTime();
+  benchmark::RegisterBenchmark("BM_RawPinnedH2D", BM_RawPinnedH2D)
+      ->UseRealTime();
   benchmark::RegisterBenchmark("BM_ToH2D", BM_ToH2D)->UseRealTime();
-  benchmark::RegisterBenchmark("BM_RawPinnedD2H", BM_RawPinnedD2H)->UseRealTime();
+  benchmark::RegisterBenchmark("BM_RawPinnedD2H", BM_RawPinnedD2H)
+      ->UseRealTime();
   benchmark::RegisterBenchmark("BM_ToD2H", BM_ToD2H)->UseRealTime();
   benchmark::RegisterBenchmark("BM_StreamStateDict/cpu", BM_StreamStateDict,
                                modelstate::Device::Cpu())

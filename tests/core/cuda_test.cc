@@ -19,12 +19,12 @@ namespace {
 
 using ::modelstate::testing::StatusIs;
 
-#define SKIP_WITHOUT_GPU()                                          \
-  do {                                                              \
+#define SKIP_WITHOUT_GPU()                                            \
+  do {                                                                \
     const DeviceBackend* cuda = FindDeviceBackend(DeviceType::kCuda); \
-    if (cuda == nullptr || cuda->DeviceCount() == 0) {              \
-      GTEST_SKIP() << "no GPU visible";                             \
-    }                                                               \
+    if (cuda == nullptr || cuda->DeviceCount() == 0) {                \
+      GTEST_SKIP() << "no GPU visible";                               \
+    }                                                                 \
   } while (false)
 
 Tensor RandomTensor(DType dtype, int64_t count, uint64_t seed) {

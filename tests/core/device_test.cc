@@ -3,6 +3,8 @@
 // staging pieces): transfers and conversions bit for bit against the CPU
 // path, streaming a device-resident state_dict, Module::To, out-of-memory,
 // and the errors for devices that are not there.
+#include "core/device.h"
+
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -12,7 +14,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/device.h"
 #include "core/device_reader.h"
 #include "core/dtype.h"
 #include "core/emulated_device.h"
@@ -73,9 +74,10 @@ class EmulatedDeviceTest : public ::testing::Test {
 TEST_F(EmulatedDeviceTest, DevicesAreListedAndMissingOnesNamed) {
   EXPECT_EQ(AvailableDevices().size(), 4u);
   MODELSTATE_EXPECT_OK(CheckDeviceAvailable(Device::Cuda(1)));
-  EXPECT_THAT(CheckDeviceAvailable(Device::Cuda(2)),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("this server has: cpu, meta, cuda:0, cuda:1")));
+  EXPECT_THAT(
+      CheckDeviceAvailable(Device::Cuda(2)),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               HasSubstr("this server has: cpu, meta, cuda:0, cuda:1")));
   std::vector<DeviceDescription> described = DescribeDevices();
   ASSERT_EQ(described.size(), 4u);
   EXPECT_EQ(described[2].device, Device::Cuda(0));
@@ -124,7 +126,8 @@ TEST_F(EmulatedDeviceTest, ConversionsMatchTheCpuForEveryPair) {
       absl::StatusOr<Tensor> downloaded = src_on_device->To(Device::Cpu(), dst);
       ASSERT_TRUE(downloaded.ok()) << downloaded.status();
       EXPECT_EQ(RawBytes(*downloaded), expected);
-      absl::StatusOr<Tensor> on_device = src_on_device->To(Device::Cuda(0), dst);
+      absl::StatusOr<Tensor> on_device =
+          src_on_device->To(Device::Cuda(0), dst);
       ASSERT_TRUE(on_device.ok()) << on_device.status();
       EXPECT_EQ(HostBytes(*on_device), expected);
       absl::StatusOr<Tensor> across = src_on_device->To(Device::Cuda(1), dst);
@@ -254,13 +257,13 @@ TEST(DeviceWithoutEmulationTest, CudaIsUnavailableWithTheReason) {
 #else
   const char* reason = "built without CUDA";
 #endif
-  EXPECT_THAT(CheckDeviceAvailable(Device::Cuda(0)),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr(reason)));
-  EXPECT_THAT(RandomTensor(DType::kFloat32, 4).To(Device::Cuda(0),
-                                                  DType::kFloat32),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("this server has: cpu, meta")));
+  EXPECT_THAT(
+      CheckDeviceAvailable(Device::Cuda(0)),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(reason)));
+  EXPECT_THAT(
+      RandomTensor(DType::kFloat32, 4).To(Device::Cuda(0), DType::kFloat32),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               HasSubstr("this server has: cpu, meta")));
 }
 
 }  // namespace

@@ -38,21 +38,21 @@ std::string InputsFor(DType dtype) {
       bytes.append(reinterpret_cast<const char*>(&value), size);
     }
   };
-  for (float f : {0.0f, -0.0f, 1.0f, -1.5f, 65504.0f, 65519.99f, 65520.0f,
-                  5.96e-8f, 2.98e-8f, 1e-45f, 3.4e38f, 9.2233715e18f,
-                  -9.2233715e18f, 2147483648.0f, 0.5f, 2.5f, -2.5f,
-                  std::numeric_limits<float>::infinity(),
-                  -std::numeric_limits<float>::infinity()}) {
+  for (float f :
+       {0.0f, -0.0f, 1.0f, -1.5f, 65504.0f, 65519.99f, 65520.0f, 5.96e-8f,
+        2.98e-8f, 1e-45f, 3.4e38f, 9.2233715e18f, -9.2233715e18f, 2147483648.0f,
+        0.5f, 2.5f, -2.5f, std::numeric_limits<float>::infinity(),
+        -std::numeric_limits<float>::infinity()}) {
     add(f);
   }
   for (uint32_t nan : {0x7FC00000u, 0xFFC00000u, 0x7F800001u, 0x7FA5A5A5u,
                        0xFF812345u, 0x7FFFFFFFu}) {
     add(nan);
   }
-  for (double d : {0.0, -0.0, 1.0, -1.5, 65519.999999, 65520.0,
-                   9223372036854775807.0, -9223372036854775808.0, 1e300,
-                   -1e300, 3.4028235677973366e38, 1.4e-45, 1e-320,
-                   std::numeric_limits<double>::infinity()}) {
+  for (double d :
+       {0.0, -0.0, 1.0, -1.5, 65519.999999, 65520.0, 9223372036854775807.0,
+        -9223372036854775808.0, 1e300, -1e300, 3.4028235677973366e38, 1.4e-45,
+        1e-320, std::numeric_limits<double>::infinity()}) {
     add(d);
   }
   for (uint64_t nan : {0x7FF8000000000000ull, 0xFFF8000000000001ull,
@@ -95,8 +95,7 @@ std::string ConvertOneByOne(const std::string& input) {
 TEST(ElementConvertTest, ConvertOneMatchesConvertElementsForEveryPair) {
   for (DType src : kAllDTypes) {
     const std::string input = InputsFor(src);
-    const int64_t count =
-        static_cast<int64_t>(input.size() / ElementSize(src));
+    const int64_t count = static_cast<int64_t>(input.size() / ElementSize(src));
     for (DType dst : kAllDTypes) {
       SCOPED_TRACE(absl::StrCat(DTypeName(src), " -> ", DTypeName(dst)));
       std::string want(static_cast<size_t>(count) * ElementSize(dst), '\0');
@@ -123,8 +122,8 @@ TEST(ElementConvertTest, ConvertOneMatchesConvertElementsForEveryPair) {
 // The device spells out float <-> double for NaNs (GPUs give a canonical
 // NaN); the spelled-out forms must equal the CPU's run-time conversion.
 TEST(ElementConvertTest, SpelledOutNaNConversionsMatchTheCpu) {
-  for (uint32_t bits : {0x7FC00000u, 0xFFC00001u, 0x7F800001u, 0xFFA5A5A5u,
-                        0x7FFFFFFFu}) {
+  for (uint32_t bits :
+       {0x7FC00000u, 0xFFC00001u, 0x7F800001u, 0xFFA5A5A5u, 0x7FFFFFFFu}) {
     float f;
     std::memcpy(&f, &bits, 4);
     double widened;

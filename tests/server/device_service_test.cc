@@ -142,8 +142,7 @@ TEST_F(DeviceServiceTest, MoveToCudaAndBackKeepsTheStateBitForBit) {
   MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict half,
                                   client_->GetStateDict("dev/mlp"));
   ExpectSameState(half, local->GetStateDict());
-  EXPECT_EQ(half.tensors.Find("1.num_batches_tracked")->dtype(),
-            DType::kInt64);
+  EXPECT_EQ(half.tensors.Find("1.num_batches_tracked")->dtype(), DType::kInt64);
 
   // Streaming with a target dtype converts the device's bytes per chunk.
   client::GetStateDictOptions as_float;
@@ -166,11 +165,13 @@ TEST_F(DeviceServiceTest, MoveToCudaAndBackKeepsTheStateBitForBit) {
 
 TEST_F(DeviceServiceTest, MissingDevicesAndForwardOnCudaAreClearErrors) {
   BuildMlp("dev/errors");
-  EXPECT_THAT(Move("dev/errors", "cuda:2").status(),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("this server has: cpu, meta, cuda:0, cuda:1")));
-  EXPECT_THAT(Move("dev/errors", "gpu").status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("device")));
+  EXPECT_THAT(
+      Move("dev/errors", "cuda:2").status(),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               HasSubstr("this server has: cpu, meta, cuda:0, cuda:1")));
+  EXPECT_THAT(
+      Move("dev/errors", "gpu").status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("device")));
   ASSERT_THAT(Move("dev/errors", "cuda:0").status(), IsOk());
   v1::ForwardRequest forward;
   forward.set_module("dev/errors");
@@ -178,9 +179,9 @@ TEST_F(DeviceServiceTest, MissingDevicesAndForwardOnCudaAreClearErrors) {
   ASSERT_TRUE(x.ok());
   MODELSTATE_ASSERT_OK(convert::TensorToProto(*x, forward.add_inputs()));
   forward.set_training(false);
-  EXPECT_THAT(client_->Forward(forward).status(),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("cuda:0")));
+  EXPECT_THAT(
+      client_->Forward(forward).status(),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("cuda:0")));
 }
 
 TEST_F(DeviceServiceTest, LoadStateDictIntoACudaModuleIsAtomic) {
