@@ -13,10 +13,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tensors.h"
 
 namespace modelstate {
 namespace {
 
+using ::modelstate::testing::HostBytes;
+using ::modelstate::testing::RandomTensor;
 using ::modelstate::testing::StatusIs;
 
 #define SKIP_WITHOUT_GPU()                                            \
@@ -27,24 +30,6 @@ using ::modelstate::testing::StatusIs;
     }                                                                 \
   } while (false)
 
-Tensor RandomTensor(DType dtype, int64_t count, uint64_t seed) {
-  std::mt19937_64 random(seed);
-  std::string bytes(static_cast<size_t>(count) * ElementSize(dtype), '\0');
-  for (char& c : bytes) {
-    c = static_cast<char>(dtype == DType::kBool ? random() & 1 : random());
-  }
-  absl::StatusOr<Tensor> t = Tensor::FromBytes(dtype, {count}, bytes);
-  EXPECT_TRUE(t.ok());
-  return *std::move(t);
-}
-
-std::string Bytes(const Tensor& t) {
-  absl::StatusOr<Tensor> host = t.To(Device::Cpu(), t.dtype());
-  EXPECT_TRUE(host.ok()) << host.status();
-  return std::string(static_cast<const char*>(host->raw_data()),
-                     host->nbytes());
-}
-
 TEST(CudaTest, RoundTripsAreBitExactForEveryDtype_CUDA) {
   SKIP_WITHOUT_GPU();
   // Larger than the 16 MiB of staging slots, ending mid-slot.
@@ -54,7 +39,7 @@ TEST(CudaTest, RoundTripsAreBitExactForEveryDtype_CUDA) {
     const Tensor host = RandomTensor(dtype, count, 7);
     absl::StatusOr<Tensor> gpu = host.To(Device::Cuda(0), dtype);
     ASSERT_TRUE(gpu.ok()) << gpu.status();
-    EXPECT_EQ(Bytes(*gpu), Bytes(host));
+    EXPECT_EQ(HostBytes(*gpu), HostBytes(host));
   }
 }
 
@@ -72,9 +57,9 @@ TEST(CudaTest, ConversionsOnTheDeviceMatchTheCpuBitForBit_CUDA) {
       absl::StatusOr<Tensor> downloaded = gpu->To(Device::Cpu(), dst);
       ASSERT_TRUE(want.ok() && on_device.ok() && uploaded.ok() &&
                   downloaded.ok());
-      EXPECT_EQ(Bytes(*on_device), Bytes(*want));
-      EXPECT_EQ(Bytes(*uploaded), Bytes(*want));
-      EXPECT_EQ(Bytes(*downloaded), Bytes(*want));
+      EXPECT_EQ(HostBytes(*on_device), HostBytes(*want));
+      EXPECT_EQ(HostBytes(*uploaded), HostBytes(*want));
+      EXPECT_EQ(HostBytes(*downloaded), HostBytes(*want));
     }
   }
 }

@@ -24,38 +24,15 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tensors.h"
 
 namespace modelstate {
 namespace {
 
+using ::modelstate::testing::HostBytes;
+using ::modelstate::testing::RandomTensor;
 using ::modelstate::testing::StatusIs;
 using ::testing::HasSubstr;
-
-std::string RandomBytes(size_t n, uint64_t seed) {
-  std::mt19937_64 random(seed);
-  std::string bytes(n, '\0');
-  for (char& c : bytes) c = static_cast<char>(random());
-  return bytes;
-}
-
-// A cpu tensor of `count` random elements (bool: 0 or 1 bytes).
-Tensor RandomTensor(DType dtype, int64_t count, uint64_t seed = 1) {
-  std::string bytes =
-      RandomBytes(static_cast<size_t>(count) * ElementSize(dtype), seed);
-  if (dtype == DType::kBool) {
-    for (char& c : bytes) c = static_cast<char>(c & 1);
-  }
-  absl::StatusOr<Tensor> t = Tensor::FromBytes(dtype, {count}, bytes);
-  EXPECT_TRUE(t.ok()) << t.status();
-  return *std::move(t);
-}
-
-std::string HostBytes(const Tensor& t) {
-  absl::StatusOr<Tensor> host = t.To(Device::Cpu(), t.dtype());
-  EXPECT_TRUE(host.ok()) << host.status();
-  return std::string(static_cast<const char*>(host->raw_data()),
-                     host->nbytes());
-}
 
 std::string RawBytes(const Tensor& t) {
   return std::string(static_cast<const char*>(t.raw_data()), t.nbytes());
@@ -232,7 +209,6 @@ TEST_F(EmulatedDeviceTest, ModuleToKeepsTiesAndValues) {
   ASSERT_TRUE(m->RegisterParameter("a", *w).ok());
   ASSERT_TRUE(m->RegisterParameter("b", *w).ok());
   ASSERT_TRUE(m->RegisterBuffer("n", RandomTensor(DType::kInt64, 5)).ok());
-  const std::string a_bytes = RawBytes(*w);
   MODELSTATE_ASSERT_OK(m->To(Device::Cuda(1), DType::kFloat16));
   StateDict sd = m->GetStateDict("", /*keep_vars=*/true);
   const Tensor& a = *sd.tensors.Find("a");
