@@ -666,6 +666,68 @@ TEST_F(ServiceTest, MalformedStateDictOptionsFailBeforeTheHeader) {
   EXPECT_EQ(messages, 2);  // the header and one data chunk
 }
 
+// The hook and audit RPCs with malformed input (ListSubscribers and
+// VerifyAudit take none): the right code, the field named, the server up.
+TEST_F(ServiceTest, MalformedSubscriptionsAndAuditQueries) {
+  using Code = absl::StatusCode;
+  v1::Subscription bad_name;
+  bad_name.set_name("bad name!");
+  auto approve = [](const v1::HookEventProto& e) {
+    v1::HookAnswer a;
+    a.set_event_id(e.event_id());
+    a.set_verdict(v1::HookAnswer::APPROVE);
+    return a;
+  };
+  EXPECT_THAT(client::Subscriber::Start(*client_, bad_name, approve),
+              StatusIs(Code::kInvalidArgument, HasSubstr("name: 'bad name!'")));
+  v1::Subscription too_slow;
+  too_slow.set_name("slow");
+  too_slow.set_timeout_ms(2 * 3600 * 1000);
+  EXPECT_THAT(client::Subscriber::Start(*client_, too_slow, approve),
+              StatusIs(Code::kInvalidArgument, HasSubstr("timeout:")));
+  {
+    // An answer before any subscription.
+    std::unique_ptr<grpc::ClientContext> context =
+        client_->NewContext(absl::Seconds(30));
+    auto stream = client_->stub().Subscribe(context.get());
+    v1::SubscribeRequest answer;
+    answer.mutable_answer()->set_event_id(1);
+    ASSERT_TRUE(stream->Write(answer));
+    stream->WritesDone();
+    v1::SubscribeResponse response;
+    EXPECT_FALSE(stream->Read(&response));
+    EXPECT_THAT(convert::FromGrpcStatus(stream->Finish()),
+                StatusIs(Code::kInvalidArgument,
+                         HasSubstr("subscription: the first message must be a "
+                                   "subscription")));
+  }
+  v1::QueryAuditRequest query;
+  query.mutable_filter()->set_since("yesterday");
+  std::unique_ptr<grpc::ClientContext> context =
+      client_->NewContext(absl::Seconds(30));
+  v1::QueryAuditResponse found;
+  EXPECT_THAT(
+      convert::FromGrpcStatus(
+          client_->stub().QueryAudit(context.get(), query, &found)),
+      StatusIs(Code::kInvalidArgument,
+               HasSubstr("filter.since: 'yesterday' is not an RFC 3339 time")));
+  query.clear_filter();
+  query.set_limit(-5);
+  context = client_->NewContext(absl::Seconds(30));
+  EXPECT_THAT(convert::FromGrpcStatus(
+                  client_->stub().QueryAudit(context.get(), query, &found)),
+              StatusIs(Code::kInvalidArgument,
+                       HasSubstr("limit: must not be negative")));
+  v1::WatchAuditRequest watch;
+  watch.mutable_filter()->set_until("soon");
+  context = client_->NewContext(absl::Seconds(30));
+  auto records = client_->stub().WatchAudit(context.get(), watch);
+  v1::AuditRecordProto record;
+  EXPECT_FALSE(records->Read(&record));
+  EXPECT_THAT(convert::FromGrpcStatus(records->Finish()),
+              StatusIs(Code::kInvalidArgument, HasSubstr("filter.until")));
+}
+
 // The remaining unary RPCs with a malformed module name or spec.
 TEST_F(ServiceTest, MalformedNamesAndSpecsForEveryUnaryRpc) {
   ASSERT_THAT(client_->BuildModule(BuildRequest(
