@@ -347,6 +347,9 @@ const std::vector<OptionDef>& GlobalOptions() {
        "proto field names)"},
       {"--timeout", "", ValueKind::kSeconds, "SECONDS",
        "deadline of each unary call (default 30)"},
+      {"--transfer-timeout", "", ValueKind::kSeconds, "SECONDS",
+       "deadline of each state_dict transfer, get-state and load-state "
+       "(default 1800)"},
       {"--progress", "", ValueKind::kText, "auto|always|never",
        "progress bar on stderr for transfers that take over 1 s (auto: only "
        "when stderr is a terminal)"},
@@ -608,6 +611,8 @@ struct Context {
   std::string server;
   bool json = false;
   absl::Duration timeout = absl::Seconds(30);
+  // Streams take as long as their bytes need, so they get their own.
+  absl::Duration transfer_timeout = absl::Minutes(30);
   ProgressMode progress = ProgressMode::kAuto;
   std::unique_ptr<client::ModelStateClient> client;
 
@@ -645,6 +650,7 @@ struct Context {
   absl::StatusOr<client::ClientOptions> ConnectionOptions() const {
     client::ClientOptions options;
     options.timeout = timeout;
+    options.transfer_timeout = transfer_timeout;
     auto read = [&](absl::string_view option) -> absl::StatusOr<std::string> {
       absl::StatusOr<std::string> text = ReadFile(Get(option));
       if (!text.ok()) {
@@ -1850,6 +1856,11 @@ int RunCli(const std::vector<std::string>& args, const Environment& env) {
     double seconds = 30;
     (void)absl::SimpleAtod(context.Get("--timeout"), &seconds);
     context.timeout = absl::Seconds(seconds);
+  }
+  if (context.Has("--transfer-timeout")) {
+    double seconds = 1800;
+    (void)absl::SimpleAtod(context.Get("--transfer-timeout"), &seconds);
+    context.transfer_timeout = absl::Seconds(seconds);
   }
   std::string progress = context.Get("--progress", "auto");
   if (progress == "auto") {

@@ -690,7 +690,20 @@ struct PlannedWrite {
   std::string key;
   Tensor target;
   Tensor source;
+  // Assign mode: the value could not be prepared (its error is recorded).
+  bool failed = false;
 };
+
+// PyTorch's text for an exception raised while loading entry `key`.
+std::string LoadExceptionText(const std::string& key, const Tensor& target,
+                              const Tensor& source, absl::string_view message) {
+  return absl::StrCat("While copying the parameter named \"", key,
+                      "\", whose dimensions in the model are ",
+                      TorchSizeString(target.shape()),
+                      " and whose dimensions in the checkpoint are ",
+                      TorchSizeString(source.shape()),
+                      ", an exception occurred : ('", message, "',).");
+}
 
 struct LoadPlan {
   std::vector<PlannedWrite> writes;
@@ -773,6 +786,16 @@ absl::Status PlanLoad(Module& m, const std::string& prefix, const StateDict& sd,
           "data!',)."));
       continue;
     }
+    if (options.assign && kind == EntryKind::kParameter &&
+        target.requires_grad() && !IsFloatingPoint(input.dtype())) {
+      // PyTorch wraps the value in Parameter(requires_grad=True), which
+      // refuses an integer dtype; found here, before anything is installed.
+      plan.errors.push_back(LoadExceptionText(
+          key, target, input,
+          "Only Tensors of floating point and complex dtype can require "
+          "gradients"));
+      continue;
+    }
     plan.writes.push_back(
         PlannedWrite{&m, prefix, kind, name, key, target, std::move(input)});
   }
@@ -849,10 +872,45 @@ absl::StatusOr<LoadResult> Module::LoadStateDict(
       }
     }
   }
+  if (write && options.assign) {
+    // Read and wrap every value before the first installation: an atomic
+    // assign load that fails here has installed nothing.
+    for (PlannedWrite& w : plan.writes) {
+      if (options.source != nullptr) {
+        absl::StatusOr<Tensor> read = options.source->Read(w.key);
+        if (!read.ok()) {
+          errors.push_back(LoadExceptionText(w.key, w.target, w.source,
+                                             read.status().message()));
+          w.failed = true;
+          continue;
+        }
+        w.source = *std::move(read);
+      }
+      if (w.kind != EntryKind::kParameter) continue;
+      // Installed as a parameter with the module's requires_grad (checked
+      // against the dtype by PlanLoad).
+      bool requires_grad = w.target.requires_grad();
+      absl::Status made;
+      if (w.source.is_parameter()) {
+        made = w.source.SetRequiresGrad(requires_grad);
+      } else {
+        absl::StatusOr<Tensor> param = MakeParameter(w.source, requires_grad);
+        made = param.status();
+        if (param.ok()) w.source = *std::move(param);
+      }
+      if (!made.ok()) {
+        errors.push_back(
+            LoadExceptionText(w.key, w.target, w.source, made.message()));
+        w.failed = true;
+      }
+    }
+    if (options.atomic && !errors.empty()) write = false;
+  }
   if (write) {
     for (PlannedWrite& w : plan.writes) {
-      if (options.source != nullptr &&
-          (w.kind == EntryKind::kModule || options.assign)) {
+      if (w.failed) continue;
+      if (options.source != nullptr && w.kind == EntryKind::kModule &&
+          !options.assign) {
         MODELSTATE_ASSIGN_OR_RETURN(w.source, options.source->Read(w.key));
       }
       if (w.kind == EntryKind::kModule) {  // extra state
@@ -865,13 +923,8 @@ absl::StatusOr<LoadResult> Module::LoadStateDict(
                 ? w.target.CopyFrom(w.source)
                 : options.source->CopyInto(w.key, w.target);
         if (!copied.ok()) {
-          errors.push_back(absl::StrCat(
-              "While copying the parameter named \"", w.key,
-              "\", whose dimensions in the model are ",
-              TorchSizeString(w.target.shape()),
-              " and whose dimensions in the checkpoint are ",
-              TorchSizeString(w.source.shape()), ", an exception occurred : ('",
-              copied.message(), "',)."));
+          errors.push_back(
+              LoadExceptionText(w.key, w.target, w.source, copied.message()));
         }
         continue;
       }
@@ -880,19 +933,8 @@ absl::StatusOr<LoadResult> Module::LoadStateDict(
           w.prefix.empty() ? "" : w.prefix.substr(0, w.prefix.size() - 1);
       absl::StatusOr<RegistrationOutcome> outcome;
       if (w.kind == EntryKind::kParameter) {
-        // Installed as a parameter with the module's requires_grad.
-        Tensor input = w.source;
-        bool requires_grad =
-            w.target.requires_grad() && IsFloatingPoint(input.dtype());
-        if (!input.is_parameter()) {
-          absl::StatusOr<Tensor> param = MakeParameter(input, requires_grad);
-          if (!param.ok()) return param.status();
-          input = *param;
-        } else {
-          MODELSTATE_RETURN_IF_ERROR(input.SetRequiresGrad(requires_grad));
-        }
         outcome = w.module->Register(EntryKind::kParameter, w.name,
-                                     SlotValue{input, nullptr, true},
+                                     SlotValue{w.source, nullptr, true},
                                      /*removal=*/false, sub);
       } else {
         outcome = w.module->Register(

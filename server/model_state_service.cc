@@ -50,6 +50,49 @@ const std::string& RequestIdPrefix() {
   return *prefix;
 }
 
+// ListModules' page size when the request leaves it 0, and its largest.
+constexpr size_t kDefaultListPageSize = 100;
+constexpr int32_t kMaxListPageSize = 1000;
+
+// Everything wrong with a ListModules request, before any listing: a bad
+// namespace, page size or page token is INVALID_ARGUMENT naming the field.
+absl::Status CheckListModulesRequest(const v1::ListModulesRequest& request) {
+  const std::string& ns = request.namespace_();
+  if (!ns.empty() && !IsValidModuleNamePart(ns)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "namespace: '", ns,
+        "' is not a valid namespace (1-128 characters of [A-Za-z0-9_.-])"));
+  }
+  if (request.page_size() < 0 || request.page_size() > kMaxListPageSize) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page_size: ", request.page_size(),
+        " is out of range (0 for the default of ", kDefaultListPageSize,
+        ", at most ", kMaxListPageSize, ")"));
+  }
+  // A token is the last module name of the previous page (of the same
+  // namespace when one is asked for).
+  const std::string& token = request.page_token();
+  if (token.empty()) return absl::OkStatus();
+  absl::StatusOr<ModuleName> last = ParseModuleName(token);
+  if (!last.ok() || last->full() != token || (!ns.empty() && last->ns != ns)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_token: '", token,
+                     "' is not a next_page_token of a ListModules response",
+                     ns.empty() ? "" : " for this namespace"));
+  }
+  return absl::OkStatus();
+}
+
+// GetStateDict's key_glob knows '*' and '?' only; fnmatch's character
+// classes and escapes would silently match nothing, so they are refused.
+absl::Status CheckKeyGlob(absl::string_view glob) {
+  size_t bad = glob.find_first_of("[]\\");
+  if (bad == absl::string_view::npos) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("key_glob: '", glob, "' uses '", glob.substr(bad, 1),
+                   "'; only the wildcards * and ? are supported"));
+}
+
 }  // namespace
 
 OperationContext ContextOf(const grpc::ServerContextBase* context) {
@@ -364,6 +407,7 @@ grpc::Status ModelStateServiceImpl::ListModules(
     grpc::ServerContext* context, const v1::ListModulesRequest* request,
     v1::ListModulesResponse* response) {
   ASSIGN_OR_RETURN_GRPC(Caller caller, Authenticate(context, "ListModules"));
+  RETURN_IF_ERROR_GRPC(CheckListModulesRequest(*request));
   const std::string& ns = request->namespace_();
   const std::vector<std::string> readable =
       caller.principal.NamespacesFor(Permission::kRead);
@@ -378,14 +422,9 @@ grpc::Status ModelStateServiceImpl::ListModules(
     RETURN_IF_ERROR_GRPC(
         AllowSomewhere(caller, "ListModules", Permission::kRead));
   }
-  if (request->page_size() < 0) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "page_size: must not be negative");
-  }
-  size_t page =
-      request->page_size() == 0
-          ? 100
-          : std::min<size_t>(static_cast<size_t>(request->page_size()), 1000);
+  size_t page = request->page_size() == 0
+                    ? kDefaultListPageSize
+                    : static_cast<size_t>(request->page_size());
   // The token is the last name of the previous page. A caller who may read
   // some namespaces only sees those: listing goes on past the others.
   std::vector<ModuleSummary> modules;
@@ -446,7 +485,14 @@ grpc::Status ModelStateServiceImpl::GetStateDict(
   if (request->target_dtype() != v1::DTYPE_UNSPECIFIED) {
     ASSIGN_OR_RETURN_GRPC(target, convert::DTypeFromProto(
                                       request->target_dtype(), "target_dtype"));
+    if (!IsFloatingPoint(*target)) {
+      return grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrCat("target_dtype: must be a floating point dtype, got ",
+                       DTypeName(*target)));
+    }
   }
+  RETURN_IF_ERROR_GRPC(CheckKeyGlob(request->key_glob()));
   SnapshotFilter filter{request->key_prefix(), request->key_glob()};
   switch (request->selection()) {
     case v1::GetStateDictRequest::SELECTION_PARAMETERS:

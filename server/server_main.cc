@@ -16,9 +16,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -177,6 +179,64 @@ absl::StatusOr<modelstate::QuotaPolicy> LoadQuotas() {
   return modelstate::QuotaPolicy::ReadFile(path, DefaultQuota());
 }
 
+// One flag's value against its allowed range: "--chunk_kib=0: must be
+// between 1 and 16384 (KiB)".
+absl::Status InRange(absl::string_view flag, int64_t value, int64_t low,
+                     int64_t high, absl::string_view unit) {
+  if (value >= low && value <= high) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", flag, "=", value, ": must be between ", low, " and ",
+                   high, unit.empty() ? "" : absl::StrCat(" (", unit, ")")));
+}
+
+// Every numeric flag in range and the limits consistent with each other,
+// before anything starts: a typo must not become a server that fails later.
+absl::Status CheckLimitFlags() {
+  // gRPC's message limit is an int of bytes.
+  constexpr int64_t kMaxMessageMib = (int64_t{1} << 31) / (1 << 20) - 1;
+  const int64_t max_message_mib = absl::GetFlag(FLAGS_max_message_mib);
+  MODELSTATE_RETURN_IF_ERROR(
+      InRange("max_message_mib", max_message_mib, 2, kMaxMessageMib, "MiB"));
+  // A chunk and its framing (up to 1 MiB of headroom) fit in one message.
+  const int64_t max_chunk_kib = absl::GetFlag(FLAGS_max_chunk_kib);
+  MODELSTATE_RETURN_IF_ERROR(InRange("max_chunk_kib", max_chunk_kib, 1,
+                                     (max_message_mib - 1) << 10,
+                                     "KiB, to fit in --max_message_mib "
+                                     "with room for framing"));
+  MODELSTATE_RETURN_IF_ERROR(
+      InRange("chunk_kib", absl::GetFlag(FLAGS_chunk_kib), 1, max_chunk_kib,
+              "KiB, at most --max_chunk_kib"));
+  constexpr int64_t kMaxMib = int64_t{1} << 43;  // bytes fit in uint64
+  MODELSTATE_RETURN_IF_ERROR(InRange("max_tensor_mib",
+                                     absl::GetFlag(FLAGS_max_tensor_mib), 1,
+                                     kMaxMib, "MiB"));
+  MODELSTATE_RETURN_IF_ERROR(InRange("max_module_mib",
+                                     absl::GetFlag(FLAGS_max_module_mib), 1,
+                                     kMaxMib, "MiB"));
+  MODELSTATE_RETURN_IF_ERROR(InRange(
+      "max_spec_depth", absl::GetFlag(FLAGS_max_spec_depth), 1, 100000, ""));
+  MODELSTATE_RETURN_IF_ERROR(InRange("max_entries",
+                                     absl::GetFlag(FLAGS_max_entries), 1,
+                                     std::numeric_limits<int64_t>::max(), ""));
+  MODELSTATE_RETURN_IF_ERROR(InRange("worker_threads",
+                                     absl::GetFlag(FLAGS_worker_threads), 0,
+                                     100000, "0: gRPC's default"));
+  MODELSTATE_RETURN_IF_ERROR(InRange("max_queued_events",
+                                     absl::GetFlag(FLAGS_max_queued_events), 1,
+                                     std::numeric_limits<int>::max(), ""));
+  MODELSTATE_RETURN_IF_ERROR(
+      InRange("shutdown_grace_seconds",
+              absl::GetFlag(FLAGS_shutdown_grace_seconds), 0, 86400, "s"));
+  // The window is a KiB count shifted into an int of bytes.
+  MODELSTATE_RETURN_IF_ERROR(InRange("stream_window_kib",
+                                     absl::GetFlag(FLAGS_stream_window_kib), 0,
+                                     (1 << 21) - 1, "KiB, 0: adaptive"));
+  MODELSTATE_RETURN_IF_ERROR(InRange(
+      "max_streams_per_identity", absl::GetFlag(FLAGS_max_streams_per_identity),
+      0, std::numeric_limits<int>::max(), "0: unlimited"));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -205,6 +265,10 @@ int main(int argc, char** argv) {
     return 1;
   }
 
+  if (absl::Status limits = CheckLimitFlags(); !limits.ok()) {
+    LogLine(std::string(limits.message()));
+    return 2;
+  }
   // Who may connect, and how, before anything else: a misconfigured
   // server must not start at all.
   const std::string listen = absl::GetFlag(FLAGS_listen);
@@ -266,13 +330,8 @@ int main(int argc, char** argv) {
       static_cast<uint64_t>(absl::GetFlag(FLAGS_max_module_mib)) << 20;
   options.max_spec_depth = absl::GetFlag(FLAGS_max_spec_depth);
   options.max_entries = absl::GetFlag(FLAGS_max_entries);
-  int max_message = absl::GetFlag(FLAGS_max_message_mib) << 20;
-  if (options.max_chunk_bytes + (1 << 20) >
-      static_cast<uint32_t>(max_message)) {
-    LogLine(
-        "--max_chunk_kib must leave room for framing within --max_message_mib");
-    return 2;
-  }
+  // In range (CheckLimitFlags): fits an int.
+  const int max_message = absl::GetFlag(FLAGS_max_message_mib) << 20;
 
   options.max_queued_events =
       static_cast<size_t>(absl::GetFlag(FLAGS_max_queued_events));

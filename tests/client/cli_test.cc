@@ -14,11 +14,14 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <regex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -242,6 +245,115 @@ TEST_F(CliTest, FiveMinuteWalkThrough) {
                 "    num_batches_tracked  int64[]       cpu  8 B    "
                 "buffer\n"));
   EXPECT_THAT(described.out, HasSubstr("total: 399.5 KiB (409,116 bytes)\n"));
+}
+
+// The README's walk-through, run as written: its spec block becomes
+// mlp.json, and every "$ modelstatectl ..." line runs in a shell in one
+// folder against the server, its output compared with the lines under it
+// (timings aside). Editing the README's commands or outputs without the
+// code, or the code without the README, fails here.
+struct ReadmeStep {
+  std::string command;   // after "$ "
+  std::string expected;  // the lines up to the next command or block end
+};
+
+struct ReadmeWalkThrough {
+  std::string spec_json;
+  std::vector<ReadmeStep> steps;
+};
+
+ReadmeWalkThrough ReadReadmeWalkThrough() {
+  std::ifstream in(std::string(MODELSTATE_SOURCE_DIR) + "/README.md");
+  EXPECT_TRUE(in.good()) << "README.md not found";
+  ReadmeWalkThrough w;
+  bool in_section = false;
+  bool in_block = false;
+  std::string language;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (absl::StartsWith(line, "## ")) {
+      if (in_section) break;
+      in_section = line == "## A five-minute walk-through (CLI)";
+      continue;
+    }
+    if (!in_section) continue;
+    if (absl::StartsWith(line, "```")) {
+      in_block = !in_block;
+      language = in_block ? line.substr(3) : "";
+      continue;
+    }
+    if (!in_block) continue;
+    if (language == "json") {
+      w.spec_json += line + "\n";
+    } else if (absl::StartsWith(line, "$ ")) {
+      w.steps.push_back({line.substr(2), ""});
+    } else if (!w.steps.empty()) {
+      w.steps.back().expected += line + "\n";
+    }
+  }
+  return w;
+}
+
+// Output with what differs from run to run replaced: transfer timings, and
+// any accelerators after "cpu, meta".
+std::string WithoutTimings(const std::string& text) {
+  static const std::regex timing(" in [0-9.]+ s \\([0-9.]+ [kMGT]?B/s\\)");
+  static const std::regex devices("server devices: cpu, meta[^\n]*");
+  std::string out = std::regex_replace(text, timing, " in T s (R)");
+  return std::regex_replace(out, devices, "server devices: cpu, meta");
+}
+
+TEST_F(CliTest, ReadmeWalkThroughRunsAsWritten) {
+  ReadmeWalkThrough w = ReadReadmeWalkThrough();
+  ASSERT_FALSE(w.spec_json.empty()) << "no ```json spec in the walk-through";
+  WriteFile("mlp.json", w.spec_json);
+  // The files the README's later commands name but does not spell out:
+  // small.json is given in its command's comment, other.safetensors is
+  // "Linear(5, 3, bias=False)'s state".
+  StateDict other;
+  other.tensors.Set("weight", Filled(DType::kFloat32, {3, 5}, 0.5));
+  ASSERT_THAT(WriteSafetensorsFile(Path("other.safetensors"), other), IsOk());
+  std::set<std::string> verbs;
+  for (const ReadmeStep& step : w.steps) {
+    SCOPED_TRACE(step.command);
+    ASSERT_TRUE(absl::StartsWith(step.command, "modelstatectl "));
+    std::vector<std::string> words = absl::StrSplit(step.command, ' ');
+    size_t comment = step.command.find("# {");
+    if (comment != std::string::npos) {
+      for (const std::string& word : words) {
+        if (absl::EndsWith(word, ".json")) {
+          WriteFile(word, step.command.substr(comment + 2));
+        }
+      }
+    }
+    for (const std::string& word : words) {
+      if (!word.empty() && word[0] != '-' && word != "modelstatectl") {
+        verbs.insert(word);
+        break;
+      }
+    }
+    std::string shell = absl::StrCat(
+        "cd '", dir_.string(), "' && '", MODELSTATE_CLI_BINARY, "'",
+        step.command.substr(std::string("modelstatectl").size()));
+    CommandResult r = RunCommand({"/bin/sh", "-c", shell},
+                                 {"MODELSTATE_SERVER=" + server_->address()});
+    bool failure_shown = absl::StartsWith(step.expected, "error: ");
+    EXPECT_EQ(r.exit_code, failure_shown ? 1 : 0) << Show(r);
+    EXPECT_EQ(WithoutTimings(r.out + r.err), WithoutTimings(step.expected));
+  }
+  // The walk-through the issue asks for: build, describe, get-state to a
+  // safetensors file, load it back, move to float16.
+  for (const char* verb :
+       {"build", "describe", "get-state", "load-state", "to"}) {
+    EXPECT_TRUE(verbs.contains(verb))
+        << "the walk-through lost '" << verb << "'";
+  }
+  bool to_float16 = false;
+  for (const ReadmeStep& step : w.steps) {
+    to_float16 |= absl::StrContains(step.command, " to ") &&
+                  absl::StrContains(step.command, "--dtype float16");
+  }
+  EXPECT_TRUE(to_float16);
 }
 
 // ------------------------------------------------------------------- JSON
@@ -816,6 +928,39 @@ TEST_F(CliTest, TimeoutBoundsUnaryCalls) {
   }
   EXPECT_EQ(r.exit_code, 1) << Show(r);
   EXPECT_THAT(r.err, StartsWith("error: DEADLINE_EXCEEDED: "));
+}
+
+// Transfers have their own deadline: --transfer-timeout bounds get-state
+// and load-state, and a short --timeout for unary calls does not.
+TEST_F(CliTest, TransferTimeoutBoundsStreamsAndTimeoutDoesNot) {
+  Build("deadline/lin", R"({"type": "Linear", "args": [64, 64]})");
+  std::string file = Path("deadline.safetensors");
+  CommandResult r;
+  {
+    ServerPause pause(server_->pid(), std::chrono::milliseconds(1500));
+    r = Cli(
+        {"--transfer-timeout", "0.3", "get-state", "deadline/lin", "-o", file});
+  }
+  EXPECT_EQ(r.exit_code, 1) << Show(r);
+  EXPECT_THAT(r.err, StartsWith("error: DEADLINE_EXCEEDED: "));
+  {
+    ServerPause pause(server_->pid(), std::chrono::milliseconds(1500));
+    r = Cli({"--timeout", "0.3", "get-state", "deadline/lin", "-o", file});
+  }
+  ASSERT_EQ(r.exit_code, 0) << Show(r);
+  {
+    ServerPause pause(server_->pid(), std::chrono::milliseconds(1500));
+    r = Cli({"load-state", "deadline/lin", file, "--transfer-timeout=0.3"});
+  }
+  EXPECT_EQ(r.exit_code, 1) << Show(r);
+  EXPECT_THAT(r.err, StartsWith("error: DEADLINE_EXCEEDED: "));
+  r = Cli(
+      {"--transfer-timeout", "-1", "get-state", "deadline/lin", "-o", file});
+  EXPECT_EQ(r.exit_code, 2) << Show(r);
+  EXPECT_THAT(r.err, HasSubstr("--transfer-timeout: expected a positive "
+                               "number of seconds, got '-1'"));
+  r = Bare({"--help"});
+  EXPECT_THAT(r.out, HasSubstr("--transfer-timeout SECONDS"));
 }
 
 // The server has no remote hooks yet to block or replace a registration;

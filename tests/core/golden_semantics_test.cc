@@ -772,9 +772,11 @@ std::map<std::string, std::string> DTypes(const Module& m) {
   return out;
 }
 
-TEST(GoldenToDTypeTest, EveryConversionMatches) {
-  using Op = std::function<absl::Status(Module&)>;
-  std::map<std::string, Op> ops = {
+using ToDTypeOp = std::function<absl::Status(Module&)>;
+
+// The dtype-mapping cases of to_dtype.json, as modelstate calls.
+const std::map<std::string, ToDTypeOp>& ToDTypeOps() {
+  static const auto* ops = new std::map<std::string, ToDTypeOp>{
       {"to(torch.float16)",
        [](Module& m) { return m.To(std::nullopt, DType::kFloat16); }},
       {"to(dtype=torch.float64)",
@@ -799,26 +801,68 @@ TEST(GoldenToDTypeTest, EveryConversionMatches) {
       {"to('cpu')  # device only",
        [](Module& m) { return m.To(Device::Cpu(), std::nullopt); }},
   };
-  std::set<std::string> not_applicable = {
-      "to(torch.complex64)",  // modelstate has no complex dtypes (DT1)
-  };
+  return *ops;
+}
+
+// The object-identity and requires_grad cases, checked one by one by
+// IdentityAndRequiresGrad.
+const std::set<std::string>& ToDTypeIdentityCases() {
+  static const auto* cases = new std::set<std::string>{
+      "no-op conversion keeps buffer objects",
+      "real conversion: params same object, float buffers replaced, int "
+      "buffer kept",
+      "requires_grad preserved across to()",
+      "requires_grad_(False) returns self and reaches every parameter",
+      "requires_grad_() default True",
+      "state_dict detaches (requires_grad False); keep_vars returns "
+      "Parameter"};
+  return *cases;
+}
+
+// Cases with no modelstate counterpart, and why.
+const std::map<std::string, std::string>& ToDTypeNotApplicable() {
+  static const auto* cases = new std::map<std::string, std::string>{
+      {"to(torch.complex64)", "modelstate has no complex dtypes (DT1)"},
+      {"gradients are converted too",
+       "modelstate tensors hold state, not autograd: there is no .grad"}};
+  return *cases;
+}
+
+TEST(GoldenToDTypeTest, EveryCaseIsCheckedOrNotApplicable) {
+  for (const auto& [label, c] : Golden("to_dtype.json")["cases"].items()) {
+    int homes = ToDTypeOps().count(label) +
+                ToDTypeIdentityCases().count(label) +
+                ToDTypeNotApplicable().count(label);
+    EXPECT_EQ(homes, 1) << label;
+  }
+  // The complex case is refused where a dtype enters, with a clear error.
+  EXPECT_THAT(ParseDType("complex64"),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ParseDType("torch.complex64"),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(GoldenToDTypeTest, EveryConversionMatches) {
   const nlohmann::json& cases = Golden("to_dtype.json")["cases"];
+  int checked = 0;
   for (const auto& [label, c] : cases.items()) {
     if (!c.contains("MixedDtypes") && !c.contains("BatchNorm1d")) continue;
-    if (not_applicable.contains(label)) continue;
+    if (ToDTypeNotApplicable().contains(label)) continue;
     SCOPED_TRACE(label);
-    ASSERT_TRUE(ops.contains(label)) << "unhandled golden case";
+    ASSERT_TRUE(ToDTypeOps().contains(label)) << "unhandled golden case";
+    ++checked;
     for (const std::string model : {"MixedDtypes", "BatchNorm1d"}) {
       if (!c.contains(model)) continue;
       std::shared_ptr<Module> m =
           model == "MixedDtypes"
               ? BuildGolden("MixedDtypes")
               : Build(R"({"type": "BatchNorm1d", "args": [2]})");
-      MODELSTATE_ASSERT_OK(ops[label](*m));
+      MODELSTATE_ASSERT_OK(ToDTypeOps().at(label)(*m));
       using DTypeMap = std::map<std::string, std::string>;
       EXPECT_EQ(DTypes(*m), c[model].get<DTypeMap>()) << model;
     }
   }
+  EXPECT_EQ(checked, static_cast<int>(ToDTypeOps().size()));
 }
 
 TEST(GoldenToDTypeTest, IdentityAndRequiresGrad) {

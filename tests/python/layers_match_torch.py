@@ -125,6 +125,80 @@ CASES = [
      lambda **f: nn.ModuleDict({"enc": nn.Linear(3, 3, **f), "dec": nn.LayerNorm(3, **f)})),
 ]
 
+# Every InitSpec kind a custom module's tensor can ask for, in one module:
+# (member kind, name, shape, init, explicit dtype or None).
+INIT_MEMBERS = [
+    ("parameter", "zeros", [2, 3], {"kind": "zeros"}, None),
+    ("parameter", "ones", [2, 3], {"kind": "ones"}, None),
+    ("parameter", "constant", [3], {"kind": "constant", "a": 0.25}, None),
+    ("parameter", "uniform", [4, 5], {"kind": "uniform", "a": -2.0, "b": 3.0}, None),
+    ("parameter", "normal", [4, 5], {"kind": "normal", "a": 1.0, "b": 0.5}, None),
+    ("parameter", "kaiming_uniform", [6, 4], {"kind": "kaiming_uniform", "a": 5 ** 0.5}, None),
+    ("parameter", "xavier_uniform", [6, 4], {"kind": "xavier_uniform", "a": 1.5}, None),
+    ("parameter", "xavier_normal", [6, 4], {"kind": "xavier_normal", "a": 0.8}, None),
+    ("parameter", "empty", [2], {"kind": "empty"}, None),
+    # Its own generator: the build's generator is not advanced by it.
+    ("parameter", "seeded_normal", [3, 3], {"kind": "normal", "a": 0.0, "b": 2.0, "seed": 42},
+     None),
+    ("buffer", "buf_uniform", [5], {"kind": "uniform", "a": 0.0, "b": 1.0}, None),
+    ("buffer", "buf_seeded_uniform", [5], {"kind": "uniform", "a": -1.0, "b": 1.0, "seed": 7},
+     None),
+    ("buffer", "buf_counts", [3], {"kind": "ones"}, "int64"),
+]
+
+
+def init_kinds_spec():
+    members = []
+    for member, name, shape, init, dtype in INIT_MEMBERS:
+        body = {"name": name, "shape": shape, "init": init}
+        if dtype:
+            body["dtype"] = dtype
+        members.append({member: body})
+    return {"type": "InitKinds", "members": members}
+
+
+class InitKinds(nn.Module):
+    """The torch twin of init_kinds_spec(): each tensor created and then
+    initialised by torch.nn.init (or Tensor.*_ with a seeded generator)."""
+
+    def __init__(self, dtype=torch.float32):
+        super().__init__()
+        for member, name, shape, init, explicit in INIT_MEMBERS:
+            dt = getattr(torch, explicit) if explicit else dtype
+            # modelstate zero-fills "empty" (torch.empty leaves garbage).
+            t = torch.zeros(shape, dtype=dt)
+            a, b, kind = init.get("a", 0.0), init.get("b", 1.0), init["kind"]
+            with torch.no_grad():
+                if "seed" in init:
+                    g = torch.Generator().manual_seed(init["seed"])
+                    getattr(t, kind + "_")(a, b, generator=g)
+                elif kind == "zeros" or kind == "empty":
+                    nn.init.zeros_(t)
+                elif kind == "ones":
+                    nn.init.ones_(t)
+                elif kind == "constant":
+                    nn.init.constant_(t, a)
+                elif kind == "uniform":
+                    nn.init.uniform_(t, a, b)
+                elif kind == "normal":
+                    nn.init.normal_(t, a, b)
+                elif kind == "kaiming_uniform":
+                    nn.init.kaiming_uniform_(t, a=a)
+                elif kind == "xavier_uniform":
+                    nn.init.xavier_uniform_(t, gain=a)
+                elif kind == "xavier_normal":
+                    nn.init.xavier_normal_(t, gain=a)
+                else:
+                    raise ValueError(kind)
+            if member == "parameter":
+                self.register_parameter(name, nn.Parameter(t))
+            else:
+                self.register_buffer(name, t)
+
+
+CASES.append(("InitKinds(every InitSpec kind)", init_kinds_spec(),
+              lambda **f: InitKinds(**f)))
+
 DTYPES = {"float32": torch.float32, "float64": torch.float64,
           "float16": torch.float16, "bfloat16": torch.bfloat16}
 

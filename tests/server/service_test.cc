@@ -3,6 +3,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <string>
@@ -11,14 +16,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/model_state_client.h"
+#include "client/subscriber.h"
 #include "core/module_spec.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "proto/convert.h"
 #include "tests/testing/layer_examples.h"
 #include "tests/testing/requests.h"
+#include "tests/testing/run_command.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tensors.h"
 #include "tests/testing/test_server.h"
@@ -351,6 +359,39 @@ grpc::Status RawLoad(client::ModelStateClient& c,
   return writer->Finish();
 }
 
+// assign=true over the wire: every entry is checked before the first is
+// installed, so a bad last entry leaves the module as it was.
+TEST_F(ServiceTest, AtomicAssignLoadThatFailsInstallsNothing) {
+  ASSERT_THAT(client_->BuildModule(BuildRequest(
+                  "assign/lin", R"({"type": "Linear", "args": [3, 2]})")),
+              IsOk());
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict before,
+                                  client_->GetStateDict("assign/lin"));
+  client::LoadStateDictOptions assign;
+  assign.load.assign = true;
+  StateDict bad;
+  bad.tensors.Set("weight", Filled(DType::kFloat64, {2, 3}, 7.0));
+  bad.tensors.Set("bias", Filled(DType::kInt64, {2}, 1.0));
+  EXPECT_THAT(
+      client_->LoadStateDict("assign/lin", bad, assign),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               HasSubstr("While copying the parameter named \"bias\""
+                         ", whose dimensions in the model are "
+                         "torch.Size([2]) and whose dimensions in the "
+                         "checkpoint are torch.Size([2]), an exception "
+                         "occurred : ('Only Tensors of floating point "
+                         "and complex dtype can require gradients',).")));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict after,
+                                  client_->GetStateDict("assign/lin"));
+  ExpectSameState(after, before);
+  // The same load with a floating bias installs both, in their dtypes.
+  bad.tensors.Set("bias", Filled(DType::kFloat16, {2}, 1.0));
+  ASSERT_THAT(client_->LoadStateDict("assign/lin", bad, assign), IsOk());
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict installed,
+                                  client_->GetStateDict("assign/lin"));
+  ExpectSameState(installed, bad);
+}
+
 TEST_F(ServiceTest, TruncatedOrMalformedLoadStreamsChangeNothing) {
   ASSERT_THAT(client_->BuildModule(BuildRequest(
                   "load/stream", R"({"type": "Linear", "args": [4, 4]})")),
@@ -513,6 +554,281 @@ TEST_F(ServiceTest, BadInputGetsTheRightCodeNamingTheField) {
               StatusIs(Code::kInvalidArgument, HasSubstr("page_size")));
 }
 
+TEST_F(ServiceTest, MalformedListRequestsNameTheField) {
+  for (const char* name : {"pages/a", "pages/b", "pages/c"}) {
+    ASSERT_THAT(client_->BuildModule(BuildRequest(name, R"({"type": "ReLU"})")),
+                IsOk());
+  }
+  using Code = absl::StatusCode;
+  v1::ListModulesRequest list;
+  for (int size : {-1, 1001, 1 << 30}) {
+    list.set_page_size(size);
+    EXPECT_THAT(client_->ListModules(list),
+                StatusIs(Code::kInvalidArgument,
+                         HasSubstr(absl::StrCat("page_size: ", size,
+                                                " is out of range"))));
+  }
+  list.set_page_size(2);
+  list.set_namespace_("pages");
+  absl::StatusOr<v1::ListModulesResponse> first = client_->ListModules(list);
+  ASSERT_THAT(first, IsOk());
+  ASSERT_EQ(first->modules_size(), 2);
+  EXPECT_EQ(first->next_page_token(), "pages/b");
+  list.set_page_token(first->next_page_token());
+  absl::StatusOr<v1::ListModulesResponse> second = client_->ListModules(list);
+  ASSERT_THAT(second, IsOk());
+  ASSERT_EQ(second->modules_size(), 1);
+  EXPECT_EQ(second->modules(0).module(), "pages/c");
+  for (const char* token : {"not a token", "pages", "a/b/c", "other/b"}) {
+    SCOPED_TRACE(token);
+    list.set_page_token(token);
+    EXPECT_THAT(client_->ListModules(list),
+                StatusIs(Code::kInvalidArgument, HasSubstr("page_token: '")));
+  }
+  list.clear_page_token();
+  for (const char* ns : {"bad ns", "a/b", "..", "x?"}) {
+    SCOPED_TRACE(ns);
+    list.set_namespace_(ns);
+    EXPECT_THAT(client_->ListModules(list),
+                StatusIs(Code::kInvalidArgument,
+                         HasSubstr(absl::StrCat("namespace: '", ns, "'"))));
+  }
+}
+
+// Every GetStateDict option is checked before the header goes out: a bad
+// request gets its error as the first and only thing on the stream.
+TEST_F(ServiceTest, MalformedStateDictOptionsFailBeforeTheHeader) {
+  ASSERT_THAT(client_->BuildModule(BuildRequest(
+                  "opts/lin", R"({"type": "Linear", "args": [4, 4]})")),
+              IsOk());
+  using Code = absl::StatusCode;
+  auto fetch = [&](const v1::GetStateDictRequest& request, int* messages) {
+    std::unique_ptr<grpc::ClientContext> context =
+        client_->NewContext(absl::Seconds(30));
+    auto reader = client_->stub().GetStateDict(context.get(), request);
+    v1::StateDictChunk chunk;
+    *messages = 0;
+    while (reader->Read(&chunk)) ++*messages;
+    return convert::FromGrpcStatus(reader->Finish());
+  };
+  struct Case {
+    std::string label;
+    std::function<void(v1::GetStateDictRequest&)> spoil;
+    Code code;
+    std::string says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"integer target dtype",
+            [](auto& r) { r.set_target_dtype(v1::DTYPE_INT64); },
+            Code::kInvalidArgument,
+            "target_dtype: must be a floating point dtype, got int64"},
+           {"unknown target dtype",
+            [](auto& r) { r.set_target_dtype(static_cast<v1::DType>(99)); },
+            Code::kInvalidArgument, "target_dtype: dtype 99"},
+           {"character class in the glob",
+            [](auto& r) { r.set_key_glob("w[ei]ight"); },
+            Code::kInvalidArgument, "key_glob: 'w[ei]ight' uses '['"},
+           {"escape in the glob", [](auto& r) { r.set_key_glob("bias\\*"); },
+            Code::kInvalidArgument, "key_glob:"},
+           {"unknown selection",
+            [](auto& r) {
+              r.set_selection(
+                  static_cast<v1::GetStateDictRequest::Selection>(9));
+            },
+            Code::kInvalidArgument, "selection: unknown value 9"},
+           {"chunk above the server's limit",
+            [](auto& r) { r.set_chunk_bytes(64u << 20); },
+            Code::kResourceExhausted, "chunk_bytes"},
+           {"metadata only with a bad target dtype",
+            [](auto& r) {
+              r.set_metadata_only(true);
+              r.set_target_dtype(v1::DTYPE_BOOL);
+            },
+            Code::kInvalidArgument, "target_dtype"},
+           {"malformed module name", [](auto& r) { r.set_module("a/b/c"); },
+            Code::kInvalidArgument, "module: 'a/b/c'"},
+       }) {
+    SCOPED_TRACE(c.label);
+    v1::GetStateDictRequest request;
+    request.set_module("opts/lin");
+    c.spoil(request);
+    int messages = -1;
+    EXPECT_THAT(fetch(request, &messages), StatusIs(c.code, HasSubstr(c.says)));
+    EXPECT_EQ(messages, 0);
+  }
+  // The same module streams fine with good options.
+  v1::GetStateDictRequest good;
+  good.set_module("opts/lin");
+  good.set_key_glob("w*t");
+  good.set_target_dtype(v1::DTYPE_FLOAT16);
+  int messages = 0;
+  EXPECT_THAT(fetch(good, &messages), IsOk());
+  EXPECT_EQ(messages, 2);  // the header and one data chunk
+}
+
+// The hook and audit RPCs with malformed input (ListSubscribers and
+// VerifyAudit take none): the right code, the field named, the server up.
+TEST_F(ServiceTest, MalformedSubscriptionsAndAuditQueries) {
+  using Code = absl::StatusCode;
+  v1::Subscription bad_name;
+  bad_name.set_name("bad name!");
+  auto approve = [](const v1::HookEventProto& e) {
+    v1::HookAnswer a;
+    a.set_event_id(e.event_id());
+    a.set_verdict(v1::HookAnswer::APPROVE);
+    return a;
+  };
+  EXPECT_THAT(client::Subscriber::Start(*client_, bad_name, approve),
+              StatusIs(Code::kInvalidArgument, HasSubstr("name: 'bad name!'")));
+  v1::Subscription too_slow;
+  too_slow.set_name("slow");
+  too_slow.set_timeout_ms(2 * 3600 * 1000);
+  EXPECT_THAT(client::Subscriber::Start(*client_, too_slow, approve),
+              StatusIs(Code::kInvalidArgument, HasSubstr("timeout:")));
+  {
+    // An answer before any subscription.
+    std::unique_ptr<grpc::ClientContext> context =
+        client_->NewContext(absl::Seconds(30));
+    auto stream = client_->stub().Subscribe(context.get());
+    v1::SubscribeRequest answer;
+    answer.mutable_answer()->set_event_id(1);
+    ASSERT_TRUE(stream->Write(answer));
+    stream->WritesDone();
+    v1::SubscribeResponse response;
+    EXPECT_FALSE(stream->Read(&response));
+    EXPECT_THAT(convert::FromGrpcStatus(stream->Finish()),
+                StatusIs(Code::kInvalidArgument,
+                         HasSubstr("subscription: the first message must be a "
+                                   "subscription")));
+  }
+  v1::QueryAuditRequest query;
+  query.mutable_filter()->set_since("yesterday");
+  std::unique_ptr<grpc::ClientContext> context =
+      client_->NewContext(absl::Seconds(30));
+  v1::QueryAuditResponse found;
+  EXPECT_THAT(
+      convert::FromGrpcStatus(
+          client_->stub().QueryAudit(context.get(), query, &found)),
+      StatusIs(Code::kInvalidArgument,
+               HasSubstr("filter.since: 'yesterday' is not an RFC 3339 time")));
+  query.clear_filter();
+  query.set_limit(-5);
+  context = client_->NewContext(absl::Seconds(30));
+  EXPECT_THAT(convert::FromGrpcStatus(
+                  client_->stub().QueryAudit(context.get(), query, &found)),
+              StatusIs(Code::kInvalidArgument,
+                       HasSubstr("limit: must not be negative")));
+  v1::WatchAuditRequest watch;
+  watch.mutable_filter()->set_until("soon");
+  context = client_->NewContext(absl::Seconds(30));
+  auto records = client_->stub().WatchAudit(context.get(), watch);
+  v1::AuditRecordProto record;
+  EXPECT_FALSE(records->Read(&record));
+  EXPECT_THAT(convert::FromGrpcStatus(records->Finish()),
+              StatusIs(Code::kInvalidArgument, HasSubstr("filter.until")));
+}
+
+// The remaining unary RPCs with a malformed module name or spec.
+TEST_F(ServiceTest, MalformedNamesAndSpecsForEveryUnaryRpc) {
+  ASSERT_THAT(client_->BuildModule(BuildRequest(
+                  "names/lin", R"({"type": "Linear", "args": [2, 2]})")),
+              IsOk());
+  using Code = absl::StatusCode;
+  const auto bad_name =
+      StatusIs(Code::kInvalidArgument, HasSubstr("module: 'bad name!'"));
+  EXPECT_THAT(client_->DeleteModule("bad name!"), bad_name);
+  EXPECT_THAT(client_->SetTraining("bad name!", true), bad_name);
+  v1::GetModuleRequest get;
+  get.set_module("bad name!");
+  EXPECT_THAT(client_->GetModule(get), bad_name);
+  v1::MoveModuleRequest move;
+  move.set_module("bad name!");
+  move.set_dtype("float16");
+  EXPECT_THAT(client_->MoveModule(move), bad_name);
+  v1::RemoveEntryRequest remove;
+  remove.set_module("bad name!");
+  remove.set_name("weight");
+  EXPECT_THAT(client_->RemoveEntry(remove), bad_name);
+  v1::RegisterSubmoduleRequest sub;
+  sub.set_module("names/lin");
+  sub.set_name("child");
+  *sub.mutable_spec() = SpecProto(R"({"type": "Linear", "args": [2, 2],
+                                      "kwargs": {"bogus": 1}})");
+  EXPECT_THAT(client_->RegisterSubmodule(sub),
+              StatusIs(Code::kInvalidArgument, HasSubstr("bogus")));
+  *sub.mutable_spec() = SpecProto(R"({"type": "Linear", "args": [2, -2]})");
+  EXPECT_THAT(
+      client_->RegisterSubmodule(sub),
+      StatusIs(Code::kInvalidArgument, HasSubstr("negative dimension")));
+  sub.set_existing_path("no.such.path");
+  EXPECT_THAT(client_->RegisterSubmodule(sub),
+              StatusIs(Code::kNotFound, HasSubstr("existing_path")));
+  sub.set_name("bad.name");
+  sub.set_none(true);
+  EXPECT_THAT(client_->RegisterSubmodule(sub),
+              StatusIs(Code::kInvalidArgument, HasSubstr("can't contain")));
+  // Nothing was registered by the failed calls.
+  get.set_module("names/lin");
+  absl::StatusOr<v1::GetModuleResponse> described = client_->GetModule(get);
+  ASSERT_THAT(described, IsOk());
+  EXPECT_EQ(described->info().children_size(), 0);
+}
+
+// An interceptor blocks every registration named "temp": an ordinary build
+// reports the block and stores the module, an all_or_nothing build fails
+// and stores nothing.
+TEST_F(ServiceTest, AllOrNothingBuildWithABlockedRegistrationStoresNothing) {
+  v1::Subscription subscription;
+  subscription.set_name("no-temp");
+  subscription.add_namespaces("aon");
+  absl::StatusOr<std::unique_ptr<client::Subscriber>> subscriber =
+      client::Subscriber::Start(
+          *client_, subscription, [](const v1::HookEventProto& event) {
+            v1::HookAnswer answer;
+            answer.set_event_id(event.event_id());
+            bool temp = event.name() == "temp";
+            answer.set_verdict(temp ? v1::HookAnswer::REJECT
+                                    : v1::HookAnswer::APPROVE);
+            if (temp) answer.set_reason("no temporaries");
+            return answer;
+          });
+  ASSERT_THAT(subscriber, IsOk());
+  const std::string spec = R"({"type": "Net", "members": [
+      {"parameter": {"name": "w", "shape": [2], "init": {"kind": "ones"}}},
+      {"buffer": {"name": "temp", "shape": [3]}}]})";
+  absl::StatusOr<v1::BuildModuleResponse> lenient =
+      client_->BuildModule(BuildRequest("aon/lenient", spec));
+  ASSERT_THAT(lenient, IsOk());
+  ASSERT_EQ(lenient->registrations_size(), 2);
+  EXPECT_EQ(lenient->registrations(1).name(), "temp");
+  EXPECT_EQ(lenient->registrations(1).outcome(), v1::OUTCOME_BLOCK);
+
+  v1::BuildModuleRequest strict = BuildRequest("aon/strict", spec);
+  strict.set_all_or_nothing(true);
+  EXPECT_THAT(client_->BuildModule(strict),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       ::testing::AllOf(
+                           HasSubstr("all_or_nothing build of 'aon/strict' "
+                                     "stored nothing"),
+                           HasSubstr("temp"), HasSubstr("no temporaries"))));
+  v1::GetModuleRequest get;
+  get.set_module("aon/strict");
+  EXPECT_THAT(client_->GetModule(get), StatusIs(absl::StatusCode::kNotFound));
+  v1::ListModulesRequest list;
+  list.set_namespace_("aon");
+  absl::StatusOr<v1::ListModulesResponse> listed = client_->ListModules(list);
+  ASSERT_THAT(listed, IsOk());
+  ASSERT_EQ(listed->modules_size(), 1);
+  EXPECT_EQ(listed->modules(0).module(), "aon/lenient");
+
+  // With nothing blocked, all_or_nothing builds as usual.
+  v1::BuildModuleRequest clean =
+      BuildRequest("aon/clean", R"({"type": "Linear", "args": [2, 2]})");
+  clean.set_all_or_nothing(true);
+  EXPECT_THAT(client_->BuildModule(clean), IsOk());
+  (*subscriber)->Stop();
+}
+
 TEST_F(ServiceTest, RegistrationRpcsReportEachOutcome) {
   ASSERT_THAT(client_->BuildModule(
                   BuildRequest("reg/net", R"({"type": "Net", "members": [
@@ -639,8 +955,15 @@ TEST_F(ServiceTest, ThirtyTwoConcurrentClients) {
   const std::string shared_spec = R"({"type": "Linear", "args": [64, 64]})";
   ASSERT_THAT(client_->BuildModule(BuildRequest("conc/shared", shared_spec)),
               IsOk());
+  // Start from a known pattern so that every snapshot is checked.
+  StateDict first;
+  first.tensors.Set("weight", Filled(DType::kFloat32, {64, 64}, 1000));
+  first.tensors.Set("bias", Filled(DType::kFloat32, {64}, 1000));
+  ASSERT_THAT(client_->LoadStateDict("conc/shared", first), IsOk());
   std::atomic<int> failures{0};
   std::atomic<int> torn{0};
+  std::atomic<int> checked{0};
+  std::atomic<int> saw_a_write{0};
   std::vector<std::thread> threads;
   for (int c = 0; c < kClients; ++c) {
     threads.emplace_back([&, c] {
@@ -676,14 +999,19 @@ TEST_F(ServiceTest, ThirtyTwoConcurrentClients) {
           }
           const float* w = sd->tensors.Find("weight")->data<float>();
           const float* b = sd->tensors.Find("bias")->data<float>();
-          bool initial = w[0] != std::floor(w[0]);
-          if (initial) continue;  // still the built values
+          // The first pattern, or one writer's.
+          if (w[0] != 1000 && !(w[0] >= 1 && w[0] < kClients &&
+                                static_cast<int>(w[0]) % 4 == 1)) {
+            ++torn;
+          }
+          if (w[0] != 1000) ++saw_a_write;
           for (int k = 0; k < 64 * 64; ++k) {
             if (w[k] != w[0]) ++torn;
           }
           for (int k = 0; k < 64; ++k) {
             if (b[k] != w[0]) ++torn;
           }
+          ++checked;
         }
       }
     });
@@ -691,30 +1019,171 @@ TEST_F(ServiceTest, ThirtyTwoConcurrentClients) {
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(failures.load(), 0);
   EXPECT_EQ(torn.load(), 0);
+  EXPECT_EQ(checked.load(), 8 * 10);  // 8 readers, 10 snapshots each
+  // After the writers: one writer's pattern, whole.
+  absl::StatusOr<StateDict> last = client_->GetStateDict("conc/shared");
+  ASSERT_THAT(last, IsOk());
+  float w0 = last->tensors.Find("weight")->data<float>()[0];
+  EXPECT_EQ(static_cast<int>(w0) % 4, 1);
+  EXPECT_TRUE(TensorsEqual(*last->tensors.Find("weight"),
+                           Filled(DType::kFloat32, {64, 64}, w0)));
+  EXPECT_TRUE(TensorsEqual(*last->tensors.Find("bias"),
+                           Filled(DType::kFloat32, {64}, w0)));
+  std::cout << "snapshots taken while writers ran that showed a write: "
+            << saw_a_write.load() << " of " << checked.load() << "\n";
 }
 
-TEST(ServerLifecycleTest, ShutsDownOnSigtermWithinTheGracePeriod) {
-  TestServer server({"--shutdown_grace_seconds=1"});
-  ASSERT_THAT(server.Start(), IsOk());
-  std::unique_ptr<client::ModelStateClient> c = server.NewClient();
-  ASSERT_THAT(c->BuildModule(BuildRequest(
-                  "life/m", R"({"type": "Linear", "args": [512, 512]})")),
+// Two readers of one module that stop reading mid-stream hold neither each
+// other nor a writer back, and each still gets the snapshot it started.
+TEST_F(ServiceTest, SlowReadersOfOneModuleOverlapAndDoNotBlockAWriter) {
+  constexpr int64_t kOut = 1024, kIn = 1024;  // 4 MiB of weight
+  ASSERT_THAT(client_->BuildModule(BuildRequest(
+                  "slow/m", absl::StrCat(R"({"type": "Linear", "args": [)", kIn,
+                                         ", ", kOut, "]}"))),
               IsOk());
-  // A stream the client never reads stays open on the server.
-  grpc::ClientContext stalled;
-  v1::GetStateDictRequest request;
-  request.set_module("life/m");
-  request.set_chunk_bytes(1024);
-  auto reader = c->stub().GetStateDict(&stalled, request);
+  auto pattern = [&](double value) {
+    StateDict sd;
+    sd.tensors.Set("weight", Filled(DType::kFloat32, {kOut, kIn}, value));
+    sd.tensors.Set("bias", Filled(DType::kFloat32, {kOut}, value));
+    return sd;
+  };
+  ASSERT_THAT(client_->LoadStateDict("slow/m", pattern(1)), IsOk());
+
+  struct SlowReader {
+    std::unique_ptr<grpc::ClientContext> context;
+    std::unique_ptr<grpc::ClientReader<v1::StateDictChunk>> stream;
+    std::string bytes;
+  };
+  auto open = [&] {
+    SlowReader r;
+    r.context = client_->NewContext(absl::Seconds(60));
+    v1::GetStateDictRequest request;
+    request.set_module("slow/m");
+    request.set_chunk_bytes(4096);
+    r.stream = client_->stub().GetStateDict(r.context.get(), request);
+    v1::StateDictChunk chunk;
+    // The header, then one chunk of data; then this reader stalls.
+    EXPECT_TRUE(r.stream->Read(&chunk) && chunk.has_header());
+    EXPECT_TRUE(r.stream->Read(&chunk) && !chunk.data().empty());
+    r.bytes = chunk.data();
+    return r;
+  };
   auto start = std::chrono::steady_clock::now();
-  int status = server.Stop(SIGTERM, std::chrono::seconds(20));
+  SlowReader a = open();
+  SlowReader b = open();  // served while `a` is stalled mid-stream
+  EXPECT_THAT(client_->LoadStateDict("slow/m", pattern(2)), IsOk());
   double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
-  EXPECT_TRUE(WIFEXITED(status)) << status;
-  EXPECT_EQ(WEXITSTATUS(status), 0);
-  EXPECT_LT(seconds, 10.0);
-  stalled.TryCancel();
+  EXPECT_LT(seconds, 20.0);
+  for (SlowReader* r : {&a, &b}) {
+    v1::StateDictChunk chunk;
+    while (r->stream->Read(&chunk)) r->bytes += chunk.data();
+    EXPECT_THAT(convert::FromGrpcStatus(r->stream->Finish()), IsOk());
+    ASSERT_EQ(r->bytes.size(), static_cast<size_t>((kOut * kIn + kOut) * 4));
+    const float* values = reinterpret_cast<const float*>(r->bytes.data());
+    int64_t not_one = 0;
+    for (int64_t i = 0; i < kOut * kIn + kOut; ++i) not_one += values[i] != 1;
+    EXPECT_EQ(not_one, 0) << "a snapshot showed the later load";
+  }
+  absl::StatusOr<StateDict> after = client_->GetStateDict("slow/m");
+  ASSERT_THAT(after, IsOk());
+  ExpectSameState(*after, pattern(2));
+}
+
+// SIGTERM and SIGINT both drain: health turns NOT_SERVING for a watcher at
+// once, running calls get the grace period, and the process exits 0.
+TEST(ServerLifecycleTest, DrainsOnSigtermAndSigintWithinTheGracePeriod) {
+  using grpc::health::v1::HealthCheckRequest;
+  using grpc::health::v1::HealthCheckResponse;
+  for (int sig : {SIGTERM, SIGINT}) {
+    SCOPED_TRACE(strsignal(sig));
+    TestServer server({"--shutdown_grace_seconds=2"});
+    ASSERT_THAT(server.Start(), IsOk());
+    std::unique_ptr<client::ModelStateClient> c = server.NewClient();
+    ASSERT_THAT(c->BuildModule(BuildRequest(
+                    "life/m", R"({"type": "Linear", "args": [512, 512]})")),
+                IsOk());
+    // A health watcher sees every change of the serving status.
+    auto health = grpc::health::v1::Health::NewStub(c->channel());
+    grpc::ClientContext watch_context;
+    watch_context.set_deadline(std::chrono::system_clock::now() +
+                               std::chrono::seconds(60));
+    auto watch = health->Watch(&watch_context, HealthCheckRequest());
+    HealthCheckResponse status;
+    ASSERT_TRUE(watch->Read(&status));
+    EXPECT_EQ(status.status(), HealthCheckResponse::SERVING);
+    // A stream the client never reads keeps the server draining until the
+    // grace period ends.
+    grpc::ClientContext stalled;
+    v1::GetStateDictRequest request;
+    request.set_module("life/m");
+    request.set_chunk_bytes(1024);
+    auto reader = c->stub().GetStateDict(&stalled, request);
+    v1::StateDictChunk header;
+    ASSERT_TRUE(reader->Read(&header));
+    auto start = std::chrono::steady_clock::now();
+    kill(server.pid(), sig);
+    ASSERT_TRUE(watch->Read(&status));
+    EXPECT_EQ(status.status(), HealthCheckResponse::NOT_SERVING);
+    // Signal 0 sends nothing: just wait for the exit.
+    int exit_status = server.Stop(0, std::chrono::seconds(20));
+    double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
+    EXPECT_TRUE(WIFEXITED(exit_status)) << exit_status;
+    EXPECT_EQ(WEXITSTATUS(exit_status), 0);
+    EXPECT_LT(seconds, 10.0);
+    EXPECT_THAT(server.Log(),
+                HasSubstr(absl::StrCat("signal ", sig, ": shutting down")));
+    stalled.TryCancel();
+    watch_context.TryCancel();
+  }
+}
+
+// Limits out of range stop the server before it listens: exit code 2 and a
+// message naming the flag and its range.
+TEST(ServerLifecycleTest, RefusesOutOfRangeFlagsWithExitCodeTwo) {
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           absl::StrCat("flags-test-", getpid()))
+                              .string();
+  struct Case {
+    std::vector<std::string> flags;
+    std::string says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--chunk_kib=-1"}, "--chunk_kib=-1: must be between 1 and 16384"},
+           {{"--chunk_kib=0"}, "--chunk_kib=0: must be between 1 and 16384"},
+           {{"--chunk_kib=2048", "--max_chunk_kib=1024"},
+            "--chunk_kib=2048: must be between 1 and 1024"},
+           {{"--max_chunk_kib=8192", "--max_message_mib=4"},
+            "--max_chunk_kib=8192: must be between 1 and 3072"},
+           {{"--max_message_mib=1"}, "--max_message_mib=1: must be between 2"},
+           {{"--max_message_mib=4096"},
+            "--max_message_mib=4096: must be between 2 and 2047"},
+           {{"--worker_threads=-3"}, "--worker_threads=-3"},
+           {{"--max_tensor_mib=0"}, "--max_tensor_mib=0"},
+           {{"--max_module_mib=-1"}, "--max_module_mib=-1"},
+           {{"--max_entries=0"}, "--max_entries=0"},
+           {{"--max_spec_depth=0"}, "--max_spec_depth=0"},
+           {{"--max_queued_events=0"}, "--max_queued_events=0"},
+           {{"--shutdown_grace_seconds=-5"}, "--shutdown_grace_seconds=-5"},
+           {{"--stream_window_kib=-1"}, "--stream_window_kib=-1"},
+           {{"--max_streams_per_identity=-1"}, "--max_streams_per_identity=-1"},
+       }) {
+    SCOPED_TRACE(c.flags.front());
+    std::vector<std::string> argv = {
+        MODELSTATE_SERVER_BINARY, "--listen=127.0.0.1:0", "--data_dir=" + dir};
+    argv.insert(argv.end(), c.flags.begin(), c.flags.end());
+    // A server that accepted the flags would serve until the timeout.
+    testing::CommandResult run =
+        testing::RunCommand(argv, {}, std::chrono::seconds(20));
+    EXPECT_EQ(run.exit_code, 2) << run.err;
+    EXPECT_THAT(run.err, HasSubstr(c.says));
+    EXPECT_THAT(run.err, ::testing::Not(HasSubstr("listening on")));
+  }
+  // Refused before the data directory was even created.
+  EXPECT_FALSE(std::filesystem::exists(dir));
 }
 
 TEST(ServerLifecycleTest, ASecondServerOnTheSamePortFails) {
