@@ -176,6 +176,9 @@ int main(int argc, char** argv) {
       "Usage: modelstate-server [--listen=127.0.0.1:50051] "
       "[--data_dir=./data]");
   absl::ParseCommandLine(argc, argv);
+  // A file size limit (ulimit -f) must fail the write that hits it, which
+  // the audit log reports and then refuses changes, not kill the server.
+  signal(SIGXFSZ, SIG_IGN);
   // SIGINT and SIGTERM shut down, SIGHUP reloads; the waiter thread below
   // reads them from a pipe, whichever thread received them.
   if (absl::Status s = modelstate::InstallSignalPipe({SIGINT, SIGTERM, SIGHUP});
@@ -255,6 +258,7 @@ int main(int argc, char** argv) {
 
   options.max_queued_events =
       static_cast<size_t>(absl::GetFlag(FLAGS_max_queued_events));
+  options.max_message_bytes = static_cast<uint64_t>(max_message);
 
   std::filesystem::path data_dir = absl::GetFlag(FLAGS_data_dir);
   std::error_code ec;
