@@ -547,6 +547,49 @@ TEST_F(HubTest, SingleRegistrationsAreDecidedBeforeAnyReaderSeesThem) {
   EXPECT_EQ(State("t/single").tensors.size(), 2u);
 }
 
+TEST_F(HubTest, LoadWithAssignAndRemovalReachTheInterceptors) {
+  ASSERT_THAT(Build("t/paths", R"({"type": "Linear", "args": [3, 2]})"),
+              IsOk());
+  const StateDict built = State("t/paths");
+  auto guard = Add(Spec("guard"), [](const HookEvent& e) {
+    const bool keep =
+        e.name == "weight" && e.action == RegistrationAction::kRegister;
+    return Verdict_(e, keep ? Verdict::kApprove : Verdict::kReject, "guarded");
+  });
+  // load_state_dict(assign=True) installs through the chain: the weight is
+  // approved, the bias rejected (it keeps its built values).
+  StateDict offered;
+  offered.tensors.Set("weight", *Tensor::Zeros(DType::kFloat32, {2, 3}));
+  offered.tensors.Set("bias", *Tensor::Zeros(DType::kFloat32, {2}));
+  LoadOptions assign;
+  assign.assign = true;
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      LoadResult loaded,
+      store_.Load({"alice", "req-2"}, *ParseModuleName("t/paths"), offered,
+                  assign));
+  (void)loaded;
+  StateDict after = State("t/paths");
+  EXPECT_TRUE(TensorsEqual(*after.tensors.Find("weight"),
+                           *offered.tensors.Find("weight")));
+  EXPECT_TRUE(
+      TensorsEqual(*after.tensors.Find("bias"), *built.tensors.Find("bias")));
+  // RemoveEntry is an unregister event; rejected, the weight stays.
+  RegistrationRequest removal;
+  removal.name = "weight";
+  removal.kind = EntryKind::kParameter;
+  removal.removal = true;
+  EXPECT_THAT(store_.Register({}, *ParseModuleName("t/paths"), removal),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("rejected by guard: guarded")));
+  EXPECT_EQ(State("t/paths").tensors.size(), 2u);
+  std::vector<std::string> seen;
+  for (const HookEvent& e : guard->events()) {
+    seen.push_back(absl::StrCat(RegistrationActionName(e.action), " ", e.name));
+  }
+  EXPECT_THAT(seen, ElementsAre("register weight", "register bias",
+                                "unregister weight"));
+}
+
 TEST_F(HubTest, TheTimeoutClockStartsWhenAnEventBecomesTheOldest) {
   // Answers one event at a time, 150 ms each: 12 pipelined events take
   // 1.8 s in all, but none waits more than 150 ms once it is the oldest,
