@@ -61,6 +61,8 @@ void Subscriber::Run() {
     if (answer.event_id() == 0) answer.set_event_id(event.event_id());
     v1::SubscribeRequest request;
     *request.mutable_answer() = std::move(answer);
+    MutexLock lock(&write_mu_);
+    if (writes_done_) continue;  // unsubscribing: answers are no longer due
     if (!stream_->Write(request)) break;
   }
   absl::Status status = convert::FromGrpcStatus(stream_->Finish());
@@ -74,6 +76,20 @@ absl::Status Subscriber::Wait() {
   MutexLock lock(&mu_);
   while (!ended_) cv_.Wait(&mu_);
   return end_status_;
+}
+
+absl::Status Subscriber::Unsubscribe() {
+  {
+    MutexLock lock(&write_mu_);
+    if (!writes_done_) {
+      writes_done_ = true;
+      stream_->WritesDone();
+    }
+  }
+  // The server detaches the subscriber before it ends the stream.
+  absl::Status status = Wait();
+  if (thread_.joinable()) thread_.join();
+  return status;
 }
 
 void Subscriber::Stop() {

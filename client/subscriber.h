@@ -53,6 +53,9 @@ class Subscriber {
   absl::Status Wait();
   // Cancels the stream and waits for the thread.
   void Stop();
+  // Ends the subscription cleanly and waits for the server to confirm it:
+  // once this returns OK, no request sees this subscriber any more.
+  absl::Status Unsubscribe();
 
  private:
   Subscriber() = default;
@@ -66,6 +69,9 @@ class Subscriber {
   std::thread thread_;
   uint64_t id_ = 0;
 
+  // One write at a time on the stream (answers, and the final WritesDone).
+  Mutex write_mu_;
+  bool writes_done_ ABSL_GUARDED_BY(write_mu_) = false;
   Mutex mu_;
   CondVar cv_;
   bool acked_ ABSL_GUARDED_BY(mu_) = false;

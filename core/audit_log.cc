@@ -565,8 +565,9 @@ struct AuditLog::State {
   std::string last_hash ABSL_GUARDED_BY(mu);
   absl::Time last_time ABSL_GUARDED_BY(mu);
   uint64_t file_size ABSL_GUARDED_BY(mu) = 0;
-  // Set when a failed write could not be undone: the file may end in a
-  // partial line, and appending after it would break the chain mid-file.
+  // Sticky: set by the first failed write. A record that could not be
+  // written means a change went unrecorded; refusing every later append
+  // (and so every change, see health()) beats carrying on unaudited.
   absl::Status write_error ABSL_GUARDED_BY(mu);
 
   // Group commit. Separate from `mu` so that appends go on while one thread
@@ -678,16 +679,20 @@ absl::StatusOr<uint64_t> AuditLog::Append(AuditRecord record) {
   size_t written = 0;
   absl::Status st = WriteAll(s.fd, line, &written);
   if (!st.ok()) {
-    // Undo a partial line, so that the next append starts a clean line.
+    // Undo a partial line, so that the file stays a valid chain.
     if (written > 0 &&
         ::ftruncate(s.fd, static_cast<off_t>(s.file_size)) != 0) {
       s.write_error = absl::DataLossError(
           absl::StrCat("audit log ", s.path,
                        " may end in a partial record after a failed write (",
                        st.message(), "); reopen it to recover"));
+    } else {
+      s.write_error = absl::UnavailableError(absl::StrCat(
+          "audit log ", s.path, " failed (cannot append: ", st.message(),
+          "); changes are refused until the server restarts with a "
+          "writable audit log"));
     }
-    return absl::Status(st.code(), absl::StrCat("cannot append to audit log ",
-                                                s.path, ": ", st.message()));
+    return s.write_error;
   }
   s.file_size += line.size();
   s.last_hash = record.hash;
@@ -739,6 +744,16 @@ absl::Status AuditLog::Sync(uint64_t seq) {
     s.sync_error = ErrnoError(error, "cannot fdatasync audit log", s.path);
   }
   s.sync_done.SignalAll();
+  return s.sync_error;
+}
+
+absl::Status AuditLog::health() const {
+  State& s = *state_;
+  {
+    ReaderMutexLock lock(&s.mu);
+    if (!s.write_error.ok()) return s.write_error;
+  }
+  MutexLock lock(&s.sync_mu);
   return s.sync_error;
 }
 

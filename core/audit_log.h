@@ -113,6 +113,11 @@ class AuditLog {
   // never appended; a failed fdatasync fails this and every later Sync.
   absl::Status Sync(uint64_t seq);
 
+  // OK, or the first failed write or fdatasync: sticky, since a change
+  // whose record was lost must stop further unaudited changes (the server
+  // refuses mutating requests with UNAVAILABLE while this is not OK).
+  absl::Status health() const;
+
   // The sequence number of the last record (0 when empty).
   uint64_t last_seq() const;
   bool recovered_torn_tail() const { return recovered_torn_tail_; }

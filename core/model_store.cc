@@ -389,7 +389,9 @@ absl::StatusOr<BuildOutcome> ModelStore::Build(const OperationContext& ctx,
   build_options.root_path = "";
   MODELSTATE_ASSIGN_OR_RETURN(BuildResult built,
                               BuildModule(spec, build_options));
-  std::vector<HookDecision> finals = Decide(ctx, name, built.records);
+  OperationContext seeded = ctx;
+  seeded.seed = options.seed;
+  std::vector<HookDecision> finals = Decide(seeded, name, built.records);
   MODELSTATE_RETURN_IF_ERROR(ApplyFinalDecisions(built.records, finals));
   size_t blocked_count = 0;
   std::vector<std::string> blocked;

@@ -51,6 +51,10 @@ namespace modelstate {
 struct OperationContext {
   std::string identity;
   std::string correlation_id;
+  // The request's seed (BuildModule's; 0 for requests without one). A
+  // subscriber's re-initialise transform without its own seed derives one
+  // from it and the entry's path, so the same request builds the same values.
+  uint64_t seed = 0;
 };
 
 // One registration as decided in the end: the record (event, in-process

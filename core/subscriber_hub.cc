@@ -1,6 +1,8 @@
 #include "core/subscriber_hub.h"
 
 #include <algorithm>
+#include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -12,22 +14,86 @@
 #include "absl/time/clock.h"
 #include "core/generator.h"
 #include "core/init.h"
+#include "core/sha256.h"
 #include "core/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace modelstate {
 
 struct SubscriberHub::Subscriber {
-  uint64_t id;
+  // Answers remembered for telling late or duplicate answers from garbage.
+  static constexpr size_t kMaxSettled = 1 << 16;
+
+  uint64_t id = 0;
   SubscriptionSpec spec;
-  uint64_t order;
+  uint64_t order = 0;
   std::shared_ptr<SubscriberChannel> channel;
-  absl::flat_hash_set<uint64_t> holding;  // event ids waiting for it
+  // Events waiting for its answer, in the order they were sent (send number
+  // -> event id), and the reverse index.
+  std::map<uint64_t, uint64_t> queue;
+  absl::flat_hash_map<uint64_t, uint64_t> holding;
+  // When the oldest waiting event became the oldest: its timeout runs from
+  // here, so an event queued behind a slow answer keeps its whole timeout.
+  absl::Time oldest_since;
+  // Events it held and no longer holds, the most recent kMaxSettled.
+  std::deque<uint64_t> settled_order;
+  absl::flat_hash_set<uint64_t> settled;
+
+  void Hold(uint64_t event_id, uint64_t send_number, absl::Time now) {
+    if (queue.empty()) oldest_since = now;
+    queue.emplace(send_number, event_id);
+    holding.emplace(event_id, send_number);
+  }
+  // Stops waiting for `event_id`; false if it was not waiting for it.
+  bool Release(uint64_t event_id, absl::Time now) {
+    auto it = holding.find(event_id);
+    if (it == holding.end()) return false;
+    const bool was_oldest = queue.begin()->first == it->second;
+    queue.erase(it->second);
+    holding.erase(it);
+    if (was_oldest) oldest_since = now;
+    Settle(event_id);
+    return true;
+  }
+  void Settle(uint64_t event_id) {
+    if (!settled.insert(event_id).second) return;
+    settled_order.push_back(event_id);
+    if (settled_order.size() > kMaxSettled) {
+      settled.erase(settled_order.front());
+      settled_order.pop_front();
+    }
+  }
+  // When waiting for `event_id` times out: only the oldest event's clock
+  // runs.
+  absl::Time DeadlineOf(uint64_t event_id) const {
+    if (queue.empty() || queue.begin()->second != event_id) {
+      return absl::InfiniteFuture();
+    }
+    return oldest_since + spec.timeout;
+  }
+  // Event ids waiting, oldest first.
+  std::vector<uint64_t> Held() const {
+    std::vector<uint64_t> ids;
+    ids.reserve(queue.size());
+    for (const auto& [number, event_id] : queue) ids.push_back(event_id);
+    return ids;
+  }
+};
+
+// A dry-run event: what its answers are validated against.
+struct SubscriberHub::DryRun {
+  std::shared_ptr<const HookEvent> event;
+  absl::Time sent_at;
+  std::shared_ptr<Module> owner;  // keeps registration.module alive
+  RegistrationEvent registration;
+  uint64_t request_seed = 0;
+  absl::flat_hash_set<std::string> answered;  // subscriber names
 };
 
 // One event on its way through its chain of interceptors.
 struct SubscriberHub::Pending {
   uint64_t event_id = 0;
+  uint64_t request_seed = 0;
   const RegistrationRecord* record = nullptr;
   HookEvent base;
   SlotValue value;  // current value
@@ -39,7 +105,6 @@ struct SubscriberHub::Pending {
   std::vector<ChainStep> steps;
   uint64_t waiting_on = 0;  // subscriber id, 0 when not sent
   absl::Time sent_at;
-  absl::Time deadline = absl::InfiniteFuture();
   bool done = false;
   HookDecision result;
   size_t* remaining = nullptr;  // the Decide call's count of unfinished events
@@ -76,6 +141,112 @@ nlohmann::json ValueJson(const SlotValue& v, const std::string& sha256) {
   return j;
 }
 
+std::string EntryPath(const RegistrationEvent& event) {
+  return event.path.empty() ? event.name
+                            : absl::StrCat(event.path, ".", event.name);
+}
+
+// The value a MODIFY answer asks for instead of `current`, validated
+// (SEMANTICS H4, H5). `event` is the registration (its value unused).
+absl::StatusOr<SlotValue> ModifiedValue(const RegistrationEvent& event,
+                                        const SlotValue& current,
+                                        const SubscriberAnswer& answer,
+                                        uint64_t request_seed) {
+  if (event.action == RegistrationAction::kUnregister) {
+    return absl::InvalidArgumentError(
+        "MODIFY is not allowed on an unregister event");
+  }
+  if (event.kind == EntryKind::kModule) {
+    return absl::InvalidArgumentError(
+        "a submodule registration can only be approved or rejected");
+  }
+  SlotValue candidate = current;
+  if (answer.replacement.defined()) {
+    if (answer.transform.has_value()) {
+      return absl::InvalidArgumentError(
+          "MODIFY carries either a replacement tensor or a transform, not "
+          "both");
+    }
+    candidate.tensor = answer.replacement;
+    if (event.kind == EntryKind::kParameter) {
+      MODELSTATE_ASSIGN_OR_RETURN(
+          candidate.tensor,
+          MakeParameter(answer.replacement,
+                        answer.replacement_requires_grad.value_or(
+                            current.tensor.requires_grad()) &&
+                            IsFloatingPoint(answer.replacement.dtype())));
+    }
+  } else if (answer.transform.has_value()) {
+    const Transform& t = *answer.transform;
+    Tensor tensor = current.tensor;
+    if (t.reinit.has_value()) {
+      MODELSTATE_ASSIGN_OR_RETURN(tensor, tensor.Clone());
+      Generator gen(t.reinit->seed.has_value()
+                        ? *t.reinit->seed
+                        : ReinitSeed(request_seed, EntryPath(event)));
+      const InitSpec& init = *t.reinit;
+      switch (init.kind) {
+        case InitSpec::Kind::kZeros:
+          MODELSTATE_RETURN_IF_ERROR(ConstantInit(tensor, 0.0));
+          break;
+        case InitSpec::Kind::kOnes:
+          MODELSTATE_RETURN_IF_ERROR(ConstantInit(tensor, 1.0));
+          break;
+        case InitSpec::Kind::kConstant:
+          MODELSTATE_RETURN_IF_ERROR(ConstantInit(tensor, init.a));
+          break;
+        case InitSpec::Kind::kUniform:
+          MODELSTATE_RETURN_IF_ERROR(UniformInit(tensor, init.a, init.b, gen));
+          break;
+        case InitSpec::Kind::kNormal:
+          MODELSTATE_RETURN_IF_ERROR(NormalInit(tensor, init.a, init.b, gen));
+          break;
+        default:
+          return absl::InvalidArgumentError(
+              "reinit supports zeros, ones, constant, uniform and normal");
+      }
+    }
+    if (t.cast.has_value() || t.device.has_value()) {
+      if (t.cast.has_value() &&
+          IsFloatingPoint(tensor.dtype()) != IsFloatingPoint(*t.cast)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("cannot cast ", DTypeName(tensor.dtype()), " to ",
+                         DTypeName(*t.cast)));
+      }
+      MODELSTATE_ASSIGN_OR_RETURN(tensor,
+                                  tensor.To(t.device.value_or(tensor.device()),
+                                            t.cast.value_or(tensor.dtype())));
+    }
+    // A fresh tensor object, so that the proposed one is never changed.
+    Tensor fresh = tensor.is_same(current.tensor) ? tensor.Detach() : tensor;
+    if (event.kind == EntryKind::kParameter) {
+      bool rg = t.requires_grad.value_or(current.tensor.requires_grad());
+      if (rg && !IsFloatingPoint(fresh.dtype())) rg = false;
+      MODELSTATE_ASSIGN_OR_RETURN(fresh, MakeParameter(fresh, rg));
+    } else if (t.requires_grad.has_value()) {
+      return absl::InvalidArgumentError(
+          "set_requires_grad applies to parameters only");
+    }
+    if (t.persistent.has_value()) {
+      if (event.kind != EntryKind::kBuffer) {
+        return absl::InvalidArgumentError(
+            "set_persistent applies to buffers only");
+      }
+      candidate.persistent = *t.persistent;
+    }
+    candidate.tensor = fresh;
+  } else {
+    return absl::InvalidArgumentError(
+        "MODIFY needs a replacement tensor or a transform");
+  }
+  RegistrationEvent proposed = event;
+  proposed.value = current;
+  MODELSTATE_ASSIGN_OR_RETURN(candidate,
+                              NormalizeReplacement(proposed, candidate));
+  MODELSTATE_RETURN_IF_ERROR(ValidateReplacement(proposed, candidate));
+  return candidate;
+}
+
 std::string KindName(HookResult::Kind kind) {
   switch (kind) {
     case HookResult::Kind::kKeep:
@@ -89,6 +260,19 @@ std::string KindName(HookResult::Kind kind) {
 }
 
 }  // namespace
+
+uint64_t ReinitSeed(uint64_t request_seed, absl::string_view entry_path) {
+  const std::string digest =
+      Sha256Hex(absl::StrCat(request_seed, ":", entry_path));
+  uint64_t seed = 0;
+  // 16 hex digits: the first 8 bytes, big-endian.
+  for (size_t i = 0; i < 16; ++i) {
+    const char c = digest[i];
+    seed =
+        (seed << 4) | static_cast<uint64_t>(c <= '9' ? c - '0' : c - 'a' + 10);
+  }
+  return seed;
+}
 
 absl::string_view VerdictName(Verdict verdict) {
   switch (verdict) {
@@ -128,6 +312,15 @@ absl::StatusOr<uint64_t> SubscriberHub::Attach(
   uint64_t id;
   {
     MutexLock lock(&mu_);
+    if (!spec.owner_identity.empty()) {
+      auto [owner, first] =
+          owner_by_name_.try_emplace(spec.name, spec.owner_identity);
+      if (!first && owner->second != spec.owner_identity) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            "name: subscriber '", spec.name, "' belongs to '", owner->second,
+            "'; '", spec.owner_identity, "' may not take its place"));
+      }
+    }
     id = next_subscriber_id_++;
     auto known = order_by_name_.find(spec.name);
     uint64_t order =
@@ -140,16 +333,22 @@ absl::StatusOr<uint64_t> SubscriberHub::Attach(
     sub->channel = channel;
     // A connected subscriber of the same name is replaced; what it held
     // goes to the new connection.
+    // The new connection starts the oldest event's clock afresh.
+    const absl::Time now = absl::Now();
     for (auto it = subscribers_.begin(); it != subscribers_.end(); ++it) {
       if (it->second->spec.name != spec.name) continue;
       replaced = it->second->channel;
-      for (uint64_t event_id : it->second->holding) {
+      for (uint64_t event_id : it->second->Held()) {
         auto p = pending_.find(event_id);
         if (p == pending_.end()) continue;
         p->second->waiting_on = id;
-        sub->holding.insert(event_id);
+        sub->Hold(event_id, next_send_++, now);
         sends.emplace_back(channel, EventFor(*p->second, *sub));
       }
+      // Its answers to what the old connection settled are late, not
+      // garbage.
+      sub->settled = std::move(it->second->settled);
+      sub->settled_order = std::move(it->second->settled_order);
       subscribers_.erase(it);
       break;
     }
@@ -192,7 +391,7 @@ void SubscriberHub::Detach(uint64_t subscriber_id,
     std::unique_ptr<Subscriber> sub = std::move(it->second);
     subscribers_.erase(it);
     name = sub->spec.name;
-    for (uint64_t event_id : sub->holding) {
+    for (uint64_t event_id : sub->Held()) {
       auto p = pending_.find(event_id);
       if (p != pending_.end()) {
         FailLocked(*p->second, *sub, "disconnected", sends);
@@ -277,14 +476,15 @@ void SubscriberHub::AdvanceLocked(Pending& p, Sends& sends) {
     if (s == nullptr) {
       // Gone before its turn: its failure policy decides.
       const SubscriptionSpec& spec = p.chain_specs.at(order);
-      Subscriber ghost{0, spec, order, nullptr, {}};
+      Subscriber ghost;
+      ghost.spec = spec;
+      ghost.order = order;
       FailLocked(p, ghost, "is not connected", sends);
       return;
     }
     p.waiting_on = s->id;
-    s->holding.insert(p.event_id);
     p.sent_at = absl::Now();
-    p.deadline = p.sent_at + s->spec.timeout;
+    s->Hold(p.event_id, next_send_++, p.sent_at);
     sends.emplace_back(s->channel, EventFor(p, *s));
     return;
   }
@@ -339,104 +539,47 @@ void SubscriberHub::FailLocked(Pending& p, const Subscriber& s,
   AdvanceLocked(p, sends);
 }
 
-absl::Status SubscriberHub::ApplyModify(Pending& p,
-                                        const SubscriberAnswer& answer,
-                                        const Subscriber& s) {
-  const RegistrationRecord& r = *p.record;
-  if (r.event.action == RegistrationAction::kUnregister) {
-    return absl::InvalidArgumentError(
-        "MODIFY is not allowed on an unregister event");
-  }
-  if (r.event.kind == EntryKind::kModule) {
-    return absl::InvalidArgumentError(
-        "a submodule registration can only be approved or rejected");
-  }
-  SlotValue candidate = p.value;
-  if (answer.replacement.defined()) {
-    if (answer.transform.has_value()) {
-      return absl::InvalidArgumentError(
-          "MODIFY carries either a replacement tensor or a transform, not "
-          "both");
-    }
-    candidate.tensor = answer.replacement;
-    if (r.event.kind == EntryKind::kParameter) {
-      MODELSTATE_ASSIGN_OR_RETURN(
-          candidate.tensor,
-          MakeParameter(answer.replacement,
-                        answer.replacement_requires_grad &&
-                            IsFloatingPoint(answer.replacement.dtype())));
-    }
-  } else if (answer.transform.has_value()) {
-    const Transform& t = *answer.transform;
-    Tensor tensor = p.value.tensor;
-    if (t.reinit.has_value()) {
-      MODELSTATE_ASSIGN_OR_RETURN(tensor, tensor.Clone());
-      Generator gen(t.reinit->seed.value_or(0));
-      const InitSpec& init = *t.reinit;
-      switch (init.kind) {
-        case InitSpec::Kind::kZeros:
-          MODELSTATE_RETURN_IF_ERROR(ConstantInit(tensor, 0.0));
-          break;
-        case InitSpec::Kind::kOnes:
-          MODELSTATE_RETURN_IF_ERROR(ConstantInit(tensor, 1.0));
-          break;
-        case InitSpec::Kind::kConstant:
-          MODELSTATE_RETURN_IF_ERROR(ConstantInit(tensor, init.a));
-          break;
-        case InitSpec::Kind::kUniform:
-          MODELSTATE_RETURN_IF_ERROR(UniformInit(tensor, init.a, init.b, gen));
-          break;
-        case InitSpec::Kind::kNormal:
-          MODELSTATE_RETURN_IF_ERROR(NormalInit(tensor, init.a, init.b, gen));
-          break;
-        default:
-          return absl::InvalidArgumentError(
-              "reinit supports zeros, ones, constant, uniform and normal");
-      }
-    }
-    if (t.cast.has_value() || t.device.has_value()) {
-      if (t.cast.has_value() &&
-          IsFloatingPoint(tensor.dtype()) != IsFloatingPoint(*t.cast)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("cannot cast ", DTypeName(tensor.dtype()), " to ",
-                         DTypeName(*t.cast)));
-      }
-      MODELSTATE_ASSIGN_OR_RETURN(tensor,
-                                  tensor.To(t.device.value_or(tensor.device()),
-                                            t.cast.value_or(tensor.dtype())));
-    }
-    // A fresh tensor object, so that the proposed one is never changed.
-    Tensor fresh = tensor.is_same(p.value.tensor) ? tensor.Detach() : tensor;
-    if (r.event.kind == EntryKind::kParameter) {
-      bool rg = t.requires_grad.value_or(p.value.tensor.requires_grad());
-      if (rg && !IsFloatingPoint(fresh.dtype())) rg = false;
-      MODELSTATE_ASSIGN_OR_RETURN(fresh, MakeParameter(fresh, rg));
-    } else if (t.requires_grad.has_value()) {
-      return absl::InvalidArgumentError(
-          "set_requires_grad applies to parameters only");
-    }
-    if (t.persistent.has_value()) {
-      if (r.event.kind != EntryKind::kBuffer) {
-        return absl::InvalidArgumentError(
-            "set_persistent applies to buffers only");
-      }
-      candidate.persistent = *t.persistent;
-    }
-    candidate.tensor = fresh;
+void SubscriberHub::DryRunAnswerLocked(const Subscriber& s,
+                                       const SubscriberAnswer& answer,
+                                       absl::Time now) {
+  AuditRecord r;
+  r.type = "answer";
+  r.outcome = std::string(VerdictName(answer.verdict));
+  nlohmann::json details = {{"event_id", answer.event_id},
+                            {"subscriber", s.spec.name},
+                            {"reason", answer.reason},
+                            {"dry_run", true}};
+  auto dr = dry_runs_.find(answer.event_id);
+  if (!answer.invalid.empty()) {
+    r.outcome = "invalid";
+    details["problem"] = answer.invalid;
+  } else if (dr == dry_runs_.end()) {
+    r.outcome = "invalid";
+    details["problem"] = "unknown event id";
   } else {
-    return absl::InvalidArgumentError(
-        "MODIFY needs a replacement tensor or a transform");
+    DryRun& run = *dr->second;
+    r.identity = run.event->identity;
+    r.correlation_id = run.event->correlation_id;
+    r.ns = run.event->ns;
+    r.module = run.event->module;
+    details["latency_ms"] = absl::ToDoubleMilliseconds(now - run.sent_at);
+    if (!run.answered.insert(s.spec.name).second) {
+      r.outcome = "ignored";
+      details["problem"] = "duplicate answer";
+    } else if (answer.verdict == Verdict::kModify) {
+      // Validated as if enforced, so a dry run shows what would fail.
+      absl::StatusOr<SlotValue> modified = ModifiedValue(
+          run.registration, run.event->value, answer, run.request_seed);
+      if (modified.ok()) {
+        details["value"] = ValueJson(*modified, ContentHash(modified->tensor));
+      } else {
+        r.outcome = "invalid";
+        details["problem"] = std::string(modified.status().message());
+      }
+    }
   }
-  RegistrationEvent event = r.event;
-  event.value = p.value;
-  MODELSTATE_ASSIGN_OR_RETURN(candidate,
-                              NormalizeReplacement(event, candidate));
-  MODELSTATE_RETURN_IF_ERROR(ValidateReplacement(event, candidate));
-  p.value = std::move(candidate);
-  p.value_sha256 = ContentHash(p.value.tensor);
-  p.modified = true;
-  (void)s;
-  return absl::OkStatus();
+  r.details_json = details.dump();
+  Audit(std::move(r));
 }
 
 void SubscriberHub::Answer(uint64_t subscriber_id, SubscriberAnswer answer) {
@@ -447,6 +590,10 @@ void SubscriberHub::Answer(uint64_t subscriber_id, SubscriberAnswer answer) {
     if (sit == subscribers_.end()) return;
     Subscriber& s = *sit->second;
     absl::Time now = absl::Now();
+    if (s.spec.mode == SubscriberMode::kDryRun) {
+      DryRunAnswerLocked(s, answer, now);
+      return;
+    }
     if (!answer.invalid.empty()) {
       // Undecodable: treated below as an answer for no waiting event.
       answer.event_id = 0;
@@ -457,37 +604,36 @@ void SubscriberHub::Answer(uint64_t subscriber_id, SubscriberAnswer answer) {
     nlohmann::json details = {{"event_id", answer.event_id},
                               {"subscriber", s.spec.name},
                               {"reason", answer.reason}};
-    if (s.spec.mode == SubscriberMode::kDryRun) {
-      auto dr = dry_runs_.find(answer.event_id);
-      if (dr != dry_runs_.end()) {
-        r.identity = dr->second.first->identity;
-        r.correlation_id = dr->second.first->correlation_id;
-        r.ns = dr->second.first->ns;
-        r.module = dr->second.first->module;
-        details["latency_ms"] =
-            absl::ToDoubleMilliseconds(now - dr->second.second);
-      } else {
-        r.outcome = "invalid";
-        details["problem"] = "unknown event id";
+    auto pit = pending_.find(answer.event_id);
+    if ((pit == pending_.end() || pit->second->waiting_on != subscriber_id) &&
+        s.settled.contains(answer.event_id)) {
+      // It already answered this event, or the event was decided without
+      // it (timeout, failure): a late or duplicate answer, only recorded.
+      r.outcome = "ignored";
+      details["problem"] =
+          "late or duplicate answer: this subscriber's part in the event is "
+          "already decided";
+      if (pit != pending_.end()) {
+        r.identity = pit->second->base.identity;
+        r.correlation_id = pit->second->base.correlation_id;
+        r.ns = pit->second->base.ns;
+        r.module = pit->second->base.module;
       }
-      details["dry_run"] = true;
       r.details_json = details.dump();
       Audit(std::move(r));
       return;
     }
-    auto pit = pending_.find(answer.event_id);
     if (pit == pending_.end() || pit->second->waiting_on != subscriber_id) {
       // Garbage: the subscriber is broken, so everything it holds fails.
       r.outcome = "invalid";
       details["problem"] =
           answer.invalid.empty()
-              ? "no event with this id is waiting for this subscriber"
+              ? "no event with this id was sent to this subscriber"
               : answer.invalid;
       r.details_json = details.dump();
       Audit(std::move(r));
-      std::vector<uint64_t> held(s.holding.begin(), s.holding.end());
-      s.holding.clear();
-      for (uint64_t event_id : held) {
+      for (uint64_t event_id : s.Held()) {
+        s.Release(event_id, now);
         auto p = pending_.find(event_id);
         if (p != pending_.end()) {
           FailLocked(
@@ -501,15 +647,24 @@ void SubscriberHub::Answer(uint64_t subscriber_id, SubscriberAnswer answer) {
       cv_.SignalAll();
     } else {
       Pending& p = *pit->second;
-      s.holding.erase(p.event_id);
+      s.Release(p.event_id, now);
       r.identity = p.base.identity;
       r.correlation_id = p.base.correlation_id;
       r.ns = p.base.ns;
       r.module = p.base.module;
       details["latency_ms"] = absl::ToDoubleMilliseconds(now - p.sent_at);
-      absl::Status valid = answer.verdict == Verdict::kModify
-                               ? ApplyModify(p, answer, s)
-                               : absl::OkStatus();
+      absl::Status valid = absl::OkStatus();
+      if (answer.verdict == Verdict::kModify) {
+        absl::StatusOr<SlotValue> modified =
+            ModifiedValue(p.record->event, p.value, answer, p.request_seed);
+        if (modified.ok()) {
+          p.value = *std::move(modified);
+          p.value_sha256 = ContentHash(p.value.tensor);
+          p.modified = true;
+        } else {
+          valid = modified.status();
+        }
+      }
       if (!valid.ok()) {
         r.outcome = "invalid";
         details["problem"] = std::string(valid.message());
@@ -577,6 +732,7 @@ std::vector<HookDecision> SubscriberHub::Decide(
       const RegistrationRecord& rec = records[i];
       auto p = std::make_unique<Pending>();
       p->event_id = next_event_id_++;
+      p->request_seed = ctx.seed;
       p->record = &rec;
       p->remaining = &remaining;
       HookEvent& e = p->base;
@@ -625,7 +781,16 @@ std::vector<HookDecision> SubscriberHub::Decide(
       for (const auto& [id, sub] : subscribers_) {
         if (sub->spec.mode == SubscriberMode::kDryRun && Matches(*sub, e)) {
           std::shared_ptr<const HookEvent> ev = EventFor(*p, *sub);
-          dry_runs_[p->event_id] = {ev, absl::Now()};
+          std::unique_ptr<DryRun>& run = dry_runs_[p->event_id];
+          if (run == nullptr) {
+            run = std::make_unique<DryRun>();
+            run->event = ev;
+            run->sent_at = absl::Now();
+            run->owner = rec.owner;
+            run->registration = rec.event;
+            run->registration.value = SlotValue();
+            run->request_seed = ctx.seed;
+          }
           sends.emplace_back(sub->channel, ev);
         }
       }
@@ -642,23 +807,32 @@ std::vector<HookDecision> SubscriberHub::Decide(
   mu_.Lock();
   {
     while (remaining > 0) {
+      // Only an event that is its subscriber's oldest has a deadline; an
+      // answer or a timeout elsewhere signals, and the deadlines are
+      // looked at again.
+      auto deadline_of = [&](const Pending& p) {
+        if (p.done || p.waiting_on == 0) return absl::InfiniteFuture();
+        auto sit = subscribers_.find(p.waiting_on);
+        if (sit == subscribers_.end()) return absl::InfiniteFuture();
+        return sit->second->DeadlineOf(p.event_id);
+      };
       absl::Time next = absl::InfiniteFuture();
-      for (const auto& p : events) {
-        if (!p->done && p->waiting_on != 0) next = std::min(next, p->deadline);
-      }
+      for (const auto& p : events) next = std::min(next, deadline_of(*p));
       if (next > absl::Now()) cv_.WaitWithDeadline(&mu_, next);
       absl::Time now = absl::Now();
+      bool timed_out = false;
       for (const auto& p : events) {
-        if (p->done || p->waiting_on == 0 || p->deadline > now) continue;
-        auto sit = subscribers_.find(p->waiting_on);
-        if (sit == subscribers_.end()) continue;
-        sit->second->holding.erase(p->event_id);
-        FailLocked(
-            *p, *sit->second,
-            absl::StrCat("timed out after ",
-                         absl::FormatDuration(sit->second->spec.timeout)),
-            sends);
+        if (deadline_of(*p) > now) continue;
+        Subscriber& sub = *subscribers_.at(p->waiting_on);
+        sub.Release(p->event_id, now);
+        timed_out = true;
+        FailLocked(*p, sub,
+                   absl::StrCat("timed out after ",
+                                absl::FormatDuration(sub.spec.timeout)),
+                   sends);
       }
+      // The subscriber's next event, maybe another call's, starts its clock.
+      if (timed_out) cv_.SignalAll();
       if (!sends.empty()) {
         Sends out;
         out.swap(sends);
@@ -670,7 +844,7 @@ std::vector<HookDecision> SubscriberHub::Decide(
     // Outcomes: audited, and sent to observers.
     absl::Time expired = absl::Now() - absl::Minutes(10);
     for (auto it = dry_runs_.begin(); it != dry_runs_.end();) {
-      if (it->second.second < expired) {
+      if (it->second->sent_at < expired) {
         dry_runs_.erase(it++);
       } else {
         ++it;

@@ -10,12 +10,22 @@
 //   so the outcome, is the same as deciding one event at a time.
 // - Each interceptor has a timeout and a failure policy: a timeout, a
 //   disconnect or an invalid answer blocks (fail-closed) or approves
-//   (fail-open). Nothing waits forever.
-// - Dry-run subscribers see every event; their answers are recorded in the
-//   audit log but never enforced nor awaited. Observers get the final
+//   (fail-open). Nothing waits forever. An event's clock starts when it
+//   becomes the subscriber's oldest unanswered event, so events pipelined
+//   behind a slow answer do not time out for it.
+// - An answer for an event the subscriber no longer holds (already
+//   answered, timed out or failed) is late or a duplicate: recorded in the
+//   audit log as "ignored", never enforced. An answer for an event it was
+//   never sent is garbage and fails what the subscriber holds.
+// - Dry-run subscribers see every event; their answers are validated like
+//   an interceptor's (an invalid one is recorded as "invalid") and recorded
+//   in the audit log, but never enforced nor awaited. Observers get the final
 //   outcome, never awaited.
 // - A subscriber that reconnects under the same name takes its place back
-//   in the order, and receives the events still waiting for it.
+//   in the order, and receives the events still waiting for it. With
+//   authentication, a name belongs to the identity that first used it.
+// - A MODIFY re-initialising without a seed draws from ReinitSeed(request
+//   seed, entry path), so the same build request gives the same values.
 //
 // The transport (a gRPC stream) implements SubscriberChannel; the hub knows
 // nothing of gRPC.
@@ -80,7 +90,17 @@ struct SubscriptionSpec {
   // Namespaces this subscriber may see at all (set by the server from the
   // caller's identity; empty: every namespace).
   std::vector<std::string> visible_namespaces;
+  // Set by the server when callers are authenticated: the name is bound to
+  // this identity for the hub's lifetime, so nobody else can take over a
+  // subscriber's place (and its pending events). Empty: names are unbound.
+  std::string owner_identity;
 };
+
+// The seed a re-initialise transform without its own seed draws from: the
+// first 8 bytes (big-endian) of SHA-256("<request seed>:<entry path>"),
+// where the entry path is the dotted path of the parameter or buffer (for
+// example "encoder.0.weight").
+uint64_t ReinitSeed(uint64_t request_seed, absl::string_view entry_path);
 
 // What an earlier interceptor of the chain did.
 struct ChainStep {
@@ -128,8 +148,9 @@ struct SubscriberAnswer {
   Verdict verdict = Verdict::kApprove;
   std::string reason;
   Tensor replacement;  // MODIFY with values
-  // Parameters: whether the replacement requires grad (floating only).
-  bool replacement_requires_grad = false;
+  // Parameters: whether the replacement requires grad (floating only);
+  // unset: as the proposed parameter does.
+  std::optional<bool> replacement_requires_grad;
   std::optional<Transform> transform;  // MODIFY with a transform
   // Set by the transport when the answer could not even be decoded (for
   // example a replacement tensor whose bytes do not match its shape): the
@@ -163,18 +184,19 @@ class SubscriberHub : public RegistrationDecider {
   explicit SubscriberHub(AuditLog* audit = nullptr);
   ~SubscriberHub() override;
 
-  // Adds a subscriber. INVALID_ARGUMENT for a bad spec. A connected
-  // subscriber with the same name is replaced: its channel is closed with
-  // ABORTED and the events waiting for it go to the new one.
+  // Adds a subscriber. INVALID_ARGUMENT for a bad spec; PERMISSION_DENIED
+  // when the name is bound to another identity (spec.owner_identity). A
+  // connected subscriber with the same name is replaced: its channel is
+  // closed with ABORTED and the events waiting for it go to the new one.
   absl::StatusOr<uint64_t> Attach(SubscriptionSpec spec,
                                   std::shared_ptr<SubscriberChannel> channel,
                                   const OperationContext& ctx);
   // The subscriber's stream ended: the events waiting for it get its
   // failure policy. Unknown ids are ignored.
   void Detach(uint64_t subscriber_id, const OperationContext& ctx);
-  // An answer from a subscriber. An invalid answer (unknown event, an event
-  // not waiting for this subscriber, a bad replacement) counts as a failure
-  // of that subscriber for the events it holds.
+  // An answer from a subscriber. An invalid answer (an event never sent to
+  // it, a bad replacement) counts as a failure of that subscriber for the
+  // events it holds; a late or duplicate one is only recorded.
   void Answer(uint64_t subscriber_id, SubscriberAnswer answer);
 
   std::vector<SubscriberInfo> List() const;
@@ -202,9 +224,9 @@ class SubscriberHub : public RegistrationDecider {
                   Sends& sends) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishLocked(Pending& p, HookDecision decision)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status ApplyModify(Pending& p, const SubscriberAnswer& answer,
-                           const Subscriber& s)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct DryRun;
+  void DryRunAnswerLocked(const Subscriber& s, const SubscriberAnswer& answer,
+                          absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<const HookEvent> EventFor(const Pending& p,
                                             const Subscriber& s) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -221,13 +243,16 @@ class SubscriberHub : public RegistrationDecider {
   absl::flat_hash_map<std::string, uint64_t> order_by_name_
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Pending*> pending_ ABSL_GUARDED_BY(mu_);
-  // Dry-run events whose answers are still welcome: event id -> sent time.
-  absl::flat_hash_map<uint64_t,
-                      std::pair<std::shared_ptr<const HookEvent>, absl::Time>>
-      dry_runs_ ABSL_GUARDED_BY(mu_);
+  // Dry-run events whose answers are still welcome (for 10 minutes).
+  absl::flat_hash_map<uint64_t, std::unique_ptr<DryRun>> dry_runs_
+      ABSL_GUARDED_BY(mu_);
+  // Names bound to identities (SubscriptionSpec::owner_identity).
+  absl::flat_hash_map<std::string, std::string> owner_by_name_
+      ABSL_GUARDED_BY(mu_);
   uint64_t next_subscriber_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_event_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_send_ ABSL_GUARDED_BY(mu_) = 1;  // orders a subscriber's queue
 };
 
 }  // namespace modelstate

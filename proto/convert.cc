@@ -669,7 +669,9 @@ SubscriberAnswer AnswerFromProto(v1::HookAnswer* proto,
       return answer;
     }
     answer.replacement = *std::move(t);
-    answer.replacement_requires_grad = proto->replacement().requires_grad();
+    if (proto->replacement().has_requires_grad()) {
+      answer.replacement_requires_grad = proto->replacement().requires_grad();
+    }
   } else if (proto->has_transform()) {
     const v1::TransformProto& tp = proto->transform();
     Transform t;

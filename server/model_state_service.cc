@@ -153,12 +153,24 @@ absl::Status ModelStateServiceImpl::Allow(const Caller& caller,
                                           absl::string_view rpc,
                                           Permission permission,
                                           const ModuleName& module) {
-  if (caller.principal.Allows(permission, module.ns)) return absl::OkStatus();
+  if (caller.principal.Allows(permission, module.ns)) {
+    return permission == Permission::kWrite ? AuditWritable()
+                                            : absl::OkStatus();
+  }
   absl::Status denied = absl::PermissionDeniedError(absl::StrCat(
       "'", caller.principal.identity, "' may not ", rpc, " in namespace '",
       module.ns, "' (needs ", PermissionName(permission), " permission)"));
   RecordDenial(caller.ctx, caller.peer, rpc, module, denied);
   return denied;
+}
+
+absl::Status ModelStateServiceImpl::AuditWritable() const {
+  if (audit_ == nullptr) return absl::OkStatus();
+  absl::Status health = audit_->health();
+  if (health.ok()) return health;
+  // A change must not go unrecorded; UNAVAILABLE, since an operator can
+  // fix the log (disk space, permissions) and restart.
+  return absl::UnavailableError(health.message());
 }
 
 absl::Status ModelStateServiceImpl::AllowSomewhere(const Caller& caller,
@@ -702,6 +714,22 @@ ModelStateServiceImpl::Subscribe(grpc::CallbackServerContext* context) {
   // A subscriber sees only the namespaces it may review, and may not ask
   // for one it may not.
   access.admit = [this, caller = *caller](SubscriptionSpec& spec) {
+    // Events with data travel in one message each.
+    const uint64_t max_data_bytes = options_.max_message_bytes > (1 << 20)
+                                        ? options_.max_message_bytes - (1 << 20)
+                                        : 0;
+    MODELSTATE_RETURN_IF_ERROR(AuditWritable());
+    if (spec.include_data && spec.max_data_bytes > max_data_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "max_data_bytes: ", spec.max_data_bytes,
+          " is more than this server's largest message minus 1 MiB (",
+          max_data_bytes, ")"));
+    }
+    // Only authenticated identities can own a name; without
+    // authentication every caller is the same anonymous admin.
+    if (options_.auth != nullptr && options_.auth->enabled()) {
+      spec.owner_identity = caller.principal.identity;
+    }
     for (const std::string& wanted : spec.filter.namespaces) {
       ModuleName module;
       module.ns = wanted;

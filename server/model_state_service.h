@@ -38,6 +38,9 @@ struct ServiceOptions {
   int64_t max_entries = 1'000'000;
   // Events waiting for a subscriber before it is dropped.
   size_t max_queued_events = 10000;
+  // The server's largest gRPC message (caps a subscription's
+  // max_data_bytes, leaving 1 MiB for the rest of the event).
+  uint64_t max_message_bytes = uint64_t{64} << 20;
   // Where LoadStateDict stages incoming bytes (an existing directory), so a
   // load never holds the state twice in memory; empty: in memory.
   std::string staging_dir;
@@ -152,6 +155,9 @@ class ModelStateServiceImpl final
                      Permission permission, const ModuleName& module);
   // OK if the caller holds `permission` in some namespace (calls that
   // then show only what those namespaces allow).
+  // UNAVAILABLE naming the audit log once an append or sync of it failed:
+  // every change is refused rather than made unaudited.
+  absl::Status AuditWritable() const;
   absl::Status AllowSomewhere(const Caller& caller, absl::string_view rpc,
                               Permission permission);
   // Audit reading: in namespace `ns`, or ("" ) in some namespace.

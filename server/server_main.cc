@@ -257,6 +257,9 @@ int main(int argc, char** argv) {
         absl::StrCat("TESTING ONLY: cuda:0..cuda:", emulated - 1,
                      " are emulated in host memory (--emulated_cuda_devices)"));
   }
+  // A file size limit (ulimit -f) must fail the write that hits it, which
+  // the audit log reports and then refuses changes, not kill the server.
+  signal(SIGXFSZ, SIG_IGN);
   // SIGINT and SIGTERM shut down, SIGHUP reloads; the waiter thread below
   // reads them from a pipe, whichever thread received them.
   if (absl::Status s = modelstate::InstallSignalPipe({SIGINT, SIGTERM, SIGHUP});
@@ -335,6 +338,7 @@ int main(int argc, char** argv) {
 
   options.max_queued_events =
       static_cast<size_t>(absl::GetFlag(FLAGS_max_queued_events));
+  options.max_message_bytes = static_cast<uint64_t>(max_message);
 
   std::filesystem::path data_dir = absl::GetFlag(FLAGS_data_dir);
   std::error_code ec;

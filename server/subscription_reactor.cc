@@ -52,7 +52,13 @@ SubscriptionReactor::SubscriptionReactor(SubscriberHub* hub,
 
 void SubscriptionReactor::OnReadDone(bool ok) {
   if (!ok) {
-    // The subscriber closed its side (or the call was cancelled).
+    // The subscriber closed its side (or the call was cancelled). Detached
+    // before the stream ends, so once the client sees the end, no request
+    // waits for or is seen by this subscriber any more.
+    if (subscriber_id_ != 0) {
+      hub_->Detach(subscriber_id_, ctx_);
+      subscriber_id_ = 0;
+    }
     FinishOnce(grpc::Status::OK);
     return;
   }

@@ -6,6 +6,7 @@
 #include <deque>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -15,6 +16,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/generator.h"
+#include "core/init.h"
 #include "core/model_store.h"
 #include "core/module_spec.h"
 #include "gmock/gmock.h"
@@ -542,6 +545,291 @@ TEST_F(HubTest, SingleRegistrationsAreDecidedBeforeAnyReaderSeesThem) {
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("rejected by frozen: frozen")));
   EXPECT_EQ(State("t/single").tensors.size(), 2u);
+}
+
+TEST_F(HubTest, LoadWithAssignAndRemovalReachTheInterceptors) {
+  ASSERT_THAT(Build("t/paths", R"({"type": "Linear", "args": [3, 2]})"),
+              IsOk());
+  const StateDict built = State("t/paths");
+  auto guard = Add(Spec("guard"), [](const HookEvent& e) {
+    const bool keep =
+        e.name == "weight" && e.action == RegistrationAction::kRegister;
+    return Verdict_(e, keep ? Verdict::kApprove : Verdict::kReject, "guarded");
+  });
+  // load_state_dict(assign=True) installs through the chain: the weight is
+  // approved, the bias rejected (it keeps its built values).
+  StateDict offered;
+  offered.tensors.Set("weight", *Tensor::Zeros(DType::kFloat32, {2, 3}));
+  offered.tensors.Set("bias", *Tensor::Zeros(DType::kFloat32, {2}));
+  LoadOptions assign;
+  assign.assign = true;
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      LoadResult loaded,
+      store_.Load({"alice", "req-2"}, *ParseModuleName("t/paths"), offered,
+                  assign));
+  (void)loaded;
+  StateDict after = State("t/paths");
+  EXPECT_TRUE(TensorsEqual(*after.tensors.Find("weight"),
+                           *offered.tensors.Find("weight")));
+  EXPECT_TRUE(
+      TensorsEqual(*after.tensors.Find("bias"), *built.tensors.Find("bias")));
+  // RemoveEntry is an unregister event; rejected, the weight stays.
+  RegistrationRequest removal;
+  removal.name = "weight";
+  removal.kind = EntryKind::kParameter;
+  removal.removal = true;
+  EXPECT_THAT(store_.Register({}, *ParseModuleName("t/paths"), removal),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("rejected by guard: guarded")));
+  EXPECT_EQ(State("t/paths").tensors.size(), 2u);
+  std::vector<std::string> seen;
+  for (const HookEvent& e : guard->events()) {
+    seen.push_back(absl::StrCat(RegistrationActionName(e.action), " ", e.name));
+  }
+  EXPECT_THAT(seen, ElementsAre("register weight", "register bias",
+                                "unregister weight"));
+}
+
+TEST_F(HubTest, TheTimeoutClockStartsWhenAnEventBecomesTheOldest) {
+  // Answers one event at a time, 150 ms each: 12 pipelined events take
+  // 1.8 s in all, but none waits more than 150 ms once it is the oldest,
+  // well within the 1 s timeout.
+  SubscriptionSpec spec = Spec("slow-but-steady");
+  spec.timeout = absl::Seconds(1);
+  Add(spec, [](const HookEvent& e) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    return Verdict_(e, Verdict::kApprove);
+  });
+  std::string json = R"({"type": "Net", "members": [)";
+  for (int i = 0; i < 12; ++i) {
+    absl::StrAppend(&json, i ? "," : "", R"({"parameter": {"name": "p)", i,
+                    R"(", "shape": [1]}})");
+  }
+  json += "]}";
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildOutcome b, Build("t/steady", json));
+  ASSERT_EQ(b.registrations.size(), 12u);
+  for (const auto& r : b.registrations) {
+    EXPECT_FALSE(r.final.blocked()) << r.final.reason;
+  }
+}
+
+TEST_F(HubTest, ATimeoutStillFailsEachEventOfASilentSubscriber) {
+  SubscriptionSpec spec = Spec("silent");
+  spec.timeout = absl::Milliseconds(40);
+  Add(spec, [](const HookEvent&) { return std::optional<SubscriberAnswer>(); });
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildOutcome b, Build("t/silent", kNet));
+  ASSERT_EQ(b.registrations.size(), 5u);
+  for (const auto& r : b.registrations) {
+    EXPECT_THAT(r.final.reason, HasSubstr("silent timed out after 40ms"));
+  }
+}
+
+TEST_F(HubTest, AReplacementWithoutRequiresGradKeepsTheParametersFlag) {
+  Add(Spec("replacer"), [](const HookEvent& e) {
+    SubscriberAnswer a = Verdict_(e, Verdict::kModify);
+    a.replacement = *Tensor::Zeros(DType::kFloat32, e.value.tensor.shape());
+    if (e.name == "bias") a.replacement_requires_grad = false;
+    return std::optional<SubscriberAnswer>(a);
+  });
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      BuildOutcome b, Build("t/rg", R"({"type": "Linear", "args": [3, 2]})"));
+  ASSERT_EQ(b.registrations.size(), 2u);
+  EXPECT_EQ(b.registrations[0].final.kind, HookResult::Kind::kReplace);
+  // Not said: a parameter's default, requires_grad.
+  EXPECT_TRUE(b.registrations[0].final.value.tensor.requires_grad());
+  // Said false: frozen.
+  EXPECT_FALSE(b.registrations[1].final.value.tensor.requires_grad());
+}
+
+// A MODIFY re-initialising fc.weight uniformly, without a seed.
+std::optional<SubscriberAnswer> ReinitWithoutSeed(const HookEvent& e) {
+  if (e.name != "weight") return Verdict_(e, Verdict::kApprove);
+  SubscriberAnswer a = Verdict_(e, Verdict::kModify);
+  Transform t;
+  InitSpec init;
+  init.kind = InitSpec::Kind::kUniform;
+  init.a = -0.05;
+  init.b = 0.05;
+  t.reinit = init;
+  a.transform = t;
+  return a;
+}
+
+TEST_F(HubTest, ReinitWithoutASeedDerivesItFromTheRequestSeedAndPath) {
+  Add(Spec("reinit"), ReinitWithoutSeed);
+  constexpr char kSeq[] = R"({"type": "Sequential", "children": [
+      {"spec": {"type": "Linear", "args": [4, 3]}}]})";
+  auto weight = [&](const std::string& module, uint64_t seed) {
+    BuildOptions o;
+    o.hooks = nullptr;
+    o.seed = seed;
+    EXPECT_THAT(store_.Build({"alice", "req"}, *ParseModuleName(module),
+                             SpecFromJson(kSeq), o, false),
+                IsOk());
+    return *State(module).tensors.Find("0.weight");
+  };
+  Tensor a = weight("t/a", 7);
+  Tensor again = weight("t/again", 7);
+  Tensor other = weight("t/other", 8);
+  EXPECT_TRUE(TensorsEqual(a, again));
+  EXPECT_FALSE(TensorsEqual(a, other));
+  // The documented derivation.
+  Tensor expected = *Tensor::Zeros(DType::kFloat32, {3, 4});
+  Generator gen(ReinitSeed(7, "0.weight"));
+  ASSERT_THAT(UniformInit(expected, -0.05, 0.05, gen), IsOk());
+  EXPECT_TRUE(TensorsEqual(a, expected));
+  EXPECT_NE(ReinitSeed(7, "0.weight"), ReinitSeed(7, "1.weight"));
+}
+
+// The hub with an audit log, for what is only visible there.
+class AuditedHubTest : public ::testing::Test {
+ protected:
+  AuditedHubTest() {
+    path_ = ::testing::TempDir() + "/audited_hub_" + std::to_string(getpid()) +
+            "_" + std::to_string(counter_++) + ".log";
+    std::filesystem::remove(path_);
+    log_ = *AuditLog::Open(path_);
+    hub_ = std::make_unique<SubscriberHub>(log_.get());
+    store_.set_decider(hub_.get());
+    store_.set_audit_log(log_.get());
+  }
+  ~AuditedHubTest() override {
+    for (auto& s : subscribers_) s->StopWorker();
+  }
+
+  std::shared_ptr<FakeSubscriber> Add(SubscriptionSpec spec, AnswerFn fn) {
+    auto s = std::make_shared<FakeSubscriber>(hub_.get(), std::move(fn));
+    EXPECT_THAT(s->Attach(std::move(spec)), IsOk());
+    subscribers_.push_back(s);
+    return s;
+  }
+  absl::StatusOr<BuildOutcome> Build(const std::string& name,
+                                     const std::string& json) {
+    BuildOptions o;
+    o.hooks = nullptr;
+    return store_.Build({"alice", "req-1"}, *ParseModuleName(name),
+                        SpecFromJson(json), o, false);
+  }
+  // The "answer" records, once there are at least `n` (waits up to 20 s:
+  // answers that are not awaited arrive after the build).
+  std::vector<AuditRecord> Answers(size_t n) {
+    absl::Time deadline = absl::Now() + absl::Seconds(20);
+    std::vector<AuditRecord> answers;
+    while (true) {
+      answers.clear();
+      AuditQuery q;
+      q.type = "answer";
+      q.limit = 10000;
+      absl::StatusOr<std::vector<AuditRecord>> found = log_->Query(q);
+      EXPECT_THAT(found.status(), IsOk());
+      if (found.ok()) answers = *std::move(found);
+      if (answers.size() >= n || absl::Now() > deadline) return answers;
+      log_->WaitForRecords(log_->last_seq(), absl::Now() + absl::Seconds(1), 1)
+          .IgnoreError();
+    }
+  }
+
+  static inline int counter_ = 0;
+  std::string path_;
+  std::unique_ptr<AuditLog> log_;
+  std::unique_ptr<SubscriberHub> hub_;
+  ModelStore store_;
+  std::vector<std::shared_ptr<FakeSubscriber>> subscribers_;
+};
+
+TEST_F(AuditedHubTest, DuplicateAnswersAreRecordedButIgnored) {
+  // Approves, then says REJECT for the same event: the second answer must
+  // neither block the event nor count as garbage that fails the events it
+  // still holds (fail-closed would block them all).
+  SubscriberHub* hub = hub_.get();
+  std::shared_ptr<FakeSubscriber> self;
+  self = Add(Spec("stutter"), [&](const HookEvent& e) {
+    hub->Answer(self->id(), Verdict_(e, Verdict::kApprove));
+    return std::optional<SubscriberAnswer>(
+        Verdict_(e, Verdict::kReject, "second thoughts"));
+  });
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildOutcome b, Build("t/dup", kNet));
+  ASSERT_EQ(b.registrations.size(), 5u);
+  for (const auto& r : b.registrations) {
+    EXPECT_FALSE(r.final.blocked()) << r.final.reason;
+  }
+  std::vector<AuditRecord> answers = Answers(10);
+  int ignored = 0;
+  for (const AuditRecord& r : answers) {
+    if (r.outcome != "ignored") continue;
+    ++ignored;
+    nlohmann::json details = nlohmann::json::parse(r.details_json);
+    EXPECT_EQ(details["subscriber"], "stutter");
+    EXPECT_EQ(details["reason"], "second thoughts");
+    EXPECT_THAT(details["problem"].get<std::string>(),
+                HasSubstr("late or duplicate"));
+  }
+  EXPECT_EQ(ignored, 5);
+}
+
+TEST_F(AuditedHubTest, LateAnswersAreRecordedButIgnored) {
+  // Answers REJECT after its timeout: fail-open already approved, and the
+  // late reject changes nothing.
+  SubscriptionSpec spec = Spec("late");
+  spec.timeout = absl::Milliseconds(30);
+  spec.failure_policy = FailurePolicy::kFailOpen;
+  Add(spec, [](const HookEvent& e) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    return std::optional<SubscriberAnswer>(
+        Verdict_(e, Verdict::kReject, "too late"));
+  });
+  // A second, prompt interceptor still sees every event after the late one
+  // failed open (the late answer did not make it fail the rest).
+  auto after =
+      Add(Spec("after", SubscriberMode::kIntercept, 1), [](const HookEvent& e) {
+        return std::optional<SubscriberAnswer>(Verdict_(e, Verdict::kApprove));
+      });
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      BuildOutcome b, Build("t/late", R"({"type": "Net", "members": [
+          {"parameter": {"name": "w", "shape": [2]}}]})"));
+  ASSERT_EQ(b.registrations.size(), 1u);
+  EXPECT_FALSE(b.registrations[0].final.blocked());
+  std::vector<AuditRecord> answers = Answers(3);
+  std::vector<std::string> outcomes;
+  for (const AuditRecord& r : answers) outcomes.push_back(r.outcome);
+  EXPECT_THAT(outcomes, ElementsAre("failed-open", "approve", "ignored"));
+  EXPECT_EQ(
+      store_.Snapshot(*ParseModuleName("t/late"), {})->state.tensors.size(),
+      1u);
+}
+
+TEST_F(AuditedHubTest, DryRunAnswersAreValidatedAndRecordedNotEnforced) {
+  Add(Spec("dry", SubscriberMode::kDryRun),
+      [](const HookEvent& e) -> std::optional<SubscriberAnswer> {
+        SubscriberAnswer a = Verdict_(e, Verdict::kModify);
+        // The weight gets a wrong shape (invalid for a Linear), the bias a
+        // valid replacement.
+        a.replacement = *Tensor::Zeros(
+            DType::kFloat32, e.name == "weight" ? std::vector<int64_t>{7}
+                                                : e.value.tensor.shape());
+        return a;
+      });
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      BuildOutcome b, Build("t/dry", R"({"type": "Linear", "args": [3, 2]})"));
+  for (const auto& r : b.registrations) {
+    EXPECT_EQ(r.final.kind, HookResult::Kind::kKeep);
+  }
+  std::vector<AuditRecord> answers = Answers(2);
+  ASSERT_EQ(answers.size(), 2u);
+  std::map<std::string, std::string> outcome_by_event;
+  for (const AuditRecord& r : answers) {
+    nlohmann::json details = nlohmann::json::parse(r.details_json);
+    EXPECT_EQ(details["dry_run"], true);
+    outcome_by_event[r.outcome] = details.value("problem", "");
+  }
+  ASSERT_TRUE(outcome_by_event.contains("invalid"));
+  EXPECT_THAT(outcome_by_event["invalid"], HasSubstr("shape must stay [2, 3]"));
+  EXPECT_TRUE(outcome_by_event.contains("modify"));
+  // Not enforced: the weight keeps its built values.
+  StateDict sd = store_.Snapshot(*ParseModuleName("t/dry"), {})->state;
+  EXPECT_EQ(sd.tensors.Find("weight")->shape(), (std::vector<int64_t>{2, 3}));
+  EXPECT_FALSE(TensorsEqual(*sd.tensors.Find("bias"),
+                            *Tensor::Zeros(DType::kFloat32, {2})));
 }
 
 TEST(HubAuditTest, EventsAnswersAndOutcomesAreAudited) {

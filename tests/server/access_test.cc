@@ -477,6 +477,47 @@ TEST_F(AccessTest, ASubscriberNeverSeesANamespaceItMayNotReview) {
   EXPECT_EQ(namespaces, std::set<std::string>{"team-a"});
 }
 
+TEST_F(AccessTest, ASubscriberNameBelongsToTheIdentityThatFirstUsedIt) {
+  auto approve = [](const v1::HookEventProto& e) {
+    v1::HookAnswer a;
+    a.set_event_id(e.event_id());
+    a.set_verdict(v1::HookAnswer::APPROVE);
+    return a;
+  };
+  v1::Subscription s;
+  s.set_name("rev-guard");
+  std::unique_ptr<client::ModelStateClient> rev = As("rev-token");
+  std::unique_ptr<client::ModelStateClient> root = As("root-token");
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<client::Subscriber> first,
+                                  client::Subscriber::Start(*rev, s, approve));
+  // Another identity, even an admin, cannot take the name over (and with
+  // it the events waiting for the subscriber)...
+  const auto taken = StatusIs(
+      absl::StatusCode::kPermissionDenied,
+      HasSubstr("name: subscriber 'rev-guard' belongs to 'rev'; 'root' may "
+                "not take its place"));
+  EXPECT_THAT(client::Subscriber::Start(*root, s, approve).status(), taken);
+  // ...which left the owner's subscription alone...
+  std::unique_ptr<client::ModelStateClient> checker = As("root-token");
+  auto context = checker->NewContext(absl::Seconds(10));
+  v1::ListSubscribersResponse list;
+  ASSERT_TRUE(checker->stub().ListSubscribers(context.get(), {}, &list).ok());
+  std::vector<uint64_t> guards;
+  for (const auto& sub : list.subscribers()) {
+    if (sub.subscription().name() == "rev-guard") {
+      guards.push_back(sub.subscriber_id());
+    }
+  }
+  EXPECT_EQ(guards, std::vector<uint64_t>{first->id()});
+  // ...nor once the owner left.
+  ASSERT_THAT(first->Unsubscribe(), IsOk());
+  EXPECT_THAT(client::Subscriber::Start(*root, s, approve).status(), taken);
+  // The owner comes back under its name.
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<client::Subscriber> again,
+                                  client::Subscriber::Start(*rev, s, approve));
+  EXPECT_THAT(again->Unsubscribe(), IsOk());
+}
+
 TEST_F(AccessTest, StreamsPerIdentityAreLimited) {
   // Three watches (the limit) stay open; a fourth is refused, naming it.
   std::unique_ptr<client::ModelStateClient> root = As("root-token");

@@ -6,15 +6,22 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
+#include <regex>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "client/model_state_client.h"
+#include "client/subscriber.h"
 #include "core/generator.h"
 #include "core/init.h"
+#include "core/subscriber_hub.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
@@ -192,15 +199,22 @@ TEST_F(SubscriptionTest, SeedLinearWeightsReinitialisedUniformly) {
   ASSERT_THAT(
       client_->BuildModule(BuildRequest("seeds/lin", R"({"type": "Sequential",
       "children": [{"spec": {"type": "Linear", "args": [8, 4]}},
-                   {"spec": {"type": "Conv1d", "args": [2, 2, 3]}}]})",
+                   {"spec": {"type": "Conv1d", "args": [2, 2, 3]}},
+                   {"spec": {"type": "Linear", "args": [8, 4]}}]})",
                                         3)),
       IsOk());
   StateDict sd = State("seeds/lin");
-  // The transform's generator (seed 0), exactly.
+  // The policy gives no seed: each weight draws from the seed derived from
+  // the request's seed (3) and its path, exactly.
   Tensor expected = *Tensor::Empty(DType::kFloat32, {4, 8});
-  Generator gen(0);
+  Generator gen(ReinitSeed(3, "0.weight"));
   ASSERT_THAT(UniformInit(expected, -0.05, 0.05, gen), IsOk());
   EXPECT_TRUE(TensorsEqual(*sd.tensors.Find("0.weight"), expected));
+  // So two layers of the same shape do not start out equal.
+  EXPECT_FALSE(
+      TensorsEqual(*sd.tensors.Find("0.weight"), *sd.tensors.Find("2.weight")));
+  const float* other = sd.tensors.Find("2.weight")->data<float>();
+  for (int i = 0; i < 32; ++i) EXPECT_LE(std::abs(other[i]), 0.05f);
   // Not Linear weights: PyTorch's default init, untouched.
   const float* conv = sd.tensors.Find("1.weight")->data<float>();
   bool outside = false;
@@ -331,6 +345,29 @@ TEST_F(SubscriptionTest, GarbageAnswersCountAsFailures) {
   EXPECT_TRUE(invalid_recorded);
 }
 
+TEST_F(SubscriptionTest, GarbageAnswersFromAFailOpenSubscriberKeep) {
+  auto garbage =
+      Rogue({"--name=garbage-open", "--mode=garbage-id", "--fail_open"});
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      v1::BuildModuleResponse r,
+      client_->BuildModule(
+          BuildRequest("garbage-open/id", R"({"type": "Net", "members": [
+          {"parameter": {"name": "w", "shape": [2]}}]})")));
+  EXPECT_EQ(Report(r, "", "w")->outcome(), v1::OUTCOME_KEEP);
+  EXPECT_THAT(State("garbage-open/id").tensors.Keys(), ElementsAre("w"));
+  garbage.reset();
+  auto shape =
+      Rogue({"--name=shape-open", "--mode=wrong-shape", "--fail_open"});
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      v1::BuildModuleResponse s,
+      client_->BuildModule(BuildRequest(
+          "garbage-open/shape", R"({"type": "Linear", "args": [3, 2]})")));
+  EXPECT_EQ(Report(s, "", "weight")->outcome(), v1::OUTCOME_KEEP);
+  // The wrong-shaped replacement was not applied.
+  EXPECT_EQ(State("garbage-open/shape").tensors.Find("weight")->shape(),
+            (std::vector<int64_t>{2, 3}));
+}
+
 TEST_F(SubscriptionTest, DryRunIsRecordedButNotEnforced) {
   auto dry = Cli({"--policy", Policy("block_temp_buffer.json"), "--mode",
                   "dry-run", "--name", "dry"});
@@ -458,6 +495,215 @@ TEST_F(SubscriptionTest, AuditQueryAndTailFromTheCli) {
   EXPECT_THAT(q.out, HasSubstr("audit/a"));
   tail->Kill(SIGTERM);
   EXPECT_EQ(tail->Wait(), 0);
+}
+
+// ------------------------------------------------- subscribing, audit health
+
+v1::HookAnswer Answer(const v1::HookEventProto& e,
+                      v1::HookAnswer::Verdict verdict) {
+  v1::HookAnswer a;
+  a.set_event_id(e.event_id());
+  a.set_verdict(verdict);
+  return a;
+}
+
+TEST_F(SubscriptionTest, SubscribeAndUnsubscribeTakeEffectBeforeTheAck) {
+  // No sleeps: each build runs right after the acknowledgement, from
+  // another client. A subscriber not yet attached would let the weight
+  // through; one not yet detached would block it (its stream is gone).
+  v1::Subscription s;
+  s.set_name("gate");
+  s.set_timeout_ms(60000);
+  std::unique_ptr<client::ModelStateClient> other = server_->NewClient();
+  for (int round = 0; round < 10; ++round) {
+    SCOPED_TRACE(absl::StrCat("round ", round));
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(
+        std::unique_ptr<client::Subscriber> gate,
+        client::Subscriber::Start(*client_, s, [](const v1::HookEventProto& e) {
+          return Answer(e, v1::HookAnswer::REJECT);
+        }));
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(
+        v1::BuildModuleResponse seen,
+        other->BuildModule(
+            BuildRequest(absl::StrCat("gate/on", round),
+                         R"({"type": "Linear", "args": [2, 2]})")));
+    EXPECT_EQ(Report(seen, "", "weight")->outcome(), v1::OUTCOME_BLOCK);
+    ASSERT_THAT(gate->Unsubscribe(), IsOk());
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(
+        v1::BuildModuleResponse unseen,
+        other->BuildModule(
+            BuildRequest(absl::StrCat("gate/off", round),
+                         R"({"type": "Linear", "args": [2, 2]})")));
+    EXPECT_EQ(Report(unseen, "", "weight")->outcome(), v1::OUTCOME_KEEP)
+        << Report(unseen, "", "weight")->reason();
+  }
+}
+
+TEST_F(SubscriptionTest, MaxDataBytesIsCappedByTheMessageSize) {
+  // The default server allows 64 MiB messages: events may carry 63 MiB.
+  v1::Subscription s;
+  s.set_name("data");
+  s.set_include_data(true);
+  s.set_max_data_bytes((uint64_t{63} << 20) + 1);
+  auto approve = [](const v1::HookEventProto& e) {
+    return Answer(e, v1::HookAnswer::APPROVE);
+  };
+  EXPECT_THAT(
+      client::Subscriber::Start(*client_, s, approve).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("max_data_bytes: 66060289 is more than this "
+                         "server's largest message minus 1 MiB (66060288)")));
+  s.set_max_data_bytes(uint64_t{63} << 20);
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<client::Subscriber> ok,
+      client::Subscriber::Start(*client_, s, approve));
+  EXPECT_THAT(ok->Unsubscribe(), IsOk());
+}
+
+TEST(AuditFailureTest, AFailedAuditAppendRefusesEveryLaterChange) {
+  // The audit log may not grow past 64 KiB: the append that would, fails.
+  TestServer server;
+  server.set_max_file_bytes(64 << 10);
+  ASSERT_THAT(server.Start(), IsOk());
+  std::unique_ptr<client::ModelStateClient> c = server.NewClient();
+  absl::Status failed;
+  int built = 0;
+  for (; built < 500; ++built) {
+    absl::StatusOr<v1::BuildModuleResponse> r =
+        c->BuildModule(BuildRequest(absl::StrCat("full/m", built),
+                                    R"({"type": "Linear", "args": [2, 2]})"));
+    if (!r.ok()) {
+      failed = r.status();
+      break;
+    }
+  }
+  ASSERT_FALSE(failed.ok()) << "the audit log never filled up";
+  EXPECT_THAT(failed,
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("audit log")));
+  // Every later change is refused up front, naming the audit log, and
+  // nothing changes.
+  const std::string audit_path = (server.data_dir() / "audit.log").string();
+  EXPECT_THAT(c->BuildModule(BuildRequest(
+                  "full/after", R"({"type": "Linear", "args": [2, 2]})")),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr(audit_path)));
+  v1::GetModuleRequest get;
+  get.set_module("full/after");
+  EXPECT_THAT(c->GetModule(get), StatusIs(absl::StatusCode::kNotFound));
+  v1::RegisterTensorRequest extra;
+  extra.set_module("full/m0");
+  extra.set_name("extra");
+  extra.mutable_init()->add_shape(1);
+  EXPECT_THAT(c->RegisterBuffer(extra),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr(audit_path)));
+  v1::Subscription s;
+  s.set_name("late");
+  EXPECT_THAT(client::Subscriber::Start(*c, s,
+                                        [](const v1::HookEventProto& e) {
+                                          return Answer(
+                                              e, v1::HookAnswer::APPROVE);
+                                        })
+                  .status(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr(audit_path)));
+  // Reads go on, and the server is still up.
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict m0, c->GetStateDict("full/m0"));
+  EXPECT_EQ(m0.tensors.Keys(), (std::vector<std::string>{"weight", "bias"}));
+  EXPECT_THAT(c->Health(), IsOk());
+  // What was written is still a valid chain.
+  CommandResult verify = RunCommand(
+      {MODELSTATE_CLI_BINARY, "audit", "verify", "--file", audit_path});
+  EXPECT_EQ(verify.exit_code, 0) << verify.out << verify.err;
+}
+
+// ------------------------------------------------------------------ README
+
+// What may differ between runs of a command: times, peer addresses, and
+// the alignment of columns.
+std::string Normalise(const std::string& text) {
+  static const std::regex kTime(R"(\d{4}-\d\d-\d\dT[0-9:.]+Z)");
+  static const std::regex kPeer(R"(ipv[46]:\S+)");
+  static const std::regex kSpaces(R"([ \t]+)");
+  std::string out = std::regex_replace(text, kTime, "TIME");
+  out = std::regex_replace(out, kPeer, "PEER");
+  return std::regex_replace(out, kSpaces, " ");
+}
+
+TEST_F(SubscriptionTest, TheReadmeHookWalkThroughRunsAsShown) {
+  // The README's walk-through, command by command, as written there: each
+  // command's output must contain what the README shows after it.
+  std::ifstream in(std::string(MODELSTATE_SOURCE_DIR) + "/README.md");
+  const std::string readme((std::istreambuf_iterator<char>(in)), {});
+  size_t start = readme.find("A walk-through. Start three policy subscribers");
+  ASSERT_NE(start, std::string::npos);
+  size_t open = readme.find("```\n", start);
+  ASSERT_NE(open, std::string::npos);
+  open += 4;
+  size_t close = readme.find("```", open);
+  ASSERT_NE(close, std::string::npos);
+  struct Step {
+    std::string command;
+    std::vector<std::string> shown;
+  };
+  std::vector<Step> steps;
+  for (absl::string_view line : absl::StrSplit(
+           readme.substr(open, close - open), '\n', absl::SkipEmpty())) {
+    if (absl::StartsWith(line, "$ ")) {
+      steps.push_back({std::string(line.substr(2)), {}});
+    } else {
+      ASSERT_FALSE(steps.empty()) << line;
+      steps.back().shown.emplace_back(line);
+    }
+  }
+  ASSERT_EQ(steps.size(), 8u);
+  const std::filesystem::path dir = server_->dir();
+  std::vector<std::unique_ptr<BackgroundProcess>> subscribers;
+  for (const Step& step : steps) {
+    SCOPED_TRACE(step.command);
+    std::vector<std::string> argv =
+        absl::StrSplit(step.command, ' ', absl::SkipEmpty());
+    if (argv[0] == "cat") {
+      std::ofstream(dir / argv[1]) << absl::StrJoin(step.shown, "\n") << "\n";
+      continue;
+    }
+    ASSERT_EQ(argv[0], "modelstatectl");
+    argv[0] = MODELSTATE_CLI_BINARY;
+    for (std::string& arg : argv) {
+      if (absl::StartsWith(arg, "deploy/")) {
+        arg = absl::StrCat(MODELSTATE_SOURCE_DIR, "/", arg);
+      } else if (absl::EndsWith(arg, ".json")) {
+        arg = (dir / arg).string();
+      }
+    }
+    if (argv.back() == "&") {
+      argv.pop_back();
+      argv.insert(argv.begin() + 1, {"--server", server_->address()});
+      subscribers.push_back(std::make_unique<BackgroundProcess>(argv));
+      for (const std::string& shown : step.shown) {
+        EXPECT_TRUE(subscribers.back()->WaitForLine(shown)) << shown;
+      }
+      continue;
+    }
+    CommandResult r =
+        RunCommand(argv, {"MODELSTATE_SERVER=" + server_->address()});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    const std::string out = Normalise(r.out);
+    // The subscribers print to the same terminal: collect their lines.
+    for (auto& sub : subscribers) {
+      sub->WaitForLine("\x01", std::chrono::milliseconds(300));
+    }
+    for (const std::string& shown : step.shown) {
+      if (absl::StrContains(shown, " -> ")) {
+        bool printed = false;
+        for (auto& sub : subscribers) {
+          for (const std::string& line : sub->lines()) {
+            printed |= line == shown;
+          }
+        }
+        EXPECT_TRUE(printed) << "no subscriber printed: " << shown;
+      } else {
+        EXPECT_THAT(out, HasSubstr(Normalise(shown))) << r.out;
+      }
+    }
+  }
 }
 
 class SlowReaderTest : public SubscriptionTest {

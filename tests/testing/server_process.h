@@ -13,6 +13,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -74,6 +75,10 @@ class ServerProcess {
       // The server's log goes to a file the test can read (and show).
       int log = open(log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       if (log >= 0) dup2(log, STDERR_FILENO);
+      if (max_file_bytes_ > 0) {
+        struct rlimit limit = {max_file_bytes_, max_file_bytes_};
+        setrlimit(RLIMIT_FSIZE, &limit);
+      }
       execv(argv[0], argv.data());
       _exit(127);
     }
@@ -114,6 +119,10 @@ class ServerProcess {
 
   // Flags for the next Start() (the data directory stays).
   void set_flags(std::vector<std::string> flags) { flags_ = std::move(flags); }
+  // Files the server writes may not grow beyond `bytes` (RLIMIT_FSIZE, set
+  // in the child before exec; 0: no limit). Takes effect at the next Start.
+  void set_max_file_bytes(rlim_t bytes) { max_file_bytes_ = bytes; }
+
   bool running() const { return pid_ > 0; }
   pid_t pid() const { return pid_; }
   const std::string& address() const { return address_; }
@@ -138,6 +147,7 @@ class ServerProcess {
   std::string binary_;
   std::vector<std::string> flags_;
   bool pass_data_dir_;
+  rlim_t max_file_bytes_ = 0;
   std::filesystem::path dir_;
   std::string address_;
   pid_t pid_ = -1;

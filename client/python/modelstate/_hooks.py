@@ -75,7 +75,9 @@ class HookHandle:
 
     def __init__(self, client, kind, hook, name=None, timeout=10.0,
                  priority=0, fail_open=False, namespaces=(),
-                 max_data_bytes=64 << 20):
+                 max_data_bytes=63 << 20):
+        # 63 MiB: an event must fit in one message of the server's default
+        # 64 MiB limit; the server refuses more than its limit minus 1 MiB.
         self._hook = hook
         self._kind = kind
         self._removed = False
