@@ -343,9 +343,23 @@ TEST_F(DurabilityTest, ADamagedModuleIsNamedAtStartAndTheOthersLoad) {
   ASSERT_THAT(client_->BuildModule(BuildRequest(
                   "d/good", R"({"type": "Linear", "args": [16, 16]})", 1)),
               IsOk());
+  // Built third and fourth: data-3 and data-4, truncated below.
+  ASSERT_THAT(client_->BuildModule(BuildRequest(
+                  "d/short", R"({"type": "Linear", "args": [16, 16]})", 3)),
+              IsOk());
+  ASSERT_THAT(client_->BuildModule(BuildRequest(
+                  "d/cut", R"({"type": "Linear", "args": [16, 16]})", 4)),
+              IsOk());
   absl::StatusOr<StateDict> good = client_->GetStateDict("d/good");
   ASSERT_THAT(good, IsOk());
   StopGracefully();
+  // A data file cut in half, and a manifest cut short.
+  const fs::path short_data =
+      ModuleDir(server_, "d", "short") / "data-3.safetensors";
+  fs::resize_file(short_data, fs::file_size(short_data) / 2);
+  const fs::path cut_manifest =
+      ModuleDir(server_, "d", "cut") / "manifest.json";
+  fs::resize_file(cut_manifest, fs::file_size(cut_manifest) - 10);
   {
     // One flipped bit in the middle of the weight.
     std::fstream f(ModuleDir(server_, "d", "bad") / "data-1.safetensors",
@@ -362,6 +376,8 @@ TEST_F(DurabilityTest, ADamagedModuleIsNamedAtStartAndTheOthersLoad) {
               AllOf(HasSubstr("not restored: DATA_LOSS: "),
                     HasSubstr("d/bad/data-1.safetensors: tensor 's0' is "
                               "damaged"),
+                    HasSubstr("d/short/data-3.safetensors"),
+                    HasSubstr("d/cut/manifest.json: not a sealed JSON file"),
                     HasSubstr("restored 1 modules")));
   absl::StatusOr<StateDict> good_after = client_->GetStateDict("d/good");
   ASSERT_THAT(good_after, IsOk());
@@ -375,7 +391,7 @@ TEST_F(DurabilityTest, ADamagedModuleIsNamedAtStartAndTheOthersLoad) {
                        AllOf(HasSubstr("d/bad"),
                              HasSubstr("could not be loaded at start-up"))));
   std::vector<v1::AuditRecordProto> restore = AuditRecords(*client_, "restore");
-  ASSERT_THAT(restore, SizeIs(1));
+  ASSERT_THAT(restore, SizeIs(3));
   EXPECT_EQ(restore[0].outcome(), "error");
   EXPECT_THAT(restore[0].details_json(), HasSubstr("d/bad/data-1.safetensors"));
   EXPECT_TRUE(VerifyAudit(*client_).ok());
