@@ -140,17 +140,35 @@ absl::Status ModelStore::Persist(
   AuditLog* log = audit();
   ChangeNote note{std::string(type), ctx.identity, ctx.correlation_id,
                   log == nullptr ? 0 : log->last_seq()};
-  ReaderMutexLock lock(&entry.mu);
   absl::Status saved = repo->Save(entry.name, *entry.root, note, prewritten);
   if (saved.ok()) return saved;
   if (type == "build") {
     return absl::InternalError(absl::StrCat(
         "module '", entry.name.full(), "' was not stored: ", saved.message()));
   }
-  return absl::InternalError(
-      absl::StrCat("the change to '", entry.name.full(),
-                   "' is applied but could not be ", "saved (", saved.message(),
-                   "); it goes to disk with the module's next saved change"));
+  // Memory must not run ahead of the disk: a reader would see, and a later
+  // save would silently commit, a change the caller was told failed. The
+  // exclusive lock is still held, so nobody saw the unsaved tree.
+  absl::StatusOr<std::shared_ptr<Module>> committed = repo->Reload(entry.name);
+  if (committed.ok()) {
+    entry.root = *std::move(committed);
+    return absl::InternalError(absl::StrCat(
+        "the change to '", entry.name.full(), "' could not be saved (",
+        saved.message(), "); the module is unchanged"));
+  }
+  // Neither the new state nor the old one is available: withdraw the module
+  // rather than serve a state that is not on disk.
+  entry.deleted = true;
+  {
+    MutexLock lock(&mu_);
+    auto it = entries_.find(entry.name.full());
+    if (it != entries_.end() && it->second.get() == &entry) entries_.erase(it);
+  }
+  return absl::InternalError(absl::StrCat(
+      "the change to '", entry.name.full(), "' could not be saved (",
+      saved.message(), ") and the saved state could not be read back (",
+      committed.status().message(),
+      "); the module is withdrawn and its files are kept for repair"));
 }
 
 absl::StatusOr<bool> ModelStore::RecordIfUnrecorded(const ModuleName& name,
@@ -431,12 +449,12 @@ absl::StatusOr<BuildOutcome> ModelStore::Build(const OperationContext& ctx,
     }
   }
   if (result.ok()) {
-    result = Persist(ctx, *entry, "build");
+    {
+      WriterMutexLock lock(&entry->mu);
+      result = Persist(ctx, *entry, "build");
+      if (!result.ok()) entry->deleted = true;
+    }
     if (!result.ok()) {
-      {
-        WriterMutexLock lock(&entry->mu);
-        entry->deleted = true;
-      }
       MutexLock lock(&mu_);
       entries_.erase(name.full());
     }
@@ -564,13 +582,17 @@ absl::StatusOr<std::vector<RegistrationResult>> ModelStore::Register(
   RegistrationContext real;
   real.hooks = replay.registry();
   real.path = target_path;
+  absl::Status saved;
   {
+    // Applied and saved under the exclusive lock: readers see the change
+    // only once it is on disk (or never, if the save fails).
     WriterMutexLock lock(&entry->mu);
     MODELSTATE_RETURN_IF_ERROR(
         ApplyRequest(*target, request, value, real).status());
+    saved = Persist(ctx, *entry, "register");
   }
-  MODELSTATE_RETURN_IF_ERROR(Record(
-      ctx, name, "register", Persist(ctx, *entry, "register"), details.dump()));
+  MODELSTATE_RETURN_IF_ERROR(
+      Record(ctx, name, "register", saved, details.dump()));
   return Zip(std::move(all), std::move(finals));
 }
 
@@ -735,7 +757,10 @@ absl::StatusOr<LoadResult> ModelStore::LoadImpl(const OperationContext& ctx,
     replay.emplace(Decide(ctx, name, records));
   }
   absl::StatusOr<LoadResult> result;
+  absl::Status saved;
   {
+    // Applied and saved under the exclusive lock: readers see the new
+    // values only once they are on disk (or never, if the save fails).
     WriterMutexLock lock(&entry->mu);
     if (entry->deleted) {
       return absl::NotFoundError(
@@ -744,21 +769,21 @@ absl::StatusOr<LoadResult> ModelStore::LoadImpl(const OperationContext& ctx,
     RegistrationContext real;
     real.hooks = replay.has_value() ? replay->registry() : nullptr;
     result = entry->root->LoadStateDict(state_dict, options, real);
-  }
-  // Entries copied unchanged from a staged file are on disk already.
-  std::vector<PrewrittenBytes> prewritten;
-  if (staged != nullptr) {
-    const std::string file =
-        std::filesystem::path(staged->path()).filename().string();
-    for (const StagedStateDict::CopiedEntry& c : staged->copied()) {
-      prewritten.push_back({c.storage, c.dtype, file, c.key, c.crc32c});
+    // Entries copied unchanged from a staged file are on disk already.
+    std::vector<PrewrittenBytes> prewritten;
+    if (staged != nullptr) {
+      const std::string file =
+          std::filesystem::path(staged->path()).filename().string();
+      for (const StagedStateDict::CopiedEntry& c : staged->copied()) {
+        prewritten.push_back({c.storage, c.dtype, file, c.key, c.crc32c});
+      }
     }
+    // A failed non-atomic load may have changed some tensors already.
+    if (result.ok() || !options.atomic) {
+      saved = Persist(ctx, *entry, "load_state_dict", prewritten);
+    }
+    if (saved.ok() && !prewritten.empty()) staged->Keep();
   }
-  // A failed non-atomic load may have changed some tensors already.
-  absl::Status saved = result.ok() || !options.atomic
-                           ? Persist(ctx, *entry, "load_state_dict", prewritten)
-                           : absl::OkStatus();
-  if (saved.ok() && !prewritten.empty()) staged->Keep();
   nlohmann::json details = LoadDetails(options, state_dict);
   if (result.ok()) {
     details["missing_keys"] = result->keys.missing_keys;
@@ -800,8 +825,8 @@ absl::Status ModelStore::Move(const OperationContext& ctx,
           absl::StrCat("module '", name.full(), "' does not exist"));
     }
     result = entry->root->To(device, dtype);
+    if (result.ok()) result = Persist(ctx, *entry, "move");
   }
-  if (result.ok()) result = Persist(ctx, *entry, "move");
   return Record(ctx, name, "move", result, details.dump());
 }
 
@@ -809,6 +834,7 @@ absl::Status ModelStore::SetTraining(const OperationContext& ctx,
                                      const ModuleName& name, bool training) {
   MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
   MutexLock gate(&entry->gate);
+  absl::Status saved;
   {
     WriterMutexLock lock(&entry->mu);
     if (entry->deleted) {
@@ -816,8 +842,9 @@ absl::Status ModelStore::SetTraining(const OperationContext& ctx,
           absl::StrCat("module '", name.full(), "' does not exist"));
     }
     entry->root->Train(training);
+    saved = Persist(ctx, *entry, "set_training");
   }
-  return Record(ctx, name, "set_training", Persist(ctx, *entry, "set_training"),
+  return Record(ctx, name, "set_training", saved,
                 nlohmann::json({{"training", training}}).dump());
 }
 
@@ -829,6 +856,7 @@ absl::StatusOr<std::vector<Tensor>> ModelStore::Forward(
   MutexLock gate(&entry->gate);
   absl::StatusOr<std::vector<Tensor>> outputs;
   bool trained = false;
+  absl::Status saved;
   {
     // Exclusive: a training-mode call writes buffers, and the modes are
     // switched for the call.
@@ -854,12 +882,12 @@ absl::StatusOr<std::vector<Tensor>> ModelStore::Forward(
     options.seed = seed;
     outputs = modelstate::Forward(**target, std::move(inputs), options);
     for (auto& [m, mode] : modes) m->set_training(mode);
+    // Buffers may have changed even if a later submodule failed, as in
+    // PyTorch: save either way, before anyone reads them.
+    if (trained) saved = Persist(ctx, *entry, "forward");
   }
   if (!trained) return outputs;
-  // Buffers may have changed even if a later submodule failed, as in
-  // PyTorch: save and record either way.
   nlohmann::json details = {{"path", path}, {"training", true}};
-  absl::Status saved = Persist(ctx, *entry, "forward");
   absl::Status result = saved.ok() ? outputs.status() : saved;
   MODELSTATE_RETURN_IF_ERROR(
       Record(ctx, name, "forward", result, details.dump()));

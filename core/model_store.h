@@ -7,8 +7,8 @@
 // one module (describe, state_dict snapshots) share a lock and never block
 // each other; writers of one module are serialised by a per-module gate,
 // which they hold while registration decisions are pending, and take the
-// module's lock exclusively only to apply a fully decided change, so a
-// reader never sees a half-applied state.
+// module's lock exclusively only to apply a fully decided change and save
+// it, so a reader never sees a half-applied or an unsaved state.
 //
 // Example:
 //   ModelStore store;
@@ -139,9 +139,10 @@ class ModelStore {
   void set_audit_log(AuditLog* audit);
   // Every state change is saved in `repository` (nullptr: kept in memory
   // only) before it is recorded and the operation returns. A change that
-  // cannot be saved is reported as an error naming the file; it stays
-  // applied in memory and goes to disk with the module's next save. Not
-  // owned; must outlive its use.
+  // cannot be saved is reported as an INTERNAL error naming the file, and
+  // the module is read back from disk, so memory never holds what the disk
+  // does not; if that fails too, the module is withdrawn (its files are
+  // kept for repair). Not owned; must outlive its use.
   void set_repository(ModuleRepository* repository);
 
   // Per-namespace limits on modules and tensor bytes held (on devices with
@@ -277,11 +278,14 @@ class ModelStore {
                       std::string details_json);
   AuditLog* audit() const;
   ModuleRepository* repository() const;
-  // Saves `entry`'s tree after a change of `type`. REQUIRES: the caller
-  // holds entry.gate, so nobody changes the tree meanwhile.
+  // Saves `entry`'s tree after a change of `type`; if that fails, puts the
+  // saved tree back in place of the unsaved one (or withdraws the module)
+  // and says so. REQUIRES: the caller holds entry.gate and entry.mu
+  // exclusively, so nobody changes or reads the tree meanwhile.
   absl::Status Persist(const OperationContext& ctx, Entry& entry,
                        absl::string_view type,
-                       const std::vector<PrewrittenBytes>& prewritten = {});
+                       const std::vector<PrewrittenBytes>& prewritten = {})
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(entry.mu);
   absl::StatusOr<LoadResult> LoadImpl(const OperationContext& ctx,
                                       const ModuleName& name,
                                       const StateDict& state_dict,

@@ -774,6 +774,27 @@ absl::Status ModuleRepository::Save(
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::shared_ptr<Module>> ModuleRepository::Reload(
+    const ModuleName& name) {
+  std::shared_ptr<ModuleFiles> files = FilesOf(name);
+  // Read into a record of its own: the module's record keeps what it knew
+  // until the reload succeeded.
+  ModuleFiles read;
+  absl::StatusOr<Loaded> loaded =
+      LoadOne(name, /*fallback_to_cpu=*/false, read);
+  if (!loaded.ok()) {
+    MutexLock lock(&mu_);
+    damaged_.insert(name.full());
+    return loaded.status();
+  }
+  // The record object itself stays: streamed loads may hold it to reserve
+  // data files meanwhile.
+  files->by_version = std::move(read.by_version);
+  files->file_bytes = std::move(read.file_bytes);
+  DeleteUnused(ModuleDir(name), files.get());
+  return std::move(loaded->root);
+}
+
 absl::Status ModuleRepository::Remove(const ModuleName& name,
                                       const ChangeNote& note) {
   const std::string dir = ModuleDir(name);

@@ -109,6 +109,14 @@ class ModuleRepository {
   // start-up (Save refuses to overwrite them).
   absl::Status CheckUsable(const ModuleName& name);
 
+  // Reads the state of `name` that is committed on disk, after a Save that
+  // failed: the caller puts it in place of the tree it could not save, so
+  // that memory and disk agree again. What was left of the failed save is
+  // deleted. If the saved state cannot be read either, the module is marked
+  // damaged, as at start-up (its files are kept for repair), and the error
+  // names the file. Same concurrency rule as Save.
+  absl::StatusOr<std::shared_ptr<Module>> Reload(const ModuleName& name);
+
   // Removes `name` durably: a tombstone holding `note` is committed first,
   // then the files go. OK if it was never saved. The tombstone stays until
   // DropTombstone, so that a crash before the deletion is recorded elsewhere

@@ -33,6 +33,15 @@ absl::StatusOr<int> OpenAnonymousFile(const std::string& dir) {
   return fd;
 }
 
+// A disk failure while staging (a full disk, a file size limit) is the
+// server's problem, not a bad request: INTERNAL, whatever errno said, with
+// the file and the cause.
+absl::Status StagingFailed(const absl::Status& cause) {
+  return absl::InternalError(
+      absl::StrCat("the state_dict could not be written to disk (",
+                   cause.message(), "); nothing was loaded"));
+}
+
 }  // namespace
 
 StagedStateDict::StagedStateDict(StateDictLayout layout)
@@ -126,7 +135,7 @@ void StagedStateDict::WriteQueued() {
     MutexLock lock(&mu_);
     queued_bytes_ -= piece.size();
     if (!written.ok() && write_status_.ok()) {
-      write_status_ = written;
+      write_status_ = StagingFailed(written);
       queue_.clear();
     }
     changed_.SignalAll();
@@ -187,7 +196,9 @@ absl::StatusOr<StateDict> StagedStateDict::Finish() {
   }
   MODELSTATE_RETURN_IF_ERROR(StopWriter());
   if (writer_ != nullptr && !finished_) {
-    MODELSTATE_RETURN_IF_ERROR(writer_->Finish());
+    if (absl::Status done = writer_->Finish(); !done.ok()) {
+      return StagingFailed(done);
+    }
     finished_ = true;
     fd_ = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) return ErrnoStatus(errno, path_, "cannot reopen");

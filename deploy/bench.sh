@@ -67,7 +67,8 @@ echo "[bench] PyTorch, same models, same thread count (1)"
 "$python" "$bench/torch_bench.py" --threads 1 "${torch_args[@]}" \
   --out "$results/torch.json"
 
-echo "[bench] modelstate-server against a raw gRPC service"
+echo "[bench] modelstate-server against a raw gRPC service; a restart with 1 GiB"
+echo "[bench] hosted (smoke: 8 MiB) against reading its data files"
 "$build_dir/tests/bench/transfer_bench" \
   --server="$build_dir/server/modelstate-server" --models="$models" \
   "${transfer_args[@]}" --out="$results/transfer.json" >/dev/null

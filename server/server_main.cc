@@ -267,6 +267,9 @@ int main(int argc, char** argv) {
     LogLine(s.ToString());
     return 1;
   }
+  // A file size limit (ulimit -f) must fail the one write that exceeds it,
+  // with an error the caller gets, not kill the server.
+  signal(SIGXFSZ, SIG_IGN);
 
   if (absl::Status limits = CheckLimitFlags(); !limits.ok()) {
     LogLine(std::string(limits.message()));

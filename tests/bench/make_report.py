@@ -128,6 +128,21 @@ def transfer_rows(table, t):
                   "<= 1.0x", peak <= limit)
 
 
+def restore_rows(table, t):
+    r = t.get("restore")
+    if r is None:
+        return
+    n = r["hosted_bytes"]
+    restart = r["restart_s"]["median"]
+    read = r["read_files_s"]["median"]
+    table.add(f"restart with {n / MIB:.0f} MiB hosted (start to serving, "
+              "every byte read and CRC-checked)",
+              f"{fmt_s(restart)} ({rate(n, restart)})",
+              f"reading the {r['file_bytes'] / MIB:.0f} MiB of data files "
+              f"{fmt_s(read)} ({rate(r['file_bytes'], read)})",
+              f"{read / restart:.2f}x", "reported", None)
+
+
 def hook_rows(table, t):
     h = t["hooks"]
     p50 = t["ping_pong"]["p50_us"]
@@ -280,6 +295,7 @@ def main():
     hook_rows(table, transfer)
     core_rows(table, core, torch_results, args.torch_model)
     concurrency_rows(table, transfer)
+    restore_rows(table, transfer)
     if args.forward:
         forward_rows(table, bench_medians(load(args.forward)),
                      load(args.torch_forward) if args.torch_forward else None)

@@ -2,7 +2,8 @@
 // run: state_dict transfers against raw gRPC moving the same bytes in the
 // same chunks (and the server's peak RSS meanwhile), a ResNet-50 build
 // through remote interceptors against a bare ping-pong, and 32 concurrent
-// clients against one. modelstate-server and the raw gRPC server run as
+// clients against one, and a restart with 1 GiB hosted against reading its
+// data files. modelstate-server and the raw gRPC server run as
 // separate processes on loopback; this process is the client of both.
 //
 //   transfer_bench --server=PATH --models=DIR --out=results.json
@@ -10,6 +11,8 @@
 //
 // Writes JSON: every figure's samples and median (seconds, microseconds
 // or bytes, as named).
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -40,7 +43,8 @@ ABSL_FLAG(int, reps, 5, "measured repetitions of each figure");
 ABSL_FLAG(int, warmup, 1, "unmeasured repetitions first");
 ABSL_FLAG(bool, smoke, false, "tiny models and counts (for the test suite)");
 ABSL_FLAG(std::vector<std::string>, figures,
-          std::vector<std::string>({"transfer", "hooks", "concurrency"}),
+          std::vector<std::string>({"transfer", "hooks", "concurrency",
+                                    "restore"}),
           "which figures to measure");
 // The raw gRPC server mode (this binary, started by itself).
 ABSL_FLAG(bool, serve_raw, false,
@@ -360,6 +364,55 @@ Json ConcurrencyFigures(Servers& s, const std::string& model, int clients) {
               {"errors", errors}};
 }
 
+// Reads every file under `dir` once (the bytes a restore must read and
+// checksum); returns the bytes read.
+uint64_t ReadEveryFile(const std::filesystem::path& dir) {
+  std::vector<char> buffer(4 << 20);
+  uint64_t total = 0;
+  for (const auto& item : std::filesystem::recursive_directory_iterator(dir)) {
+    if (!item.is_regular_file()) continue;
+    std::ifstream in(item.path(), std::ios::binary);
+    while (in.read(buffer.data(), buffer.size()) || in.gcount() > 0) {
+      total += static_cast<uint64_t>(in.gcount());
+    }
+  }
+  return total;
+}
+
+// How long a restarted server takes until it serves, with `count` x 4 MiB
+// hosted (256: 1 GiB), against reading the same files (both from the page
+// cache: the figure is the server's own work, not the disk's).
+Json RestoreFigures(const std::string& server, int count) {
+  testing::ServerProcess own(server, {});
+  Check(own.Start(), "start the restore server");
+  {
+    std::unique_ptr<ModelStateClient> client = OwnConnection(own.address());
+    Build(*client, "bench/restore", LinearStack(count));
+  }  // an idle connection would hold the server's shutdown
+  own.Stop(SIGTERM);
+  const std::filesystem::path modules = own.data_dir() / "modules";
+  uint64_t file_bytes = 0;
+  auto [read, restart] = RepeatPair(
+      [&] {
+        auto start = std::chrono::steady_clock::now();
+        file_bytes = ReadEveryFile(modules);
+        return Seconds(start);
+      },
+      [&] {
+        auto start = std::chrono::steady_clock::now();
+        Check(own.Start(), "restart");
+        double seconds = Seconds(start);
+        own.Stop(SIGTERM);
+        return seconds;
+      });
+  return Json{{"modules", 1},
+              {"file_bytes", file_bytes},
+              // Each Linear(1024, 1024): weight and bias, float32.
+              {"hosted_bytes", static_cast<uint64_t>(count) * 1024 * 1025 * 4},
+              {"read_files_s", Figure(read)},
+              {"restart_s", Figure(restart)}};
+}
+
 int Run() {
   const std::string self = std::filesystem::read_symlink("/proc/self/exe");
   const bool smoke = absl::GetFlag(FLAGS_smoke);
@@ -391,6 +444,10 @@ int Run() {
   if (wanted("concurrency")) {
     out["concurrency"] =
         ConcurrencyFigures(s, smoke ? "mlp" : "linear16", smoke ? 4 : 32);
+  }
+  if (wanted("restore")) {
+    out["restore"] =
+        RestoreFigures(absl::GetFlag(FLAGS_server), smoke ? 2 : 256);
   }
   out["reps"] = absl::GetFlag(FLAGS_reps);
   out["warmup"] = absl::GetFlag(FLAGS_warmup);

@@ -7,6 +7,8 @@ Run by ctest: /usr/bin/python3 client_test.py SERVER_BINARY PYTHON_PACKAGE_DIR
 """
 
 import collections
+import contextlib
+import io
 import os
 import shutil
 import signal
@@ -31,23 +33,34 @@ class Server:
 
     def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="modelstate-py-")
-        ready = os.path.join(self.dir, "ready")
         self.log = open(os.path.join(self.dir, "server.log"), "w")
+        self.address = None
+        self.start()
+
+    def start(self):
+        """Starts the server; a restart keeps its address and data."""
+        ready = os.path.join(self.dir, "ready")
+        if os.path.exists(ready):
+            os.remove(ready)
         self.process = subprocess.Popen(
-            [SERVER, "--listen=127.0.0.1:0", "--ready_file=" + ready,
+            [SERVER, "--listen=" + (self.address or "127.0.0.1:0"),
+             "--ready_file=" + ready,
              "--data_dir=" + os.path.join(self.dir, "data")],
             stderr=self.log)
         deadline = time.time() + 60
-        while not os.path.exists(ready):
+        while not os.path.exists(ready) or os.path.getsize(ready) == 0:
             if self.process.poll() is not None or time.time() > deadline:
                 raise RuntimeError("the server did not start")
             time.sleep(0.02)
         with open(ready) as f:
             self.address = f.read().strip()
 
-    def stop(self):
+    def kill(self):
         self.process.send_signal(signal.SIGKILL)
         self.process.wait()
+
+    def stop(self):
+        self.kill()
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -192,6 +205,31 @@ class StateTest(unittest.TestCase):
         with self.assertRaises(TypeError):
             remote.load_state_dict({"0.weight": 3})
 
+    def test_each_load_error_has_pytorchs_text(self):
+        remote = ms.build(MLP_SPEC, "errors/each")
+        local = mlp()
+        missing = collections.OrderedDict(local.state_dict())
+        del missing["1.running_var"]
+        unexpected = collections.OrderedDict(local.state_dict())
+        unexpected["3.extra"] = torch.zeros(1)
+        unexpected["zz"] = torch.zeros(1)
+        mismatch = collections.OrderedDict(local.state_dict())
+        mismatch["0.weight"] = torch.zeros(256, 783)
+        cases = [("missing", missing, True), ("unexpected", unexpected, True),
+                 ("size mismatch", mismatch, True),
+                 # A size mismatch fails even when not strict.
+                 ("size mismatch, not strict", mismatch, False)]
+        for label, sd, strict in cases:
+            with self.subTest(label):
+                with self.assertRaises(RuntimeError) as theirs:
+                    mlp().load_state_dict(sd, strict=strict)
+                with self.assertRaises(RuntimeError) as ours:
+                    remote.load_state_dict(sd, strict=strict)
+                self.assertEqual(str(ours.exception), str(theirs.exception))
+        # Not strict, missing and unexpected keys are the return value.
+        self.assertEqual(remote.load_state_dict(unexpected, strict=False),
+                         mlp().load_state_dict(unexpected, strict=False))
+
     def test_to_converts_like_pytorch(self):
         local = randomize(mlp(), 3)
         remote = ms.build(MLP_SPEC, "to/mlp")
@@ -306,9 +344,12 @@ class HookTest(unittest.TestCase):
     def test_buffer_hooks_convert_track_and_block(self):
         tracked = []
 
+        # The seed's three examples, line for line (JS null is REJECT,
+        # console.log is print, module.constructor.name is
+        # type(module).__name__).
         def float32_buffers(module, name, buffer):
-            if buffer is not None and buffer.dtype != torch.float32 and \
-                    buffer.dtype.is_floating_point:
+            if buffer is not None and buffer.dtype != torch.float32:
+                print(f"Converting {name} from {buffer.dtype} to float32")
                 return buffer.to(dtype=torch.float32)
 
         def track(module, name, buffer):
@@ -319,17 +360,21 @@ class HookTest(unittest.TestCase):
 
         def no_temp(module, name, buffer):
             if name == "temp_buffer":
+                print("Blocking temporary buffer")
                 return modelstate.REJECT
 
         hooks = [ms.register_module_buffer_registration_hook(h)
                  for h in (float32_buffers, track, no_temp)]
+        printed = io.StringIO()
         try:
-            m = ms.build({"type": "Custom", "members": [
-                {"buffer": {"name": "temp_buffer", "shape": [2]}},
-                {"buffer": {"name": "table", "shape": [2, 2],
-                            "dtype": "float64"}},
-                {"module": {"name": "bn", "spec": {
-                    "type": "BatchNorm1d", "args": [2]}}}]}, "hooks/buffers")
+            with contextlib.redirect_stdout(printed):
+                m = ms.build({"type": "Custom", "members": [
+                    {"buffer": {"name": "temp_buffer", "shape": [2]}},
+                    {"buffer": {"name": "table", "shape": [2, 2],
+                                "dtype": "float64"}},
+                    {"module": {"name": "bn", "spec": {
+                        "type": "BatchNorm1d", "args": [2]}}}]},
+                    "hooks/buffers")
         finally:
             for h in hooks:
                 h.remove()
@@ -341,9 +386,21 @@ class HookTest(unittest.TestCase):
                                       "shape": (2,), "dtype": torch.float32})
         self.assertEqual(tracked[1]["dtype"], torch.float32)
         self.assertEqual([t["name"] for t in tracked[2:]],
-                         ["running_mean", "running_var",
-                          "num_batches_tracked"])
-        self.assertEqual(tracked[4]["dtype"], torch.int64)
+                         ["running_mean", "running_var"])
+        # Unlike torch, the server lets only floating-point tensors change
+        # dtype: the converter's float32 num_batches_tracked is an invalid
+        # answer, which blocks it (fail-closed) before the tracker runs.
+        self.assertNotIn("bn.num_batches_tracked", buffers)
+        refused = [r for r in m.last_registrations
+                   if r.name == "num_batches_tracked"]
+        self.assertEqual(len(refused), 1)
+        self.assertIn("dtype int64 is not floating point and cannot change "
+                      "to float32", refused[0].reason)
+        # Each hook answers on its own thread: compare as a set of lines.
+        self.assertCountEqual(printed.getvalue().splitlines(), [
+            "Blocking temporary buffer",
+            "Converting table from torch.float64 to float32",
+            "Converting num_batches_tracked from torch.int64 to float32"])
         blocked = [r for r in m.last_registrations
                    if r.name == "temp_buffer"]
         self.assertEqual(len(blocked), 1)
@@ -357,14 +414,17 @@ class HookTest(unittest.TestCase):
     def test_parameter_hooks_cast_log_freeze_and_initialise(self):
         log = []
 
+        # The seed's four examples, line for line (console.log is
+        # log.append here, instanceof is isinstance).
         def float32_params(module, name, param):
             if param is not None and param.dtype != torch.float32:
+                log.append(f"Converting parameter '{name}' to float32")
                 return param.to(dtype=torch.float32)
 
         def log_params(module, name, param):
             if param is not None:
                 log.append(f"Parameter '{name}' in {type(module).__name__}: "
-                           f"shape={list(param.shape)}")
+                           f"shape={param.shape}")
 
         def freeze_private(module, name, param):
             if param is not None and name.startswith("_"):
@@ -372,7 +432,7 @@ class HookTest(unittest.TestCase):
 
         def custom_init(module, name, param):
             if param is not None and name == "weight" and \
-                    type(module).__name__ == "Linear":
+                    isinstance(module, torch.nn.Linear):
                 param.data.uniform_(-0.05, 0.05)
 
         hooks = [ms.register_module_parameter_registration_hook(h)
@@ -384,7 +444,9 @@ class HookTest(unittest.TestCase):
                                "dtype": "float64",
                                "init": {"kind": "ones"}}},
                 {"module": {"name": "lin", "spec": {
-                    "type": "Linear", "args": [64, 64]}}}]},
+                    "type": "Linear", "args": [64, 64]}}},
+                {"module": {"name": "conv", "spec": {
+                    "type": "Conv1d", "args": [64, 64, 1]}}}]},
                 "hooks/params", seed=4)
         finally:
             for h in hooks:
@@ -397,10 +459,15 @@ class HookTest(unittest.TestCase):
         # Linear's own init would exceed 0.05 somewhere in 4096 draws.
         torch.manual_seed(4)
         self.assertGreater(float(nn.Linear(64, 64).weight.abs().max()), 0.05)
+        # Not a Linear: its weight keeps Conv1d's own init.
+        self.assertGreater(float(params["conv.weight"].abs().max()), 0.05)
         self.assertEqual(log, [
-            "Parameter '_scale' in Custom: shape=[3]",
-            "Parameter 'weight' in Linear: shape=[64, 64]",
-            "Parameter 'bias' in Linear: shape=[64]"])
+            "Converting parameter '_scale' to float32",
+            "Parameter '_scale' in Custom: shape=torch.Size([3])",
+            "Parameter 'weight' in Linear: shape=torch.Size([64, 64])",
+            "Parameter 'bias' in Linear: shape=torch.Size([64])",
+            "Parameter 'weight' in Conv1d: shape=torch.Size([64, 64, 1])",
+            "Parameter 'bias' in Conv1d: shape=torch.Size([64])"])
 
     def test_module_hooks_and_failing_hooks_block(self):
         def no_dropout(module, name, submodule):
@@ -422,6 +489,68 @@ class HookTest(unittest.TestCase):
                 m.register_parameter("p", torch.zeros(1))
         self.assertIn("raised ValueError: no parameters today",
                       str(e.exception))
+
+
+class ReconnectTest(unittest.TestCase):
+
+    def test_a_hook_subscribes_again_after_a_server_restart(self):
+        own = Server()
+        client = modelstate.connect(own.address)
+        try:
+            def no_temp(module, name, buffer):
+                if name == "temp_buffer":
+                    return modelstate.REJECT
+
+            spec = {"type": "Custom", "members": [
+                {"buffer": {"name": "temp_buffer", "shape": [1]}}]}
+            handle = client.register_module_buffer_registration_hook(no_temp)
+            self.assertTrue(handle.wait_connected(10))
+            first = client.build(spec, "re/before")
+            self.assertNotIn("temp_buffer", dict(first.named_buffers()))
+            own.kill()
+            own.start()
+            # Nothing is registered until the hook is back: the server
+            # has no interceptor before that.
+            deadline = time.time() + 30
+            while handle.subscriptions < 2 and time.time() < deadline:
+                time.sleep(0.05)
+            self.assertEqual(handle.subscriptions, 2,
+                             "the hook did not subscribe again")
+            self.assertTrue(handle.wait_connected(10))
+            after = client.build(spec, "re/after")
+            self.assertNotIn("temp_buffer", dict(after.named_buffers()))
+            handle.remove()
+        finally:
+            client.close()
+            own.stop()
+
+
+README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                      "README.md")
+
+
+class ReadmeTest(unittest.TestCase):
+
+    def test_the_readme_quick_start_runs(self):
+        """The Python block of README's "Python client" section, run as it
+        is against the test server (only the address changes), so the
+        README cannot drift from the client."""
+        with open(README) as f:
+            text = f.read()
+        section = text[text.index("### Python client"):]
+        start = section.index("```python\n") + len("```python\n")
+        code = section[start:section.index("```", start)]
+        self.assertIn('modelstate.connect("127.0.0.1:50051")', code)
+        code = code.replace("127.0.0.1:50051", server.address)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, "README.md", "exec"), {})
+        self.assertEqual(out.getvalue(), "<All keys matched successfully>\n")
+        remote = ms.module("team/mlp")
+        # What the quick start did is on the server: float16, eval mode.
+        self.assertEqual({t.dtype for t in remote.state_dict().values()},
+                         {torch.float16})
+        self.assertFalse(remote.training)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <random>
 #include <string>
@@ -18,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
+#include "tests/testing/file_size_limit.h"
 #include "tests/testing/golden_models.h"
 #include "tests/testing/requests.h"
 #include "tests/testing/status_matchers.h"
@@ -33,6 +35,8 @@ using ::modelstate::testing::ExpectSameState;
 using ::modelstate::testing::Filled;
 using ::modelstate::testing::GoldenModelSpecs;
 using ::modelstate::testing::IsOk;
+using ::modelstate::testing::LiftFileSizeLimit;
+using ::modelstate::testing::LimitFileSize;
 using ::modelstate::testing::LocalBuild;
 using ::modelstate::testing::ParseJson;
 using ::modelstate::testing::StatusIs;
@@ -199,20 +203,22 @@ TEST_F(DurabilityTest, AKilledServerComesBackWithEveryAcknowledgedChange) {
   ExpectSameObserved(Observe(*client_), after_delete);
 }
 
-// The model the crash test loads into: 8 x Linear(1024, 1024), 32 MiB.
+// The model the crash test loads into: 8 x Linear(2048, 2048), 128 MiB, so
+// that a load spends long enough in each of its phases (streaming, staging,
+// fsync, commit) for random kills to land in all of them.
 constexpr char kBigSpec[] = R"({"type": "Sequential", "children": [
-    {"spec": {"type": "Linear", "args": [1024, 1024]}},
-    {"spec": {"type": "Linear", "args": [1024, 1024]}},
-    {"spec": {"type": "Linear", "args": [1024, 1024]}},
-    {"spec": {"type": "Linear", "args": [1024, 1024]}},
-    {"spec": {"type": "Linear", "args": [1024, 1024]}},
-    {"spec": {"type": "Linear", "args": [1024, 1024]}},
+    {"spec": {"type": "Linear", "args": [2048, 2048]}},
+    {"spec": {"type": "Linear", "args": [2048, 2048]}},
+    {"spec": {"type": "Linear", "args": [2048, 2048]}},
+    {"spec": {"type": "Linear", "args": [2048, 2048]}},
+    {"spec": {"type": "Linear", "args": [2048, 2048]}},
+    {"spec": {"type": "Linear", "args": [2048, 2048]}},
+    {"spec": {"type": "Linear", "args": [2048, 2048]}},
+    {"spec": {"type": "Linear", "args": [2048, 2048]}}]})";
+// What each crash round builds alongside: 2 x Linear(1024, 1024), 8 MiB.
+constexpr char kBuiltSpec[] = R"({"type": "Sequential", "children": [
     {"spec": {"type": "Linear", "args": [1024, 1024]}},
     {"spec": {"type": "Linear", "args": [1024, 1024]}}]})";
-// What each crash round builds alongside: 2 x Linear(1536, 1536), 18 MiB.
-constexpr char kBuiltSpec[] = R"({"type": "Sequential", "children": [
-    {"spec": {"type": "Linear", "args": [1536, 1536]}},
-    {"spec": {"type": "Linear", "args": [1536, 1536]}}]})";
 
 // Every tensor of `like`'s layout, filled with `value`.
 StateDict FilledLike(const StateDict& like, double value) {
@@ -337,9 +343,23 @@ TEST_F(DurabilityTest, ADamagedModuleIsNamedAtStartAndTheOthersLoad) {
   ASSERT_THAT(client_->BuildModule(BuildRequest(
                   "d/good", R"({"type": "Linear", "args": [16, 16]})", 1)),
               IsOk());
+  // Built third and fourth: data-3 and data-4, truncated below.
+  ASSERT_THAT(client_->BuildModule(BuildRequest(
+                  "d/short", R"({"type": "Linear", "args": [16, 16]})", 3)),
+              IsOk());
+  ASSERT_THAT(client_->BuildModule(BuildRequest(
+                  "d/cut", R"({"type": "Linear", "args": [16, 16]})", 4)),
+              IsOk());
   absl::StatusOr<StateDict> good = client_->GetStateDict("d/good");
   ASSERT_THAT(good, IsOk());
   StopGracefully();
+  // A data file cut in half, and a manifest cut short.
+  const fs::path short_data =
+      ModuleDir(server_, "d", "short") / "data-3.safetensors";
+  fs::resize_file(short_data, fs::file_size(short_data) / 2);
+  const fs::path cut_manifest =
+      ModuleDir(server_, "d", "cut") / "manifest.json";
+  fs::resize_file(cut_manifest, fs::file_size(cut_manifest) - 10);
   {
     // One flipped bit in the middle of the weight.
     std::fstream f(ModuleDir(server_, "d", "bad") / "data-1.safetensors",
@@ -356,6 +376,8 @@ TEST_F(DurabilityTest, ADamagedModuleIsNamedAtStartAndTheOthersLoad) {
               AllOf(HasSubstr("not restored: DATA_LOSS: "),
                     HasSubstr("d/bad/data-1.safetensors: tensor 's0' is "
                               "damaged"),
+                    HasSubstr("d/short/data-3.safetensors"),
+                    HasSubstr("d/cut/manifest.json: not a sealed JSON file"),
                     HasSubstr("restored 1 modules")));
   absl::StatusOr<StateDict> good_after = client_->GetStateDict("d/good");
   ASSERT_THAT(good_after, IsOk());
@@ -369,7 +391,7 @@ TEST_F(DurabilityTest, ADamagedModuleIsNamedAtStartAndTheOthersLoad) {
                        AllOf(HasSubstr("d/bad"),
                              HasSubstr("could not be loaded at start-up"))));
   std::vector<v1::AuditRecordProto> restore = AuditRecords(*client_, "restore");
-  ASSERT_THAT(restore, SizeIs(1));
+  ASSERT_THAT(restore, SizeIs(3));
   EXPECT_EQ(restore[0].outcome(), "error");
   EXPECT_THAT(restore[0].details_json(), HasSubstr("d/bad/data-1.safetensors"));
   EXPECT_TRUE(VerifyAudit(*client_).ok());
@@ -421,10 +443,16 @@ TEST_F(DurabilityTest, AChangeThatCannotBeSavedIsAnErrorNamingTheFile) {
   const fs::path aside = dir.string() + ".aside";
   fs::rename(dir, aside);
   std::ofstream(dir) << "in the way";
+  // Neither the change can be saved nor the saved state read back: the
+  // module is withdrawn until the files are back and the server restarts.
   EXPECT_THAT(client_->SetTraining("s/m", false),
               StatusIs(absl::StatusCode::kInternal,
-                       AllOf(HasSubstr("is applied but could not be saved"),
-                             HasSubstr("s/m"))));
+                       AllOf(HasSubstr("the change to 's/m' could not be "
+                                       "saved"),
+                             HasSubstr("s/m/manifest.json"),
+                             HasSubstr("the module is withdrawn"))));
+  EXPECT_THAT(client_->GetStateDict("s/m"),
+              StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(client_->BuildModule(BuildRequest(
                   "s/m2", R"({"type": "Linear", "args": [2, 2]})")),
               IsOk());
@@ -437,14 +465,160 @@ TEST_F(DurabilityTest, AChangeThatCannotBeSavedIsAnErrorNamingTheFile) {
                        HasSubstr("module 's/blocked' was not stored")));
   EXPECT_THAT(client_->GetStateDict("s/blocked"),
               StatusIs(absl::StatusCode::kNotFound));
-  // The failed change is saved with the next one that succeeds.
-  ASSERT_THAT(client_->SetTraining("s/m", false), IsOk());
+  // Back with its files, the module is as it was before the failed change.
   KillAndRestart();
   v1::GetModuleRequest get;
   get.set_module("s/m");
   absl::StatusOr<v1::GetModuleResponse> described = client_->GetModule(get);
   ASSERT_THAT(described, IsOk());
-  EXPECT_FALSE(described->info().training());
+  EXPECT_TRUE(described->info().training());
+  ASSERT_THAT(client_->SetTraining("s/m", false), IsOk());
+}
+
+// A damaged audit log: a torn last line (a crash mid-append) is dropped and
+// the server starts; a damaged record anywhere else stops the start with a
+// message naming the file and the line, because continuing would chain new
+// records onto a history nobody can verify.
+TEST_F(DurabilityTest, ADamagedAuditLogStopsTheStartAndATornTailIsDropped) {
+  ASSERT_THAT(client_->BuildModule(BuildRequest(
+                  "a/m", R"({"type": "Linear", "args": [2, 2]})", 1)),
+              IsOk());
+  ASSERT_THAT(client_->SetTraining("a/m", false), IsOk());
+  StopGracefully();
+  const fs::path log = server_.data_dir() / "audit.log";
+  std::string original;
+  {
+    std::ifstream in(log, std::ios::binary);
+    original.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  // Torn tail: the start of a record without its end.
+  std::ofstream(log, std::ios::app) << R"({"seq":99,"time":"2026-)";
+  Restart();
+  EXPECT_THAT(server_.Log(),
+              HasSubstr("audit.log: removed a torn last record left by a "
+                        "crash"));
+  EXPECT_TRUE(VerifyAudit(*client_).ok());
+  StopGracefully();
+
+  // One changed byte inside the first record.
+  std::string edited = original;
+  const size_t at = edited.find(R"("identity":")");
+  ASSERT_NE(at, std::string::npos);
+  edited.insert(at + 12, "x");
+  std::ofstream(log, std::ios::trunc | std::ios::binary) << edited;
+  absl::Status started = server_.Start();
+  EXPECT_THAT(started, StatusIs(absl::StatusCode::kInternal,
+                                HasSubstr("server exited early")));
+  EXPECT_THAT(server_.Log(),
+              AllOf(HasSubstr("cannot open the audit log"),
+                    HasSubstr("audit.log is broken at line 1"),
+                    HasSubstr("refusing to continue a broken chain")));
+
+  // Repaired, it starts again with everything in place.
+  std::ofstream(log, std::ios::trunc | std::ios::binary) << original;
+  Restart();
+  EXPECT_TRUE(VerifyAudit(*client_).ok());
+  EXPECT_THAT(client_->GetStateDict("a/m"), IsOk());
+}
+
+// How many records of `type` have `outcome`.
+size_t CountRecords(client::ModelStateClient& client, const std::string& type,
+                    const std::string& outcome) {
+  size_t n = 0;
+  for (const v1::AuditRecordProto& r : AuditRecords(client, type)) {
+    if (r.outcome() == outcome) ++n;
+  }
+  return n;
+}
+
+// Flips one byte near the end of every data file of a module.
+void DamageDataFiles(const fs::path& dir) {
+  for (const auto& item : fs::directory_iterator(dir)) {
+    if (item.path().extension() != ".safetensors") continue;
+    std::fstream f(item.path(),
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-100, std::ios::end);
+    char c;
+    f.read(&c, 1);
+    c ^= 1;
+    f.seekp(-100, std::ios::end);
+    f.write(&c, 1);
+  }
+}
+
+// A write that fails (the file size limit stands in for a full disk) must
+// leave the module as it was, in memory and on disk, with a clear error and
+// no successful record of the change in the audit log.
+TEST_F(DurabilityTest, AFailedWriteLeavesThePreviousStateIntact) {
+  // Linear(512, 512): 1 MiB of weight, more than the limit below.
+  constexpr char kSpec[] = R"({"type": "Linear", "args": [512, 512]})";
+  ASSERT_THAT(client_->BuildModule(BuildRequest("w/m", kSpec, 1)), IsOk());
+  ASSERT_THAT(client_->BuildModule(BuildRequest("w/fragile", kSpec, 2)),
+              IsOk());
+  absl::StatusOr<StateDict> layout = client_->GetStateDict("w/m");
+  ASSERT_THAT(layout, IsOk());
+  ASSERT_THAT(client_->LoadStateDict("w/m", FilledLike(*layout, 0.5)), IsOk());
+  absl::StatusOr<StateDict> before = client_->GetStateDict("w/m");
+  ASSERT_THAT(before, IsOk());
+  const size_t loads_ok = CountRecords(*client_, "load_state_dict", "ok");
+
+  ASSERT_THAT(LimitFileSize(server_.pid(), 256 << 10), IsOk());
+  // A streamed (copying) load fails while its bytes are staged on disk.
+  EXPECT_THAT(
+      client_->LoadStateDict("w/m", FilledLike(*layout, 2)),
+      StatusIs(absl::StatusCode::kInternal,
+               AllOf(HasSubstr("could not be written to disk"),
+                     HasSubstr("w/m/data-"), HasSubstr("File too large"),
+                     HasSubstr("nothing was loaded"))));
+  // An assigning load is applied in memory, then its save fails: the
+  // module must be read back, not keep the unsaved values.
+  client::LoadStateDictOptions assign;
+  assign.load.assign = true;
+  EXPECT_THAT(client_->LoadStateDict("w/m", FilledLike(*layout, 3), assign),
+              StatusIs(absl::StatusCode::kInternal,
+                       AllOf(HasSubstr("the change to 'w/m' could not be "
+                                       "saved"),
+                             HasSubstr("File too large"),
+                             HasSubstr("the module is unchanged"))));
+  // A move that cannot be saved leaves the old dtype.
+  v1::MoveModuleRequest move;
+  move.set_module("w/m");
+  move.set_dtype("float64");
+  EXPECT_THAT(client_->MoveModule(move),
+              StatusIs(absl::StatusCode::kInternal,
+                       HasSubstr("the module is unchanged")));
+  absl::StatusOr<StateDict> during = client_->GetStateDict("w/m");
+  ASSERT_THAT(during, IsOk());
+  ExpectSameState(*during, *before);
+  EXPECT_EQ(CountRecords(*client_, "load_state_dict", "ok"), loads_ok);
+  EXPECT_EQ(CountRecords(*client_, "load_state_dict", "error"), 1u);
+
+  // If the saved state cannot be read back either, the module is withdrawn
+  // rather than served from memory alone.
+  DamageDataFiles(ModuleDir(server_, "w", "fragile"));
+  EXPECT_THAT(
+      client_->LoadStateDict("w/fragile", FilledLike(*layout, 4), assign),
+      StatusIs(absl::StatusCode::kInternal,
+               AllOf(HasSubstr("w/fragile"), HasSubstr("is damaged"),
+                     HasSubstr("the module is withdrawn"))));
+  EXPECT_THAT(client_->GetStateDict("w/fragile"),
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(client_->BuildModule(BuildRequest("w/fragile", kSpec)),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+
+  // Disk agrees with what was served, and writes work again once there is
+  // room.
+  ASSERT_THAT(LiftFileSizeLimit(server_.pid()), IsOk());
+  KillAndRestart();
+  absl::StatusOr<StateDict> after = client_->GetStateDict("w/m");
+  ASSERT_THAT(after, IsOk());
+  ExpectSameState(*after, *before);
+  EXPECT_TRUE(VerifyAudit(*client_).ok());
+  ASSERT_THAT(client_->LoadStateDict("w/m", FilledLike(*layout, 5)), IsOk());
+  KillAndRestart();
+  absl::StatusOr<StateDict> reloaded = client_->GetStateDict("w/m");
+  ASSERT_THAT(reloaded, IsOk());
+  EXPECT_EQ(UniformValue(*reloaded), 5);
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 // (itself checked against PyTorch by tests/python/forward_matches_torch.py),
 // training-mode calls update BatchNorm's buffers durably and are audited,
 // eval-mode calls change nothing, and bad input gets PyTorch's errors.
+#include <signal.h>
+
 #include <memory>
 #include <optional>
 #include <string>
@@ -125,9 +127,15 @@ TEST(ForwardServiceTest, TrainingUpdatesBatchNormDurablyAndIsAudited) {
   ASSERT_TRUE(c->stub().QueryAudit(context.get(), query, &records).ok());
   EXPECT_EQ(records.records_size(), 3);
 
-  // The updated buffers survive a restart.
+  // The buffers a training call updated are on disk once it answers: a
+  // SIGKILL right after the answer loses nothing.
+  const Tensor last = Input({8, 4}, -1.5);
+  ASSERT_THAT(c->Forward(Request("fwd/bn", {last}, true)), IsOk());
+  server.Stop(SIGKILL);
+  ASSERT_THAT(Forward(*local, {last}), IsOk());
+  want = local->GetStateDict();
+  EXPECT_EQ(want.tensors.Find("1.num_batches_tracked")->data<int64_t>()[0], 4);
   c.reset();
-  server.Stop();
   ASSERT_THAT(server.Start(), IsOk());
   c = server.NewClient();
   ExpectSameState(*c->GetStateDict("fwd/bn"), want);

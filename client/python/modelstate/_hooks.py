@@ -10,6 +10,7 @@ import itertools
 import os
 import queue
 import threading
+import time
 
 import grpc
 
@@ -34,15 +35,26 @@ _KINDS = {
 }
 
 
+try:
+    from torch import nn as _nn
+except ImportError:  # tensors are numpy arrays then; no torch classes
+    _nn = None
+
+
 class ModuleRef:
     """The module a registration goes into, as a hook sees it: its class is
-    named after the module's type, so type(module).__name__ == "Linear".
-    `module` is the hosted module's "namespace/name", `path` the dotted path
-    inside it ("" for the root)."""
+    named after the module's type, so type(module).__name__ == "Linear",
+    and, with torch, derives from the torch.nn class of that name (or
+    nn.Module), so isinstance(module, nn.Linear) holds as in the seeds'
+    hooks. It is a stand-in, not a constructed torch module: it has no
+    parameters of its own. `module` is the hosted module's
+    "namespace/name", `path` the dotted path inside it ("" for the
+    root)."""
 
     def __init__(self, module, path):
-        self.module = module
-        self.path = path
+        # Set past nn.Module.__setattr__: no nn.Module.__init__ ran.
+        object.__setattr__(self, "module", module)
+        object.__setattr__(self, "path", path)
 
     @property
     def type_name(self):
@@ -57,11 +69,25 @@ _ref_classes = {}
 _ref_lock = threading.Lock()
 
 
+def _torch_base(type_name):
+    """The torch.nn class a stand-in for `type_name` derives from."""
+    if _nn is None:
+        return None
+    cls = getattr(_nn, type_name, None)
+    if isinstance(cls, type) and issubclass(cls, _nn.Module):
+        return cls
+    return _nn.Module
+
+
 def _module_ref(type_name, module, path):
     with _ref_lock:
         cls = _ref_classes.get(type_name)
         if cls is None:
-            cls = type(type_name or "Module", (ModuleRef,), {})
+            base = _torch_base(type_name)
+            bases = (ModuleRef,) if base is None else (ModuleRef, base)
+            cls = type(type_name or "Module", bases,
+                       {"__init__": ModuleRef.__init__,
+                        "__repr__": ModuleRef.__repr__})
             _ref_classes[type_name] = cls
     return cls(module, path)
 
@@ -83,7 +109,6 @@ class HookHandle:
         self._removed = False
         self._error = None
         self._acked = threading.Event()
-        self._requests = queue.Queue()
         self.name = name or (f"python-{os.getpid()}-{kind}-"
                              f"{getattr(hook, '__name__', 'hook')}-"
                              f"{next(_names)}")
@@ -94,11 +119,16 @@ class HookHandle:
             failure_policy=(pb.Subscription.FAIL_OPEN if fail_open
                             else pb.Subscription.FAIL_CLOSED),
             include_data=True, max_data_bytes=max_data_bytes)
-        self._requests.put(pb.SubscribeRequest(subscription=subscription))
-        self._call = client._stub.Subscribe(self._outgoing(),
-                                            metadata=client._metadata)
-        self._thread = threading.Thread(target=self._serve, daemon=True,
-                                        name=self.name)
+        self._client = client
+        self._subscription = subscription
+        self._lock = threading.Lock()
+        # Subscriptions made (1 + reconnections after the server went away).
+        self.subscriptions = 0
+        self._connected = threading.Event()
+        self._call, requests = self._subscribe()
+        self._thread = threading.Thread(target=self._serve,
+                                        args=(self._call, requests),
+                                        daemon=True, name=self.name)
         self._thread.start()
         if not self._acked.wait(client._timeout) or self._error is not None:
             self.remove()
@@ -106,26 +136,69 @@ class HookHandle:
                 raise from_rpc_error(self._error)
             raise TimeoutError(f"subscribing {self.name}: no answer")
 
-    def _outgoing(self):
+    def _subscribe(self):
+        """A new Subscribe stream, and the queue feeding its requests."""
+        requests = queue.Queue()
+        requests.put(pb.SubscribeRequest(subscription=self._subscription))
+        call = self._client._stub.Subscribe(self._outgoing(requests),
+                                            metadata=self._client._metadata)
+        return call, requests
+
+    @staticmethod
+    def _outgoing(requests):
         while True:
-            request = self._requests.get()
+            request = requests.get()
             if request is None:
                 return
             yield request
 
-    def _serve(self):
-        try:
-            for response in self._call:
-                if response.HasField("ack"):
-                    self._acked.set()
-                    continue
-                answer = self._answer(response.event)
-                self._requests.put(pb.SubscribeRequest(answer=answer))
-        except grpc.RpcError as error:
-            if not self._removed:
-                self._error = error
-        finally:
-            self._acked.set()
+    def _serve(self, call, requests):
+        """Answers events; when the server goes away (a restart), subscribes
+        again until it is back, so the hook keeps running: a server without
+        its interceptor would let through what the hook was there to
+        check."""
+        delay = 0.05
+        while True:
+            acked = False
+            try:
+                for response in call:
+                    if response.HasField("ack"):
+                        acked = True
+                        delay = 0.05
+                        self.subscriptions += 1
+                        self._connected.set()
+                        self._acked.set()
+                        continue
+                    requests.put(pb.SubscribeRequest(
+                        answer=self._answer(response.event)))
+                ended = None  # the server closed the stream (shutting down)
+            except grpc.RpcError as error:
+                ended = error
+            self._connected.clear()
+            requests.put(None)
+            if self._removed:
+                break
+            transient = ended is None or ended.code() in (
+                grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
+                grpc.StatusCode.INTERNAL)
+            if not self._acked.is_set() or not transient:
+                # The subscription itself was refused (a bad option, a
+                # name in use, no permission): trying again cannot help.
+                self._error = ended
+                break
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0) if not acked else 0.05
+            with self._lock:
+                if self._removed:
+                    break
+                call, requests = self._subscribe()
+                self._call = call
+        self._acked.set()
+
+    def wait_connected(self, timeout=None):
+        """Waits until the hook is subscribed (again, after a server
+        restart); returns whether it is."""
+        return self._connected.wait(timeout)
 
     def _value(self, event):
         """The hook's third argument."""
@@ -181,9 +254,9 @@ class HookHandle:
         """Unsubscribes; registrations are no longer sent to the hook."""
         if self._removed:
             return
-        self._removed = True
-        self._requests.put(None)
-        self._call.cancel()
+        with self._lock:
+            self._removed = True
+            self._call.cancel()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=10)
 

@@ -41,7 +41,10 @@ class Client:
     def __init__(self, target, *, timeout=30.0, transfer_timeout=1800.0,
                  chunk_bytes=_MiB, metadata=(), credentials=None):
         options = [("grpc.max_receive_message_length", 1 << 30),
-                   ("grpc.max_send_message_length", 1 << 30)]
+                   ("grpc.max_send_message_length", 1 << 30),
+                   # A restarted server is found again within seconds
+                   # (hooks subscribe again; grpc's own cap is 2 minutes).
+                   ("grpc.max_reconnect_backoff_ms", 2000)]
         if credentials is None:
             self._channel = grpc.insecure_channel(target, options)
         else:
