@@ -257,9 +257,6 @@ int main(int argc, char** argv) {
         absl::StrCat("TESTING ONLY: cuda:0..cuda:", emulated - 1,
                      " are emulated in host memory (--emulated_cuda_devices)"));
   }
-  // A file size limit (ulimit -f) must fail the write that hits it, which
-  // the audit log reports and then refuses changes, not kill the server.
-  signal(SIGXFSZ, SIG_IGN);
   // SIGINT and SIGTERM shut down, SIGHUP reloads; the waiter thread below
   // reads them from a pipe, whichever thread received them.
   if (absl::Status s = modelstate::InstallSignalPipe({SIGINT, SIGTERM, SIGHUP});
@@ -268,7 +265,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   // A file size limit (ulimit -f) must fail the one write that exceeds it,
-  // with an error the caller gets, not kill the server.
+  // with an error the caller gets (the audit log then refuses changes), not
+  // kill the server.
   signal(SIGXFSZ, SIG_IGN);
 
   if (absl::Status limits = CheckLimitFlags(); !limits.ok()) {
