@@ -1578,23 +1578,21 @@ std::vector<T> Project(const T* x, int64_t rows, int64_t in, const T* w,
   return y;
 }
 
-// Copies a [L, N, E] (sequence first) tensor into [N, L, E] order, or takes
-// an [N, L, E] one as is.
+// A [L, N, E] (sequence first) tensor's data in [N, L, E] order: copied
+// into `buffer`, or the data itself when it is in that order already
+// (batch first, or a batch of one).
 template <typename T>
-std::vector<T> BatchMajor(const T* x, int64_t l, int64_t n, int64_t e,
-                          bool batch_first) {
-  std::vector<T> out(static_cast<size_t>(l * n * e));
-  if (batch_first) {
-    std::copy(x, x + l * n * e, out.begin());
-    return out;
-  }
+const T* BatchMajor(const T* x, int64_t l, int64_t n, int64_t e,
+                    bool batch_first, std::vector<T>& buffer) {
+  if (batch_first || n == 1) return x;
+  buffer.resize(static_cast<size_t>(l * n * e));
   for (int64_t li = 0; li < l; ++li) {
     for (int64_t ni = 0; ni < n; ++ni) {
       std::copy(x + (li * n + ni) * e, x + (li * n + ni + 1) * e,
-                out.begin() + (ni * l + li) * e);
+                buffer.begin() + (ni * l + li) * e);
     }
   }
-  return out;
+  return buffer.data();
 }
 
 // Turns a mask into the additive float mask PyTorch merges: a bool mask
@@ -1646,13 +1644,17 @@ std::vector<int64_t> KeysBeforeMaskedTail(const std::vector<T>& mask, int64_t l,
     keys[li] = end;
   }
   if (!any_tail) return {};
-  auto max_abs = [](const std::vector<T>& v) {
-    T m = 0;
-    for (T x : v) {
-      // NaN fails every comparison: report it as infinite.
-      if (!(std::abs(x) <= m)) m = std::isnan(x) ? INFINITY : std::abs(x);
+  auto max_abs = [](const std::vector<T>& v) -> T {
+    if constexpr (std::is_same_v<T, float>) {
+      return internal::MaxAbs(v.data(), static_cast<int64_t>(v.size()));
+    } else {
+      T m = 0;
+      for (T x : v) {
+        if (std::isnan(x)) return std::numeric_limits<T>::infinity();
+        m = std::max(m, std::abs(x));
+      }
+      return m;
     }
-    return m;
   };
   const double bound = static_cast<double>(hd) * max_abs(q) * max_abs(k) *
                        static_cast<double>(scale);
@@ -1725,9 +1727,10 @@ absl::StatusOr<std::vector<Tensor>> Runner::MultiheadAttention(
   }
   MODELSTATE_RETURN_IF_ERROR(CheckBlasDims({n * l, n * s, e, ke, ve}));
   const bool seq_first = batched && !batch_first;
-  std::vector<T> q_in = BatchMajor(Data<T>(query), l, n, e, !seq_first);
-  std::vector<T> k_in = BatchMajor(Data<T>(key), s, n, ke, !seq_first);
-  std::vector<T> v_in = BatchMajor(Data<T>(value), s, n, ve, !seq_first);
+  std::vector<T> q_buffer, k_buffer, v_buffer;
+  const T* q_in = BatchMajor(Data<T>(query), l, n, e, !seq_first, q_buffer);
+  const T* k_in = BatchMajor(Data<T>(key), s, n, ke, !seq_first, k_buffer);
+  const T* v_in = BatchMajor(Data<T>(value), s, n, ve, !seq_first, v_buffer);
 
   MODELSTATE_ASSIGN_OR_RETURN(Tensor in_w, Param(m, "in_proj_weight", dtype));
   MODELSTATE_ASSIGN_OR_RETURN(Tensor in_b, Param(m, "in_proj_bias", dtype));
@@ -1740,9 +1743,9 @@ absl::StatusOr<std::vector<Tensor>> Runner::MultiheadAttention(
                        ", got ", ke, " and ", ve));
     }
     const T* w = Data<T>(in_w);
-    q = Project(q_in.data(), n * l, e, w, e, bias);
-    k = Project(k_in.data(), n * s, e, w + e * e, e, bias ? bias + e : nullptr);
-    v = Project(v_in.data(), n * s, e, w + 2 * e * e, e,
+    q = Project(q_in, n * l, e, w, e, bias);
+    k = Project(k_in, n * s, e, w + e * e, e, bias ? bias + e : nullptr);
+    v = Project(v_in, n * s, e, w + 2 * e * e, e,
                 bias ? bias + 2 * e : nullptr);
   } else {
     MODELSTATE_ASSIGN_OR_RETURN(Tensor qw, Param(m, "q_proj_weight", dtype));
@@ -1753,11 +1756,9 @@ absl::StatusOr<std::vector<Tensor>> Runner::MultiheadAttention(
           "key and value must have embedding dimensions ", kw.shape()[1],
           " and ", vw.shape()[1], ", got ", ke, " and ", ve));
     }
-    q = Project(q_in.data(), n * l, e, Data<T>(qw), e, bias);
-    k = Project(k_in.data(), n * s, ke, Data<T>(kw), e,
-                bias ? bias + e : nullptr);
-    v = Project(v_in.data(), n * s, ve, Data<T>(vw), e,
-                bias ? bias + 2 * e : nullptr);
+    q = Project(q_in, n * l, e, Data<T>(qw), e, bias);
+    k = Project(k_in, n * s, ke, Data<T>(kw), e, bias ? bias + e : nullptr);
+    v = Project(v_in, n * s, ve, Data<T>(vw), e, bias ? bias + 2 * e : nullptr);
   }
 
   // Masks, as [N or 1, L or 1, S] additive floats before the extra keys.
@@ -1929,13 +1930,13 @@ absl::StatusOr<std::vector<Tensor>> Runner::MultiheadAttention(
   }
   MODELSTATE_ASSIGN_OR_RETURN(Tensor ow, Param(**out_proj, "weight", dtype));
   MODELSTATE_ASSIGN_OR_RETURN(Tensor ob, Param(**out_proj, "bias", dtype));
-  std::vector<T> proj =
-      Project(attn_out.data(), n * l, e, Data<T>(ow), e, Data<T>(ob));
   Shape out_shape = !batched      ? Shape{l, e}
                     : batch_first ? Shape{n, l, e}
                                   : Shape{l, n, e};
   MODELSTATE_ASSIGN_OR_RETURN(Out<T> y, NewOut<T>(out_shape));
-  if (seq_first) {
+  if (seq_first && n > 1) {
+    std::vector<T> proj =
+        Project(attn_out.data(), n * l, e, Data<T>(ow), e, Data<T>(ob));
     for (int64_t ni = 0; ni < n; ++ni) {
       for (int64_t li = 0; li < l; ++li) {
         std::copy(proj.begin() + (ni * l + li) * e,
@@ -1944,7 +1945,7 @@ absl::StatusOr<std::vector<Tensor>> Runner::MultiheadAttention(
       }
     }
   } else {
-    std::copy(proj.begin(), proj.end(), y.data);
+    LinearRows(attn_out.data(), n * l, e, Data<T>(ow), e, Data<T>(ob), y.data);
   }
   std::vector<Tensor> out = {y.tensor, Tensor()};
   if (flags.need_weights) {

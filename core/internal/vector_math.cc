@@ -238,6 +238,23 @@ MODELSTATE_AVX2_FMA void SoftmaxRowAvx2(float* row, int64_t n) {
   }
 }
 
+MODELSTATE_AVX2_FMA float MaxAbsAvx2(const float* data, int64_t n) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 max = _mm256_setzero_ps();
+  // max_ps drops a NaN in its first operand: track NaN apart.
+  __m256 nan = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 v = i + 8 <= n ? _mm256_loadu_ps(data + i)
+                                : _mm256_maskload_ps(data + i, TailMask(n - i));
+    max = _mm256_max_ps(max, _mm256_andnot_ps(sign, v));
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  }
+  if (_mm256_movemask_ps(nan) != 0) {
+    return std::numeric_limits<float>::infinity();
+  }
+  return HorizontalMax(max);
+}
+
 #undef MODELSTATE_AVX2_FMA
 
 bool CpuHasAvx2Fma() {
@@ -255,6 +272,15 @@ void MapScalar(float* data, int64_t n) {
 }
 
 float ExpScalar(float x) { return std::exp(x); }
+
+float MaxAbsScalar(const float* data, int64_t n) {
+  float max = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(data[i])) return std::numeric_limits<float>::infinity();
+    max = std::max(max, std::abs(data[i]));
+  }
+  return max;
+}
 
 }  // namespace
 
@@ -292,6 +318,10 @@ void SigmoidInPlace(float* data, int64_t n) {
 
 void SoftmaxRowInPlace(float* row, int64_t n) {
   MODELSTATE_DISPATCH(SoftmaxRowAvx2(row, n), SoftmaxRowScalar(row, n));
+}
+
+float MaxAbs(const float* data, int64_t n) {
+  MODELSTATE_DISPATCH(return MaxAbsAvx2(data, n), return MaxAbsScalar(data, n));
 }
 
 void ExpInPlace(float* data, int64_t n) {

@@ -34,6 +34,9 @@ void SigmoidInPlace(float* data, int64_t n);
 // (all -inf, or +inf or NaN anywhere) becomes all NaN, as in PyTorch.
 void SoftmaxRowInPlace(float* row, int64_t n);
 
+// max |data[i]| over [0, n), +inf when any element is NaN; 0 when n = 0.
+float MaxAbs(const float* data, int64_t n);
+
 // Whether the AVX2 + FMA paths run on this CPU.
 bool VectorMathUsesAvx2();
 

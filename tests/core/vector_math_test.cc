@@ -146,5 +146,20 @@ TEST(VectorMathTest, SoftmaxRowsWithoutAFiniteMaximumAreNaN) {
   }
 }
 
+TEST(VectorMathTest, MaxAbsSeesEveryElementAndNaN) {
+  for (int64_t n : {0, 1, 7, 8, 9, 30}) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[i] = 0.5f * static_cast<float>(i % 5);
+    if (n > 0) v[n - 1] = -9.0f;  // the last one, in the masked tail or not
+    EXPECT_EQ(MaxAbs(v.data(), n), n > 0 ? 9.0f : 0.0f) << "n=" << n;
+    if (n > 0) {
+      v[0] = std::nanf("");
+      EXPECT_EQ(MaxAbs(v.data(), n), kInf) << "n=" << n;
+    }
+  }
+  std::vector<float> inf = {1, -kInf, 2};
+  EXPECT_EQ(MaxAbs(inf.data(), 3), kInf);
+}
+
 }  // namespace
 }  // namespace modelstate::internal
