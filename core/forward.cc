@@ -1622,13 +1622,16 @@ absl::StatusOr<std::vector<T>> AdditiveMask(const Tensor& mask,
 // the [l, s] additive `mask`, the number of keys before that tail, or an
 // empty vector when nothing can be skipped. A row masked entirely keeps all
 // its keys (it must come out NaN, as in PyTorch). Skipping is exact only if
-// no skipped score is +inf or NaN (inf + -inf is NaN): that holds when q and
-// k are finite and no |q . k| * scale can overflow, which the bound
-// hd * max|q| * max|k| * scale below a float's range guarantees.
+// no skipped score is +inf or NaN (inf + -inf is NaN), which holds when q
+// and k are finite and no |q . k| * scale can overflow (the bound
+// hd * max|q| * max|k| * scale below a float's range guarantees it), and if
+// no skipped value row holds inf or NaN (0 * inf is NaN in the full
+// product).
 template <typename T>
 std::vector<int64_t> KeysBeforeMaskedTail(const std::vector<T>& mask, int64_t l,
                                           int64_t s, const std::vector<T>& q,
-                                          const std::vector<T>& k, int64_t hd,
+                                          const std::vector<T>& k,
+                                          const std::vector<T>& v, int64_t hd,
                                           T scale) {
   if (mask.empty() || l == 0 || s == 0) return {};
   std::vector<int64_t> keys(static_cast<size_t>(l));
@@ -1658,7 +1661,9 @@ std::vector<int64_t> KeysBeforeMaskedTail(const std::vector<T>& mask, int64_t l,
   };
   const double bound = static_cast<double>(hd) * max_abs(q) * max_abs(k) *
                        static_cast<double>(scale);
-  if (!(bound < 1e30)) return {};
+  if (!(bound < 1e30) || !(max_abs(v) < std::numeric_limits<T>::max())) {
+    return {};
+  }
   return keys;
 }
 
@@ -1847,7 +1852,7 @@ absl::StatusOr<std::vector<Tensor>> Runner::MultiheadAttention(
       flags.need_weights || drop || !pad_mask.empty() || mask_batches != 1 ||
               s_total != s
           ? std::vector<int64_t>()
-          : KeysBeforeMaskedTail(mask, l, s, q, k, hd, scale);
+          : KeysBeforeMaskedTail(mask, l, s, q, k, v, hd, scale);
   // Query rows go in blocks that each multiply only the keys some row of
   // theirs can see; one block of every key when no tail is masked off.
   struct RowBlock {
