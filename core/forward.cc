@@ -11,6 +11,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/forward_kernels.h"
+#include "core/internal/vector_math.h"
 #include "core/status_macros.h"
 
 namespace modelstate {
@@ -281,8 +283,37 @@ T ApplyAct(Act act, T x) {
   return x;
 }
 
+// The vectorised float32 kernel for `act`, or nullptr (ReLU and tanh stay
+// on the scalar path: ReLU vectorises as written, tanh is rarely hot).
+using FloatActKernel = void (*)(float*, int64_t);
+FloatActKernel VectorKernel(Act act) {
+  switch (act) {
+    case Act::kGELU:
+      return internal::GeluErfInPlace;
+    case Act::kGELUTanh:
+      return internal::GeluTanhInPlace;
+    case Act::kSiLU:
+      return internal::SiluInPlace;
+    case Act::kSigmoid:
+      return internal::SigmoidInPlace;
+    case Act::kReLU:
+    case Act::kTanh:
+      break;
+  }
+  return nullptr;
+}
+
 template <typename T>
 void ActInPlace(Act act, T* data, int64_t n, int threads) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (FloatActKernel kernel = VectorKernel(act)) {
+      // About 1 ns an element, against 20 for the scalar libm calls.
+      ParallelFor(n, threads, 1, [&](int64_t begin, int64_t end) {
+        kernel(data + begin, end - begin);
+      });
+      return;
+    }
+  }
   ParallelFor(n, threads, 20, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) data[i] = ApplyAct(act, data[i]);
   });
@@ -306,10 +337,36 @@ absl::StatusOr<Tensor> AddKernel(const Tensor& a, const Tensor& b) {
   return y.tensor;
 }
 
+// Softmax over row[0, n) in place (vectorised for float).
+template <typename T>
+void SoftmaxRow(T* row, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    internal::SoftmaxRowInPlace(row, n);
+  } else {
+    T max = -std::numeric_limits<T>::infinity();
+    for (int64_t i = 0; i < n; ++i) max = std::max(max, row[i]);
+    // An all -inf row gives NaN, as in PyTorch (exp(-inf - -inf)).
+    T sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      row[i] = std::exp(row[i] - max);
+      sum += row[i];
+    }
+    T inv = T(1) / sum;
+    for (int64_t i = 0; i < n; ++i) row[i] *= inv;
+  }
+}
+
 // Softmax over `dim` of a contiguous [outer, size, inner] view, in place.
 template <typename T>
 void SoftmaxInPlace(T* data, int64_t outer, int64_t size, int64_t inner,
                     int threads) {
+  if (inner == 1) {
+    const int64_t cost = std::is_same_v<T, float> ? size * 2 : size * 10;
+    ParallelFor(outer, threads, cost, [&](int64_t b, int64_t e) {
+      for (int64_t row = b; row < e; ++row) SoftmaxRow(data + row * size, size);
+    });
+    return;
+  }
   ParallelFor(outer * inner, threads, size * 10, [&](int64_t b, int64_t e) {
     for (int64_t idx = b; idx < e; ++idx) {
       T* base = data + (idx / inner) * size * inner + idx % inner;
@@ -1521,23 +1578,21 @@ std::vector<T> Project(const T* x, int64_t rows, int64_t in, const T* w,
   return y;
 }
 
-// Copies a [L, N, E] (sequence first) tensor into [N, L, E] order, or takes
-// an [N, L, E] one as is.
+// A [L, N, E] (sequence first) tensor's data in [N, L, E] order: copied
+// into `buffer`, or the data itself when it is in that order already
+// (batch first, or a batch of one).
 template <typename T>
-std::vector<T> BatchMajor(const T* x, int64_t l, int64_t n, int64_t e,
-                          bool batch_first) {
-  std::vector<T> out(static_cast<size_t>(l * n * e));
-  if (batch_first) {
-    std::copy(x, x + l * n * e, out.begin());
-    return out;
-  }
+const T* BatchMajor(const T* x, int64_t l, int64_t n, int64_t e,
+                    bool batch_first, std::vector<T>& buffer) {
+  if (batch_first || n == 1) return x;
+  buffer.resize(static_cast<size_t>(l * n * e));
   for (int64_t li = 0; li < l; ++li) {
     for (int64_t ni = 0; ni < n; ++ni) {
       std::copy(x + (li * n + ni) * e, x + (li * n + ni + 1) * e,
-                out.begin() + (ni * l + li) * e);
+                buffer.begin() + (ni * l + li) * e);
     }
   }
-  return out;
+  return buffer.data();
 }
 
 // Turns a mask into the additive float mask PyTorch merges: a bool mask
@@ -1559,6 +1614,57 @@ absl::StatusOr<std::vector<T>> AdditiveMask(const Tensor& mask,
         "only bool and floating types of ", name, " are supported"));
   }
   return out;
+}
+
+// Attention under a mask that ends every query row in a run of -inf (a
+// causal mask hides all keys after the query) need not score those keys:
+// their weights are exp(-inf) = 0 exactly. For each of the `l` query rows of
+// the [l, s] additive `mask`, the number of keys before that tail, or an
+// empty vector when nothing can be skipped. A row masked entirely keeps all
+// its keys (it must come out NaN, as in PyTorch). Skipping is exact only if
+// no skipped score is +inf or NaN (inf + -inf is NaN), which holds when q
+// and k are finite and no |q . k| * scale can overflow (the bound
+// hd * max|q| * max|k| * scale below a float's range guarantees it), and if
+// no skipped value row holds inf or NaN (0 * inf is NaN in the full
+// product).
+template <typename T>
+std::vector<int64_t> KeysBeforeMaskedTail(const std::vector<T>& mask, int64_t l,
+                                          int64_t s, const std::vector<T>& q,
+                                          const std::vector<T>& k,
+                                          const std::vector<T>& v, int64_t hd,
+                                          T scale) {
+  if (mask.empty() || l == 0 || s == 0) return {};
+  std::vector<int64_t> keys(static_cast<size_t>(l));
+  bool any_tail = false;
+  for (int64_t li = 0; li < l; ++li) {
+    const T* row = mask.data() + li * s;
+    int64_t end = s;
+    while (end > 0 && row[end - 1] == -std::numeric_limits<T>::infinity()) {
+      --end;
+    }
+    if (end == 0) end = s;
+    any_tail |= end < s;
+    keys[li] = end;
+  }
+  if (!any_tail) return {};
+  auto max_abs = [](const std::vector<T>& v) -> T {
+    if constexpr (std::is_same_v<T, float>) {
+      return internal::MaxAbs(v.data(), static_cast<int64_t>(v.size()));
+    } else {
+      T m = 0;
+      for (T x : v) {
+        if (std::isnan(x)) return std::numeric_limits<T>::infinity();
+        m = std::max(m, std::abs(x));
+      }
+      return m;
+    }
+  };
+  const double bound = static_cast<double>(hd) * max_abs(q) * max_abs(k) *
+                       static_cast<double>(scale);
+  if (!(bound < 1e30) || !(max_abs(v) < std::numeric_limits<T>::max())) {
+    return {};
+  }
+  return keys;
 }
 
 template <typename T>
@@ -1626,9 +1732,10 @@ absl::StatusOr<std::vector<Tensor>> Runner::MultiheadAttention(
   }
   MODELSTATE_RETURN_IF_ERROR(CheckBlasDims({n * l, n * s, e, ke, ve}));
   const bool seq_first = batched && !batch_first;
-  std::vector<T> q_in = BatchMajor(Data<T>(query), l, n, e, !seq_first);
-  std::vector<T> k_in = BatchMajor(Data<T>(key), s, n, ke, !seq_first);
-  std::vector<T> v_in = BatchMajor(Data<T>(value), s, n, ve, !seq_first);
+  std::vector<T> q_buffer, k_buffer, v_buffer;
+  const T* q_in = BatchMajor(Data<T>(query), l, n, e, !seq_first, q_buffer);
+  const T* k_in = BatchMajor(Data<T>(key), s, n, ke, !seq_first, k_buffer);
+  const T* v_in = BatchMajor(Data<T>(value), s, n, ve, !seq_first, v_buffer);
 
   MODELSTATE_ASSIGN_OR_RETURN(Tensor in_w, Param(m, "in_proj_weight", dtype));
   MODELSTATE_ASSIGN_OR_RETURN(Tensor in_b, Param(m, "in_proj_bias", dtype));
@@ -1641,9 +1748,9 @@ absl::StatusOr<std::vector<Tensor>> Runner::MultiheadAttention(
                        ", got ", ke, " and ", ve));
     }
     const T* w = Data<T>(in_w);
-    q = Project(q_in.data(), n * l, e, w, e, bias);
-    k = Project(k_in.data(), n * s, e, w + e * e, e, bias ? bias + e : nullptr);
-    v = Project(v_in.data(), n * s, e, w + 2 * e * e, e,
+    q = Project(q_in, n * l, e, w, e, bias);
+    k = Project(k_in, n * s, e, w + e * e, e, bias ? bias + e : nullptr);
+    v = Project(v_in, n * s, e, w + 2 * e * e, e,
                 bias ? bias + 2 * e : nullptr);
   } else {
     MODELSTATE_ASSIGN_OR_RETURN(Tensor qw, Param(m, "q_proj_weight", dtype));
@@ -1654,11 +1761,9 @@ absl::StatusOr<std::vector<Tensor>> Runner::MultiheadAttention(
           "key and value must have embedding dimensions ", kw.shape()[1],
           " and ", vw.shape()[1], ", got ", ke, " and ", ve));
     }
-    q = Project(q_in.data(), n * l, e, Data<T>(qw), e, bias);
-    k = Project(k_in.data(), n * s, ke, Data<T>(kw), e,
-                bias ? bias + e : nullptr);
-    v = Project(v_in.data(), n * s, ve, Data<T>(vw), e,
-                bias ? bias + 2 * e : nullptr);
+    q = Project(q_in, n * l, e, Data<T>(qw), e, bias);
+    k = Project(k_in, n * s, ke, Data<T>(kw), e, bias ? bias + e : nullptr);
+    v = Project(v_in, n * s, ve, Data<T>(vw), e, bias ? bias + 2 * e : nullptr);
   }
 
   // Masks, as [N or 1, L or 1, S] additive floats before the extra keys.
@@ -1734,7 +1839,6 @@ absl::StatusOr<std::vector<Tensor>> Runner::MultiheadAttention(
     v.swap(v2);
     s_total = s2;
   }
-  const bool has_mask = !mask.empty() || !pad_mask.empty();
 
   // Per (batch, head): scores = q k^T / sqrt(hd) + mask, softmax, dropout,
   // times v. Heads are column blocks of the [N, L, E] buffers.
@@ -1744,29 +1848,64 @@ absl::StatusOr<std::vector<Tensor>> Runner::MultiheadAttention(
     weights_sum.assign(static_cast<size_t>(n * l * s_total), T(0));
   const bool drop = m.is_training() && dropout_p > 0;
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const std::vector<int64_t> row_keys =
+      flags.need_weights || drop || !pad_mask.empty() || mask_batches != 1 ||
+              s_total != s
+          ? std::vector<int64_t>()
+          : KeysBeforeMaskedTail(mask, l, s, q, k, v, hd, scale);
+  // Query rows go in blocks that each multiply only the keys some row of
+  // theirs can see; one block of every key when no tail is masked off.
+  struct RowBlock {
+    int64_t begin, end, keys;
+  };
+  std::vector<RowBlock> blocks;
+  if (row_keys.empty()) {
+    blocks.push_back({0, l, s_total});
+  } else {
+    constexpr int64_t kRowsPerBlock = 128;
+    for (int64_t b = 0; b < l; b += kRowsPerBlock) {
+      const int64_t end = std::min(l, b + kRowsPerBlock);
+      blocks.push_back(
+          {b, end,
+           *std::max_element(row_keys.begin() + b, row_keys.begin() + end)});
+    }
+  }
+  std::vector<int64_t> block_of_row(static_cast<size_t>(l));
+  for (size_t bi = 0; bi < blocks.size(); ++bi) {
+    std::fill(block_of_row.begin() + blocks[bi].begin,
+              block_of_row.begin() + blocks[bi].end, static_cast<int64_t>(bi));
+  }
   std::vector<T> scores(static_cast<size_t>(l * s_total));
   for (int64_t ni = 0; ni < n; ++ni) {
     for (int64_t h = 0; h < heads; ++h) {
       const T* qh = q.data() + ni * l * e + h * hd;
       const T* kh = k.data() + ni * s_total * e + h * hd;
       const T* vh = v.data() + ni * s_total * e + h * hd;
-      Gemm(false, true, l, s_total, hd, scale, qh, e, kh, e, T(0),
-           scores.data(), s_total);
-      if (has_mask) {
-        for (int64_t li = 0; li < l; ++li) {
-          T* row = scores.data() + li * s_total;
-          for (int64_t si = 0; si < s; ++si) {
-            T add = 0;
-            if (!mask.empty()) {
-              int64_t mb = mask_batches == 1 ? 0 : ni * heads + h;
-              add += mask[(mb * l + li) * s + si];
-            }
-            if (!pad_mask.empty()) add += pad_mask[ni * s + si];
-            row[si] += add;
-          }
-        }
+      for (const RowBlock& b : blocks) {
+        Gemm(false, true, b.end - b.begin, b.keys, hd, scale, qh + b.begin * e,
+             e, kh, e, T(0), scores.data() + b.begin * s_total, s_total);
       }
-      SoftmaxInPlace(scores.data(), l, s_total, 1, threads_);
+      const T* mask_rows =
+          mask.empty()
+              ? nullptr
+              : mask.data() + (mask_batches == 1 ? 0 : ni * heads + h) * l * s;
+      const T* pad_row = pad_mask.empty() ? nullptr : pad_mask.data() + ni * s;
+      ParallelFor(l, threads_, s_total * 3, [&](int64_t begin, int64_t end) {
+        for (int64_t li = begin; li < end; ++li) {
+          const int64_t keys = blocks[block_of_row[li]].keys;
+          T* row = scores.data() + li * s_total;
+          // The extra keys of bias_k / add_zero_attn get no mask.
+          const int64_t masked = std::min(keys, s);
+          if (mask_rows != nullptr) {
+            const T* mask_row = mask_rows + li * s;
+            for (int64_t si = 0; si < masked; ++si) row[si] += mask_row[si];
+          }
+          if (pad_row != nullptr) {
+            for (int64_t si = 0; si < masked; ++si) row[si] += pad_row[si];
+          }
+          SoftmaxRow(row, keys);
+        }
+      });
       if (flags.need_weights) {
         T* ws = weights_sum.data() + ni * l * s_total;
         for (int64_t i = 0; i < l * s_total; ++i) ws[i] += scores[i];
@@ -1780,8 +1919,11 @@ absl::StatusOr<std::vector<Tensor>> Runner::MultiheadAttention(
           scores[i] = u < keep ? scores[i] * inv : T(0);
         }
       }
-      Gemm(false, false, l, hd, s_total, T(1), scores.data(), s_total, vh, e,
-           T(0), attn_out.data() + ni * l * e + h * hd, e);
+      for (const RowBlock& b : blocks) {
+        Gemm(false, false, b.end - b.begin, hd, b.keys, T(1),
+             scores.data() + b.begin * s_total, s_total, vh, e, T(0),
+             attn_out.data() + (ni * l + b.begin) * e + h * hd, e);
+      }
     }
   }
   // out_proj is applied through its tensors, not called as a module (as in
@@ -1793,13 +1935,13 @@ absl::StatusOr<std::vector<Tensor>> Runner::MultiheadAttention(
   }
   MODELSTATE_ASSIGN_OR_RETURN(Tensor ow, Param(**out_proj, "weight", dtype));
   MODELSTATE_ASSIGN_OR_RETURN(Tensor ob, Param(**out_proj, "bias", dtype));
-  std::vector<T> proj =
-      Project(attn_out.data(), n * l, e, Data<T>(ow), e, Data<T>(ob));
   Shape out_shape = !batched      ? Shape{l, e}
                     : batch_first ? Shape{n, l, e}
                                   : Shape{l, n, e};
   MODELSTATE_ASSIGN_OR_RETURN(Out<T> y, NewOut<T>(out_shape));
-  if (seq_first) {
+  if (seq_first && n > 1) {
+    std::vector<T> proj =
+        Project(attn_out.data(), n * l, e, Data<T>(ow), e, Data<T>(ob));
     for (int64_t ni = 0; ni < n; ++ni) {
       for (int64_t li = 0; li < l; ++li) {
         std::copy(proj.begin() + (ni * l + li) * e,
@@ -1808,7 +1950,7 @@ absl::StatusOr<std::vector<Tensor>> Runner::MultiheadAttention(
       }
     }
   } else {
-    std::copy(proj.begin(), proj.end(), y.data);
+    LinearRows(attn_out.data(), n * l, e, Data<T>(ow), e, Data<T>(ob), y.data);
   }
   std::vector<Tensor> out = {y.tensor, Tensor()};
   if (flags.need_weights) {
@@ -1914,6 +2056,9 @@ absl::StatusOr<std::vector<Tensor>> Forward(Module& module,
                                             std::vector<Tensor> inputs,
                                             const ForwardOptions& options) {
   if (options.num_threads > 0) internal::SetBlasThreads(options.num_threads);
+  // Outputs and intermediates of one call come in the same few sizes on
+  // every call: recycle their mappings rather than fault in fresh pages.
+  ScopedStorageReuse reuse;
   Runner runner(options);
   return runner.Call(module, std::move(inputs));
 }

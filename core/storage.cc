@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
@@ -70,6 +71,84 @@ void* MapAnonymous(size_t nbytes) {
 
 std::atomic<uint64_t> next_storage_version{1};
 
+size_t PageRound(size_t nbytes) { return (nbytes + kPage - 1) / kPage * kPage; }
+
+// Freed mappings kept for reuse (see ScopedStorageReuse), keyed by their
+// page-rounded length; the oldest goes first when a new one does not fit.
+constexpr size_t kReuseMaxMappings = 8;
+constexpr size_t kReuseMaxBytes = size_t{64} << 20;
+
+class MappingCache {
+ public:
+  // A cached mapping of exactly `length` bytes, or nullptr.
+  void* Take(size_t length) {
+    MutexLock lock(&mu_);
+    for (size_t i = entries_.size(); i-- > 0;) {
+      if (entries_[i].length == length) {
+        void* p = entries_[i].data;
+        bytes_ -= length;
+        entries_.erase(entries_.begin() + static_cast<std::ptrdiff_t>(i));
+        return p;
+      }
+    }
+    return nullptr;
+  }
+
+  // Keeps the mapping, unmapping older ones to make room; unmaps it at once
+  // when it alone is over the limit.
+  void Put(void* data, size_t length) {
+    if (length > kReuseMaxBytes) {
+      munmap(data, length);
+      return;
+    }
+    std::vector<Entry> evicted;
+    {
+      MutexLock lock(&mu_);
+      while (entries_.size() >= kReuseMaxMappings ||
+             bytes_ + length > kReuseMaxBytes) {
+        evicted.push_back(entries_.front());
+        bytes_ -= entries_.front().length;
+        entries_.erase(entries_.begin());
+      }
+      entries_.push_back({data, length});
+      bytes_ += length;
+    }
+    // The system calls happen outside the lock.
+    for (const Entry& e : evicted) munmap(e.data, e.length);
+  }
+
+  void Clear() {
+    std::vector<Entry> all;
+    {
+      MutexLock lock(&mu_);
+      all.swap(entries_);
+      bytes_ = 0;
+    }
+    for (const Entry& e : all) munmap(e.data, e.length);
+  }
+
+  size_t bytes() {
+    MutexLock lock(&mu_);
+    return bytes_;
+  }
+
+ private:
+  struct Entry {
+    void* data;
+    size_t length;
+  };
+  Mutex mu_;
+  std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);  // Oldest first.
+  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+MappingCache& Cache() {
+  static auto* cache = new MappingCache();
+  return *cache;
+}
+
+thread_local int reuse_scopes = 0;
+
 }  // namespace
 
 Storage::Storage(void* data, size_t nbytes, Device device, Owner owner)
@@ -88,9 +167,14 @@ void Storage::ShrinkTo(size_t nbytes) {
   // Shrinking in place never moves the mapping; the pages past the new end
   // go back to the system.
   if (mremap(data_, mapped_bytes_, nbytes, 0) != MAP_FAILED) {
-    mapped_bytes_ = nbytes;
+    mapped_bytes_ = PageRound(nbytes);
   }
 }
+
+ScopedStorageReuse::ScopedStorageReuse() { ++reuse_scopes; }
+ScopedStorageReuse::~ScopedStorageReuse() { --reuse_scopes; }
+void ScopedStorageReuse::ReleaseCached() { Cache().Clear(); }
+size_t ScopedStorageReuse::CachedBytes() { return Cache().bytes(); }
 
 void RegisterDeviceBackend(std::unique_ptr<DeviceBackend> backend) {
   MutexLock lock(&BackendsMutex());
@@ -116,14 +200,17 @@ absl::StatusOr<std::shared_ptr<Storage>> Storage::Allocate(size_t nbytes,
   }
   if (device.is_cpu()) {
     if (nbytes >= kMmapThreshold) {
-      void* p = MapAnonymous(nbytes);
+      const size_t length = PageRound(nbytes);
+      void* p = Cache().Take(length);
+      if (p == nullptr) p = MapAnonymous(nbytes);
       if (p == nullptr) {
         return absl::ResourceExhaustedError(
             absl::StrCat("Cannot allocate ", nbytes, " bytes on cpu"));
       }
       std::shared_ptr<Storage> storage(
           new Storage(p, nbytes, device, Owner::kMmap));
-      storage->mapped_bytes_ = nbytes;
+      storage->mapped_bytes_ = length;
+      storage->reusable_ = reuse_scopes > 0;
       return storage;
     }
     size_t rounded =
@@ -159,7 +246,11 @@ Storage::~Storage() {
       std::free(data_);
       break;
     case Owner::kMmap:
-      munmap(data_, mapped_bytes_);
+      if (reusable_) {
+        Cache().Put(data_, mapped_bytes_);
+      } else {
+        munmap(data_, mapped_bytes_);
+      }
       break;
     case Owner::kString:
       break;

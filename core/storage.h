@@ -129,6 +129,7 @@ class Storage {
   void ShrinkTo(size_t nbytes);
 
  private:
+  friend class ScopedStorageReuse;
   enum class Owner { kMalloc, kMmap, kString, kBackend };
   Storage(void* data, size_t nbytes, Device device, Owner owner);
 
@@ -139,6 +140,32 @@ class Storage {
   Owner owner_;
   std::string owned_string_;  // Holds the bytes when owner_ == kString.
   uint64_t version_;
+  // Owner::kMmap: on release, offer the mapping to the reuse cache instead of
+  // unmapping it (set for storages allocated under ScopedStorageReuse).
+  bool reusable_ = false;
+};
+
+// While one is alive on a thread, the large CPU storages that thread
+// allocates are handed, when released, to a small process-wide cache of
+// mappings (at most 8 and 64 MiB in all) instead of straight back to the
+// system; any later allocation of the same page-rounded size takes one from
+// there. Forward passes use it: they allocate and drop outputs of the same
+// few sizes on every call, and a fresh mapping costs a page fault and the
+// kernel's zeroing for every page, which for a 3 MiB Linear output is a
+// tenth of the matrix product itself. Storages allocated outside any scope
+// (state loads, downloads) are never cached, so the cache cannot add to the
+// server's peak memory while it moves state. Nests.
+class ScopedStorageReuse {
+ public:
+  ScopedStorageReuse();
+  ~ScopedStorageReuse();
+  ScopedStorageReuse(const ScopedStorageReuse&) = delete;
+  ScopedStorageReuse& operator=(const ScopedStorageReuse&) = delete;
+
+  // Unmaps every cached mapping (tests, and memory pressure).
+  static void ReleaseCached();
+  // Bytes held by the cache now.
+  static size_t CachedBytes();
 };
 
 // Copies `nbytes` between two storages' memory on any devices.

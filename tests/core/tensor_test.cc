@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -209,6 +210,66 @@ TEST(StorageTest, LargeAllocationsAreMappedAndAligned) {
   std::memset(big->data(), 1, big->nbytes());
   EXPECT_THAT(Storage::Allocate(1, Device::Meta()),
               StatusIs(absl::StatusCode::kInternal));
+}
+
+TEST(StorageTest, ReuseScopeRecyclesFreedMappingsOfTheSameSize) {
+  ScopedStorageReuse::ReleaseCached();
+  constexpr size_t kSize = 3 << 20;
+  void* first = nullptr;
+  {
+    ScopedStorageReuse reuse;
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(auto s,
+                                    Storage::Allocate(kSize, Device::Cpu()));
+    std::memset(s->data(), 7, kSize);
+    first = s->data();
+  }
+  EXPECT_EQ(ScopedStorageReuse::CachedBytes(), kSize);
+  // Any allocation of that size takes it back, bytes and all (they are
+  // uninitialised by contract); another size does not.
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      auto other, Storage::Allocate(kSize + 8192, Device::Cpu()));
+  EXPECT_NE(other->data(), first);
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(auto again,
+                                  Storage::Allocate(kSize, Device::Cpu()));
+  EXPECT_EQ(again->data(), first);
+  EXPECT_EQ(static_cast<const char*>(again->data())[kSize - 1], 7);
+  EXPECT_EQ(ScopedStorageReuse::CachedBytes(), 0u);
+  // Allocated outside any scope: unmapped when released, never cached.
+  again.reset();
+  other.reset();
+  EXPECT_EQ(ScopedStorageReuse::CachedBytes(), 0u);
+}
+
+TEST(StorageTest, ReuseCacheKeepsAtMostEightMappingsAnd64MiB) {
+  ScopedStorageReuse::ReleaseCached();
+  ScopedStorageReuse reuse;
+  {
+    std::vector<std::shared_ptr<Storage>> held;
+    for (int i = 0; i < 10; ++i) {
+      MODELSTATE_ASSERT_OK_AND_ASSIGN(
+          auto s, Storage::Allocate(size_t{1} << 20, Device::Cpu()));
+      held.push_back(std::move(s));
+    }
+  }
+  EXPECT_EQ(ScopedStorageReuse::CachedBytes(), size_t{8} << 20);
+  {
+    // 3 x 20 MiB push out the small ones to stay within 64 MiB.
+    std::vector<std::shared_ptr<Storage>> held;
+    for (int i = 0; i < 3; ++i) {
+      MODELSTATE_ASSERT_OK_AND_ASSIGN(
+          auto s, Storage::Allocate(size_t{20} << 20, Device::Cpu()));
+      held.push_back(std::move(s));
+    }
+  }
+  EXPECT_EQ(ScopedStorageReuse::CachedBytes(), size_t{64} << 20);
+  {
+    // A single mapping over the limit is never kept.
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(
+        auto s, Storage::Allocate(size_t{65} << 20, Device::Cpu()));
+  }
+  EXPECT_EQ(ScopedStorageReuse::CachedBytes(), size_t{64} << 20);
+  ScopedStorageReuse::ReleaseCached();
+  EXPECT_EQ(ScopedStorageReuse::CachedBytes(), 0u);
 }
 
 }  // namespace

@@ -81,6 +81,17 @@ def causal_float(n):
     return torch.triu(torch.full((n, n), float("-inf")), diagonal=1)
 
 
+def banded_float(n, ahead, behind):
+    """Query i sees keys i - behind .. i + ahead: every row ends in a run of
+    -inf (which modelstate skips, as for a causal mask) and has -inf inside
+    it too."""
+    i = torch.arange(n).unsqueeze(1)
+    j = torch.arange(n).unsqueeze(0)
+    mask = torch.zeros(n, n)
+    mask[(j > i + ahead) | (j < i - behind)] = float("-inf")
+    return mask
+
+
 def tel_masks():
     kpm = torch.zeros(2, 7, dtype=torch.bool)
     kpm[1, 6] = True
@@ -210,6 +221,14 @@ CASES = [
     Case("GELU(tanh)", spec("GELU", approximate="tanh"),
          lambda: nn.GELU(approximate="tanh"), lambda: [randn(4, 5) * 3]),
     Case("SiLU", spec("SiLU"), lambda: nn.SiLU(), lambda: [randn(4, 5) * 3]),
+    Case("GELU over [-12, 12]", spec("GELU"), lambda: nn.GELU(),
+         lambda: [torch.linspace(-12, 12, 1001)]),
+    Case("GELU(tanh) over [-12, 12]", spec("GELU", approximate="tanh"),
+         lambda: nn.GELU(approximate="tanh"),
+         lambda: [torch.linspace(-12, 12, 1001)]),
+    Case("SiLU over [-30, 30]", spec("SiLU"), lambda: nn.SiLU(),
+         lambda: [torch.linspace(-30, 30, 1001)]),
+
     Case("Tanh", spec("Tanh"), lambda: nn.Tanh(), lambda: [randn(4, 5)]),
     Case("Sigmoid", spec("Sigmoid"), lambda: nn.Sigmoid(),
          lambda: [randn(4, 5) * 3]),
@@ -217,6 +236,10 @@ CASES = [
          lambda: [randn(3, 4, 5) * 5]),
     Case("Softmax(dim=-1)", spec("Softmax", dim=-1), lambda: nn.Softmax(dim=-1),
          lambda: [randn(3, 4, 5)]),
+    Case("Softmax(dim=-1) of 37 with -inf entries",
+         spec("Softmax", dim=-1), lambda: nn.Softmax(dim=-1),
+         lambda: [randn(3, 37).masked_fill(torch.rand(3, 37) < 0.3,
+                                           float("-inf"))]),
     Case("Softmax() implicit dim, 3-D", spec("Softmax"), lambda: nn.Softmax(),
          lambda: [randn(3, 4, 5)]),
     Case("Flatten()", spec("Flatten"), lambda: nn.Flatten(),
@@ -275,6 +298,20 @@ CASES = [
                                             norm_first=True,
                                             batch_first=True),
          lambda: [randn(2, 7, 8), causal_float(7), tel_masks()]),
+    # Long enough for several 128-query blocks, the last one partial, so
+    # that the keys a causal mask hides are skipped block by block.
+    Case("TransformerEncoderLayer gelu, causal mask, 300 tokens",
+         spec("TransformerEncoderLayer", 16, 4, dim_feedforward=32,
+              activation="gelu", norm_first=True, batch_first=True),
+         lambda: nn.TransformerEncoderLayer(16, 4, dim_feedforward=32,
+                                            activation="gelu",
+                                            norm_first=True,
+                                            batch_first=True),
+         lambda: [randn(2, 300, 16), causal_float(300)]),
+    Case("TransformerEncoderLayer relu, banded mask, 260 tokens",
+         spec("TransformerEncoderLayer", 16, 2, dim_feedforward=32),
+         lambda: nn.TransformerEncoderLayer(16, 2, dim_feedforward=32),
+         lambda: [randn(260, 1, 16), banded_float(260, 30, 100)]),
     Case("TransformerEncoderLayer dropout=0 train",
          spec("TransformerEncoderLayer", 8, 2, dim_feedforward=16,
               dropout=0.0),
