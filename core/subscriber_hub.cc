@@ -466,6 +466,13 @@ void SubscriberHub::FinishLocked(Pending& p, HookDecision decision) {
   --*p.remaining;
 }
 
+absl::Time SubscriberHub::DeadlineLocked(const Pending& p) const {
+  if (p.done || p.waiting_on == 0) return absl::InfiniteFuture();
+  auto it = subscribers_.find(p.waiting_on);
+  if (it == subscribers_.end()) return absl::InfiniteFuture();
+  return it->second->DeadlineOf(p.event_id);
+}
+
 void SubscriberHub::AdvanceLocked(Pending& p, Sends& sends) {
   while (!p.done && p.stage < p.chain.size()) {
     uint64_t order = p.chain[p.stage];
@@ -807,22 +814,15 @@ std::vector<HookDecision> SubscriberHub::Decide(
   mu_.Lock();
   {
     while (remaining > 0) {
-      // Only an event that is its subscriber's oldest has a deadline; an
-      // answer or a timeout elsewhere signals, and the deadlines are
+      // An answer or a timeout elsewhere signals, and the deadlines are
       // looked at again.
-      auto deadline_of = [&](const Pending& p) {
-        if (p.done || p.waiting_on == 0) return absl::InfiniteFuture();
-        auto sit = subscribers_.find(p.waiting_on);
-        if (sit == subscribers_.end()) return absl::InfiniteFuture();
-        return sit->second->DeadlineOf(p.event_id);
-      };
       absl::Time next = absl::InfiniteFuture();
-      for (const auto& p : events) next = std::min(next, deadline_of(*p));
+      for (const auto& p : events) next = std::min(next, DeadlineLocked(*p));
       if (next > absl::Now()) cv_.WaitWithDeadline(&mu_, next);
       absl::Time now = absl::Now();
       bool timed_out = false;
       for (const auto& p : events) {
-        if (deadline_of(*p) > now) continue;
+        if (DeadlineLocked(*p) > now) continue;
         Subscriber& sub = *subscribers_.at(p->waiting_on);
         sub.Release(p->event_id, now);
         timed_out = true;

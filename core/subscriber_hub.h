@@ -220,6 +220,10 @@ class SubscriberHub : public RegistrationDecider {
   // the sends to do once the lock is released.
   void AdvanceLocked(Pending& p, Sends& sends)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // When `p` times out: only an event that is its subscriber's oldest
+  // unanswered one has a deadline; others never (yet).
+  absl::Time DeadlineLocked(const Pending& p) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailLocked(Pending& p, const Subscriber& s, absl::string_view why,
                   Sends& sends) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishLocked(Pending& p, HookDecision decision)
