@@ -251,8 +251,10 @@ class CudaBackend : public DeviceBackend {
       if (error != cudaSuccess) {
         static_cast<void>(cudaGetLastError());
         count_ = 0;
-        reason_ =
-            absl::StrCat("built with CUDA, but ", cudaGetErrorString(error));
+        // Without a GPU driver this says "driver version is insufficient",
+        // which alone would mislead: say what it means first.
+        reason_ = absl::StrCat("built with CUDA, but no GPU is usable: ",
+                               cudaGetErrorString(error));
       } else {
         count_ = count;
         if (count == 0) reason_ = "built with CUDA, but no GPU is visible";
