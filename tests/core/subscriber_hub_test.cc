@@ -86,6 +86,14 @@ class FakeSubscriber : public SubscriberChannel,
     MutexLock lock(&mu_);
     return max_outstanding_;
   }
+  // Waits until `n` events have arrived or `timeout` passed; returns the count.
+  int WaitUntilReceived(int n, absl::Duration timeout) {
+    MutexLock lock(&mu_);
+    absl::Time deadline = absl::Now() + timeout;
+    while (received_ < n && !cv_.WaitWithDeadline(&mu_, deadline)) {
+    }
+    return received_;
+  }
   absl::Status closed() {
     MutexLock lock(&mu_);
     return closed_;
@@ -443,20 +451,26 @@ TEST_F(HubTest, ReconnectingUnderTheSameNameKeepsThePlaceAndThePendingEvents) {
 }
 
 TEST_F(HubTest, ChainsOfManyEventsArePipelined) {
-  auto s = Add(Spec("slowish"), [](const HookEvent& e) {
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  // The subscriber holds its first answer until all 150 events have arrived
+  // (or 10 s passed): only a pipelining hub sends them all before an answer,
+  // however slowly the build runs (TSan slows it more than any sleep covers).
+  constexpr int kEvents = 150;
+  std::shared_ptr<FakeSubscriber> s;
+  std::atomic<bool> first{true};
+  s = Add(Spec("holds-first"), [&](const HookEvent& e) {
+    if (first.exchange(false)) s->WaitUntilReceived(kEvents, absl::Seconds(10));
     return Verdict_(e, Verdict::kApprove);
   });
   std::string json = R"({"type": "Sequential", "children": [)";
-  for (int i = 0; i < 50; ++i) {
+  for (int i = 0; i < kEvents / 3; ++i) {
     absl::StrAppend(&json, i ? "," : "",
                     R"({"spec": {"type": "Linear", "args": [2, 2]}})");
   }
   json += "]}";
   MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildOutcome b, Build("t/pipeline", json));
-  EXPECT_EQ(b.registrations.size(), 150u);
+  EXPECT_EQ(b.registrations.size(), static_cast<size_t>(kEvents));
   // Every event was sent before the first answer came back.
-  EXPECT_EQ(s->max_outstanding(), 150);
+  EXPECT_EQ(s->max_outstanding(), kEvents);
 }
 
 TEST_F(HubTest, PipelinedOutcomesEqualOneAtATimeOutcomes) {

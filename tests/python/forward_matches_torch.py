@@ -381,7 +381,20 @@ def check_tensor(what, ours, ref, tol, failures):
         if not torch.equal(ours, ref):
             failures.append(f"{what}: values differ")
         return
-    err = relative_error(ours, ref)
+    # NaN compares false with everything, so a max over the difference would
+    # let a NaN output pass: NaNs (and infinities) must sit where torch's are,
+    # and the error is measured over the finite rest.
+    ours_special = ~torch.isfinite(ours)
+    ref_special = ~torch.isfinite(ref)
+    if not torch.equal(ours_special, ref_special) or not torch.equal(
+            ours[ours_special].nan_to_num(nan=0.0),
+            ref[ref_special].nan_to_num(nan=0.0)):
+        failures.append(f"{what}: NaN or infinity where torch has "
+                        f"{int(ref_special.sum())} of them, "
+                        f"ours {int(ours_special.sum())}")
+        return
+    finite = ~ref_special
+    err = relative_error(ours[finite], ref[finite])
     if not err <= tol:
         failures.append(f"{what}: relative error {err:.3g} > {tol:g}")
 

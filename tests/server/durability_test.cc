@@ -335,6 +335,18 @@ fs::path ModuleDir(const TestServer& server, const std::string& ns,
   return server.data_dir() / "modules" / ns / name;
 }
 
+// Flips the lowest bit of the byte 100 bytes before the end of `path`
+// (in the tensor data, which the per-tensor CRCs cover).
+void FlipBitNearEnd(const fs::path& path) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(-100, std::ios::end);
+  char c;
+  f.read(&c, 1);
+  c ^= 1;
+  f.seekp(-100, std::ios::end);
+  f.write(&c, 1);
+}
+
 TEST_F(DurabilityTest, ADamagedModuleIsNamedAtStartAndTheOthersLoad) {
   // Built first, d/bad gets the data file data-1.safetensors.
   ASSERT_THAT(client_->BuildModule(BuildRequest(
@@ -360,17 +372,8 @@ TEST_F(DurabilityTest, ADamagedModuleIsNamedAtStartAndTheOthersLoad) {
   const fs::path cut_manifest =
       ModuleDir(server_, "d", "cut") / "manifest.json";
   fs::resize_file(cut_manifest, fs::file_size(cut_manifest) - 10);
-  {
-    // One flipped bit in the middle of the weight.
-    std::fstream f(ModuleDir(server_, "d", "bad") / "data-1.safetensors",
-                   std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(-100, std::ios::end);
-    char c;
-    f.read(&c, 1);
-    c ^= 1;
-    f.seekp(-100, std::ios::end);
-    f.write(&c, 1);
-  }
+  // One flipped bit inside the weight.
+  FlipBitNearEnd(ModuleDir(server_, "d", "bad") / "data-1.safetensors");
   Restart();
   EXPECT_THAT(server_.Log(),
               AllOf(HasSubstr("not restored: DATA_LOSS: "),
@@ -531,18 +534,10 @@ size_t CountRecords(client::ModelStateClient& client, const std::string& type,
   return n;
 }
 
-// Flips one byte near the end of every data file of a module.
+// Flips one bit near the end of every data file of a module.
 void DamageDataFiles(const fs::path& dir) {
   for (const auto& item : fs::directory_iterator(dir)) {
-    if (item.path().extension() != ".safetensors") continue;
-    std::fstream f(item.path(),
-                   std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(-100, std::ios::end);
-    char c;
-    f.read(&c, 1);
-    c ^= 1;
-    f.seekp(-100, std::ios::end);
-    f.write(&c, 1);
+    if (item.path().extension() == ".safetensors") FlipBitNearEnd(item.path());
   }
 }
 
