@@ -9,6 +9,7 @@ Run by ctest: /usr/bin/python3 client_test.py SERVER_BINARY PYTHON_PACKAGE_DIR
 import collections
 import contextlib
 import io
+import json
 import os
 import shutil
 import signal
@@ -26,6 +27,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import modelstate  # noqa: E402
+from modelstate.v1 import model_state_service_pb2 as service_pb  # noqa: E402,E501
 
 
 class Server:
@@ -489,6 +491,41 @@ class HookTest(unittest.TestCase):
                 m.register_parameter("p", torch.zeros(1))
         self.assertIn("raised ValueError: no parameters today",
                       str(e.exception))
+
+
+    def test_remove_returns_after_the_server_dropped_the_hook(self):
+        """Like torch's RemovableHandle.remove(): once it returns, no
+        registration reaches the hook. The server records the unsubscribe
+        before it ends the stream, so the record is there at once, and a
+        build right after is not held by the removed (fail-closed) hook."""
+        def block_all(module, name, param):
+            return modelstate.REJECT
+
+        for attempt in range(5):
+            handle = ms.register_module_parameter_registration_hook(block_all)
+            handle.remove()
+            self.assertIn(handle.name, unsubscribed_names())
+            m = ms.build({"type": "Linear", "args": [2, 2]},
+                         f"hooks/removed{attempt}")
+            self.assertEqual(sorted(dict(m.named_parameters())),
+                             ["bias", "weight"])
+
+
+def unsubscribed_names():
+    """The subscriber names of every unsubscribe record in the audit log."""
+    names = []
+    after = 0
+    while True:
+        page = ms._stub.QueryAudit(
+            service_pb.QueryAuditRequest(
+                filter=service_pb.AuditFilter(type="unsubscribe"),
+                after_seq=after, limit=1000),
+            metadata=ms._metadata)
+        names += [json.loads(r.details_json)["subscriber"]
+                  for r in page.records]
+        if page.next_after_seq == 0:
+            return names
+        after = page.next_after_seq
 
 
 class ReconnectTest(unittest.TestCase):

@@ -125,13 +125,13 @@ class HookHandle:
         # Subscriptions made (1 + reconnections after the server went away).
         self.subscriptions = 0
         self._connected = threading.Event()
-        self._call, requests = self._subscribe()
+        self._call, self._requests = self._subscribe()
         self._thread = threading.Thread(target=self._serve,
-                                        args=(self._call, requests),
+                                        args=(self._call, self._requests),
                                         daemon=True, name=self.name)
         self._thread.start()
         if not self._acked.wait(client._timeout) or self._error is not None:
-            self.remove()
+            self._cancel()
             if self._error is not None:
                 raise from_rpc_error(self._error)
             raise TimeoutError(f"subscribing {self.name}: no answer")
@@ -192,7 +192,7 @@ class HookHandle:
                 if self._removed:
                     break
                 call, requests = self._subscribe()
-                self._call = call
+                self._call, self._requests = call, requests
         self._acked.set()
 
     def wait_connected(self, timeout=None):
@@ -251,14 +251,34 @@ class HookHandle:
         return answer
 
     def remove(self):
-        """Unsubscribes; registrations are no longer sent to the hook."""
-        if self._removed:
+        """Unsubscribes; once it returns, no registration reaches the hook.
+
+        Like torch's RemovableHandle.remove(), this is synchronous: it
+        half-closes the stream and waits for the server to end it, which
+        the server does only after it has detached the subscriber (and
+        recorded the unsubscribe in the audit log). A cancelled call would
+        return at once while the server might still send the next
+        registration to a hook that no longer answers."""
+        with self._lock:
+            if self._removed:
+                return
+            self._removed = True
+            call, requests = self._call, self._requests
+        if threading.current_thread() is self._thread:
+            call.cancel()  # removed from inside the hook: cannot wait
             return
+        requests.put(None)
+        self._thread.join(timeout=self._client._timeout)
+        if self._thread.is_alive():  # the server did not end the stream
+            call.cancel()
+            self._thread.join(timeout=10)
+
+    def _cancel(self):
+        """Stops at once, without waiting for the server."""
         with self._lock:
             self._removed = True
             self._call.cancel()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=10)
+        self._thread.join(timeout=10)
 
     def __enter__(self):
         return self
