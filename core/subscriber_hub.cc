@@ -304,6 +304,34 @@ absl::string_view VerdictName(Verdict verdict) {
 SubscriberHub::SubscriberHub(AuditLog* audit) : audit_(audit) {}
 SubscriberHub::~SubscriberHub() = default;
 
+absl::StatusOr<size_t> SubscriberHub::RestoreNameOwners() {
+  if (audit_ == nullptr) return 0;
+  AuditQuery query;
+  query.type = "subscribe";
+  query.limit = 10000;
+  MutexLock lock(&mu_);
+  while (true) {
+    MODELSTATE_ASSIGN_OR_RETURN(std::vector<AuditRecord> page,
+                                audit_->Query(query));
+    if (page.empty()) return owner_by_name_.size();
+    for (const AuditRecord& r : page) {
+      nlohmann::json details =
+          nlohmann::json::parse(r.details_json, nullptr, false);
+      if (!details.is_object()) continue;
+      auto name = details.find("subscriber");
+      auto owner = details.find("owner");
+      if (name == details.end() || owner == details.end() ||
+          !name->is_string() || !owner->is_string()) {
+        continue;  // no owner: made without authentication
+      }
+      // The first identity to use a name owns it, as in Attach.
+      owner_by_name_.try_emplace(name->get<std::string>(),
+                                 owner->get<std::string>());
+    }
+    query.after_seq = page.back().seq;
+  }
+}
+
 void SubscriberHub::Audit(AuditRecord record) {
   if (audit_ == nullptr) return;
   // A failed audit append is reported by the operation's final Sync.
@@ -390,6 +418,7 @@ absl::StatusOr<uint64_t> SubscriberHub::Attach(
                              ? "fail_closed"
                              : "fail_open"},
       {"reconnected", replaced != nullptr}};
+  if (!spec.owner_identity.empty()) details["owner"] = spec.owner_identity;
   r.details_json = details.dump();
   Audit(std::move(r));
   return id;

@@ -191,6 +191,11 @@ class SubscriberHub : public RegistrationDecider {
   absl::StatusOr<uint64_t> Attach(SubscriptionSpec spec,
                                   std::shared_ptr<SubscriberChannel> channel,
                                   const OperationContext& ctx);
+  // Binds subscriber names to the identities that own them, as the audit
+  // log's subscribe records say, so that a restart does not free a name for
+  // another identity to take. Call once, before the first Attach; returns
+  // how many names are bound.
+  absl::StatusOr<size_t> RestoreNameOwners();
   // The subscriber's stream ended: the events waiting for it get its
   // failure policy. Unknown ids are ignored.
   void Detach(uint64_t subscriber_id, const OperationContext& ctx);

@@ -370,6 +370,12 @@ int main(int argc, char** argv) {
                          ": removed a torn last record left by a crash"));
   }
   modelstate::SubscriberHub hub(audit->get());
+  absl::StatusOr<size_t> owned_names = hub.RestoreNameOwners();
+  if (!owned_names.ok()) {
+    LogLine(absl::StrCat("cannot read subscriber names from the audit log: ",
+                         owned_names.status().ToString()));
+    return 1;
+  }
   std::string modules_dir = (data_dir / "modules").string();
   absl::StatusOr<std::unique_ptr<modelstate::ModuleRepository>> repository =
       modelstate::ModuleRepository::Open(modules_dir);

@@ -30,6 +30,7 @@ namespace modelstate {
 namespace {
 
 using ::modelstate::testing::IsOk;
+using ::modelstate::testing::IsOkAndHolds;
 using ::modelstate::testing::SpecFromJson;
 using ::modelstate::testing::StatusIs;
 using ::testing::AllOf;
@@ -926,6 +927,40 @@ TEST(HubAuditTest, EventsAnswersAndOutcomesAreAudited) {
   MODELSTATE_ASSERT_OK_AND_ASSIGN(AuditVerification v, AuditLog::Verify(path));
   EXPECT_TRUE(v.ok) << v.problem;
   EXPECT_EQ(v.records, records.size());
+}
+
+TEST_F(AuditedHubTest, NameOwnersOutliveTheHubThroughTheAuditLog) {
+  auto approve = [](const HookEvent& e) {
+    return Verdict_(e, Verdict::kApprove);
+  };
+  SubscriptionSpec owned = Spec("rev-guard");
+  owned.owner_identity = "rev";
+  SubscriptionSpec open = Spec("anyone");  // no owner: no authentication
+  Add(owned, approve)->Detach();
+  Add(open, approve)->Detach();
+  for (auto& s : subscribers_) s->StopWorker();
+
+  // A new hub on the same log, as after a restart.
+  SubscriberHub restarted(log_.get());
+  EXPECT_THAT(restarted.RestoreNameOwners(), IsOkAndHolds(1u));
+  auto attach = [&](SubscriptionSpec spec) {
+    auto s = std::make_shared<FakeSubscriber>(&restarted, approve);
+    absl::Status status = s->Attach(std::move(spec));
+    if (status.ok()) {
+      s->Detach();
+      s->StopWorker();
+    }
+    return status;
+  };
+  SubscriptionSpec thief = owned;
+  thief.owner_identity = "root";
+  EXPECT_THAT(attach(thief),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       HasSubstr("subscriber 'rev-guard' belongs to 'rev'")));
+  EXPECT_THAT(attach(owned), IsOk());
+  SubscriptionSpec first_claim = open;
+  first_claim.owner_identity = "root";
+  EXPECT_THAT(attach(first_claim), IsOk());
 }
 
 }  // namespace

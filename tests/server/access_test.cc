@@ -516,6 +516,16 @@ TEST_F(AccessTest, ASubscriberNameBelongsToTheIdentityThatFirstUsedIt) {
   MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<client::Subscriber> again,
                                   client::Subscriber::Start(*rev, s, approve));
   EXPECT_THAT(again->Unsubscribe(), IsOk());
+  // A restart keeps the name bound (the server reads it back from the audit
+  // log's subscribe records).
+  server_->Stop();
+  ASSERT_THAT(server_->Start(), IsOk());
+  EXPECT_THAT(client::Subscriber::Start(*As("root-token"), s, approve).status(),
+              taken);
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<client::Subscriber> after_restart,
+      client::Subscriber::Start(*As("rev-token"), s, approve));
+  EXPECT_THAT(after_restart->Unsubscribe(), IsOk());
 }
 
 TEST_F(AccessTest, StreamsPerIdentityAreLimited) {
