@@ -501,7 +501,7 @@ class HookTest(unittest.TestCase):
         def block_all(module, name, param):
             return modelstate.REJECT
 
-        for attempt in range(5):
+        for attempt in range(20):
             handle = ms.register_module_parameter_registration_hook(block_all)
             handle.remove()
             self.assertIn(handle.name, unsubscribed_names())
