@@ -1,6 +1,7 @@
 #include "server/subscription_reactor.h"
 
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -112,27 +113,27 @@ void SubscriptionReactor::Enqueue(std::shared_ptr<const HookEvent> event) {
 
 void SubscriptionReactor::Push(v1::SubscribeResponse message) {
   v1::SubscribeResponse* start = nullptr;
+  std::optional<grpc::Status> finish;
   {
     MutexLock lock(&mu_);
     if (finished_) return;
     if (queue_.size() >= limits_.max_queued_events) {
-      finished_ = true;
-      queue_.clear();
       // Not reading its events: drop it rather than buffer without bound.
-      Finish(grpc::Status(
+      finish = FinishLocked(grpc::Status(
           grpc::StatusCode::RESOURCE_EXHAUSTED,
           absl::StrCat("subscriber is not reading its events: ",
                        limits_.max_queued_events, " are waiting")));
-      return;
-    }
-    queue_.push_back(std::move(message));
-    if (!writing_) {
-      writing_ = true;
-      start = &queue_.front();
+    } else {
+      queue_.push_back(std::move(message));
+      if (!writing_) {
+        writing_ = true;
+        starting_write_ = true;
+        start = &queue_.front();
+      }
     }
   }
-  // deque::push_back keeps references to existing elements valid.
-  if (start != nullptr) StartWrite(start);
+  if (start != nullptr) StartWriteThenAnyFinish(start);
+  if (finish.has_value()) Finish(*std::move(finish));
 }
 
 void SubscriptionReactor::OnWriteDone(bool ok) {
@@ -140,22 +141,48 @@ void SubscriptionReactor::OnWriteDone(bool ok) {
   {
     MutexLock lock(&mu_);
     if (!queue_.empty()) queue_.pop_front();
-    if (!ok || finished_ || queue_.empty()) {
-      writing_ = false;
-    } else {
+    if (ok && !finished_ && !queue_.empty()) {
+      starting_write_ = true;
       next = &queue_.front();
+    } else {
+      writing_ = false;
     }
   }
-  if (next != nullptr) StartWrite(next);
+  if (next != nullptr) StartWriteThenAnyFinish(next);
+}
+
+void SubscriptionReactor::StartWriteThenAnyFinish(
+    const v1::SubscribeResponse* message) {
+  // `message` stays valid: only OnWriteDone removes messages.
+  StartWrite(message);
+  std::optional<grpc::Status> finish;
+  {
+    MutexLock lock(&mu_);
+    starting_write_ = false;
+    finish = std::exchange(deferred_finish_, std::nullopt);
+  }
+  if (finish.has_value()) Finish(*std::move(finish));
+}
+
+std::optional<grpc::Status> SubscriptionReactor::FinishLocked(
+    grpc::Status status) {
+  if (finished_) return std::nullopt;
+  finished_ = true;
+  if (starting_write_) {
+    // That thread calls Finish once its StartWrite has returned.
+    deferred_finish_ = std::move(status);
+    return std::nullopt;
+  }
+  return status;
 }
 
 void SubscriptionReactor::FinishOnce(const grpc::Status& status) {
+  std::optional<grpc::Status> finish;
   {
     MutexLock lock(&mu_);
-    if (finished_) return;
-    finished_ = true;
+    finish = FinishLocked(status);
   }
-  Finish(status);
+  if (finish.has_value()) Finish(*std::move(finish));
 }
 
 void SubscriptionReactor::OnDone() {

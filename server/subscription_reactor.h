@@ -11,6 +11,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "core/model_store.h"
 #include "core/subscriber_hub.h"
@@ -57,6 +58,15 @@ class SubscriptionReactor
  private:
   class Channel;
   void Push(v1::SubscribeResponse message);
+  // StartWrite, then the Finish that another thread asked for meanwhile.
+  void StartWriteThenAnyFinish(const v1::SubscribeResponse* message)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Marks the stream finished and returns the status for the caller to pass
+  // to Finish (with mu_ released), unless a thread is between deciding on a
+  // write and starting it: no write may start after Finish, so that thread
+  // finishes once its StartWrite has returned.
+  std::optional<grpc::Status> FinishLocked(grpc::Status status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
   SubscriberHub* const hub_;
@@ -70,9 +80,18 @@ class SubscriptionReactor
   uint64_t subscriber_id_ = 0;
 
   Mutex mu_;
+  // Messages to write; the front one is being written while writing_. Only
+  // OnWriteDone removes messages, so a pointer handed to StartWrite stays
+  // valid until its write is done.
   std::deque<v1::SubscribeResponse> queue_ ABSL_GUARDED_BY(mu_);
+  // A write is outstanding (at most one at a time).
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  // A thread has taken a message to write and not yet returned from
+  // StartWrite.
+  bool starting_write_ ABSL_GUARDED_BY(mu_) = false;
+  // No more writes; Finish has been called, or is deferred_finish_.
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<grpc::Status> deferred_finish_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace modelstate::server

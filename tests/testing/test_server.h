@@ -9,12 +9,16 @@
 #ifndef MODELSTATE_TESTS_TESTING_TEST_SERVER_H_
 #define MODELSTATE_TESTS_TESTING_TEST_SERVER_H_
 
+#include <sys/wait.h>
+
+#include <iostream>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "client/model_state_client.h"
 #include "gtest/gtest.h"
 #include "tests/testing/server_process.h"
@@ -26,6 +30,36 @@ class TestServer : public ServerProcess {
   // `flags` are passed to the server as they are.
   explicit TestServer(std::vector<std::string> flags = {})
       : ServerProcess(MODELSTATE_SERVER_BINARY, std::move(flags)) {}
+  // When the test (or, for a shared server, the suite) failed, prints how
+  // the server ended and the end of its log, which goes with its directory:
+  // a crash seen by the client only as "Socket closed" shows its cause.
+  ~TestServer() {
+    const bool was_running = running();
+    const int status = Stop();
+    if (!CurrentTestFailed()) return;
+    constexpr size_t kTail = 16 << 10;
+    std::string log = Log();
+    if (log.size() > kTail) log.erase(0, log.size() - kTail);
+    std::string ended = "was not running";
+    if (was_running) {
+      ended = WIFSIGNALED(status)
+                  ? absl::StrCat("ended by signal ", WTERMSIG(status))
+                  : absl::StrCat("exited with ", WEXITSTATUS(status));
+    }
+    std::cerr << "[test server " << dir().string() << "] " << ended
+              << "; the end of its log:\n"
+              << log << "\n";
+  }
+
+ private:
+  static bool CurrentTestFailed() {
+    const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
+    if (const ::testing::TestInfo* test = unit.current_test_info()) {
+      return test->result()->Failed();
+    }
+    const ::testing::TestSuite* suite = unit.current_test_suite();
+    return suite != nullptr && suite->failed_test_count() > 0;
+  }
 };
 
 // A test suite that shares one real server; each test gets a fresh client,
