@@ -338,6 +338,12 @@ void SubscriberHub::Audit(AuditRecord record) {
   audit_->Append(std::move(record)).IgnoreError();
 }
 
+absl::Status SubscriberHub::AuditDurably(AuditRecord record) {
+  if (audit_ == nullptr) return absl::OkStatus();
+  MODELSTATE_ASSIGN_OR_RETURN(uint64_t seq, audit_->Append(std::move(record)));
+  return audit_->Sync(seq);
+}
+
 absl::StatusOr<uint64_t> SubscriberHub::Attach(
     SubscriptionSpec spec, std::shared_ptr<SubscriberChannel> channel,
     const OperationContext& ctx) {
@@ -420,7 +426,15 @@ absl::StatusOr<uint64_t> SubscriberHub::Attach(
       {"reconnected", replaced != nullptr}};
   if (!spec.owner_identity.empty()) details["owner"] = spec.owner_identity;
   r.details_json = details.dump();
-  Audit(std::move(r));
+  // On disk before the subscriber is acknowledged; a subscription that
+  // cannot be recorded does not stand.
+  if (absl::Status recorded = AuditDurably(std::move(r)); !recorded.ok()) {
+    Detach(id, ctx);
+    return absl::UnavailableError(
+        absl::StrCat("the subscription could not be recorded in the audit "
+                     "log: ",
+                     recorded.message()));
+  }
   return id;
 }
 
@@ -450,7 +464,9 @@ void SubscriberHub::Detach(uint64_t subscriber_id,
   r.type = "unsubscribe";
   r.outcome = "ok";
   r.details_json = nlohmann::json({{"subscriber", name}}).dump();
-  Audit(std::move(r));
+  // On disk before the stream ends. A failure needs no answer here: it
+  // stays in the log's health, and the server refuses later changes.
+  AuditDurably(std::move(r)).IgnoreError();
 }
 
 void SubscriberHub::CloseAll(const absl::Status& status) {

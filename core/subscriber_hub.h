@@ -12,7 +12,10 @@
 //   disconnect or an invalid answer blocks (fail-closed) or approves
 //   (fail-open). Nothing waits forever. An event's clock starts when it
 //   becomes the subscriber's oldest unanswered event, so events pipelined
-//   behind a slow answer do not time out for it.
+//   behind a slow but steady answerer do not time out for it. When the
+//   oldest does time out, the subscriber is not answering: every event it
+//   holds then fails with it (events sent later get their own timeout; a
+//   reconnection under the same name starts the clock afresh for all).
 // - An answer for an event the subscriber no longer holds (already
 //   answered, timed out or failed) is late or a duplicate: recorded in the
 //   audit log as "ignored", never enforced. An answer for an event it was
@@ -225,8 +228,9 @@ class SubscriberHub : public RegistrationDecider {
   // the sends to do once the lock is released.
   void AdvanceLocked(Pending& p, Sends& sends)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // When `p` times out: only an event that is its subscriber's oldest
-  // unanswered one has a deadline; others never (yet).
+  // When `p` times out: an event its subscriber held when an earlier one
+  // timed out already has (InfinitePast); otherwise only the subscriber's
+  // oldest unanswered event has a deadline, the others none (yet).
   absl::Time DeadlineLocked(const Pending& p) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailLocked(Pending& p, const Subscriber& s, absl::string_view why,
@@ -242,6 +246,9 @@ class SubscriberHub : public RegistrationDecider {
   bool Matches(const Subscriber& s, const HookEvent& e) const;
   static void Deliver(const Sends& sends);
   void Audit(AuditRecord record);
+  // Appends `record` and waits until it is on disk (subscribe and
+  // unsubscribe records, written before the client hears of the change).
+  absl::Status AuditDurably(AuditRecord record);
 
   AuditLog* const audit_;
   mutable Mutex mu_;

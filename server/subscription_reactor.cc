@@ -127,7 +127,7 @@ void SubscriptionReactor::Push(v1::SubscribeResponse message) {
       queue_.push_back(std::move(message));
       if (!writing_) {
         writing_ = true;
-        starting_write_ = true;
+        ++starting_writes_;
         start = &queue_.front();
       }
     }
@@ -142,7 +142,7 @@ void SubscriptionReactor::OnWriteDone(bool ok) {
     MutexLock lock(&mu_);
     if (!queue_.empty()) queue_.pop_front();
     if (ok && !finished_ && !queue_.empty()) {
-      starting_write_ = true;
+      ++starting_writes_;
       next = &queue_.front();
     } else {
       writing_ = false;
@@ -158,8 +158,11 @@ void SubscriptionReactor::StartWriteThenAnyFinish(
   std::optional<grpc::Status> finish;
   {
     MutexLock lock(&mu_);
-    starting_write_ = false;
-    finish = std::exchange(deferred_finish_, std::nullopt);
+    // The write just started may already be done, and OnWriteDone (on
+    // another thread) be starting the next: the last starter finishes.
+    if (--starting_writes_ == 0) {
+      finish = std::exchange(deferred_finish_, std::nullopt);
+    }
   }
   if (finish.has_value()) Finish(*std::move(finish));
 }
@@ -168,7 +171,7 @@ std::optional<grpc::Status> SubscriptionReactor::FinishLocked(
     grpc::Status status) {
   if (finished_) return std::nullopt;
   finished_ = true;
-  if (starting_write_) {
+  if (starting_writes_ > 0) {
     // That thread calls Finish once its StartWrite has returned.
     deferred_finish_ = std::move(status);
     return std::nullopt;

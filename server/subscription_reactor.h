@@ -63,8 +63,8 @@ class SubscriptionReactor
       ABSL_LOCKS_EXCLUDED(mu_);
   // Marks the stream finished and returns the status for the caller to pass
   // to Finish (with mu_ released), unless a thread is between deciding on a
-  // write and starting it: no write may start after Finish, so that thread
-  // finishes once its StartWrite has returned.
+  // write and starting it: no write may start after Finish, so the last such
+  // thread finishes once its StartWrite has returned.
   std::optional<grpc::Status> FinishLocked(grpc::Status status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -86,9 +86,10 @@ class SubscriptionReactor
   std::deque<v1::SubscribeResponse> queue_ ABSL_GUARDED_BY(mu_);
   // A write is outstanding (at most one at a time).
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  // A thread has taken a message to write and not yet returned from
-  // StartWrite.
-  bool starting_write_ ABSL_GUARDED_BY(mu_) = false;
+  // Threads that have taken a message to write and not yet returned from
+  // StartWrite: more than one when a write completes (and OnWriteDone takes
+  // the next) before the thread that started it has returned.
+  int starting_writes_ ABSL_GUARDED_BY(mu_) = 0;
   // No more writes; Finish has been called, or is deferred_finish_.
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<grpc::Status> deferred_finish_ ABSL_GUARDED_BY(mu_);

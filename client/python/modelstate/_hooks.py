@@ -122,6 +122,9 @@ class HookHandle:
         self._client = client
         self._subscription = subscription
         self._lock = threading.Lock()
+        # Held while an event is answered, so that remove() half-closes the
+        # stream only after the answer the hook is computing has been sent.
+        self._answering = threading.Lock()
         # Subscriptions made (1 + reconnections after the server went away).
         self.subscriptions = 0
         self._connected = threading.Event()
@@ -169,8 +172,14 @@ class HookHandle:
                         self._connected.set()
                         self._acked.set()
                         continue
-                    requests.put(pb.SubscribeRequest(
-                        answer=self._answer(response.event)))
+                    with self._answering:
+                        if self._removed:
+                            # remove() has begun: the hook no longer runs,
+                            # and the server, detaching the subscriber,
+                            # applies its failure policy to this event.
+                            continue
+                        requests.put(pb.SubscribeRequest(
+                            answer=self._answer(response.event)))
                 ended = None  # the server closed the stream (shutting down)
             except grpc.RpcError as error:
                 ended = error
@@ -259,16 +268,23 @@ class HookHandle:
         recorded the unsubscribe in the audit log). A cancelled call would
         return at once while the server might still send the next
         registration to a hook that no longer answers."""
+        inside_hook = threading.current_thread() is self._thread
         with self._lock:
-            if self._removed:
-                return
+            first = not self._removed
             self._removed = True
             call, requests = self._call, self._requests
-        if threading.current_thread() is self._thread:
+        if inside_hook:
             call.cancel()  # removed from inside the hook: cannot wait
             return
-        requests.put(None)
-        self._thread.join(timeout=self._client._timeout)
+        wait = self._client._timeout or 30.0
+        if first:
+            # The answer the hook may be computing goes out before the
+            # half-close (unless the hook is stuck).
+            answered = self._answering.acquire(timeout=wait)
+            requests.put(None)
+            if answered:
+                self._answering.release()
+        self._thread.join(timeout=wait)
         if self._thread.is_alive():  # the server did not end the stream
             call.cancel()
             self._thread.join(timeout=10)
