@@ -477,26 +477,28 @@ TEST_F(AccessTest, ASubscriberNeverSeesANamespaceItMayNotReview) {
   EXPECT_EQ(namespaces, std::set<std::string>{"team-a"});
 }
 
+// A subscriber's answer that approves every event.
+v1::HookAnswer Approve(const v1::HookEventProto& e) {
+  v1::HookAnswer a;
+  a.set_event_id(e.event_id());
+  a.set_verdict(v1::HookAnswer::APPROVE);
+  return a;
+}
+
 TEST_F(AccessTest, ASubscriberNameBelongsToTheIdentityThatFirstUsedIt) {
-  auto approve = [](const v1::HookEventProto& e) {
-    v1::HookAnswer a;
-    a.set_event_id(e.event_id());
-    a.set_verdict(v1::HookAnswer::APPROVE);
-    return a;
-  };
   v1::Subscription s;
   s.set_name("rev-guard");
   std::unique_ptr<client::ModelStateClient> rev = As("rev-token");
   std::unique_ptr<client::ModelStateClient> root = As("root-token");
   MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<client::Subscriber> first,
-                                  client::Subscriber::Start(*rev, s, approve));
+                                  client::Subscriber::Start(*rev, s, Approve));
   // Another identity, even an admin, cannot take the name over (and with
   // it the events waiting for the subscriber)...
   const auto taken = StatusIs(
       absl::StatusCode::kPermissionDenied,
       HasSubstr("name: subscriber 'rev-guard' belongs to 'rev'; 'root' may "
                 "not take its place"));
-  EXPECT_THAT(client::Subscriber::Start(*root, s, approve).status(), taken);
+  EXPECT_THAT(client::Subscriber::Start(*root, s, Approve).status(), taken);
   // ...which left the owner's subscription alone...
   std::unique_ptr<client::ModelStateClient> checker = As("root-token");
   auto context = checker->NewContext(absl::Seconds(10));
@@ -511,10 +513,10 @@ TEST_F(AccessTest, ASubscriberNameBelongsToTheIdentityThatFirstUsedIt) {
   EXPECT_EQ(guards, std::vector<uint64_t>{first->id()});
   // ...nor once the owner left.
   ASSERT_THAT(first->Unsubscribe(), IsOk());
-  EXPECT_THAT(client::Subscriber::Start(*root, s, approve).status(), taken);
+  EXPECT_THAT(client::Subscriber::Start(*root, s, Approve).status(), taken);
   // The owner comes back under its name.
   MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<client::Subscriber> again,
-                                  client::Subscriber::Start(*rev, s, approve));
+                                  client::Subscriber::Start(*rev, s, Approve));
   EXPECT_THAT(again->Unsubscribe(), IsOk());
 }
 
@@ -531,30 +533,24 @@ TEST_F(AccessTest, ASubscriberNameStaysBoundAcrossARestart) {
     options.timeout = absl::Seconds(10);
     return own.NewClient(options);
   };
-  auto approve = [](const v1::HookEventProto& e) {
-    v1::HookAnswer a;
-    a.set_event_id(e.event_id());
-    a.set_verdict(v1::HookAnswer::APPROVE);
-    return a;
-  };
   v1::Subscription s;
   s.set_name("rev-guard");
   {
     MODELSTATE_ASSERT_OK_AND_ASSIGN(
         std::unique_ptr<client::Subscriber> first,
-        client::Subscriber::Start(*as("rev-token"), s, approve));
+        client::Subscriber::Start(*as("rev-token"), s, Approve));
     EXPECT_THAT(first->Unsubscribe(), IsOk());
   }
   own.Stop();
   ASSERT_THAT(own.Start(), IsOk());
   // The server read the binding back from the audit log's subscribe record.
   EXPECT_THAT(
-      client::Subscriber::Start(*as("root-token"), s, approve).status(),
+      client::Subscriber::Start(*as("root-token"), s, Approve).status(),
       StatusIs(absl::StatusCode::kPermissionDenied,
                HasSubstr("name: subscriber 'rev-guard' belongs to 'rev'")));
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
       std::unique_ptr<client::Subscriber> again,
-      client::Subscriber::Start(*as("rev-token"), s, approve));
+      client::Subscriber::Start(*as("rev-token"), s, Approve));
   EXPECT_THAT(again->Unsubscribe(), IsOk());
 }
 
