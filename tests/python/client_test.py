@@ -492,7 +492,6 @@ class HookTest(unittest.TestCase):
         self.assertIn("raised ValueError: no parameters today",
                       str(e.exception))
 
-
     def test_remove_returns_after_the_server_dropped_the_hook(self):
         """Like torch's RemovableHandle.remove(): once it returns, no
         registration reaches the hook. The server records the unsubscribe
