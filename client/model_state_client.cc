@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "core/status_macros.h"
+#include "base/status_macros.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "proto/convert.h"
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
+#include "base/status_macros.h"
 
 namespace modelstate::client {
 

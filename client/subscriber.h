@@ -26,8 +26,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/sync.h"
 #include "client/model_state_client.h"
-#include "core/sync.h"
 
 namespace modelstate::client {
 

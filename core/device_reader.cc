@@ -5,7 +5,7 @@
 #include <string>
 #include <utility>
 
-#include "core/status_macros.h"
+#include "base/status_macros.h"
 #include "core/storage.h"
 
 namespace modelstate {

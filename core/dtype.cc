@@ -22,8 +22,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "base/log.h"
 #include "core/internal/dtype_kernels.h"
-#include "core/log.h"
 
 namespace modelstate {
 namespace {

@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "base/sync.h"
 #include "core/internal/element_convert.h"
-#include "core/status_macros.h"
 #include "core/storage.h"
-#include "core/sync.h"
 #if MODELSTATE_WITH_CUDA
 #include "core/cuda/cuda_backend.h"
 #endif

@@ -19,7 +19,7 @@
 // others of its list (PyTorch 2.x's prepend=True).
 //
 // Example:
-//   ForwardHookHandle h = module->RegisterForwardHook(
+//   RemovableHandle h = module->RegisterForwardHook(
 //       [](Module& m, const std::vector<Tensor>& in,
 //          const std::vector<Tensor>& out) -> ForwardHookResult {
 //         if (!in[0].defined()) return absl::InvalidArgumentError("no input");
@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/hook_list.h"
 #include "core/tensor.h"
 
 namespace modelstate {
@@ -56,44 +57,21 @@ using ForwardPreHook =
 using ForwardHook = std::function<ForwardHookResult(
     Module&, const std::vector<Tensor>&, const std::vector<Tensor>&)>;
 
-// Removes one forward hook. Removing twice, or after its list is gone, is a
-// no-op. Thread-safe. Movable, not copyable; destroying it does NOT remove
-// the hook (as in PyTorch, where a dropped handle leaves the hook in place).
-class ForwardHookHandle {
- public:
-  ForwardHookHandle() = default;
-  ForwardHookHandle(ForwardHookHandle&&) = default;
-  ForwardHookHandle& operator=(ForwardHookHandle&&) = default;
-
-  void Remove();
-  // The hook's id, unique in the process (0 for an empty handle).
-  uint64_t id() const { return id_; }
-
- private:
-  friend class ForwardHookList;
-  struct State;
-  ForwardHookHandle(std::weak_ptr<State> state, uint64_t id)
-      : state_(std::move(state)), id_(id) {}
-  std::weak_ptr<State> state_;
-  uint64_t id_ = 0;
-};
-
 // The pre-hooks and forward hooks of one module, or the global ones.
 // Thread-safe: hooks may be added and removed while other threads run
 // forwards; a forward runs the hooks present when it took its snapshot, so
 // removing a hook from inside a hook takes effect for the next call.
 class ForwardHookList {
  public:
-  ForwardHookList();
-  ~ForwardHookList();
+  ForwardHookList() = default;
   ForwardHookList(const ForwardHookList&) = delete;
   ForwardHookList& operator=(const ForwardHookList&) = delete;
 
   // The process-wide hooks, run before every module's own.
   static ForwardHookList& Global();
 
-  ForwardHookHandle AddPreHook(ForwardPreHook hook, bool prepend = false);
-  ForwardHookHandle AddHook(ForwardHook hook, bool prepend = false);
+  RemovableHandle AddPreHook(ForwardPreHook hook, bool prepend = false);
+  RemovableHandle AddHook(ForwardHook hook, bool prepend = false);
 
   // Snapshots, in run order.
   std::vector<ForwardPreHook> PreHooks() const;
@@ -103,7 +81,8 @@ class ForwardHookList {
   bool HasHooks() const;
 
  private:
-  std::shared_ptr<ForwardHookHandle::State> state_;
+  HookList<ForwardPreHook> pre_;
+  HookList<ForwardHook> post_;
 };
 
 }  // namespace modelstate

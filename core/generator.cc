@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <numbers>
 
-#include "core/log.h"
+#include "base/log.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>

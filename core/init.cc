@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
+#include "base/status_macros.h"
 
 namespace modelstate {
 namespace {

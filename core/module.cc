@@ -13,10 +13,94 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "core/log.h"
-#include "core/status_macros.h"
+#include "base/log.h"
+#include "base/status_macros.h"
 
 namespace modelstate {
+
+absl::Status ValidateReplacement(const RegistrationEvent& event,
+                                 const SlotValue& replacement) {
+  if (event.action == RegistrationAction::kUnregister) {
+    return absl::InvalidArgumentError(
+        "a replacement is not allowed for an unregister event");
+  }
+  if (event.kind == EntryKind::kModule) {
+    if (replacement.module == nullptr || replacement.tensor.defined()) {
+      return absl::InvalidArgumentError(
+          "a submodule can only be replaced by a module");
+    }
+    if (replacement.module.get() == event.module) {
+      return absl::InvalidArgumentError(
+          "a module cannot be registered inside itself");
+    }
+    // The replacement must not contain the module it is registered in.
+    for (const auto& [path, m] : replacement.module->NamedModules()) {
+      if (m.get() == event.module) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the replacement module contains the module it would be "
+            "registered in (at '",
+            path, "')"));
+      }
+    }
+    return absl::OkStatus();
+  }
+  if (replacement.module != nullptr || !replacement.tensor.defined()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a ", EntryKindName(event.kind),
+        " can only be replaced by a tensor (use block to drop it)"));
+  }
+  const Tensor& original = event.value.tensor;
+  const Tensor& t = replacement.tensor;
+  if (IsFloatingPoint(original.dtype())) {
+    if (!IsFloatingPoint(t.dtype())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dtype ", DTypeName(original.dtype()),
+                       " may only become another "
+                       "floating point dtype, not ",
+                       DTypeName(t.dtype())));
+    }
+  } else if (t.dtype() != original.dtype()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dtype ", DTypeName(original.dtype()),
+        " is not floating point and cannot change to ", DTypeName(t.dtype())));
+  }
+  if (event.module != nullptr && event.module->fixed_shapes() &&
+      t.shape() != original.shape()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shape must stay ", ShapeToString(original.shape()), " in ",
+        event.module->type_name(), ", got ", ShapeToString(t.shape())));
+  }
+  MODELSTATE_RETURN_IF_ERROR(CheckDeviceAvailable(t.device()));
+  if (t.requires_grad() && !IsFloatingPoint(t.dtype())) {
+    return absl::InvalidArgumentError(
+        "requires_grad needs a floating point dtype");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SlotValue> NormalizeReplacement(const RegistrationEvent& event,
+                                               SlotValue replacement) {
+  if (event.kind == EntryKind::kParameter && replacement.tensor.defined() &&
+      !replacement.tensor.is_parameter()) {
+    bool requires_grad = event.value.tensor.defined() &&
+                         event.value.tensor.requires_grad() &&
+                         IsFloatingPoint(replacement.tensor.dtype());
+    MODELSTATE_ASSIGN_OR_RETURN(
+        replacement.tensor, MakeParameter(replacement.tensor, requires_grad));
+  }
+  if (event.kind != EntryKind::kBuffer) replacement.persistent = true;
+  return replacement;
+}
+
+absl::StatusOr<SlotValue> CheckReplacement(const RegistrationEvent& event,
+                                           SlotValue replacement) {
+  MODELSTATE_ASSIGN_OR_RETURN(
+      SlotValue normalized,
+      NormalizeReplacement(event, std::move(replacement)));
+  MODELSTATE_RETURN_IF_ERROR(ValidateReplacement(event, normalized));
+  return normalized;
+}
+
 namespace {
 
 // Every attribute of a bare torch.nn.Module instance (dir(nn.Module()) in
@@ -346,7 +430,7 @@ absl::StatusOr<RegistrationOutcome> Module::Register(
   SlotState before = ReadSlot(kind, event.name);
   HookDecision decision;
   if (ctx.hooks != nullptr) {
-    decision = ctx.hooks->Run(event);
+    decision = ctx.hooks->Run(event, CheckReplacement);
   } else {
     decision.value = event.value;
   }

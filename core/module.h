@@ -36,6 +36,7 @@
 #include "core/forward_hooks.h"
 #include "core/hooks.h"
 #include "core/ordered_dict.h"
+#include "core/registration.h"
 #include "core/tensor.h"
 
 namespace modelstate {
@@ -308,12 +309,11 @@ class Module : public std::enable_shared_from_this<Module> {
   // Forward hooks (forward_hooks.h), run by Forward() (forward.h) around
   // this module's calls: PyTorch's register_forward_pre_hook and
   // register_forward_hook. Thread-safe.
-  ForwardHookHandle RegisterForwardPreHook(ForwardPreHook hook,
-                                           bool prepend = false) {
+  RemovableHandle RegisterForwardPreHook(ForwardPreHook hook,
+                                         bool prepend = false) {
     return forward_hooks_.AddPreHook(std::move(hook), prepend);
   }
-  ForwardHookHandle RegisterForwardHook(ForwardHook hook,
-                                        bool prepend = false) {
+  RemovableHandle RegisterForwardHook(ForwardHook hook, bool prepend = false) {
     return forward_hooks_.AddHook(std::move(hook), prepend);
   }
   const ForwardHookList& forward_hooks() const { return forward_hooks_; }
@@ -358,6 +358,25 @@ class Module : public std::enable_shared_from_this<Module> {
   // Not module state: never saved, copied or hooked.
   ForwardHookList forward_hooks_;
 };
+
+// Checks that `replacement` may stand in for `event`'s value (SEMANTICS H4):
+// only register events; same kind of value (tensor vs module), defined; the
+// dtype stays floating point if it was (and unchanged otherwise); the shape
+// is kept in built-in layers; the device exists; requires_grad only on
+// floating dtypes; a module may not contain the module it is registered in.
+// Returns INVALID_ARGUMENT saying what is wrong.
+absl::Status ValidateReplacement(const RegistrationEvent& event,
+                                 const SlotValue& replacement);
+
+// Turns a tensor replacement for a parameter into a parameter (see
+// HookResult::Replace); other values are returned as they are.
+absl::StatusOr<SlotValue> NormalizeReplacement(const RegistrationEvent& event,
+                                               SlotValue replacement);
+
+// NormalizeReplacement, then ValidateReplacement: what a hook's replacement
+// is stored as (HookRegistry::Run's check).
+absl::StatusOr<SlotValue> CheckReplacement(const RegistrationEvent& event,
+                                           SlotValue replacement);
 
 // Applies the final decisions for `records` (one per record, in order) to the
 // modules they touched, as if each registration had been decided that way

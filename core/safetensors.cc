@@ -24,8 +24,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
-#include "core/file_util.h"
-#include "core/status_macros.h"
+#include "base/file_util.h"
+#include "base/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace modelstate {

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/crc32c.h"
-#include "core/file_util.h"
-#include "core/status_macros.h"
+#include "base/crc32c.h"
+#include "base/file_util.h"
+#include "base/status_macros.h"
 
 namespace modelstate {
 namespace {

@@ -38,10 +38,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "base/sync.h"
 #include "core/module.h"
 #include "core/safetensors.h"
 #include "core/state_stream.h"
-#include "core/sync.h"
 
 namespace modelstate {
 

@@ -9,7 +9,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
+#include "base/status_macros.h"
 
 namespace modelstate {
 

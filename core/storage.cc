@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
-#include "core/sync.h"
+#include "base/status_macros.h"
+#include "base/sync.h"
 #if MODELSTATE_WITH_CUDA
 #include "core/cuda/cuda_backend.h"
 #endif

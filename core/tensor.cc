@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/sha256.h"
-#include "core/status_macros.h"
+#include "base/sha256.h"
+#include "base/status_macros.h"
 
 namespace modelstate {
 

@@ -31,9 +31,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "base/log.h"
 #include "core/device.h"
 #include "core/dtype.h"
-#include "core/log.h"
 #include "core/storage.h"
 
 namespace modelstate {

@@ -16,9 +16,9 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "core/access_policy.h"
-#include "core/sync.h"
+#include "base/sync.h"
 #include "grpcpp/grpcpp.h"
+#include "service/access_policy.h"
 
 namespace modelstate::server {
 

@@ -12,11 +12,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "base/glob.h"
+#include "base/status_macros.h"
 #include "core/staged_state_dict.h"
 #include "core/state_stream.h"
-#include "core/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "proto/convert.h"
+#include "proto/service_convert.h"
 
 namespace modelstate::server {
 namespace {
@@ -81,16 +82,6 @@ absl::Status CheckListModulesRequest(const v1::ListModulesRequest& request) {
                      ns.empty() ? "" : " for this namespace"));
   }
   return absl::OkStatus();
-}
-
-// GetStateDict's key_glob knows '*' and '?' only; fnmatch's character
-// classes and escapes would silently match nothing, so they are refused.
-absl::Status CheckKeyGlob(absl::string_view glob) {
-  size_t bad = glob.find_first_of("[]\\");
-  if (bad == absl::string_view::npos) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("key_glob: '", glob, "' uses '", glob.substr(bad, 1),
-                   "'; only the wildcards * and ? are supported"));
 }
 
 }  // namespace
@@ -504,7 +495,7 @@ grpc::Status ModelStateServiceImpl::GetStateDict(
                        DTypeName(*target)));
     }
   }
-  RETURN_IF_ERROR_GRPC(CheckKeyGlob(request->key_glob()));
+  RETURN_IF_ERROR_GRPC(CheckGlob(request->key_glob(), "key_glob"));
   SnapshotFilter filter{request->key_prefix(), request->key_glob()};
   switch (request->selection()) {
     case v1::GetStateDictRequest::SELECTION_PARAMETERS:

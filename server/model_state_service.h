@@ -13,15 +13,15 @@
 
 #include <cstdint>
 
-#include "core/access_policy.h"
-#include "core/audit_log.h"
-#include "core/model_store.h"
-#include "core/module_spec.h"
-#include "core/subscriber_hub.h"
 #include "grpcpp/grpcpp.h"
 #include "modelstate/v1/model_state_service.grpc.pb.h"
+#include "nn/module_spec.h"
 #include "server/auth.h"
 #include "server/subscription_reactor.h"
+#include "service/access_policy.h"
+#include "service/audit_log.h"
+#include "service/model_store.h"
+#include "service/subscriber_hub.h"
 
 namespace modelstate::server {
 

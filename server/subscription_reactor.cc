@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "proto/convert.h"
+#include "proto/service_convert.h"
 
 namespace modelstate::server {
 

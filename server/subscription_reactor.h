@@ -13,12 +13,12 @@
 #include <memory>
 #include <optional>
 
-#include "core/model_store.h"
-#include "core/subscriber_hub.h"
-#include "core/sync.h"
+#include "base/sync.h"
 #include "grpcpp/grpcpp.h"
 #include "modelstate/v1/model_state_service.grpc.pb.h"
 #include "server/auth.h"
+#include "service/model_store.h"
+#include "service/subscriber_hub.h"
 
 namespace modelstate::server {
 

@@ -16,9 +16,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "base/status_macros.h"
+#include "base/sync.h"
 #include "core/cuda/convert_kernel.h"
-#include "core/status_macros.h"
-#include "core/sync.h"
 
 namespace modelstate::cuda {
 namespace {

@@ -22,10 +22,10 @@
 #include "benchmark/benchmark.h"
 #include "core/dtype.h"
 #include "core/module.h"
-#include "core/module_spec.h"
 #include "google/protobuf/util/json_util.h"
 #include "modelstate/v1/module.pb.h"
-#include "proto/convert.h"
+#include "nn/module_spec.h"
+#include "proto/service_convert.h"
 
 namespace modelstate::bench {
 namespace {

@@ -29,9 +29,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "benchmark/benchmark.h"
-#include "core/forward.h"
 #include "core/module.h"
-#include "core/module_spec.h"
+#include "nn/forward.h"
+#include "nn/module_spec.h"
 
 namespace modelstate::bench {
 namespace {

@@ -15,10 +15,10 @@
 
 #include "core/init.h"
 #include "core/module.h"
-#include "core/module_spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "nn/module_spec.h"
 #include "tests/testing/golden.h"
 #include "tests/testing/golden_models.h"
 #include "tests/testing/spec_json.h"

@@ -11,9 +11,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/module_spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nn/module_spec.h"
 #include "tests/testing/spec_json.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tensors.h"

@@ -5,8 +5,8 @@
 
 #include "core/hooks.h"
 #include "core/module.h"
-#include "core/module_spec.h"
 #include "gtest/gtest.h"
+#include "nn/module_spec.h"
 
 namespace {
 

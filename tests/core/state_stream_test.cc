@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "core/module_spec.h"
 #include "core/staged_state_dict.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nn/module_spec.h"
 #include "tests/testing/spec_json.h"
 #include "tests/testing/status_matchers.h"
 

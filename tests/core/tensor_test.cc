@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/sha256.h"
 #include "core/device.h"
 #include "core/dtype.h"
-#include "core/sha256.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"

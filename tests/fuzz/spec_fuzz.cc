@@ -26,13 +26,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "core/module.h"
-#include "core/module_spec.h"
 #include "core/state_stream.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/stubs/logging.h"
 #include "google/protobuf/util/json_util.h"
 #include "modelstate/v1/model_state_service.pb.h"
-#include "proto/convert.h"
+#include "nn/module_spec.h"
+#include "proto/service_convert.h"
 #include "tests/fuzz/fuzz_support.h"
 
 namespace modelstate {

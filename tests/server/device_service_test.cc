@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/sha256.h"
 #include "client/model_state_client.h"
-#include "core/sha256.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

@@ -11,9 +11,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/model_state_client.h"
-#include "core/forward.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nn/forward.h"
 #include "proto/convert.h"
 #include "tests/testing/requests.h"
 #include "tests/testing/status_matchers.h"

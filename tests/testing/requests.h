@@ -14,11 +14,11 @@
 #include <memory>
 #include <string>
 
-#include "core/module_spec.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "modelstate/v1/model_state_service.pb.h"
-#include "proto/convert.h"
+#include "nn/module_spec.h"
+#include "proto/service_convert.h"
 
 namespace modelstate::testing {
 

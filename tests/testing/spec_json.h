@@ -14,9 +14,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/module_spec.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "nn/module_spec.h"
 
 namespace modelstate::testing {
 

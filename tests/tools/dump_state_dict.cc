@@ -9,8 +9,8 @@
 #include <iterator>
 #include <string>
 
-#include "core/module_spec.h"
 #include "nlohmann/json.hpp"
+#include "nn/module_spec.h"
 #include "tests/testing/spec_json.h"
 
 namespace {

@@ -23,11 +23,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "core/forward.h"
-#include "core/module_spec.h"
+#include "base/status_macros.h"
 #include "core/safetensors.h"
-#include "core/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "nn/forward.h"
+#include "nn/module_spec.h"
 #include "tests/testing/spec_json.h"
 
 namespace modelstate {

@@ -18,9 +18,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "base/sha256.h"
+#include "base/status_macros.h"
 #include "core/safetensors.h"
-#include "core/sha256.h"
-#include "core/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace modelstate {

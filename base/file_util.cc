@@ -1,0 +1,138 @@
+#include "base/file_util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+
+namespace modelstate {
+
+absl::Status ErrnoStatus(int error, const std::string& path,
+                         absl::string_view what) {
+  return absl::ErrnoToStatus(error, absl::StrCat(path, ": ", what));
+}
+
+ScopedFd::~ScopedFd() {
+  if (fd_ >= 0) close(fd_);
+}
+
+absl::Status ScopedFd::Close(const std::string& path) {
+  int fd = fd_;
+  fd_ = -1;
+  if (fd >= 0 && close(fd) != 0)
+    return ErrnoStatus(errno, path, "close failed");
+  return absl::OkStatus();
+}
+
+absl::Status WriteAll(int fd, absl::string_view bytes,
+                      const std::string& path) {
+  const char* p = bytes.data();
+  size_t left = bytes.size();
+  while (left > 0) {
+    ssize_t n = write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, path, "write failed");
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PreadAll(int fd, char* out, uint64_t size, uint64_t offset,
+                      const std::string& path) {
+  while (size > 0) {
+    size_t want = static_cast<size_t>(
+        std::min<uint64_t>(size, std::numeric_limits<ssize_t>::max()));
+    ssize_t got = pread(fd, out, want, static_cast<off_t>(offset));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, path, "read failed");
+    }
+    if (got == 0) {
+      return absl::DataLossError(absl::StrCat(
+          path, ": the file ended early (it changed while being read)"));
+    }
+    out += got;
+    size -= static_cast<uint64_t>(got);
+    offset += static_cast<uint64_t>(got);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FsyncParentDirectory(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? std::string(".")
+                          : slash == 0               ? std::string("/")
+                                                     : path.substr(0, slash);
+  int fd;
+  do {
+    fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0)
+    return ErrnoStatus(errno, path, "cannot open the directory to sync it");
+  ScopedFd closer(fd);
+  if (fsync(fd) != 0)
+    return ErrnoStatus(errno, path, "fsync of the directory failed");
+  return absl::OkStatus();
+}
+
+std::string TempPathFor(const std::string& path) {
+  static std::atomic<uint64_t> counter{0};
+  return absl::StrCat(path, ".tmp.", getpid(), ".", counter.fetch_add(1));
+}
+
+absl::Status WriteFileAtomically(const std::string& path,
+                                 absl::string_view content) {
+  std::string temp = TempPathFor(path);
+  int fd;
+  do {
+    fd = open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return ErrnoStatus(errno, path, "cannot create a temporary file");
+  ScopedFd file(fd);
+  absl::Status status = WriteAll(fd, content, path);
+  if (status.ok() && fsync(fd) != 0)
+    status = ErrnoStatus(errno, path, "fsync failed");
+  if (status.ok()) status = file.Close(path);
+  if (status.ok() && rename(temp.c_str(), path.c_str()) != 0) {
+    status = ErrnoStatus(errno, path, "rename failed");
+  }
+  if (!status.ok()) {
+    unlink(temp.c_str());
+    return status;
+  }
+  return FsyncParentDirectory(path);
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  int fd;
+  do {
+    fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) {
+    if (errno == ENOENT)
+      return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+    return ErrnoStatus(errno, path, "cannot open");
+  }
+  ScopedFd file(fd);
+  struct stat st;
+  if (fstat(fd, &st) != 0) return ErrnoStatus(errno, path, "cannot stat");
+  std::string content(static_cast<size_t>(st.st_size), '\0');
+  MODELSTATE_RETURN_IF_ERROR(
+      PreadAll(fd, content.data(), content.size(), 0, path));
+  return content;
+}
+
+}  // namespace modelstate

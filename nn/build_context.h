@@ -1,0 +1,142 @@
+// File: internal/build_context.h
+// Private to the module builder: constructor-argument binding with Python's
+// rules and error texts, and the state one build carries (generator,
+// factory dtype/device, limits, the registration record).
+#ifndef MODELSTATE_NN_BUILD_CONTEXT_H_
+#define MODELSTATE_NN_BUILD_CONTEXT_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/generator.h"
+#include "core/module.h"
+#include "nn/module_spec.h"
+
+namespace modelstate::internal {
+
+// One parameter of a constructor's signature; required when it has no
+// default.
+struct ArgDef {
+  absl::string_view name;
+  std::optional<SpecValue> default_value;
+};
+
+// Constructor arguments bound to a signature. Accessors return
+// INVALID_ARGUMENT naming the argument when its value has the wrong type.
+class BoundArgs {
+ public:
+  BoundArgs(std::string type,
+            absl::flat_hash_map<std::string, SpecValue> values)
+      : type_(std::move(type)), values_(std::move(values)) {}
+
+  bool IsNone(absl::string_view name) const;
+  absl::StatusOr<int64_t> Int(absl::string_view name) const;
+  absl::StatusOr<double> Float(absl::string_view name) const;
+  absl::StatusOr<bool> Bool(absl::string_view name) const;
+  absl::StatusOr<std::string> Str(absl::string_view name) const;
+  // An int or a tuple of ints; an int is repeated `n` times (PyTorch's
+  // _pair/_single); a tuple must have `n` elements (n == 0: any length).
+  absl::StatusOr<std::vector<int64_t>> Ints(absl::string_view name,
+                                            size_t n) const;
+  // An int or a tuple of ints kept as given (a pooling layer stores its
+  // kernel_size as passed), each element at least `min`.
+  absl::StatusOr<AttrValue> IntOrTuple(absl::string_view name,
+                                       int64_t min) const;
+  // The factory dtype/device kwargs when the signature has them, else the
+  // build's.
+  absl::StatusOr<DType> FactoryDType(DType build_dtype) const;
+  absl::StatusOr<Device> FactoryDevice(Device build_device) const;
+
+ private:
+  const SpecValue* Find(absl::string_view name) const;
+  absl::Status WrongType(absl::string_view name, absl::string_view expected,
+                         const SpecValue& got) const;
+
+  std::string type_;
+  absl::flat_hash_map<std::string, SpecValue> values_;
+};
+
+// Binds positional and keyword arguments like a Python call of
+// `<type>.__init__(self, ...)`, with Python 3.11's error texts.
+absl::StatusOr<BoundArgs> BindArgs(
+    absl::string_view type, const std::vector<ArgDef>& signature,
+    const std::vector<SpecValue>& args,
+    const std::vector<std::pair<std::string, SpecValue>>& kwargs);
+
+// The state of one build. Thread-compatible.
+class BuildContext {
+ public:
+  explicit BuildContext(const BuildOptions& options);
+
+  Generator& gen() { return gen_; }
+  const BuildOptions& options() const { return options_; }
+  std::vector<RegistrationRecord>& records() { return records_; }
+
+  // An uninitialised tensor on `device` (no storage on meta), counted
+  // against the byte limits.
+  absl::StatusOr<Tensor> NewTensor(DType dtype, Shape shape, Device device);
+
+  // Register into `module` (whose path in the tree is `path`) through the
+  // hooks, recording the registration. A parameter is made from `data`.
+  absl::Status AddParameter(Module& module, const std::string& path,
+                            std::string name, Tensor data,
+                            bool requires_grad = true);
+  absl::Status AddBuffer(Module& module, const std::string& path,
+                         std::string name, Tensor tensor,
+                         bool persistent = true);
+  absl::Status AddModule(Module& module, const std::string& path,
+                         std::string name, std::shared_ptr<Module> child);
+
+  // Depth bookkeeping for BuildLimits::max_depth.
+  absl::Status Enter();
+  void Leave() { --depth_; }
+
+ private:
+  absl::Status CountEntry();
+  RegistrationContext Context(const std::string& path);
+
+  const BuildOptions options_;
+  Generator gen_;
+  std::vector<RegistrationRecord> records_;
+  uint64_t total_bytes_ = 0;
+  int64_t entries_ = 0;
+  int depth_ = 0;
+};
+
+// Builds any spec (library layer, container or custom module) whose module
+// path in the tree is `path` and whose location in the spec is `spec_path`.
+absl::StatusOr<std::shared_ptr<Module>> BuildSpec(const ModuleSpec& spec,
+                                                  const std::string& path,
+                                                  const std::string& spec_path,
+                                                  BuildContext& ctx);
+
+// A custom module's tensor from its spec, on the build's device.
+absl::StatusOr<Tensor> MakeCustomTensor(const TensorSpec& spec,
+                                        BuildContext& ctx);
+
+// A built-in layer: its signature and how to construct it.
+using LayerBuildFn = absl::StatusOr<std::shared_ptr<Module>> (*)(
+    const BoundArgs& args, BuildContext& ctx, const std::string& path);
+struct LayerDef {
+  absl::string_view type;
+  absl::string_view qualified_name;
+  std::vector<ArgDef> signature;
+  LayerBuildFn build;
+  bool accepts_anything = false;  // Identity(*args, **kwargs)
+};
+
+// The library of built-in layers (not containers). nullptr if unknown.
+const LayerDef* FindLayer(absl::string_view type);
+const std::vector<LayerDef>& AllLayers();
+
+}  // namespace modelstate::internal
+
+#endif  // MODELSTATE_NN_BUILD_CONTEXT_H_

@@ -1,0 +1,592 @@
+#include "proto/service_convert.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "base/status_macros.h"
+
+namespace modelstate::convert {
+namespace {
+
+constexpr double kMaxExactInteger = 9007199254740992.0;  // 2^53
+
+bool IsIntegral(double v) {
+  return std::isfinite(v) && std::floor(v) == v &&
+         std::fabs(v) <= kMaxExactInteger;
+}
+
+}  // namespace
+
+absl::StatusOr<ModuleName> ParseModuleField(absl::string_view text) {
+  return ParseModuleName(text);
+}
+
+absl::StatusOr<SpecValue> SpecValueFromProto(
+    const google::protobuf::Value& value, absl::string_view field) {
+  switch (value.kind_case()) {
+    case google::protobuf::Value::kNullValue:
+    case google::protobuf::Value::KIND_NOT_SET:
+      return SpecValue(std::monostate());
+    case google::protobuf::Value::kBoolValue:
+      return SpecValue(value.bool_value());
+    case google::protobuf::Value::kNumberValue: {
+      double v = value.number_value();
+      if (IsIntegral(v)) return SpecValue(static_cast<int64_t>(v));
+      return SpecValue(v);
+    }
+    case google::protobuf::Value::kStringValue:
+      return SpecValue(value.string_value());
+    case google::protobuf::Value::kListValue: {
+      std::vector<int64_t> ints;
+      for (int i = 0; i < value.list_value().values_size(); ++i) {
+        const google::protobuf::Value& e = value.list_value().values(i);
+        if (e.kind_case() != google::protobuf::Value::kNumberValue ||
+            !IsIntegral(e.number_value())) {
+          return FieldError(absl::StrCat(field, "[", i, "]"),
+                            "a list argument may only hold integers");
+        }
+        ints.push_back(static_cast<int64_t>(e.number_value()));
+      }
+      return SpecValue(std::move(ints));
+    }
+    case google::protobuf::Value::kStructValue:
+      return FieldError(field, "an object is not a constructor argument");
+  }
+  return FieldError(field, "unsupported value");
+}
+
+absl::StatusOr<InitSpec> InitFromProto(const v1::InitSpec& proto,
+                                       absl::string_view field) {
+  InitSpec init;
+  static constexpr std::pair<absl::string_view, InitSpec::Kind> kKinds[] = {
+      {"", InitSpec::Kind::kZeros},
+      {"zeros", InitSpec::Kind::kZeros},
+      {"ones", InitSpec::Kind::kOnes},
+      {"constant", InitSpec::Kind::kConstant},
+      {"uniform", InitSpec::Kind::kUniform},
+      {"normal", InitSpec::Kind::kNormal},
+      {"kaiming_uniform", InitSpec::Kind::kKaimingUniform},
+      {"xavier_uniform", InitSpec::Kind::kXavierUniform},
+      {"xavier_normal", InitSpec::Kind::kXavierNormal},
+      {"empty", InitSpec::Kind::kEmpty}};
+  bool known = false;
+  for (const auto& [name, kind] : kKinds) {
+    if (proto.kind() == name) {
+      init.kind = kind;
+      known = true;
+    }
+  }
+  if (!known) {
+    return FieldError(
+        absl::StrCat(field, ".kind"),
+        absl::StrCat(
+            "'", proto.kind(),
+            "' is not zeros, ones, constant, uniform, normal, "
+            "kaiming_uniform, xavier_uniform, xavier_normal or empty"));
+  }
+  init.a = proto.a();
+  init.b = proto.has_b() ? proto.b() : 1.0;
+  if (init.kind == InitSpec::Kind::kNormal && init.b < 0) {
+    return FieldError(
+        absl::StrCat(field, ".b"),
+        absl::StrCat("normal expects std >= 0.0, but found std ", init.b));
+  }
+  if (init.kind == InitSpec::Kind::kUniform && init.a > init.b) {
+    return FieldError(field, absl::StrCat("uniform_ expects to return a [from, "
+                                          "to) range, but found from=",
+                                          init.a, " > to=", init.b));
+  }
+  if (proto.has_seed()) init.seed = proto.seed();
+  return init;
+}
+
+absl::StatusOr<TensorSpec> TensorSpecFromProto(const v1::TensorSpec& proto,
+                                               absl::string_view field) {
+  TensorSpec spec;
+  if (!proto.dtype().empty()) {
+    MODELSTATE_ASSIGN_OR_RETURN(
+        spec.dtype,
+        ParseDTypeField(proto.dtype(), absl::StrCat(field, ".dtype"),
+                        std::nullopt));
+  }
+  spec.shape.assign(proto.shape().begin(), proto.shape().end());
+  MODELSTATE_ASSIGN_OR_RETURN(
+      spec.init, InitFromProto(proto.init(), absl::StrCat(field, ".init")));
+  if (proto.has_data()) {
+    v1::TensorProto data = proto.data();
+    MODELSTATE_ASSIGN_OR_RETURN(
+        spec.data,
+        TensorFromProto(&data, absl::StrCat(field, ".data"), UINT64_MAX));
+  }
+  return spec;
+}
+
+absl::StatusOr<ModuleSpec> SpecFromProto(const v1::ModuleSpec& proto,
+                                         absl::string_view field) {
+  ModuleSpec spec;
+  spec.type = proto.type();
+  spec.ref = proto.ref();
+  spec.has_extra_state = proto.extra_state();
+  for (int i = 0; i < proto.args_size(); ++i) {
+    MODELSTATE_ASSIGN_OR_RETURN(
+        SpecValue v, SpecValueFromProto(proto.args(i),
+                                        absl::StrCat(field, ".args[", i, "]")));
+    spec.args.push_back(std::move(v));
+  }
+  // Protobuf maps have no order; keyword arguments need none.
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : proto.kwargs()) keys.push_back(key);
+  std::sort(keys.begin(), keys.end());
+  for (const std::string& key : keys) {
+    MODELSTATE_ASSIGN_OR_RETURN(
+        SpecValue v, SpecValueFromProto(proto.kwargs().at(key),
+                                        absl::StrCat(field, ".kwargs.", key)));
+    spec.kwargs.emplace_back(key, std::move(v));
+  }
+  for (int i = 0; i < proto.children_size(); ++i) {
+    MODELSTATE_ASSIGN_OR_RETURN(
+        ModuleSpec child,
+        SpecFromProto(proto.children(i).spec(),
+                      absl::StrCat(field, ".children[", i, "].spec")));
+    spec.children.push_back({proto.children(i).name(), std::move(child)});
+  }
+  for (int i = 0; i < proto.members_size(); ++i) {
+    const v1::Member& m = proto.members(i);
+    std::string where = absl::StrCat(field, ".members[", i, "]");
+    MemberSpec member;
+    switch (m.entry_case()) {
+      case v1::Member::kParameter:
+      case v1::Member::kBuffer: {
+        bool is_param = m.entry_case() == v1::Member::kParameter;
+        const v1::TensorMember& t = is_param ? m.parameter() : m.buffer();
+        std::string tf =
+            absl::StrCat(where, is_param ? ".parameter" : ".buffer");
+        member.kind = is_param ? EntryKind::kParameter : EntryKind::kBuffer;
+        member.name = t.name();
+        member.is_none = t.none();
+        member.requires_grad = t.has_requires_grad() ? t.requires_grad() : true;
+        member.persistent = t.has_persistent() ? t.persistent() : true;
+        v1::TensorSpec ts;
+        ts.set_dtype(t.dtype());
+        *ts.mutable_shape() = t.shape();
+        *ts.mutable_init() = t.init();
+        if (t.has_data()) *ts.mutable_data() = t.data();
+        if (!member.is_none) {
+          MODELSTATE_ASSIGN_OR_RETURN(member.tensor,
+                                      TensorSpecFromProto(ts, tf));
+        }
+        break;
+      }
+      case v1::Member::kModule:
+        member.kind = EntryKind::kModule;
+        member.name = m.module().name();
+        member.is_none = m.module().none();
+        if (!member.is_none) {
+          MODELSTATE_ASSIGN_OR_RETURN(
+              ModuleSpec child,
+              SpecFromProto(m.module().spec(),
+                            absl::StrCat(where, ".module.spec")));
+          member.module = std::make_shared<ModuleSpec>(std::move(child));
+        }
+        break;
+      case v1::Member::ENTRY_NOT_SET:
+        return FieldError(where, "needs one of parameter, buffer or module");
+    }
+    spec.members.push_back(std::move(member));
+  }
+  for (const v1::Tie& tie : proto.ties()) {
+    spec.ties.push_back({tie.target(), tie.source()});
+  }
+  return spec;
+}
+
+google::protobuf::Value AttrToValue(const AttrValue& value) {
+  google::protobuf::Value out;
+  struct Visitor {
+    google::protobuf::Value& out;
+    void operator()(std::monostate) { out.set_null_value({}); }
+    void operator()(bool b) { out.set_bool_value(b); }
+    void operator()(int64_t i) { out.set_number_value(static_cast<double>(i)); }
+    void operator()(double d) { out.set_number_value(d); }
+    void operator()(const std::string& s) { out.set_string_value(s); }
+    void operator()(const std::vector<int64_t>& v) {
+      for (int64_t i : v) {
+        out.mutable_list_value()->add_values()->set_number_value(
+            static_cast<double>(i));
+      }
+      if (v.empty()) out.mutable_list_value();
+    }
+    void operator()(const std::vector<double>& v) {
+      for (double d : v)
+        out.mutable_list_value()->add_values()->set_number_value(d);
+      if (v.empty()) out.mutable_list_value();
+    }
+    void operator()(const Tensor& t) { out.set_string_value(t.DebugString()); }
+  };
+  std::visit(Visitor{out}, value);
+  return out;
+}
+
+namespace {
+
+void DescribeModule(const Module& module, bool with_hashes,
+                    const std::string& path,
+                    absl::flat_hash_map<const Module*, std::string>& seen,
+                    v1::ModuleInfo* info) {
+  seen.emplace(&module, path);
+  info->set_type(module.type_name());
+  info->set_qualified_type(module.qualified_name());
+  info->set_training(module.is_training());
+  info->set_version(module.version());
+  for (const auto& item : module.attributes()) {
+    (*info->mutable_attributes())[item.key] = AttrToValue(item.value);
+  }
+  for (const auto& item : module.parameters()) {
+    v1::EntryInfo* e = info->add_parameters();
+    e->set_name(item.key);
+    if (item.value.defined()) {
+      TensorInfoToProto(item.value, true, with_hashes, e->mutable_tensor());
+    } else {
+      e->set_is_none(true);
+    }
+  }
+  for (const auto& item : module.buffers()) {
+    v1::EntryInfo* e = info->add_buffers();
+    e->set_name(item.key);
+    if (item.value.defined()) {
+      TensorInfoToProto(item.value, module.IsPersistentBuffer(item.key),
+                        with_hashes, e->mutable_tensor());
+    } else {
+      e->set_is_none(true);
+    }
+  }
+  for (const auto& item : module.children()) {
+    v1::ChildInfo* c = info->add_children();
+    c->set_name(item.key);
+    if (item.value == nullptr) {
+      c->set_is_none(true);
+      continue;
+    }
+    auto it = seen.find(item.value.get());
+    if (it != seen.end()) {
+      c->set_same_as(it->second);
+      continue;
+    }
+    std::string child_path = path.empty() ? item.key : path + "." + item.key;
+    DescribeModule(*item.value, with_hashes, child_path, seen,
+                   c->mutable_module());
+  }
+}
+
+}  // namespace
+
+void ModuleInfoToProto(const Module& module, bool with_hashes,
+                       v1::ModuleInfo* info) {
+  absl::flat_hash_map<const Module*, std::string> seen;
+  DescribeModule(module, with_hashes, "", seen, info);
+}
+
+void ReportToProto(const RegistrationResult& result,
+                   v1::RegistrationReport* report) {
+  const RegistrationRecord& r = result.record;
+  report->set_path(r.event.path);
+  report->set_module_type(r.owner != nullptr ? r.owner->type_name() : "");
+  report->set_kind(EntryKindToProto(r.event.kind));
+  report->set_action(r.event.action == RegistrationAction::kRegister
+                         ? v1::REGISTRATION_ACTION_REGISTER
+                         : v1::REGISTRATION_ACTION_UNREGISTER);
+  report->set_name(r.event.name);
+  switch (result.final.kind) {
+    case HookResult::Kind::kKeep:
+      report->set_outcome(v1::OUTCOME_KEEP);
+      break;
+    case HookResult::Kind::kReplace:
+      report->set_outcome(v1::OUTCOME_REPLACE);
+      break;
+    case HookResult::Kind::kBlock:
+      report->set_outcome(v1::OUTCOME_BLOCK);
+      break;
+  }
+  report->set_reason(result.final.reason);
+  if (!result.final.blocked() && result.final.value.tensor.defined()) {
+    TensorInfoToProto(result.final.value.tensor, result.final.value.persistent,
+                      false, report->mutable_value());
+  }
+}
+
+LoadOptions LoadOptionsFromProto(const v1::LoadOptions& proto) {
+  LoadOptions options;
+  options.strict = proto.has_strict() ? proto.strict() : true;
+  options.atomic = proto.has_atomic() ? proto.atomic() : true;
+  options.assign = proto.assign();
+  return options;
+}
+
+void LoadResultToProto(const LoadResult& result,
+                       v1::LoadStateDictResponse* response) {
+  for (const std::string& k : result.keys.missing_keys)
+    response->add_missing_keys(k);
+  for (const std::string& k : result.keys.unexpected_keys) {
+    response->add_unexpected_keys(k);
+  }
+  response->set_repr(result.keys.ToString());
+}
+
+absl::StatusOr<SubscriptionSpec> SubscriptionFromProto(
+    const v1::Subscription& proto) {
+  SubscriptionSpec spec;
+  spec.name = proto.name();
+  switch (proto.mode()) {
+    case v1::Subscription::MODE_UNSPECIFIED:
+    case v1::Subscription::MODE_INTERCEPT:
+      spec.mode = SubscriberMode::kIntercept;
+      break;
+    case v1::Subscription::MODE_OBSERVE:
+      spec.mode = SubscriberMode::kObserve;
+      break;
+    case v1::Subscription::MODE_DRY_RUN:
+      spec.mode = SubscriberMode::kDryRun;
+      break;
+    default:
+      return FieldError("subscription.mode",
+                        absl::StrCat("unknown mode ", proto.mode()));
+  }
+  for (int k : proto.kinds()) {
+    if (k < v1::ENTRY_KIND_PARAMETER || k > v1::ENTRY_KIND_MODULE) {
+      return FieldError("subscription.kinds", absl::StrCat("unknown kind ", k));
+    }
+    spec.filter.kinds.push_back(static_cast<EntryKind>(k - 1));
+  }
+  for (int a : proto.actions()) {
+    if (a < v1::REGISTRATION_ACTION_REGISTER ||
+        a > v1::REGISTRATION_ACTION_UNREGISTER) {
+      return FieldError("subscription.actions",
+                        absl::StrCat("unknown action ", a));
+    }
+    spec.filter.actions.push_back(static_cast<RegistrationAction>(a - 1));
+  }
+  spec.filter.namespaces.assign(proto.namespaces().begin(),
+                                proto.namespaces().end());
+  spec.filter.module_type_glob = proto.module_type_glob();
+  spec.filter.name_glob = proto.name_glob();
+  spec.priority = proto.priority();
+  spec.timeout =
+      absl::Milliseconds(proto.timeout_ms() == 0 ? 10000 : proto.timeout_ms());
+  spec.failure_policy = proto.failure_policy() == v1::Subscription::FAIL_OPEN
+                            ? FailurePolicy::kFailOpen
+                            : FailurePolicy::kFailClosed;
+  spec.include_data = proto.include_data();
+  spec.max_data_bytes =
+      proto.max_data_bytes() == 0 ? (1 << 20) : proto.max_data_bytes();
+  return spec;
+}
+
+void SubscriptionToProto(const SubscriptionSpec& spec,
+                         v1::Subscription* proto) {
+  proto->set_name(spec.name);
+  proto->set_mode(
+      spec.mode == SubscriberMode::kIntercept ? v1::Subscription::MODE_INTERCEPT
+      : spec.mode == SubscriberMode::kObserve ? v1::Subscription::MODE_OBSERVE
+                                              : v1::Subscription::MODE_DRY_RUN);
+  for (EntryKind k : spec.filter.kinds) proto->add_kinds(EntryKindToProto(k));
+  for (RegistrationAction a : spec.filter.actions) {
+    proto->add_actions(a == RegistrationAction::kRegister
+                           ? v1::REGISTRATION_ACTION_REGISTER
+                           : v1::REGISTRATION_ACTION_UNREGISTER);
+  }
+  for (const std::string& ns : spec.filter.namespaces)
+    proto->add_namespaces(ns);
+  proto->set_module_type_glob(spec.filter.module_type_glob);
+  proto->set_name_glob(spec.filter.name_glob);
+  proto->set_priority(spec.priority);
+  proto->set_timeout_ms(
+      static_cast<uint32_t>(absl::ToInt64Milliseconds(spec.timeout)));
+  proto->set_failure_policy(spec.failure_policy == FailurePolicy::kFailOpen
+                                ? v1::Subscription::FAIL_OPEN
+                                : v1::Subscription::FAIL_CLOSED);
+  proto->set_include_data(spec.include_data);
+  proto->set_max_data_bytes(spec.max_data_bytes);
+}
+
+absl::Status EventToProto(const HookEvent& event, v1::HookEventProto* proto) {
+  proto->set_event_id(event.event_id);
+  proto->set_correlation_id(event.correlation_id);
+  proto->set_identity(event.identity);
+  proto->set_namespace_(event.ns);
+  proto->set_module(event.module);
+  proto->set_path(event.path);
+  proto->set_module_type(event.module_type);
+  proto->set_kind(EntryKindToProto(event.kind));
+  proto->set_action(event.action == RegistrationAction::kRegister
+                        ? v1::REGISTRATION_ACTION_REGISTER
+                        : v1::REGISTRATION_ACTION_UNREGISTER);
+  proto->set_name(event.name);
+  if (event.value.tensor.defined()) {
+    TensorInfoToProto(event.value.tensor, event.value.persistent, false,
+                      proto->mutable_value());
+    proto->mutable_value()->set_sha256(event.value_sha256);
+    if (event.data_included) {
+      MODELSTATE_RETURN_IF_ERROR(
+          TensorToProto(event.value.tensor, proto->mutable_data()));
+    }
+  } else if (event.value.module != nullptr) {
+    proto->set_value_module_type(event.value.module->type_name());
+  }
+  for (const ChainStep& step : event.chain) {
+    v1::ChainStepProto* c = proto->add_chain();
+    c->set_subscriber(step.subscriber);
+    c->set_verdict(step.verdict);
+    c->set_reason(step.reason);
+  }
+  if (event.is_outcome) {
+    proto->set_is_outcome(true);
+    proto->set_outcome(
+        event.outcome == HookResult::Kind::kKeep      ? v1::OUTCOME_KEEP
+        : event.outcome == HookResult::Kind::kReplace ? v1::OUTCOME_REPLACE
+                                                      : v1::OUTCOME_BLOCK);
+    proto->set_outcome_reason(event.outcome_reason);
+  }
+  return absl::OkStatus();
+}
+
+SubscriberAnswer AnswerFromProto(v1::HookAnswer* proto,
+                                 uint64_t max_tensor_bytes) {
+  SubscriberAnswer answer;
+  answer.event_id = proto->event_id();
+  answer.reason = proto->reason();
+  switch (proto->verdict()) {
+    case v1::HookAnswer::APPROVE:
+      answer.verdict = Verdict::kApprove;
+      break;
+    case v1::HookAnswer::MODIFY:
+      answer.verdict = Verdict::kModify;
+      break;
+    case v1::HookAnswer::REJECT:
+      answer.verdict = Verdict::kReject;
+      break;
+    default:
+      answer.invalid = absl::StrCat("answer.verdict: ", proto->verdict(),
+                                    " is not APPROVE, MODIFY or REJECT");
+      return answer;
+  }
+  if (proto->has_replacement()) {
+    absl::StatusOr<Tensor> t = TensorFromProto(
+        proto->mutable_replacement(), "answer.replacement", max_tensor_bytes);
+    if (!t.ok()) {
+      answer.invalid = std::string(t.status().message());
+      return answer;
+    }
+    answer.replacement = *std::move(t);
+    if (proto->replacement().has_requires_grad()) {
+      answer.replacement_requires_grad = proto->replacement().requires_grad();
+    }
+  } else if (proto->has_transform()) {
+    const v1::TransformProto& tp = proto->transform();
+    Transform t;
+    if (tp.cast() != v1::DTYPE_UNSPECIFIED) {
+      absl::StatusOr<DType> d =
+          DTypeFromProto(tp.cast(), "answer.transform.cast");
+      if (!d.ok()) {
+        answer.invalid = std::string(d.status().message());
+        return answer;
+      }
+      t.cast = *d;
+    }
+    if (!tp.device().empty()) {
+      absl::StatusOr<Device> d = ParseDeviceField(
+          tp.device(), "answer.transform.device", std::nullopt);
+      if (!d.ok()) {
+        answer.invalid = std::string(d.status().message());
+        return answer;
+      }
+      t.device = *d;
+    }
+    if (tp.has_requires_grad()) t.requires_grad = tp.requires_grad();
+    if (tp.has_persistent()) t.persistent = tp.persistent();
+    if (tp.has_reinit()) {
+      absl::StatusOr<InitSpec> init =
+          InitFromProto(tp.reinit(), "answer.transform.reinit");
+      if (!init.ok()) {
+        answer.invalid = std::string(init.status().message());
+        return answer;
+      }
+      t.reinit = *init;
+    }
+    answer.transform = t;
+  }
+  return answer;
+}
+
+void AuditRecordToProto(const AuditRecord& record,
+                        v1::AuditRecordProto* proto) {
+  proto->set_seq(record.seq);
+  proto->set_time(absl::FormatTime("%Y-%m-%d%ET%H:%M:%E9SZ", record.time,
+                                   absl::UTCTimeZone()));
+  proto->set_identity(record.identity);
+  proto->set_correlation_id(record.correlation_id);
+  proto->set_type(record.type);
+  proto->set_namespace_(record.ns);
+  proto->set_module(record.module);
+  proto->set_outcome(record.outcome);
+  proto->set_details_json(record.details_json);
+  proto->set_prev(record.prev);
+  proto->set_hash(record.hash);
+}
+
+AuditRecord AuditRecordFromProto(const v1::AuditRecordProto& proto) {
+  AuditRecord r;
+  r.seq = proto.seq();
+  std::string err;
+  absl::ParseTime("%Y-%m-%d%ET%H:%M:%E*SZ", proto.time(), absl::UTCTimeZone(),
+                  &r.time, &err);
+  r.identity = proto.identity();
+  r.correlation_id = proto.correlation_id();
+  r.type = proto.type();
+  r.ns = proto.namespace_();
+  r.module = proto.module();
+  r.outcome = proto.outcome();
+  r.details_json = proto.details_json();
+  r.prev = proto.prev();
+  r.hash = proto.hash();
+  return r;
+}
+
+absl::StatusOr<AuditQuery> AuditQueryFromProto(const v1::AuditFilter& filter,
+                                               uint64_t after_seq,
+                                               int32_t limit) {
+  AuditQuery q;
+  auto parse_time =
+      [](const std::string& text,
+         absl::string_view field) -> absl::StatusOr<std::optional<absl::Time>> {
+    if (text.empty()) return std::optional<absl::Time>();
+    absl::Time t;
+    std::string err;
+    if (!absl::ParseTime(absl::RFC3339_full, text, &t, &err)) {
+      return FieldError(
+          field, absl::StrCat("'", text, "' is not an RFC 3339 time: ", err));
+    }
+    return std::optional<absl::Time>(t);
+  };
+  MODELSTATE_ASSIGN_OR_RETURN(q.since,
+                              parse_time(filter.since(), "filter.since"));
+  MODELSTATE_ASSIGN_OR_RETURN(q.until,
+                              parse_time(filter.until(), "filter.until"));
+  q.ns = filter.namespace_();
+  q.module = filter.module();
+  q.identity = filter.identity();
+  q.outcome = filter.outcome();
+  q.type = filter.type();
+  q.after_seq = after_seq;
+  if (limit < 0) return FieldError("limit", "must not be negative");
+  q.limit = limit == 0 ? 100 : std::min(limit, 10000);
+  return q;
+}
+
+}  // namespace modelstate::convert

@@ -1,0 +1,76 @@
+// File: service_convert.h
+// The server's conversions between the wire format and the service and
+// layer-library types: module names, specs, module descriptions,
+// registration reports, load options and results, subscriptions, hook
+// events and answers, audit records and queries. Like proto/convert.h,
+// every parser names the offending field in its INVALID_ARGUMENT message
+// ("spec.children[1].args[0]: ...").
+//
+// Example:
+//   MODELSTATE_ASSIGN_OR_RETURN(ModuleSpec spec,
+//                               convert::SpecFromProto(request.spec()));
+//   convert::ModuleInfoToProto(*root, /*with_hashes=*/false,
+//                              response.mutable_info());
+#ifndef MODELSTATE_PROTO_SERVICE_CONVERT_H_
+#define MODELSTATE_PROTO_SERVICE_CONVERT_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/module.h"
+#include "google/protobuf/struct.pb.h"
+#include "modelstate/v1/model_state_service.pb.h"
+#include "modelstate/v1/module.pb.h"
+#include "nn/module_spec.h"
+#include "proto/convert.h"
+#include "service/audit_log.h"
+#include "service/model_store.h"
+#include "service/subscriber_hub.h"
+
+namespace modelstate::convert {
+
+absl::StatusOr<ModuleName> ParseModuleField(absl::string_view text);
+
+absl::StatusOr<ModuleSpec> SpecFromProto(const v1::ModuleSpec& proto,
+                                         absl::string_view field = "spec");
+absl::StatusOr<TensorSpec> TensorSpecFromProto(const v1::TensorSpec& proto,
+                                               absl::string_view field);
+absl::StatusOr<InitSpec> InitFromProto(const v1::InitSpec& proto,
+                                       absl::string_view field);
+absl::StatusOr<SpecValue> SpecValueFromProto(
+    const google::protobuf::Value& value, absl::string_view field);
+
+// The module tree; a child that is the same object as one described earlier
+// is marked same_as (its path) instead of described again.
+void ModuleInfoToProto(const Module& module, bool with_hashes,
+                       v1::ModuleInfo* info);
+google::protobuf::Value AttrToValue(const AttrValue& value);
+
+void ReportToProto(const RegistrationResult& result,
+                   v1::RegistrationReport* report);
+
+LoadOptions LoadOptionsFromProto(const v1::LoadOptions& proto);
+void LoadResultToProto(const LoadResult& result,
+                       v1::LoadStateDictResponse* response);
+
+// Subscriptions. INVALID_ARGUMENT naming the field.
+absl::StatusOr<SubscriptionSpec> SubscriptionFromProto(
+    const v1::Subscription& proto);
+void SubscriptionToProto(const SubscriptionSpec& spec, v1::Subscription* proto);
+// `data_included` events carry the tensor's values.
+absl::Status EventToProto(const HookEvent& event, v1::HookEventProto* proto);
+// Never fails: a malformed answer comes back with `invalid` set.
+SubscriberAnswer AnswerFromProto(v1::HookAnswer* proto,
+                                 uint64_t max_tensor_bytes);
+
+void AuditRecordToProto(const AuditRecord& record, v1::AuditRecordProto* proto);
+AuditRecord AuditRecordFromProto(const v1::AuditRecordProto& proto);
+absl::StatusOr<AuditQuery> AuditQueryFromProto(const v1::AuditFilter& filter,
+                                               uint64_t after_seq,
+                                               int32_t limit);
+
+}  // namespace modelstate::convert
+
+#endif  // MODELSTATE_PROTO_SERVICE_CONVERT_H_

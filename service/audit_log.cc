@@ -1,0 +1,842 @@
+#include "service/audit_log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/memory/memory.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "base/sha256.h"
+#include "base/status_macros.h"
+#include "nlohmann/json.hpp"
+
+// What is stored and what is hashed
+// ---------------------------------
+// Each record is one line: the JSON object written by SerializeUnhashed()
+// below (keys in the fixed order seq, time, identity, correlation_id, type,
+// namespace, module, outcome, details, prev), then ',"hash":"<64 hex>"}' and
+// '\n'. The hash is the lowercase hex SHA-256 of exactly the line's bytes
+// with the ',"hash":"<64 hex>"' part removed, i.e. of
+//   {"seq":..., ..., "prev":"<64 hex>"}
+// Because the serialization is canonical (fixed key order, no whitespace,
+// one escaping of each string, `details` re-dumped compactly with sorted
+// keys), a record has exactly one valid line, and Verify() checks both that
+// the hash matches the stored bytes and that the bytes are that one line:
+// any byte change in a stored line is detected.
+//
+// Memory: every record of the file is kept parsed in memory (`records`,
+// indexed by seq - 1), which makes Query and WaitForRecords simple scans
+// under a reader lock. At this project's scale (thousands to a few million
+// small records) that costs less than re-reading and re-parsing the file on
+// every query would.
+
+namespace modelstate {
+namespace {
+
+// Formats with exactly nine fractional digits, so every time has one text.
+constexpr absl::string_view kTimeFormat = "%Y-%m-%d%ET%H:%M:%E9SZ";
+// Accepts any number of fractional digits; the canonical-form check in
+// CheckLine() rejects anything but nine.
+constexpr absl::string_view kTimeParseFormat = "%Y-%m-%d%ET%H:%M:%E*SZ";
+// ',"hash":"' + 64 hex digits + '"}'
+constexpr size_t kHashSuffixSize = 9 + 64 + 2;
+constexpr size_t kDefaultLimit = 100;
+constexpr size_t kMaxLimit = 10000;
+// Deeper `details` are rejected: nlohmann's dump() recurses once per level,
+// and an audit record has no use for deep nesting.
+constexpr int kMaxDetailsDepth = 64;
+
+const std::string& GenesisHash() {
+  static const std::string* const kZeros = new std::string(64, '0');
+  return *kZeros;
+}
+
+size_t EffectiveLimit(size_t limit) {
+  if (limit == 0) return kDefaultLimit;
+  return std::min(limit, kMaxLimit);
+}
+
+std::string FormatRecordTime(absl::Time t) {
+  return absl::FormatTime(kTimeFormat, t, absl::UTCTimeZone());
+}
+
+bool IsLowerHex64(absl::string_view s) {
+  if (s.size() != 64) return false;
+  for (char c : s) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+// The length of the well-formed UTF-8 sequence (RFC 3629: no overlongs, no
+// surrogates, nothing above U+10FFFF) starting at s[i], or 0 if there is
+// none. These are the same rules nlohmann's parser applies, so everything
+// Serialize() writes parses again.
+size_t Utf8SequenceLength(absl::string_view s, size_t i) {
+  auto byte = [&](size_t k) -> unsigned {
+    // 0x100 lies outside every range below, so a short sequence fails.
+    return k < s.size() ? static_cast<unsigned char>(s[k]) : 0x100u;
+  };
+  auto in = [](unsigned b, unsigned lo, unsigned hi) {
+    return b >= lo && b <= hi;
+  };
+  const unsigned b0 = byte(i);
+  if (b0 < 0x80) return 1;
+  if (in(b0, 0xC2, 0xDF)) return in(byte(i + 1), 0x80, 0xBF) ? 2 : 0;
+  if (in(b0, 0xE0, 0xEF)) {
+    const unsigned lo = b0 == 0xE0 ? 0xA0 : 0x80;  // no overlongs
+    const unsigned hi = b0 == 0xED ? 0x9F : 0xBF;  // no surrogates
+    return in(byte(i + 1), lo, hi) && in(byte(i + 2), 0x80, 0xBF) ? 3 : 0;
+  }
+  if (in(b0, 0xF0, 0xF4)) {
+    const unsigned lo = b0 == 0xF0 ? 0x90 : 0x80;  // no overlongs
+    const unsigned hi = b0 == 0xF4 ? 0x8F : 0xBF;  // <= U+10FFFF
+    return in(byte(i + 1), lo, hi) && in(byte(i + 2), 0x80, 0xBF) &&
+                   in(byte(i + 3), 0x80, 0xBF)
+               ? 4
+               : 0;
+  }
+  return 0;
+}
+
+// Appends `s` as a JSON string literal. Quotes and backslashes are escaped,
+// \n \r \t get their short escapes, every other control character becomes
+// \u00xx (lowercase hex), valid UTF-8 passes through, and each byte that is
+// not part of valid UTF-8 becomes U+FFFD: the text has to be valid JSON, and
+// an audit record is better kept with a replaced byte than refused.
+void AppendJsonString(absl::string_view s, std::string* out) {
+  out->push_back('"');
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x80) {
+      const size_t n = Utf8SequenceLength(s, i);
+      if (n == 0) {
+        out->append("\xEF\xBF\xBD");
+        ++i;
+      } else {
+        out->append(s.data() + i, n);
+        i += n;
+      }
+      continue;
+    }
+    switch (c) {
+      case '"':
+        out->append("\\\"");
+        break;
+      case '\\':
+        out->append("\\\\");
+        break;
+      case '\n':
+        out->append("\\n");
+        break;
+      case '\r':
+        out->append("\\r");
+        break;
+      case '\t':
+        out->append("\\t");
+        break;
+      default:
+        if (c < 0x20) {
+          absl::StrAppendFormat(out, "\\u%04x", c);
+        } else {
+          out->push_back(static_cast<char>(c));
+        }
+    }
+    ++i;
+  }
+  out->push_back('"');
+}
+
+// True if brackets nest deeper than `limit` (strings are skipped). Checked
+// before parsing so that no input can make nlohmann recurse deeply.
+bool NestsDeeperThan(absl::string_view text, int limit) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      if (++depth > limit) return true;
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  return false;
+}
+
+// Parses without exceptions; a discarded value means "not JSON".
+nlohmann::json ParseJson(absl::string_view text, int max_depth) {
+  if (NestsDeeperThan(text, max_depth)) {
+    return nlohmann::json(nlohmann::json::value_t::discarded);
+  }
+  return nlohmann::json::parse(text.begin(), text.end(), nullptr,
+                               /*allow_exceptions=*/false);
+}
+
+// The compact dump: no whitespace, object keys sorted (nlohmann's object is
+// a std::map), so equivalent inputs give the same bytes.
+std::string DumpCompact(const nlohmann::json& j) {
+  return j.dump(-1, ' ', /*ensure_ascii=*/false,
+                nlohmann::json::error_handler_t::replace);
+}
+
+absl::StatusOr<std::string> CanonicalDetails(absl::string_view text) {
+  // The details are one level below the record.
+  nlohmann::json j = ParseJson(text, kMaxDetailsDepth);
+  if (j.is_discarded()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("details_json is not valid JSON (or nests deeper than ",
+                     kMaxDetailsDepth, " levels)"));
+  }
+  if (!j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "details_json must be a JSON object, not ", j.type_name()));
+  }
+  return DumpCompact(j);
+}
+
+// The record's line up to and including "prev", without the closing brace;
+// `details` must already be canonical.
+std::string SerializeUnhashed(const AuditRecord& r, absl::string_view details) {
+  std::string out;
+  out.reserve(200 + r.identity.size() + r.correlation_id.size() +
+              r.type.size() + r.ns.size() + r.module.size() + r.outcome.size() +
+              details.size() + r.prev.size());
+  absl::StrAppend(&out, "{\"seq\":", r.seq, ",\"time\":\"",
+                  FormatRecordTime(r.time), "\",\"identity\":");
+  AppendJsonString(r.identity, &out);
+  out.append(",\"correlation_id\":");
+  AppendJsonString(r.correlation_id, &out);
+  out.append(",\"type\":");
+  AppendJsonString(r.type, &out);
+  out.append(",\"namespace\":");
+  AppendJsonString(r.ns, &out);
+  out.append(",\"module\":");
+  AppendJsonString(r.module, &out);
+  out.append(",\"outcome\":");
+  AppendJsonString(r.outcome, &out);
+  out.append(",\"details\":");
+  out.append(details.data(), details.size());
+  out.append(",\"prev\":");
+  AppendJsonString(r.prev, &out);
+  return out;
+}
+
+// SHA-256 of the record without its hash field: `unhashed` closed by '}'.
+std::string HashUnhashed(absl::string_view unhashed) {
+  Sha256 h;
+  h.Update(unhashed);
+  h.Update("}");
+  return h.FinishHex();
+}
+
+void AppendHashField(absl::string_view hash, std::string* line) {
+  line->append(",\"hash\":");
+  AppendJsonString(hash, line);
+  line->push_back('}');
+}
+
+constexpr const char* kRecordKeys[] = {
+    "seq",    "time",    "identity", "correlation_id", "type", "namespace",
+    "module", "outcome", "details",  "prev",           "hash"};
+
+absl::StatusOr<AuditRecord> RecordFromJson(const nlohmann::json& j) {
+  if (!j.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a JSON object but ", j.type_name()));
+  }
+  for (const auto& item : j.items()) {
+    if (std::find(std::begin(kRecordKeys), std::end(kRecordKeys), item.key()) ==
+        std::end(kRecordKeys)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected key \"", item.key(), "\""));
+    }
+  }
+  for (const char* key : kRecordKeys) {
+    if (!j.contains(key)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("missing key \"", key, "\""));
+    }
+  }
+  AuditRecord r;
+  const nlohmann::json& seq = j["seq"];
+  if (!seq.is_number_unsigned()) {
+    return absl::InvalidArgumentError("seq is not an unsigned integer");
+  }
+  r.seq = seq.get<uint64_t>();
+  struct StringField {
+    const char* key;
+    std::string* target;
+  };
+  std::string time_text;
+  for (const StringField& f :
+       {StringField{"time", &time_text}, StringField{"identity", &r.identity},
+        StringField{"correlation_id", &r.correlation_id},
+        StringField{"type", &r.type}, StringField{"namespace", &r.ns},
+        StringField{"module", &r.module}, StringField{"outcome", &r.outcome},
+        StringField{"prev", &r.prev}, StringField{"hash", &r.hash}}) {
+    const nlohmann::json& v = j[f.key];
+    if (!v.is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(f.key, " is not a string"));
+    }
+    *f.target = v.get<std::string>();
+  }
+  std::string error;
+  if (!absl::ParseTime(kTimeParseFormat, time_text, absl::UTCTimeZone(),
+                       &r.time, &error)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("time \"", time_text, "\" is not RFC 3339 UTC: ", error));
+  }
+  const nlohmann::json& details = j["details"];
+  if (!details.is_object()) {
+    return absl::InvalidArgumentError("details is not a JSON object");
+  }
+  r.details_json = DumpCompact(details);
+  if (!IsLowerHex64(r.prev)) {
+    return absl::InvalidArgumentError("prev is not 64 lowercase hex digits");
+  }
+  if (!IsLowerHex64(r.hash)) {
+    return absl::InvalidArgumentError("hash is not 64 lowercase hex digits");
+  }
+  return r;
+}
+
+// Where the chain stands after the records read so far.
+struct ChainEnd {
+  uint64_t seq = 0;
+  std::string hash = GenesisHash();
+  absl::Time time = absl::UnixEpoch();
+};
+
+struct LineProblem {
+  std::string text;  // empty: the line is a valid next record
+  uint64_t seq = 0;  // the seq written in the line, if it has one
+  bool not_json = false;
+};
+
+// Checks that `line` is the record that validly follows `end`, in this
+// order: it is a record, its seq is the next one, its prev is the previous
+// hash, its hash matches its bytes, and its bytes are the canonical line.
+LineProblem CheckLine(absl::string_view line, const ChainEnd& end,
+                      AuditRecord* record) {
+  LineProblem p;
+  // Records nest one level more than their details.
+  nlohmann::json j = ParseJson(line, kMaxDetailsDepth + 1);
+  if (j.is_discarded()) {
+    p.not_json = true;
+    p.text = line.empty() ? "line is not a valid record: empty line"
+                          : "line is not a valid record: not valid JSON";
+    return p;
+  }
+  if (j.is_object() && j.contains("seq") && j["seq"].is_number_unsigned()) {
+    p.seq = j["seq"].get<uint64_t>();
+  }
+  absl::StatusOr<AuditRecord> parsed = RecordFromJson(j);
+  if (!parsed.ok()) {
+    p.text =
+        absl::StrCat("line is not a valid record: ", parsed.status().message());
+    return p;
+  }
+  AuditRecord& r = *parsed;
+  if (r.seq != end.seq + 1) {
+    if (end.seq == 0) {
+      p.text = absl::StrCat("the first record has seq ", r.seq,
+                            ", not 1: records are missing at the start");
+    } else if (r.seq > end.seq + 1) {
+      p.text = absl::StrCat("seq ", r.seq, " follows ", end.seq,
+                            ": a record is missing (or out of order)");
+    } else {
+      p.text = absl::StrCat("seq ", r.seq, " follows ", end.seq,
+                            ": a record is duplicated or out of order");
+    }
+    return p;
+  }
+  if (r.prev != end.hash) {
+    p.text =
+        end.seq == 0
+            ? std::string("prev of the first record is not 64 zeros")
+            : absl::StrCat("prev does not match the hash of record ", end.seq);
+    return p;
+  }
+  const std::string suffix = absl::StrCat(",\"hash\":\"", r.hash, "\"}");
+  if (line.size() < kHashSuffixSize ||
+      line.substr(line.size() - kHashSuffixSize) != suffix) {
+    p.text = "record is not in canonical form: it does not end with its hash";
+    return p;
+  }
+  if (HashUnhashed(line.substr(0, line.size() - kHashSuffixSize)) != r.hash) {
+    p.text = "hash mismatch: record was modified";
+    return p;
+  }
+  // r.details_json is already the compact dump, so no need to parse it
+  // again as Serialize() would.
+  std::string canonical = SerializeUnhashed(r, r.details_json);
+  AppendHashField(r.hash, &canonical);
+  if (canonical != line) {
+    p.text =
+        "record is not in canonical form: its bytes were rewritten (and "
+        "rehashed)";
+    return p;
+  }
+  *record = std::move(r);
+  return p;
+}
+
+struct ChainWalk {
+  AuditVerification verification;
+  ChainEnd end;
+  // Bytes of the file taken up by valid records (with their newlines).
+  size_t valid_bytes = 0;
+  // The break is a final line without '\n' that is not even JSON: a write
+  // cut short by a crash.
+  bool torn_tail = false;
+  // The file ends in a valid record that lacks its '\n'.
+  bool unterminated = false;
+};
+
+// Reads `content` line by line until the end or the first break. Valid
+// records are appended to `records` when it is non-null.
+ChainWalk WalkChain(absl::string_view content,
+                    std::vector<AuditRecord>* records) {
+  ChainWalk w;
+  size_t pos = 0;
+  uint64_t line_number = 0;
+  while (pos < content.size()) {
+    ++line_number;
+    const size_t newline = content.find('\n', pos);
+    const bool terminated = newline != absl::string_view::npos;
+    const size_t line_end = terminated ? newline : content.size();
+    absl::string_view line = content.substr(pos, line_end - pos);
+    AuditRecord record;
+    LineProblem problem = CheckLine(line, w.end, &record);
+    if (!problem.text.empty()) {
+      w.verification.ok = false;
+      w.verification.broken_seq = problem.seq;
+      w.verification.broken_line = line_number;
+      w.verification.problem = std::move(problem.text);
+      w.torn_tail = !terminated && problem.not_json;
+      return w;
+    }
+    w.end.seq = record.seq;
+    w.end.hash = record.hash;
+    w.end.time = record.time;
+    ++w.verification.records;
+    if (records != nullptr) records->push_back(std::move(record));
+    pos = terminated ? newline + 1 : line_end;
+    w.valid_bytes = pos;
+    w.unterminated = !terminated;
+  }
+  return w;
+}
+
+absl::Status ErrnoError(int error, absl::string_view what,
+                        absl::string_view path) {
+  return absl::ErrnoToStatus(error, absl::StrCat(what, " ", path));
+}
+
+absl::Status WriteAll(int fd, absl::string_view data, size_t* written) {
+  *written = 0;
+  while (*written < data.size()) {
+    const ssize_t n =
+        ::write(fd, data.data() + *written, data.size() - *written);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::ErrnoToStatus(errno, "write");
+    }
+    if (n == 0) return absl::DataLossError("write wrote nothing");
+    *written += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadAll(int fd, const std::string& path, std::string* out) {
+  out->clear();
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError(errno, "cannot read audit log", path);
+    }
+    if (n == 0) return absl::OkStatus();
+    out->append(buffer, static_cast<size_t>(n));
+  }
+}
+
+int FdataSyncRetrying(int fd) {
+  int rc;
+  do {
+    rc = ::fdatasync(fd);
+  } while (rc != 0 && errno == EINTR);
+  return rc;
+}
+
+// Makes a newly created file's directory entry durable.
+absl::Status SyncParentDirectory(const std::string& path) {
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(errno, "cannot open directory", dir.string());
+  int rc;
+  do {
+    rc = ::fsync(fd);
+  } while (rc != 0 && errno == EINTR);
+  const int error = errno;
+  ::close(fd);
+  if (rc != 0) return ErrnoError(error, "cannot fsync directory", dir.string());
+  return absl::OkStatus();
+}
+
+// Opens `path` for appending, creating it if it does not exist; *created
+// says which happened (only a created file needs its directory synced).
+absl::StatusOr<int> OpenOrCreate(const std::string& path, bool* created) {
+  constexpr int kFlags = O_RDWR | O_APPEND | O_CLOEXEC;
+  // A bounded loop: another process may create (or delete) the file between
+  // the two open calls.
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    int fd = ::open(path.c_str(), kFlags);
+    if (fd >= 0) {
+      *created = false;
+      return fd;
+    }
+    if (errno == EINTR) continue;
+    if (errno != ENOENT)
+      return ErrnoError(errno, "cannot open audit log", path);
+    fd = ::open(path.c_str(), kFlags | O_CREAT | O_EXCL, 0640);
+    if (fd >= 0) {
+      *created = true;
+      return fd;
+    }
+    if (errno != EEXIST && errno != EINTR) {
+      return ErrnoError(errno, "cannot create audit log", path);
+    }
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "cannot open audit log ", path, ": it keeps appearing and disappearing"));
+}
+
+bool Matches(const AuditRecord& r, const AuditQuery& q) {
+  if (q.since.has_value() && r.time < *q.since) return false;
+  if (q.until.has_value() && r.time >= *q.until) return false;
+  if (!q.ns.empty() && r.ns != q.ns) return false;
+  if (!q.module.empty() && r.module != q.module) return false;
+  if (!q.identity.empty() && r.identity != q.identity) return false;
+  if (!q.outcome.empty() && r.outcome != q.outcome) return false;
+  if (!q.type.empty() && r.type != q.type) return false;
+  return true;
+}
+
+}  // namespace
+
+struct AuditLog::State {
+  State(std::string p, int f) : path(std::move(p)), fd(f) {}
+  ~State() { ::close(fd); }
+
+  const std::string path;
+  const int fd;  // O_APPEND; flock()ed so that no second writer forks the chain
+
+  // Guards the chain: appends (the write() included, so file order is seq
+  // order) and the in-memory records.
+  mutable Mutex mu;
+  CondVar appended;  // signalled after each append, for WaitForRecords
+  std::vector<AuditRecord> records ABSL_GUARDED_BY(mu);  // [i].seq == i + 1
+  std::string last_hash ABSL_GUARDED_BY(mu);
+  absl::Time last_time ABSL_GUARDED_BY(mu);
+  uint64_t file_size ABSL_GUARDED_BY(mu) = 0;
+  // Sticky: set by the first failed write. A record that could not be
+  // written means a change went unrecorded; refusing every later append
+  // (and so every change, see health()) beats carrying on unaudited.
+  absl::Status write_error ABSL_GUARDED_BY(mu);
+
+  // Group commit. Separate from `mu` so that appends go on while one thread
+  // is in fdatasync; never held together with `mu`.
+  Mutex sync_mu;
+  CondVar sync_done;
+  uint64_t synced_seq ABSL_GUARDED_BY(sync_mu) = 0;
+  bool sync_in_progress ABSL_GUARDED_BY(sync_mu) = false;
+  // Sticky: after a failed fdatasync the kernel may have dropped the dirty
+  // pages, so a later "successful" one would prove nothing.
+  absl::Status sync_error ABSL_GUARDED_BY(sync_mu);
+};
+
+AuditLog::~AuditLog() = default;
+
+absl::StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(
+    const std::string& path) {
+  bool created = false;
+  MODELSTATE_ASSIGN_OR_RETURN(int fd, OpenOrCreate(path, &created));
+  std::unique_ptr<AuditLog> log = absl::WrapUnique(new AuditLog());
+  log->state_ = std::make_unique<State>(path, fd);  // owns fd from here on
+  State& s = *log->state_;
+
+  int rc;
+  do {
+    rc = ::flock(fd, LOCK_EX | LOCK_NB);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    if (errno == EWOULDBLOCK) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "audit log ", path,
+          " is already open (in this or another process); two writers "
+          "would fork the chain"));
+    }
+    return ErrnoError(errno, "cannot lock audit log", path);
+  }
+  if (created) MODELSTATE_RETURN_IF_ERROR(SyncParentDirectory(path));
+
+  std::string content;
+  MODELSTATE_RETURN_IF_ERROR(ReadAll(fd, path, &content));
+  std::vector<AuditRecord> records;
+  ChainWalk walk = WalkChain(content, &records);
+  size_t size = walk.valid_bytes;
+  if (!walk.verification.ok) {
+    if (!walk.torn_tail) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "audit log %s is broken at line %d (seq %d): %s; refusing to "
+          "continue a broken chain",
+          path, walk.verification.broken_line, walk.verification.broken_seq,
+          walk.verification.problem));
+    }
+    // A crash cut the last append short; that record was never
+    // acknowledged, so dropping it loses nothing anyone was promised.
+    if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+      return ErrnoError(errno, "cannot truncate the torn tail of", path);
+    }
+    log->recovered_torn_tail_ = true;
+  } else if (walk.unterminated) {
+    // The record is whole but its newline was not written; add it, or the
+    // next record would be glued onto this line.
+    size_t written = 0;
+    absl::Status st = WriteAll(fd, "\n", &written);
+    if (!st.ok()) {
+      return absl::Status(
+          st.code(), absl::StrCat("cannot complete the last line of ", path,
+                                  ": ", st.message()));
+    }
+    ++size;
+  }
+  // Whatever an earlier process wrote may still be only in the page cache;
+  // one sync here lets synced_seq start at the last record.
+  if (FdataSyncRetrying(fd) != 0) {
+    return ErrnoError(errno, "cannot sync audit log", path);
+  }
+
+  {
+    MutexLock lock(&s.mu);
+    s.records = std::move(records);
+    s.last_hash = walk.end.hash;
+    s.last_time = walk.end.time;
+    s.file_size = size;
+  }
+  {
+    MutexLock lock(&s.sync_mu);
+    s.synced_seq = walk.end.seq;
+  }
+  return log;
+}
+
+absl::StatusOr<uint64_t> AuditLog::Append(AuditRecord record) {
+  // Parsing and re-dumping the details is the expensive part; do it before
+  // taking the lock.
+  MODELSTATE_ASSIGN_OR_RETURN(record.details_json,
+                              CanonicalDetails(record.details_json));
+  State& s = *state_;
+  MutexLock lock(&s.mu);
+  MODELSTATE_RETURN_IF_ERROR(s.write_error);
+  record.seq = s.records.size() + 1;
+  // Whole nanoseconds, so the time survives its text form exactly; never
+  // before the previous record, even if the clock steps back.
+  const absl::Time now = absl::FromUnixNanos(absl::ToUnixNanos(absl::Now()));
+  record.time = std::max(now, s.last_time);
+  record.prev = s.last_hash;
+  std::string line = SerializeUnhashed(record, record.details_json);
+  record.hash = HashUnhashed(line);
+  AppendHashField(record.hash, &line);
+  line.push_back('\n');
+
+  size_t written = 0;
+  absl::Status st = WriteAll(s.fd, line, &written);
+  if (!st.ok()) {
+    // Undo a partial line, so that the file stays a valid chain.
+    if (written > 0 &&
+        ::ftruncate(s.fd, static_cast<off_t>(s.file_size)) != 0) {
+      s.write_error = absl::DataLossError(
+          absl::StrCat("audit log ", s.path,
+                       " may end in a partial record after a failed write (",
+                       st.message(), "); reopen it to recover"));
+    } else {
+      s.write_error = absl::UnavailableError(absl::StrCat(
+          "audit log ", s.path, " failed (cannot append: ", st.message(),
+          "); changes are refused until the server restarts with a "
+          "writable audit log"));
+    }
+    return s.write_error;
+  }
+  s.file_size += line.size();
+  s.last_hash = record.hash;
+  s.last_time = record.time;
+  const uint64_t seq = record.seq;
+  s.records.push_back(std::move(record));
+  s.appended.SignalAll();
+  return seq;
+}
+
+absl::Status AuditLog::Sync(uint64_t seq) {
+  State& s = *state_;
+  if (seq == 0) return absl::OkStatus();
+  {
+    ReaderMutexLock lock(&s.mu);
+    if (seq > s.records.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot sync audit record ", seq, ": the last is ",
+                       s.records.size()));
+    }
+  }
+  {
+    MutexLock lock(&s.sync_mu);
+    for (;;) {
+      if (seq <= s.synced_seq) return absl::OkStatus();
+      MODELSTATE_RETURN_IF_ERROR(s.sync_error);
+      if (!s.sync_in_progress) break;
+      // Another thread's fdatasync is running; it may or may not cover
+      // `seq`, so look again when it is done.
+      s.sync_done.Wait(&s.sync_mu);
+    }
+    s.sync_in_progress = true;
+  }
+  // Every record counted here has been written (Append writes before it
+  // publishes), so this one fdatasync covers all of them, including those
+  // of threads now waiting above.
+  uint64_t target;
+  {
+    ReaderMutexLock lock(&s.mu);
+    target = s.records.size();
+  }
+  const int rc = FdataSyncRetrying(s.fd);
+  const int error = errno;
+  MutexLock lock(&s.sync_mu);
+  s.sync_in_progress = false;
+  if (rc == 0) {
+    s.synced_seq = std::max(s.synced_seq, target);
+  } else {
+    s.sync_error = ErrnoError(error, "cannot fdatasync audit log", s.path);
+  }
+  s.sync_done.SignalAll();
+  return s.sync_error;
+}
+
+absl::Status AuditLog::health() const {
+  State& s = *state_;
+  {
+    ReaderMutexLock lock(&s.mu);
+    if (!s.write_error.ok()) return s.write_error;
+  }
+  MutexLock lock(&s.sync_mu);
+  return s.sync_error;
+}
+
+uint64_t AuditLog::last_seq() const {
+  ReaderMutexLock lock(&state_->mu);
+  return state_->records.size();
+}
+
+absl::StatusOr<std::vector<AuditRecord>> AuditLog::Query(
+    const AuditQuery& query) const {
+  const size_t limit = EffectiveLimit(query.limit);
+  std::vector<AuditRecord> out;
+  const State& s = *state_;
+  ReaderMutexLock lock(&s.mu);
+  // records[i].seq == i + 1, so seq > after_seq starts at index after_seq.
+  for (size_t i = static_cast<size_t>(
+           std::min<uint64_t>(query.after_seq, s.records.size()));
+       i < s.records.size() && out.size() < limit; ++i) {
+    if (Matches(s.records[i], query)) out.push_back(s.records[i]);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<AuditRecord>> AuditLog::WaitForRecords(
+    uint64_t after_seq, absl::Time deadline, size_t limit) {
+  State& s = *state_;
+  const size_t n = EffectiveLimit(limit);
+  MutexLock lock(&s.mu);
+  while (s.records.size() <= after_seq) {
+    if (deadline == absl::InfiniteFuture()) {
+      s.appended.Wait(&s.mu);
+    } else if (s.appended.WaitWithDeadline(&s.mu, deadline)) {
+      break;
+    }
+  }
+  std::vector<AuditRecord> out;
+  for (size_t i = static_cast<size_t>(after_seq);
+       i < s.records.size() && out.size() < n; ++i) {
+    out.push_back(s.records[i]);
+  }
+  return out;
+}
+
+absl::StatusOr<AuditVerification> AuditLog::Verify(const std::string& path) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) {
+    if (errno == ENOENT) {
+      return absl::NotFoundError(
+          absl::StrCat("audit log ", path, " does not exist"));
+    }
+    return ErrnoError(errno, "cannot open audit log", path);
+  }
+  std::string content;
+  absl::Status st = ReadAll(fd, path, &content);
+  ::close(fd);
+  MODELSTATE_RETURN_IF_ERROR(st);
+  return WalkChain(content, nullptr).verification;
+}
+
+std::string AuditLog::Serialize(const AuditRecord& record) {
+  // Details that are not a JSON object cannot come from Append or Parse;
+  // they are written as {} so that the line is still valid JSON.
+  absl::StatusOr<std::string> details = CanonicalDetails(record.details_json);
+  std::string line =
+      SerializeUnhashed(record, details.ok() ? *details : std::string("{}"));
+  AppendHashField(record.hash, &line);
+  return line;
+}
+
+absl::StatusOr<AuditRecord> AuditLog::Parse(const std::string& line) {
+  nlohmann::json j = ParseJson(line, kMaxDetailsDepth + 1);
+  if (j.is_discarded()) {
+    return absl::InvalidArgumentError("not an audit record: not valid JSON");
+  }
+  absl::StatusOr<AuditRecord> r = RecordFromJson(j);
+  if (!r.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not an audit record: ", r.status().message()));
+  }
+  return r;
+}
+
+}  // namespace modelstate

@@ -1,0 +1,156 @@
+// File: audit_log.h
+// A tamper-evident, append-only audit log: one JSON record per line, each
+// carrying a sequence number, the time, who did it, the request that caused
+// it, what happened, and the SHA-256 of the previous record, so that editing,
+// inserting or deleting any record breaks the chain at that point.
+//
+// Appends are buffered and made durable in groups: Append() returns the
+// record's sequence number, Sync(seq) returns once every record up to `seq`
+// is on disk (one fdatasync covers all records appended before it), so an
+// operation can append many records and pay for one sync before it answers.
+//
+// Record format (keys in this order; "hash" last):
+//   {"seq":12,"time":"2026-11-21T10:00:00.123456789Z","identity":"alice",
+//    "correlation_id":"req-7","type":"registration","namespace":"team",
+//    "module":"mlp","outcome":"block","details":{...},
+//    "prev":"<hash of record 11>","hash":"<hash of this record>"}
+// hash = SHA-256 over the record's JSON text without its ',"hash":...' part.
+// The first record's "prev" is 64 zeros.
+//
+// Example:
+//   MODELSTATE_ASSIGN_OR_RETURN(auto log, AuditLog::Open("data/audit.log"));
+//   AuditRecord r;
+//   r.type = "delete";
+//   r.ns = "team";
+//   r.module = "mlp";
+//   MODELSTATE_ASSIGN_OR_RETURN(uint64_t seq, log->Append(std::move(r)));
+//   MODELSTATE_RETURN_IF_ERROR(log->Sync(seq));
+#ifndef MODELSTATE_SERVICE_AUDIT_LOG_H_
+#define MODELSTATE_SERVICE_AUDIT_LOG_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "base/sync.h"
+
+namespace modelstate {
+
+// One record. `seq`, `time`, `prev` and `hash` are filled in by Append.
+struct AuditRecord {
+  uint64_t seq = 0;
+  absl::Time time;
+  std::string identity;
+  std::string correlation_id;
+  // What happened: "build", "registration", "answer", "outcome",
+  // "load_state_dict", "move", "delete", "set_training", "subscribe",
+  // "unsubscribe", "denied", ... (free text, lowercase).
+  std::string type;
+  std::string ns;      // namespace of the module concerned, if any
+  std::string module;  // module name (without namespace), if any
+  // "keep" / "replace" / "block" for registration outcomes and answers,
+  // "ok" / "error" for other changes; may be empty.
+  std::string outcome;
+  // Everything else, as a JSON object text ("{}" when empty). Must be a
+  // valid JSON object; Append rejects anything else.
+  std::string details_json = "{}";
+  std::string prev;
+  std::string hash;
+};
+
+// Which records QueryAudit returns (all conditions must hold; empty/unset
+// means no condition).
+struct AuditQuery {
+  std::optional<absl::Time> since;  // time >= since
+  std::optional<absl::Time> until;  // time < until
+  std::string ns;
+  std::string module;
+  std::string identity;
+  std::string outcome;
+  std::string type;
+  uint64_t after_seq = 0;  // seq > after_seq (paging)
+  size_t limit = 100;
+};
+
+// The result of Verify.
+struct AuditVerification {
+  uint64_t records = 0;  // how many valid records precede the break
+  bool ok = true;
+  // The first broken record: its seq as written (0 when the line is not
+  // even a record), its 1-based line number, and why.
+  uint64_t broken_seq = 0;
+  uint64_t broken_line = 0;
+  std::string problem;
+};
+
+// Thread-safe.
+class AuditLog {
+ public:
+  // Opens (creating if needed) the log at `path` and reads it to the end to
+  // continue the chain. INVALID_ARGUMENT naming the file and line if the
+  // existing log is not a valid chain (a torn last line left by a crash is
+  // truncated away and reported through `recovered_torn_tail()` instead).
+  // FAILED_PRECONDITION if another AuditLog (in this or another process)
+  // has the file open: two writers would fork the chain. Every record of the
+  // file is kept in memory for Query and WaitForRecords.
+  static absl::StatusOr<std::unique_ptr<AuditLog>> Open(
+      const std::string& path);
+  ~AuditLog();
+
+  // Appends `record` (filling seq, time, prev, hash); returns its seq.
+  // INVALID_ARGUMENT if details_json is not a JSON object. The details are
+  // stored canonically (compact, keys sorted); a byte of a string field that
+  // is not valid UTF-8 is stored as U+FFFD. Times never decrease along the
+  // file, even if the clock steps back.
+  absl::StatusOr<uint64_t> Append(AuditRecord record);
+  // Returns once every record with seq <= `seq` is durable on disk.
+  // Concurrent calls share one fdatasync. INVALID_ARGUMENT if `seq` was
+  // never appended; a failed fdatasync fails this and every later Sync.
+  absl::Status Sync(uint64_t seq);
+
+  // OK, or the first failed write or fdatasync: sticky, since a change
+  // whose record was lost must stop further unaudited changes (the server
+  // refuses mutating requests with UNAVAILABLE while this is not OK).
+  absl::Status health() const;
+
+  // The sequence number of the last record (0 when empty).
+  uint64_t last_seq() const;
+  bool recovered_torn_tail() const { return recovered_torn_tail_; }
+
+  // Records matching `query`, in seq order, at most query.limit (0 means
+  // 100; at most 10000).
+  absl::StatusOr<std::vector<AuditRecord>> Query(const AuditQuery& query) const;
+
+  // Waits until a record with seq > `after_seq` exists or `deadline` passes;
+  // returns the records after `after_seq` (at most `limit`, with the same
+  // default and cap as Query), maybe none.
+  absl::StatusOr<std::vector<AuditRecord>> WaitForRecords(uint64_t after_seq,
+                                                          absl::Time deadline,
+                                                          size_t limit);
+
+  // Walks the chain of the file at `path` (it need not be open) and names
+  // the first broken record. NOT_FOUND if there is no file; an empty file
+  // is a valid, empty chain. Any byte change in a stored line is detected.
+  static absl::StatusOr<AuditVerification> Verify(const std::string& path);
+
+  // The record's JSON line (without the trailing newline), as stored.
+  static std::string Serialize(const AuditRecord& record);
+  // Parses one stored line. INVALID_ARGUMENT if it is not a record.
+  static absl::StatusOr<AuditRecord> Parse(const std::string& line);
+
+ private:
+  AuditLog() = default;
+  // ... implementation-defined members ...
+  struct State;
+  std::unique_ptr<State> state_;
+  bool recovered_torn_tail_ = false;
+};
+
+}  // namespace modelstate
+
+#endif  // MODELSTATE_SERVICE_AUDIT_LOG_H_

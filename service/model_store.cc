@@ -1,0 +1,957 @@
+#include "service/model_store.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/glob.h"
+#include "base/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "nn/forward.h"
+
+namespace modelstate {
+namespace {
+
+// Hooks that answer each event with the next precomputed decision: the
+// second, real pass of a registration that was decided on a dry run.
+class ReplayHooks {
+ public:
+  explicit ReplayHooks(std::vector<HookDecision> decisions)
+      : decisions_(std::move(decisions)) {
+    for (EntryKind kind :
+         {EntryKind::kParameter, EntryKind::kBuffer, EntryKind::kModule}) {
+      handles_.push_back(registry_.AddHook(
+          kind,
+          [this](const RegistrationEvent& event) { return Next(event); }));
+    }
+  }
+  const HookRegistry* registry() const { return &registry_; }
+
+ private:
+  HookResult Next(const RegistrationEvent& event) {
+    if (next_ >= decisions_.size()) {
+      return HookResult::Block("internal: more registrations than decisions");
+    }
+    const HookDecision& d = decisions_[next_++];
+    switch (d.kind) {
+      case HookResult::Kind::kKeep:
+        return HookResult::Keep();
+      case HookResult::Kind::kBlock:
+        return HookResult::Block(d.reason);
+      case HookResult::Kind::kReplace:
+        if (event.kind == EntryKind::kModule) {
+          return HookResult::Replace(d.value.module);
+        }
+        return HookResult::ReplaceBuffer(d.value.tensor, d.value.persistent);
+    }
+    return HookResult::Keep();
+  }
+
+  std::vector<HookDecision> decisions_;
+  size_t next_ = 0;
+  HookRegistry registry_;
+  std::vector<RemovableHandle> handles_;
+};
+
+std::string DescribeBlocked(const RegistrationRecord& r,
+                            const HookDecision& final) {
+  std::string where = r.event.path.empty()
+                          ? "the root module"
+                          : absl::StrCat("'", r.event.path, "'");
+  return absl::StrCat(
+      RegistrationActionName(r.event.action) == "register" ? "registration"
+                                                           : "unregistration",
+      " of ", EntryKindName(r.event.kind), " '", r.event.name, "' in ", where,
+      " was blocked", final.reason.empty() ? "" : ": ", final.reason);
+}
+
+std::vector<RegistrationResult> Zip(std::vector<RegistrationRecord> records,
+                                    std::vector<HookDecision> finals) {
+  std::vector<RegistrationResult> out;
+  out.reserve(records.size());
+  for (size_t i = 0; i < records.size(); ++i) {
+    out.push_back(
+        RegistrationResult{std::move(records[i]), std::move(finals[i])});
+  }
+  return out;
+}
+
+}  // namespace
+
+void ModelStore::set_decider(RegistrationDecider* decider) {
+  MutexLock lock(&mu_);
+  decider_ = decider;
+}
+
+void ModelStore::set_audit_log(AuditLog* audit) {
+  MutexLock lock(&mu_);
+  audit_ = audit;
+}
+
+AuditLog* ModelStore::audit() const {
+  MutexLock lock(&mu_);
+  return audit_;
+}
+
+void ModelStore::set_repository(ModuleRepository* repository) {
+  MutexLock lock(&mu_);
+  repository_ = repository;
+}
+
+ModuleRepository* ModelStore::repository() const {
+  MutexLock lock(&mu_);
+  return repository_;
+}
+
+absl::Status ModelStore::Persist(
+    const OperationContext& ctx, Entry& entry, absl::string_view type,
+    const std::vector<PrewrittenBytes>& prewritten) {
+  ModuleRepository* repo = repository();
+  if (repo == nullptr) return absl::OkStatus();
+  AuditLog* log = audit();
+  ChangeNote note{std::string(type), ctx.identity, ctx.correlation_id,
+                  log == nullptr ? 0 : log->last_seq()};
+  absl::Status saved = repo->Save(entry.name, *entry.root, note, prewritten);
+  if (saved.ok()) return saved;
+  if (type == "build") {
+    return absl::InternalError(absl::StrCat(
+        "module '", entry.name.full(), "' was not stored: ", saved.message()));
+  }
+  // Memory must not run ahead of the disk: a reader would see, and a later
+  // save would silently commit, a change the caller was told failed. The
+  // exclusive lock is still held, so nobody saw the unsaved tree.
+  absl::StatusOr<std::shared_ptr<Module>> committed = repo->Reload(entry.name);
+  if (committed.ok()) {
+    entry.root = *std::move(committed);
+    return absl::InternalError(absl::StrCat(
+        "the change to '", entry.name.full(), "' could not be saved (",
+        saved.message(), "); the module is unchanged"));
+  }
+  // Neither the new state nor the old one is available: withdraw the module
+  // rather than serve a state that is not on disk.
+  entry.deleted = true;
+  {
+    MutexLock lock(&mu_);
+    auto it = entries_.find(entry.name.full());
+    if (it != entries_.end() && it->second.get() == &entry) entries_.erase(it);
+  }
+  return absl::InternalError(absl::StrCat(
+      "the change to '", entry.name.full(), "' could not be saved (",
+      saved.message(), ") and the saved state could not be read back (",
+      committed.status().message(),
+      "); the module is withdrawn and its files are kept for repair"));
+}
+
+absl::StatusOr<bool> ModelStore::RecordIfUnrecorded(const ModuleName& name,
+                                                    const ChangeNote& note) {
+  AuditLog* log = audit();
+  if (log == nullptr) return false;
+  // The change's own record, or the "recovered" one an earlier start made.
+  AuditQuery query;
+  query.ns = name.ns;
+  query.module = name.name;
+  query.after_seq = note.audit_seq;
+  query.limit = 10000;
+  while (true) {
+    MODELSTATE_ASSIGN_OR_RETURN(std::vector<AuditRecord> records,
+                                log->Query(query));
+    for (const AuditRecord& r : records) {
+      if (r.correlation_id == note.correlation_id &&
+          (r.type == note.type || r.type == "recovered")) {
+        return false;
+      }
+    }
+    if (records.size() < query.limit) break;
+    query.after_seq = records.back().seq;
+  }
+  AuditRecord r;
+  r.identity = note.identity;
+  r.correlation_id = note.correlation_id;
+  r.type = "recovered";
+  r.ns = name.ns;
+  r.module = name.name;
+  r.outcome = "ok";
+  r.details_json =
+      nlohmann::json({{"change", note.type},
+                      {"reason",
+                       "the change was saved, but the server stopped before "
+                       "recording it"}})
+          .dump();
+  MODELSTATE_ASSIGN_OR_RETURN(uint64_t seq, log->Append(std::move(r)));
+  MODELSTATE_RETURN_IF_ERROR(log->Sync(seq));
+  return true;
+}
+
+ModelStore::RestoreReport ModelStore::Restore(bool fallback_to_cpu) {
+  RestoreReport report;
+  ModuleRepository* repo = repository();
+  if (repo == nullptr) return report;
+  ModuleRepository::LoadReport loaded = repo->LoadAll(fallback_to_cpu);
+  report.errors = std::move(loaded.errors);
+  auto recover = [&](const ModuleName& name, const ChangeNote& note) {
+    absl::StatusOr<bool> recovered = RecordIfUnrecorded(name, note);
+    if (!recovered.ok()) report.errors.push_back(recovered.status());
+    if (recovered.ok() && *recovered) ++report.recovered;
+    return recovered.ok();
+  };
+  for (ModuleRepository::Removed& removed : loaded.removed) {
+    if (recover(removed.name, removed.note)) repo->DropTombstone(removed.name);
+  }
+  for (ModuleRepository::Loaded& module : loaded.modules) {
+    recover(module.name, module.note);
+    ++report.modules;
+    report.bytes += module.bytes;
+    auto entry = std::make_shared<Entry>(module.name, std::move(module.root));
+    MutexLock lock(&mu_);
+    entries_[module.name.full()] = std::move(entry);
+  }
+  if (AuditLog* log = audit(); log != nullptr) {
+    for (const absl::Status& error : report.errors) {
+      AuditRecord r;
+      r.type = "restore";
+      r.outcome = "error";
+      r.details_json =
+          nlohmann::json({{"error", std::string(error.message())}}).dump();
+      absl::StatusOr<uint64_t> seq = log->Append(std::move(r));
+      if (seq.ok()) log->Sync(*seq).IgnoreError();
+    }
+  }
+  return report;
+}
+
+namespace {
+
+// Bytes a tensor holds in memory (meta tensors hold none).
+uint64_t HeldBytes(const Tensor& t) {
+  return t.defined() && t.device().has_storage() ? t.nbytes() : 0;
+}
+
+// Bytes a module tree holds in memory: what quotas count.
+uint64_t HeldBytes(const Module& module) {
+  uint64_t total = 0;
+  for (const auto& [key, t] : module.NamedParameters()) total += HeldBytes(t);
+  for (const auto& [key, t] : module.NamedBuffers()) total += HeldBytes(t);
+  return total;
+}
+
+// What HeldBytes will be after module.To(device, dtype): to() converts
+// floating-point tensors only.
+uint64_t HeldBytesAfterMove(const Module& module, std::optional<Device> device,
+                            std::optional<DType> dtype) {
+  uint64_t total = 0;
+  auto add = [&](const Tensor& t) {
+    if (!device.value_or(t.device()).has_storage()) return;
+    DType d =
+        dtype.has_value() && IsFloatingPoint(t.dtype()) ? *dtype : t.dtype();
+    total += static_cast<uint64_t>(t.numel()) * ElementSize(d);
+  };
+  for (const auto& [key, t] : module.NamedParameters()) add(t);
+  for (const auto& [key, t] : module.NamedBuffers()) add(t);
+  return total;
+}
+
+}  // namespace
+
+void ModelStore::set_quotas(QuotaPolicy quotas) {
+  MutexLock lock(&mu_);
+  quotas_ = std::move(quotas);
+}
+
+absl::Status ModelStore::CheckQuota(const ModuleName& name,
+                                    uint64_t added_modules,
+                                    uint64_t added_bytes,
+                                    const Entry* excluded) const {
+  NamespaceQuota quota;
+  std::vector<std::shared_ptr<Entry>> same_namespace;
+  {
+    MutexLock lock(&mu_);
+    quota = quotas_.For(name.ns);
+    if (quota.max_modules == 0 && quota.max_bytes == 0) {
+      return absl::OkStatus();
+    }
+    const std::string prefix = absl::StrCat(name.ns, "/");
+    for (auto it = entries_.lower_bound(prefix);
+         it != entries_.end() && absl::StartsWith(it->first, prefix); ++it) {
+      same_namespace.push_back(it->second);
+    }
+  }
+  if (added_modules > 0 && quota.max_modules != 0 &&
+      same_namespace.size() + added_modules > quota.max_modules) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "namespace '", name.ns, "' quota max_modules (", quota.max_modules,
+        ") reached: it holds ", same_namespace.size(), " modules"));
+  }
+  if (quota.max_bytes == 0) return absl::OkStatus();
+  uint64_t held = 0;
+  for (const std::shared_ptr<Entry>& entry : same_namespace) {
+    if (entry.get() == excluded) continue;
+    ReaderMutexLock lock(&entry->mu);
+    if (!entry->deleted) held += HeldBytes(*entry->root);
+  }
+  if (held + added_bytes > quota.max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "namespace '", name.ns, "' quota max_bytes (", quota.max_bytes,
+        ") would be exceeded: ", held, " bytes held + ", added_bytes, " new"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelStore::Record(const OperationContext& ctx,
+                                const ModuleName& name, absl::string_view type,
+                                const absl::Status& result,
+                                std::string details_json) {
+  AuditLog* log = audit();
+  if (log == nullptr) return result;
+  AuditRecord r;
+  r.identity = ctx.identity;
+  r.correlation_id = ctx.correlation_id;
+  r.type = std::string(type);
+  r.ns = name.ns;
+  r.module = name.name;
+  r.outcome = result.ok() ? "ok" : "error";
+  nlohmann::json details = nlohmann::json::parse(details_json, nullptr, false);
+  if (!details.is_object()) details = nlohmann::json::object();
+  if (!result.ok()) {
+    details["error"] = {{"code", absl::StatusCodeToString(result.code())},
+                        {"message", std::string(result.message())}};
+  }
+  r.details_json = details.dump();
+  absl::StatusOr<uint64_t> seq = log->Append(std::move(r));
+  absl::Status synced = seq.ok() ? log->Sync(*seq) : seq.status();
+  if (!synced.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "the audit log could not record ", type, ": ", synced.message()));
+  }
+  return result;
+}
+
+absl::StatusOr<std::shared_ptr<ModelStore::Entry>> ModelStore::Find(
+    const ModuleName& name) const {
+  MutexLock lock(&mu_);
+  auto it = entries_.find(name.full());
+  if (it == entries_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("module '", name.full(), "' does not exist"));
+  }
+  return it->second;
+}
+
+std::vector<HookDecision> ModelStore::Decide(
+    const OperationContext& ctx, const ModuleName& name,
+    absl::Span<const RegistrationRecord> records) {
+  RegistrationDecider* decider;
+  {
+    MutexLock lock(&mu_);
+    decider = decider_;
+  }
+  std::vector<HookDecision> finals;
+  if (decider != nullptr && !records.empty()) {
+    finals = decider->Decide(ctx, name, records);
+  }
+  if (finals.size() != records.size()) {
+    finals.clear();
+    for (const RegistrationRecord& r : records) finals.push_back(r.local);
+  }
+  // What the in-process hooks blocked stays blocked.
+  for (size_t i = 0; i < records.size(); ++i) {
+    if (records[i].local.blocked()) finals[i] = records[i].local;
+  }
+  return finals;
+}
+
+absl::StatusOr<BuildOutcome> ModelStore::Build(const OperationContext& ctx,
+                                               const ModuleName& name,
+                                               const ModuleSpec& spec,
+                                               const BuildOptions& options,
+                                               bool all_or_nothing) {
+  {
+    MutexLock lock(&mu_);
+    if (entries_.contains(name.full())) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("module '", name.full(), "' already exists"));
+    }
+  }
+  if (ModuleRepository* repo = repository(); repo != nullptr) {
+    MODELSTATE_RETURN_IF_ERROR(repo->CheckUsable(name));
+  }
+  BuildOptions build_options = options;
+  build_options.root_path = "";
+  MODELSTATE_ASSIGN_OR_RETURN(BuildResult built,
+                              BuildModule(spec, build_options));
+  OperationContext seeded = ctx;
+  seeded.seed = options.seed;
+  std::vector<HookDecision> finals = Decide(seeded, name, built.records);
+  MODELSTATE_RETURN_IF_ERROR(ApplyFinalDecisions(built.records, finals));
+  size_t blocked_count = 0;
+  std::vector<std::string> blocked;
+  for (size_t i = 0; i < finals.size(); ++i) {
+    if (finals[i].blocked()) {
+      ++blocked_count;
+      blocked.push_back(DescribeBlocked(built.records[i], finals[i]));
+    }
+  }
+  nlohmann::json details = {{"type", spec.type},
+                            {"seed", options.seed},
+                            {"device", options.device.ToString()},
+                            {"dtype", std::string(DTypeName(options.dtype))},
+                            {"registrations", finals.size()},
+                            {"blocked", blocked_count},
+                            {"all_or_nothing", all_or_nothing}};
+  if (all_or_nothing && !blocked.empty()) {
+    return Record(ctx, name, "build",
+                  absl::FailedPreconditionError(absl::StrCat(
+                      "all_or_nothing build of '", name.full(),
+                      "' stored nothing: ", absl::StrJoin(blocked, "; "))),
+                  details.dump());
+  }
+  if (absl::Status quota = CheckQuota(name, 1, HeldBytes(*built.root), nullptr);
+      !quota.ok()) {
+    return Record(ctx, name, "build", quota, details.dump());
+  }
+  auto entry = std::make_shared<Entry>(name, built.root);
+  // Nobody changes the new module before it is saved and recorded.
+  MutexLock gate(&entry->gate);
+  absl::Status result;
+  {
+    MutexLock lock(&mu_);
+    if (!entries_.emplace(name.full(), entry).second) {
+      result = absl::AlreadyExistsError(
+          absl::StrCat("module '", name.full(), "' already exists"));
+    }
+  }
+  if (result.ok()) {
+    {
+      WriterMutexLock lock(&entry->mu);
+      result = Persist(ctx, *entry, "build");
+      if (!result.ok()) entry->deleted = true;
+    }
+    if (!result.ok()) {
+      MutexLock lock(&mu_);
+      entries_.erase(name.full());
+    }
+  }
+  MODELSTATE_RETURN_IF_ERROR(
+      Record(ctx, name, "build", result, details.dump()));
+  return BuildOutcome{Zip(std::move(built.records), std::move(finals))};
+}
+
+namespace {
+
+// Performs the one registration (or removal) a request asks for; the
+// context decides whether it is the dry run or the real pass.
+absl::StatusOr<RegistrationOutcome> ApplyRequest(
+    Module& target, const RegistrationRequest& request, const SlotValue& value,
+    const RegistrationContext& context) {
+  if (request.removal) return target.RemoveEntry(request.name, context);
+  switch (request.kind) {
+    case EntryKind::kParameter:
+      return target.RegisterParameter(request.name, value.tensor, context);
+    case EntryKind::kBuffer:
+      return target.RegisterBuffer(request.name, value.tensor, value.persistent,
+                                   context);
+    case EntryKind::kModule:
+      break;
+  }
+  return target.RegisterModule(request.name, value.module, context);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<RegistrationResult>> ModelStore::Register(
+    const OperationContext& ctx, const ModuleName& name,
+    RegistrationRequest request) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
+  MutexLock gate(&entry->gate);
+  std::shared_ptr<Module> target;
+  std::vector<RegistrationRecord> records;
+  std::vector<RegistrationRecord> child_records;
+  SlotValue value = request.value;
+  std::string target_path = request.path;
+  {
+    ReaderMutexLock lock(&entry->mu);
+    if (entry->deleted) {
+      return absl::NotFoundError(
+          absl::StrCat("module '", name.full(), "' does not exist"));
+    }
+    absl::StatusOr<std::shared_ptr<Module>> found =
+        entry->root->GetSubmodule(request.path);
+    if (!found.ok()) {
+      return absl::NotFoundError(absl::StrCat("path '", request.path, "' in '",
+                                              name.full(),
+                                              "': ", found.status().message()));
+    }
+    target = *found;
+    if (request.existing_path.has_value()) {
+      absl::StatusOr<std::shared_ptr<Module>> existing =
+          entry->root->GetSubmodule(*request.existing_path);
+      if (!existing.ok()) {
+        return absl::NotFoundError(
+            absl::StrCat("existing_path '", *request.existing_path, "' in '",
+                         name.full(), "': ", existing.status().message()));
+      }
+      value.module = *existing;
+    }
+  }
+  // A submodule spec is built first, detached; its own registrations come
+  // before the module event (PyTorch constructs before it assigns).
+  if (request.spec.has_value()) {
+    BuildOptions options = request.build_options;
+    options.root_path = target_path.empty()
+                            ? request.name
+                            : absl::StrCat(target_path, ".", request.name);
+    MODELSTATE_ASSIGN_OR_RETURN(BuildResult built,
+                                BuildModule(*request.spec, options));
+    value.module = built.root;
+    child_records = std::move(built.records);
+  }
+  // A new value counts in full against the quota (the old one is still
+  // held until the change is applied); a module already in the tree adds
+  // nothing.
+  if (!request.removal) {
+    const uint64_t added = request.existing_path.has_value() ? 0
+                           : value.module != nullptr ? HeldBytes(*value.module)
+                                                     : HeldBytes(value.tensor);
+    if (absl::Status quota = CheckQuota(name, 0, added, nullptr); !quota.ok()) {
+      return Record(
+          ctx, name, "register", quota,
+          nlohmann::json({{"path", target_path}, {"name", request.name}})
+              .dump());
+    }
+  }
+  // Dry run: validate and record the event without changing anything.
+  RegistrationContext dry;
+  dry.records = &records;
+  dry.path = target_path;
+  dry.dry_run = true;
+  {
+    ReaderMutexLock lock(&entry->mu);
+    MODELSTATE_RETURN_IF_ERROR(
+        ApplyRequest(*target, request, value, dry).status());
+  }
+  std::vector<RegistrationRecord> all = child_records;
+  all.insert(all.end(), records.begin(), records.end());
+  std::vector<HookDecision> finals = Decide(ctx, name, all);
+  std::vector<HookDecision> child_finals(finals.begin(),
+                                         finals.begin() + child_records.size());
+  MODELSTATE_RETURN_IF_ERROR(ApplyFinalDecisions(child_records, child_finals));
+  const HookDecision& last = finals.back();
+  nlohmann::json details = {
+      {"path", target_path},
+      {"kind", std::string(EntryKindName(all.back().event.kind))},
+      {"name", request.name},
+      {"action", request.removal ? "remove"
+                                 : std::string(RegistrationActionName(
+                                       all.back().event.action))}};
+  if (last.blocked()) {
+    return Record(
+        ctx, name, "register",
+        absl::FailedPreconditionError(DescribeBlocked(all.back(), last)),
+        details.dump());
+  }
+  // The real pass, with the final decision replayed as its only hook.
+  ReplayHooks replay({last});
+  RegistrationContext real;
+  real.hooks = replay.registry();
+  real.path = target_path;
+  absl::Status saved;
+  {
+    // Applied and saved under the exclusive lock: readers see the change
+    // only once it is on disk (or never, if the save fails).
+    WriterMutexLock lock(&entry->mu);
+    MODELSTATE_RETURN_IF_ERROR(
+        ApplyRequest(*target, request, value, real).status());
+    saved = Persist(ctx, *entry, "register");
+  }
+  MODELSTATE_RETURN_IF_ERROR(
+      Record(ctx, name, "register", saved, details.dump()));
+  return Zip(std::move(all), std::move(finals));
+}
+
+absl::Status ModelStore::Read(
+    const ModuleName& name,
+    absl::FunctionRef<absl::Status(const Module&)> fn) const {
+  MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
+  ReaderMutexLock lock(&entry->mu);
+  if (entry->deleted) {
+    return absl::NotFoundError(
+        absl::StrCat("module '", name.full(), "' does not exist"));
+  }
+  return fn(*entry->root);
+}
+
+absl::StatusOr<StateDictSnapshot> ModelStore::Snapshot(
+    const ModuleName& name, const SnapshotFilter& filter) const {
+  StateDictSnapshot snapshot;
+  MODELSTATE_RETURN_IF_ERROR(Read(name, [&](const Module& root) {
+    auto keep = [&](const std::string& key, const Tensor& t, EntryKind kind) {
+      if (!absl::StartsWith(key, filter.key_prefix)) return;
+      if (!filter.key_glob.empty() && !GlobMatch(filter.key_glob, key)) return;
+      snapshot.kinds.push_back(kind);
+      // A snapshot of the bytes that still says whether it requires grad.
+      Tensor detached = t.Detach();
+      if (t.requires_grad()) detached.SetRequiresGrad(true).IgnoreError();
+      snapshot.state.tensors.Set(key, std::move(detached));
+    };
+    switch (filter.selection) {
+      case SnapshotFilter::Selection::kStateDict: {
+        StateDict kept = root.GetStateDict("", /*keep_vars=*/true);
+        snapshot.state.metadata = std::move(kept.metadata);
+        for (const auto& item : kept.tensors) {
+          keep(item.key, item.value,
+               item.value.is_parameter() ? EntryKind::kParameter
+                                         : EntryKind::kBuffer);
+        }
+        break;
+      }
+      case SnapshotFilter::Selection::kParameters:
+        for (const auto& [key, t] : root.NamedParameters()) {
+          keep(key, t, EntryKind::kParameter);
+        }
+        break;
+      case SnapshotFilter::Selection::kBuffers:
+        for (const auto& [key, t] : root.NamedBuffers()) {
+          keep(key, t, EntryKind::kBuffer);
+        }
+        break;
+    }
+    return absl::OkStatus();
+  }));
+  return snapshot;
+}
+
+namespace {
+
+// The audit details of a load_state_dict.
+nlohmann::json LoadDetails(const LoadOptions& options,
+                           const StateDict& state_dict) {
+  uint64_t bytes = 0;
+  for (const auto& item : state_dict.tensors) {
+    if (item.value.defined()) bytes += item.value.nbytes();
+  }
+  return {{"strict", options.strict},
+          {"atomic", options.atomic},
+          {"assign", options.assign},
+          {"keys", state_dict.tensors.size()},
+          {"bytes", bytes}};
+}
+
+}  // namespace
+
+absl::StatusOr<LoadResult> ModelStore::Load(const OperationContext& ctx,
+                                            const ModuleName& name,
+                                            const StateDict& state_dict,
+                                            const LoadOptions& options) {
+  return LoadImpl(ctx, name, state_dict, options, nullptr);
+}
+
+absl::StatusOr<std::unique_ptr<StagedStateDict>> ModelStore::StageLoad(
+    const OperationContext& ctx, const ModuleName& name, StateDictLayout layout,
+    const StreamLimits& limits, const LoadOptions& options,
+    const std::string& staging_dir) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
+  std::unique_ptr<StagedStateDict> staged;
+  if (ModuleRepository* repo = repository(); repo != nullptr) {
+    // Staged straight into a data file of the module: written once.
+    MODELSTATE_ASSIGN_OR_RETURN(std::string path, repo->ReserveDataFile(name));
+    absl::StatusOr<std::unique_ptr<StagedStateDict>> created =
+        StagedStateDict::CreateFile(
+            std::move(layout), limits, path,
+            [repo, name, path] { repo->ReleaseDataFile(name, path); });
+    if (!created.ok()) {
+      repo->ReleaseDataFile(name, path);
+      return created.status();
+    }
+    staged = *std::move(created);
+  } else {
+    MODELSTATE_ASSIGN_OR_RETURN(
+        staged, StagedStateDict::CreateAnonymous(std::move(layout), limits,
+                                                 staging_dir));
+  }
+  if (!options.atomic) return staged;  // a partial load may still apply
+  // A load that cannot succeed fails now, before its bytes travel.
+  StateDict described = staged->Describe();
+  absl::Status fits;
+  {
+    ReaderMutexLock lock(&entry->mu);
+    if (entry->deleted) {
+      return absl::NotFoundError(
+          absl::StrCat("module '", name.full(), "' does not exist"));
+    }
+    std::vector<RegistrationRecord> unused;
+    RegistrationContext check;
+    check.hooks = nullptr;
+    check.records = &unused;
+    check.dry_run = true;
+    LoadOptions checked = options;
+    checked.source = staged.get();
+    fits = entry->root->LoadStateDict(described, checked, check).status();
+  }
+  if (!fits.ok()) {
+    return Record(ctx, name, "load_state_dict", fits,
+                  LoadDetails(options, described).dump());
+  }
+  return staged;
+}
+
+absl::StatusOr<LoadResult> ModelStore::LoadStaged(const OperationContext& ctx,
+                                                  const ModuleName& name,
+                                                  StagedStateDict& staged,
+                                                  LoadOptions options) {
+  MODELSTATE_ASSIGN_OR_RETURN(StateDict described, staged.Finish());
+  options.source = &staged;
+  return LoadImpl(ctx, name, described, options, &staged);
+}
+
+absl::StatusOr<LoadResult> ModelStore::LoadImpl(const OperationContext& ctx,
+                                                const ModuleName& name,
+                                                const StateDict& state_dict,
+                                                const LoadOptions& options,
+                                                StagedStateDict* staged) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
+  MutexLock gate(&entry->gate);
+  std::optional<ReplayHooks> replay;
+  if (options.assign) {
+    // Installations are registrations: decide them on a dry run first.
+    std::vector<RegistrationRecord> records;
+    RegistrationContext dry;
+    dry.records = &records;
+    dry.dry_run = true;
+    {
+      ReaderMutexLock lock(&entry->mu);
+      if (entry->deleted) {
+        return absl::NotFoundError(
+            absl::StrCat("module '", name.full(), "' does not exist"));
+      }
+      MODELSTATE_RETURN_IF_ERROR(
+          entry->root->LoadStateDict(state_dict, options, dry).status());
+    }
+    replay.emplace(Decide(ctx, name, records));
+  }
+  absl::StatusOr<LoadResult> result;
+  absl::Status saved;
+  {
+    // Applied and saved under the exclusive lock: readers see the new
+    // values only once they are on disk (or never, if the save fails).
+    WriterMutexLock lock(&entry->mu);
+    if (entry->deleted) {
+      return absl::NotFoundError(
+          absl::StrCat("module '", name.full(), "' does not exist"));
+    }
+    RegistrationContext real;
+    real.hooks = replay.has_value() ? replay->registry() : nullptr;
+    result = entry->root->LoadStateDict(state_dict, options, real);
+    // Entries copied unchanged from a staged file are on disk already.
+    std::vector<PrewrittenBytes> prewritten;
+    if (staged != nullptr) {
+      const std::string file =
+          std::filesystem::path(staged->path()).filename().string();
+      for (const StagedStateDict::CopiedEntry& c : staged->copied()) {
+        prewritten.push_back({c.storage, c.dtype, file, c.key, c.crc32c});
+      }
+    }
+    // A failed non-atomic load may have changed some tensors already.
+    if (result.ok() || !options.atomic) {
+      saved = Persist(ctx, *entry, "load_state_dict", prewritten);
+    }
+    if (saved.ok() && !prewritten.empty()) staged->Keep();
+  }
+  nlohmann::json details = LoadDetails(options, state_dict);
+  if (result.ok()) {
+    details["missing_keys"] = result->keys.missing_keys;
+    details["unexpected_keys"] = result->keys.unexpected_keys;
+  }
+  MODELSTATE_RETURN_IF_ERROR(Record(ctx, name, "load_state_dict",
+                                    result.ok() ? saved : result.status(),
+                                    details.dump()));
+  return result;
+}
+
+absl::Status ModelStore::Move(const OperationContext& ctx,
+                              const ModuleName& name,
+                              std::optional<Device> device,
+                              std::optional<DType> dtype) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
+  MutexLock gate(&entry->gate);
+  nlohmann::json details = nlohmann::json::object();
+  if (device.has_value()) details["device"] = device->ToString();
+  if (dtype.has_value()) details["dtype"] = std::string(DTypeName(*dtype));
+  uint64_t bytes_after = 0;
+  {
+    ReaderMutexLock lock(&entry->mu);
+    if (entry->deleted) {
+      return absl::NotFoundError(
+          absl::StrCat("module '", name.full(), "' does not exist"));
+    }
+    bytes_after = HeldBytesAfterMove(*entry->root, device, dtype);
+  }
+  if (absl::Status quota = CheckQuota(name, 0, bytes_after, entry.get());
+      !quota.ok()) {
+    return Record(ctx, name, "move", quota, details.dump());
+  }
+  absl::Status result;
+  {
+    WriterMutexLock lock(&entry->mu);
+    if (entry->deleted) {
+      return absl::NotFoundError(
+          absl::StrCat("module '", name.full(), "' does not exist"));
+    }
+    result = entry->root->To(device, dtype);
+    if (result.ok()) result = Persist(ctx, *entry, "move");
+  }
+  return Record(ctx, name, "move", result, details.dump());
+}
+
+absl::Status ModelStore::SetTraining(const OperationContext& ctx,
+                                     const ModuleName& name, bool training) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
+  MutexLock gate(&entry->gate);
+  absl::Status saved;
+  {
+    WriterMutexLock lock(&entry->mu);
+    if (entry->deleted) {
+      return absl::NotFoundError(
+          absl::StrCat("module '", name.full(), "' does not exist"));
+    }
+    entry->root->Train(training);
+    saved = Persist(ctx, *entry, "set_training");
+  }
+  return Record(ctx, name, "set_training", saved,
+                nlohmann::json({{"training", training}}).dump());
+}
+
+absl::StatusOr<std::vector<Tensor>> ModelStore::Forward(
+    const OperationContext& ctx, const ModuleName& name,
+    const std::string& path, std::vector<Tensor> inputs,
+    std::optional<bool> training, uint64_t seed) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
+  MutexLock gate(&entry->gate);
+  absl::StatusOr<std::vector<Tensor>> outputs;
+  bool trained = false;
+  absl::Status saved;
+  {
+    // Exclusive: a training-mode call writes buffers, and the modes are
+    // switched for the call.
+    WriterMutexLock lock(&entry->mu);
+    if (entry->deleted) {
+      return absl::NotFoundError(
+          absl::StrCat("module '", name.full(), "' does not exist"));
+    }
+    absl::StatusOr<std::shared_ptr<Module>> target =
+        entry->root->GetSubmodule(path);
+    if (!target.ok()) {
+      return absl::NotFoundError(
+          absl::StrCat("path '", path, "' in '", name.full(),
+                       "': ", target.status().message()));
+    }
+    std::vector<std::pair<Module*, bool>> modes;
+    for (const auto& [key, m] : (*target)->NamedModules()) {
+      modes.emplace_back(m.get(), m->is_training());
+      trained = trained || training.value_or(m->is_training());
+    }
+    if (training.has_value()) (*target)->Train(*training);
+    ForwardOptions options;
+    options.seed = seed;
+    outputs = modelstate::Forward(**target, std::move(inputs), options);
+    for (auto& [m, mode] : modes) m->set_training(mode);
+    // Buffers may have changed even if a later submodule failed, as in
+    // PyTorch: save either way, before anyone reads them.
+    if (trained) saved = Persist(ctx, *entry, "forward");
+  }
+  if (!trained) return outputs;
+  nlohmann::json details = {{"path", path}, {"training", true}};
+  absl::Status result = saved.ok() ? outputs.status() : saved;
+  MODELSTATE_RETURN_IF_ERROR(
+      Record(ctx, name, "forward", result, details.dump()));
+  return outputs;
+}
+
+absl::Status ModelStore::Delete(const OperationContext& ctx,
+                                const ModuleName& name) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
+  MutexLock gate(&entry->gate);
+  {
+    ReaderMutexLock lock(&entry->mu);
+    if (entry->deleted) {
+      return absl::NotFoundError(
+          absl::StrCat("module '", name.full(), "' does not exist"));
+    }
+  }
+  ModuleRepository* repo = repository();
+  if (repo != nullptr) {
+    AuditLog* log = audit();
+    absl::Status removed = repo->Remove(
+        name, ChangeNote{"delete", ctx.identity, ctx.correlation_id,
+                         log == nullptr ? 0 : log->last_seq()});
+    if (!removed.ok()) {
+      return Record(ctx, name, "delete",
+                    absl::InternalError(
+                        absl::StrCat("module '", name.full(),
+                                     "' was not deleted: ", removed.message())),
+                    "{}");
+    }
+  }
+  {
+    WriterMutexLock lock(&entry->mu);
+    entry->deleted = true;
+  }
+  {
+    MutexLock lock(&mu_);
+    entries_.erase(name.full());
+  }
+  absl::Status recorded = Record(ctx, name, "delete", absl::OkStatus(), "{}");
+  // Once recorded, the deletion needs no trace on disk.
+  if (recorded.ok() && repo != nullptr) repo->DropTombstone(name);
+  return recorded;
+}
+
+std::vector<ModuleSummary> ModelStore::List(absl::string_view ns,
+                                            absl::string_view after,
+                                            size_t limit) const {
+  std::vector<std::shared_ptr<Entry>> picked;
+  {
+    MutexLock lock(&mu_);
+    auto it = after.empty() ? entries_.begin()
+                            : entries_.upper_bound(std::string(after));
+    for (; it != entries_.end() && picked.size() < limit; ++it) {
+      if (!ns.empty() && it->second->name.ns != ns) continue;
+      picked.push_back(it->second);
+    }
+  }
+  std::vector<ModuleSummary> out;
+  for (const auto& entry : picked) {
+    ReaderMutexLock lock(&entry->mu);
+    if (entry->deleted) continue;
+    ModuleSummary summary;
+    summary.name = entry->name;
+    summary.type = entry->root->type_name();
+    summary.total_bytes = entry->root->TotalBytes();
+    absl::flat_hash_set<std::string> devices;
+    for (const auto& [key, t] : entry->root->NamedParameters()) {
+      summary.num_parameters += static_cast<uint64_t>(t.numel());
+      devices.insert(t.device().ToString());
+    }
+    for (const auto& [key, t] : entry->root->NamedBuffers()) {
+      devices.insert(t.device().ToString());
+    }
+    summary.devices.assign(devices.begin(), devices.end());
+    std::sort(summary.devices.begin(), summary.devices.end());
+    out.push_back(std::move(summary));
+  }
+  return out;
+}
+
+size_t ModelStore::size() const {
+  MutexLock lock(&mu_);
+  return entries_.size();
+}
+
+}  // namespace modelstate

@@ -1,0 +1,309 @@
+// File: model_store.h
+// The service's state: module trees stored under "namespace/name", shared by
+// many threads. Every operation a client can ask for is here, free of any
+// RPC type, so that server/ only converts protos.
+//
+// Concurrency: operations on different modules run in parallel; readers of
+// one module (describe, state_dict snapshots) share a lock and never block
+// each other; writers of one module are serialised by a per-module gate,
+// which they hold while registration decisions are pending, and take the
+// module's lock exclusively only to apply a fully decided change and save
+// it, so a reader never sees a half-applied or an unsaved state.
+//
+// Example:
+//   ModelStore store;
+//   MODELSTATE_ASSIGN_OR_RETURN(ModuleName name, ParseModuleName("team/mlp"));
+//   MODELSTATE_ASSIGN_OR_RETURN(BuildOutcome built,
+//                               store.Build({}, name, spec, BuildOptions{},
+//                               false));
+//   MODELSTATE_ASSIGN_OR_RETURN(StateDict snapshot, store.Snapshot(name, {}));
+#ifndef MODELSTATE_SERVICE_MODEL_STORE_H_
+#define MODELSTATE_SERVICE_MODEL_STORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "base/sync.h"
+#include "core/hooks.h"
+#include "core/module.h"
+#include "core/staged_state_dict.h"
+#include "core/state_stream.h"
+#include "nn/module_spec.h"
+#include "service/audit_log.h"
+#include "service/module_name.h"
+#include "service/module_repository.h"
+#include "service/quota.h"
+
+namespace modelstate {
+
+// Who asked, and which request caused a change (for hooks and the audit
+// log).
+struct OperationContext {
+  std::string identity;
+  std::string correlation_id;
+  // The request's seed (BuildModule's; 0 for requests without one). A
+  // subscriber's re-initialise transform without its own seed derives one
+  // from it and the entry's path, so the same request builds the same values.
+  uint64_t seed = 0;
+};
+
+// One registration as decided in the end: the record (event, in-process
+// decision, prior slot) and the final decision after every hook.
+struct RegistrationResult {
+  RegistrationRecord record;
+  HookDecision final;
+};
+
+// Decides registrations after the in-process hooks (the service's remote
+// subscribers). Returns one final decision per record, in order; a record
+// whose in-process decision was a block must stay blocked.
+class RegistrationDecider {
+ public:
+  virtual ~RegistrationDecider() = default;
+  virtual std::vector<HookDecision> Decide(
+      const OperationContext& ctx, const ModuleName& module,
+      absl::Span<const RegistrationRecord> records) = 0;
+};
+
+struct BuildOutcome {
+  std::vector<RegistrationResult> registrations;
+};
+
+// A module's summary for listings.
+struct ModuleSummary {
+  ModuleName name;
+  std::string type;
+  uint64_t num_parameters = 0;  // elements
+  uint64_t total_bytes = 0;
+  std::vector<std::string> devices;
+};
+
+// Which tensors a snapshot holds.
+struct SnapshotFilter {
+  std::string key_prefix;
+  std::string key_glob;  // * and ?; empty matches everything
+  enum class Selection {
+    kStateDict,   // state_dict(), with its metadata
+    kParameters,  // named_parameters()
+    kBuffers,     // named_buffers(), non-persistent buffers included
+  };
+  Selection selection = Selection::kStateDict;
+};
+
+// A consistent copy of a module's state_dict (or parameters, or buffers):
+// detached tensors sharing storage (later writes never change them) and
+// what each entry is.
+struct StateDictSnapshot {
+  StateDict state;
+  std::vector<EntryKind> kinds;  // parameter or buffer, in state order
+};
+
+// What a registration into an existing module carries.
+struct RegistrationRequest {
+  std::string path;  // dotted path of the module to register into
+  std::string name;
+  EntryKind kind = EntryKind::kParameter;
+  // The value: a tensor (parameters, buffers), a module, or None.
+  SlotValue value;
+  bool removal = false;  // RemoveEntry instead of a registration
+  // The spec of a submodule to build first (its own registrations come
+  // before the module event); value.module is ignored then.
+  std::optional<ModuleSpec> spec;
+  BuildOptions build_options;  // for `spec`
+  // Register the module already at this path of the same tree.
+  std::optional<std::string> existing_path;
+};
+
+// Thread-safe.
+class ModelStore {
+ public:
+  ModelStore() = default;
+  ModelStore(const ModelStore&) = delete;
+  ModelStore& operator=(const ModelStore&) = delete;
+
+  // Sets who decides after the in-process hooks (nullptr: nobody; the
+  // in-process decisions are final). Not owned; must outlive its use.
+  void set_decider(RegistrationDecider* decider);
+  // Every state change is recorded in `audit` (nullptr: none) and synced
+  // before the operation returns. Not owned; must outlive its use.
+  void set_audit_log(AuditLog* audit);
+  // Every state change is saved in `repository` (nullptr: kept in memory
+  // only) before it is recorded and the operation returns. A change that
+  // cannot be saved is reported as an INTERNAL error naming the file, and
+  // the module is read back from disk, so memory never holds what the disk
+  // does not; if that fails too, the module is withdrawn (its files are
+  // kept for repair). Not owned; must outlive its use.
+  void set_repository(ModuleRepository* repository);
+
+  // Per-namespace limits on modules and tensor bytes held (on devices with
+  // storage; meta tensors hold none), checked before a build, registration
+  // or move that would exceed one (RESOURCE_EXHAUSTED naming the limit).
+  // May be replaced at any time (the server does on SIGHUP).
+  void set_quotas(QuotaPolicy quotas);
+
+  struct RestoreReport {
+    size_t modules = 0;
+    uint64_t bytes = 0;
+    // Modules whose files could not be loaded (see ModuleRepository).
+    std::vector<absl::Status> errors;
+    // Changes found on disk that the audit log had not recorded (the
+    // server stopped between saving and recording them); each now has a
+    // "recovered" record.
+    size_t recovered = 0;
+  };
+  // Loads every module the repository holds (call once, before serving),
+  // then makes sure the audit log recorded the change behind each saved
+  // state and each finished deletion. Failures to load are recorded as
+  // "restore" errors in the audit log too.
+  RestoreReport Restore(bool fallback_to_cpu = false);
+
+  // Builds `spec` and stores it as `name`. ALREADY_EXISTS if the name is
+  // taken; with `all_or_nothing`, FAILED_PRECONDITION (nothing stored) if any
+  // registration was blocked. Other errors from BuildModule.
+  absl::StatusOr<BuildOutcome> Build(const OperationContext& ctx,
+                                     const ModuleName& name,
+                                     const ModuleSpec& spec,
+                                     const BuildOptions& options,
+                                     bool all_or_nothing);
+
+  // One registration (or removal) inside an existing module. NOT_FOUND for
+  // an unknown module or path; FAILED_PRECONDITION naming who blocked it.
+  absl::StatusOr<std::vector<RegistrationResult>> Register(
+      const OperationContext& ctx, const ModuleName& name,
+      RegistrationRequest request);
+
+  // Runs `fn` on the module under a shared lock. NOT_FOUND if unknown.
+  absl::Status Read(const ModuleName& name,
+                    absl::FunctionRef<absl::Status(const Module&)> fn) const;
+
+  // A consistent snapshot of the module's state_dict, filtered.
+  absl::StatusOr<StateDictSnapshot> Snapshot(
+      const ModuleName& name, const SnapshotFilter& filter) const;
+
+  // load_state_dict on the module. FAILED_PRECONDITION with PyTorch's text
+  // when it fails (nothing changed when atomic). With options.assign the
+  // installations go through the hooks and the decider.
+  absl::StatusOr<LoadResult> Load(const OperationContext& ctx,
+                                  const ModuleName& name,
+                                  const StateDict& state_dict,
+                                  const LoadOptions& options);
+
+  // A load whose bytes are still to come (LoadStateDict over the wire, copy
+  // mode): checks the module exists and, when atomic, that the layout fits
+  // it (a load that must fail fails before its bytes travel, recorded like
+  // Load's failures), then stages the bytes in a new data file of the
+  // module (with a repository) or an anonymous file in `staging_dir`.
+  absl::StatusOr<std::unique_ptr<StagedStateDict>> StageLoad(
+      const OperationContext& ctx, const ModuleName& name,
+      StateDictLayout layout, const StreamLimits& limits,
+      const LoadOptions& options, const std::string& staging_dir);
+  // Load() of a staged state_dict once all its bytes were appended. The
+  // entries copied unchanged are not written to disk again: the staged
+  // file becomes one of the module's data files.
+  absl::StatusOr<LoadResult> LoadStaged(const OperationContext& ctx,
+                                        const ModuleName& name,
+                                        StagedStateDict& staged,
+                                        LoadOptions options);
+
+  // module.to(device, dtype). Errors as Module::To.
+  absl::Status Move(const OperationContext& ctx, const ModuleName& name,
+                    std::optional<Device> device, std::optional<DType> dtype);
+
+  absl::Status SetTraining(const OperationContext& ctx, const ModuleName& name,
+                           bool training);
+
+  // module(*inputs) for the submodule at `path` (core/forward.h), in
+  // `training` mode for this call if given (every module's own mode is
+  // restored after). A training-mode call may change buffers (BatchNorm's
+  // running statistics): it is saved and recorded ("forward"); an eval call
+  // changes nothing and is not recorded. NOT_FOUND for an unknown module or
+  // path; Forward's errors otherwise.
+  absl::StatusOr<std::vector<Tensor>> Forward(const OperationContext& ctx,
+                                              const ModuleName& name,
+                                              const std::string& path,
+                                              std::vector<Tensor> inputs,
+                                              std::optional<bool> training,
+                                              uint64_t seed);
+
+  // NOT_FOUND if unknown.
+  absl::Status Delete(const OperationContext& ctx, const ModuleName& name);
+
+  // Modules in name order, of namespace `ns` (all if empty), starting after
+  // `after` (full name; "" = from the start), at most `limit`.
+  std::vector<ModuleSummary> List(absl::string_view ns, absl::string_view after,
+                                  size_t limit) const;
+
+  // Number of modules.
+  size_t size() const;
+
+ private:
+  // One hosted module.
+  struct Entry {
+    explicit Entry(ModuleName n, std::shared_ptr<Module> r)
+        : name(std::move(n)), root(std::move(r)) {}
+    const ModuleName name;
+    // Held by a writer for its whole operation, pending decisions included.
+    Mutex gate;
+    // Guards the tree: shared for readers, exclusive to apply a change.
+    mutable Mutex mu ABSL_ACQUIRED_AFTER(gate);
+    std::shared_ptr<Module> root ABSL_GUARDED_BY(mu);
+    bool deleted ABSL_GUARDED_BY(mu) = false;
+  };
+
+  absl::StatusOr<std::shared_ptr<Entry>> Find(const ModuleName& name) const;
+  // OK if `name`'s namespace may take `added_modules` more modules and
+  // `added_bytes` more bytes; `excluded` (may be null) is a module whose
+  // current bytes do not count (it is being resized).
+  absl::Status CheckQuota(const ModuleName& name, uint64_t added_modules,
+                          uint64_t added_bytes, const Entry* excluded) const;
+  // Final decisions for `records` (the in-process ones if no decider).
+  std::vector<HookDecision> Decide(
+      const OperationContext& ctx, const ModuleName& name,
+      absl::Span<const RegistrationRecord> records);
+  // Records the operation `type` on `name` with its result and syncs the
+  // audit log. Returns `result`, or the audit failure when the record
+  // cannot be made durable.
+  absl::Status Record(const OperationContext& ctx, const ModuleName& name,
+                      absl::string_view type, const absl::Status& result,
+                      std::string details_json);
+  AuditLog* audit() const;
+  ModuleRepository* repository() const;
+  // Saves `entry`'s tree after a change of `type`; if that fails, puts the
+  // saved tree back in place of the unsaved one (or withdraws the module)
+  // and says so. REQUIRES: the caller holds entry.gate and entry.mu
+  // exclusively, so nobody changes or reads the tree meanwhile.
+  absl::Status Persist(const OperationContext& ctx, Entry& entry,
+                       absl::string_view type,
+                       const std::vector<PrewrittenBytes>& prewritten = {})
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(entry.mu);
+  absl::StatusOr<LoadResult> LoadImpl(const OperationContext& ctx,
+                                      const ModuleName& name,
+                                      const StateDict& state_dict,
+                                      const LoadOptions& options,
+                                      StagedStateDict* staged);
+  // Appends a "recovered" record for `note` unless the audit log has a
+  // record of the change it names. Returns whether it appended one.
+  absl::StatusOr<bool> RecordIfUnrecorded(const ModuleName& name,
+                                          const ChangeNote& note);
+
+  mutable Mutex mu_;
+  std::map<std::string, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
+  QuotaPolicy quotas_ ABSL_GUARDED_BY(mu_);
+  RegistrationDecider* decider_ ABSL_GUARDED_BY(mu_) = nullptr;
+  AuditLog* audit_ ABSL_GUARDED_BY(mu_) = nullptr;
+  ModuleRepository* repository_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+}  // namespace modelstate
+
+#endif  // MODELSTATE_SERVICE_MODEL_STORE_H_

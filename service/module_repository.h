@@ -1,0 +1,210 @@
+// File: module_repository.h
+// Durable module trees in a data directory, so that a restarted server comes
+// back with every module exactly as it was: tree, key order, values bit for
+// bit, dtypes, devices, requires_grad, persistence flags, training modes,
+// plain attributes, shared submodules and tied tensors.
+//
+// Layout, one directory per module:
+//   <dir>/<namespace>/<name>/manifest.json         the tree (the commit)
+//   <dir>/<namespace>/<name>/data-<N>.safetensors  tensor bytes
+//   <dir>/<namespace>/<name>/deleted.json          a deletion in progress
+// The manifest describes every module and tensor of the tree and names, for
+// every tensor with bytes, a data file, a key in it and the bytes' CRC-32C;
+// it carries the SHA-256 of its own body, so a damaged manifest is caught
+// too.
+//
+// Save() writes only storages whose bytes changed since the last save (a
+// storage's write version says so) into one new data file, then replaces the
+// manifest: temporary file, fsync, rename, directory fsync. The manifest's
+// rename is the commit point, so a crash at any moment leaves the old or the
+// new state, never a mix. Data files the manifest no longer names are
+// deleted after the commit (and at start-up); when the files still in use
+// hold mostly dead bytes or grow many, the next save rewrites everything into
+// one file.
+//
+// Every saved state carries a ChangeNote naming the change that produced
+// it, so that start-up can check the audit log recorded it (a crash between
+// the commit and the audit record would otherwise leave a change nobody
+// recorded; see ModelStore::Restore).
+//
+// Example:
+//   MODELSTATE_ASSIGN_OR_RETURN(std::unique_ptr<ModuleRepository> repo,
+//                               ModuleRepository::Open("data/modules"));
+//   ModuleRepository::LoadReport report = repo->LoadAll();
+//   MODELSTATE_RETURN_IF_ERROR(repo->Save(name, *root, note));
+#ifndef MODELSTATE_SERVICE_MODULE_REPOSITORY_H_
+#define MODELSTATE_SERVICE_MODULE_REPOSITORY_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "base/sync.h"
+#include "core/module.h"
+#include "service/module_name.h"
+
+namespace modelstate {
+
+// The change that produced a saved state (or a deletion).
+struct ChangeNote {
+  std::string type;  // the audit record type: "build", "register", ...
+  std::string identity;
+  std::string correlation_id;
+  // The audit log's last sequence number before the change was recorded:
+  // the change's own record, if any, comes after it.
+  uint64_t audit_seq = 0;
+};
+
+// Bytes of one storage that are already in one of the module's data files,
+// written there by someone else (a streamed load adopts its staging file):
+// Save names them instead of writing them again.
+struct PrewrittenBytes {
+  std::shared_ptr<Storage> storage;  // holds exactly these bytes now
+  DType dtype;
+  std::string file;  // a data file name in the module's directory
+  std::string key;
+  uint32_t crc32c = 0;
+};
+
+// Thread-safe. Saves and removals of one module must not run concurrently
+// (the ModelStore's per-module gate ensures it); different modules may.
+class ModuleRepository {
+ public:
+  // Opens `dir`, creating it if needed.
+  static absl::StatusOr<std::unique_ptr<ModuleRepository>> Open(
+      std::string dir);
+
+  // Makes `root` the durable state of `name`; returns once it is on disk.
+  // `root` must not change during the call. FAILED_PRECONDITION for a module
+  // whose files could not be loaded at start-up (they are kept for repair,
+  // never overwritten); other errors name the file.
+  absl::Status Save(const ModuleName& name, const Module& root,
+                    const ChangeNote& note,
+                    const std::vector<PrewrittenBytes>& prewritten = {});
+
+  // A path for a new data file of `name` (in its directory, created if
+  // needed), for a writer that Save will then adopt through
+  // PrewrittenBytes. Same errors as Save.
+  absl::StatusOr<std::string> ReserveDataFile(const ModuleName& name);
+  // Ends a reservation: from now on the file is deleted unless a saved
+  // manifest names it.
+  void ReleaseDataFile(const ModuleName& name, const std::string& path);
+
+  // Returns once every file queued for deletion is gone (files nothing names
+  // any more are deleted on a thread of their own: unlinking a large file
+  // takes a while, and nobody needs to wait for it).
+  void WaitForDeletions();
+  ~ModuleRepository();
+
+  // FAILED_PRECONDITION if `name` has files that could not be loaded at
+  // start-up (Save refuses to overwrite them).
+  absl::Status CheckUsable(const ModuleName& name);
+
+  // Reads the state of `name` that is committed on disk, after a Save that
+  // failed: the caller puts it in place of the tree it could not save, so
+  // that memory and disk agree again. What was left of the failed save is
+  // deleted. If the saved state cannot be read either, the module is marked
+  // damaged, as at start-up (its files are kept for repair), and the error
+  // names the file. Same concurrency rule as Save.
+  absl::StatusOr<std::shared_ptr<Module>> Reload(const ModuleName& name);
+
+  // Removes `name` durably: a tombstone holding `note` is committed first,
+  // then the files go. OK if it was never saved. The tombstone stays until
+  // DropTombstone, so that a crash before the deletion is recorded elsewhere
+  // shows up in the next LoadAll.
+  absl::Status Remove(const ModuleName& name, const ChangeNote& note);
+  void DropTombstone(const ModuleName& name);
+
+  struct Loaded {
+    ModuleName name;
+    std::shared_ptr<Module> root;
+    ChangeNote note;  // what produced the saved state
+    uint64_t bytes = 0;
+  };
+  struct Removed {
+    ModuleName name;
+    ChangeNote note;
+  };
+  struct LoadReport {
+    std::vector<Loaded> modules;
+    // Deletions whose tombstone was still there (see Remove).
+    std::vector<Removed> removed;
+    // One per module that could not be loaded, naming the file and why;
+    // those modules' files are left as they are.
+    std::vector<absl::Status> errors;
+  };
+  // Reads every saved module, and clears what crashed saves and removals
+  // left behind. Tensors come back on their saved device; a device this
+  // process does not have is an error for that module unless
+  // `fallback_to_cpu`. Call once, before any Save.
+  LoadReport LoadAll(bool fallback_to_cpu = false);
+
+  const std::string& dir() const { return dir_; }
+
+ private:
+  explicit ModuleRepository(std::string dir);
+
+  // Where one storage's bytes are on disk.
+  struct StoredBytes {
+    std::string file;
+    std::string key;
+    uint32_t crc32c = 0;
+  };
+  // What is on disk for one module: the stored bytes of every storage the
+  // manifest names, by (write version, dtype), and the data files in use.
+  struct ModuleFiles {
+    // Used by Save and LoadAll only (one at a time per module).
+    absl::flat_hash_map<std::string, StoredBytes> by_version;
+    std::map<std::string, uint64_t> file_bytes;  // file name -> size
+    // Guarded by the repository's mu_: reservations come from outside the
+    // module's writer gate (a load streams before it takes the gate).
+    uint64_t next_file = 1;
+    absl::flat_hash_set<std::string> reserved;  // data files being written
+  };
+
+  std::string ModuleDir(const ModuleName& name) const;
+  // Creates the module's directory (durably) if it is not there.
+  absl::Status EnsureModuleDir(const ModuleName& name);
+  // The module's file record, created from the directory's contents the
+  // first time.
+  std::shared_ptr<ModuleFiles> FilesOf(const ModuleName& name);
+  absl::StatusOr<Loaded> LoadOne(const ModuleName& name, bool fallback_to_cpu,
+                                 ModuleFiles& files);
+
+  // Deletes the data and temporary files in `dir` that `files` (nullptr:
+  // nothing) neither names nor reserves: queued, or at once when `now`.
+  void DeleteUnused(const std::string& dir, const ModuleFiles* files,
+                    bool now = false);
+  // A new data file name for `files` (REQUIRES: mu_ held). Numbers never
+  // repeat within the process, so a queued deletion can never hit a newer
+  // file of the same name.
+  std::string NextDataFile(ModuleFiles& files)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DeleteQueued();
+
+  const std::string dir_;
+  Mutex mu_;
+  CondVar deletions_changed_;
+  std::deque<std::string> deletions_ ABSL_GUARDED_BY(mu_);
+  bool deleting_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t min_next_file_ ABSL_GUARDED_BY(mu_) = 1;
+  std::thread deleter_;
+  std::map<std::string, std::shared_ptr<ModuleFiles>> files_
+      ABSL_GUARDED_BY(mu_);
+  // Modules whose files failed to load (full names).
+  absl::flat_hash_set<std::string> damaged_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace modelstate
+
+#endif  // MODELSTATE_SERVICE_MODULE_REPOSITORY_H_

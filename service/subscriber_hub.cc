@@ -1,0 +1,957 @@
+#include "service/subscriber_hub.h"
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "base/glob.h"
+#include "base/sha256.h"
+#include "base/status_macros.h"
+#include "core/generator.h"
+#include "core/init.h"
+#include "nlohmann/json.hpp"
+
+namespace modelstate {
+
+struct SubscriberHub::Subscriber {
+  // Answers remembered for telling late or duplicate answers from garbage.
+  static constexpr size_t kMaxSettled = 1 << 16;
+
+  uint64_t id = 0;
+  SubscriptionSpec spec;
+  uint64_t order = 0;
+  std::shared_ptr<SubscriberChannel> channel;
+  // Events waiting for its answer, in the order they were sent (send number
+  // -> event id), and the reverse index.
+  std::map<uint64_t, uint64_t> queue;
+  absl::flat_hash_map<uint64_t, uint64_t> holding;
+  // When the oldest waiting event became the oldest: its timeout runs from
+  // here, so an event queued behind a slow answer keeps its whole timeout.
+  absl::Time oldest_since;
+  // Events sent up to this send number were held when one timed out.
+  uint64_t expired_through = 0;
+  // Events it held and no longer holds, the most recent kMaxSettled.
+  std::deque<uint64_t> settled_order;
+  absl::flat_hash_set<uint64_t> settled;
+
+  void Hold(uint64_t event_id, uint64_t send_number, absl::Time now) {
+    if (queue.empty()) oldest_since = now;
+    queue.emplace(send_number, event_id);
+    holding.emplace(event_id, send_number);
+  }
+  // Stops waiting for `event_id`; false if it was not waiting for it.
+  bool Release(uint64_t event_id, absl::Time now) {
+    auto it = holding.find(event_id);
+    if (it == holding.end()) return false;
+    const bool was_oldest = queue.begin()->first == it->second;
+    queue.erase(it->second);
+    holding.erase(it);
+    if (was_oldest) oldest_since = now;
+    Settle(event_id);
+    return true;
+  }
+  void Settle(uint64_t event_id) {
+    if (!settled.insert(event_id).second) return;
+    settled_order.push_back(event_id);
+    if (settled_order.size() > kMaxSettled) {
+      settled.erase(settled_order.front());
+      settled_order.pop_front();
+    }
+  }
+  // When waiting for `event_id` times out: only the oldest event's clock
+  // runs, except for events held when an earlier one timed out, which have
+  // timed out already.
+  absl::Time DeadlineOf(uint64_t event_id) const {
+    auto it = holding.find(event_id);
+    if (it == holding.end()) return absl::InfiniteFuture();
+    if (it->second <= expired_through) return absl::InfinitePast();
+    if (queue.begin()->first != it->second) return absl::InfiniteFuture();
+    return oldest_since + spec.timeout;
+  }
+  // `event_id` timed out. Its own timeout (not an earlier event's) shows the
+  // subscriber is not answering: every event it holds now fails with it,
+  // rather than each waiting a whole timeout in turn, which would hold a
+  // 1,000-event build for 1,000 timeouts. Returns whether it was its own.
+  bool TimeOut(uint64_t event_id, absl::Time now) {
+    auto it = holding.find(event_id);
+    const bool own = it != holding.end() && it->second > expired_through;
+    if (own) expired_through = queue.rbegin()->first;
+    Release(event_id, now);
+    return own;
+  }
+  // Event ids waiting, oldest first.
+  std::vector<uint64_t> Held() const {
+    std::vector<uint64_t> ids;
+    ids.reserve(queue.size());
+    for (const auto& [number, event_id] : queue) ids.push_back(event_id);
+    return ids;
+  }
+};
+
+// A dry-run event: what its answers are validated against.
+struct SubscriberHub::DryRun {
+  std::shared_ptr<const HookEvent> event;
+  absl::Time sent_at;
+  std::shared_ptr<Module> owner;  // keeps registration.module alive
+  RegistrationEvent registration;
+  uint64_t request_seed = 0;
+  absl::flat_hash_set<std::string> answered;  // subscriber names
+};
+
+// One event on its way through its chain of interceptors.
+struct SubscriberHub::Pending {
+  uint64_t event_id = 0;
+  uint64_t request_seed = 0;
+  const RegistrationRecord* record = nullptr;
+  HookEvent base;
+  SlotValue value;  // current value
+  std::string value_sha256;
+  bool modified = false;
+  std::vector<uint64_t> chain;  // subscription orders, in chain order
+  absl::flat_hash_map<uint64_t, SubscriptionSpec> chain_specs;  // by order
+  size_t stage = 0;
+  std::vector<ChainStep> steps;
+  uint64_t waiting_on = 0;  // subscriber id, 0 when not sent
+  absl::Time sent_at;
+  bool done = false;
+  HookDecision result;
+  size_t* remaining = nullptr;  // the Decide call's count of unfinished events
+};
+
+namespace {
+
+bool ValidSubscriberName(absl::string_view name) {
+  if (name.empty() || name.size() > 128) return false;
+  for (char c : name) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+              (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-' ||
+              c == ':' || c == '@';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+nlohmann::json ValueJson(const SlotValue& v, const std::string& sha256) {
+  nlohmann::json j = nlohmann::json::object();
+  if (v.tensor.defined()) {
+    j["dtype"] = std::string(DTypeName(v.tensor.dtype()));
+    j["shape"] = v.tensor.shape();
+    j["device"] = v.tensor.device().ToString();
+    j["nbytes"] = v.tensor.nbytes();
+    j["requires_grad"] = v.tensor.requires_grad();
+    j["persistent"] = v.persistent;
+    j["sha256"] = sha256;
+  } else if (v.module != nullptr) {
+    j["module_type"] = v.module->type_name();
+  } else {
+    j = nullptr;
+  }
+  return j;
+}
+
+std::string EntryPath(const RegistrationEvent& event) {
+  return event.path.empty() ? event.name
+                            : absl::StrCat(event.path, ".", event.name);
+}
+
+// The value a MODIFY answer asks for instead of `current`, validated
+// (SEMANTICS H4, H5). `event` is the registration (its value unused).
+absl::StatusOr<SlotValue> ModifiedValue(const RegistrationEvent& event,
+                                        const SlotValue& current,
+                                        const SubscriberAnswer& answer,
+                                        uint64_t request_seed) {
+  if (event.action == RegistrationAction::kUnregister) {
+    return absl::InvalidArgumentError(
+        "MODIFY is not allowed on an unregister event");
+  }
+  if (event.kind == EntryKind::kModule) {
+    return absl::InvalidArgumentError(
+        "a submodule registration can only be approved or rejected");
+  }
+  SlotValue candidate = current;
+  if (answer.replacement.defined()) {
+    if (answer.transform.has_value()) {
+      return absl::InvalidArgumentError(
+          "MODIFY carries either a replacement tensor or a transform, not "
+          "both");
+    }
+    candidate.tensor = answer.replacement;
+    if (event.kind == EntryKind::kParameter) {
+      MODELSTATE_ASSIGN_OR_RETURN(
+          candidate.tensor,
+          MakeParameter(answer.replacement,
+                        answer.replacement_requires_grad.value_or(
+                            current.tensor.requires_grad()) &&
+                            IsFloatingPoint(answer.replacement.dtype())));
+    }
+  } else if (answer.transform.has_value()) {
+    const Transform& t = *answer.transform;
+    Tensor tensor = current.tensor;
+    if (t.reinit.has_value()) {
+      MODELSTATE_ASSIGN_OR_RETURN(tensor, tensor.Clone());
+      Generator gen(t.reinit->seed.has_value()
+                        ? *t.reinit->seed
+                        : ReinitSeed(request_seed, EntryPath(event)));
+      const InitSpec& init = *t.reinit;
+      switch (init.kind) {
+        case InitSpec::Kind::kZeros:
+          MODELSTATE_RETURN_IF_ERROR(ConstantInit(tensor, 0.0));
+          break;
+        case InitSpec::Kind::kOnes:
+          MODELSTATE_RETURN_IF_ERROR(ConstantInit(tensor, 1.0));
+          break;
+        case InitSpec::Kind::kConstant:
+          MODELSTATE_RETURN_IF_ERROR(ConstantInit(tensor, init.a));
+          break;
+        case InitSpec::Kind::kUniform:
+          MODELSTATE_RETURN_IF_ERROR(UniformInit(tensor, init.a, init.b, gen));
+          break;
+        case InitSpec::Kind::kNormal:
+          MODELSTATE_RETURN_IF_ERROR(NormalInit(tensor, init.a, init.b, gen));
+          break;
+        default:
+          return absl::InvalidArgumentError(
+              "reinit supports zeros, ones, constant, uniform and normal");
+      }
+    }
+    if (t.cast.has_value() || t.device.has_value()) {
+      if (t.cast.has_value() &&
+          IsFloatingPoint(tensor.dtype()) != IsFloatingPoint(*t.cast)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("cannot cast ", DTypeName(tensor.dtype()), " to ",
+                         DTypeName(*t.cast)));
+      }
+      MODELSTATE_ASSIGN_OR_RETURN(tensor,
+                                  tensor.To(t.device.value_or(tensor.device()),
+                                            t.cast.value_or(tensor.dtype())));
+    }
+    // A fresh tensor object, so that the proposed one is never changed.
+    Tensor fresh = tensor.is_same(current.tensor) ? tensor.Detach() : tensor;
+    if (event.kind == EntryKind::kParameter) {
+      bool rg = t.requires_grad.value_or(current.tensor.requires_grad());
+      if (rg && !IsFloatingPoint(fresh.dtype())) rg = false;
+      MODELSTATE_ASSIGN_OR_RETURN(fresh, MakeParameter(fresh, rg));
+    } else if (t.requires_grad.has_value()) {
+      return absl::InvalidArgumentError(
+          "set_requires_grad applies to parameters only");
+    }
+    if (t.persistent.has_value()) {
+      if (event.kind != EntryKind::kBuffer) {
+        return absl::InvalidArgumentError(
+            "set_persistent applies to buffers only");
+      }
+      candidate.persistent = *t.persistent;
+    }
+    candidate.tensor = fresh;
+  } else {
+    return absl::InvalidArgumentError(
+        "MODIFY needs a replacement tensor or a transform");
+  }
+  RegistrationEvent proposed = event;
+  proposed.value = current;
+  MODELSTATE_ASSIGN_OR_RETURN(candidate,
+                              NormalizeReplacement(proposed, candidate));
+  MODELSTATE_RETURN_IF_ERROR(ValidateReplacement(proposed, candidate));
+  return candidate;
+}
+
+std::string KindName(HookResult::Kind kind) {
+  switch (kind) {
+    case HookResult::Kind::kKeep:
+      return "keep";
+    case HookResult::Kind::kReplace:
+      return "replace";
+    case HookResult::Kind::kBlock:
+      return "block";
+  }
+  return "keep";
+}
+
+}  // namespace
+
+uint64_t ReinitSeed(uint64_t request_seed, absl::string_view entry_path) {
+  const std::string digest =
+      Sha256Hex(absl::StrCat(request_seed, ":", entry_path));
+  uint64_t seed = 0;
+  // 16 hex digits: the first 8 bytes, big-endian.
+  for (size_t i = 0; i < 16; ++i) {
+    const char c = digest[i];
+    seed =
+        (seed << 4) | static_cast<uint64_t>(c <= '9' ? c - '0' : c - 'a' + 10);
+  }
+  return seed;
+}
+
+absl::string_view VerdictName(Verdict verdict) {
+  switch (verdict) {
+    case Verdict::kApprove:
+      return "approve";
+    case Verdict::kModify:
+      return "modify";
+    case Verdict::kReject:
+      return "reject";
+  }
+  return "approve";
+}
+
+SubscriberHub::SubscriberHub(AuditLog* audit) : audit_(audit) {}
+SubscriberHub::~SubscriberHub() = default;
+
+absl::StatusOr<size_t> SubscriberHub::RestoreNameOwners() {
+  if (audit_ == nullptr) return 0;
+  AuditQuery query;
+  query.type = "subscribe";
+  query.limit = 10000;
+  MutexLock lock(&mu_);
+  while (true) {
+    MODELSTATE_ASSIGN_OR_RETURN(std::vector<AuditRecord> page,
+                                audit_->Query(query));
+    if (page.empty()) return owner_by_name_.size();
+    for (const AuditRecord& r : page) {
+      nlohmann::json details =
+          nlohmann::json::parse(r.details_json, nullptr, false);
+      if (!details.is_object()) continue;
+      auto name = details.find("subscriber");
+      auto owner = details.find("owner");
+      if (name == details.end() || owner == details.end() ||
+          !name->is_string() || !owner->is_string()) {
+        continue;  // no owner: made without authentication
+      }
+      // The first identity to use a name owns it, as in Attach.
+      owner_by_name_.try_emplace(name->get<std::string>(),
+                                 owner->get<std::string>());
+    }
+    query.after_seq = page.back().seq;
+  }
+}
+
+void SubscriberHub::Audit(AuditRecord record) {
+  if (audit_ == nullptr) return;
+  // A failed audit append is reported by the operation's final Sync.
+  audit_->Append(std::move(record)).IgnoreError();
+}
+
+absl::Status SubscriberHub::AuditDurably(AuditRecord record) {
+  if (audit_ == nullptr) return absl::OkStatus();
+  MODELSTATE_ASSIGN_OR_RETURN(uint64_t seq, audit_->Append(std::move(record)));
+  return audit_->Sync(seq);
+}
+
+absl::StatusOr<uint64_t> SubscriberHub::Attach(
+    SubscriptionSpec spec, std::shared_ptr<SubscriberChannel> channel,
+    const OperationContext& ctx) {
+  if (!ValidSubscriberName(spec.name)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "name: '", spec.name,
+        "' is not a valid subscriber name (1-128 of [A-Za-z0-9_.:@-])"));
+  }
+  if (spec.timeout <= absl::ZeroDuration() || spec.timeout > absl::Hours(1)) {
+    return absl::InvalidArgumentError(
+        "timeout: must be more than 0 and at most 1 hour");
+  }
+  Sends sends;
+  std::shared_ptr<SubscriberChannel> replaced;
+  uint64_t id;
+  {
+    MutexLock lock(&mu_);
+    if (!spec.owner_identity.empty()) {
+      auto [owner, first] =
+          owner_by_name_.try_emplace(spec.name, spec.owner_identity);
+      if (!first && owner->second != spec.owner_identity) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            "name: subscriber '", spec.name, "' belongs to '", owner->second,
+            "'; '", spec.owner_identity, "' may not take its place"));
+      }
+    }
+    id = next_subscriber_id_++;
+    auto known = order_by_name_.find(spec.name);
+    uint64_t order =
+        known != order_by_name_.end() ? known->second : next_order_++;
+    order_by_name_[spec.name] = order;
+    auto sub = std::make_unique<Subscriber>();
+    sub->id = id;
+    sub->spec = spec;
+    sub->order = order;
+    sub->channel = channel;
+    // A connected subscriber of the same name is replaced; what it held
+    // goes to the new connection.
+    // The new connection starts the oldest event's clock afresh.
+    const absl::Time now = absl::Now();
+    for (auto it = subscribers_.begin(); it != subscribers_.end(); ++it) {
+      if (it->second->spec.name != spec.name) continue;
+      replaced = it->second->channel;
+      for (uint64_t event_id : it->second->Held()) {
+        auto p = pending_.find(event_id);
+        if (p == pending_.end()) continue;
+        p->second->waiting_on = id;
+        sub->Hold(event_id, next_send_++, now);
+        sends.emplace_back(channel, EventFor(*p->second, *sub));
+      }
+      // Its answers to what the old connection settled are late, not
+      // garbage.
+      sub->settled = std::move(it->second->settled);
+      sub->settled_order = std::move(it->second->settled_order);
+      subscribers_.erase(it);
+      break;
+    }
+    subscribers_.emplace(id, std::move(sub));
+  }
+  if (replaced != nullptr) {
+    replaced->Close(absl::AbortedError(absl::StrCat(
+        "subscriber '", spec.name, "' reconnected on another stream")));
+  }
+  Deliver(sends);
+  AuditRecord r;
+  r.identity = ctx.identity;
+  r.correlation_id = ctx.correlation_id;
+  r.type = "subscribe";
+  r.outcome = "ok";
+  nlohmann::json details = {
+      {"subscriber", spec.name},
+      {"mode", spec.mode == SubscriberMode::kIntercept ? "intercept"
+               : spec.mode == SubscriberMode::kObserve ? "observe"
+                                                       : "dry_run"},
+      {"priority", spec.priority},
+      {"timeout_ms", absl::ToInt64Milliseconds(spec.timeout)},
+      {"failure_policy", spec.failure_policy == FailurePolicy::kFailClosed
+                             ? "fail_closed"
+                             : "fail_open"},
+      {"reconnected", replaced != nullptr}};
+  if (!spec.owner_identity.empty()) details["owner"] = spec.owner_identity;
+  r.details_json = details.dump();
+  // On disk before the subscriber is acknowledged; a subscription that
+  // cannot be recorded does not stand.
+  if (absl::Status recorded = AuditDurably(std::move(r)); !recorded.ok()) {
+    Detach(id, ctx);
+    return absl::UnavailableError(
+        absl::StrCat("the subscription could not be recorded in the audit "
+                     "log: ",
+                     recorded.message()));
+  }
+  return id;
+}
+
+void SubscriberHub::Detach(uint64_t subscriber_id,
+                           const OperationContext& ctx) {
+  Sends sends;
+  std::string name;
+  {
+    MutexLock lock(&mu_);
+    auto it = subscribers_.find(subscriber_id);
+    if (it == subscribers_.end()) return;
+    std::unique_ptr<Subscriber> sub = std::move(it->second);
+    subscribers_.erase(it);
+    name = sub->spec.name;
+    for (uint64_t event_id : sub->Held()) {
+      auto p = pending_.find(event_id);
+      if (p != pending_.end()) {
+        FailLocked(*p->second, *sub, "disconnected", sends);
+      }
+    }
+    cv_.SignalAll();
+  }
+  Deliver(sends);
+  AuditRecord r;
+  r.identity = ctx.identity;
+  r.correlation_id = ctx.correlation_id;
+  r.type = "unsubscribe";
+  r.outcome = "ok";
+  r.details_json = nlohmann::json({{"subscriber", name}}).dump();
+  // On disk before the stream ends. A failure needs no answer here: it
+  // stays in the log's health, and the server refuses later changes.
+  AuditDurably(std::move(r)).IgnoreError();
+}
+
+void SubscriberHub::CloseAll(const absl::Status& status) {
+  std::vector<std::shared_ptr<SubscriberChannel>> channels;
+  {
+    MutexLock lock(&mu_);
+    for (const auto& [id, sub] : subscribers_) channels.push_back(sub->channel);
+  }
+  for (const auto& channel : channels) channel->Close(status);
+}
+
+std::vector<SubscriberInfo> SubscriberHub::List() const {
+  MutexLock lock(&mu_);
+  std::vector<SubscriberInfo> out;
+  for (const auto& [id, sub] : subscribers_) {
+    out.push_back(
+        SubscriberInfo{id, sub->spec, sub->order, sub->holding.size()});
+  }
+  return out;
+}
+
+bool SubscriberHub::Matches(const Subscriber& s, const HookEvent& e) const {
+  const SubscriptionSpec& spec = s.spec;
+  auto contains = [](const auto& list, const auto& value) {
+    return list.empty() ||
+           std::find(list.begin(), list.end(), value) != list.end();
+  };
+  return contains(spec.visible_namespaces, e.ns) &&
+         contains(spec.filter.kinds, e.kind) &&
+         contains(spec.filter.actions, e.action) &&
+         contains(spec.filter.namespaces, e.ns) &&
+         (spec.filter.module_type_glob.empty() ||
+          GlobMatch(spec.filter.module_type_glob, e.module_type)) &&
+         (spec.filter.name_glob.empty() ||
+          GlobMatch(spec.filter.name_glob, e.name));
+}
+
+std::shared_ptr<const HookEvent> SubscriberHub::EventFor(
+    const Pending& p, const Subscriber& s) const {
+  auto event = std::make_shared<HookEvent>(p.base);
+  event->value = p.value;
+  event->value_sha256 = p.value_sha256;
+  event->chain = p.steps;
+  const Tensor& t = p.value.tensor;
+  event->data_included = s.spec.include_data && t.defined() &&
+                         t.device().has_storage() &&
+                         t.nbytes() <= s.spec.max_data_bytes;
+  return event;
+}
+
+void SubscriberHub::FinishLocked(Pending& p, HookDecision decision) {
+  if (p.done) return;
+  p.done = true;
+  p.result = std::move(decision);
+  p.waiting_on = 0;
+  pending_.erase(p.event_id);
+  --*p.remaining;
+}
+
+absl::Time SubscriberHub::DeadlineLocked(const Pending& p) const {
+  if (p.done || p.waiting_on == 0) return absl::InfiniteFuture();
+  auto it = subscribers_.find(p.waiting_on);
+  if (it == subscribers_.end()) return absl::InfiniteFuture();
+  return it->second->DeadlineOf(p.event_id);
+}
+
+void SubscriberHub::AdvanceLocked(Pending& p, Sends& sends) {
+  while (!p.done && p.stage < p.chain.size()) {
+    uint64_t order = p.chain[p.stage];
+    Subscriber* s = nullptr;
+    for (auto& [id, sub] : subscribers_) {
+      if (sub->order == order) s = sub.get();
+    }
+    if (s == nullptr) {
+      // Gone before its turn: its failure policy decides.
+      const SubscriptionSpec& spec = p.chain_specs.at(order);
+      Subscriber ghost;
+      ghost.spec = spec;
+      ghost.order = order;
+      FailLocked(p, ghost, "is not connected", sends);
+      return;
+    }
+    p.waiting_on = s->id;
+    p.sent_at = absl::Now();
+    s->Hold(p.event_id, next_send_++, p.sent_at);
+    sends.emplace_back(s->channel, EventFor(p, *s));
+    return;
+  }
+  if (p.done) return;
+  HookDecision d;
+  bool replaced =
+      p.modified || p.record->local.kind == HookResult::Kind::kReplace;
+  d.kind = replaced ? HookResult::Kind::kReplace : HookResult::Kind::kKeep;
+  d.value = p.value;
+  if (p.modified) {
+    std::vector<std::string> who;
+    for (const ChainStep& step : p.steps) {
+      if (step.verdict == "modify") who.push_back(step.subscriber);
+    }
+    d.reason = absl::StrCat("modified by ", absl::StrJoin(who, ", "));
+  } else {
+    d.reason = p.record->local.reason;
+  }
+  FinishLocked(p, std::move(d));
+}
+
+void SubscriberHub::FailLocked(Pending& p, const Subscriber& s,
+                               absl::string_view why, Sends& sends) {
+  if (p.done) return;
+  bool closed = s.spec.failure_policy == FailurePolicy::kFailClosed;
+  p.steps.push_back(ChainStep{s.spec.name,
+                              closed ? "failed-closed" : "failed-open",
+                              absl::StrCat(s.spec.name, " ", why)});
+  AuditRecord r;
+  r.identity = p.base.identity;
+  r.correlation_id = p.base.correlation_id;
+  r.type = "answer";
+  r.ns = p.base.ns;
+  r.module = p.base.module;
+  r.outcome = closed ? "failed-closed" : "failed-open";
+  r.details_json =
+      nlohmann::json({{"event_id", p.event_id},
+                      {"subscriber", s.spec.name},
+                      {"reason", absl::StrCat(s.spec.name, " ", why)}})
+          .dump();
+  Audit(std::move(r));
+  p.waiting_on = 0;
+  if (closed) {
+    HookDecision d;
+    d.kind = HookResult::Kind::kBlock;
+    d.reason =
+        absl::StrCat("subscriber ", s.spec.name, " ", why, " (fail-closed)");
+    FinishLocked(p, std::move(d));
+    return;
+  }
+  ++p.stage;
+  AdvanceLocked(p, sends);
+}
+
+void SubscriberHub::DryRunAnswerLocked(const Subscriber& s,
+                                       const SubscriberAnswer& answer,
+                                       absl::Time now) {
+  AuditRecord r;
+  r.type = "answer";
+  r.outcome = std::string(VerdictName(answer.verdict));
+  nlohmann::json details = {{"event_id", answer.event_id},
+                            {"subscriber", s.spec.name},
+                            {"reason", answer.reason},
+                            {"dry_run", true}};
+  auto dr = dry_runs_.find(answer.event_id);
+  if (!answer.invalid.empty()) {
+    r.outcome = "invalid";
+    details["problem"] = answer.invalid;
+  } else if (dr == dry_runs_.end()) {
+    r.outcome = "invalid";
+    details["problem"] = "unknown event id";
+  } else {
+    DryRun& run = *dr->second;
+    r.identity = run.event->identity;
+    r.correlation_id = run.event->correlation_id;
+    r.ns = run.event->ns;
+    r.module = run.event->module;
+    details["latency_ms"] = absl::ToDoubleMilliseconds(now - run.sent_at);
+    if (!run.answered.insert(s.spec.name).second) {
+      r.outcome = "ignored";
+      details["problem"] = "duplicate answer";
+    } else if (answer.verdict == Verdict::kModify) {
+      // Validated as if enforced, so a dry run shows what would fail.
+      absl::StatusOr<SlotValue> modified = ModifiedValue(
+          run.registration, run.event->value, answer, run.request_seed);
+      if (modified.ok()) {
+        details["value"] = ValueJson(*modified, ContentHash(modified->tensor));
+      } else {
+        r.outcome = "invalid";
+        details["problem"] = std::string(modified.status().message());
+      }
+    }
+  }
+  r.details_json = details.dump();
+  Audit(std::move(r));
+}
+
+void SubscriberHub::Answer(uint64_t subscriber_id, SubscriberAnswer answer) {
+  Sends sends;
+  {
+    MutexLock lock(&mu_);
+    auto sit = subscribers_.find(subscriber_id);
+    if (sit == subscribers_.end()) return;
+    Subscriber& s = *sit->second;
+    absl::Time now = absl::Now();
+    if (s.spec.mode == SubscriberMode::kDryRun) {
+      DryRunAnswerLocked(s, answer, now);
+      return;
+    }
+    if (!answer.invalid.empty()) {
+      // Undecodable: treated below as an answer for no waiting event.
+      answer.event_id = 0;
+    }
+    AuditRecord r;
+    r.type = "answer";
+    r.outcome = std::string(VerdictName(answer.verdict));
+    nlohmann::json details = {{"event_id", answer.event_id},
+                              {"subscriber", s.spec.name},
+                              {"reason", answer.reason}};
+    auto pit = pending_.find(answer.event_id);
+    if ((pit == pending_.end() || pit->second->waiting_on != subscriber_id) &&
+        s.settled.contains(answer.event_id)) {
+      // It already answered this event, or the event was decided without
+      // it (timeout, failure): a late or duplicate answer, only recorded.
+      r.outcome = "ignored";
+      details["problem"] =
+          "late or duplicate answer: this subscriber's part in the event is "
+          "already decided";
+      if (pit != pending_.end()) {
+        r.identity = pit->second->base.identity;
+        r.correlation_id = pit->second->base.correlation_id;
+        r.ns = pit->second->base.ns;
+        r.module = pit->second->base.module;
+      }
+      r.details_json = details.dump();
+      Audit(std::move(r));
+      return;
+    }
+    if (pit == pending_.end() || pit->second->waiting_on != subscriber_id) {
+      // Garbage: the subscriber is broken, so everything it holds fails.
+      r.outcome = "invalid";
+      details["problem"] =
+          answer.invalid.empty()
+              ? "no event with this id was sent to this subscriber"
+              : answer.invalid;
+      r.details_json = details.dump();
+      Audit(std::move(r));
+      for (uint64_t event_id : s.Held()) {
+        s.Release(event_id, now);
+        auto p = pending_.find(event_id);
+        if (p != pending_.end()) {
+          FailLocked(
+              *p->second, s,
+              answer.invalid.empty()
+                  ? std::string("sent an answer for an unknown event")
+                  : absl::StrCat("sent an invalid answer: ", answer.invalid),
+              sends);
+        }
+      }
+      cv_.SignalAll();
+    } else {
+      Pending& p = *pit->second;
+      s.Release(p.event_id, now);
+      r.identity = p.base.identity;
+      r.correlation_id = p.base.correlation_id;
+      r.ns = p.base.ns;
+      r.module = p.base.module;
+      details["latency_ms"] = absl::ToDoubleMilliseconds(now - p.sent_at);
+      absl::Status valid = absl::OkStatus();
+      if (answer.verdict == Verdict::kModify) {
+        absl::StatusOr<SlotValue> modified =
+            ModifiedValue(p.record->event, p.value, answer, p.request_seed);
+        if (modified.ok()) {
+          p.value = *std::move(modified);
+          p.value_sha256 = ContentHash(p.value.tensor);
+          p.modified = true;
+        } else {
+          valid = modified.status();
+        }
+      }
+      if (!valid.ok()) {
+        r.outcome = "invalid";
+        details["problem"] = std::string(valid.message());
+        r.details_json = details.dump();
+        Audit(std::move(r));
+        FailLocked(p, s,
+                   absl::StrCat("sent an invalid answer: ", valid.message()),
+                   sends);
+      } else {
+        if (answer.verdict == Verdict::kModify) {
+          details["value"] = ValueJson(p.value, p.value_sha256);
+        }
+        r.details_json = details.dump();
+        Audit(std::move(r));
+        p.steps.push_back(ChainStep{s.spec.name,
+                                    std::string(VerdictName(answer.verdict)),
+                                    answer.reason});
+        if (answer.verdict == Verdict::kReject) {
+          HookDecision d;
+          d.kind = HookResult::Kind::kBlock;
+          d.reason =
+              absl::StrCat("rejected by ", s.spec.name,
+                           answer.reason.empty() ? "" : ": ", answer.reason);
+          FinishLocked(p, std::move(d));
+        } else {
+          ++p.stage;
+          AdvanceLocked(p, sends);
+        }
+      }
+      cv_.SignalAll();
+    }
+  }
+  Deliver(sends);
+}
+
+void SubscriberHub::Deliver(const Sends& sends) {
+  for (const auto& [channel, event] : sends) channel->Send(event);
+}
+
+std::vector<HookDecision> SubscriberHub::Decide(
+    const OperationContext& ctx, const ModuleName& module,
+    absl::Span<const RegistrationRecord> records) {
+  std::vector<std::unique_ptr<Pending>> events(records.size());
+  // Content hashes before taking the lock: they read every byte.
+  std::vector<std::string> hashes(records.size());
+  for (size_t i = 0; i < records.size(); ++i) {
+    if (!records[i].local.blocked())
+      hashes[i] = ContentHash(records[i].local.value.tensor);
+  }
+  size_t remaining = 0;
+  Sends sends;
+  {
+    MutexLock lock(&mu_);
+    std::vector<const Subscriber*> interceptors;
+    for (const auto& [id, sub] : subscribers_) {
+      if (sub->spec.mode == SubscriberMode::kIntercept)
+        interceptors.push_back(sub.get());
+    }
+    std::sort(interceptors.begin(), interceptors.end(),
+              [](const Subscriber* a, const Subscriber* b) {
+                return std::make_pair(a->spec.priority, a->order) <
+                       std::make_pair(b->spec.priority, b->order);
+              });
+    for (size_t i = 0; i < records.size(); ++i) {
+      const RegistrationRecord& rec = records[i];
+      auto p = std::make_unique<Pending>();
+      p->event_id = next_event_id_++;
+      p->request_seed = ctx.seed;
+      p->record = &rec;
+      p->remaining = &remaining;
+      HookEvent& e = p->base;
+      e.event_id = p->event_id;
+      e.correlation_id = ctx.correlation_id;
+      e.identity = ctx.identity;
+      e.ns = module.ns;
+      e.module = module.name;
+      e.path = rec.event.path;
+      e.module_type = rec.owner != nullptr ? rec.owner->type_name() : "";
+      e.kind = rec.event.kind;
+      e.action = rec.event.action;
+      e.name = rec.event.name;
+      p->value = rec.local.blocked() ? rec.event.value : rec.local.value;
+      p->value_sha256 = hashes[i];
+      AuditRecord ar;
+      ar.identity = ctx.identity;
+      ar.correlation_id = ctx.correlation_id;
+      ar.type = "registration";
+      ar.ns = module.ns;
+      ar.module = module.name;
+      ar.details_json =
+          nlohmann::json(
+              {{"event_id", p->event_id},
+               {"path", e.path},
+               {"module_type", e.module_type},
+               {"kind", std::string(EntryKindName(e.kind))},
+               {"action", std::string(RegistrationActionName(e.action))},
+               {"name", e.name},
+               {"value", ValueJson(p->value, p->value_sha256)},
+               {"in_process", KindName(rec.local.kind)}})
+              .dump();
+      Audit(std::move(ar));
+      if (rec.local.blocked()) {
+        p->done = true;
+        p->result = rec.local;
+        events[i] = std::move(p);
+        continue;
+      }
+      for (const Subscriber* s : interceptors) {
+        if (Matches(*s, e)) {
+          p->chain.push_back(s->order);
+          p->chain_specs.emplace(s->order, s->spec);
+        }
+      }
+      for (const auto& [id, sub] : subscribers_) {
+        if (sub->spec.mode == SubscriberMode::kDryRun && Matches(*sub, e)) {
+          std::shared_ptr<const HookEvent> ev = EventFor(*p, *sub);
+          std::unique_ptr<DryRun>& run = dry_runs_[p->event_id];
+          if (run == nullptr) {
+            run = std::make_unique<DryRun>();
+            run->event = ev;
+            run->sent_at = absl::Now();
+            run->owner = rec.owner;
+            run->registration = rec.event;
+            run->registration.value = SlotValue();
+            run->request_seed = ctx.seed;
+          }
+          sends.emplace_back(sub->channel, ev);
+        }
+      }
+      ++remaining;
+      pending_[p->event_id] = p.get();
+      AdvanceLocked(*p, sends);
+      events[i] = std::move(p);
+    }
+  }
+  Deliver(sends);
+  sends.clear();
+  // Waits for every chain; sends made on timeouts go out with the lock
+  // released, so the lock is taken and released by hand here.
+  mu_.Lock();
+  {
+    while (remaining > 0) {
+      // An answer or a timeout elsewhere signals, and the deadlines are
+      // looked at again.
+      absl::Time next = absl::InfiniteFuture();
+      for (const auto& p : events) next = std::min(next, DeadlineLocked(*p));
+      if (next > absl::Now()) cv_.WaitWithDeadline(&mu_, next);
+      absl::Time now = absl::Now();
+      bool timed_out = false;
+      for (const auto& p : events) {
+        if (DeadlineLocked(*p) > now) continue;
+        Subscriber& sub = *subscribers_.at(p->waiting_on);
+        const bool own = sub.TimeOut(p->event_id, now);
+        timed_out = true;
+        FailLocked(*p, sub,
+                   absl::StrCat("timed out after ",
+                                absl::FormatDuration(sub.spec.timeout),
+                                own ? "" : " on an earlier event"),
+                   sends);
+      }
+      // The subscriber's next event, maybe another call's, starts its clock,
+      // and its events held with the one that timed out fail.
+      if (timed_out) cv_.SignalAll();
+      if (!sends.empty()) {
+        Sends out;
+        out.swap(sends);
+        mu_.Unlock();
+        Deliver(out);
+        mu_.Lock();
+      }
+    }
+    // Outcomes: audited, and sent to observers.
+    absl::Time expired = absl::Now() - absl::Minutes(10);
+    for (auto it = dry_runs_.begin(); it != dry_runs_.end();) {
+      if (it->second->sent_at < expired) {
+        dry_runs_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+    for (const auto& p : events) {
+      AuditRecord ar;
+      ar.identity = ctx.identity;
+      ar.correlation_id = ctx.correlation_id;
+      ar.type = "outcome";
+      ar.ns = module.ns;
+      ar.module = module.name;
+      ar.outcome = KindName(p->result.kind);
+      ar.details_json =
+          nlohmann::json(
+              {{"event_id", p->event_id},
+               {"path", p->base.path},
+               {"kind", std::string(EntryKindName(p->base.kind))},
+               {"name", p->base.name},
+               {"reason", p->result.reason},
+               {"value", p->result.blocked()
+                             ? nlohmann::json(nullptr)
+                             : ValueJson(p->result.value, p->value_sha256)}})
+              .dump();
+      Audit(std::move(ar));
+      for (const auto& [id, sub] : subscribers_) {
+        if (sub->spec.mode != SubscriberMode::kObserve ||
+            !Matches(*sub, p->base))
+          continue;
+        auto ev = std::make_shared<HookEvent>(*EventFor(*p, *sub));
+        if (!p->result.blocked()) ev->value = p->result.value;
+        ev->is_outcome = true;
+        ev->outcome = p->result.kind;
+        ev->outcome_reason = p->result.reason;
+        sends.emplace_back(sub->channel, ev);
+      }
+    }
+  }
+  mu_.Unlock();
+  Deliver(sends);
+  std::vector<HookDecision> finals;
+  finals.reserve(events.size());
+  for (auto& p : events) finals.push_back(std::move(p->result));
+  return finals;
+}
+
+}  // namespace modelstate

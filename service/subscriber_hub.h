@@ -1,0 +1,276 @@
+// File: subscriber_hub.h
+// Remote registration hooks (SEMANTICS H1-H8): subscribers that approve,
+// modify or reject registrations, decided after the in-process hooks.
+//
+// - Interceptors (mode kIntercept) run in (priority, subscription time)
+//   order; each event goes through its own chain, and the chains of
+//   different events run at the same time (an event waits only for its own
+//   answers), so a build with many registrations costs about one round trip
+//   per interceptor, not one per registration. Each slot's chain order, and
+//   so the outcome, is the same as deciding one event at a time.
+// - Each interceptor has a timeout and a failure policy: a timeout, a
+//   disconnect or an invalid answer blocks (fail-closed) or approves
+//   (fail-open). Nothing waits forever. An event's clock starts when it
+//   becomes the subscriber's oldest unanswered event, so events pipelined
+//   behind a slow but steady answerer do not time out for it. When the
+//   oldest does time out, the subscriber is not answering: every event it
+//   holds then fails with it (events sent later get their own timeout; a
+//   reconnection under the same name starts the clock afresh for all).
+// - An answer for an event the subscriber no longer holds (already
+//   answered, timed out or failed) is late or a duplicate: recorded in the
+//   audit log as "ignored", never enforced. An answer for an event it was
+//   never sent is garbage and fails what the subscriber holds.
+// - Dry-run subscribers see every event; their answers are validated like
+//   an interceptor's (an invalid one is recorded as "invalid") and recorded
+//   in the audit log, but never enforced nor awaited. Observers get the final
+//   outcome, never awaited.
+// - A subscriber that reconnects under the same name takes its place back
+//   in the order, and receives the events still waiting for it. With
+//   authentication, a name belongs to the identity that first used it.
+// - A MODIFY re-initialising without a seed draws from ReinitSeed(request
+//   seed, entry path), so the same build request gives the same values.
+//
+// The transport (a gRPC stream) implements SubscriberChannel; the hub knows
+// nothing of gRPC.
+//
+// Example:
+//   SubscriberHub hub(audit_log);
+//   store.set_decider(&hub);
+//   MODELSTATE_ASSIGN_OR_RETURN(uint64_t id, hub.Attach(spec, &channel, ctx));
+//   ... channel.Send() delivers events; the transport calls
+//   hub.Answer(id, answer) for each answer and hub.Detach(id) at the end.
+#ifndef MODELSTATE_SERVICE_SUBSCRIBER_HUB_H_
+#define MODELSTATE_SERVICE_SUBSCRIBER_HUB_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "base/sync.h"
+#include "core/hooks.h"
+#include "nn/module_spec.h"
+#include "service/audit_log.h"
+#include "service/model_store.h"
+
+namespace modelstate {
+
+enum class SubscriberMode : uint8_t {
+  kIntercept = 0,
+  kObserve = 1,
+  kDryRun = 2
+};
+enum class FailurePolicy : uint8_t { kFailClosed = 0, kFailOpen = 1 };
+enum class Verdict : uint8_t { kApprove = 0, kModify = 1, kReject = 2 };
+
+absl::string_view VerdictName(
+    Verdict verdict);  // "approve", "modify", "reject"
+
+// Which events a subscriber sees. Empty lists and globs select everything.
+struct SubscriptionFilter {
+  std::vector<EntryKind> kinds;
+  std::vector<RegistrationAction> actions;
+  std::vector<std::string> namespaces;
+  std::string module_type_glob;  // * and ?
+  std::string name_glob;
+};
+
+struct SubscriptionSpec {
+  std::string name;  // unique among connected subscribers; 1-128 chars
+  SubscriberMode mode = SubscriberMode::kIntercept;
+  SubscriptionFilter filter;
+  int32_t priority = 0;                        // lower first
+  absl::Duration timeout = absl::Seconds(10);  // per event
+  FailurePolicy failure_policy = FailurePolicy::kFailClosed;
+  bool include_data = false;
+  uint64_t max_data_bytes = 1 << 20;  // larger tensors are sent without data
+  // Namespaces this subscriber may see at all (set by the server from the
+  // caller's identity; empty: every namespace).
+  std::vector<std::string> visible_namespaces;
+  // Set by the server when callers are authenticated: the name is bound to
+  // this identity for the hub's lifetime, so nobody else can take over a
+  // subscriber's place (and its pending events). Empty: names are unbound.
+  std::string owner_identity;
+};
+
+// The seed a re-initialise transform without its own seed draws from: the
+// first 8 bytes (big-endian) of SHA-256("<request seed>:<entry path>"),
+// where the entry path is the dotted path of the parameter or buffer (for
+// example "encoder.0.weight").
+uint64_t ReinitSeed(uint64_t request_seed, absl::string_view entry_path);
+
+// What an earlier interceptor of the chain did.
+struct ChainStep {
+  std::string subscriber;
+  std::string
+      verdict;  // "approve", "modify", "reject", "failed-open", "failed-closed"
+  std::string reason;
+};
+
+// One event as a subscriber sees it.
+struct HookEvent {
+  uint64_t event_id = 0;
+  std::string correlation_id;
+  std::string identity;
+  std::string ns;
+  std::string module;
+  std::string path;
+  std::string module_type;
+  EntryKind kind = EntryKind::kParameter;
+  RegistrationAction action = RegistrationAction::kRegister;
+  std::string name;
+  // The value proposed (after the in-process hooks and the earlier
+  // interceptors); undefined tensor / null module for unregistrations.
+  SlotValue value;
+  std::string value_sha256;    // content hash of value.tensor ("" if none)
+  bool data_included = false;  // value.tensor's bytes are to be sent
+  std::vector<ChainStep> chain;
+  // For observers: the final outcome.
+  bool is_outcome = false;
+  HookResult::Kind outcome = HookResult::Kind::kKeep;
+  std::string outcome_reason;
+};
+
+// A transform MODIFY asks for instead of a full replacement (H5).
+struct Transform {
+  std::optional<DType> cast;
+  std::optional<Device> device;
+  std::optional<bool> requires_grad;
+  std::optional<bool> persistent;
+  std::optional<InitSpec> reinit;  // zeros, ones, constant, uniform, normal
+};
+
+struct SubscriberAnswer {
+  uint64_t event_id = 0;
+  Verdict verdict = Verdict::kApprove;
+  std::string reason;
+  Tensor replacement;  // MODIFY with values
+  // Parameters: whether the replacement requires grad (floating only);
+  // unset: as the proposed parameter does.
+  std::optional<bool> replacement_requires_grad;
+  std::optional<Transform> transform;  // MODIFY with a transform
+  // Set by the transport when the answer could not even be decoded (for
+  // example a replacement tensor whose bytes do not match its shape): the
+  // answer is invalid for this reason.
+  std::string invalid;
+};
+
+// Delivers events to one subscriber. Send() may be called from any thread,
+// never with the hub's lock held, and must not block or call back into the
+// hub synchronously. The hub keeps its channels alive while it may still
+// send; a channel whose stream is gone must drop what it is sent.
+class SubscriberChannel {
+ public:
+  virtual ~SubscriberChannel() = default;
+  virtual void Send(std::shared_ptr<const HookEvent> event) = 0;
+  // The hub is done with this channel (replaced by a reconnection).
+  virtual void Close(absl::Status status) = 0;
+};
+
+struct SubscriberInfo {
+  uint64_t id;
+  SubscriptionSpec spec;
+  uint64_t order;    // subscription time, kept across reconnections
+  uint64_t pending;  // events waiting for this subscriber's answer
+};
+
+// Thread-safe.
+class SubscriberHub : public RegistrationDecider {
+ public:
+  // `audit` (optional, not owned) receives every event, answer and outcome.
+  explicit SubscriberHub(AuditLog* audit = nullptr);
+  ~SubscriberHub() override;
+
+  // Adds a subscriber. INVALID_ARGUMENT for a bad spec; PERMISSION_DENIED
+  // when the name is bound to another identity (spec.owner_identity). A
+  // connected subscriber with the same name is replaced: its channel is
+  // closed with ABORTED and the events waiting for it go to the new one.
+  absl::StatusOr<uint64_t> Attach(SubscriptionSpec spec,
+                                  std::shared_ptr<SubscriberChannel> channel,
+                                  const OperationContext& ctx);
+  // Binds subscriber names to the identities that own them, as the audit
+  // log's subscribe records say, so that a restart does not free a name for
+  // another identity to take. Call once, before the first Attach; returns
+  // how many names are bound.
+  absl::StatusOr<size_t> RestoreNameOwners();
+  // The subscriber's stream ended: the events waiting for it get its
+  // failure policy. Unknown ids are ignored.
+  void Detach(uint64_t subscriber_id, const OperationContext& ctx);
+  // An answer from a subscriber. An invalid answer (an event never sent to
+  // it, a bad replacement) counts as a failure of that subscriber for the
+  // events it holds; a late or duplicate one is only recorded.
+  void Answer(uint64_t subscriber_id, SubscriberAnswer answer);
+
+  std::vector<SubscriberInfo> List() const;
+
+  // Closes every subscriber's channel with `status` (server shutdown).
+  void CloseAll(const absl::Status& status);
+
+  // RegistrationDecider: the remote chains for `records`.
+  std::vector<HookDecision> Decide(
+      const OperationContext& ctx, const ModuleName& module,
+      absl::Span<const RegistrationRecord> records) override;
+
+ private:
+  struct Subscriber;
+  struct Pending;
+  struct Round;
+  using Sends = std::vector<std::pair<std::shared_ptr<SubscriberChannel>,
+                                      std::shared_ptr<const HookEvent>>>;
+
+  // Moves `p` forward to its next interceptor (or finishes it); collects
+  // the sends to do once the lock is released.
+  void AdvanceLocked(Pending& p, Sends& sends)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // When `p` times out: an event its subscriber held when an earlier one
+  // timed out already has (InfinitePast); otherwise only the subscriber's
+  // oldest unanswered event has a deadline, the others none (yet).
+  absl::Time DeadlineLocked(const Pending& p) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailLocked(Pending& p, const Subscriber& s, absl::string_view why,
+                  Sends& sends) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishLocked(Pending& p, HookDecision decision)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct DryRun;
+  void DryRunAnswerLocked(const Subscriber& s, const SubscriberAnswer& answer,
+                          absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::shared_ptr<const HookEvent> EventFor(const Pending& p,
+                                            const Subscriber& s) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Matches(const Subscriber& s, const HookEvent& e) const;
+  static void Deliver(const Sends& sends);
+  void Audit(AuditRecord record);
+  // Appends `record` and waits until it is on disk (subscribe and
+  // unsubscribe records, written before the client hears of the change).
+  absl::Status AuditDurably(AuditRecord record);
+
+  AuditLog* const audit_;
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::map<uint64_t, std::unique_ptr<Subscriber>> subscribers_
+      ABSL_GUARDED_BY(mu_);
+  // Subscription order by name, kept after a subscriber leaves.
+  absl::flat_hash_map<std::string, uint64_t> order_by_name_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Pending*> pending_ ABSL_GUARDED_BY(mu_);
+  // Dry-run events whose answers are still welcome (for 10 minutes).
+  absl::flat_hash_map<uint64_t, std::unique_ptr<DryRun>> dry_runs_
+      ABSL_GUARDED_BY(mu_);
+  // Names bound to identities (SubscriptionSpec::owner_identity).
+  absl::flat_hash_map<std::string, std::string> owner_by_name_
+      ABSL_GUARDED_BY(mu_);
+  uint64_t next_subscriber_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_event_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_send_ ABSL_GUARDED_BY(mu_) = 1;  // orders a subscriber's queue
+};
+
+}  // namespace modelstate
+
+#endif  // MODELSTATE_SERVICE_SUBSCRIBER_HUB_H_

@@ -1,0 +1,395 @@
+// The builder: PyTorch's construction order for hooks, constructor argument
+// binding with Python's error texts, every library layer, refs and ties,
+// limits, and the meta device.
+#include "nn/module_spec.h"
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/hooks.h"
+#include "core/module.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/layer_examples.h"
+#include "tests/testing/spec_json.h"
+#include "tests/testing/status_matchers.h"
+
+namespace modelstate {
+namespace {
+
+using ::modelstate::testing::IsOk;
+using ::modelstate::testing::LayerExampleArgs;
+using ::modelstate::testing::LayerExampleJson;
+using ::modelstate::testing::SpecFromJson;
+using ::modelstate::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+absl::StatusOr<BuildResult> Build(const std::string& json,
+                                  const HookRegistry* hooks = nullptr,
+                                  BuildOptions options = {}) {
+  options.hooks = hooks;
+  return BuildModule(SpecFromJson(json), options);
+}
+
+// Records "<path>:<kind>:<name>:<action>" for every event.
+class EventLog {
+ public:
+  EventLog() {
+    for (EntryKind kind :
+         {EntryKind::kParameter, EntryKind::kBuffer, EntryKind::kModule}) {
+      handles_.push_back(
+          hooks_.AddHook(kind, [this](const RegistrationEvent& e) {
+            events_.push_back(absl::StrCat(e.path, ":", EntryKindName(e.kind),
+                                           ":", e.name, ":",
+                                           RegistrationActionName(e.action)));
+            return HookResult::Keep();
+          }));
+    }
+  }
+  const HookRegistry* hooks() const { return &hooks_; }
+  const std::vector<std::string>& events() const { return events_; }
+
+ private:
+  HookRegistry hooks_;
+  std::vector<RemovableHandle> handles_;
+  std::vector<std::string> events_;
+};
+
+TEST(ModuleBuilderTest, HooksFireInPyTorchsConstructionOrder) {
+  EventLog log;
+  ASSERT_THAT(Build(R"({"type": "Sequential", "children": [
+      {"spec": {"type": "Linear", "args": [3, 2]}},
+      {"spec": {"type": "Linear", "args": [3, 2], "kwargs": {"bias": false}}},
+      {"spec": {"type": "BatchNorm1d", "args": [4],
+                "kwargs": {"track_running_stats": false}}}]})",
+                    log.hooks()),
+              IsOk());
+  // Children are constructed before the container registers them; None
+  // registrations are unregister events (SEMANTICS H3).
+  EXPECT_THAT(
+      log.events(),
+      ElementsAre(
+          "0:parameter:weight:register", "0:parameter:bias:register",
+          "1:parameter:weight:register", "1:parameter:bias:unregister",
+          "2:parameter:weight:register", "2:parameter:bias:register",
+          "2:buffer:running_mean:unregister", "2:buffer:running_var:unregister",
+          "2:buffer:num_batches_tracked:unregister", ":module:0:register",
+          ":module:1:register", ":module:2:register"));
+}
+
+TEST(ModuleBuilderTest, CustomModulesRegisterMembersInOrderWithPaths) {
+  EventLog log;
+  ASSERT_THAT(Build(R"({"type": "Encoder", "members": [
+      {"module": {"name": "layers", "spec": {"type": "ModuleList", "children": [
+          {"spec": {"type": "LayerNorm", "args": [4]}}]}}},
+      {"buffer": {"name": "scale", "shape": [1], "init": {"kind": "ones"}}}]})",
+                    log.hooks()),
+              IsOk());
+  EXPECT_THAT(log.events(),
+              ElementsAre("layers.0:parameter:weight:register",
+                          "layers.0:parameter:bias:register",
+                          "layers:module:0:register", ":module:layers:register",
+                          ":buffer:scale:register"));
+}
+
+TEST(ModuleBuilderTest, MultiheadAttentionRegistersOutProjInsideItsOwnInit) {
+  EventLog log;
+  ASSERT_THAT(
+      Build(R"({"type": "MultiheadAttention", "args": [8, 2]})", log.hooks()),
+      IsOk());
+  EXPECT_THAT(log.events(), ElementsAre(":parameter:in_proj_weight:register",
+                                        ":parameter:q_proj_weight:unregister",
+                                        ":parameter:k_proj_weight:unregister",
+                                        ":parameter:v_proj_weight:unregister",
+                                        ":parameter:in_proj_bias:register",
+                                        "out_proj:parameter:weight:register",
+                                        "out_proj:parameter:bias:register",
+                                        ":module:out_proj:register"));
+}
+
+TEST(ModuleBuilderTest, HooksSeeInitialisedValuesAndTheirChangesStick) {
+  HookRegistry hooks;
+  RemovableHandle h = hooks.AddParameterHook([](const RegistrationEvent& e) {
+    // Re-initialise Linear weights in [-0.05, 0.05] (a seed example).
+    if (e.name != "weight" || e.module->type_name() != "Linear") {
+      return HookResult::Keep();
+    }
+    Tensor t = *e.value.tensor.Clone();
+    float* data = static_cast<float*>(*t.MutableDataForOverwrite());
+    for (int64_t i = 0; i < t.numel(); ++i) data[i] = 0.05f;
+    return HookResult::Replace(t);
+  });
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      BuildResult built,
+      Build(R"({"type": "Linear", "args": [4, 4]})", &hooks));
+  const Tensor& w = *built.root->parameters().Find("weight");
+  EXPECT_EQ(w.data<float>()[0], 0.05f);
+  // The bias was left alone and keeps PyTorch's default init.
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      BuildResult plain, Build(R"({"type": "Linear", "args": [4, 4]})"));
+  EXPECT_TRUE(TensorsEqual(*built.root->parameters().Find("bias"),
+                           *plain.root->parameters().Find("bias")));
+}
+
+TEST(ModuleBuilderTest, SameSeedSameValuesOtherSeedOtherValues) {
+  BuildOptions a;
+  a.seed = 7;
+  const std::string spec = R"({"type": "Conv2d", "args": [3, 4, 3]})";
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult x, Build(spec, nullptr, a));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult y, Build(spec, nullptr, a));
+  a.seed = 8;
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult z, Build(spec, nullptr, a));
+  EXPECT_TRUE(TensorsEqual(*x.root->parameters().Find("weight"),
+                           *y.root->parameters().Find("weight")));
+  EXPECT_FALSE(TensorsEqual(*x.root->parameters().Find("weight"),
+                            *z.root->parameters().Find("weight")));
+}
+
+TEST(ModuleBuilderTest, ArgumentsBindLikePython) {
+  EXPECT_THAT(Build(R"({"type": "Linear", "args": [3]})"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "spec (Linear): Linear.__init__() missing 1 required "
+                       "positional argument: 'out_features'"));
+  EXPECT_THAT(Build(R"({"type": "Linear"})"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("missing 2 required positional arguments: "
+                                 "'in_features' and 'out_features'")));
+  EXPECT_THAT(
+      Build(R"({"type": "Conv2d"})"),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("missing 3 required positional arguments: "
+                         "'in_channels', 'out_channels', and 'kernel_size'")));
+  EXPECT_THAT(
+      Build(R"({"type": "Linear", "args": [1, 2, true, null, null, 9]})"),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("Linear.__init__() takes from 3 to 6 positional "
+                         "arguments but 7 were given")));
+  EXPECT_THAT(
+      Build(R"({"type": "Linear", "args": [1, 2], "kwargs": {"foo": 1}})"),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("got an unexpected keyword argument 'foo'")));
+  EXPECT_THAT(
+      Build(
+          R"({"type": "Linear", "args": [1, 2], "kwargs": {"in_features": 1}})"),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("got multiple values for argument 'in_features'")));
+  EXPECT_THAT(
+      Build(R"({"type": "Linear", "args": ["a", 2]})"),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("argument 'in_features' must be an int, got str")));
+  EXPECT_THAT(
+      Build(R"({"type": "Tanh", "args": [1]})"),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("Tanh.__init__() takes 1 positional argument but "
+                         "2 were given")));
+}
+
+TEST(ModuleBuilderTest, LayerValidationUsesPyTorchsTexts) {
+  struct Case {
+    const char* spec;
+    const char* message;
+  };
+  for (
+      const Case& c : std::vector<Case>{
+          {R"({"type": "Linear", "args": [-1, 2]})",
+           "Trying to create tensor with negative dimension -1: [2, -1]"},
+          {R"({"type": "Conv2d", "args": [3, 4, 3], "kwargs": {"groups": 2}})",
+           "in_channels must be divisible by groups"},
+          {R"({"type": "Conv2d", "args": [4, 3, 3], "kwargs": {"groups": 2}})",
+           "out_channels must be divisible by groups"},
+          {R"({"type": "Conv2d", "args": [4, 4, 3], "kwargs": {"groups": 0}})",
+           "groups must be a positive integer"},
+          {R"({"type": "Conv1d", "args": [4, 4, 3], "kwargs": {"padding": "full"}})",
+           "Invalid padding string 'full', should be one of {'valid', 'same'}"},
+          {R"({"type": "Conv1d", "args": [4, 4, 3],
+                "kwargs": {"padding": "same", "stride": 2}})",
+           "padding='same' is not supported for strided convolutions"},
+          {R"({"type": "ConvTranspose2d", "args": [4, 4, 3],
+                "kwargs": {"padding_mode": "reflect"}})",
+           "Only \"zeros\" padding mode is supported for ConvTranspose2d"},
+          {R"({"type": "Embedding", "args": [4, 2], "kwargs": {"padding_idx": 4}})",
+           "Padding_idx must be within num_embeddings"},
+          {R"({"type": "Embedding", "args": [4, 2], "kwargs": {"padding_idx": -5}})",
+           "Padding_idx must be within num_embeddings"},
+          {R"({"type": "GroupNorm", "args": [3, 4]})",
+           "num_channels must be divisible by num_groups"},
+          {R"({"type": "Dropout", "args": [1.5]})",
+           "dropout probability has to be between 0 and 1, but got 1.5"},
+          {R"({"type": "MultiheadAttention", "args": [10, 3]})",
+           "embed_dim must be divisible by num_heads"},
+      }) {
+    SCOPED_TRACE(c.spec);
+    EXPECT_THAT(Build(c.spec), StatusIs(absl::StatusCode::kInvalidArgument,
+                                        HasSubstr(c.message)));
+  }
+}
+
+TEST(ModuleBuilderTest, ErrorsNameTheSpecField) {
+  EXPECT_THAT(Build(R"({"type": "Sequential", "children": [
+      {"spec": {"type": "ReLU"}},
+      {"spec": {"type": "Linear", "args": [2]}}]})"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("spec.children[1] (Linear): ")));
+  EXPECT_THAT(
+      Build(R"({"type": "Net", "members": [
+      {"parameter": {"name": "ok", "shape": [1]}},
+      {"parameter": {"name": "a.b", "shape": [1]}}]})"),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               "spec.members[1] (parameter 'a.b'): parameter name can't "
+               "contain \".\""));
+  EXPECT_THAT(Build(R"({"type": "Net", "members": [
+      {"parameter": {"name": "w", "shape": [1]}},
+      {"buffer": {"name": "w", "shape": [1]}}]})"),
+              StatusIs(absl::StatusCode::kAlreadyExists,
+                       HasSubstr("attribute 'w' already exists")));
+  EXPECT_THAT(Build(R"({"type": "Net", "members": [
+      {"parameter": {"name": "w", "shape": [2, -3]}}]})"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("negative dimension -3")));
+  EXPECT_THAT(Build(R"({"type": ""})"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "spec.type: must not be empty"));
+  EXPECT_THAT(Build(R"({"type": "Linear", "args": [2, 2], "children": [
+      {"spec": {"type": "ReLU"}}]})"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("configured by 'args' and 'kwargs' only")));
+  EXPECT_THAT(
+      Build(
+          R"({"type": "ModuleDict", "children": [{"spec": {"type": "ReLU"}}]})"),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("a ModuleDict child needs a name")));
+}
+
+TEST(ModuleBuilderTest, BuildOptionsAreValidated) {
+  BuildOptions o;
+  o.dtype = DType::kInt64;
+  EXPECT_THAT(Build(R"({"type": "ReLU"})", nullptr, o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("floating point dtype, got int64")));
+  o = {};
+  o.device = Device::Cuda(0);
+  EXPECT_THAT(
+      Build(R"({"type": "ReLU"})", nullptr, o),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cpu or meta")));
+}
+
+TEST(ModuleBuilderTest, FactoryDTypeAppliesToFloatingTensorsOnly) {
+  BuildOptions o;
+  o.dtype = DType::kFloat16;
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      BuildResult bn,
+      Build(R"({"type": "BatchNorm2d", "args": [3]})", nullptr, o));
+  EXPECT_EQ(bn.root->parameters().Find("weight")->dtype(), DType::kFloat16);
+  EXPECT_EQ(bn.root->buffers().Find("num_batches_tracked")->dtype(),
+            DType::kInt64);
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      BuildResult lin,
+      Build(
+          R"({"type": "Linear", "args": [2, 2], "kwargs": {"dtype": "float64"}})",
+          nullptr, o));
+  EXPECT_EQ(lin.root->parameters().Find("weight")->dtype(), DType::kFloat64);
+}
+
+TEST(ModuleBuilderTest, EveryLibraryLayerBuildsWithItsDefaults) {
+  for (const std::string& type : LayerTypes()) {
+    SCOPED_TRACE(type);
+    std::string json = LayerExampleJson(type);
+    ASSERT_FALSE(json.empty()) << "add the new layer to layer_examples.h";
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult built, Build(json));
+    EXPECT_EQ(built.root->type_name(), type);
+  }
+  EXPECT_EQ(LayerTypes().size(), LayerExampleArgs().size());
+}
+
+TEST(ModuleBuilderTest, RefsShareModulesAndTiesShareParameters) {
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult shared,
+                                  Build(R"({"type": "Sequential",
+      "children": [{"spec": {"type": "Linear", "args": [2, 2]}}, {"spec": {"ref": "0"}}]})"));
+  EXPECT_EQ(*shared.root->children().Find("0"),
+            *shared.root->children().Find("1"));
+  EXPECT_THAT(
+      Build(R"({"type": "Sequential", "children": [{"spec": {"ref": "5"}}]})"),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("ref '5' names no earlier child")));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult tied,
+                                  Build(R"({"type": "Tied", "members": [
+      {"module": {"name": "a", "spec": {"type": "Linear", "args": [2, 2]}}},
+      {"module": {"name": "b", "spec": {"type": "Linear", "args": [2, 2]}}}],
+      "ties": [{"target": "b.weight", "source": "a.weight"}]})"));
+  EXPECT_TRUE(
+      (*tied.root->GetSubmodule("a"))
+          ->parameters()
+          .Find("weight")
+          ->is_same(
+              *(*tied.root->GetSubmodule("b"))->parameters().Find("weight")));
+  EXPECT_THAT(Build(R"({"type": "Tied", "members": [],
+      "ties": [{"target": "w", "source": "nothing.here"}]})"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("spec.ties[0]")));
+}
+
+TEST(ModuleBuilderTest, LimitsAreEnforcedAndNamed) {
+  BuildOptions o;
+  o.limits.max_depth = 2;
+  EXPECT_THAT(
+      Build(R"({"type": "Sequential", "children": [{"spec":
+      {"type": "Sequential", "children": [{"spec": {"type": "ReLU"}}]}}]})",
+            nullptr, o),
+      StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("max_depth")));
+  o = {};
+  o.limits.max_entries = 3;
+  EXPECT_THAT(
+      Build(R"({"type": "BatchNorm1d", "args": [2]})", nullptr, o),
+      StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("max_entries")));
+  o = {};
+  o.limits.max_tensor_bytes = 1000;
+  EXPECT_THAT(Build(R"({"type": "Linear", "args": [100, 100]})", nullptr, o),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("max_tensor_bytes")));
+  o = {};
+  o.limits.max_total_bytes = 100 * 100 * 4;
+  EXPECT_THAT(Build(R"({"type": "Linear", "args": [100, 100]})", nullptr, o),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("max_total_bytes")));
+}
+
+long MaxRssKb() {
+  struct rusage usage;
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_maxrss;
+}
+
+TEST(ModuleBuilderTest, MetaBuildsOfATrillionParametersAllocateNothing) {
+  BuildOptions o;
+  o.device = Device::Meta();
+  long rss_before = MaxRssKb();
+  auto start = std::chrono::steady_clock::now();
+  // 1000 x Linear(31623, 31623) ~ 1.0e12 parameters.
+  std::string json = R"({"type": "Sequential", "children": [)";
+  for (int i = 0; i < 1000; ++i) {
+    absl::StrAppend(&json, i ? "," : "",
+                    R"({"spec": {"type": "Linear", "args": [31623, 31623]}})");
+  }
+  json += "]}";
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult built, Build(json, nullptr, o));
+  double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  int64_t params = 0;
+  for (const auto& [name, t] : built.root->NamedParameters()) {
+    params += t.numel();
+    ASSERT_EQ(t.storage(), nullptr);
+    ASSERT_TRUE(t.device().is_meta());
+  }
+  EXPECT_GT(params, int64_t{1'000'000'000'000});
+  EXPECT_LT(MaxRssKb() - rss_before, 100 * 1024);  // < 100 MiB
+  EXPECT_LT(seconds, 10.0);  // generous: sanitizer builds are slow
+}
+
+}  // namespace
+}  // namespace modelstate
