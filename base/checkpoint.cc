@@ -163,18 +163,12 @@ absl::StatusOr<uint64_t> CosignatureTimestamp(const NoteSignature& signature) {
 }
 
 absl::StatusOr<CosignatureSigner> CosignatureSigner::Create(
-    std::string name, Ed25519PrivateKey key) {
-  MODELSTATE_RETURN_IF_ERROR(
-      MakeVerifierKey(name, kNoteSignatureCosignatureV1, key.public_key())
-          .status());
-  return CosignatureSigner(std::move(name), std::move(key));
+    absl::string_view name, Ed25519PrivateKey key) {
+  MODELSTATE_ASSIGN_OR_RETURN(
+      VerifierKey verifier_key,
+      MakeVerifierKey(name, kNoteSignatureCosignatureV1, key.public_key()));
+  return CosignatureSigner(std::move(verifier_key), std::move(key));
 }
-
-CosignatureSigner::CosignatureSigner(std::string name, Ed25519PrivateKey key)
-    : name_(std::move(name)),
-      key_(std::move(key)),
-      key_id_(
-          NoteKeyId(name_, kNoteSignatureCosignatureV1, key_.public_key())) {}
 
 absl::StatusOr<std::string> CosignatureSigner::Sign(
     absl::string_view checkpoint_text) const {
@@ -190,17 +184,12 @@ absl::StatusOr<std::string> CosignatureSigner::SignAt(
   }
   MODELSTATE_ASSIGN_OR_RETURN(
       std::string signature,
-      key_.Sign(CosignedMessage(checkpoint_text, timestamp)));
+      private_key().Sign(CosignedMessage(checkpoint_text, timestamp)));
   std::string out(kTimestampBytes, '\0');
   for (size_t i = 0; i < kTimestampBytes; ++i) {
     out[i] = static_cast<char>(timestamp >> (56 - 8 * i));
   }
   return out + signature;
-}
-
-VerifierKey CosignatureSigner::verifier_key() const {
-  return VerifierKey{name_, key_id_, kNoteSignatureCosignatureV1,
-                     key_.public_key()};
 }
 
 absl::StatusOr<CosignatureVerifier> CosignatureVerifier::Create(
@@ -210,18 +199,12 @@ absl::StatusOr<CosignatureVerifier> CosignatureVerifier::Create(
   return CosignatureVerifier(std::move(checked));
 }
 
-absl::StatusOr<CosignatureVerifier> CosignatureVerifier::Parse(
-    absl::string_view text) {
-  MODELSTATE_ASSIGN_OR_RETURN(VerifierKey key, ParseVerifierKey(text));
-  return Create(key);
-}
-
 bool CosignatureVerifier::Verify(absl::string_view checkpoint_text,
                                  absl::string_view signature) const {
   absl::StatusOr<uint64_t> timestamp =
-      CosignatureTimestamp({key_.name, key_.key_id, std::string(signature)});
+      CosignatureTimestamp({name(), key_id(), std::string(signature)});
   if (!timestamp.ok()) return false;
-  return VerifyEd25519(key_.public_key,
+  return VerifyEd25519(verifier_key().public_key,
                        CosignedMessage(checkpoint_text, *timestamp),
                        signature.substr(kTimestampBytes));
 }

@@ -95,13 +95,11 @@ std::string CosignedMessage(absl::string_view checkpoint_text,
 absl::StatusOr<uint64_t> CosignatureTimestamp(const NoteSignature& signature);
 
 // Makes v1 cosignatures (type 0x04) with an Ed25519 key. Thread-safe.
-class CosignatureSigner : public NoteSigner {
+class CosignatureSigner : public Ed25519KeySigner {
  public:
   // INVALID_ARGUMENT if `name` is not a valid key name.
-  static absl::StatusOr<CosignatureSigner> Create(std::string name,
+  static absl::StatusOr<CosignatureSigner> Create(absl::string_view name,
                                                   Ed25519PrivateKey key);
-  const std::string& name() const override { return name_; }
-  uint32_t key_id() const override { return key_id_; }
   // Cosigns `checkpoint_text` as of now.
   absl::StatusOr<std::string> Sign(
       absl::string_view checkpoint_text) const override;
@@ -109,31 +107,25 @@ class CosignatureSigner : public NoteSigner {
   // kMaxCheckpointValue.
   absl::StatusOr<std::string> SignAt(absl::string_view checkpoint_text,
                                      uint64_t timestamp) const;
-  // The type-0x04 verifier key for clients.
-  VerifierKey verifier_key() const;
 
  private:
-  CosignatureSigner(std::string name, Ed25519PrivateKey key);
-  std::string name_;
-  Ed25519PrivateKey key_;
-  uint32_t key_id_;
+  using Ed25519KeySigner::Ed25519KeySigner;
 };
 
 // Checks v1 cosignatures (type 0x04). Thread-safe.
-class CosignatureVerifier : public NoteVerifier {
+class CosignatureVerifier : public Ed25519KeyVerifier {
  public:
   // INVALID_ARGUMENT unless `key` is a valid type-0x04 verifier key.
   static absl::StatusOr<CosignatureVerifier> Create(const VerifierKey& key);
   // From verifier key text (ParseVerifierKey, then Create).
-  static absl::StatusOr<CosignatureVerifier> Parse(absl::string_view text);
-  const std::string& name() const override { return key_.name; }
-  uint32_t key_id() const override { return key_.key_id; }
+  static absl::StatusOr<CosignatureVerifier> Parse(absl::string_view text) {
+    return ParseVerifierAs<CosignatureVerifier>(text);
+  }
   bool Verify(absl::string_view checkpoint_text,
               absl::string_view signature) const override;
 
  private:
-  explicit CosignatureVerifier(VerifierKey key) : key_(std::move(key)) {}
-  VerifierKey key_;
+  using Ed25519KeyVerifier::Ed25519KeyVerifier;
 };
 
 // Adds `signer`'s cosignature as of `timestamp` to a signed checkpoint,

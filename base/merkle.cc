@@ -184,6 +184,19 @@ void ShiftWhileEven(uint64_t& fn, uint64_t& sn) {
   }
 }
 
+absl::Status CheckLeafIndex(uint64_t index, uint64_t size) {
+  if (index < size) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("leaf index ", index, " is not below the tree size ", size));
+}
+
+absl::Status CheckSizeOrder(uint64_t old_size, uint64_t new_size) {
+  if (old_size <= new_size) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("old tree size ", old_size,
+                   " is larger than the new tree size ", new_size));
+}
+
 }  // namespace
 
 // ------------------------------------------------------------- hashing --
@@ -307,20 +320,13 @@ absl::StatusOr<MerkleHash> RootHash(uint64_t size, const HashReader& reader) {
 
 absl::StatusOr<std::vector<MerkleHash>> InclusionProof(
     uint64_t index, uint64_t size, const HashReader& reader) {
-  if (index >= size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "leaf index ", index, " is not below the tree size ", size));
-  }
+  MODELSTATE_RETURN_IF_ERROR(CheckLeafIndex(index, size));
   return RangeHashes(InclusionRanges(index, size), reader);
 }
 
 absl::StatusOr<std::vector<MerkleHash>> ConsistencyProof(
     uint64_t old_size, uint64_t new_size, const HashReader& reader) {
-  if (old_size > new_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("old tree size ", old_size,
-                     " is larger than the new tree size ", new_size));
-  }
+  MODELSTATE_RETURN_IF_ERROR(CheckSizeOrder(old_size, new_size));
   if (old_size == 0 || old_size == new_size) {
     // Nothing to prove, but the new tree must exist.
     MODELSTATE_RETURN_IF_ERROR(RootHash(new_size, reader).status());
@@ -332,10 +338,7 @@ absl::StatusOr<std::vector<MerkleHash>> ConsistencyProof(
 absl::Status VerifyInclusion(const MerkleHash& leaf_hash, uint64_t index,
                              uint64_t size, const MerkleHash& root,
                              absl::Span<const MerkleHash> proof) {
-  if (index >= size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "leaf index ", index, " is not below the tree size ", size));
-  }
+  MODELSTATE_RETURN_IF_ERROR(CheckLeafIndex(index, size));
   const size_t want = InclusionRanges(index, size).size();
   if (proof.size() != want) {
     return absl::InvalidArgumentError(
@@ -370,11 +373,7 @@ absl::Status VerifyConsistency(uint64_t old_size, uint64_t new_size,
                                const MerkleHash& old_root,
                                const MerkleHash& new_root,
                                absl::Span<const MerkleHash> proof) {
-  if (old_size > new_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("old tree size ", old_size,
-                     " is larger than the new tree size ", new_size));
-  }
+  MODELSTATE_RETURN_IF_ERROR(CheckSizeOrder(old_size, new_size));
   const std::string sizes = absl::StrCat(old_size, " to ", new_size);
   if (old_size == 0 || old_size == new_size) {
     if (!proof.empty()) {

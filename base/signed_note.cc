@@ -527,24 +527,16 @@ absl::StatusOr<SignedNote> ParseSignedNote(absl::string_view message) {
 }
 
 absl::StatusOr<Ed25519NoteSigner> Ed25519NoteSigner::Create(
-    std::string name, Ed25519PrivateKey key) {
-  MODELSTATE_RETURN_IF_ERROR(
-      MakeVerifierKey(name, kNoteSignatureEd25519, key.public_key()).status());
-  return Ed25519NoteSigner(std::move(name), std::move(key));
+    absl::string_view name, Ed25519PrivateKey key) {
+  MODELSTATE_ASSIGN_OR_RETURN(
+      VerifierKey verifier_key,
+      MakeVerifierKey(name, kNoteSignatureEd25519, key.public_key()));
+  return Ed25519NoteSigner(std::move(verifier_key), std::move(key));
 }
-
-Ed25519NoteSigner::Ed25519NoteSigner(std::string name, Ed25519PrivateKey key)
-    : name_(std::move(name)),
-      key_(std::move(key)),
-      key_id_(NoteKeyId(name_, kNoteSignatureEd25519, key_.public_key())) {}
 
 absl::StatusOr<std::string> Ed25519NoteSigner::Sign(
     absl::string_view text) const {
-  return key_.Sign(text);
-}
-
-VerifierKey Ed25519NoteSigner::verifier_key() const {
-  return VerifierKey{name_, key_id_, kNoteSignatureEd25519, key_.public_key()};
+  return private_key().Sign(text);
 }
 
 absl::StatusOr<Ed25519NoteVerifier> Ed25519NoteVerifier::Create(
@@ -554,15 +546,9 @@ absl::StatusOr<Ed25519NoteVerifier> Ed25519NoteVerifier::Create(
   return Ed25519NoteVerifier(std::move(checked));
 }
 
-absl::StatusOr<Ed25519NoteVerifier> Ed25519NoteVerifier::Parse(
-    absl::string_view text) {
-  MODELSTATE_ASSIGN_OR_RETURN(VerifierKey key, ParseVerifierKey(text));
-  return Create(key);
-}
-
 bool Ed25519NoteVerifier::Verify(absl::string_view text,
                                  absl::string_view signature) const {
-  return VerifyEd25519(key_.public_key, text, signature);
+  return VerifyEd25519(verifier_key().public_key, text, signature);
 }
 
 absl::StatusOr<std::string> SignNote(

@@ -166,40 +166,76 @@ class NoteVerifier {
                       absl::string_view signature) const = 0;
 };
 
-// Plain Ed25519 note signatures (type 0x01). Thread-safe.
-class Ed25519NoteSigner : public NoteSigner {
+// A named Ed25519 key signing one signature type: what the note signer and
+// the cosignature signer (checkpoint.h) share. Thread-safe.
+class Ed25519KeySigner : public NoteSigner {
  public:
-  // INVALID_ARGUMENT if `name` is not a valid key name.
-  static absl::StatusOr<Ed25519NoteSigner> Create(std::string name,
-                                                  Ed25519PrivateKey key);
-  const std::string& name() const override { return name_; }
-  uint32_t key_id() const override { return key_id_; }
-  absl::StatusOr<std::string> Sign(absl::string_view text) const override;
-  // The verifier key to hand to whoever checks this signer's notes.
-  VerifierKey verifier_key() const;
+  const std::string& name() const override { return key_.name; }
+  uint32_t key_id() const override { return key_.key_id; }
+  // The verifier key to hand to whoever checks this signer's signatures.
+  const VerifierKey& verifier_key() const { return key_; }
+
+ protected:
+  // REQUIRES: `verifier_key` is MakeVerifierKey's for `key`'s public key.
+  Ed25519KeySigner(VerifierKey verifier_key, Ed25519PrivateKey key)
+      : key_(std::move(verifier_key)), private_key_(std::move(key)) {}
+  const Ed25519PrivateKey& private_key() const { return private_key_; }
 
  private:
-  Ed25519NoteSigner(std::string name, Ed25519PrivateKey key);
-  std::string name_;
-  Ed25519PrivateKey key_;
-  uint32_t key_id_;
+  VerifierKey key_;
+  Ed25519PrivateKey private_key_;
+};
+
+// Checks signatures of one type by one Ed25519 key: what the note verifier
+// and the cosignature verifier (checkpoint.h) share. Thread-safe.
+class Ed25519KeyVerifier : public NoteVerifier {
+ public:
+  const std::string& name() const override { return key_.name; }
+  uint32_t key_id() const override { return key_.key_id; }
+  const VerifierKey& verifier_key() const { return key_; }
+
+ protected:
+  explicit Ed25519KeyVerifier(VerifierKey key) : key_(std::move(key)) {}
+
+ private:
+  VerifierKey key_;
+};
+
+// Verifier::Create(ParseVerifierKey(text)), for the verifier classes'
+// Parse.
+template <typename Verifier>
+absl::StatusOr<Verifier> ParseVerifierAs(absl::string_view text) {
+  absl::StatusOr<VerifierKey> key = ParseVerifierKey(text);
+  if (!key.ok()) return key.status();
+  return Verifier::Create(*key);
+}
+
+// Plain Ed25519 note signatures (type 0x01). Thread-safe.
+class Ed25519NoteSigner : public Ed25519KeySigner {
+ public:
+  // INVALID_ARGUMENT if `name` is not a valid key name.
+  static absl::StatusOr<Ed25519NoteSigner> Create(absl::string_view name,
+                                                  Ed25519PrivateKey key);
+  absl::StatusOr<std::string> Sign(absl::string_view text) const override;
+
+ private:
+  using Ed25519KeySigner::Ed25519KeySigner;
 };
 
 // Checks plain Ed25519 note signatures (type 0x01). Thread-safe.
-class Ed25519NoteVerifier : public NoteVerifier {
+class Ed25519NoteVerifier : public Ed25519KeyVerifier {
  public:
   // INVALID_ARGUMENT unless `key` is a valid type-0x01 verifier key.
   static absl::StatusOr<Ed25519NoteVerifier> Create(const VerifierKey& key);
   // From verifier key text (ParseVerifierKey, then Create).
-  static absl::StatusOr<Ed25519NoteVerifier> Parse(absl::string_view text);
-  const std::string& name() const override { return key_.name; }
-  uint32_t key_id() const override { return key_.key_id; }
+  static absl::StatusOr<Ed25519NoteVerifier> Parse(absl::string_view text) {
+    return ParseVerifierAs<Ed25519NoteVerifier>(text);
+  }
   bool Verify(absl::string_view text,
               absl::string_view signature) const override;
 
  private:
-  explicit Ed25519NoteVerifier(VerifierKey key) : key_(std::move(key)) {}
-  VerifierKey key_;
+  using Ed25519KeyVerifier::Ed25519KeyVerifier;
 };
 
 // Signs `text` with each signer. INVALID_ARGUMENT if the text does not end
