@@ -103,6 +103,13 @@ void SubtreesOf(Range range, std::vector<Subtree>* out) {
 // MTH of each range, reading every stored hash they need in one batch.
 absl::StatusOr<std::vector<MerkleHash>> RangeHashes(
     const std::vector<Range>& ranges, const HashReader& reader) {
+  for (const Range& range : ranges) {
+    if (range.hi > kMaxStoredTreeSize) {
+      return absl::OutOfRangeError(
+          absl::StrCat("tree size ", range.hi,
+                       " is above the largest stored tree, 2^62 leaves"));
+    }
+  }
   std::vector<Subtree> subtrees;
   std::vector<size_t> ends;  // ranges[i]'s subtrees end at ends[i]
   for (const Range& range : ranges) {

@@ -61,9 +61,13 @@ std::string MerkleHashHex(const MerkleHash& hash);
 absl::StatusOr<MerkleHash> MerkleHashFromBytes(absl::string_view bytes,
                                                absl::string_view what);
 
+// The largest tree the storage layout addresses (its stored-hash indexes
+// fit in 64 bits). RootHash and the proof functions refuse larger sizes.
+inline constexpr uint64_t kMaxStoredTreeSize = uint64_t{1} << 62;
+
 // Where the hash of the complete subtree covering leaves
-// [index * 2^level, (index + 1) * 2^level) is stored. REQUIRES: level < 63
-// and the subtree's last leaf below 2^62.
+// [index * 2^level, (index + 1) * 2^level) is stored. REQUIRES: the
+// subtree's last leaf is below kMaxStoredTreeSize.
 uint64_t StoredHashIndex(int level, uint64_t index);
 // How many hashes a tree of `size` leaves stores: 2 * size - popcount(size).
 uint64_t StoredHashCount(uint64_t size);
@@ -109,8 +113,9 @@ class MerkleFrontier {
 };
 
 // The root hash of the first `size` leaves (RFC 9162 MTH). EmptyTreeHash()
-// for size 0. O(log size) reads. Errors come from `reader` (OUT_OF_RANGE
-// when the store holds fewer than `size` leaves).
+// for size 0. O(log size) reads. OUT_OF_RANGE above kMaxStoredTreeSize;
+// other errors come from `reader` (OUT_OF_RANGE when the store holds fewer
+// than `size` leaves).
 absl::StatusOr<MerkleHash> RootHash(uint64_t size, const HashReader& reader);
 
 // The audit path of leaf `index` in the tree of the first `size` leaves

@@ -354,6 +354,15 @@ TEST(MerkleTest, BadArgumentsAreNamed) {
               StatusIs(absl::StatusCode::kOutOfRange));
   EXPECT_THAT(ConsistencyProof(9, 9, *store),
               StatusIs(absl::StatusCode::kOutOfRange));
+  // Sizes whose stored-hash indexes would not fit in 64 bits.
+  for (uint64_t huge : {kMaxStoredTreeSize + 1, ~uint64_t{0}}) {
+    EXPECT_THAT(RootHash(huge, *store),
+                StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("2^62")));
+    EXPECT_THAT(InclusionProof(0, huge, *store),
+                StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("2^62")));
+    EXPECT_THAT(ConsistencyProof(1, huge, *store),
+                StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("2^62")));
+  }
   const MerkleHash root = *RootHash(8, *store);
   EXPECT_THAT(
       VerifyInclusion(root, 8, 8, root, {}),
