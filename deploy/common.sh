@@ -17,6 +17,7 @@ MODELSTATE_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-grpcio python3-protobuf python3-numpy python3-torch python3-yaml
   openssl
+  golang-go golang-golang-x-mod-dev
 )
 
 # ms_install_packages PKG...: installs whichever of PKG are not installed.
