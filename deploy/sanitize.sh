@@ -44,7 +44,7 @@ case "$kind" in
     # process are left out: Debian's gRPC and Abseil are not built with
     # TSan, which then reports their internal synchronisation as races and
     # defers the server's SIGTERM until its threads run instrumented code.
-    targets=(subscriber_hub_test hooks_test module_repository_test
+    targets=(subscriber_hub_test hooks_test module_repository_test merkle_test
              forward_test device_test)
     cmake --build "$dir" -j"$(nproc)" --target "${targets[@]}"
     # Ignore the intercepted calls (memcpy, epoll, ...) that uninstrumented
