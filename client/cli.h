@@ -3,14 +3,17 @@
 //
 //   modelstatectl [global options] <command> [arguments] [options]
 //
-// Commands: build, ls, describe, rm, get-state, load-state, to, train, eval,
-// subscribe, audit, health. Every command prints human-readable text by default
-// and the response proto in protobuf's JSON mapping with --json. Exit status: 0
-// on success, 1 when the server (or a local file) reports an error, 2 for a
-// usage error.
+// Commands: build, ls, describe, rm, get-state, load-state, to, forward,
+// train, eval, subscribe, audit, health, devices, hash-token. Every command
+// prints human-readable text by default and the response proto in
+// protobuf's JSON mapping with --json. Exit status: 0 on success, 1 when the
+// server (or a local file) reports an error, 2 for a usage error.
 //
-// The commands live here rather than in cli_main.cc so that the parser and
-// the formatting can be driven with any argument vector and any streams.
+// The commands are a library (modelstate_cli) rather than part of
+// cli/main.cc so that they can be driven with any argument vector and any
+// streams. The parsing, help and validation are CLI11's (cli/run_cli.cc,
+// cli/help.cc, cli/options.cc); each group of commands has a file of its
+// own in cli/ (modules, state, subscribe, audit, server).
 //
 // Example:
 //   std::ostringstream out, err;

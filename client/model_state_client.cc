@@ -1,6 +1,7 @@
 #include "client/model_state_client.h"
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <utility>
@@ -63,7 +64,11 @@ ModelStateClient::ModelStateClient(std::shared_ptr<grpc::Channel> channel,
 std::unique_ptr<grpc::ClientContext> ModelStateClient::NewContext(
     absl::Duration timeout) const {
   auto context = std::make_unique<grpc::ClientContext>();
-  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  if (timeout == absl::InfiniteDuration()) {
+    context->set_deadline(std::chrono::system_clock::time_point::max());
+  } else {
+    context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  }
   if (!options_.bearer_token.empty()) {
     context->AddMetadata("authorization",
                          absl::StrCat("Bearer ", options_.bearer_token));
@@ -73,27 +78,29 @@ std::unique_ptr<grpc::ClientContext> ModelStateClient::NewContext(
 
 namespace {
 
+using Stub = v1::ModelStateService::Stub;
+template <typename Request, typename Response>
+using SyncMethod = grpc::Status (Stub::*)(grpc::ClientContext*, const Request&,
+                                          Response*);
+
 // Runs one unary call with the client's deadline.
-template <typename Request, typename Response, typename Method>
-absl::StatusOr<Response> Unary(const ModelStateClient& client, Method method,
+template <typename Request, typename Response>
+absl::StatusOr<Response> Unary(const ModelStateClient& client, Stub& stub,
+                               SyncMethod<Request, Response> method,
                                const Request& request, absl::Duration timeout) {
   std::unique_ptr<grpc::ClientContext> context = client.NewContext(timeout);
   Response response;
-  grpc::Status status = method(context.get(), request, &response);
+  grpc::Status status = (stub.*method)(context.get(), request, &response);
   if (!status.ok()) return FromGrpcStatus(status);
   return response;
 }
 
 }  // namespace
 
-#define MODELSTATE_UNARY(Name, Request, Response)                 \
-  absl::StatusOr<v1::Response> ModelStateClient::Name(            \
-      const v1::Request& request) {                               \
-    return Unary<v1::Request, v1::Response>(                      \
-        *this,                                                    \
-        [this](grpc::ClientContext* c, const v1::Request& r,      \
-               v1::Response* o) { return stub_->Name(c, r, o); }, \
-        request, options_.timeout);                               \
+#define MODELSTATE_UNARY(Name, Request, Response)                        \
+  absl::StatusOr<v1::Response> ModelStateClient::Name(                   \
+      const v1::Request& request) {                                      \
+    return Unary(*this, *stub_, &Stub::Name, request, options_.timeout); \
   }
 
 MODELSTATE_UNARY(BuildModule, BuildModuleRequest, BuildModuleResponse)
@@ -106,14 +113,14 @@ MODELSTATE_UNARY(ListModules, ListModulesRequest, ListModulesResponse)
 MODELSTATE_UNARY(ListDevices, ListDevicesRequest, ListDevicesResponse)
 MODELSTATE_UNARY(MoveModule, MoveModuleRequest, MoveModuleResponse)
 MODELSTATE_UNARY(Forward, ForwardRequest, ForwardResponse)
+MODELSTATE_UNARY(QueryAudit, QueryAuditRequest, QueryAuditResponse)
 #undef MODELSTATE_UNARY
 
 absl::Status ModelStateClient::DeleteModule(absl::string_view module) {
   v1::DeleteModuleRequest request;
   request.set_module(std::string(module));
-  std::unique_ptr<grpc::ClientContext> context = NewContext(options_.timeout);
-  v1::DeleteModuleResponse response;
-  return FromGrpcStatus(stub_->DeleteModule(context.get(), request, &response));
+  return Unary(*this, *stub_, &Stub::DeleteModule, request, options_.timeout)
+      .status();
 }
 
 absl::Status ModelStateClient::SetTraining(absl::string_view module,
@@ -121,9 +128,48 @@ absl::Status ModelStateClient::SetTraining(absl::string_view module,
   v1::SetTrainingRequest request;
   request.set_module(std::string(module));
   request.set_training(training);
-  std::unique_ptr<grpc::ClientContext> context = NewContext(options_.timeout);
-  v1::SetTrainingResponse response;
-  return FromGrpcStatus(stub_->SetTraining(context.get(), request, &response));
+  return Unary(*this, *stub_, &Stub::SetTraining, request, options_.timeout)
+      .status();
+}
+
+absl::StatusOr<v1::ListSubscribersResponse>
+ModelStateClient::ListSubscribers() {
+  return Unary(*this, *stub_, &Stub::ListSubscribers,
+               v1::ListSubscribersRequest(), options_.timeout);
+}
+
+absl::StatusOr<v1::VerifyAuditResponse> ModelStateClient::VerifyAudit() {
+  return Unary(*this, *stub_, &Stub::VerifyAudit, v1::VerifyAuditRequest(),
+               options_.timeout);
+}
+
+std::unique_ptr<AuditWatch> ModelStateClient::WatchAudit(
+    const v1::WatchAuditRequest& request, absl::Duration timeout) {
+  std::unique_ptr<AuditWatch> watch(new AuditWatch());
+  watch->context_ = NewContext(timeout);
+  watch->reader_ = stub_->WatchAudit(watch->context_.get(), request);
+  return watch;
+}
+
+AuditWatch::~AuditWatch() { Finish().IgnoreError(); }
+
+bool AuditWatch::Next(v1::AuditRecordProto* record) {
+  if (ended_ || finished_.has_value()) return false;
+  ended_ = !reader_->Read(record);
+  return !ended_;
+}
+
+void AuditWatch::Cancel() { context_->TryCancel(); }
+
+absl::Status AuditWatch::Finish() {
+  if (!finished_.has_value()) {
+    // Finish() waits for the server's status, which an open watch never
+    // sends on its own.
+    if (!ended_) context_->TryCancel();
+    ended_ = true;
+    finished_ = FromGrpcStatus(reader_->Finish());
+  }
+  return *finished_;
 }
 
 absl::Status ModelStateClient::GetStateDict(absl::string_view module,

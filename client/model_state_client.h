@@ -1,18 +1,30 @@
 // File: model_state_client.h
-// A C++ client for modelstate-server. Every call has a deadline (the
-// client's default unless given) and returns absl::Status / StatusOr with the
-// server's code and message. State dicts stream chunk by chunk through a
-// StateDictSink / StateDictSource, so a state of any size can go to or from
-// a file without being held in memory twice.
+// A C++ client for modelstate-server: one typed call per RPC of
+// ModelStateService, plus grpc.health.v1's Check. Every call has a deadline
+// (the client's default unless given) and returns absl::Status / StatusOr
+// with the server's code and message. State dicts stream chunk by chunk
+// through a StateDictSink / StateDictSource, so a state of any size can go
+// to or from a file without being held in memory twice. The audit log's
+// live feed is an AuditWatch, read record by record. The Subscribe stream
+// has its own class (client/subscriber.h).
 //
 // Example:
-//   MODELSTATE_ASSIGN_OR_RETURN(auto client,
-//   ModelStateClient::Connect("127.0.0.1:50051")); v1::BuildModuleRequest
-//   build; build.set_module("team/mlp");
-//   ... fill build.mutable_spec() ...
+//   MODELSTATE_ASSIGN_OR_RETURN(
+//       auto client, ModelStateClient::Connect("127.0.0.1:50051"));
+//   v1::BuildModuleRequest build;
+//   build.set_module("team/mlp");
+//   // ... fill build.mutable_spec() ...
 //   MODELSTATE_ASSIGN_OR_RETURN(v1::BuildModuleResponse built,
-//   client->BuildModule(build)); MODELSTATE_ASSIGN_OR_RETURN(StateDict sd,
-//   client->GetStateDict("team/mlp"));
+//                               client->BuildModule(build));
+//   MODELSTATE_ASSIGN_OR_RETURN(StateDict sd,
+//                               client->GetStateDict("team/mlp"));
+//
+//   v1::WatchAuditRequest watch;
+//   watch.mutable_filter()->set_type("build");
+//   std::unique_ptr<AuditWatch> records = client->WatchAudit(watch);
+//   v1::AuditRecordProto record;
+//   while (records->Next(&record)) Show(record);  // Cancel() ends it
+//   absl::Status ended = records->Finish();
 #ifndef MODELSTATE_CLIENT_MODEL_STATE_CLIENT_H_
 #define MODELSTATE_CLIENT_MODEL_STATE_CLIENT_H_
 
@@ -113,6 +125,42 @@ struct LoadStateDictOptions {
   ProgressFn progress;
 };
 
+// A WatchAudit stream: the records that match its filter, those already
+// written after `after_seq` first, then each new one as the server writes
+// it. The stream has no end of its own; it lasts until Cancel(), its
+// deadline, or the server's shutdown.
+//
+// Next() and Finish() belong to one thread; Cancel() may be called from any
+// thread, for example one that waits for SIGINT.
+class AuditWatch {
+ public:
+  AuditWatch(const AuditWatch&) = delete;
+  AuditWatch& operator=(const AuditWatch&) = delete;
+  // Cancels the stream if it is still open.
+  ~AuditWatch();
+
+  // Blocks until the next record and stores it in `record`. Returns false
+  // when the stream has ended; Finish() then says how.
+  bool Next(v1::AuditRecordProto* record);
+  // Ends the stream: a Next() blocked in another thread returns false.
+  void Cancel();
+  // Cancels the stream if Next() has not yet returned false, and returns
+  // how it ended: CANCELLED after Cancel() (or an early Finish()),
+  // DEADLINE_EXCEEDED past the deadline, PERMISSION_DENIED for a caller
+  // without the auditor role, INVALID_ARGUMENT for a bad filter, or the
+  // server's error. Returns the same status when called again.
+  absl::Status Finish();
+
+ private:
+  friend class ModelStateClient;
+  AuditWatch() = default;
+
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientReader<v1::AuditRecordProto>> reader_;
+  bool ended_ = false;
+  std::optional<absl::Status> finished_;
+};
+
 // Thread-safe: one client may serve many threads.
 class ModelStateClient {
  public:
@@ -145,6 +193,22 @@ class ModelStateClient {
   absl::Status SetTraining(absl::string_view module, bool training);
   absl::StatusOr<v1::ForwardResponse> Forward(
       const v1::ForwardRequest& request);
+  // The subscribers the server holds, in the order they run.
+  absl::StatusOr<v1::ListSubscribersResponse> ListSubscribers();
+
+  // One page of the audit records that match request.filter(): at most
+  // request.limit() (0: the server's 100) after request.after_seq(); the
+  // response's next_after_seq is the next page's after_seq (0 at the end).
+  absl::StatusOr<v1::QueryAuditResponse> QueryAudit(
+      const v1::QueryAuditRequest& request);
+  // Follows the audit log (see AuditWatch). `timeout` is the deadline of the
+  // whole stream; the default is none.
+  std::unique_ptr<AuditWatch> WatchAudit(
+      const v1::WatchAuditRequest& request,
+      absl::Duration timeout = absl::InfiniteDuration());
+  // Walks the server's audit hash chain. OK with response.ok() false when a
+  // record is broken (the response names it).
+  absl::StatusOr<v1::VerifyAuditResponse> VerifyAudit();
 
   // Streams the module's state_dict into `sink`.
   absl::Status GetStateDict(absl::string_view module,
@@ -166,8 +230,10 @@ class ModelStateClient {
   absl::Status Health();
 
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+  // The raw stub and a context with this client's credentials, for what the
+  // typed calls above do not do: Subscriber's stream, and tests that send
+  // malformed streams on purpose. An infinite `timeout` means no deadline.
   v1::ModelStateService::Stub& stub() { return *stub_; }
-  // A context with the client's deadline and credentials metadata.
   std::unique_ptr<grpc::ClientContext> NewContext(absl::Duration timeout) const;
 
  private:

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/glob.h"
+#include "base/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
 #include "proto/convert.h"
@@ -92,6 +93,113 @@ absl::StatusOr<v1::TransformProto> TransformFromJson(const nlohmann::json& j,
   return t;
 }
 
+// Adds one item of the match field `key` to `rule`.
+absl::Status AddMatchItem(const std::string& key, const std::string& item,
+                          size_t i, const std::string& field,
+                          PolicyRule& rule) {
+  if (key == "kind") {
+    if (item == "parameter") {
+      rule.kinds.push_back(v1::ENTRY_KIND_PARAMETER);
+    } else if (item == "buffer") {
+      rule.kinds.push_back(v1::ENTRY_KIND_BUFFER);
+    } else if (item == "module") {
+      rule.kinds.push_back(v1::ENTRY_KIND_MODULE);
+    } else {
+      return RuleError(
+          i, field,
+          absl::StrCat("'", item, "' is not parameter, buffer or module"));
+    }
+  } else if (key == "action") {
+    if (item == "register") {
+      rule.actions.push_back(v1::REGISTRATION_ACTION_REGISTER);
+    } else if (item == "unregister") {
+      rule.actions.push_back(v1::REGISTRATION_ACTION_UNREGISTER);
+    } else {
+      return RuleError(
+          i, field, absl::StrCat("'", item, "' is not register or unregister"));
+    }
+  } else if (key == "type") {
+    rule.type_globs.push_back(item);
+  } else if (key == "name") {
+    rule.name_globs.push_back(item);
+  } else if (key == "path") {
+    rule.path_globs.push_back(item);
+  } else if (key == "module") {
+    rule.module_globs.push_back(item);
+  } else if (key == "dtype") {
+    absl::StatusOr<DType> d = ParseDType(item);
+    if (!d.ok()) return RuleError(i, field, d.status().message());
+    rule.dtypes.push_back(*d);
+  } else {
+    return RuleError(i, field, "unknown field");
+  }
+  return absl::OkStatus();
+}
+
+// The "match" object of rule `i`.
+absl::Status ParseMatch(const nlohmann::json& match, size_t i,
+                        PolicyRule& rule) {
+  if (!match.is_object()) return RuleError(i, "match", "expected an object");
+  for (const auto& [key, value] : match.items()) {
+    std::string field = absl::StrCat("match.", key);
+    if (key == "shape") {
+      if (!value.is_array())
+        return RuleError(i, field, "expected a list of ints");
+      std::vector<int64_t> shape;
+      for (const auto& d : value) {
+        if (!d.is_number_integer())
+          return RuleError(i, field, "expected a list of ints");
+        shape.push_back(d.get<int64_t>());
+      }
+      rule.shape = std::move(shape);
+      continue;
+    }
+    absl::StatusOr<std::vector<std::string>> items = Strings(value, i, field);
+    if (!items.ok()) return items.status();
+    for (const std::string& item : *items) {
+      MODELSTATE_RETURN_IF_ERROR(AddMatchItem(key, item, i, field, rule));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Rule `i` of the "rules" list.
+absl::StatusOr<PolicyRule> ParseRule(const nlohmann::json& r, size_t i) {
+  if (!r.is_object()) return RuleError(i, "", "expected an object");
+  PolicyRule rule;
+  MODELSTATE_RETURN_IF_ERROR(
+      ParseMatch(r.value("match", nlohmann::json::object()), i, rule));
+  std::string action = r.value("action", "approve");
+  if (action == "approve") {
+    rule.verdict = v1::HookAnswer::APPROVE;
+  } else if (action == "reject") {
+    rule.verdict = v1::HookAnswer::REJECT;
+  } else if (action == "modify") {
+    rule.verdict = v1::HookAnswer::MODIFY;
+    if (!r.contains("transform")) {
+      return RuleError(i, "transform", "a modify rule needs a transform");
+    }
+  } else {
+    return RuleError(
+        i, "action",
+        absl::StrCat("'", action, "' is not approve, reject or modify"));
+  }
+  if (r.contains("transform")) {
+    absl::StatusOr<v1::TransformProto> t = TransformFromJson(r["transform"], i);
+    if (!t.ok()) return t.status();
+    rule.transform = *t;
+  }
+  rule.reason = r.value("reason", "");
+  rule.log = r.value("log", false);
+  for (const auto& [key, value] : r.items()) {
+    if (key != "match" && key != "action" && key != "transform" &&
+        key != "reason" && key != "log") {
+      return RuleError(i, key, "unknown field");
+    }
+  }
+  return rule;
+}
+
 }  // namespace
 
 absl::StatusOr<Policy> Policy::FromJson(const std::string& text) {
@@ -128,97 +236,7 @@ absl::StatusOr<Policy> Policy::FromJson(const std::string& text) {
   if (!j["rules"].is_array())
     return absl::InvalidArgumentError("rules: expected a list");
   for (size_t i = 0; i < j["rules"].size(); ++i) {
-    const nlohmann::json& r = j["rules"][i];
-    if (!r.is_object()) return RuleError(i, "", "expected an object");
-    PolicyRule rule;
-    const nlohmann::json match = r.value("match", nlohmann::json::object());
-    if (!match.is_object()) return RuleError(i, "match", "expected an object");
-    for (const auto& [key, value] : match.items()) {
-      std::string field = absl::StrCat("match.", key);
-      if (key == "shape") {
-        if (!value.is_array())
-          return RuleError(i, field, "expected a list of ints");
-        std::vector<int64_t> shape;
-        for (const auto& d : value) {
-          if (!d.is_number_integer())
-            return RuleError(i, field, "expected a list of ints");
-          shape.push_back(d.get<int64_t>());
-        }
-        rule.shape = std::move(shape);
-        continue;
-      }
-      absl::StatusOr<std::vector<std::string>> items = Strings(value, i, field);
-      if (!items.ok()) return items.status();
-      for (const std::string& item : *items) {
-        if (key == "kind") {
-          if (item == "parameter") {
-            rule.kinds.push_back(v1::ENTRY_KIND_PARAMETER);
-          } else if (item == "buffer") {
-            rule.kinds.push_back(v1::ENTRY_KIND_BUFFER);
-          } else if (item == "module") {
-            rule.kinds.push_back(v1::ENTRY_KIND_MODULE);
-          } else {
-            return RuleError(
-                i, field,
-                absl::StrCat("'", item,
-                             "' is not parameter, buffer or module"));
-          }
-        } else if (key == "action") {
-          if (item == "register") {
-            rule.actions.push_back(v1::REGISTRATION_ACTION_REGISTER);
-          } else if (item == "unregister") {
-            rule.actions.push_back(v1::REGISTRATION_ACTION_UNREGISTER);
-          } else {
-            return RuleError(
-                i, field,
-                absl::StrCat("'", item, "' is not register or unregister"));
-          }
-        } else if (key == "type") {
-          rule.type_globs.push_back(item);
-        } else if (key == "name") {
-          rule.name_globs.push_back(item);
-        } else if (key == "path") {
-          rule.path_globs.push_back(item);
-        } else if (key == "module") {
-          rule.module_globs.push_back(item);
-        } else if (key == "dtype") {
-          absl::StatusOr<DType> d = ParseDType(item);
-          if (!d.ok()) return RuleError(i, field, d.status().message());
-          rule.dtypes.push_back(*d);
-        } else {
-          return RuleError(i, field, "unknown field");
-        }
-      }
-    }
-    std::string action = r.value("action", "approve");
-    if (action == "approve") {
-      rule.verdict = v1::HookAnswer::APPROVE;
-    } else if (action == "reject") {
-      rule.verdict = v1::HookAnswer::REJECT;
-    } else if (action == "modify") {
-      rule.verdict = v1::HookAnswer::MODIFY;
-      if (!r.contains("transform")) {
-        return RuleError(i, "transform", "a modify rule needs a transform");
-      }
-    } else {
-      return RuleError(
-          i, "action",
-          absl::StrCat("'", action, "' is not approve, reject or modify"));
-    }
-    if (r.contains("transform")) {
-      absl::StatusOr<v1::TransformProto> t =
-          TransformFromJson(r["transform"], i);
-      if (!t.ok()) return t.status();
-      rule.transform = *t;
-    }
-    rule.reason = r.value("reason", "");
-    rule.log = r.value("log", false);
-    for (const auto& [key, value] : r.items()) {
-      if (key != "match" && key != "action" && key != "transform" &&
-          key != "reason" && key != "log") {
-        return RuleError(i, key, "unknown field");
-      }
-    }
+    MODELSTATE_ASSIGN_OR_RETURN(PolicyRule rule, ParseRule(j["rules"][i], i));
     policy.rules_.push_back(std::move(rule));
   }
   return policy;

@@ -6,10 +6,10 @@
 // Example:
 //   SafetensorsSink sink("model.safetensors");
 //   MODELSTATE_RETURN_IF_ERROR(client->GetStateDict("team/mlp", {}, sink));
-//   MODELSTATE_ASSIGN_OR_RETURN(auto source,
-//   SafetensorsSource::Open("model.safetensors"));
-//   MODELSTATE_ASSIGN_OR_RETURN(auto r, client->LoadStateDict("team/mlp",
-//   *source));
+//   MODELSTATE_ASSIGN_OR_RETURN(
+//       auto source, SafetensorsSource::Open("model.safetensors"));
+//   MODELSTATE_ASSIGN_OR_RETURN(auto r,
+//                               client->LoadStateDict("team/mlp", *source));
 #ifndef MODELSTATE_CLIENT_SAFETENSORS_STREAM_H_
 #define MODELSTATE_CLIENT_SAFETENSORS_STREAM_H_
 

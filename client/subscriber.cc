@@ -16,7 +16,6 @@ absl::StatusOr<std::unique_ptr<Subscriber>> Subscriber::Start(
   // A subscription lasts until it is stopped: no deadline, but the
   // client's credentials.
   sub->context_ = client.NewContext(absl::InfiniteDuration());
-  sub->context_->set_deadline(std::chrono::system_clock::time_point::max());
   sub->stream_ = client.stub().Subscribe(sub->context_.get());
   v1::SubscribeRequest hello;
   *hello.mutable_subscription() = subscription;

@@ -583,9 +583,7 @@ TEST_F(CliTest, UsageErrorsExitTwo) {
       {{"health", "--timeout", "0"},
        "health: --timeout: expected a positive number of seconds, got '0'",
        "health"},
-      {{"--json=yes", "health"},
-       "health: option --json takes no value",
-       "health"},
+      {{"--json=yes", "health"}, "health: --json: takes no value", "health"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(absl::StrJoin(c.args, " "));

@@ -1,4 +1,5 @@
-// modelstatectl: see client/cli.h.
+// modelstatectl: the process around RunCli (client/cli.h): its streams,
+// whether stderr is a terminal, and the defaults from the environment.
 #include <unistd.h>
 
 #include <cstdlib>

@@ -1,0 +1,90 @@
+// The commands about the server itself: health, devices, and hash-token
+// (what its --token_file holds for a token).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "base/sha256.h"
+#include "base/status_macros.h"
+#include "client/cli/command.h"
+#include "client/cli/output.h"
+#include "grpc/health/v1/health.pb.h"
+#include "modelstate/v1/model_state_service.pb.h"
+
+namespace modelstate::cli {
+namespace {
+
+absl::Status RunHealth(Context& c) {
+  MODELSTATE_ASSIGN_OR_RETURN(auto* rpc, c.Client());
+  MODELSTATE_RETURN_IF_ERROR(rpc->Health());
+  if (c.json()) {
+    grpc::health::v1::HealthCheckResponse response;
+    response.set_status(grpc::health::v1::HealthCheckResponse::SERVING);
+    return c.PrintJson(response);
+  }
+  c.out() << "SERVING\n";
+  return absl::OkStatus();
+}
+
+absl::Status RunDevices(Context& c) {
+  MODELSTATE_ASSIGN_OR_RETURN(auto* rpc, c.Client());
+  MODELSTATE_ASSIGN_OR_RETURN(v1::ListDevicesResponse response,
+                              rpc->ListDevices());
+  if (c.json()) return c.PrintJson(response);
+  std::vector<std::vector<std::string>> rows = {
+      {"DEVICE", "TOTAL", "FREE", "DESCRIPTION"}};
+  for (const v1::DeviceInfo& d : response.devices()) {
+    const bool has_memory = d.total_bytes() > 0;
+    rows.push_back({d.device(), has_memory ? HumanBytes(d.total_bytes()) : "-",
+                    has_memory ? HumanBytes(d.free_bytes()) : "-",
+                    d.description()});
+  }
+  for (const std::string& line : AlignRows(rows, {false, true, true, false})) {
+    c.out() << line << "\n";
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunHashToken(Context& c, const std::string& file) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::string token, ReadInputFile(file));
+  absl::string_view stripped = absl::StripAsciiWhitespace(token);
+  if (stripped.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": the token is empty"));
+  }
+  c.out() << Sha256Hex(stripped) << "\n";
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void AddServerCommands(CommandSet& commands) {
+  commands.Add(
+      {"health", "check that the server is serving",
+       "Asks the server's grpc.health.v1 service; prints SERVING and exits 0, "
+       "or prints the error and exits 1.",
+       "modelstatectl --server 10.0.0.5:50051 health"},
+      RunHealth);
+  commands.Add(
+      {"devices", "list the server's devices and their memory",
+       "Lists the devices the server can place tensors on (cpu, meta and "
+       "every cuda:N) with total and free memory; `to MODULE --device "
+       "cuda:N` accepts these names.",
+       "modelstatectl devices --json"},
+      RunDevices);
+  auto file = std::make_shared<std::string>();
+  CLI::App* hash = commands.Add(
+      {"hash-token", "print the SHA-256 a token file's entry holds for a token",
+       "Reads the token from FILE (surrounding whitespace ignored) and "
+       "prints its SHA-256 in hex: the token_sha256 of the server's "
+       "--token_file. The token itself never goes into that file.",
+       "head -c 32 /dev/urandom | base64 > alice.token && modelstatectl "
+       "hash-token alice.token"},
+      [file](Context& c) { return RunHashToken(c, *file); });
+  hash->add_option("FILE", *file, "file holding the token")->required();
+}
+
+}  // namespace modelstate::cli
