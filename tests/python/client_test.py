@@ -633,26 +633,40 @@ README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
 
 class ReadmeTest(unittest.TestCase):
 
-    def test_the_readme_quick_start_runs(self):
-        """The Python block of README's "Python client" section, run as it
-        is against the test server (only the address changes), so the
-        README cannot drift from the client."""
+    def test_the_readme_python_blocks_run(self):
+        """The Python blocks of README's "Python client" section, run in
+        order as they are against the test server (only the address
+        changes), so the README cannot drift from the client."""
         with open(README) as f:
             text = f.read()
         section = text[text.index("### Python client"):]
-        start = section.index("```python\n") + len("```python\n")
-        code = section[start:section.index("```", start)]
-        self.assertIn('modelstate.connect("127.0.0.1:50051")', code)
-        code = code.replace("127.0.0.1:50051", server.address)
+        section = section[:section.index("\n## ")]
+        blocks = section.split("```python\n")[1:]
+        self.assertGreaterEqual(len(blocks), 2)
+        scope = {}
         out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            exec(compile(code, "README.md", "exec"), {})
+        for block in blocks:
+            code = block[:block.index("```")]
+            self.assertIn('modelstate.connect("127.0.0.1:50051")', code)
+            code = code.replace("127.0.0.1:50051", server.address)
+            with contextlib.redirect_stdout(out):
+                exec(compile(code, "README.md", "exec"), scope)
         self.assertEqual(out.getvalue(), "<All keys matched successfully>\n")
+        # The three-line story: a torch module there and back.
+        self.assertIs(type(scope["linear"]), nn.Linear)
+        self.assertEqual(ms.module("team/linear").type_name, "Linear")
         remote = ms.module("team/mlp")
-        # What the quick start did is on the server: float16, eval mode.
-        self.assertEqual({t.dtype for t in remote.state_dict().values()},
-                         {torch.float16})
+        # What the quick start did is on the server: float16, eval mode,
+        # the first layer frozen, the last one without bias.
+        sd = remote.state_dict()
+        self.assertEqual({t.dtype for t in sd.values()}, {torch.float16})
+        self.assertNotIn("2.bias", sd)
         self.assertFalse(remote.training)
+        self.assertEqual({n: p.requires_grad for n, p in
+                          remote.named_parameters()},
+                         {"0.weight": False, "0.bias": False,
+                          "2.weight": True})
+        self.assertEqual(tuple(scope["y"].shape), (3, 10))
 
 
 if __name__ == "__main__":

@@ -2,12 +2,20 @@
 tests: started with its own data directory, restarted on the same address,
 killed and cleaned up."""
 
+import ctypes
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
+
+
+def _die_with_parent():
+    """Runs in the child before exec: SIGKILL when the test process dies,
+    so a test that fails before its cleanup leaves no server behind."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class Server:
@@ -30,7 +38,7 @@ class Server:
             [self.binary, "--listen=" + (self.address or "127.0.0.1:0"),
              "--ready_file=" + ready,
              "--data_dir=" + os.path.join(self.dir, "data")] + self.flags,
-            stderr=self.log)
+            stderr=self.log, preexec_fn=_die_with_parent)
         deadline = time.time() + 60
         while not os.path.exists(ready) or os.path.getsize(ready) == 0:
             if self.process.poll() is not None or time.time() > deadline:

