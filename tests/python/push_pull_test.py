@@ -267,21 +267,34 @@ class RoundTripTest(Checks):
         model = nn.Sequential(
             nn.Conv2d(3, 4, 3, padding="same"), MyLinear(4, 4),
             nn.TransformerEncoderLayer(8, 2, 16, activation=nn.GELU()),
-            Linear())
-        with warnings.catch_warnings(record=True) as caught:
+            Linear(), nn.GRUCell(3, 2))
+        seen = {}
+
+        def record(module, name, param):
+            seen[module.path] = (type(module).__name__,
+                                 isinstance(module, nn.GRUCell),
+                                 isinstance(module, nn.Conv2d))
+
+        with warnings.catch_warnings(record=True) as caught, \
+                ms.register_module_parameter_registration_hook(record):
             warnings.simplefilter("always")
             remote = ms.push(model, "fallback/model")
-        self.assertEqual(len(remote.notes), 2, remote.notes)
-        self.assertIn("padding", remote.notes[0])
+        # Hooks still see torch's classes in what was hosted as custom.
+        self.assertEqual(seen["4"], ("GRUCell", True, False))
+        self.assertEqual(seen["0"], ("Conv2d", False, True))
+        self.assertEqual(len(remote.notes), 3, remote.notes)
+        self.assertIn("padding='same'", remote.notes[0])
         self.assertIn("activation", remote.notes[1])
+        self.assertIn("GRUCell", remote.notes[2])
+        self.assertIn("no such library layer", remote.notes[2])
         self.assertEqual(len([w for w in caught if "hosted as a custom"
-                              in str(w.message)]), 2)
+                              in str(w.message)]), 3)
         info = remote.info().info
         self.assertEqual([c.module.type for c in info.children],
                          ["torch.nn.modules.conv.Conv2d", "MyLinear",
                           "torch.nn.modules.transformer."
                           "TransformerEncoderLayer",
-                          "__main__.Linear"])
+                          "__main__.Linear", "torch.nn.modules.rnn.GRUCell"])
         # The encoder layer's own children are still library layers.
         self.assertEqual(info.children[2].module.children[0].module.type,
                          "MultiheadAttention")

@@ -66,10 +66,13 @@ def _dtype_name(dtype):
 
 
 def _type_name(cls):
-    """A custom module's type: its class name, or its qualified name where
-    the class name is a library type the server would build instead."""
+    """A custom module's type: its class name; the qualified name for a
+    torch class and for a class named like a library type, so that the
+    server never builds a library layer instead (now or once it has
+    one)."""
     name = cls.__name__
-    if name in _layers.LAYERS or name in _layers.CONTAINERS:
+    if name in _layers.LAYERS or name in _layers.CONTAINERS or \
+            cls.__module__.split(".")[0] == "torch":
         return f"{cls.__module__}.{name}"
     return name
 
@@ -181,6 +184,11 @@ class _Planner:
                                f"hosted as a custom module with its own "
                                f"tensors: {why}")
             self.kinds[path] = "custom"
+            if layer is None and cls.__module__.startswith("torch.nn.") \
+                    and cls.__name__ not in _layers.CONTAINERS:
+                self._note(f"{path or 'the model'} ({cls.__name__}) is "
+                           "hosted as a custom module with its own "
+                           "tensors: the server has no such library layer")
         for name, child in module._modules.items():
             child_path = join(path, name)
             if child is not None and child_path not in self.shared:
