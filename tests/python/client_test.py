@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 import unittest
-import warnings
 
 SERVER = sys.argv[1]
 PACKAGE_DIR = sys.argv[2]
