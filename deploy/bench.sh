@@ -23,7 +23,7 @@ else
   report=$MODELSTATE_ROOT/BENCHMARKS.md
   cmake -S "$MODELSTATE_ROOT" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release
   cmake --build "$build_dir" -j"$(nproc)" --target modelstate-server \
-    core_bench transfer_bench dump_state_dict forward_bench
+    modelstatectl core_bench transfer_bench dump_state_dict forward_bench
   if grep -q "^MODELSTATE_WITH_CUDA:BOOL=ON" "$build_dir/CMakeCache.txt"; then
     cmake --build "$build_dir" -j"$(nproc)" --target cuda_bench
   fi
@@ -40,6 +40,7 @@ if [ $smoke = 1 ]; then
   core_args=(--smoke --benchmark_min_time=0.01 --benchmark_repetitions=2)
   torch_args=(--smoke --reps 2 --warmup 0)
   transfer_args=(--smoke --reps 2 --warmup 0)
+  python_transfer_args=(--smoke --reps 2 --warmup 0)
   torch_model=mlp
   forward_args=(--smoke --benchmark_min_time=0.01 --benchmark_repetitions=2)
   torch_forward_args=(--smoke --reps 2 --warmup 0)
@@ -47,6 +48,7 @@ else
   core_args=(--benchmark_repetitions=5)
   torch_args=(--reps 5 --warmup 1 --models gpt2)
   transfer_args=(--reps 9 --warmup 2)
+  python_transfer_args=(--mib 600 --reps 5 --warmup 1)
   torch_model=gpt2
   forward_args=(--benchmark_repetitions=5)
   torch_forward_args=(--reps 5 --warmup 1)
@@ -72,6 +74,12 @@ echo "[bench] hosted (smoke: 8 MiB) against reading its data files"
 "$build_dir/tests/bench/transfer_bench" \
   --server="$build_dir/server/modelstate-server" --models="$models" \
   "${transfer_args[@]}" --out="$results/transfer.json" >/dev/null
+
+echo "[bench] the Python client against the C++ client (modelstatectl), same module"
+"$python" "$bench/python_transfer_bench.py" \
+  --server="$build_dir/server/modelstate-server" \
+  --cli="$build_dir/client/modelstatectl" "${python_transfer_args[@]}" \
+  --out "$results/python_transfer.json"
 
 echo "[bench] forward against raw sgemm and PyTorch (2 threads each)"
 "$build_dir/tests/bench/forward_bench" --threads=2 "${forward_args[@]}" \
@@ -104,6 +112,7 @@ fi
   --torch "$results/torch.json" --transfer "$results/transfer.json" \
   --forward "$results/forward.json" \
   --torch-forward "$results/torch_forward.json" \
+  --python-transfer "$results/python_transfer.json" \
   --torch-model "$torch_model" --checks "$results/checks.md" \
   "${cuda_report[@]}" --out "$report"
 echo "[bench] wrote $report"

@@ -16,6 +16,9 @@ MODELSTATE_PACKAGES=(
   "${MODELSTATE_RUNTIME_BUILD_PACKAGES[@]}"
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-grpcio python3-protobuf python3-numpy python3-torch python3-yaml
+  # The Python client's install test (venv + pip, Debian's setuptools and
+  # wheel, no network) and its progress bars.
+  python3-pip python3-venv python3-setuptools python3-wheel python3-tqdm
   openssl
   golang-go golang-golang-x-mod-dev
 )

@@ -8,6 +8,8 @@ same machine, from medians (the machines are noisy). Inputs:
   --transfer   transfer_bench's JSON (modelstate-server vs raw gRPC)
   --forward    optional: forward_bench's Google Benchmark JSON
   --torch-forward  optional: torch_forward_bench.py's JSON
+  --python-transfer  optional: python_transfer_bench.py's JSON (the Python
+               client against modelstatectl)
   --checks     optional: a text file with extra lines for the notes
 
 Usage (any python3; no third-party modules):
@@ -249,6 +251,23 @@ def forward_rows(table, forward, torch_forward):
                   f"{ours / theirs:.2f}x", "<= 1.0x", ours <= theirs)
 
 
+def python_rows(table, p):
+    """The Python client's transfers against the C++ client's (ratio of
+    throughputs, Python / C++)."""
+    n = p["bytes"]
+    for what, py, cpp, cli in (
+            ("state_dict()", "python_get_s", "cpp_get_s", "get-state"),
+            ("load_state_dict()", "python_load_s", "cpp_load_s",
+             "load-state")):
+        ours, base = p[py]["median"], p[cpp]["median"]
+        table.add(f"Python client {what}, {n / MIB:.0f} MiB "
+                  f"({p['chunk_bytes'] // 1024} KiB chunks)",
+                  f"{fmt_s(ours)} ({rate(n, ours)})",
+                  f"C++ client (modelstatectl {cli}) {fmt_s(base)} "
+                  f"({rate(n, base)})", f"{base / ours:.2f}x", ">= 0.8x",
+                  base / ours >= 0.8)
+
+
 def cuda_rows(table, cuda):
     """Rows from cuda_bench (absent or empty without a GPU)."""
     def gbps(run):
@@ -280,6 +299,8 @@ def main():
     parser.add_argument("--forward")
     parser.add_argument("--torch-forward")
     parser.add_argument("--cuda", help="optional: cuda_bench's JSON")
+    parser.add_argument("--python-transfer",
+                        help="optional: python_transfer_bench.py's JSON")
     parser.add_argument("--checks")
     parser.add_argument("--torch-model", default="gpt2",
                         help="torch_bench's model that core_bench built"
@@ -295,6 +316,8 @@ def main():
     hook_rows(table, transfer)
     core_rows(table, core, torch_results, args.torch_model)
     concurrency_rows(table, transfer)
+    if args.python_transfer:
+        python_rows(table, load(args.python_transfer))
     restore_rows(table, transfer)
     if args.forward:
         forward_rows(table, bench_medians(load(args.forward)),

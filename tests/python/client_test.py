@@ -11,16 +11,15 @@ import contextlib
 import io
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
 SERVER = sys.argv[1]
-sys.path.insert(0, sys.argv[2])
+PACKAGE_DIR = sys.argv[2]
+sys.path.insert(0, PACKAGE_DIR)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 del sys.argv[1:3]
 
 import torch  # noqa: E402
@@ -28,43 +27,11 @@ from torch import nn  # noqa: E402
 
 import modelstate  # noqa: E402
 from modelstate.v1 import model_state_service_pb2 as service_pb  # noqa: E402,E501
+import server_process  # noqa: E402
 
 
-class Server:
-    """The real modelstate-server on a free loopback port."""
-
-    def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="modelstate-py-")
-        self.log = open(os.path.join(self.dir, "server.log"), "w")
-        self.address = None
-        self.start()
-
-    def start(self):
-        """Starts the server; a restart keeps its address and data."""
-        ready = os.path.join(self.dir, "ready")
-        if os.path.exists(ready):
-            os.remove(ready)
-        self.process = subprocess.Popen(
-            [SERVER, "--listen=" + (self.address or "127.0.0.1:0"),
-             "--ready_file=" + ready,
-             "--data_dir=" + os.path.join(self.dir, "data")],
-            stderr=self.log)
-        deadline = time.time() + 60
-        while not os.path.exists(ready) or os.path.getsize(ready) == 0:
-            if self.process.poll() is not None or time.time() > deadline:
-                raise RuntimeError("the server did not start")
-            time.sleep(0.02)
-        with open(ready) as f:
-            self.address = f.read().strip()
-
-    def kill(self):
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait()
-
-    def stop(self):
-        self.kill()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+def Server():
+    return server_process.Server(SERVER)
 
 
 def setUpModule():
@@ -253,6 +220,34 @@ class StateTest(unittest.TestCase):
         with self.assertRaises(modelstate.FailedPreconditionError):
             remote.to("cuda:7")
 
+    def test_dtype_shortcuts_work_with_torch_installed(self):
+        """half(), float(), double() and bfloat16() convert like torch's
+        (they once passed dtype names that torch's to() refused)."""
+        local = randomize(mlp(), 8)
+        remote = ms.build(MLP_SPEC, "to/shortcuts")
+        remote.load_state_dict(local.state_dict())
+        for method in ("half", "bfloat16", "double", "float"):
+            with self.subTest(method):
+                self.assertIs(getattr(remote, method)(), remote)
+                getattr(local, method)()
+                self.assertSameState(remote.state_dict(), local.state_dict())
+
+    def test_state_dict_of_a_meta_module_has_meta_tensors(self):
+        remote = ms.build(MLP_SPEC, "meta/mlp", device="meta")
+        theirs = mlp().to("meta").state_dict()
+        ours = remote.state_dict()
+        self.assertEqual(list(ours), list(theirs))
+        for key, t in theirs.items():
+            self.assertTrue(ours[key].is_meta, key)
+            self.assertEqual((ours[key].shape, ours[key].dtype),
+                             (t.shape, t.dtype), key)
+        self.assertEqual(ours._metadata, theirs._metadata)
+        params = dict(remote.named_parameters())
+        self.assertTrue(all(p.is_meta and isinstance(p, nn.Parameter)
+                            for p in params.values()))
+        self.assertEqual(list(params), [k for k, _ in
+                                        mlp().named_parameters()])
+
     def test_named_parameters_and_buffers_match_pytorch(self):
         spec = {"type": "WithScratch", "members": [
             {"module": {"name": "embed",
@@ -323,7 +318,7 @@ class StateTest(unittest.TestCase):
         ms.build({"type": "Linear", "args": [3, 2]}, "numpy/lin", seed=1)
         script = (
             "import sys; sys.modules['torch'] = None\n"
-            f"sys.path.insert(0, {sys.path[0]!r})\n"
+            f"sys.path.insert(0, {PACKAGE_DIR!r})\n"
             "import numpy, modelstate\n"
             f"ms = modelstate.connect({server.address!r})\n"
             "m = ms.module('numpy/lin')\n"
@@ -492,6 +487,76 @@ class HookTest(unittest.TestCase):
         self.assertIn("raised ValueError: no parameters today",
                       str(e.exception))
 
+    def test_a_lambda_or_a_partial_can_be_a_hook(self):
+        import functools
+
+        def reject_named(target, module, name, value):
+            return modelstate.REJECT if name == target else None
+
+        with ms.register_module_buffer_registration_hook(
+                lambda module, name, buffer: modelstate.REJECT
+                if name == "tmp" else None) as handle, \
+                ms.register_module_buffer_registration_hook(
+                    functools.partial(reject_named, "tmp2")) as partial:
+            self.assertIn("-lambda-", handle.name)
+            self.assertIn("-partial-", partial.name)
+            m = ms.build({"type": "Custom", "members": [
+                {"buffer": {"name": "tmp", "shape": [1]}},
+                {"buffer": {"name": "tmp2", "shape": [1]}},
+                {"buffer": {"name": "kept", "shape": [1]}}]}, "hooks/lambda")
+        self.assertEqual([n for n, _ in m.named_buffers()], ["kept"])
+
+    def test_a_replacement_keeps_requires_grad_unless_a_parameter(self):
+        """A plain tensor returned for a parameter keeps the parameter's
+        requires_grad (README); a Parameter brings its own."""
+        def replace(module, name, param):
+            if param is None:
+                return None
+            if name == "weight":
+                return torch.full(param.shape, 0.25)      # plain: keeps
+            return nn.Parameter(torch.full(param.shape, 0.5),
+                                requires_grad=False)      # frozen
+
+        with ms.register_module_parameter_registration_hook(replace):
+            m = ms.build({"type": "Linear", "args": [3, 2]}, "hooks/grad")
+        params = dict(m.named_parameters())
+        self.assertTrue(params["weight"].requires_grad)
+        self.assertTrue(torch.equal(params["weight"], torch.full((2, 3),
+                                                                 0.25)))
+        self.assertFalse(params["bias"].requires_grad)
+        self.assertTrue(torch.equal(params["bias"], torch.full((2,), 0.5)))
+
+    def test_out_proj_is_a_linear_in_hooks(self):
+        """MultiheadAttention's out_proj is torch's
+        NonDynamicallyQuantizableLinear, a Linear subclass."""
+        seen = {}
+
+        def record(module, name, param):
+            seen[(module.path, name)] = (type(module).__name__,
+                                         isinstance(module, nn.Linear))
+
+        with ms.register_module_parameter_registration_hook(record):
+            ms.build({"type": "MultiheadAttention", "args": [8, 2]},
+                     "hooks/mha")
+        self.assertEqual(seen[("out_proj", "weight")],
+                         ("NonDynamicallyQuantizableLinear", True))
+        self.assertEqual(seen[("", "in_proj_weight")],
+                         ("MultiheadAttention", False))
+
+    def test_a_blocked_registration_says_its_reason_once(self):
+        def refuse(module, name, param):
+            raise ValueError("not today")
+
+        with ms.register_module_parameter_registration_hook(refuse) as h:
+            m = ms.build({"type": "Custom"}, "hooks/once")
+            with self.assertRaises(modelstate.FailedPreconditionError) as e:
+                m.register_parameter("p", torch.zeros(1))
+        text = str(e.exception)
+        self.assertEqual(text.count(h.name), 1, text)
+        self.assertEqual(text.count("not today"), 1, text)
+        self.assertTrue(text.endswith(
+            f"rejected by {h.name}: hook raised ValueError: not today"), text)
+
     def test_remove_returns_after_the_server_dropped_the_hook(self):
         """Like torch's RemovableHandle.remove(): once it returns, no
         registration reaches the hook. The server records the unsubscribe
@@ -567,26 +632,40 @@ README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
 
 class ReadmeTest(unittest.TestCase):
 
-    def test_the_readme_quick_start_runs(self):
-        """The Python block of README's "Python client" section, run as it
-        is against the test server (only the address changes), so the
-        README cannot drift from the client."""
+    def test_the_readme_python_blocks_run(self):
+        """The Python blocks of README's "Python client" section, run in
+        order as they are against the test server (only the address
+        changes), so the README cannot drift from the client."""
         with open(README) as f:
             text = f.read()
         section = text[text.index("### Python client"):]
-        start = section.index("```python\n") + len("```python\n")
-        code = section[start:section.index("```", start)]
-        self.assertIn('modelstate.connect("127.0.0.1:50051")', code)
-        code = code.replace("127.0.0.1:50051", server.address)
+        section = section[:section.index("\n## ")]
+        blocks = section.split("```python\n")[1:]
+        self.assertGreaterEqual(len(blocks), 2)
+        scope = {}
         out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            exec(compile(code, "README.md", "exec"), {})
+        for block in blocks:
+            code = block[:block.index("```")]
+            self.assertIn('modelstate.connect("127.0.0.1:50051")', code)
+            code = code.replace("127.0.0.1:50051", server.address)
+            with contextlib.redirect_stdout(out):
+                exec(compile(code, "README.md", "exec"), scope)
         self.assertEqual(out.getvalue(), "<All keys matched successfully>\n")
+        # The three-line story: a torch module there and back.
+        self.assertIs(type(scope["linear"]), nn.Linear)
+        self.assertEqual(ms.module("team/linear").type_name, "Linear")
         remote = ms.module("team/mlp")
-        # What the quick start did is on the server: float16, eval mode.
-        self.assertEqual({t.dtype for t in remote.state_dict().values()},
-                         {torch.float16})
+        # What the quick start did is on the server: float16, eval mode,
+        # the first layer frozen, the last one without bias.
+        sd = remote.state_dict()
+        self.assertEqual({t.dtype for t in sd.values()}, {torch.float16})
+        self.assertNotIn("2.bias", sd)
         self.assertFalse(remote.training)
+        self.assertEqual({n: p.requires_grad for n, p in
+                          remote.named_parameters()},
+                         {"0.weight": False, "0.bias": False,
+                          "2.weight": True})
+        self.assertEqual(tuple(scope["y"].shape), (3, 10))
 
 
 if __name__ == "__main__":

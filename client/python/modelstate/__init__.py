@@ -2,6 +2,9 @@
 
     import modelstate, torch
     ms = modelstate.connect("127.0.0.1:50051")
+    remote = ms.push(model, "team/model")   # a torch nn.Module, hosted
+    model2 = ms.pull("team/model")          # a torch nn.Module again
+
     m = ms.build({"type": "Linear", "args": [4, 2]}, "team/lin", seed=0)
     sd = m.state_dict()                    # OrderedDict of torch.Tensor
     m.load_state_dict(sd, strict=True)     # <All keys matched successfully>
@@ -17,10 +20,18 @@
 from ._errors import (AlreadyExistsError, DTypeError, FailedPreconditionError,
                       InvalidArgumentError, ModelStateError, NotFoundError)
 from ._hooks import REJECT, HookHandle, ModuleRef
-from .client import Client, RemoteModule, connect
+from ._order import record_construction
+from ._pull import PullNote
+from ._push import PushNote
+from ._remote import RemoteModule
+from .client import Client, connect
+
+__version__ = "0.2.0"
 
 __all__ = [
     "AlreadyExistsError", "Client", "DTypeError", "FailedPreconditionError",
     "HookHandle", "InvalidArgumentError", "ModelStateError", "ModuleRef",
-    "NotFoundError", "REJECT", "RemoteModule", "connect",
+    "NotFoundError", "PullNote", "PushNote", "REJECT", "RemoteModule",
+    "connect",
+    "record_construction",
 ]

@@ -6,9 +6,11 @@ A tensor the function changed in place (requires_grad, or its values)
 counts as a replacement, so PyTorch-style hooks that mutate their argument
 work unchanged."""
 
+import importlib
 import itertools
 import os
 import queue
+import re
 import threading
 import time
 
@@ -70,12 +72,27 @@ _ref_lock = threading.Lock()
 
 
 def _torch_base(type_name):
-    """The torch.nn class a stand-in for `type_name` derives from."""
+    """The torch.nn class a stand-in for `type_name` derives from: the
+    class of that name in torch.nn or one of its modules (MultiheadAttention's
+    NonDynamicallyQuantizableLinear lives in torch.nn.modules.linear), the
+    class a dotted "torch.nn.modules.x.Name" names, or nn.Module."""
     if _nn is None:
         return None
-    cls = getattr(_nn, type_name, None)
-    if isinstance(cls, type) and issubclass(cls, _nn.Module):
-        return cls
+    candidates = [getattr(_nn, type_name, None)]
+    if "." in type_name:
+        module_name, _, attr = type_name.rpartition(".")
+        if module_name.startswith("torch.nn"):
+            try:
+                candidates.append(getattr(
+                    importlib.import_module(module_name), attr, None))
+            except ImportError:
+                pass
+    else:
+        candidates += [getattr(getattr(_nn.modules, m, None), type_name, None)
+                       for m in dir(_nn.modules) if not m.startswith("_")]
+    for cls in candidates:
+        if isinstance(cls, type) and issubclass(cls, _nn.Module):
+            return cls
     return _nn.Module
 
 
@@ -85,7 +102,7 @@ def _module_ref(type_name, module, path):
         if cls is None:
             base = _torch_base(type_name)
             bases = (ModuleRef,) if base is None else (ModuleRef, base)
-            cls = type(type_name or "Module", bases,
+            cls = type(type_name.rpartition(".")[2] or "Module", bases,
                        {"__init__": ModuleRef.__init__,
                         "__repr__": ModuleRef.__repr__})
             _ref_classes[type_name] = cls
@@ -93,6 +110,15 @@ def _module_ref(type_name, module, path):
 
 
 _names = itertools.count(1)
+
+
+def subscriber_name(kind, hook):
+    """A subscriber name for `hook` within the server's alphabet
+    ([A-Za-z0-9_.:@-], at most 128): a lambda is "lambda", a partial or
+    other callable without a __name__ is named after its class."""
+    label = getattr(hook, "__name__", None) or type(hook).__name__
+    label = re.sub(r"[^A-Za-z0-9_.:@-]", "", label)[:48] or "hook"
+    return f"python-{os.getpid()}-{kind}-{label}-{next(_names)}"
 
 
 class HookHandle:
@@ -109,9 +135,7 @@ class HookHandle:
         self._removed = False
         self._error = None
         self._acked = threading.Event()
-        self.name = name or (f"python-{os.getpid()}-{kind}-"
-                             f"{getattr(hook, '__name__', 'hook')}-"
-                             f"{next(_names)}")
+        self.name = name or subscriber_name(kind, hook)
         subscription = pb.Subscription(
             name=self.name, mode=pb.Subscription.MODE_INTERCEPT,
             kinds=[_KINDS[kind]], namespaces=list(namespaces),
@@ -235,29 +259,41 @@ class HookHandle:
             before = _snapshot(value)
             result = self._hook(module, event.name, value)
         except Exception as error:  # a failing hook blocks, saying why
+            # The server prefixes "rejected by <this subscriber>: ".
             answer.verdict = pb.HookAnswer.REJECT
-            answer.reason = (f"hook {self.name} raised "
-                             f"{type(error).__name__}: {error}")
+            answer.reason = f"hook raised {type(error).__name__}: {error}"
             return answer
         if result is REJECT:
             answer.verdict = pb.HookAnswer.REJECT
-            answer.reason = f"rejected by {self.name}"
         elif result is None:
             if before is not None and _changed(before, value):
+                # Changed in place: its values and its requires_grad count.
                 answer.verdict = pb.HookAnswer.MODIFY
-                answer.replacement.CopyFrom(_tensors.to_proto(value))
+                answer.replacement.CopyFrom(_tensors.to_proto(
+                    value, requires_grad=self._requires_grad(value)))
             else:
                 answer.verdict = pb.HookAnswer.APPROVE
         elif _tensors.is_tensor(result) and self._kind != "module":
+            # A Parameter brings its requires_grad; a plain tensor keeps the
+            # parameter's own (README: a replacement keeps requires_grad).
             answer.verdict = pb.HookAnswer.MODIFY
-            answer.replacement.CopyFrom(_tensors.to_proto(result))
+            answer.replacement.CopyFrom(_tensors.to_proto(
+                result, requires_grad=self._requires_grad(result)))
         else:
             answer.verdict = pb.HookAnswer.REJECT
-            answer.reason = (f"hook {self.name} returned "
-                             f"{type(result).__name__}; expected None, "
+            answer.reason = (f"hook returned {type(result).__name__}; "
+                             f"expected None, "
                              f"{'' if self._kind == 'module' else 'a tensor, '}"
                              f"or modelstate.REJECT")
         return answer
+
+    def _requires_grad(self, tensor):
+        """The flag a parameter replacement states: a Parameter's own,
+        otherwise none (the server keeps the proposed one)."""
+        if self._kind != "parameter" or _nn is None or \
+                not isinstance(tensor, _nn.Parameter):
+            return None
+        return tensor.requires_grad
 
     def remove(self):
         """Unsubscribes; once it returns, no registration reaches the hook.

@@ -59,9 +59,34 @@ def dtype_number(dtype):
         raise TypeError(f"modelstate has no {dtype} tensors") from None
 
 
+def as_torch_dtype(dtype):
+    """A torch.dtype for a torch dtype, numpy dtype or dtype name (None
+    stays None)."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    return torch_dtype(dtype_number(dtype))
+
+
 def is_tensor(value):
     return (torch is not None and isinstance(value, torch.Tensor)) or \
         isinstance(value, np.ndarray)
+
+
+def describe(value):
+    """(dtype number, shape, byte length) of a tensor or array, without
+    touching its data."""
+    if torch is not None and isinstance(value, torch.Tensor):
+        return (dtype_number(value.dtype), list(value.shape),
+                value.numel() * value.element_size())
+    if isinstance(value, np.ndarray):
+        return dtype_number(value.dtype), list(value.shape), value.nbytes
+    raise TypeError(f"expected a tensor, got {type(value).__name__}")
+
+
+def bytes_source(value):
+    """A callable returning a memoryview of `value`'s bytes, copying (to the
+    host, or to make it contiguous) only when it is called."""
+    return lambda: memoryview(host_bytes(value)[2]).cast("B")
 
 
 def host_bytes(value):
@@ -83,12 +108,28 @@ def host_bytes(value):
     raise TypeError(f"expected a tensor, got {type(value).__name__}")
 
 
+def empty_bytes(n):
+    """An uninitialised byte buffer of n bytes that a tensor can own: a
+    torch uint8 tensor (a numpy array without torch)."""
+    if torch is None:
+        return np.empty(n, dtype=np.uint8)
+    return torch.empty(n, dtype=torch.uint8)
+
+
+def writable_view(raw):
+    """A flat byte memoryview of a buffer from empty_bytes()."""
+    array = raw if isinstance(raw, np.ndarray) else raw.numpy()
+    return memoryview(array).cast("B")
+
+
 def from_bytes(raw, number, shape, requires_grad=False, parameter=False):
-    """A tensor (or numpy array) viewing `raw`, a uint8 numpy array that it
-    then owns."""
+    """A tensor (or numpy array) viewing `raw`, a uint8 torch tensor or
+    numpy array that it then owns."""
     if torch is None:
         return raw.view(_DTYPES[number][1]).reshape(shape)
-    t = torch.from_numpy(raw).view(torch_dtype(number)).reshape(shape)
+    if isinstance(raw, np.ndarray):
+        raw = torch.from_numpy(raw)
+    t = raw.view(torch_dtype(number)).reshape(shape)
     if parameter:
         return torch.nn.Parameter(t, requires_grad=requires_grad)
     if requires_grad:
@@ -96,19 +137,34 @@ def from_bytes(raw, number, shape, requires_grad=False, parameter=False):
     return t
 
 
+def meta_from_entry(number, shape, requires_grad=False, parameter=False):
+    """A meta tensor (None without torch) of this dtype and shape."""
+    if torch is None:
+        return None
+    t = torch.empty(shape, dtype=torch_dtype(number), device="meta")
+    if parameter:
+        return torch.nn.Parameter(t, requires_grad=requires_grad)
+    return t.requires_grad_(requires_grad) if requires_grad else t
+
+
 def to_proto(value, requires_grad=None):
     """A TensorProto holding `value`'s bytes (and its device when it has
-    one other than the CPU)."""
+    one other than the CPU). requires_grad is sent only when given: a
+    replacement without it keeps the proposed parameter's flag."""
     number, shape, raw = host_bytes(value)
     proto = tensor_pb2.TensorProto(dtype=number, shape=shape,
                                    data=raw.tobytes())
-    if torch is not None and isinstance(value, torch.Tensor):
-        if value.device.type != "cpu":
-            proto.device = str(value.device)
-        if requires_grad is None:
-            requires_grad = value.requires_grad
-    proto.requires_grad = bool(requires_grad)
+    if torch is not None and isinstance(value, torch.Tensor) and \
+            value.device.type != "cpu":
+        proto.device = str(value.device)
+    if requires_grad is not None:
+        proto.requires_grad = bool(requires_grad)
     return proto
+
+
+def none_proto():
+    """The TensorProto that stands for None (no dtype)."""
+    return tensor_pb2.TensorProto()
 
 
 def from_proto(proto, parameter=False):

@@ -1,0 +1,376 @@
+"""The server's library layers as torch classes: for each one, how its
+constructor arguments are read back from a built module.
+
+One function per layer reads the arguments through a view that both a live
+torch module (push) and a hosted module's ModuleInfo (pull) provide, so a
+new library layer needs one entry in LAYERS and nothing else. A value the
+server cannot take (a string padding, a callable activation, a None inside
+a tuple) raises Inexpressible: push then hosts that module as a custom
+module with its own tensors, and pull builds a plain nn.Module.
+"""
+
+import inspect
+
+try:
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+except ImportError:  # push and pull need torch; the rest of the client not
+    torch = nn = F = None
+
+
+class Inexpressible(Exception):
+    """A module the server's library cannot build exactly; str() says why."""
+
+
+# ------------------------------------------------------------- views ------
+class TorchView:
+    """Reads a live torch module."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def attr(self, name):
+        try:
+            return getattr(self.module, name)
+        except AttributeError:
+            raise Inexpressible(f"it has no attribute '{name}'") from None
+
+    def has(self, name):
+        """Whether a parameter or buffer `name` is registered and not None."""
+        m = self.module
+        return (m._parameters.get(name) is not None or
+                m._buffers.get(name) is not None)
+
+    def child(self, name):
+        child = self.module._modules.get(name)
+        if child is None:
+            raise Inexpressible(f"it has no submodule '{name}'")
+        return TorchView(child)
+
+
+def value_to_python(value):
+    """A google.protobuf.Value as Python: numbers are floats, lists lists."""
+    kind = value.WhichOneof("kind")
+    if kind == "number_value":
+        return value.number_value
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "string_value":
+        return value.string_value
+    if kind == "list_value":
+        return [value_to_python(v) for v in value.list_value.values]
+    return None
+
+
+class InfoView:
+    """Reads a hosted module's ModuleInfo."""
+
+    def __init__(self, info):
+        self.info = info
+
+    def attr(self, name):
+        if name not in self.info.attributes:
+            raise Inexpressible(f"it has no attribute '{name}'")
+        return value_to_python(self.info.attributes[name])
+
+    def has(self, name):
+        for entry in list(self.info.parameters) + list(self.info.buffers):
+            if entry.name == name:
+                return not entry.is_none
+        return False
+
+    def child(self, name):
+        for c in self.info.children:
+            if c.name == name and c.HasField("module"):
+                return InfoView(c.module)
+        raise Inexpressible(f"it has no submodule '{name}'")
+
+
+# -------------------------------------------------------- converters ------
+def _int(x):
+    if isinstance(x, bool):
+        raise Inexpressible(f"{x!r} is not an int")
+    if isinstance(x, int):
+        return x
+    if isinstance(x, float) and x.is_integer():
+        return int(x)
+    raise Inexpressible(f"{x!r} is not an int")
+
+
+def _float(x):
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise Inexpressible(f"{x!r} is not a float")
+    return float(x)
+
+
+def _bool(x):
+    if not isinstance(x, bool):
+        raise Inexpressible(f"{x!r} is not a bool")
+    return x
+
+
+def _str(x):
+    if not isinstance(x, str):
+        raise Inexpressible(f"{x!r} is not a str")
+    return x
+
+
+def _ints(x):
+    """An int, or a tuple of ints (the server's IntOrTuple)."""
+    if isinstance(x, (tuple, list)):
+        return tuple(_int(i) for i in x)
+    return _int(x)
+
+
+def _optional(convert):
+    return lambda x: None if x is None else convert(x)
+
+
+def _activation(x):
+    """TransformerEncoderLayer's activation: "relu" or "gelu" (torch keeps
+    the function)."""
+    if x in ("relu", "gelu"):
+        return x
+    if F is not None and x is F.relu:
+        return "relu"
+    if F is not None and x is F.gelu:
+        return "gelu"
+    raise Inexpressible(f"activation {x!r} is neither relu nor gelu")
+
+
+def _read(view, spec):
+    """{arg: converted attribute} for (arg, converter) pairs."""
+    out = {}
+    for name, convert in spec:
+        value = view.attr(name)
+        try:
+            out[name] = convert(value)
+        except Inexpressible as why:
+            raise Inexpressible(f"{name}={value!r}: {why}") from None
+    return out
+
+
+# ------------------------------------------------------------ layers ------
+def _linear(v):
+    args = _read(v, [("in_features", _int), ("out_features", _int)])
+    args["bias"] = v.has("bias")
+    return args
+
+
+def _bilinear(v):
+    args = _read(v, [("in1_features", _int), ("in2_features", _int),
+                     ("out_features", _int)])
+    args["bias"] = v.has("bias")
+    return args
+
+
+_CONV = [("in_channels", _int), ("out_channels", _int),
+         ("kernel_size", _ints), ("stride", _ints), ("padding", _ints),
+         ("dilation", _ints), ("groups", _int), ("padding_mode", _str)]
+
+
+def _conv(v):
+    args = _read(v, _CONV)
+    args["bias"] = v.has("bias")
+    return args
+
+
+def _conv_transpose(v):
+    args = _conv(v)
+    args["output_padding"] = _ints(v.attr("output_padding"))
+    return args
+
+
+def _batch_norm(v):
+    return _read(v, [("num_features", _int), ("eps", _float),
+                     ("momentum", _optional(_float)), ("affine", _bool),
+                     ("track_running_stats", _bool)])
+
+
+def _layer_norm(v):
+    args = _read(v, [("normalized_shape", lambda x: tuple(_ints(x))),
+                     ("eps", _float), ("elementwise_affine", _bool)])
+    if args["elementwise_affine"] and not v.has("bias"):
+        args["bias"] = False  # torch 2.1's LayerNorm(bias=False)
+    return args
+
+
+def _group_norm(v):
+    return _read(v, [("num_groups", _int), ("num_channels", _int),
+                     ("eps", _float), ("affine", _bool)])
+
+
+def _embedding(v):
+    return _read(v, [("num_embeddings", _int), ("embedding_dim", _int),
+                     ("padding_idx", _optional(_int)),
+                     ("max_norm", _optional(_float)), ("norm_type", _float),
+                     ("scale_grad_by_freq", _bool), ("sparse", _bool)])
+
+
+def _multihead_attention(v):
+    args = _read(v, [("embed_dim", _int), ("num_heads", _int),
+                     ("dropout", _float), ("add_zero_attn", _bool),
+                     ("kdim", _int), ("vdim", _int), ("batch_first", _bool)])
+    args["bias"] = v.has("in_proj_bias")
+    args["add_bias_kv"] = v.has("bias_k")
+    return args
+
+
+def _transformer_encoder_layer(v):
+    attn, linear1 = v.child("self_attn"), v.child("linear1")
+    args = {
+        "d_model": _int(attn.attr("embed_dim")),
+        "nhead": _int(attn.attr("num_heads")),
+        "dim_feedforward": _int(linear1.attr("out_features")),
+        "dropout": _float(v.child("dropout").attr("p")),
+        "activation": _activation(v.attr("activation")),
+        "layer_norm_eps": _float(v.child("norm1").attr("eps")),
+        "batch_first": _bool(attn.attr("batch_first")),
+        "norm_first": _bool(v.attr("norm_first")),
+    }
+    if not linear1.has("bias"):
+        args["bias"] = False  # torch 2.1's bias=False
+    return args
+
+
+class Layer:
+    """A library layer: its torch class name, how to read its constructor
+    arguments, whether it takes device= and dtype=, and the arguments newer
+    than the local torch may know, with the server's defaults."""
+
+    def __init__(self, name, read, factory=True, newer=None):
+        self.name = name
+        self.read = read
+        self.factory = factory
+        self.newer = newer or {}
+
+    def torch_class(self):
+        return getattr(nn, self.name, None) if nn is not None else None
+
+    def torch_kwargs(self, args):
+        """The arguments for the local torch class: an argument it does not
+        know is dropped when it has the server's default, else the layer
+        cannot be built here (Inexpressible)."""
+        cls = self.torch_class()
+        if cls is None:
+            raise Inexpressible(f"this torch has no nn.{self.name}")
+        known = inspect.signature(cls.__init__).parameters
+        out = {}
+        for key, value in args.items():
+            if key in known:
+                out[key] = value
+            elif self.newer.get(key, object()) != value:
+                raise Inexpressible(
+                    f"{key}={value!r} needs a newer torch than "
+                    f"{torch.__version__}")
+        return out
+
+    def construct(self, args, device, dtype):
+        """The torch layer built from `args` on `device` (meta: no memory)."""
+        kwargs = self.torch_kwargs(args)
+        if self.factory:
+            kwargs["device"] = device
+            if dtype is not None:
+                kwargs["dtype"] = dtype
+        return self.torch_class()(**kwargs)
+
+
+def _no_args(v):
+    return {}
+
+
+def _only(*spec):
+    return lambda v: _read(v, spec)
+
+
+LAYERS = {layer.name: layer for layer in [
+    Layer("Identity", _no_args, factory=False),
+    Layer("Linear", _linear),
+    Layer("Bilinear", _bilinear),
+    Layer("Conv1d", _conv),
+    Layer("Conv2d", _conv),
+    Layer("ConvTranspose2d", _conv_transpose),
+    Layer("BatchNorm1d", _batch_norm),
+    Layer("BatchNorm2d", _batch_norm),
+    Layer("LayerNorm", _layer_norm, newer={"bias": True}),
+    Layer("GroupNorm", _group_norm),
+    Layer("Embedding", _embedding),
+    Layer("Dropout", _only(("p", _float), ("inplace", _bool)), factory=False),
+    Layer("ReLU", _only(("inplace", _bool)), factory=False),
+    Layer("GELU", _only(("approximate", _str)), factory=False),
+    Layer("SiLU", _only(("inplace", _bool)), factory=False),
+    Layer("Tanh", _no_args, factory=False),
+    Layer("Sigmoid", _no_args, factory=False),
+    Layer("Softmax", _only(("dim", _optional(_int))), factory=False),
+    Layer("Flatten", _only(("start_dim", _int), ("end_dim", _int)),
+          factory=False),
+    Layer("MaxPool2d", _only(("kernel_size", _ints), ("stride", _ints),
+                             ("padding", _ints), ("dilation", _ints),
+                             ("return_indices", _bool),
+                             ("ceil_mode", _bool)), factory=False),
+    Layer("AdaptiveAvgPool2d", _only(("output_size", _ints)), factory=False),
+    Layer("MultiheadAttention", _multihead_attention),
+    Layer("TransformerEncoderLayer", _transformer_encoder_layer,
+          newer={"bias": True}),
+]}
+
+CONTAINERS = ("Sequential", "ModuleList", "ModuleDict")
+
+# Entries of a module's __dict__ that are torch's bookkeeping, not state.
+_BOOKKEEPING = {"training", "_parameters", "_buffers", "_modules",
+                "_non_persistent_buffers_set", "_is_full_backward_hook"}
+
+
+def plain_attributes(module):
+    """A module's plain attributes: what its constructor set besides
+    tensors and submodules."""
+    return {k: v for k, v in vars(module).items()
+            if k not in _BOOKKEEPING and not k.endswith("hooks")}
+
+
+def _same_value(a, b):
+    if callable(a) or callable(b):
+        return a is b
+    try:
+        return type(a) == type(b) and bool(a == b)
+    except Exception:  # noqa: BLE001 - values without a plain ==
+        return False
+
+
+def differences(got, want, path=""):
+    """Why `got` (a live module) is not `want` (the same layer rebuilt from
+    its arguments): the first difference found, or None."""
+    where = path or "the module"
+    if type(got) is not type(want):
+        return f"{where} is a {type(got).__name__}, not a " \
+               f"{type(want).__name__}"
+    for kind in ("_parameters", "_buffers"):
+        a, b = getattr(got, kind), getattr(want, kind)
+        if list(a) != list(b):
+            return f"{where} has {kind[1:]} {list(a)}, not {list(b)}"
+        for name in a:
+            x, y = a[name], b[name]
+            if (x is None) != (y is None):
+                return f"{where}.{name} is {'None' if x is None else 'set'}"
+            if x is not None and (x.shape != y.shape or x.dtype != y.dtype):
+                return (f"{where}.{name} is {x.dtype} {tuple(x.shape)}, not "
+                        f"{y.dtype} {tuple(y.shape)}")
+    if got._non_persistent_buffers_set != want._non_persistent_buffers_set:
+        return f"{where} has other non-persistent buffers"
+    mine = plain_attributes(got)
+    for key, value in plain_attributes(want).items():
+        if key not in mine or not _same_value(mine[key], value):
+            return f"{where}.{key} is {mine.get(key, 'missing')!r}, not " \
+                   f"{value!r}"
+    if list(got._modules) != list(want._modules):
+        return f"{where} has submodules {list(got._modules)}"
+    for name, child in got._modules.items():
+        other = want._modules[name]
+        if (child is None) != (other is None):
+            return f"{where}.{name} is None on one side only"
+        if child is not None:
+            why = differences(child, other, f"{path}.{name}" if path else name)
+            if why:
+                return why
+    return None

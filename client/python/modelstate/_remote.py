@@ -1,0 +1,569 @@
+"""RemoteModule: a hosted module (or one of its submodules), shaped like
+torch.nn.Module where a remote module can be. Reads fetch from the server
+each time; changes go to the server and through its registration hooks."""
+
+import collections
+import collections.abc
+import json
+
+import grpc
+from google.protobuf import json_format
+
+from . import _tensors, _transfer
+from ._errors import DTypeError, FailedPreconditionError, NotFoundError
+from .v1 import model_state_service_pb2 as pb
+from .v1 import module_pb2
+
+torch = _tensors.torch
+_SELECT = pb.GetStateDictRequest
+
+if torch is not None:
+    from torch.nn.modules.module import _IncompatibleKeys
+else:  # the same shape and repr as PyTorch's
+    class _IncompatibleKeys(
+            collections.namedtuple("IncompatibleKeys",
+                                   ["missing_keys", "unexpected_keys"])):
+        def __repr__(self):
+            if not self.missing_keys and not self.unexpected_keys:
+                return "<All keys matched successfully>"
+            return super().__repr__()
+
+        __str__ = __repr__
+
+
+def join(path, name):
+    """"a.b" + "c" -> "a.b.c"; "" + "c" -> "c"."""
+    return f"{path}.{name}" if path and name else path or name
+
+
+def entry_devices(info, path="", out=None, seen=None):
+    """{state_dict-style key: device} for every parameter and buffer of a
+    ModuleInfo tree, shared submodules listed under each of their paths."""
+    out = collections.OrderedDict() if out is None else out
+    seen = {} if seen is None else seen
+    seen[path] = info
+    for entry in list(info.parameters) + list(info.buffers):
+        if not entry.is_none:
+            out[join(path, entry.name)] = entry.tensor.device
+    for child in info.children:
+        child_path = join(path, child.name)
+        if child.same_as:
+            entry_devices(seen[child.same_as], child_path, out, seen)
+        elif child.HasField("module"):
+            entry_devices(child.module, child_path, out, seen)
+    return out
+
+
+def check_state_dict(state_dict, what="state_dict"):
+    """A TypeError naming what was expected for anything but a mapping of
+    names to tensors (an nn.Module above all)."""
+    if torch is not None and isinstance(state_dict, torch.nn.Module):
+        raise TypeError(f"{what}: expected a state_dict (a mapping of names "
+                        f"to tensors), got the module "
+                        f"{type(state_dict).__name__}; pass "
+                        f"module.state_dict(), or push the module with "
+                        f"Client.push()")
+    if not isinstance(state_dict, collections.abc.Mapping):
+        raise TypeError(f"{what}: expected a state_dict (a mapping of names "
+                        f"to tensors), got {type(state_dict).__name__}")
+    for key, value in state_dict.items():
+        if not _tensors.is_tensor(value):
+            raise TypeError(f"{what}['{key}']: expected a tensor, got "
+                            f"{type(value).__name__}")
+
+
+def _missing_unexpected_text(cls_name, missing, unexpected):
+    """PyTorch's load_state_dict error for missing / unexpected keys."""
+    msgs = []
+    if missing:
+        msgs.append("Missing key(s) in state_dict: " + ", ".join(
+            f'"{k}"' for k in missing) + ". ")
+    if unexpected:
+        msgs.append("Unexpected key(s) in state_dict: " + ", ".join(
+            f'"{k}"' for k in unexpected) + ". ")
+    return f"Error(s) in loading state_dict for {cls_name}:\n\t" + \
+        "\n\t".join(msgs)
+
+
+class RemoteModule:
+    """A module hosted on the server, or a submodule of one (`path`)."""
+
+    def __init__(self, client, name, path=""):
+        self._client = client
+        self.name = name
+        self.path = path
+        # The registrations of the call that created or last changed it.
+        self.last_registrations = []
+
+    def __repr__(self):
+        if self.path:
+            return f"RemoteModule('{self.name}', path='{self.path}')"
+        return f"RemoteModule('{self.name}')"
+
+    def info(self, path="", with_hashes=False):
+        """The GetModuleResponse describing the tree at `path`."""
+        return self._client._call("GetModule", pb.GetModuleRequest(
+            module=self.name, path=join(self.path, path),
+            with_hashes=with_hashes))
+
+    @property
+    def type_name(self):
+        return self.info().info.type
+
+    @property
+    def training(self):
+        return self.info().info.training
+
+    def _whole_module_only(self, what):
+        if self.path:
+            raise NotImplementedError(
+                f"{what} applies to a whole hosted module; the server has "
+                f"no call for the submodule '{self.path}' alone")
+
+    # -------------------------------------------------------------- state --
+    def _fetch(self, selection, *, key_glob="", metadata_only=False,
+               target_dtype=None, progress=None):
+        """(header, [(key, entry, tensor)]) of one selection, keys relative
+        to this module. Meta tensors come back as meta tensors."""
+        prefix = self.path + "." if self.path else ""
+        request = pb.GetStateDictRequest(
+            module=self.name, selection=selection, key_prefix=prefix,
+            key_glob=key_glob, metadata_only=metadata_only,
+            chunk_bytes=self._client._chunk_bytes,
+            target_dtype=target_dtype or 0)
+        label = f"{self.name}{':' + self.path if self.path else ''}"
+        try:
+            header, buffers = _transfer.fetch(self._client, request, label,
+                                              progress)
+        except FailedPreconditionError:
+            devices = entry_devices(self.info().info, self.path)
+            if "meta" not in devices.values():
+                raise
+            return self._fetch_with_meta(selection, devices, target_dtype)
+        items = []
+        parameters = selection == _SELECT.SELECTION_PARAMETERS
+        for i, entry in enumerate(header.entries):
+            tensor = None
+            if buffers:
+                tensor = _tensors.from_bytes(
+                    buffers[i], entry.dtype, list(entry.shape),
+                    requires_grad=entry.requires_grad and parameters,
+                    parameter=parameters and torch is not None)
+            items.append((entry.key[len(prefix):], entry, tensor))
+        return header, items
+
+    def _fetch_with_meta(self, selection, devices, target_dtype):
+        """As _fetch, for a tree with meta tensors (the server sends no
+        bytes for those): meta tensors for them, the others one by one."""
+        header, items = self._fetch(selection, metadata_only=True,
+                                    target_dtype=target_dtype)
+        prefix = self.path + "." if self.path else ""
+        parameters = selection == _SELECT.SELECTION_PARAMETERS
+        out = []
+        for key, entry, _ in items:
+            if devices.get(entry.key) == "meta":
+                tensor = _tensors.meta_from_entry(
+                    entry.dtype, list(entry.shape),
+                    entry.requires_grad and parameters, parameters)
+            else:
+                glob = "".join("?" if c in "*?[]\\" else c for c in key)
+                _, one = self._fetch(selection, key_glob=prefix + glob,
+                                     target_dtype=target_dtype)
+                tensor = [t for k, _, t in one if k == key][0]
+            out.append((key, entry, tensor))
+        return header, out
+
+    def _metadata(self, header, prefix):
+        """PyTorch's _metadata for this module from a header's versions."""
+        out = collections.OrderedDict()
+        for m in header.metadata:
+            if self.path and m.path != self.path and \
+                    not m.path.startswith(self.path + "."):
+                continue
+            rel = m.path[len(self.path) + 1:] if self.path and \
+                m.path != self.path else ("" if self.path else m.path)
+            out[prefix + rel if rel else prefix.rstrip(".")] = {
+                "version": m.version}
+        return out
+
+    def state_dict(self, *, prefix="", keep_vars=False, dtype=None,
+                   progress=None):
+        """PyTorch's state_dict(): an OrderedDict of tensors (numpy arrays
+        without torch) in PyTorch's key order, with `_metadata`. dtype=
+        converts floating entries on the server; progress= see Client."""
+        header, items = self._fetch(
+            _SELECT.SELECTION_STATE_DICT, progress=progress,
+            target_dtype=_tensors.dtype_number(dtype) if dtype else None)
+        out = collections.OrderedDict()
+        out._metadata = self._metadata(header, prefix)
+        for key, entry, tensor in items:
+            if keep_vars and torch is not None and \
+                    entry.kind == module_pb2.ENTRY_KIND_PARAMETER:
+                tensor = torch.nn.Parameter(tensor,
+                                            requires_grad=entry.requires_grad)
+            out[prefix + key] = tensor
+        return out
+
+    def _named(self, selection, prefix, recurse):
+        _, items = self._fetch(selection)
+        for key, _, tensor in items:
+            if recurse or "." not in key:
+                yield join(prefix, key), tensor
+
+    def named_parameters(self, prefix="", recurse=True):
+        """PyTorch's named_parameters(): (name, Parameter) pairs, each
+        parameter once."""
+        return self._named(_SELECT.SELECTION_PARAMETERS, prefix, recurse)
+
+    def parameters(self, recurse=True):
+        for _, p in self.named_parameters(recurse=recurse):
+            yield p
+
+    def named_buffers(self, prefix="", recurse=True):
+        """PyTorch's named_buffers(): non-persistent buffers included."""
+        return self._named(_SELECT.SELECTION_BUFFERS, prefix, recurse)
+
+    def buffers(self, recurse=True):
+        for _, b in self.named_buffers(recurse=recurse):
+            yield b
+
+    def load_state_dict(self, state_dict, strict=True, *, assign=False,
+                        atomic=True, progress=None):
+        """PyTorch's load_state_dict(): returns _IncompatibleKeys; raises
+        RuntimeError (a FailedPreconditionError) with PyTorch's text. Atomic
+        unless atomic=False: a failed load changes nothing."""
+        check_state_dict(state_dict, "load_state_dict")
+        prefix = self.path + "." if self.path else ""
+        if self.path:
+            self._check_keys(state_dict, strict)
+        entries, sources = [], []
+        for key, value in state_dict.items():
+            number, shape, nbytes = _tensors.describe(value)
+            entries.append(pb.StateDictEntry(key=prefix + key, dtype=number,
+                                             shape=shape, byte_length=nbytes))
+            sources.append(_tensors.bytes_source(value))
+        header = pb.StateDictHeader(entries=entries, total_bytes=sum(
+            e.byte_length for e in entries))
+        for path, data in (getattr(state_dict, "_metadata", None) or
+                           {}).items():
+            if isinstance(data, dict) and "version" in data:
+                header.metadata.add(path=join(self.path, path),
+                                    version=int(data["version"]))
+        start = pb.LoadStart(
+            module=self.name, header=header,
+            options=pb.LoadOptions(strict=strict and not self.path,
+                                   atomic=atomic, assign=assign))
+        response = _transfer.send(self._client, start, sources,
+                                  f"{self.name}: load_state_dict", progress)
+        self.last_registrations = list(response.registrations)
+
+        def mine(keys):
+            return [k[len(prefix):] for k in keys if k.startswith(prefix)]
+        return _IncompatibleKeys(mine(response.missing_keys),
+                                 mine(response.unexpected_keys))
+
+    def _check_keys(self, state_dict, strict):
+        """A submodule's strict load, checked before anything is sent (the
+        server loads whole modules only)."""
+        if not strict:
+            return
+        header, _ = self._fetch(_SELECT.SELECTION_STATE_DICT,
+                                metadata_only=True)
+        prefix = self.path + "."
+        expected = [e.key[len(prefix):] for e in header.entries]
+        missing = [k for k in expected if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in set(expected)]
+        if missing or unexpected:
+            raise FailedPreconditionError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                _missing_unexpected_text(self.type_name, missing,
+                                         unexpected))
+
+    # ---------------------------------------------------------- changes --
+    def to(self, *args, **kwargs):
+        """PyTorch's to(device=None, dtype=None) (also to(dtype), to(device),
+        to(tensor)): floating tensors change dtype, every tensor moves.
+        Returns self."""
+        self._whole_module_only("to()")
+        device, dtype = _parse_to(args, kwargs)
+        request = pb.MoveModuleRequest(module=self.name)
+        if device is not None:
+            request.device = str(device)
+        if dtype is not None:
+            request.dtype = str(dtype)
+        self._client._call("MoveModule", request, invalid_argument=DTypeError)
+        return self
+
+    def half(self):
+        return self.to(dtype="float16")
+
+    def float(self):
+        return self.to(dtype="float32")
+
+    def double(self):
+        return self.to(dtype="float64")
+
+    def bfloat16(self):
+        return self.to(dtype="bfloat16")
+
+    def cpu(self):
+        return self.to(device="cpu")
+
+    def train(self, mode=True):
+        self._whole_module_only("train()")
+        self._client._call("SetTraining", pb.SetTrainingRequest(
+            module=self.name, training=mode))
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def requires_grad_(self, requires_grad=True):
+        """PyTorch's requires_grad_(): every parameter below this module
+        gets the flag. The server has no call that flips the flag alone, so
+        each parameter that changes is registered again (same values, hooks
+        and audit log see it); a tied parameter cannot be, and raises
+        NotImplementedError before anything changes."""
+        params = list(self.named_parameters())
+        distinct = {k for k, _ in params}
+        tied = [k for k in self._param_keys() if k not in distinct]
+        changing = [(k, p) for k, p in params
+                    if p.requires_grad != bool(requires_grad)]
+        if changing and tied:
+            raise NotImplementedError(
+                f"requires_grad_: {', '.join(tied)} are tied to other "
+                "parameters, and registering them again would untie them "
+                "(the server has no call that sets requires_grad alone)")
+        for key, p in changing:
+            owner, _, name = key.rpartition(".")
+            request = pb.RegisterTensorRequest(
+                module=self.name, path=join(self.path, owner), name=name,
+                requires_grad=bool(requires_grad))
+            request.tensor.CopyFrom(_tensors.to_proto(p.detach()))
+            self.last_registrations = list(self._client._call(
+                "RegisterParameter", request).registrations)
+        return self
+
+    def _param_keys(self):
+        out = []
+
+        def walk(info, path):
+            out.extend(join(path, e.name) for e in info.parameters
+                       if not e.is_none)
+            for child in info.children:
+                if child.HasField("module"):
+                    walk(child.module, join(path, child.name))
+        walk(self.info().info, "")
+        return out
+
+    def register_parameter(self, name, param, *, path="", seed=0):
+        """Registers a parameter (a tensor, or None) in the submodule at
+        `path`; the server's hooks decide. requires_grad comes from the
+        tensor (True for anything that is not a torch tensor)."""
+        request = pb.RegisterTensorRequest(seed=seed)
+        if param is not None:
+            request.requires_grad = bool(getattr(param, "requires_grad",
+                                                 True))
+        self._register_tensor("RegisterParameter", request, name, param,
+                              path)
+
+    def register_buffer(self, name, tensor, persistent=True, *, path=""):
+        """Registers a buffer (a tensor, or None) in the submodule at
+        `path`."""
+        self._register_tensor(
+            "RegisterBuffer", pb.RegisterTensorRequest(persistent=persistent),
+            name, tensor, path)
+
+    def _register_tensor(self, method, request, name, value, path):
+        request.module, request.name = self.name, name
+        request.path = join(self.path, path)
+        if value is None:
+            request.none = True
+        else:
+            what = "register_" + method[len("Register"):].lower()
+            _check_tensor(value, what)
+            request.tensor.CopyFrom(_tensors.to_proto(value))
+        self.last_registrations = list(
+            self._client._call(method, request).registrations)
+
+    def register_module(self, name, module, *, path="", seed=0):
+        """Registers a submodule in the submodule at `path`: a ModuleSpec
+        (a dict, JSON text or proto), a torch nn.Module (its spec and
+        weights, as push() does), a RemoteModule of this same module (shared
+        with it), or None."""
+        from . import _push  # torch only when a torch module is pushed
+        where = join(self.path, path)
+        request = pb.RegisterSubmoduleRequest(module=self.name, path=where,
+                                              name=name, seed=seed)
+        if torch is not None and isinstance(module, torch.nn.Module):
+            _push.push_submodule(self, where, name, module)
+            return
+        if isinstance(module, RemoteModule):
+            if module.name != self.name:
+                raise ValueError(f"register_module: {module!r} is part of "
+                                 f"another hosted module than {self.name}")
+            request.existing_path = module.path
+        elif module is None:
+            request.none = True
+        else:
+            request.spec.CopyFrom(spec_proto(module, "register_module"))
+        self.last_registrations = list(
+            self._client._call("RegisterSubmodule", request).registrations)
+
+    add_module = register_module
+
+    def remove_entry(self, name, *, path=""):
+        """Removes the parameter, buffer or submodule `name` of the
+        submodule at `path` (PyTorch's `del module.name`); hooks see an
+        unregistration and may block it. NotFoundError if there is none."""
+        self.last_registrations = list(self._client._call(
+            "RemoveEntry", pb.RemoveEntryRequest(
+                module=self.name, path=join(self.path, path),
+                name=name)).registrations)
+
+    def delete(self):
+        """Deletes the whole hosted module from the server."""
+        self._whole_module_only("delete()")
+        self._client.delete(self.name)
+
+    # ------------------------------------------------------------ tree --
+    def named_modules(self, memo=None, prefix="", remove_duplicate=True):
+        """PyTorch's named_modules(): (name, RemoteModule) for this module
+        and every submodule, a shared one once unless remove_duplicate is
+        False."""
+        out = []
+
+        def walk(info, path, rel):
+            out.append((join(prefix, rel), RemoteModule(
+                self._client, self.name, join(self.path, path))))
+            for child in info.children:
+                if child.same_as and not remove_duplicate:
+                    walk(self.info(child.same_as).info,
+                         join(path, child.name), join(rel, child.name))
+                elif child.HasField("module"):
+                    walk(child.module, join(path, child.name),
+                         join(rel, child.name))
+        walk(self.info().info, "", "")
+        return iter(out)
+
+    def modules(self):
+        for _, m in self.named_modules():
+            yield m
+
+    def named_children(self):
+        """PyTorch's named_children(): (name, RemoteModule) of the direct
+        submodules, each once."""
+        seen = set()
+        for child in self.info().info.children:
+            if child.is_none:
+                continue
+            key = child.same_as or child.name
+            if key in seen:
+                continue
+            seen.add(key)
+            yield child.name, RemoteModule(self._client, self.name,
+                                           join(self.path, child.name))
+
+    def children(self):
+        for _, m in self.named_children():
+            yield m
+
+    def get_submodule(self, target):
+        """PyTorch's get_submodule("a.b"): a RemoteModule for that
+        submodule (AttributeError, PyTorch's text, if there is none)."""
+        if not target:
+            return self
+        try:
+            self.info(target)
+        except NotFoundError as error:
+            raise AttributeError(str(error)) from None
+        return RemoteModule(self._client, self.name, join(self.path, target))
+
+    def pull(self, *, dtype=None, device=None, progress=None):
+        """This module as a torch.nn.Module (see Client.pull)."""
+        from . import _pull
+        return _pull.pull(self._client, self.name, self.path, dtype=dtype,
+                          device=device, progress=progress)
+
+    # --------------------------------------------------------- forward --
+    def forward(self, *inputs, training=None, seed=0):
+        """module(*inputs) on the server (Forward): tensors in, a tensor
+        out (a tuple for several outputs). None stands for an input left
+        out. training= runs this call in that mode only; seed= seeds the
+        Dropout masks of a training-mode call."""
+        request = pb.ForwardRequest(module=self.name, path=self.path,
+                                    seed=seed)
+        if training is not None:
+            request.training = bool(training)
+        for i, value in enumerate(inputs):
+            if value is None:
+                request.inputs.append(_tensors.none_proto())
+            else:
+                _check_tensor(value, f"forward input {i}")
+                request.inputs.append(_tensors.to_proto(value))
+        response = self._client._call("Forward", request,
+                                      timeout=self._client._transfer_timeout)
+        outputs = tuple(None if o.dtype == 0 else _tensors.from_proto(o)
+                        for o in response.outputs)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    __call__ = forward
+
+
+def spec_proto(spec, what):
+    """A ModuleSpec proto from a dict, JSON text or proto; a TypeError
+    naming the expected types for anything else (a torch module above
+    all)."""
+    if isinstance(spec, module_pb2.ModuleSpec):
+        return spec
+    if torch is not None and isinstance(spec, torch.nn.Module):
+        raise TypeError(f"{what}: expected a ModuleSpec (a dict, JSON text "
+                        f"or modelstate.v1.ModuleSpec), got the module "
+                        f"{type(spec).__name__}; host a torch module with "
+                        f"Client.push(module, name)")
+    if isinstance(spec, (str, bytes)):
+        try:
+            spec = json.loads(spec)
+        except ValueError as error:
+            raise ValueError(f"{what}: spec is not JSON: {error}") from None
+    if not isinstance(spec, collections.abc.Mapping):
+        raise TypeError(f"{what}: expected a ModuleSpec (a dict, JSON text "
+                        f"or modelstate.v1.ModuleSpec), got "
+                        f"{type(spec).__name__}")
+    try:
+        return json_format.ParseDict(spec, module_pb2.ModuleSpec())
+    except json_format.ParseError as error:
+        raise ValueError(f"{what}: spec: {error}") from None
+
+
+def _check_tensor(value, what):
+    if not _tensors.is_tensor(value):
+        raise TypeError(f"{what}: expected a tensor, got "
+                        f"{type(value).__name__}")
+
+
+def _parse_to(args, kwargs):
+    """(device, dtype) of PyTorch's to() arguments; dtype names work too
+    (half() passes "float16")."""
+    if torch is None:
+        device, dtype = kwargs.get("device"), kwargs.get("dtype")
+        for arg in args:
+            if _is_dtype(arg):
+                dtype = arg
+            else:
+                device = arg
+        return device, dtype
+    if isinstance(kwargs.get("dtype"), str):
+        kwargs = dict(kwargs, dtype=_tensors.as_torch_dtype(kwargs["dtype"]))
+    args = tuple(_tensors.as_torch_dtype(a) if isinstance(a, str) and
+                 _is_dtype(a) else a for a in args)
+    device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+    return device, dtype
+
+
+def _is_dtype(value):
+    try:
+        _tensors.dtype_number(value)
+        return True
+    except TypeError:
+        return False

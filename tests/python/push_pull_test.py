@@ -1,0 +1,451 @@
+"""push() and pull() against the real server and real PyTorch: torch
+modules hosted and fetched back as torch modules, bit for bit, with their
+ties, shared submodules, flags and registration order; plus the rest of the
+RemoteModule API that mirrors nn.Module (forward, the tree, submodule views,
+requires_grad_, removing entries, progress).
+
+Run by ctest: /usr/bin/python3 push_pull_test.py SERVER_BINARY PACKAGE_DIR
+"""
+
+import contextlib
+import copy
+import io
+import os
+import sys
+import unittest
+import warnings
+
+SERVER = sys.argv[1]
+sys.path.insert(0, sys.argv[2])
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+del sys.argv[1:3]
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+import modelstate  # noqa: E402
+from modelstate import _transfer  # noqa: E402
+import server_process  # noqa: E402
+import torch_models  # noqa: E402
+
+KINDS = {1: "parameter", 2: "buffer", 3: "module"}
+
+
+def setUpModule():
+    global server, ms
+    server = server_process.Server(SERVER)
+    ms = modelstate.connect(server.address, progress=False)
+
+
+def tearDownModule():
+    ms.close()
+    server.stop()
+
+
+@contextlib.contextmanager
+def torch_registrations(events):
+    """What torch 2's global registration hooks would see, in torch 1.13:
+    (module, kind, name) for every register_parameter, register_buffer and
+    submodule assignment while the block runs. Written apart from the
+    client's own record_construction(), so the two check each other."""
+    M = nn.Module
+    saved = {k: getattr(M, k) for k in ("register_parameter",
+                                        "register_buffer", "add_module",
+                                        "__setattr__")}
+
+    def register_parameter(self, name, param):
+        events.append((self, "parameter", name))
+        return saved["register_parameter"](self, name, param)
+
+    def register_buffer(self, name, tensor, persistent=True):
+        events.append((self, "buffer", name))
+        return saved["register_buffer"](self, name, tensor, persistent)
+
+    def add_module(self, name, module):
+        events.append((self, "module", name))
+        return saved["add_module"](self, name, module)
+
+    def setattr_(self, name, value):
+        if isinstance(value, nn.Module):
+            events.append((self, "module", name))
+        return saved["__setattr__"](self, name, value)
+
+    M.register_parameter, M.register_buffer = register_parameter, \
+        register_buffer
+    M.add_module, M.__setattr__ = add_module, setattr_
+    try:
+        yield
+    finally:
+        for key, fn in saved.items():
+            setattr(M, key, fn)
+
+
+def same_bits(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
+        a.detach().reshape(-1).view(torch.uint8),
+        b.detach().reshape(-1).view(torch.uint8))
+
+
+class Checks(unittest.TestCase):
+
+    def assertSameModule(self, got, want):
+        """State, ties, shared modules, classes, flags: `got` is `want`."""
+        a, b = got.state_dict(), want.state_dict()
+        self.assertEqual(list(a), list(b))
+        for key in b:
+            self.assertTrue(same_bits(a[key], b[key]), key)
+        self.assertEqual(a._metadata, b._metadata)
+        self.assertEqual([n for n, _ in got.named_parameters()],
+                         [n for n, _ in want.named_parameters()])
+        for (n, x), (_, y) in zip(got.named_buffers(), want.named_buffers()):
+            self.assertTrue(same_bits(x, y), n)
+        mine = dict(got.named_modules())
+        self.assertEqual(list(mine), [n for n, _ in want.named_modules()])
+        for name, theirs in want.named_modules():
+            ours = mine[name]
+            if type(theirs).__module__.startswith("torch.nn"):
+                self.assertIs(type(ours), type(theirs), name)
+            else:
+                self.assertEqual(type(ours).__name__, type(theirs).__name__)
+            self.assertEqual(ours.training, theirs.training, name)
+        for (n, p), (_, q) in zip(got.named_parameters(),
+                                  want.named_parameters()):
+            self.assertIsInstance(p, nn.Parameter, n)
+            self.assertEqual(p.requires_grad, q.requires_grad, n)
+
+
+class RoundTripTest(Checks):
+
+    def test_models_round_trip_bit_for_bit_in_torchs_order(self):
+        for name, cls in torch_models.MODELS.items():
+            with self.subTest(name):
+                events = []
+                torch.manual_seed(0)
+                with torch_registrations(events), \
+                        modelstate.record_construction():
+                    model = cls()
+                paths = {id(m): p for p, m in model.named_modules()}
+                torch_model = torch_models.randomize(model, 1).eval()
+                remote = ms.push(torch_model, f"rt/{name}")
+                self.assertEqual(remote.notes, [])
+                # Hooks saw what torch's global hooks would have seen.
+                self.assertEqual(
+                    [(r.path, KINDS[r.kind], r.name)
+                     for r in remote.last_registrations],
+                    [(paths[id(o)], kind, n) for o, kind, n in events])
+                back = ms.pull(f"rt/{name}")
+                self.assertSameModule(back, torch_model)
+                hosted = remote.state_dict()
+                for key, value in torch_model.state_dict().items():
+                    self.assertTrue(same_bits(hosted[key], value), key)
+
+    def test_pulled_library_layers_compute_what_the_originals_do(self):
+        torch.manual_seed(1)
+        gpt, bert = torch_models.GPT().eval(), torch_models.Bert().eval()
+        ms.push(gpt, "fw/gpt")
+        ms.push(bert, "fw/bert")
+        gpt2, bert2 = ms.pull("fw/gpt"), ms.pull("fw/bert")
+        x = torch.randn(2, 5, 64)
+        self.assertTrue(torch.equal(gpt2.h[1].mlp.c_fc(x),
+                                    gpt.h[1].mlp.c_fc(x)))
+        self.assertTrue(torch.equal(bert2.layers[0](x), bert.layers[0](x)))
+        ids = torch.randint(0, 512, (2, 7))
+        self.assertTrue(torch.equal(gpt2.wte(ids), gpt.wte(ids)))
+        self.assertIs(gpt2.lm_head.weight, gpt2.wte.weight)
+        self.assertTrue(torch.equal(gpt2.h[0].attn.bias,
+                                    gpt.h[0].attn.bias))
+        self.assertNotIn("h.0.attn.bias", gpt2.state_dict())
+
+    def test_dtype_and_meta_in_both_directions(self):
+        torch.manual_seed(2)
+        gpt = torch_models.randomize(torch_models.GPT(), 3)
+        ms.push(gpt, "dt/gpt")
+        half = ms.pull("dt/gpt", dtype=torch.float16)
+        self.assertSameModule(half, copy.deepcopy(gpt).half())
+        meta = ms.pull("dt/gpt", device="meta")
+        self.assertTrue(all(t.is_meta for t in meta.state_dict().values()))
+        self.assertIs(meta.lm_head.weight, meta.wte.weight)
+        self.assertEqual({k: (v.shape, v.dtype) for k, v in
+                          meta.state_dict().items()},
+                         {k: (v.shape, v.dtype) for k, v in
+                          gpt.state_dict().items()})
+        remote = ms.push(gpt, "dt/double", dtype=torch.float64)
+        self.assertEqual(remote.state_dict()["wte.weight"].dtype,
+                         torch.float64)
+        self.assertSameModule(ms.pull("dt/double"),
+                              copy.deepcopy(gpt).double())
+        structure = ms.push(gpt, "dt/structure", device="meta")
+        self.assertTrue(all(t.is_meta for t in
+                            structure.state_dict().values()))
+        on_meta = torch_models.Bert().to("meta")
+        self.assertTrue(all(t.is_meta for t in ms.push(
+            on_meta, "dt/meta-model").state_dict().values()))
+
+    def test_frozen_parameters_and_training_flags(self):
+        torch.manual_seed(3)
+        model = torch_models.Bert()
+        model.embeddings.requires_grad_(False)  # library layers, frozen
+        model.layers[1].eval()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            remote = ms.push(model, "flags/bert")
+        self.assertTrue(any("training and in eval mode" in str(w.message)
+                            for w in caught))
+        back = ms.pull("flags/bert")
+        for (n, p), (_, q) in zip(back.named_parameters(),
+                                  model.named_parameters()):
+            self.assertEqual(p.requires_grad, q.requires_grad, n)
+        self.assertTrue(torch.equal(
+            back.embeddings.word_embeddings.weight,
+            model.embeddings.word_embeddings.weight))
+        remote.eval()
+        self.assertFalse(any(m.training for m in
+                             ms.pull("flags/bert").modules()))
+
+    def test_shared_submodules_stay_shared(self):
+        class Wrapper(nn.Module):
+            def __init__(self, inner):
+                super().__init__()
+                self.inner = inner  # a module of another branch
+
+        class Shared(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a = nn.Linear(3, 3)
+                self.b = self.a               # a sibling: a spec ref
+                self.seq = nn.Sequential(self.a, nn.ReLU())
+                self.w = Wrapper(self.a)      # out of a ref's reach
+
+        model = torch_models.randomize(Shared(), 4)
+        ms.push(model, "shared/model")
+        back = ms.pull("shared/model")
+        self.assertSameModule(back, model)
+        self.assertIs(back.b, back.a)
+        self.assertIs(back.seq[0], back.a)
+        self.assertIs(back.w.inner, back.a)
+        twice = nn.Sequential(nn.Linear(2, 2), nn.Tanh())
+        twice.append(twice[0])
+        ms.push(twice, "shared/seq")
+        again = ms.pull("shared/seq")
+        self.assertIs(type(again), nn.Sequential)
+        self.assertIs(again[2], again[0])
+
+    def test_tied_tensors_keep_their_place_and_their_tie(self):
+        class Tied(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = nn.Parameter(torch.randn(4, 4))
+                self.v = self.w                      # tied, in the middle
+                self.u = nn.Parameter(torch.randn(2))
+                self.proj = nn.Linear(4, 4)
+                self.proj.weight = self.w            # into a library layer
+                self.register_buffer("scale", torch.ones(4))
+                self.register_buffer("scale2", self.scale)
+
+        model = Tied()
+        ms.push(model, "tied/model")
+        back = ms.pull("tied/model")
+        self.assertSameModule(back, model)
+        self.assertEqual(list(back._parameters), ["w", "v", "u"])
+        self.assertIs(back.v, back.w)
+        self.assertIs(back.proj.weight, back.w)
+        self.assertIs(back.scale2, back.scale)
+        tied_seq = nn.Sequential(nn.Embedding(5, 3), nn.Linear(3, 5))
+        tied_seq[1].weight = tied_seq[0].weight
+        with self.assertRaisesRegex(ValueError, "custom module"):
+            ms.push(tied_seq, "tied/seq")
+
+    def test_layers_the_server_cannot_build_become_custom_modules(self):
+        class MyLinear(nn.Linear):
+            pass
+
+        class Linear(nn.Module):  # a user class named like a library one
+            def __init__(self):
+                super().__init__()
+                self.weight = nn.Parameter(torch.randn(2))
+
+        model = nn.Sequential(
+            nn.Conv2d(3, 4, 3, padding="same"), MyLinear(4, 4),
+            nn.TransformerEncoderLayer(8, 2, 16, activation=nn.GELU()),
+            Linear(), nn.GRUCell(3, 2))
+        seen = {}
+
+        def record(module, name, param):
+            seen[module.path] = (type(module).__name__,
+                                 isinstance(module, nn.GRUCell),
+                                 isinstance(module, nn.Conv2d))
+
+        with warnings.catch_warnings(record=True) as caught, \
+                ms.register_module_parameter_registration_hook(record):
+            warnings.simplefilter("always")
+            remote = ms.push(model, "fallback/model")
+        # Hooks still see torch's classes in what was hosted as custom.
+        self.assertEqual(seen["4"], ("GRUCell", True, False))
+        self.assertEqual(seen["0"], ("Conv2d", False, True))
+        self.assertEqual(len(remote.notes), 3, remote.notes)
+        self.assertIn("padding='same'", remote.notes[0])
+        self.assertIn("activation", remote.notes[1])
+        self.assertIn("GRUCell", remote.notes[2])
+        self.assertIn("no such library layer", remote.notes[2])
+        self.assertEqual(len([w for w in caught if "hosted as a custom"
+                              in str(w.message)]), 3)
+        info = remote.info().info
+        self.assertEqual([c.module.type for c in info.children],
+                         ["torch.nn.modules.conv.Conv2d", "MyLinear",
+                          "torch.nn.modules.transformer."
+                          "TransformerEncoderLayer",
+                          "__main__.Linear", "torch.nn.modules.rnn.GRUCell"])
+        # The encoder layer's own children are still library layers.
+        self.assertEqual(info.children[2].module.children[0].module.type,
+                         "MultiheadAttention")
+        back = ms.pull("fallback/model")
+        a, b = back.state_dict(), model.state_dict()
+        self.assertEqual(list(a), list(b))
+        self.assertTrue(all(same_bits(a[k], b[k]) for k in b))
+        self.assertEqual(type(back[0]).__name__, "Conv2d")
+        self.assertIsNot(type(back[0]), nn.Conv2d)
+
+    def test_push_is_all_or_nothing_by_default(self):
+        def no_bias(module, name, param):
+            return modelstate.REJECT if name == "bias" else None
+
+        model = nn.Sequential(nn.Linear(2, 2))
+        with ms.register_module_parameter_registration_hook(no_bias):
+            with self.assertRaises(modelstate.FailedPreconditionError):
+                ms.push(model, "blocked/all")
+            partial = ms.push(model, "blocked/partial", all_or_nothing=False)
+        self.assertNotIn("blocked/all", ms.modules("blocked"))
+        self.assertEqual(list(partial.state_dict()), ["0.weight"])
+        self.assertTrue(torch.equal(partial.state_dict()["0.weight"],
+                                    model[0].weight))
+
+    def test_wrong_types_say_what_was_expected(self):
+        remote = ms.build({"type": "Linear", "args": [2, 2]}, "types/lin")
+        cases = [
+            (lambda: ms.build(nn.Linear(2, 2)), "Client.push"),
+            (lambda: remote.load_state_dict(nn.Linear(2, 2)),
+             "module.state_dict()"),
+            (lambda: remote.load_state_dict([1, 2]), "got list"),
+            (lambda: ms.push({"type": "Linear"}), "torch.nn.Module"),
+            (lambda: remote.register_parameter("p", 3),
+             "register_parameter: .*got int"),
+            (lambda: remote.register_module("m", 3), "got int"),
+            (lambda: remote(5), "forward input 0"),
+        ]
+        for call, text in cases:
+            with self.subTest(text):
+                with self.assertRaisesRegex(TypeError, text):
+                    call()
+
+
+class RemoteModuleTest(Checks):
+
+    @classmethod
+    def setUpClass(cls):
+        torch.manual_seed(5)
+        cls.local = torch_models.randomize(torch_models.GPT(), 6).eval()
+        ms.push(cls.local, "tree/gpt")
+        cls.remote = ms.module("tree/gpt")
+
+    def test_forward_runs_on_the_server(self):
+        mlp = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 2))
+        remote = ms.push(mlp, "fw/mlp")
+        x = torch.randn(3, 6)
+        self.assertTrue(torch.allclose(remote(x), mlp(x), atol=1e-6))
+        self.assertTrue(torch.allclose(remote.forward(x, training=False),
+                                       mlp(x), atol=1e-6))
+        lin = remote.get_submodule("0")
+        self.assertTrue(torch.allclose(lin(x), mlp[0](x), atol=1e-6))
+        with self.assertRaises(modelstate.ModelStateError):
+            self.remote(torch.zeros(1, 3, dtype=torch.int64))
+
+    def test_the_tree_like_named_modules(self):
+        self.assertEqual([n for n, _ in self.remote.named_modules()],
+                         [n for n, _ in self.local.named_modules()])
+        self.assertEqual([n for n, _ in self.remote.named_children()],
+                         [n for n, _ in self.local.named_children()])
+        attn = self.remote.get_submodule("h.0.attn")
+        self.assertEqual(attn.type_name, "CausalSelfAttention")
+        sd = attn.state_dict()
+        self.assertEqual(list(sd), list(self.local.h[0].attn.state_dict()))
+        self.assertEqual(sd._metadata,
+                         self.local.h[0].attn.state_dict()._metadata)
+        self.assertEqual([n for n, _ in attn.named_buffers()], ["bias"])
+        with self.assertRaises(AttributeError):
+            self.remote.get_submodule("h.9")
+        pulled = attn.pull()
+        self.assertIs(type(pulled.c_attn), nn.Linear)
+        self.assertTrue(torch.equal(pulled.c_attn.weight,
+                                    self.local.h[0].attn.c_attn.weight))
+
+    def test_a_submodule_loads_its_own_state_dict(self):
+        mlp = ms.push(torch_models.MLP(8), "view/mlp")
+        fc = mlp.get_submodule("c_fc")
+        new = nn.Linear(8, 32)
+        self.assertEqual(str(fc.load_state_dict(new.state_dict())),
+                         "<All keys matched successfully>")
+        self.assertTrue(torch.equal(mlp.state_dict()["c_fc.weight"],
+                                    new.weight))
+        partial = {"weight": new.weight.detach()}
+        with self.assertRaises(RuntimeError) as theirs:
+            nn.Linear(8, 32).load_state_dict(partial)
+        with self.assertRaises(RuntimeError) as ours:
+            fc.load_state_dict(partial)
+        self.assertEqual(str(ours.exception), str(theirs.exception))
+        result = fc.load_state_dict(partial, strict=False)
+        self.assertEqual(result.missing_keys, ["bias"])
+
+    def test_requires_grad_and_removing_entries(self):
+        mlp = ms.push(torch_models.MLP(4), "grad/mlp")
+        self.assertIs(mlp.requires_grad_(False), mlp)
+        self.assertFalse(any(p.requires_grad for p in mlp.parameters()))
+        mlp.get_submodule("c_fc").requires_grad_(True)
+        self.assertEqual({n: p.requires_grad for n, p in
+                          mlp.named_parameters()},
+                         {"c_fc.weight": True, "c_fc.bias": True,
+                          "c_proj.weight": False, "c_proj.bias": False})
+        with self.assertRaises(NotImplementedError):
+            self.remote.requires_grad_(False)  # lm_head is tied
+        mlp.remove_entry("bias", path="c_proj")
+        mlp.remove_entry("dropout")
+        local = torch_models.MLP(4)
+        del local.c_proj.bias, local.dropout
+        self.assertEqual(list(mlp.state_dict()), list(local.state_dict()))
+        self.assertEqual([n for n, _ in mlp.named_children()],
+                         [n for n, _ in local.named_children()])
+        with self.assertRaises(modelstate.NotFoundError):
+            mlp.remove_entry("nothing")
+
+    def test_registering_torch_modules_and_shared_ones(self):
+        host = ms.build({"type": "Host"}, "reg/host")
+        lin = nn.Linear(3, 2)
+        host.register_module("lin", lin)
+        host.register_module("again", host.get_submodule("lin"))
+        sd = host.state_dict()
+        self.assertTrue(torch.equal(sd["lin.weight"], lin.weight))
+        back = ms.pull("reg/host")
+        self.assertIs(back.again, back.lin)
+
+    def test_progress_is_reported(self):
+        calls = []
+        ms.module("tree/gpt").state_dict(
+            progress=lambda done, total: calls.append((done, total)))
+        total = calls[-1][1]
+        self.assertEqual(calls[-1], (total, total))
+        self.assertEqual([d for d, _ in calls], sorted(d for d, _ in calls))
+        loads = []
+        self.remote.load_state_dict(self.local.state_dict(),
+                                    progress=lambda d, t: loads.append(d))
+        self.assertEqual(loads[-1], total)
+        delay, _transfer.Progress.DELAY_S = _transfer.Progress.DELAY_S, 0
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                self.remote.state_dict(progress=True)
+        finally:
+            _transfer.Progress.DELAY_S = delay
+        self.assertIn("tree/gpt", err.getvalue())
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
