@@ -1,4 +1,4 @@
-// File: nn/build_context.h
+// File: build_context.h
 // Private to nn's builder and layer families: constructor-argument binding
 // with Python's rules and error texts, the state one build carries
 // (generator, factory dtype/device, limits, the registration record), and

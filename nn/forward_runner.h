@@ -1,4 +1,4 @@
-// File: nn/forward_runner.h
+// File: forward_runner.h
 // Private to nn: the module-call protocol behind Forward() (forward.h) as
 // the layers' forward functions see it. A layer's forward gets a LayerCall:
 // the module being called, the call's flags, and the runner, through which

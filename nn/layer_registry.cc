@@ -14,10 +14,17 @@ using FamilyFn = std::vector<LayerDef> (*)();
 // The families in the order LayerTypes() lists their types: PyTorch's
 // layers first, the containers last. One line per family.
 constexpr FamilyFn kFamilies[] = {
-    &LinearFamily,      &ConvFamily,      &NormalizationFamily,
-    &EmbeddingFamily,   &DropoutFamily,   &ActivationFamily,
-    &FlattenFamily,     &PoolingFamily,   &AttentionFamily,
-    &TransformerFamily, &ContainerFamily,
+    &LinearFamily,         // Identity, Linear, Bilinear, out_proj's type
+    &ConvFamily,           // Conv1d, Conv2d, ConvTranspose2d
+    &NormalizationFamily,  // BatchNorm1d/2d, LayerNorm, GroupNorm
+    &EmbeddingFamily,      // Embedding
+    &DropoutFamily,        // Dropout
+    &ActivationFamily,     // ReLU, GELU, SiLU, Tanh, Sigmoid, Softmax
+    &FlattenFamily,        // Flatten
+    &PoolingFamily,        // MaxPool2d, AdaptiveAvgPool2d
+    &AttentionFamily,      // MultiheadAttention
+    &TransformerFamily,    // TransformerEncoderLayer
+    &ContainerFamily,      // Sequential, ModuleList, ModuleDict
 };
 
 using LayerIndex = absl::flat_hash_map<absl::string_view, const LayerDef*>;

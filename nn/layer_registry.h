@@ -1,4 +1,4 @@
-// File: nn/layer_registry.h
+// File: layer_registry.h
 // Private to nn: the one table of the library's layer types. Each entry
 // holds everything modelstate knows about a type: its name and torch's
 // qualified name, its constructor signature, how to build it and how to run

@@ -1,4 +1,4 @@
-// File: nn/kernels/blas.h
+// File: blas.h
 // The only place in modelstate that talks to OpenBLAS: row-major gemm for
 // float and double, the size check that keeps extents within what OpenBLAS
 // can index, its thread count, and the linear map y = x W^T + b that the

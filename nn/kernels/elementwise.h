@@ -1,4 +1,4 @@
-// File: nn/kernels/elementwise.h
+// File: elementwise.h
 // Element-wise kernels over contiguous arrays, templated on the compute
 // type (float or double): the activations, and softmax over a row or over
 // one dimension of a [outer, size, inner] block. float32 takes the AVX2

@@ -1,4 +1,4 @@
-// File: nn/kernels/parallel.h
+// File: parallel.h
 // A small parallel-for for the kernels' own loops (OpenBLAS threads its
 // gemm itself).
 //

@@ -1,4 +1,4 @@
-// File: nn/kernels/vector_math.h
+// File: vector_math.h
 // Private to nn's kernels and their tests: float32 activations and softmax
 // over contiguous arrays, eight lanes at a time on CPUs with AVX2 and FMA.
 //

@@ -1,4 +1,4 @@
-// File: nn/layers/activation.h
+// File: activation.h
 // Private to the layer families: an activation applied as a function
 // rather than as a module call (TransformerEncoderLayer's `activation`
 // string: no module, no hooks).

@@ -31,7 +31,7 @@
 namespace modelstate::internal {
 namespace {
 
-absl::Status CheckPositive(absl::string_view what, int64_t value) {
+absl::Status CheckNonNegative(absl::string_view what, int64_t value) {
   if (value < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, " must be non-negative, got ", value));
@@ -43,7 +43,7 @@ absl::Status CheckPositive(absl::string_view what, int64_t value) {
 
 absl::StatusOr<std::shared_ptr<Module>> MakeMultiheadAttention(
     const MhaConfig& c, BuildContext& ctx, const std::string& path) {
-  MODELSTATE_RETURN_IF_ERROR(CheckPositive("embed_dim", c.embed_dim));
+  MODELSTATE_RETURN_IF_ERROR(CheckNonNegative("embed_dim", c.embed_dim));
   if (c.num_heads <= 0 || c.embed_dim % c.num_heads != 0) {
     return absl::InvalidArgumentError(
         "embed_dim must be divisible by num_heads");

@@ -1,4 +1,4 @@
-// File: nn/layers/attention.h
+// File: attention.h
 // Private to the layer families: MultiheadAttention's construction, which
 // TransformerEncoderLayer reuses for its self_attn.
 //

@@ -1,4 +1,4 @@
-// File: nn/layers/build_util.h
+// File: build_util.h
 // Private to the layer families: what their build functions and signature
 // tables share. Shorthands for default argument values, the factory kwargs
 // (device, dtype) that most signatures end with, and new layer modules with

@@ -1,4 +1,4 @@
-// File: nn/layers/dropout.h
+// File: dropout.h
 // Private to the layer families: a Dropout module, which
 // TransformerEncoderLayer holds three of.
 //

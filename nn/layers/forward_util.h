@@ -1,4 +1,4 @@
-// File: nn/layers/forward_util.h
+// File: forward_util.h
 // Private to the layer families and the forward runner: what the layers'
 // forward functions share. dtype handling (ATen's type names, float16 /
 // bfloat16 widened to float32 for computing), output tensors, module
@@ -158,6 +158,7 @@ absl::StatusOr<std::vector<Tensor>> RunFloatLayer(
         absl::StatusOr<std::vector<Tensor>>(const std::vector<Tensor>&, DType)>
         compute);
 
+// A compute function's result as the list of outputs a forward returns.
 inline absl::StatusOr<std::vector<Tensor>> Outputs(
     absl::StatusOr<std::vector<Tensor>> outputs) {
   return outputs;

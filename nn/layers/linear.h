@@ -1,4 +1,4 @@
-// File: nn/layers/linear.h
+// File: linear.h
 // Private to the layer families: the pieces of the Linear family that
 // composite layers reuse. MultiheadAttention's out_proj is a
 // NonDynamicallyQuantizableLinear whose tensors are drawn in the middle of

@@ -1,4 +1,4 @@
-// File: nn/layers/normalization.h
+// File: normalization.h
 // Private to the layer families: LayerNorm's construction, which
 // TransformerEncoderLayer reuses for its norm1 and norm2.
 //
