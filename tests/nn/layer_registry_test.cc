@@ -16,6 +16,7 @@
 #include "tests/testing/layer_examples.h"
 #include "tests/testing/spec_json.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tensors.h"
 
 namespace modelstate {
 namespace {
@@ -24,6 +25,7 @@ using ::modelstate::internal::AllLayers;
 using ::modelstate::internal::FindLayer;
 using ::modelstate::internal::IsBuildable;
 using ::modelstate::internal::LayerDef;
+using ::modelstate::testing::Filled;
 using ::modelstate::testing::LayerExampleJson;
 using ::modelstate::testing::SpecFromJson;
 using ::modelstate::testing::StatusIs;
@@ -36,19 +38,9 @@ absl::StatusOr<BuildResult> Build(const std::string& json) {
   return BuildModule(SpecFromJson(json), options);
 }
 
-Tensor Values(Shape shape, const std::vector<double>& values) {
-  absl::StatusOr<Tensor> t =
-      Tensor::FromDoubles(DType::kFloat32, std::move(shape), values);
-  EXPECT_TRUE(t.ok()) << t.status();
-  return *t;
-}
-
-std::vector<double> Read(const Tensor& t) {
-  std::vector<double> out;
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    out.push_back(ReadElementAsDouble(t.raw_data(), t.dtype(), i));
-  }
-  return out;
+// The float32 elements of `t`.
+std::vector<float> Read(const Tensor& t) {
+  return std::vector<float>(t.data<float>(), t.data<float>() + t.numel());
 }
 
 TEST(LayerRegistryTest, EachTypeHasOneEntryFoundByItsName) {
@@ -114,12 +106,13 @@ TEST(LayerRegistryTest, OutProjRunsLinearsForwardButIsNoLibraryType) {
   // A handle to the parameter writes into its storage.
   Tensor weight = *out_proj->parameters().Find("weight");
   Tensor bias = *out_proj->parameters().Find("bias");
-  MODELSTATE_ASSERT_OK(weight.CopyFrom(Values({2, 2}, {1, 2, 3, -1})));
-  MODELSTATE_ASSERT_OK(bias.CopyFrom(Values({2}, {1, -1})));
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::vector<Tensor> y,
-                                  Forward(*out_proj, {Values({1, 2}, {1, 1})}));
+  MODELSTATE_ASSERT_OK(weight.CopyFrom(Filled(DType::kFloat32, {2, 2}, 1)));
+  MODELSTATE_ASSERT_OK(bias.CopyFrom(Filled(DType::kFloat32, {2}, 0.5)));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      std::vector<Tensor> y,
+      Forward(*out_proj, {Filled(DType::kFloat32, {1, 2}, 1.5)}));
   ASSERT_EQ(y.size(), 1u);
-  EXPECT_THAT(Read(y[0]), ElementsAre(4, 1));
+  EXPECT_THAT(Read(y[0]), ElementsAre(3.5, 3.5));
 
   // A spec of that type is a custom module (built from members), which
   // Forward() then runs as a Linear, as before the table.
@@ -133,8 +126,8 @@ TEST(LayerRegistryTest, OutProjRunsLinearsForwardButIsNoLibraryType) {
   EXPECT_EQ(custom.root->qualified_name(),
             "__main__.NonDynamicallyQuantizableLinear");
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
-      y, Forward(*custom.root, {Values({1, 2}, {2, 3})}));
-  EXPECT_THAT(Read(y[0]), ElementsAre(5));
+      y, Forward(*custom.root, {Filled(DType::kFloat32, {1, 2}, 2)}));
+  EXPECT_THAT(Read(y[0]), ElementsAre(4));
   EXPECT_THAT(
       Build(R"({"type": "NonDynamicallyQuantizableLinear", "args": [2, 2]})")
           .status(),
