@@ -1,7 +1,19 @@
-// File: internal/build_context.h
-// Private to the module builder: constructor-argument binding with Python's
-// rules and error texts, and the state one build carries (generator,
-// factory dtype/device, limits, the registration record).
+// File: build_context.h
+// Private to nn's builder and layer families: constructor-argument binding
+// with Python's rules and error texts, the state one build carries
+// (generator, factory dtype/device, limits, the registration record), and
+// the spec walk that the families' builders call back into.
+//
+// Example (a family's build function):
+//   absl::StatusOr<std::shared_ptr<Module>> BuildThing(
+//       const BoundArgs& args, BuildContext& ctx, const std::string& path) {
+//     MODELSTATE_ASSIGN_OR_RETURN(int64_t n, args.Int("num_features"));
+//     MODELSTATE_ASSIGN_OR_RETURN(Tensor w, ctx.NewTensor(
+//         ctx.options().dtype, {n}, ctx.options().device));
+//     std::shared_ptr<Module> m = Module::Create("Thing");
+//     MODELSTATE_RETURN_IF_ERROR(ctx.AddParameter(*m, path, "weight", w));
+//     return m;
+//   }
 #ifndef MODELSTATE_NN_BUILD_CONTEXT_H_
 #define MODELSTATE_NN_BUILD_CONTEXT_H_
 
@@ -29,6 +41,12 @@ struct ArgDef {
   std::optional<SpecValue> default_value;
 };
 
+// Where a layer's tensors are created: torch's factory kwargs.
+struct FactoryKwargs {
+  DType dtype = DType::kFloat32;
+  Device device = Device::Cpu();
+};
+
 // Constructor arguments bound to a signature. Accessors return
 // INVALID_ARGUMENT naming the argument when its value has the wrong type.
 class BoundArgs {
@@ -50,12 +68,13 @@ class BoundArgs {
   // kernel_size as passed), each element at least `min`.
   absl::StatusOr<AttrValue> IntOrTuple(absl::string_view name,
                                        int64_t min) const;
-  // The factory dtype/device kwargs when the signature has them, else the
-  // build's.
-  absl::StatusOr<DType> FactoryDType(DType build_dtype) const;
-  absl::StatusOr<Device> FactoryDevice(Device build_device) const;
+  // The factory kwargs `dtype` and `device` when the signature has them
+  // (checked in that order), else the build's.
+  absl::StatusOr<FactoryKwargs> Factory(const BuildOptions& build) const;
 
  private:
+  absl::StatusOr<DType> FactoryDType(DType build_dtype) const;
+  absl::StatusOr<Device> FactoryDevice(Device build_device) const;
   const SpecValue* Find(absl::string_view name) const;
   absl::Status WrongType(absl::string_view name, absl::string_view expected,
                          const SpecValue& got) const;
@@ -122,20 +141,17 @@ absl::StatusOr<std::shared_ptr<Module>> BuildSpec(const ModuleSpec& spec,
 absl::StatusOr<Tensor> MakeCustomTensor(const TensorSpec& spec,
                                         BuildContext& ctx);
 
-// A built-in layer: its signature and how to construct it.
-using LayerBuildFn = absl::StatusOr<std::shared_ptr<Module>> (*)(
-    const BoundArgs& args, BuildContext& ctx, const std::string& path);
-struct LayerDef {
-  absl::string_view type;
-  absl::string_view qualified_name;
-  std::vector<ArgDef> signature;
-  LayerBuildFn build;
-  bool accepts_anything = false;  // Identity(*args, **kwargs)
-};
+// "path.name", or "name" at the root.
+std::string ChildPath(const std::string& path, absl::string_view name);
 
-// The library of built-in layers (not containers). nullptr if unknown.
-const LayerDef* FindLayer(absl::string_view type);
-const std::vector<LayerDef>& AllLayers();
+// `status` with "<spec_path> (<type>): " before its message; OK stays OK.
+absl::Status WithSpecPath(const absl::Status& status,
+                          const std::string& spec_path, absl::string_view type);
+
+// The module a 'ref' spec names: the submodule at spec.ref below `scope`.
+// INVALID_ARGUMENT if the spec has other fields or names nothing.
+absl::StatusOr<std::shared_ptr<Module>> ResolveRef(const ModuleSpec& spec,
+                                                   const Module& scope);
 
 }  // namespace modelstate::internal
 

@@ -2,7 +2,7 @@
 // references, and their special values. On this project's machines the
 // AVX2 path runs; the libm fallback (CPUs without AVX2) meets the same
 // bounds.
-#include "nn/vector_math.h"
+#include "nn/kernels/vector_math.h"
 
 #include <cmath>
 #include <cstdint>

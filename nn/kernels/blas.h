@@ -1,16 +1,18 @@
-// File: forward_kernels.h
-// The numeric building blocks of forward.cc: the only place in core that
-// talks to OpenBLAS (row-major gemm for float and double), and a small
-// parallel-for for the kernels' own loops.
+// File: blas.h
+// The only place in modelstate that talks to OpenBLAS: row-major gemm for
+// float and double, the size check that keeps extents within what OpenBLAS
+// can index, its thread count, and the linear map y = x W^T + b that the
+// Linear and attention layers share.
 //
 // Example:
 //   // C[2x4] = A[2x3] * B[4x3]^T
+//   MODELSTATE_RETURN_IF_ERROR(internal::CheckBlasDims({2, 4, 3}));
 //   internal::Gemm(false, true, 2, 4, 3, 1.0f, a, 3, b, 3, 0.0f, c, 4);
-#ifndef MODELSTATE_NN_FORWARD_KERNELS_H_
-#define MODELSTATE_NN_FORWARD_KERNELS_H_
+#ifndef MODELSTATE_NN_KERNELS_BLAS_H_
+#define MODELSTATE_NN_KERNELS_BLAS_H_
 
+#include <algorithm>
 #include <cstdint>
-#include <functional>
 #include <initializer_list>
 
 #include "absl/status/status.h"
@@ -37,13 +39,21 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
 int BlasThreads();
 void SetBlasThreads(int threads);
 
-// Runs fn(begin, end) over [0, n) split into at most `threads` contiguous
-// ranges, on this thread plus threads-1 new ones. Runs inline when threads
-// <= 1 or the work (`n * cost_per_item`, in rough nanoseconds) is too small
-// to pay for starting threads.
-void ParallelFor(int64_t n, int threads, int64_t cost_per_item,
-                 const std::function<void(int64_t, int64_t)>& fn);
+// y[rows, out] = x[rows, in] * w[out, in]^T + b (b may be null: no bias).
+// REQUIRES: dimensions checked with CheckBlasDims.
+template <typename T>
+void LinearRows(const T* x, int64_t rows, int64_t in, const T* w, int64_t out,
+                const T* b, T* y) {
+  if (b != nullptr) {
+    for (int64_t r = 0; r < rows; ++r) std::copy(b, b + out, y + r * out);
+  }
+  if (in == 0) {
+    if (b == nullptr) std::fill(y, y + rows * out, T(0));
+    return;
+  }
+  Gemm(false, true, rows, out, in, T(1), x, in, w, in, b ? T(1) : T(0), y, out);
+}
 
 }  // namespace modelstate::internal
 
-#endif  // MODELSTATE_NN_FORWARD_KERNELS_H_
+#endif  // MODELSTATE_NN_KERNELS_BLAS_H_

@@ -1,6 +1,6 @@
-// File: internal/vector_math.h
-// Private to forward.cc and its tests: float32 activations and softmax over
-// contiguous arrays, eight lanes at a time on CPUs with AVX2 and FMA.
+// File: vector_math.h
+// Private to nn's kernels and their tests: float32 activations and softmax
+// over contiguous arrays, eight lanes at a time on CPUs with AVX2 and FMA.
 //
 // The vector paths evaluate exp and erf with polynomial approximations
 // (relative error a few float ulps, about 2e-7 at worst) instead of calling
@@ -13,8 +13,8 @@
 //
 // Example:
 //   internal::GeluErfInPlace(data, n);  // data[i] = gelu(data[i])
-#ifndef MODELSTATE_NN_VECTOR_MATH_H_
-#define MODELSTATE_NN_VECTOR_MATH_H_
+#ifndef MODELSTATE_NN_KERNELS_VECTOR_MATH_H_
+#define MODELSTATE_NN_KERNELS_VECTOR_MATH_H_
 
 #include <cstdint>
 
@@ -45,4 +45,4 @@ void ExpInPlace(float* data, int64_t n);
 
 }  // namespace modelstate::internal
 
-#endif  // MODELSTATE_NN_VECTOR_MATH_H_
+#endif  // MODELSTATE_NN_KERNELS_VECTOR_MATH_H_

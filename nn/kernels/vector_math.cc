@@ -1,4 +1,4 @@
-#include "nn/vector_math.h"
+#include "nn/kernels/vector_math.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,0 +1,519 @@
+// The normalisation family: BatchNorm1d, BatchNorm2d, LayerNorm and
+// GroupNorm. Construction follows torch.nn.modules.batchnorm and
+// normalization (affine weight = ones, bias = zeros; running statistics as
+// buffers); forward computes statistics in double and normalises in the
+// compute type, updating BatchNorm's running statistics in training mode.
+#include "nn/layers/normalization.h"
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status_macros.h"
+#include "core/init.h"
+#include "nn/kernels/parallel.h"
+#include "nn/layer_registry.h"
+#include "nn/layers/build_util.h"
+#include "nn/layers/forward_util.h"
+
+namespace modelstate::internal {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Construction.
+
+// The affine pair of the norm layers: weight = ones, bias = zeros
+// (reset_parameters of LayerNorm, GroupNorm and _NormBase); either may be
+// left out (undefined: registered as None).
+struct AffineTensors {
+  Tensor weight;
+  Tensor bias;
+};
+absl::StatusOr<AffineTensors> MakeAffine(const Shape& shape, bool weight,
+                                         bool bias, DType dtype, Device device,
+                                         BuildContext& ctx) {
+  AffineTensors t;
+  if (weight) {
+    MODELSTATE_ASSIGN_OR_RETURN(t.weight, ctx.NewTensor(dtype, shape, device));
+    MODELSTATE_RETURN_IF_ERROR(ConstantInit(t.weight, 1.0));
+  }
+  if (bias) {
+    MODELSTATE_ASSIGN_OR_RETURN(t.bias, ctx.NewTensor(dtype, shape, device));
+    MODELSTATE_RETURN_IF_ERROR(ConstantInit(t.bias, 0.0));
+  }
+  return t;
+}
+
+absl::Status RegisterAffine(Module& m, const std::string& path, AffineTensors t,
+                            BuildContext& ctx) {
+  MODELSTATE_RETURN_IF_ERROR(ctx.AddParameter(m, path, "weight", t.weight));
+  return ctx.AddParameter(m, path, "bias", t.bias);
+}
+
+// _NormBase for BatchNorm1d / BatchNorm2d.
+absl::StatusOr<std::shared_ptr<Module>> BuildBatchNorm(const BoundArgs& args,
+                                                       BuildContext& ctx,
+                                                       const std::string& path,
+                                                       absl::string_view type) {
+  MODELSTATE_ASSIGN_OR_RETURN(int64_t n, args.Int("num_features"));
+  MODELSTATE_ASSIGN_OR_RETURN(double eps, args.Float("eps"));
+  MODELSTATE_ASSIGN_OR_RETURN(bool affine, args.Bool("affine"));
+  MODELSTATE_ASSIGN_OR_RETURN(bool track, args.Bool("track_running_stats"));
+  MODELSTATE_ASSIGN_OR_RETURN(FactoryKwargs factory,
+                              args.Factory(ctx.options()));
+  AttrValue momentum;
+  if (!args.IsNone("momentum")) {
+    MODELSTATE_ASSIGN_OR_RETURN(double mom, args.Float("momentum"));
+    momentum = mom;
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(
+      AffineTensors affine_tensors,
+      MakeAffine({n}, affine, affine, factory.dtype, factory.device, ctx));
+  Tensor mean, var, count;
+  if (track) {
+    MODELSTATE_ASSIGN_OR_RETURN(
+        mean, ctx.NewTensor(factory.dtype, {n}, factory.device));
+    MODELSTATE_ASSIGN_OR_RETURN(
+        var, ctx.NewTensor(factory.dtype, {n}, factory.device));
+    // num_batches_tracked ignores the factory dtype.
+    MODELSTATE_ASSIGN_OR_RETURN(
+        count, ctx.NewTensor(DType::kInt64, {}, factory.device));
+    MODELSTATE_RETURN_IF_ERROR(ConstantInit(mean, 0.0));
+    MODELSTATE_RETURN_IF_ERROR(ConstantInit(var, 1.0));
+    MODELSTATE_RETURN_IF_ERROR(ConstantInit(count, 0.0));
+  }
+  std::shared_ptr<Module> m = NewLayer(type, "batchnorm");
+  m->set_version(2);
+  m->set_fills_num_batches_tracked(track);
+  m->SetPlainAttribute("num_features", n);
+  m->SetPlainAttribute("eps", eps);
+  m->SetPlainAttribute("momentum", momentum);
+  m->SetPlainAttribute("affine", affine);
+  m->SetPlainAttribute("track_running_stats", track);
+  m->AddClassAttributes({"reset_parameters", "reset_running_stats",
+                         "__constants__", "_check_input_dim"});
+  MODELSTATE_RETURN_IF_ERROR(
+      RegisterAffine(*m, path, std::move(affine_tensors), ctx));
+  MODELSTATE_RETURN_IF_ERROR(ctx.AddBuffer(*m, path, "running_mean", mean));
+  MODELSTATE_RETURN_IF_ERROR(ctx.AddBuffer(*m, path, "running_var", var));
+  MODELSTATE_RETURN_IF_ERROR(
+      ctx.AddBuffer(*m, path, "num_batches_tracked", count));
+  return m;
+}
+
+absl::StatusOr<std::shared_ptr<Module>> BuildBatchNorm1d(
+    const BoundArgs& args, BuildContext& ctx, const std::string& path) {
+  return BuildBatchNorm(args, ctx, path, "BatchNorm1d");
+}
+absl::StatusOr<std::shared_ptr<Module>> BuildBatchNorm2d(
+    const BoundArgs& args, BuildContext& ctx, const std::string& path) {
+  return BuildBatchNorm(args, ctx, path, "BatchNorm2d");
+}
+
+}  // namespace
+
+// LayerNorm(normalized_shape, eps, elementwise_affine, bias).
+absl::StatusOr<std::shared_ptr<Module>> MakeLayerNorm(
+    const std::vector<int64_t>& shape, double eps, bool affine, bool bias,
+    DType dtype, Device device, BuildContext& ctx, const std::string& path) {
+  MODELSTATE_ASSIGN_OR_RETURN(
+      AffineTensors t,
+      MakeAffine(shape, affine, affine && bias, dtype, device, ctx));
+  std::shared_ptr<Module> m = NewLayer("LayerNorm", "normalization");
+  m->SetPlainAttribute("normalized_shape", shape);
+  m->SetPlainAttribute("eps", eps);
+  m->SetPlainAttribute("elementwise_affine", affine);
+  m->AddClassAttributes({"reset_parameters", "__constants__"});
+  MODELSTATE_RETURN_IF_ERROR(RegisterAffine(*m, path, std::move(t), ctx));
+  return m;
+}
+
+namespace {
+
+absl::StatusOr<std::shared_ptr<Module>> BuildLayerNorm(
+    const BoundArgs& args, BuildContext& ctx, const std::string& path) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::vector<int64_t> shape,
+                              args.Ints("normalized_shape", 0));
+  MODELSTATE_ASSIGN_OR_RETURN(double eps, args.Float("eps"));
+  MODELSTATE_ASSIGN_OR_RETURN(bool affine, args.Bool("elementwise_affine"));
+  MODELSTATE_ASSIGN_OR_RETURN(bool bias, args.Bool("bias"));  // 2.1+
+  MODELSTATE_ASSIGN_OR_RETURN(FactoryKwargs factory,
+                              args.Factory(ctx.options()));
+  return MakeLayerNorm(shape, eps, affine, bias, factory.dtype, factory.device,
+                       ctx, path);
+}
+
+absl::StatusOr<std::shared_ptr<Module>> BuildGroupNorm(
+    const BoundArgs& args, BuildContext& ctx, const std::string& path) {
+  MODELSTATE_ASSIGN_OR_RETURN(int64_t groups, args.Int("num_groups"));
+  MODELSTATE_ASSIGN_OR_RETURN(int64_t channels, args.Int("num_channels"));
+  MODELSTATE_ASSIGN_OR_RETURN(double eps, args.Float("eps"));
+  MODELSTATE_ASSIGN_OR_RETURN(bool affine, args.Bool("affine"));
+  MODELSTATE_ASSIGN_OR_RETURN(FactoryKwargs factory,
+                              args.Factory(ctx.options()));
+  if (groups == 0 || channels % groups != 0) {
+    return absl::InvalidArgumentError(
+        "num_channels must be divisible by num_groups");
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(
+      AffineTensors t, MakeAffine({channels}, affine, affine, factory.dtype,
+                                  factory.device, ctx));
+  std::shared_ptr<Module> m = NewLayer("GroupNorm", "normalization");
+  m->SetPlainAttribute("num_groups", groups);
+  m->SetPlainAttribute("num_channels", channels);
+  m->SetPlainAttribute("eps", eps);
+  m->SetPlainAttribute("affine", affine);
+  m->AddClassAttributes({"reset_parameters", "__constants__"});
+  MODELSTATE_RETURN_IF_ERROR(RegisterAffine(*m, path, std::move(t), ctx));
+  return m;
+}
+
+// ---------------------------------------------------------------------------
+// Forward.
+
+// y = (x - mean[c]) * invstd[c] * w[c] + b[c] over [n, c, inner].
+template <typename T>
+void Normalize(const T* x, int64_t n, int64_t c, int64_t inner,
+               const std::vector<double>& mean,
+               const std::vector<double>& invstd, const T* w, const T* b,
+               T* y) {
+  for (int64_t ni = 0; ni < n; ++ni) {
+    for (int64_t ci = 0; ci < c; ++ci) {
+      const double scale = invstd[ci] * (w ? static_cast<double>(w[ci]) : 1.0);
+      const double shift =
+          (b ? static_cast<double>(b[ci]) : 0.0) - mean[ci] * scale;
+      const T* src = x + (ni * c + ci) * inner;
+      T* dst = y + (ni * c + ci) * inner;
+      const T s = static_cast<T>(scale), t = static_cast<T>(shift);
+      for (int64_t i = 0; i < inner; ++i) dst[i] = src[i] * s + t;
+    }
+  }
+}
+
+// Batch statistics over [n, c, inner]: per channel the mean, the biased
+// variance and 1 / sqrt(variance + eps), accumulated in double.
+template <typename T>
+void BatchStats(const T* px, int64_t n, int64_t c, int64_t inner, double eps,
+                std::vector<double>& mean, std::vector<double>& var,
+                std::vector<double>& invstd) {
+  const int64_t per_channel = n * inner;
+  for (int64_t ci = 0; ci < c; ++ci) {
+    double sum = 0;
+    for (int64_t ni = 0; ni < n; ++ni) {
+      const T* src = px + (ni * c + ci) * inner;
+      for (int64_t i = 0; i < inner; ++i) sum += src[i];
+    }
+    double mu = sum / static_cast<double>(per_channel);
+    double sq = 0;
+    for (int64_t ni = 0; ni < n; ++ni) {
+      const T* src = px + (ni * c + ci) * inner;
+      for (int64_t i = 0; i < inner; ++i) {
+        double d = src[i] - mu;
+        sq += d * d;
+      }
+    }
+    mean[ci] = mu;
+    var[ci] = sq / static_cast<double>(per_channel);
+    invstd[ci] = 1.0 / std::sqrt(var[ci] + eps);
+  }
+}
+
+// _BatchNorm.forward's update of the running statistics in training mode,
+// in place: num_batches_tracked += 1, then running = (1 - f) * running +
+// f * batch (the variance unbiased), f being momentum or, for momentum
+// None, 1 / num_batches_tracked (the cumulative average).
+absl::Status UpdateRunningStats(const Module& m, Tensor& running_mean,
+                                Tensor& running_var, Tensor& count,
+                                const std::vector<double>& mean,
+                                const std::vector<double>& var,
+                                int64_t per_channel) {
+  const int64_t c = static_cast<int64_t>(mean.size());
+  double factor = 0.0;
+  if (count.defined()) {
+    // num_batches_tracked += 1 (int64, in place).
+    MODELSTATE_ASSIGN_OR_RETURN(
+        Tensor next,
+        Tensor::FromDoubles(
+            count.dtype(), count.shape(),
+            {ReadElementAsDouble(count.raw_data(), count.dtype(), 0) + 1}));
+    MODELSTATE_RETURN_IF_ERROR(count.CopyFrom(next));
+  }
+  if (AttrIsNone(m, "momentum")) {
+    // Cumulative moving average.
+    double tracked = count.defined() ? ReadElementAsDouble(count.raw_data(),
+                                                           count.dtype(), 0)
+                                     : 1.0;
+    factor = 1.0 / tracked;
+  } else {
+    MODELSTATE_ASSIGN_OR_RETURN(factor, AttrDouble(m, "momentum"));
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(Tensor rm,
+                              ToDType(running_mean, DType::kFloat64));
+  MODELSTATE_ASSIGN_OR_RETURN(Tensor rv, ToDType(running_var, DType::kFloat64));
+  std::vector<double> new_mean(c), new_var(c);
+  const double unbias =
+      static_cast<double>(per_channel) / static_cast<double>(per_channel - 1);
+  for (int64_t ci = 0; ci < c; ++ci) {
+    new_mean[ci] = (1 - factor) * rm.data<double>()[ci] + factor * mean[ci];
+    new_var[ci] =
+        (1 - factor) * rv.data<double>()[ci] + factor * var[ci] * unbias;
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Tensor nm, Tensor::FromDoubles(DType::kFloat64, {c}, new_mean));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Tensor nv, Tensor::FromDoubles(DType::kFloat64, {c}, new_var));
+  MODELSTATE_RETURN_IF_ERROR(running_mean.CopyFrom(nm));
+  return running_var.CopyFrom(nv);
+}
+
+// Eval mode: the mean and 1 / sqrt(var + eps) of the running statistics.
+absl::Status RunningStats(const Module& m, const Tensor& running_mean,
+                          const Tensor& running_var, DType dtype, double eps,
+                          std::vector<double>& mean,
+                          std::vector<double>& invstd) {
+  if (running_mean.dtype() != dtype || running_var.dtype() != dtype) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected scalar type ", ScalarTypeName(dtype),
+                     " but found ", ScalarTypeName(running_mean.dtype()),
+                     " (running_mean of ", m.type_name(), ")"));
+  }
+  for (size_t ci = 0; ci < mean.size(); ++ci) {
+    mean[ci] =
+        ReadElementAsDouble(running_mean.raw_data(), running_mean.dtype(), ci);
+    double v =
+        ReadElementAsDouble(running_var.raw_data(), running_var.dtype(), ci);
+    invstd[ci] = 1.0 / std::sqrt(v + eps);
+  }
+  return absl::OkStatus();
+}
+
+// BatchNorm1d (2-D or 3-D input) and BatchNorm2d (4-D).
+template <typename T, bool kOneD>
+absl::StatusOr<Tensor> BatchNormForward(const LayerCall& call, const Tensor& x,
+                                        DType dtype) {
+  const Module& m = call.module;
+  if (kOneD ? (x.dim() != 2 && x.dim() != 3) : x.dim() != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected ", kOneD ? "2D or 3D" : "4D", " input (got ",
+                     x.dim(), "D input)"));
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(Tensor w, Param(m, "weight", dtype));
+  MODELSTATE_ASSIGN_OR_RETURN(Tensor b, Param(m, "bias", dtype));
+  Tensor running_mean = Entry(m, "running_mean");
+  Tensor running_var = Entry(m, "running_var");
+  Tensor count = Entry(m, "num_batches_tracked");
+  MODELSTATE_ASSIGN_OR_RETURN(double eps, AttrDouble(m, "eps"));
+  MODELSTATE_ASSIGN_OR_RETURN(bool track, AttrBool(m, "track_running_stats"));
+  const int64_t n = x.shape()[0], c = x.shape()[1];
+  const int64_t inner = Prod(x.shape(), 2, x.shape().size());
+  auto check_size = [&](const Tensor& t, const char* name) -> absl::Status {
+    if (t.defined() && t.numel() != c) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, " should contain ", c, " elements not ", t.numel()));
+    }
+    return absl::OkStatus();
+  };
+  MODELSTATE_RETURN_IF_ERROR(check_size(running_mean, "running_mean"));
+  MODELSTATE_RETURN_IF_ERROR(check_size(running_var, "running_var"));
+  MODELSTATE_RETURN_IF_ERROR(check_size(w, "weight"));
+  MODELSTATE_RETURN_IF_ERROR(check_size(b, "bias"));
+
+  // PyTorch's _BatchNorm.forward: batch statistics in training, or when
+  // there are no running statistics to use.
+  const bool use_batch_stats =
+      m.is_training() || (!running_mean.defined() && !running_var.defined());
+  const bool update = m.is_training() && track && running_mean.defined() &&
+                      running_var.defined();
+  const int64_t per_channel = n * inner;
+  if (use_batch_stats && per_channel <= 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Expected more than 1 value per channel when training, got input "
+        "size ",
+        TorchSizeString(x.shape())));
+  }
+  std::vector<double> mean(c), invstd(c);
+  const T* px = Data<T>(x);
+  if (use_batch_stats) {
+    std::vector<double> var(c);
+    BatchStats(px, n, c, inner, eps, mean, var, invstd);
+    if (update) {
+      MODELSTATE_RETURN_IF_ERROR(UpdateRunningStats(
+          m, running_mean, running_var, count, mean, var, per_channel));
+    }
+  } else {
+    MODELSTATE_RETURN_IF_ERROR(
+        RunningStats(m, running_mean, running_var, dtype, eps, mean, invstd));
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(Out<T> y, NewOut<T>(x.shape()));
+  Normalize(px, n, c, inner, mean, invstd, Data<T>(w), Data<T>(b), y.data);
+  return y.tensor;
+}
+
+template <typename T>
+absl::StatusOr<Tensor> LayerNormForward(const LayerCall& call, const Tensor& x,
+                                        DType dtype) {
+  const Module& m = call.module;
+  MODELSTATE_ASSIGN_OR_RETURN(Tensor w, Param(m, "weight", dtype));
+  MODELSTATE_ASSIGN_OR_RETURN(Tensor b, Param(m, "bias", dtype));
+  MODELSTATE_ASSIGN_OR_RETURN(const AttrValue* shape_attr,
+                              Attr(m, "normalized_shape"));
+  std::vector<int64_t> norm_shape;
+  if (const auto* v = std::get_if<std::vector<int64_t>>(shape_attr)) {
+    norm_shape = *v;
+  } else if (const auto* i = std::get_if<int64_t>(shape_attr)) {
+    norm_shape = {*i};
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(double eps, AttrDouble(m, "eps"));
+  const size_t k = norm_shape.size();
+  bool ok = x.shape().size() >= k;
+  for (size_t i = 0; ok && i < k; ++i) {
+    ok = x.shape()[x.shape().size() - k + i] == norm_shape[i];
+  }
+  if (!ok) {
+    Shape star = norm_shape;
+    return absl::InvalidArgumentError(
+        absl::StrCat("Given normalized_shape=", Sizes(norm_shape),
+                     ", expected input with shape [*", k == 0 ? "" : ", ",
+                     absl::StrJoin(norm_shape, ", "),
+                     "], but got input of size", Sizes(x.shape())));
+  }
+  const int64_t inner = Prod(norm_shape, 0, k);
+  const int64_t rows = inner == 0 ? 0 : x.numel() / inner;
+  MODELSTATE_ASSIGN_OR_RETURN(Out<T> y, NewOut<T>(x.shape()));
+  const T* px = Data<T>(x);
+  const T* pw = Data<T>(w);
+  const T* pb = Data<T>(b);
+  ParallelFor(
+      rows, call.runner.threads(), inner * 4, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const T* src = px + r * inner;
+          T* dst = y.data + r * inner;
+          double sum = 0;
+          for (int64_t i = 0; i < inner; ++i) sum += src[i];
+          const double mu = sum / static_cast<double>(inner);
+          double sq = 0;
+          for (int64_t i = 0; i < inner; ++i) {
+            double d = src[i] - mu;
+            sq += d * d;
+          }
+          const T rstd = static_cast<T>(1.0 / std::sqrt(sq / inner + eps));
+          const T tmu = static_cast<T>(mu);
+          for (int64_t i = 0; i < inner; ++i) {
+            T v = (src[i] - tmu) * rstd;
+            if (pw) v *= pw[i];
+            if (pb) v += pb[i];
+            dst[i] = v;
+          }
+        }
+      });
+  return y.tensor;
+}
+
+template <typename T>
+absl::StatusOr<Tensor> GroupNormForward(const LayerCall& call, const Tensor& x,
+                                        DType dtype) {
+  const Module& m = call.module;
+  MODELSTATE_ASSIGN_OR_RETURN(Tensor w, Param(m, "weight", dtype));
+  MODELSTATE_ASSIGN_OR_RETURN(Tensor b, Param(m, "bias", dtype));
+  MODELSTATE_ASSIGN_OR_RETURN(int64_t groups, AttrInt(m, "num_groups"));
+  MODELSTATE_ASSIGN_OR_RETURN(int64_t channels, AttrInt(m, "num_channels"));
+  MODELSTATE_ASSIGN_OR_RETURN(double eps, AttrDouble(m, "eps"));
+  if (x.dim() < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Expected at least 2 dimensions for input tensor but received ",
+        x.dim()));
+  }
+  const int64_t n = x.shape()[0], c = x.shape()[1];
+  if (c % groups != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Expected number of channels in input to be divisible by num_groups, "
+        "but got input of shape ",
+        Sizes(x.shape()), " and num_groups=", groups));
+  }
+  if (c != channels) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Expected weight to be a vector of size equal to the number of "
+        "channels in input, but got weight of shape [",
+        channels, "] and input of shape ", Sizes(x.shape())));
+  }
+  const int64_t inner = Prod(x.shape(), 2, x.shape().size());
+  const int64_t cpg = c / groups, span = cpg * inner;
+  std::vector<double> mean(c), invstd(c);
+  MODELSTATE_ASSIGN_OR_RETURN(Out<T> y, NewOut<T>(x.shape()));
+  const T* px = Data<T>(x);
+  for (int64_t ni = 0; ni < n; ++ni) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const T* src = px + (ni * c + g * cpg) * inner;
+      double sum = 0;
+      for (int64_t i = 0; i < span; ++i) sum += src[i];
+      const double mu = span > 0 ? sum / static_cast<double>(span) : 0.0;
+      double sq = 0;
+      for (int64_t i = 0; i < span; ++i) {
+        double d = src[i] - mu;
+        sq += d * d;
+      }
+      const double rstd =
+          1.0 /
+          std::sqrt((span > 0 ? sq / static_cast<double>(span) : 0.0) + eps);
+      for (int64_t ci = g * cpg; ci < (g + 1) * cpg; ++ci) {
+        mean[ci] = mu;
+        invstd[ci] = rstd;
+      }
+    }
+    Normalize(px + ni * c * inner, 1, c, inner, mean, invstd, Data<T>(w),
+              Data<T>(b), y.data + ni * c * inner);
+  }
+  return y.tensor;
+}
+
+}  // namespace
+
+std::vector<LayerDef> NormalizationFamily() {
+  std::vector<ArgDef> bn = WithFactory({{"num_features", {}},
+                                        {"eps", F(1e-5)},
+                                        {"momentum", F(0.1)},
+                                        {"affine", B(true)},
+                                        {"track_running_stats", B(true)}});
+  return {
+      {.type = "BatchNorm1d",
+       .qualified_name = "torch.nn.modules.batchnorm.BatchNorm1d",
+       .signature = bn,
+       .build = &BuildBatchNorm1d,
+       .forward = &FloatForward<&BatchNormForward<float, true>,
+                                &BatchNormForward<double, true>>},
+      {.type = "BatchNorm2d",
+       .qualified_name = "torch.nn.modules.batchnorm.BatchNorm2d",
+       .signature = bn,
+       .build = &BuildBatchNorm2d,
+       .forward = &FloatForward<&BatchNormForward<float, false>,
+                                &BatchNormForward<double, false>>},
+      // LayerNorm's `bias` argument is PyTorch 2.1's (after
+      // elementwise_affine).
+      {.type = "LayerNorm",
+       .qualified_name = "torch.nn.modules.normalization.LayerNorm",
+       .signature = {{"normalized_shape", {}},
+                     {"eps", F(1e-5)},
+                     {"elementwise_affine", B(true)},
+                     {"bias", B(true)},
+                     {"device", kNone},
+                     {"dtype", kNone}},
+       .build = &BuildLayerNorm,
+       .forward =
+           &FloatForward<&LayerNormForward<float>, &LayerNormForward<double>>},
+      {.type = "GroupNorm",
+       .qualified_name = "torch.nn.modules.normalization.GroupNorm",
+       .signature = WithFactory({{"num_groups", {}},
+                                 {"num_channels", {}},
+                                 {"eps", F(1e-5)},
+                                 {"affine", B(true)}}),
+       .build = &BuildGroupNorm,
+       .forward =
+           &FloatForward<&GroupNormForward<float>, &GroupNormForward<double>>},
+  };
+}
+
+}  // namespace modelstate::internal
