@@ -41,9 +41,11 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
-#include "server/auth.h"
 #include "server/model_state_service.h"
 #include "service/audit_log.h"
+#include "service/authenticator.h"
+#include "service/limits.h"
+#include "service/model_service.h"
 #include "service/model_store.h"
 #include "service/module_repository.h"
 #include "service/quota.h"
@@ -306,8 +308,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  absl::StatusOr<std::unique_ptr<modelstate::server::Authenticator>> auth =
-      modelstate::server::Authenticator::Create(token_file, mtls);
+  absl::StatusOr<std::unique_ptr<modelstate::Authenticator>> auth =
+      modelstate::Authenticator::Create(token_file, mtls);
   if (!auth.ok()) {
     LogLine(absl::StrCat("--token_file: ", auth.status().message()));
     return 2;
@@ -318,28 +320,25 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  modelstate::server::ServiceOptions options;
-  options.auth = auth->get();
-  // Without authentication there are no identities to count, only peer
-  // addresses, which channels share.
-  options.max_streams_per_identity =
-      (*auth)->enabled() ? absl::GetFlag(FLAGS_max_streams_per_identity) : 0;
-  options.default_chunk_bytes =
+  modelstate::ModelServiceOptions options;
+  modelstate::Limits& limits = options.limits;
+  limits.max_streams_per_identity =
+      absl::GetFlag(FLAGS_max_streams_per_identity);
+  limits.default_chunk_bytes =
       static_cast<uint32_t>(absl::GetFlag(FLAGS_chunk_kib)) << 10;
-  options.max_chunk_bytes =
+  limits.max_chunk_bytes =
       static_cast<uint32_t>(absl::GetFlag(FLAGS_max_chunk_kib)) << 10;
-  options.max_tensor_bytes =
+  limits.max_tensor_bytes =
       static_cast<uint64_t>(absl::GetFlag(FLAGS_max_tensor_mib)) << 20;
-  options.max_module_bytes =
+  limits.max_module_bytes =
       static_cast<uint64_t>(absl::GetFlag(FLAGS_max_module_mib)) << 20;
-  options.max_spec_depth = absl::GetFlag(FLAGS_max_spec_depth);
-  options.max_entries = absl::GetFlag(FLAGS_max_entries);
+  limits.max_spec_depth = absl::GetFlag(FLAGS_max_spec_depth);
+  limits.max_entries = absl::GetFlag(FLAGS_max_entries);
   // In range (CheckLimitFlags): fits an int.
   const int max_message = absl::GetFlag(FLAGS_max_message_mib) << 20;
-
-  options.max_queued_events =
+  limits.max_queued_events =
       static_cast<size_t>(absl::GetFlag(FLAGS_max_queued_events));
-  options.max_message_bytes = static_cast<uint64_t>(max_message);
+  limits.max_message_bytes = static_cast<uint64_t>(max_message);
 
   std::filesystem::path data_dir = absl::GetFlag(FLAGS_data_dir);
   std::error_code ec;
@@ -358,6 +357,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::string audit_path = (data_dir / "audit.log").string();
+  options.audit_path = audit_path;
   absl::StatusOr<std::unique_ptr<modelstate::AuditLog>> audit =
       modelstate::AuditLog::Open(audit_path);
   if (!audit.ok()) {
@@ -408,8 +408,9 @@ int main(int argc, char** argv) {
                           ? ""
                           : absl::StrCat("; recorded ", restored.recovered,
                                          " changes the audit log had missed")));
-  modelstate::server::ModelStateServiceImpl service(&store, &hub, audit->get(),
-                                                    audit_path, options);
+  modelstate::ModelService model_service(&store, &hub, audit->get(),
+                                         auth->get(), options);
+  modelstate::server::ModelStateServiceImpl service(&model_service);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -537,18 +537,18 @@ absl::StatusOr<int> OpenOrCreate(const std::string& path, bool* created) {
       "cannot open audit log ", path, ": it keeps appearing and disappearing"));
 }
 
-bool Matches(const AuditRecord& r, const AuditQuery& q) {
-  if (q.since.has_value() && r.time < *q.since) return false;
-  if (q.until.has_value() && r.time >= *q.until) return false;
-  if (!q.ns.empty() && r.ns != q.ns) return false;
-  if (!q.module.empty() && r.module != q.module) return false;
-  if (!q.identity.empty() && r.identity != q.identity) return false;
-  if (!q.outcome.empty() && r.outcome != q.outcome) return false;
-  if (!q.type.empty() && r.type != q.type) return false;
+}  // namespace
+
+bool AuditQuery::Matches(const AuditRecord& r) const {
+  if (since.has_value() && r.time < *since) return false;
+  if (until.has_value() && r.time >= *until) return false;
+  if (!ns.empty() && r.ns != ns) return false;
+  if (!module.empty() && r.module != module) return false;
+  if (!identity.empty() && r.identity != identity) return false;
+  if (!outcome.empty() && r.outcome != outcome) return false;
+  if (!type.empty() && r.type != type) return false;
   return true;
 }
-
-}  // namespace
 
 struct AuditLog::State {
   State(std::string p, int f) : path(std::move(p)), fd(f) {}
@@ -772,7 +772,7 @@ absl::StatusOr<std::vector<AuditRecord>> AuditLog::Query(
   for (size_t i = static_cast<size_t>(
            std::min<uint64_t>(query.after_seq, s.records.size()));
        i < s.records.size() && out.size() < limit; ++i) {
-    if (Matches(s.records[i], query)) out.push_back(s.records[i]);
+    if (query.Matches(s.records[i])) out.push_back(s.records[i]);
   }
   return out;
 }

@@ -75,6 +75,10 @@ struct AuditQuery {
   std::string type;
   uint64_t after_seq = 0;  // seq > after_seq (paging)
   size_t limit = 100;
+
+  // Whether `record` meets every condition but after_seq and limit (which
+  // page, rather than filter).
+  bool Matches(const AuditRecord& record) const;
 };
 
 // The result of Verify.

@@ -42,20 +42,10 @@
 #include "service/audit_log.h"
 #include "service/module_name.h"
 #include "service/module_repository.h"
+#include "service/operation_context.h"
 #include "service/quota.h"
 
 namespace modelstate {
-
-// Who asked, and which request caused a change (for hooks and the audit
-// log).
-struct OperationContext {
-  std::string identity;
-  std::string correlation_id;
-  // The request's seed (BuildModule's; 0 for requests without one). A
-  // subscriber's re-initialise transform without its own seed derives one
-  // from it and the entry's path, so the same request builds the same values.
-  uint64_t seed = 0;
-};
 
 // One registration as decided in the end: the record (event, in-process
 // decision, prior slot) and the final decision after every hook.
