@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
-#include "nlohmann/json.hpp"
+#include "service/audit_events.h"
 
 namespace modelstate {
 namespace {
@@ -102,23 +102,9 @@ void AccessGate::RecordDenial(const OperationContext& ctx,
                               const ModuleName& module,
                               const absl::Status& status) {
   if (audit_ == nullptr) return;
-  AuditRecord r;
-  r.identity = ctx.identity;
-  r.correlation_id = ctx.correlation_id;
-  r.type = "denied";
-  r.ns = module.ns;
-  r.module = module.name;
-  r.outcome = "error";
-  r.details_json =
-      nlohmann::json{{"rpc", std::string(rpc)},
-                     {"peer", std::string(peer)},
-                     {"error",
-                      {{"code", absl::StatusCodeToString(status.code())},
-                       {"message", std::string(status.message())}}}}
-          .dump();
   // A denial that cannot be recorded is still a denial; the log's own
   // failure shows up on the next change it must record.
-  (void)audit_->Append(std::move(r));
+  (void)audit_->Append(audit_events::Denied(ctx, peer, rpc, module, status));
 }
 
 bool AuditRecordVisible(const std::vector<std::string>& namespaces,

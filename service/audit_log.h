@@ -49,7 +49,9 @@ struct AuditRecord {
   std::string correlation_id;
   // What happened: "build", "registration", "answer", "outcome",
   // "load_state_dict", "move", "delete", "set_training", "subscribe",
-  // "unsubscribe", "denied", ... (free text, lowercase).
+  // "unsubscribe", "denied", ... (lowercase). The service's records are
+  // built by service/audit_events.h, which lists every type; the log
+  // itself takes any text.
   std::string type;
   std::string ns;      // namespace of the module concerned, if any
   std::string module;  // module name (without namespace), if any
