@@ -19,6 +19,7 @@
 #include "server/model_state_service.h"
 #include "service/audit_log.h"
 #include "service/authenticator.h"
+#include "service/data_dir.h"
 #include "service/model_service.h"
 #include "service/model_store.h"
 #include "service/module_repository.h"
@@ -172,14 +173,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
 }
 
 absl::Status Server::OpenState() {
-  const std::filesystem::path data_dir = config_.data_dir;
-  MODELSTATE_RETURN_IF_ERROR(CreateDirectory(data_dir, "--data_dir "));
+  const std::string& root = config_.data_dir;
+  MODELSTATE_RETURN_IF_ERROR(CreateDirectory(root, "--data_dir "));
   ModelServiceOptions options;
   options.limits = config_.limits;
   // Loads stage their bytes in unlinked files here (nothing to clean up).
-  options.staging_dir = (data_dir / "staging").string();
+  options.staging_dir = data_dir::StagingDir(root);
   MODELSTATE_RETURN_IF_ERROR(CreateDirectory(options.staging_dir, ""));
-  options.audit_path = (data_dir / "audit.log").string();
+  options.audit_path = data_dir::AuditLogPath(root);
   absl::StatusOr<std::unique_ptr<AuditLog>> audit =
       AuditLog::Open(options.audit_path);
   if (!audit.ok()) {
@@ -196,7 +197,7 @@ absl::Status Server::OpenState() {
     return StartError("cannot read subscriber names from the audit log: ",
                       owned_names.status());
   }
-  const std::string modules_dir = (data_dir / "modules").string();
+  const std::string modules_dir = data_dir::ModulesDir(root);
   absl::StatusOr<std::unique_ptr<ModuleRepository>> repository =
       ModuleRepository::Open(modules_dir);
   if (!repository.ok()) {
