@@ -378,14 +378,13 @@ absl::StatusOr<SubscriptionSpec> SubscriptionFromProto(
   spec.filter.module_type_glob = proto.module_type_glob();
   spec.filter.name_glob = proto.name_glob();
   spec.priority = proto.priority();
-  spec.timeout =
-      absl::Milliseconds(proto.timeout_ms() == 0 ? 10000 : proto.timeout_ms());
+  // 0 leaves the server's default (Limits::subscriber_timeout).
+  spec.timeout = absl::Milliseconds(proto.timeout_ms());
   spec.failure_policy = proto.failure_policy() == v1::Subscription::FAIL_OPEN
                             ? FailurePolicy::kFailOpen
                             : FailurePolicy::kFailClosed;
   spec.include_data = proto.include_data();
-  spec.max_data_bytes =
-      proto.max_data_bytes() == 0 ? (1 << 20) : proto.max_data_bytes();
+  if (proto.max_data_bytes() != 0) spec.max_data_bytes = proto.max_data_bytes();
   return spec;
 }
 
@@ -586,7 +585,9 @@ absl::StatusOr<AuditQuery> AuditQueryFromProto(const v1::AuditFilter& filter,
   q.type = filter.type();
   q.after_seq = after_seq;
   if (limit < 0) return FieldError("limit", "must not be negative");
-  q.limit = limit == 0 ? 100 : std::min(limit, 10000);
+  q.limit = limit == 0
+                ? AuditQuery::kDefaultLimit
+                : std::min(static_cast<size_t>(limit), AuditQuery::kMaxLimit);
   return q;
 }
 

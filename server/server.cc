@@ -191,7 +191,8 @@ absl::Status Server::OpenState() {
     LogLine(absl::StrCat(options.audit_path,
                          ": removed a torn last record left by a crash"));
   }
-  hub_ = std::make_unique<SubscriberHub>(audit_.get());
+  hub_ = std::make_unique<SubscriberHub>(audit_.get(),
+                                         config_.limits.subscriber_timeout);
   absl::StatusOr<size_t> owned_names = hub_->RestoreNameOwners();
   if (!owned_names.ok()) {
     return StartError("cannot read subscriber names from the audit log: ",

@@ -53,8 +53,6 @@ constexpr absl::string_view kTimeFormat = "%Y-%m-%d%ET%H:%M:%E9SZ";
 constexpr absl::string_view kTimeParseFormat = "%Y-%m-%d%ET%H:%M:%E*SZ";
 // ',"hash":"' + 64 hex digits + '"}'
 constexpr size_t kHashSuffixSize = 9 + 64 + 2;
-constexpr size_t kDefaultLimit = 100;
-constexpr size_t kMaxLimit = 10000;
 // Deeper `details` are rejected: nlohmann's dump() recurses once per level,
 // and an audit record has no use for deep nesting.
 constexpr int kMaxDetailsDepth = 64;
@@ -65,8 +63,8 @@ const std::string& GenesisHash() {
 }
 
 size_t EffectiveLimit(size_t limit) {
-  if (limit == 0) return kDefaultLimit;
-  return std::min(limit, kMaxLimit);
+  if (limit == 0) return AuditQuery::kDefaultLimit;
+  return std::min(limit, AuditQuery::kMaxLimit);
 }
 
 std::string FormatRecordTime(absl::Time t) {

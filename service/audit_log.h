@@ -75,8 +75,12 @@ struct AuditQuery {
   std::string identity;
   std::string outcome;
   std::string type;
+  // Records per query when a query asks for 0, and the most it may ask for.
+  static constexpr size_t kDefaultLimit = 100;
+  static constexpr size_t kMaxLimit = 10000;
+
   uint64_t after_seq = 0;  // seq > after_seq (paging)
-  size_t limit = 100;
+  size_t limit = kDefaultLimit;
 
   // Whether `record` meets every condition but after_seq and limit (which
   // page, rather than filter).

@@ -165,7 +165,7 @@ absl::StatusOr<bool> ModelStore::RecordIfUnrecorded(const ModuleName& name,
   query.ns = name.ns;
   query.module = name.name;
   query.after_seq = note.audit_seq;
-  query.limit = 10000;
+  query.limit = AuditQuery::kMaxLimit;
   while (true) {
     MODELSTATE_ASSIGN_OR_RETURN(std::vector<AuditRecord> records,
                                 log->Query(query));

@@ -284,14 +284,15 @@ absl::string_view VerdictName(Verdict verdict) {
   return "approve";
 }
 
-SubscriberHub::SubscriberHub(AuditLog* audit) : audit_(audit) {}
+SubscriberHub::SubscriberHub(AuditLog* audit, absl::Duration default_timeout)
+    : audit_(audit), default_timeout_(default_timeout) {}
 SubscriberHub::~SubscriberHub() = default;
 
 absl::StatusOr<size_t> SubscriberHub::RestoreNameOwners() {
   if (audit_ == nullptr) return 0;
   AuditQuery query;
   query.type = std::string(AuditTypeName(AuditType::kSubscribe));
-  query.limit = 10000;
+  query.limit = AuditQuery::kMaxLimit;
   MutexLock lock(&mu_);
   while (true) {
     MODELSTATE_ASSIGN_OR_RETURN(std::vector<AuditRecord> page,
@@ -335,6 +336,7 @@ absl::StatusOr<uint64_t> SubscriberHub::Attach(
         "name: '", spec.name,
         "' is not a valid subscriber name (1-128 of [A-Za-z0-9_.:@-])"));
   }
+  if (spec.timeout == absl::ZeroDuration()) spec.timeout = default_timeout_;
   if (spec.timeout <= absl::ZeroDuration() || spec.timeout > absl::Hours(1)) {
     return absl::InvalidArgumentError(
         "timeout: must be more than 0 and at most 1 hour");

@@ -57,6 +57,7 @@
 #include "core/hooks.h"
 #include "nn/module_spec.h"
 #include "service/audit_log.h"
+#include "service/limits.h"
 #include "service/model_store.h"
 
 namespace modelstate {
@@ -85,8 +86,9 @@ struct SubscriptionSpec {
   std::string name;  // unique among connected subscribers; 1-128 chars
   SubscriberMode mode = SubscriberMode::kIntercept;
   SubscriptionFilter filter;
-  int32_t priority = 0;                        // lower first
-  absl::Duration timeout = absl::Seconds(10);  // per event
+  int32_t priority = 0;  // lower first
+  // Per event; 0: the hub's default (Limits::subscriber_timeout).
+  absl::Duration timeout = absl::ZeroDuration();
   FailurePolicy failure_policy = FailurePolicy::kFailClosed;
   bool include_data = false;
   uint64_t max_data_bytes = 1 << 20;  // larger tensors are sent without data
@@ -184,10 +186,14 @@ struct SubscriberInfo {
 class SubscriberHub : public RegistrationDecider {
  public:
   // `audit` (optional, not owned) receives every event, answer and outcome.
-  explicit SubscriberHub(AuditLog* audit = nullptr);
+  // `default_timeout` is a subscriber's timeout when its spec leaves it 0.
+  explicit SubscriberHub(
+      AuditLog* audit = nullptr,
+      absl::Duration default_timeout = Limits().subscriber_timeout);
   ~SubscriberHub() override;
 
-  // Adds a subscriber. INVALID_ARGUMENT for a bad spec; PERMISSION_DENIED
+  // Adds a subscriber (a timeout of 0 becomes the hub's default).
+  // INVALID_ARGUMENT for a bad spec; PERMISSION_DENIED
   // when the name is bound to another identity (spec.owner_identity). A
   // connected subscriber with the same name is replaced: its channel is
   // closed with ABORTED and the events waiting for it go to the new one.
@@ -251,6 +257,7 @@ class SubscriberHub : public RegistrationDecider {
   absl::Status AuditDurably(AuditRecord record);
 
   AuditLog* const audit_;
+  const absl::Duration default_timeout_;
   mutable Mutex mu_;
   CondVar cv_;
   std::map<uint64_t, std::unique_ptr<Subscriber>> subscribers_
