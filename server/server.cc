@@ -13,7 +13,6 @@
 #include "base/file_util.h"
 #include "base/log.h"
 #include "base/status_macros.h"
-#include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
 #include "server/model_state_service.h"
@@ -236,7 +235,6 @@ absl::Status Server::OpenState() {
 absl::Status Server::Listen(
     std::shared_ptr<grpc::ServerCredentials> credentials) {
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   // A second server on the same port must fail, not share connections.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);

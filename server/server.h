@@ -2,9 +2,10 @@
 // A whole modelstate server in one object: from a ServerConfig (every
 // flag's value) it opens the data directory (audit log, modules, staging),
 // restores the saved modules, and serves the gRPC service (with health
-// checks and reflection) on its listening address, on an optional
-// health-only address, and in-process. modelstate-server is a flag parser
-// and a signal loop around it; tests start one in their own process.
+// checks) on its listening address, on an optional health-only address,
+// and in-process. modelstate-server is a flag parser and a signal loop
+// around it (which also turns on gRPC reflection, a process-wide plugin);
+// tests start one in their own process.
 //
 // Example:
 //   ServerConfig config;

@@ -31,6 +31,7 @@
 #include "base/signal_pipe.h"
 #include "base/status_macros.h"
 #include "core/emulated_device.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "server/server.h"
 
 namespace {
@@ -299,6 +300,8 @@ int main(int argc, char** argv) {
     LogLine(std::string(config.status().message()));
     return kBadConfig;
   }
+  // Every server built from here on offers reflection (grpcurl, ...).
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(*config);
   if (!server.ok()) {
     LogLine(std::string(server.status().message()));
