@@ -23,6 +23,16 @@ bool IsIntegral(double v) {
          std::fabs(v) <= kMaxExactInteger;
 }
 
+// The entry a registration or removal request names: its module, the
+// submodule's path and the entry's name.
+template <typename Request, typename Args>
+absl::Status ParseEntry(const Request& request, Args& args) {
+  MODELSTATE_ASSIGN_OR_RETURN(args.module, ParseModuleName(request.module()));
+  args.path = request.path();
+  args.name = request.name();
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ModuleName> ParseModuleField(absl::string_view text) {
@@ -624,9 +634,7 @@ absl::StatusOr<RegisterTensorArgs> RegisterTensorArgsFromProto(
     const v1::RegisterTensorRequest& request, EntryKind kind,
     uint64_t max_tensor_bytes) {
   RegisterTensorArgs args;
-  MODELSTATE_ASSIGN_OR_RETURN(args.module, ParseModuleField(request.module()));
-  args.path = request.path();
-  args.name = request.name();
+  MODELSTATE_RETURN_IF_ERROR(ParseEntry(request, args));
   args.kind = kind;
   args.seed = request.seed();
   args.persistent = request.has_persistent() ? request.persistent() : true;
@@ -655,9 +663,7 @@ absl::StatusOr<RegisterTensorArgs> RegisterTensorArgsFromProto(
 absl::StatusOr<RegisterSubmoduleArgs> RegisterSubmoduleArgsFromProto(
     const v1::RegisterSubmoduleRequest& request) {
   RegisterSubmoduleArgs args;
-  MODELSTATE_ASSIGN_OR_RETURN(args.module, ParseModuleField(request.module()));
-  args.path = request.path();
-  args.name = request.name();
+  MODELSTATE_RETURN_IF_ERROR(ParseEntry(request, args));
   switch (request.value_case()) {
     case v1::RegisterSubmoduleRequest::kSpec: {
       MODELSTATE_ASSIGN_OR_RETURN(args.spec, SpecFromProto(request.spec()));
@@ -685,9 +691,7 @@ absl::StatusOr<RegisterSubmoduleArgs> RegisterSubmoduleArgsFromProto(
 absl::StatusOr<RemoveEntryArgs> RemoveEntryArgsFromProto(
     const v1::RemoveEntryRequest& request) {
   RemoveEntryArgs args;
-  MODELSTATE_ASSIGN_OR_RETURN(args.module, ParseModuleField(request.module()));
-  args.path = request.path();
-  args.name = request.name();
+  MODELSTATE_RETURN_IF_ERROR(ParseEntry(request, args));
   return args;
 }
 

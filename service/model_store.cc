@@ -62,6 +62,24 @@ class ReplayHooks {
   std::vector<RemovableHandle> handles_;
 };
 
+absl::Status NoSuchModule(const ModuleName& name) {
+  return absl::NotFoundError(
+      absl::StrCat("module '", name.full(), "' does not exist"));
+}
+
+// The submodule of `root` at `path` (given in request field `field`):
+// NOT_FOUND naming the path otherwise.
+absl::StatusOr<std::shared_ptr<Module>> Submodule(const Module& root,
+                                                  const ModuleName& name,
+                                                  absl::string_view field,
+                                                  const std::string& path) {
+  absl::StatusOr<std::shared_ptr<Module>> found = root.GetSubmodule(path);
+  if (found.ok()) return found;
+  return absl::NotFoundError(absl::StrCat(field, " '", path, "' in '",
+                                          name.full(),
+                                          "': ", found.status().message()));
+}
+
 std::string DescribeBlocked(const RegistrationRecord& r,
                             const HookDecision& final) {
   std::string where = r.event.path.empty()
@@ -314,8 +332,7 @@ absl::StatusOr<std::shared_ptr<ModelStore::Entry>> ModelStore::Find(
   MutexLock lock(&mu_);
   auto it = entries_.find(name.full());
   if (it == entries_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("module '", name.full(), "' does not exist"));
+    return NoSuchModule(name);
   }
   return it->second;
 }
@@ -448,27 +465,13 @@ absl::StatusOr<std::vector<RegistrationResult>> ModelStore::Register(
   std::string target_path = request.path;
   {
     ReaderMutexLock lock(&entry->mu);
-    if (entry->deleted) {
-      return absl::NotFoundError(
-          absl::StrCat("module '", name.full(), "' does not exist"));
-    }
-    absl::StatusOr<std::shared_ptr<Module>> found =
-        entry->root->GetSubmodule(request.path);
-    if (!found.ok()) {
-      return absl::NotFoundError(absl::StrCat("path '", request.path, "' in '",
-                                              name.full(),
-                                              "': ", found.status().message()));
-    }
-    target = *found;
+    if (entry->deleted) return NoSuchModule(name);
+    MODELSTATE_ASSIGN_OR_RETURN(
+        target, Submodule(*entry->root, name, "path", request.path));
     if (request.existing_path.has_value()) {
-      absl::StatusOr<std::shared_ptr<Module>> existing =
-          entry->root->GetSubmodule(*request.existing_path);
-      if (!existing.ok()) {
-        return absl::NotFoundError(
-            absl::StrCat("existing_path '", *request.existing_path, "' in '",
-                         name.full(), "': ", existing.status().message()));
-      }
-      value.module = *existing;
+      MODELSTATE_ASSIGN_OR_RETURN(value.module,
+                                  Submodule(*entry->root, name, "existing_path",
+                                            *request.existing_path));
     }
   }
   // A submodule spec is built first, detached; its own registrations come
@@ -546,8 +549,7 @@ absl::Status ModelStore::Read(
   MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
   ReaderMutexLock lock(&entry->mu);
   if (entry->deleted) {
-    return absl::NotFoundError(
-        absl::StrCat("module '", name.full(), "' does not exist"));
+    return NoSuchModule(name);
   }
   return fn(*entry->root);
 }
@@ -629,8 +631,7 @@ absl::StatusOr<std::unique_ptr<StagedStateDict>> ModelStore::StageLoad(
   {
     ReaderMutexLock lock(&entry->mu);
     if (entry->deleted) {
-      return absl::NotFoundError(
-          absl::StrCat("module '", name.full(), "' does not exist"));
+      return NoSuchModule(name);
     }
     std::vector<RegistrationRecord> unused;
     RegistrationContext check;
@@ -674,8 +675,7 @@ absl::StatusOr<LoadResult> ModelStore::LoadImpl(const OperationContext& ctx,
     {
       ReaderMutexLock lock(&entry->mu);
       if (entry->deleted) {
-        return absl::NotFoundError(
-            absl::StrCat("module '", name.full(), "' does not exist"));
+        return NoSuchModule(name);
       }
       MODELSTATE_RETURN_IF_ERROR(
           entry->root->LoadStateDict(state_dict, options, dry).status());
@@ -689,8 +689,7 @@ absl::StatusOr<LoadResult> ModelStore::LoadImpl(const OperationContext& ctx,
     // values only once they are on disk (or never, if the save fails).
     WriterMutexLock lock(&entry->mu);
     if (entry->deleted) {
-      return absl::NotFoundError(
-          absl::StrCat("module '", name.full(), "' does not exist"));
+      return NoSuchModule(name);
     }
     RegistrationContext real;
     real.hooks = replay.has_value() ? replay->registry() : nullptr;
@@ -731,8 +730,7 @@ absl::Status ModelStore::Move(const OperationContext& ctx,
   {
     ReaderMutexLock lock(&entry->mu);
     if (entry->deleted) {
-      return absl::NotFoundError(
-          absl::StrCat("module '", name.full(), "' does not exist"));
+      return NoSuchModule(name);
     }
     bytes_after = HeldBytesAfterMove(*entry->root, device, dtype);
   }
@@ -744,8 +742,7 @@ absl::Status ModelStore::Move(const OperationContext& ctx,
   {
     WriterMutexLock lock(&entry->mu);
     if (entry->deleted) {
-      return absl::NotFoundError(
-          absl::StrCat("module '", name.full(), "' does not exist"));
+      return NoSuchModule(name);
     }
     result = entry->root->To(device, dtype);
     if (result.ok()) result = Persist(ctx, *entry, AuditType::kMove);
@@ -761,8 +758,7 @@ absl::Status ModelStore::SetTraining(const OperationContext& ctx,
   {
     WriterMutexLock lock(&entry->mu);
     if (entry->deleted) {
-      return absl::NotFoundError(
-          absl::StrCat("module '", name.full(), "' does not exist"));
+      return NoSuchModule(name);
     }
     entry->root->Train(training);
     saved = Persist(ctx, *entry, AuditType::kSetTraining);
@@ -784,16 +780,11 @@ absl::StatusOr<std::vector<Tensor>> ModelStore::Forward(
     // switched for the call.
     WriterMutexLock lock(&entry->mu);
     if (entry->deleted) {
-      return absl::NotFoundError(
-          absl::StrCat("module '", name.full(), "' does not exist"));
+      return NoSuchModule(name);
     }
     absl::StatusOr<std::shared_ptr<Module>> target =
-        entry->root->GetSubmodule(path);
-    if (!target.ok()) {
-      return absl::NotFoundError(
-          absl::StrCat("path '", path, "' in '", name.full(),
-                       "': ", target.status().message()));
-    }
+        Submodule(*entry->root, name, "path", path);
+    if (!target.ok()) return target.status();
     std::vector<std::pair<Module*, bool>> modes;
     for (const auto& [key, m] : (*target)->NamedModules()) {
       modes.emplace_back(m.get(), m->is_training());
@@ -822,8 +813,7 @@ absl::Status ModelStore::Delete(const OperationContext& ctx,
   {
     ReaderMutexLock lock(&entry->mu);
     if (entry->deleted) {
-      return absl::NotFoundError(
-          absl::StrCat("module '", name.full(), "' does not exist"));
+      return NoSuchModule(name);
     }
   }
   ModuleRepository* repo = repository();

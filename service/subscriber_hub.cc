@@ -705,6 +705,133 @@ void SubscriberHub::Deliver(const Sends& sends) {
   for (const auto& [channel, event] : sends) channel->Send(event);
 }
 
+std::unique_ptr<SubscriberHub::Pending> SubscriberHub::NewPendingLocked(
+    const OperationContext& ctx, const ModuleName& module,
+    const RegistrationRecord& rec, std::string sha256, size_t* remaining) {
+  auto p = std::make_unique<Pending>();
+  p->event_id = next_event_id_++;
+  p->request_seed = ctx.seed;
+  p->record = &rec;
+  p->remaining = remaining;
+  HookEvent& e = p->base;
+  e.event_id = p->event_id;
+  e.correlation_id = ctx.correlation_id;
+  e.identity = ctx.identity;
+  e.ns = module.ns;
+  e.module = module.name;
+  e.path = rec.event.path;
+  e.module_type = rec.owner != nullptr ? rec.owner->type_name() : "";
+  e.kind = rec.event.kind;
+  e.action = rec.event.action;
+  e.name = rec.event.name;
+  p->value = rec.local.blocked() ? rec.event.value : rec.local.value;
+  p->value_sha256 = std::move(sha256);
+  Audit(audit_events::Registration(ctx, module, e, p->value, p->value_sha256,
+                                   rec.local.kind));
+  if (rec.local.blocked()) {
+    p->done = true;
+    p->result = rec.local;
+  }
+  return p;
+}
+
+void SubscriberHub::RouteLocked(
+    Pending& p, const std::vector<const Subscriber*>& interceptors,
+    Sends& sends) {
+  const HookEvent& e = p.base;
+  for (const Subscriber* s : interceptors) {
+    if (Matches(*s, e)) {
+      p.chain.push_back(s->order);
+      p.chain_specs.emplace(s->order, s->spec);
+    }
+  }
+  for (const auto& [id, sub] : subscribers_) {
+    if (sub->spec.mode != SubscriberMode::kDryRun || !Matches(*sub, e)) {
+      continue;
+    }
+    std::shared_ptr<const HookEvent> ev = EventFor(p, *sub);
+    std::unique_ptr<DryRun>& run = dry_runs_[p.event_id];
+    if (run == nullptr) {
+      run = std::make_unique<DryRun>();
+      run->event = ev;
+      run->sent_at = absl::Now();
+      run->owner = p.record->owner;
+      run->registration = p.record->event;
+      run->registration.value = SlotValue();
+      run->request_seed = p.request_seed;
+    }
+    sends.emplace_back(sub->channel, ev);
+  }
+  ++*p.remaining;
+  pending_[p.event_id] = &p;
+  AdvanceLocked(p, sends);
+}
+
+void SubscriberHub::AwaitChainsLocked(
+    const std::vector<std::unique_ptr<Pending>>& events,
+    const size_t& remaining) {
+  Sends sends;
+  while (remaining > 0) {
+    // An answer or a timeout elsewhere signals, and the deadlines are
+    // looked at again.
+    absl::Time next = absl::InfiniteFuture();
+    for (const auto& p : events) next = std::min(next, DeadlineLocked(*p));
+    if (next > absl::Now()) cv_.WaitWithDeadline(&mu_, next);
+    absl::Time now = absl::Now();
+    bool timed_out = false;
+    for (const auto& p : events) {
+      if (DeadlineLocked(*p) > now) continue;
+      Subscriber& sub = *subscribers_.at(p->waiting_on);
+      const bool own = sub.TimeOut(p->event_id, now);
+      timed_out = true;
+      FailLocked(*p, sub,
+                 absl::StrCat("timed out after ",
+                              absl::FormatDuration(sub.spec.timeout),
+                              own ? "" : " on an earlier event"),
+                 sends);
+    }
+    // The subscriber's next event, maybe another call's, starts its clock,
+    // and its events held with the one that timed out fail.
+    if (timed_out) cv_.SignalAll();
+    if (!sends.empty()) {
+      // Sends made on timeouts go out with the lock released.
+      Sends out;
+      out.swap(sends);
+      mu_.Unlock();
+      Deliver(out);
+      mu_.Lock();
+    }
+  }
+}
+
+void SubscriberHub::FinishEventsLocked(
+    const OperationContext& ctx, const ModuleName& module,
+    const std::vector<std::unique_ptr<Pending>>& events, Sends& sends) {
+  absl::Time expired = absl::Now() - absl::Minutes(10);
+  for (auto it = dry_runs_.begin(); it != dry_runs_.end();) {
+    if (it->second->sent_at < expired) {
+      dry_runs_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  // Outcomes: audited, and sent to observers.
+  for (const auto& p : events) {
+    Audit(audit_events::Outcome(ctx, module, p->base, p->result,
+                                p->value_sha256));
+    for (const auto& [id, sub] : subscribers_) {
+      if (sub->spec.mode != SubscriberMode::kObserve || !Matches(*sub, p->base))
+        continue;
+      auto ev = std::make_shared<HookEvent>(*EventFor(*p, *sub));
+      if (!p->result.blocked()) ev->value = p->result.value;
+      ev->is_outcome = true;
+      ev->outcome = p->result.kind;
+      ev->outcome_reason = p->result.reason;
+      sends.emplace_back(sub->channel, ev);
+    }
+  }
+}
+
 std::vector<HookDecision> SubscriberHub::Decide(
     const OperationContext& ctx, const ModuleName& module,
     absl::Span<const RegistrationRecord> records) {
@@ -730,123 +857,18 @@ std::vector<HookDecision> SubscriberHub::Decide(
                        std::make_pair(b->spec.priority, b->order);
               });
     for (size_t i = 0; i < records.size(); ++i) {
-      const RegistrationRecord& rec = records[i];
-      auto p = std::make_unique<Pending>();
-      p->event_id = next_event_id_++;
-      p->request_seed = ctx.seed;
-      p->record = &rec;
-      p->remaining = &remaining;
-      HookEvent& e = p->base;
-      e.event_id = p->event_id;
-      e.correlation_id = ctx.correlation_id;
-      e.identity = ctx.identity;
-      e.ns = module.ns;
-      e.module = module.name;
-      e.path = rec.event.path;
-      e.module_type = rec.owner != nullptr ? rec.owner->type_name() : "";
-      e.kind = rec.event.kind;
-      e.action = rec.event.action;
-      e.name = rec.event.name;
-      p->value = rec.local.blocked() ? rec.event.value : rec.local.value;
-      p->value_sha256 = hashes[i];
-      Audit(audit_events::Registration(ctx, module, e, p->value,
-                                       p->value_sha256, rec.local.kind));
-      if (rec.local.blocked()) {
-        p->done = true;
-        p->result = rec.local;
-        events[i] = std::move(p);
-        continue;
-      }
-      for (const Subscriber* s : interceptors) {
-        if (Matches(*s, e)) {
-          p->chain.push_back(s->order);
-          p->chain_specs.emplace(s->order, s->spec);
-        }
-      }
-      for (const auto& [id, sub] : subscribers_) {
-        if (sub->spec.mode == SubscriberMode::kDryRun && Matches(*sub, e)) {
-          std::shared_ptr<const HookEvent> ev = EventFor(*p, *sub);
-          std::unique_ptr<DryRun>& run = dry_runs_[p->event_id];
-          if (run == nullptr) {
-            run = std::make_unique<DryRun>();
-            run->event = ev;
-            run->sent_at = absl::Now();
-            run->owner = rec.owner;
-            run->registration = rec.event;
-            run->registration.value = SlotValue();
-            run->request_seed = ctx.seed;
-          }
-          sends.emplace_back(sub->channel, ev);
-        }
-      }
-      ++remaining;
-      pending_[p->event_id] = p.get();
-      AdvanceLocked(*p, sends);
-      events[i] = std::move(p);
+      events[i] = NewPendingLocked(ctx, module, records[i],
+                                   std::move(hashes[i]), &remaining);
+      if (!events[i]->done) RouteLocked(*events[i], interceptors, sends);
     }
   }
   Deliver(sends);
   sends.clear();
-  // Waits for every chain; sends made on timeouts go out with the lock
-  // released, so the lock is taken and released by hand here.
-  mu_.Lock();
   {
-    while (remaining > 0) {
-      // An answer or a timeout elsewhere signals, and the deadlines are
-      // looked at again.
-      absl::Time next = absl::InfiniteFuture();
-      for (const auto& p : events) next = std::min(next, DeadlineLocked(*p));
-      if (next > absl::Now()) cv_.WaitWithDeadline(&mu_, next);
-      absl::Time now = absl::Now();
-      bool timed_out = false;
-      for (const auto& p : events) {
-        if (DeadlineLocked(*p) > now) continue;
-        Subscriber& sub = *subscribers_.at(p->waiting_on);
-        const bool own = sub.TimeOut(p->event_id, now);
-        timed_out = true;
-        FailLocked(*p, sub,
-                   absl::StrCat("timed out after ",
-                                absl::FormatDuration(sub.spec.timeout),
-                                own ? "" : " on an earlier event"),
-                   sends);
-      }
-      // The subscriber's next event, maybe another call's, starts its clock,
-      // and its events held with the one that timed out fail.
-      if (timed_out) cv_.SignalAll();
-      if (!sends.empty()) {
-        Sends out;
-        out.swap(sends);
-        mu_.Unlock();
-        Deliver(out);
-        mu_.Lock();
-      }
-    }
-    // Outcomes: audited, and sent to observers.
-    absl::Time expired = absl::Now() - absl::Minutes(10);
-    for (auto it = dry_runs_.begin(); it != dry_runs_.end();) {
-      if (it->second->sent_at < expired) {
-        dry_runs_.erase(it++);
-      } else {
-        ++it;
-      }
-    }
-    for (const auto& p : events) {
-      Audit(audit_events::Outcome(ctx, module, p->base, p->result,
-                                  p->value_sha256));
-      for (const auto& [id, sub] : subscribers_) {
-        if (sub->spec.mode != SubscriberMode::kObserve ||
-            !Matches(*sub, p->base))
-          continue;
-        auto ev = std::make_shared<HookEvent>(*EventFor(*p, *sub));
-        if (!p->result.blocked()) ev->value = p->result.value;
-        ev->is_outcome = true;
-        ev->outcome = p->result.kind;
-        ev->outcome_reason = p->result.reason;
-        sends.emplace_back(sub->channel, ev);
-      }
-    }
+    MutexLock lock(&mu_);
+    AwaitChainsLocked(events, remaining);
+    FinishEventsLocked(ctx, module, events, sends);
   }
-  mu_.Unlock();
   Deliver(sends);
   std::vector<HookDecision> finals;
   finals.reserve(events.size());

@@ -230,6 +230,30 @@ class SubscriberHub : public RegistrationDecider {
   using Sends = std::vector<std::pair<std::shared_ptr<SubscriberChannel>,
                                       std::shared_ptr<const HookEvent>>>;
 
+  // A pending event for `rec` (already finished when the in-process hooks
+  // blocked it), recorded in the audit log.
+  std::unique_ptr<Pending> NewPendingLocked(const OperationContext& ctx,
+                                            const ModuleName& module,
+                                            const RegistrationRecord& rec,
+                                            std::string sha256,
+                                            size_t* remaining)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends `p` on its way: its chain of `interceptors` (sorted), and a copy
+  // to each dry-run subscriber that matches.
+  void RouteLocked(Pending& p,
+                   const std::vector<const Subscriber*>& interceptors,
+                   Sends& sends) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until `remaining` (the unfinished events of `events`) is 0,
+  // failing the events whose subscribers time out. Releases mu_ while it
+  // waits and while it delivers what timeouts send.
+  void AwaitChainsLocked(const std::vector<std::unique_ptr<Pending>>& events,
+                         const size_t& remaining)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records the outcome of each of `events` and collects what observers are
+  // sent; forgets dry-run events older than 10 minutes.
+  void FinishEventsLocked(const OperationContext& ctx, const ModuleName& module,
+                          const std::vector<std::unique_ptr<Pending>>& events,
+                          Sends& sends) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves `p` forward to its next interceptor (or finishes it); collects
   // the sends to do once the lock is released.
   void AdvanceLocked(Pending& p, Sends& sends)
