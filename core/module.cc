@@ -796,6 +796,40 @@ struct LoadPlan {
   std::vector<std::string> errors;
 };
 
+// The rest of PlanLoad for one module: its extra state, and the keys under
+// its prefix that name nothing it has.
+void PlanExtraStateAndUnexpected(
+    Module& m, const std::string& prefix, const StateDict& sd,
+    const absl::flat_hash_set<std::string>& local_names, LoadPlan& plan) {
+  std::string extra_key = prefix + std::string(kExtraStateKey);
+  if (m.has_extra_state()) {
+    if (const Tensor* t = sd.tensors.Find(extra_key)) {
+      plan.writes.push_back(PlannedWrite{&m, prefix, EntryKind::kModule,
+                                         std::string(kExtraStateKey), extra_key,
+                                         m.extra_state(), *t});
+    } else {
+      plan.missing.push_back(extra_key);
+    }
+  } else if (sd.tensors.Contains(extra_key)) {
+    plan.unexpected.push_back(extra_key);
+  }
+  // Unexpected keys (PyTorch main): a dotted remainder must start with a
+  // child's name; an undotted one must name local state.
+  for (const auto& item : sd.tensors) {
+    const std::string& key = item.key;
+    if (!absl::StartsWith(key, prefix) || key == extra_key) continue;
+    absl::string_view rest = absl::string_view(key).substr(prefix.size());
+    size_t dot = rest.find('.');
+    if (dot != absl::string_view::npos) {
+      if (!m.children().Contains(rest.substr(0, dot))) {
+        plan.unexpected.push_back(key);
+      }
+    } else if (!local_names.contains(rest)) {
+      plan.unexpected.push_back(key);
+    }
+  }
+}
+
 // PyTorch's Module._load_from_state_dict for one module, then its children
 // (the raw child map: a shared child is visited once per path).
 absl::Status PlanLoad(Module& m, const std::string& prefix, const StateDict& sd,
@@ -883,39 +917,50 @@ absl::Status PlanLoad(Module& m, const std::string& prefix, const StateDict& sd,
     plan.writes.push_back(
         PlannedWrite{&m, prefix, kind, name, key, target, std::move(input)});
   }
-  std::string extra_key = prefix + std::string(kExtraStateKey);
-  if (m.has_extra_state()) {
-    if (const Tensor* t = sd.tensors.Find(extra_key)) {
-      plan.writes.push_back(PlannedWrite{&m, prefix, EntryKind::kModule,
-                                         std::string(kExtraStateKey), extra_key,
-                                         m.extra_state(), *t});
-    } else {
-      plan.missing.push_back(extra_key);
-    }
-  } else if (sd.tensors.Contains(extra_key)) {
-    plan.unexpected.push_back(extra_key);
-  }
-  // Unexpected keys (PyTorch main): a dotted remainder must start with a
-  // child's name; an undotted one must name local state.
-  for (const auto& item : sd.tensors) {
-    const std::string& key = item.key;
-    if (!absl::StartsWith(key, prefix) || key == extra_key) continue;
-    absl::string_view rest = absl::string_view(key).substr(prefix.size());
-    size_t dot = rest.find('.');
-    if (dot != absl::string_view::npos) {
-      if (!m.children().Contains(rest.substr(0, dot))) {
-        plan.unexpected.push_back(key);
-      }
-    } else if (!local_names.contains(rest)) {
-      plan.unexpected.push_back(key);
-    }
-  }
+  PlanExtraStateAndUnexpected(m, prefix, sd, local_names, plan);
   for (const auto& item : m.children()) {
     if (item.value == nullptr) continue;
     MODELSTATE_RETURN_IF_ERROR(
         PlanLoad(*item.value, prefix + item.key + ".", sd, options, plan));
   }
   return absl::OkStatus();
+}
+
+// An assign load's values, read from the source and made parameters where
+// they replace one, before anything is installed; a value that cannot be
+// is marked failed with its error.
+void WrapAssignedValues(std::vector<PlannedWrite>& writes,
+                        const LoadOptions& options,
+                        std::vector<std::string>& errors) {
+  for (PlannedWrite& w : writes) {
+    if (options.source != nullptr) {
+      absl::StatusOr<Tensor> read = options.source->Read(w.key);
+      if (!read.ok()) {
+        errors.push_back(LoadExceptionText(w.key, w.target, w.source,
+                                           read.status().message()));
+        w.failed = true;
+        continue;
+      }
+      w.source = *std::move(read);
+    }
+    if (w.kind != EntryKind::kParameter) continue;
+    // Installed as a parameter with the module's requires_grad (checked
+    // against the dtype by PlanLoad).
+    bool requires_grad = w.target.requires_grad();
+    absl::Status made;
+    if (w.source.is_parameter()) {
+      made = w.source.SetRequiresGrad(requires_grad);
+    } else {
+      absl::StatusOr<Tensor> param = MakeParameter(w.source, requires_grad);
+      made = param.status();
+      if (param.ok()) w.source = *std::move(param);
+    }
+    if (!made.ok()) {
+      errors.push_back(
+          LoadExceptionText(w.key, w.target, w.source, made.message()));
+      w.failed = true;
+    }
+  }
 }
 
 }  // namespace
@@ -959,35 +1004,7 @@ absl::StatusOr<LoadResult> Module::LoadStateDict(
   if (write && options.assign) {
     // Read and wrap every value before the first installation: an atomic
     // assign load that fails here has installed nothing.
-    for (PlannedWrite& w : plan.writes) {
-      if (options.source != nullptr) {
-        absl::StatusOr<Tensor> read = options.source->Read(w.key);
-        if (!read.ok()) {
-          errors.push_back(LoadExceptionText(w.key, w.target, w.source,
-                                             read.status().message()));
-          w.failed = true;
-          continue;
-        }
-        w.source = *std::move(read);
-      }
-      if (w.kind != EntryKind::kParameter) continue;
-      // Installed as a parameter with the module's requires_grad (checked
-      // against the dtype by PlanLoad).
-      bool requires_grad = w.target.requires_grad();
-      absl::Status made;
-      if (w.source.is_parameter()) {
-        made = w.source.SetRequiresGrad(requires_grad);
-      } else {
-        absl::StatusOr<Tensor> param = MakeParameter(w.source, requires_grad);
-        made = param.status();
-        if (param.ok()) w.source = *std::move(param);
-      }
-      if (!made.ok()) {
-        errors.push_back(
-            LoadExceptionText(w.key, w.target, w.source, made.message()));
-        w.failed = true;
-      }
-    }
+    WrapAssignedValues(plan.writes, options, errors);
     if (options.atomic && !errors.empty()) write = false;
   }
   if (write) {
