@@ -782,6 +782,7 @@ class AuditedHubTest : public ::testing::Test {
   }
   ~AuditedHubTest() override {
     for (auto& s : subscribers_) s->StopWorker();
+    std::filesystem::remove(path_);  // unlinked while open: fine on POSIX
   }
 
   std::shared_ptr<FakeSubscriber> Add(SubscriptionSpec spec, AnswerFn fn) {
@@ -963,6 +964,7 @@ TEST(HubAuditTest, EventsAnswersAndOutcomesAreAudited) {
   MODELSTATE_ASSERT_OK_AND_ASSIGN(AuditVerification v, AuditLog::Verify(path));
   EXPECT_TRUE(v.ok) << v.problem;
   EXPECT_EQ(v.records, records.size());
+  std::filesystem::remove(path);
 }
 
 TEST_F(AuditedHubTest, NameOwnersOutliveTheHubThroughTheAuditLog) {
