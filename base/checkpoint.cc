@@ -17,7 +17,6 @@ namespace modelstate {
 namespace {
 
 constexpr size_t kTimestampBytes = 8;
-constexpr size_t kEd25519SignatureBytes = 64;
 
 absl::Status CheckLine(absl::string_view line, absl::string_view what) {
   if (line.empty()) {

@@ -29,7 +29,6 @@ namespace modelstate {
 namespace {
 
 constexpr size_t kEd25519KeyBytes = 32;
-constexpr size_t kEd25519SignatureBytes = 64;
 // U+2014 EM DASH, then a space: how every signature line starts.
 constexpr absl::string_view kSignaturePrefix = "\xE2\x80\x94 ";
 

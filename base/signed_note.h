@@ -25,6 +25,7 @@
 #ifndef MODELSTATE_BASE_SIGNED_NOTE_H_
 #define MODELSTATE_BASE_SIGNED_NOTE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -47,6 +48,8 @@ inline constexpr uint8_t kNoteSignatureCosignatureV1 = 0x04;
 // A note may carry at most this many signature lines (the spec requires
 // accepting at least 16; Go's reader stops at 100).
 inline constexpr int kMaxNoteSignatures = 100;
+// An Ed25519 signature's length in bytes (RFC 8032).
+inline constexpr size_t kEd25519SignatureBytes = 64;
 
 // An Ed25519 private key. Copies share the key. Thread-safe.
 class Ed25519PrivateKey {

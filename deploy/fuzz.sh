@@ -7,24 +7,23 @@
 #   deploy/fuzz.sh                     every target, 60 s each
 #   FUZZ_SECONDS=600 deploy/fuzz.sh    longer
 #   FUZZ_TARGETS="spec_fuzz" deploy/fuzz.sh
-#   BUILD_DIR=dir deploy/fuzz.sh       build somewhere else (default: build-fuzz)
+#   ASAN_BUILD_DIR=dir deploy/fuzz.sh  build somewhere else (default: build-asan,
+#                                      shared with deploy/sanitize.sh asan)
 #
 # Prints one line per target with its executions, then the total.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
-ms_install_packages "${MODELSTATE_RUNTIME_BUILD_PACKAGES[@]}" \
+ms_install_packages "${MODELSTATE_PACKAGES[@]}" \
   clang-14 libclang-rt-14-dev libfuzzer-14-dev
 
-build_dir=${BUILD_DIR:-$MODELSTATE_ROOT/build-fuzz}
+build_dir=${ASAN_BUILD_DIR:-$MODELSTATE_ROOT/build-asan}
 seconds=${FUZZ_SECONDS:-60}
 read -r -a targets <<<"${FUZZ_TARGETS:-safetensors_fuzz spec_fuzz stream_fuzz}"
 
-# The tests are not needed here; MODELSTATE_FUZZ leaves the server and the
-# CLI out of the default build, so this builds the fuzz targets and the
-# libraries they link.
-CC=clang-14 CXX=clang++-14 ms_build "$build_dir" RelWithDebInfo \
-  -DMODELSTATE_FUZZ=ON -DMODELSTATE_BUILD_TESTS=OFF -DMODELSTATE_WITH_CUDA=OFF
+# The fuzz targets live in the ASan build of deploy/sanitize.sh asan (one
+# compilation of the libraries for both); after it, this builds nothing.
+ms_build_asan "$build_dir"
 
 # The build already makes UBSan findings fatal; this adds their stack.
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
