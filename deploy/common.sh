@@ -19,7 +19,7 @@ MODELSTATE_PACKAGES=(
   # The Python client's install test (venv + pip, Debian's setuptools and
   # wheel, no network) and its progress bars.
   python3-pip python3-venv python3-setuptools python3-wheel python3-tqdm
-  openssl
+  openssl python3-cryptography
   golang-go golang-golang-x-mod-dev
 )
 
