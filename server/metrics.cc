@@ -197,8 +197,8 @@ ServerMetrics::ServerMetrics() {
       {"subscriber"}, metrics::LatencyBuckets());
   hook_timeouts_ = &r.AddCounter(
       "modelstate_hook_timeouts_total",
-      "Events an interceptor did not answer within its timeout, by "
-      "subscriber name.",
+      "Times an interceptor left its oldest event unanswered past its "
+      "timeout (the events it held fail with it), by subscriber name.",
       {"subscriber"});
   audit_append_ = &r.AddHistogram("modelstate_audit_append_seconds",
                                   "Time to append one audit record.", {},
@@ -358,6 +358,13 @@ absl::Status ParseListen(absl::string_view listen, std::string* host,
 }
 
 }  // namespace
+
+absl::Status CheckMetricsListen(absl::string_view listen) {
+  if (listen.empty()) return absl::OkStatus();
+  std::string host;
+  int port = 0;
+  return ParseListen(listen, &host, &port);
+}
 
 MetricsHttpServer::MetricsHttpServer() = default;
 

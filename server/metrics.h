@@ -119,6 +119,10 @@ class ServerMetrics {
   std::unique_ptr<MethodMetrics> unknown_method_;
 };
 
+// OK if `listen` is empty or a --metrics_listen address MetricsHttpServer
+// can parse; INVALID_ARGUMENT naming the flag otherwise.
+absl::Status CheckMetricsListen(absl::string_view listen);
+
 // Serves a registry's text at GET /metrics over HTTP/1.1. Thread-safe.
 class MetricsHttpServer {
  public:

@@ -102,6 +102,8 @@ absl::Status Refuse(absl::string_view what, const absl::Status& error) {
 
 absl::StatusOr<Security> PrepareSecurity(const ServerConfig& config) {
   Security security;
+  // Unauthenticated plain HTTP: checked with the other exposure rules.
+  MODELSTATE_RETURN_IF_ERROR(CheckMetricsListen(config.metrics_listen));
   MODELSTATE_ASSIGN_OR_RETURN(security.credentials, ServerCredentials(config));
   const bool tls = !config.tls_cert_file.empty();
   const bool mtls = !config.tls_client_ca_file.empty();
