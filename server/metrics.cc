@@ -381,8 +381,9 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer());
   server->http_ = std::make_unique<httplib::Server>();
   httplib::Server& http = *server->http_;
-  // Scrapes are rare and cheap: two threads are plenty.
-  http.new_task_queue = [] { return new httplib::ThreadPool(2); };
+  // Scrapes are rare and cheap; a few threads serve a few scrapers (each
+  // keeps its connection, and so a thread, between scrapes).
+  http.new_task_queue = [] { return new httplib::ThreadPool(4); };
   // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which
   // would let a second server share the port and half of the scrapes.
   http.set_socket_options([](socket_t sock) {
