@@ -9,7 +9,7 @@ MODELSTATE_RUNTIME_BUILD_PACKAGES=(
   g++ cmake make pkg-config git ca-certificates
   libabsl-dev libgrpc++-dev libprotobuf-dev protobuf-compiler
   protobuf-compiler-grpc grpc-proto libssl-dev libopenblas-dev
-  nlohmann-json3-dev libcli11-dev
+  nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
 )
 # ... plus what the whole test suite needs.
 MODELSTATE_PACKAGES=(
@@ -21,6 +21,9 @@ MODELSTATE_PACKAGES=(
   python3-pip python3-venv python3-setuptools python3-wheel python3-tqdm
   openssl python3-cryptography
   golang-go golang-golang-x-mod-dev
+  # promtool checks the metrics and alert rules; a real Prometheus scrapes
+  # a test server (tests/ops/).
+  prometheus
 )
 
 # ms_install_packages PKG...: installs whichever of PKG are not installed.

@@ -15,6 +15,7 @@
 #include "base/status_macros.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
+#include "server/metrics.h"
 #include "server/model_state_service.h"
 #include "service/audit_log.h"
 #include "service/authenticator.h"
@@ -101,6 +102,8 @@ absl::Status Refuse(absl::string_view what, const absl::Status& error) {
 
 absl::StatusOr<Security> PrepareSecurity(const ServerConfig& config) {
   Security security;
+  // Unauthenticated plain HTTP: checked with the other exposure rules.
+  MODELSTATE_RETURN_IF_ERROR(CheckMetricsListen(config.metrics_listen));
   MODELSTATE_ASSIGN_OR_RETURN(security.credentials, ServerCredentials(config));
   const bool tls = !config.tls_cert_file.empty();
   const bool mtls = !config.tls_client_ca_file.empty();
@@ -164,10 +167,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   std::unique_ptr<Server> server(new Server());
   server->config_ = std::move(config);
   server->auth_ = std::move(security.auth);
+  server->metrics_ = std::make_unique<ServerMetrics>();
   MODELSTATE_RETURN_IF_ERROR(server->OpenState());
   server->store_->set_quotas(std::move(security.quotas));
   MODELSTATE_RETURN_IF_ERROR(server->Listen(std::move(security.credentials)));
   MODELSTATE_RETURN_IF_ERROR(server->ListenForHealth());
+  MODELSTATE_RETURN_IF_ERROR(server->ServeMetrics());
   return server;
 }
 
@@ -186,12 +191,14 @@ absl::Status Server::OpenState() {
     return StartError("cannot open the audit log: ", audit.status());
   }
   audit_ = *std::move(audit);
+  audit_->set_metrics(&metrics_->audit_append(), &metrics_->audit_sync());
   if (audit_->recovered_torn_tail()) {
     LogLine(absl::StrCat(options.audit_path,
                          ": removed a torn last record left by a crash"));
   }
   hub_ = std::make_unique<SubscriberHub>(audit_.get(),
                                          config_.limits.subscriber_timeout);
+  hub_->set_metrics(&metrics_->hook_round_trip(), &metrics_->hook_timeouts());
   absl::StatusOr<size_t> owned_names = hub_->RestoreNameOwners();
   if (!owned_names.ok()) {
     return StartError("cannot read subscriber names from the audit log: ",
@@ -226,6 +233,7 @@ absl::Status Server::OpenState() {
                           ? ""
                           : absl::StrCat("; recorded ", restored.recovered,
                                          " changes the audit log had missed")));
+  metrics_->Observe(store_.get(), hub_.get());
   service_ = std::make_unique<ModelService>(
       store_.get(), hub_.get(), audit_.get(), auth_.get(), std::move(options));
   handlers_ = std::make_unique<ModelStateServiceImpl>(service_.get());
@@ -259,6 +267,9 @@ absl::Status Server::Listen(
     builder.AddListeningPort(config_.listen, credentials, &port);
   }
   builder.RegisterService(handlers_.get());
+  // Every call is counted, timed and given a correlation id for the log.
+  builder.experimental().SetInterceptorCreators(
+      metrics_->InterceptorCreators());
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || (!config_.listen.empty() && port == 0)) {
     return absl::UnavailableError(
@@ -296,6 +307,21 @@ absl::Status Server::ListenForHealth() {
   }
   LogLine(absl::StrCat("health checks (only) on ", config_.health_listen));
   return absl::OkStatus();
+}
+
+absl::Status Server::ServeMetrics() {
+  if (config_.metrics_listen.empty()) return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http =
+      MetricsHttpServer::Start(config_.metrics_listen, &metrics_->registry());
+  if (!http.ok()) return http.status();
+  metrics_http_ = *std::move(http);
+  LogLine(absl::StrCat("Prometheus metrics on http://",
+                       metrics_http_->address(), "/metrics"));
+  return absl::OkStatus();
+}
+
+std::string Server::metrics_address() const {
+  return metrics_http_ == nullptr ? "" : metrics_http_->address();
 }
 
 std::shared_ptr<grpc::Channel> Server::InProcessChannel() {

@@ -3,8 +3,9 @@
 // flag's value) it opens the data directory (audit log, modules, staging),
 // restores the saved modules, and serves the gRPC service (with health
 // checks) on its listening address, on an optional health-only address,
-// and in-process. modelstate-server is a flag parser and a signal loop
-// around it (which also turns on gRPC reflection, a process-wide plugin);
+// and in-process, with Prometheus metrics over HTTP on an optional
+// address (server/metrics.h). modelstate-server is a flag parser and a signal
+// loop around it (which also turns on gRPC reflection, a process-wide plugin);
 // tests start one in their own process.
 //
 // Example:
@@ -42,7 +43,9 @@ class SubscriberHub;
 
 namespace modelstate::server {
 
+class MetricsHttpServer;
 class ModelStateServiceImpl;
+class ServerMetrics;
 
 // Everything a server is started with: modelstate-server's flags. The
 // flags take their defaults from here (and from Limits).
@@ -77,6 +80,9 @@ struct ServerConfig {
   NamespaceQuota namespace_quota;
   // Restore modules saved on a device this server lacks onto cpu.
   bool fallback_to_cpu = false;
+  // Serve Prometheus metrics over HTTP at /metrics on this address
+  // ("host:port", or a port alone for 127.0.0.1); "": none.
+  std::string metrics_listen;
 };
 
 // Checks what a server must not start with, before anything starts:
@@ -100,6 +106,9 @@ class Server {
 
   // The address actually listened on ("127.0.0.1:41234"); "" without one.
   const std::string& address() const { return address_; }
+  // Where /metrics is served ("127.0.0.1:9464"); "" without
+  // metrics_listen.
+  std::string metrics_address() const;
   // A channel to this server within the process (no network, no TLS;
   // bearer tokens work), with the server's message size limit.
   std::shared_ptr<grpc::Channel> InProcessChannel();
@@ -117,16 +126,19 @@ class Server {
   // The hosted state, for tests that look behind the service.
   ModelStore& store() { return *store_; }
   AuditLog& audit_log() { return *audit_; }
+  ServerMetrics& metrics() { return *metrics_; }
 
  private:
   Server();
   absl::Status OpenState();
   absl::Status Listen(std::shared_ptr<grpc::ServerCredentials> credentials);
   absl::Status ListenForHealth();
+  absl::Status ServeMetrics();
 
   ServerConfig config_;
   // Declared in dependency order: each member is destroyed before the
   // ones it uses.
+  std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<AuditLog> audit_;
   std::unique_ptr<SubscriberHub> hub_;
@@ -136,6 +148,7 @@ class Server {
   std::unique_ptr<ModelStateServiceImpl> handlers_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::Server> health_server_;
+  std::unique_ptr<MetricsHttpServer> metrics_http_;
   std::string address_;
   std::atomic<bool> shut_down_{false};
 };

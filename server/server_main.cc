@@ -115,6 +115,12 @@ ABSL_FLAG(bool, fallback_to_cpu, Defaults().fallback_to_cpu,
           "On start, restore modules saved on a device this server does not "
           "have (e.g. cuda:1 on a machine without that GPU) onto cpu instead "
           "of leaving them unloaded");
+ABSL_FLAG(std::string, metrics_listen, Defaults().metrics_listen,
+          "Serve Prometheus metrics at http://ADDR/metrics (host:port, or a "
+          "port alone for 127.0.0.1); empty: none");
+ABSL_FLAG(std::string, log_format, "text",
+          "Log lines on stderr: text, or json (one object per line with "
+          "time, level, message and the request's correlation id)");
 ABSL_FLAG(int, emulated_cuda_devices, 0,
           "TESTING ONLY: stand in N host-memory devices for cuda:0..N-1 "
           "(replacing real GPUs), so that device handling is tested without "
@@ -231,8 +237,22 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
   config.namespace_quota.max_bytes = absl::GetFlag(FLAGS_namespace_max_mib)
                                      << 20;
   config.fallback_to_cpu = absl::GetFlag(FLAGS_fallback_to_cpu);
+  config.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   MODELSTATE_RETURN_IF_ERROR(modelstate::server::CheckServerConfig(config));
   return config;
+}
+
+// --log_format: OK, or the exit code.
+int SetLogFormat() {
+  const std::string format = absl::GetFlag(FLAGS_log_format);
+  if (format == "json") {
+    modelstate::SetLogFormat(modelstate::LogFormat::kJson);
+  } else if (format != "text") {
+    LogLine(
+        absl::StrCat("--log_format must be text or json, got '", format, "'"));
+    return kBadConfig;
+  }
+  return 0;
 }
 
 // --emulated_cuda_devices: OK, or the exit code.
@@ -283,6 +303,7 @@ int main(int argc, char** argv) {
       "Usage: modelstate-server [--listen=127.0.0.1:50051] "
       "[--data_dir=./data]");
   absl::ParseCommandLine(argc, argv);
+  if (int code = SetLogFormat(); code != 0) return code;
   if (int code = InstallEmulatedDevices(); code != 0) return code;
   // The signals are read from a pipe by ServeUntilSignalled's thread,
   // whichever thread received them.

@@ -595,6 +595,7 @@ absl::StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(
 }
 
 absl::StatusOr<uint64_t> AuditLog::Append(AuditRecord record) {
+  metrics::ScopedTimer timer(append_seconds_);
   // Parsing and re-dumping the details is the expensive part; do it before
   // taking the lock.
   MODELSTATE_ASSIGN_OR_RETURN(record.details_json,
@@ -643,6 +644,7 @@ absl::StatusOr<uint64_t> AuditLog::Append(AuditRecord record) {
 absl::Status AuditLog::Sync(uint64_t seq) {
   State& s = *state_;
   if (seq == 0) return absl::OkStatus();
+  metrics::ScopedTimer timer(sync_seconds_);
   {
     ReaderMutexLock lock(&s.mu);
     if (seq > s.records.size()) {

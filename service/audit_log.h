@@ -37,6 +37,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/metrics.h"
 #include "base/sync.h"
 
 namespace modelstate {
@@ -132,6 +133,15 @@ class AuditLog {
   uint64_t last_seq() const;
   bool recovered_torn_tail() const { return recovered_torn_tail_; }
 
+  // Where to observe how long each Append and each Sync (what a caller
+  // waits for, shared fdatasync included) takes; either may be null; not
+  // owned. Call before the first Append.
+  void set_metrics(metrics::Histogram* append_seconds,
+                   metrics::Histogram* sync_seconds) {
+    append_seconds_ = append_seconds;
+    sync_seconds_ = sync_seconds;
+  }
+
   // Records matching `query`, in seq order, at most query.limit (0 means
   // 100; at most 10000).
   absl::StatusOr<std::vector<AuditRecord>> Query(const AuditQuery& query) const;
@@ -159,6 +169,8 @@ class AuditLog {
   struct State;
   std::unique_ptr<State> state_;
   bool recovered_torn_tail_ = false;
+  metrics::Histogram* append_seconds_ = nullptr;
+  metrics::Histogram* sync_seconds_ = nullptr;
 };
 
 }  // namespace modelstate

@@ -881,4 +881,27 @@ size_t ModelStore::size() const {
   return entries_.size();
 }
 
+std::vector<ModelStore::NamespaceUsage> ModelStore::Usage() const {
+  std::vector<std::shared_ptr<Entry>> entries;
+  QuotaPolicy quotas;
+  {
+    MutexLock lock(&mu_);
+    quotas = quotas_;
+    for (const auto& [key, entry] : entries_) entries.push_back(entry);
+  }
+  // Name order puts a namespace's modules together.
+  std::vector<NamespaceUsage> usage;
+  for (const std::shared_ptr<Entry>& entry : entries) {
+    ReaderMutexLock lock(&entry->mu);
+    if (entry->deleted) continue;
+    if (usage.empty() || usage.back().ns != entry->name.ns) {
+      usage.push_back(
+          {.ns = entry->name.ns, .quota = quotas.For(entry->name.ns)});
+    }
+    ++usage.back().modules;
+    usage.back().bytes += HeldBytes(*entry->root);
+  }
+  return usage;
+}
+
 }  // namespace modelstate

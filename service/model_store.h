@@ -237,6 +237,17 @@ class ModelStore {
   // Number of modules.
   size_t size() const;
 
+  // One namespace's modules and the tensor bytes they hold in memory (what
+  // quotas count), with its quota: what the metrics report.
+  struct NamespaceUsage {
+    std::string ns;
+    uint64_t modules = 0;
+    uint64_t bytes = 0;
+    NamespaceQuota quota;
+  };
+  // Every namespace holding a module, in name order.
+  std::vector<NamespaceUsage> Usage() const;
+
  private:
   // One hosted module.
   struct Entry {

@@ -655,6 +655,10 @@ void SubscriberHub::Answer(uint64_t subscriber_id, SubscriberAnswer answer) {
       s.Release(p.event_id, now);
       facts.event = &p.base;
       facts.latency_ms = absl::ToDoubleMilliseconds(now - p.sent_at);
+      if (round_trip_seconds_ != nullptr) {
+        round_trip_seconds_->Labels({s.spec.name})
+            .ObserveDuration(now - p.sent_at);
+      }
       absl::Status valid = absl::OkStatus();
       if (answer.verdict == Verdict::kModify) {
         absl::StatusOr<SlotValue> modified =
@@ -784,6 +788,9 @@ void SubscriberHub::AwaitChainsLocked(
       Subscriber& sub = *subscribers_.at(p->waiting_on);
       const bool own = sub.TimeOut(p->event_id, now);
       timed_out = true;
+      if (own && timeouts_total_ != nullptr) {
+        timeouts_total_->Labels({sub.spec.name}).Increment();
+      }
       FailLocked(*p, sub,
                  absl::StrCat("timed out after ",
                               absl::FormatDuration(sub.spec.timeout),

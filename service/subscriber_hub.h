@@ -53,6 +53,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/metrics.h"
 #include "base/sync.h"
 #include "core/hooks.h"
 #include "nn/module_spec.h"
@@ -218,6 +219,15 @@ class SubscriberHub : public RegistrationDecider {
   // Closes every subscriber's channel with `status` (server shutdown).
   void CloseAll(const absl::Status& status);
 
+  // Where to count each interceptor answer's round trip and each event
+  // that timed out, labelled by subscriber name (either may be null; not
+  // owned). Call before the first Attach.
+  void set_metrics(metrics::Family<metrics::Histogram>* round_trip_seconds,
+                   metrics::Family<metrics::Counter>* timeouts_total) {
+    round_trip_seconds_ = round_trip_seconds;
+    timeouts_total_ = timeouts_total;
+  }
+
   // RegistrationDecider: the remote chains for `records`.
   std::vector<HookDecision> Decide(
       const OperationContext& ctx, const ModuleName& module,
@@ -282,6 +292,8 @@ class SubscriberHub : public RegistrationDecider {
 
   AuditLog* const audit_;
   const absl::Duration default_timeout_;
+  metrics::Family<metrics::Histogram>* round_trip_seconds_ = nullptr;
+  metrics::Family<metrics::Counter>* timeouts_total_ = nullptr;
   mutable Mutex mu_;
   CondVar cv_;
   std::map<uint64_t, std::unique_ptr<Subscriber>> subscribers_

@@ -706,10 +706,28 @@ class KubernetesTest(unittest.TestCase):
                     self.assertEqual(set(peer), {"podSelector"})
                     self.assertEqual(peer["podSelector"]["matchLabels"],
                                      {"modelstate-client": "true"})
+            elif 9464 in ports:
+                # Metrics: only the monitoring stack's scrapers, from any
+                # namespace.
+                self.assertEqual(ports, {9464})
+                self.assertTrue(rule["from"])
+                for peer in rule["from"]:
+                    self.assertEqual(peer["podSelector"]["matchLabels"],
+                                     {"prometheus-scraper": "true"})
             else:
                 self.assertEqual(ports, {50052}, "only the health port is open to all")
             open_ports |= ports
-        self.assertEqual(open_ports, {50051, 50052})
+        self.assertEqual(open_ports, {50051, 50052, 9464})
+
+    def test_metrics_port_is_annotated_for_prometheus(self):
+        metrics_port = port_of(flag_value(self.flags, "metrics_listen"))
+        ports = {p["name"]: p["containerPort"] for p in self.container["ports"]}
+        self.assertEqual(ports["metrics"], metrics_port)
+        annotations = self.sts["spec"]["template"]["metadata"]["annotations"]
+        self.assertEqual(annotations["prometheus.io/scrape"], "true")
+        self.assertEqual(annotations["prometheus.io/port"], str(metrics_port))
+        self.assertEqual(annotations["prometheus.io/path"], "/metrics")
+        self.assertEqual(flag_value(self.flags, "log_format"), "json")
 
 
 if __name__ == "__main__":

@@ -1180,6 +1180,10 @@ TEST(ServerLifecycleTest, RefusesOutOfRangeFlagsWithExitCodeTwo) {
            {{"--shutdown_grace_seconds=-5"}, "--shutdown_grace_seconds=-5"},
            {{"--stream_window_kib=-1"}, "--stream_window_kib=-1"},
            {{"--max_streams_per_identity=-1"}, "--max_streams_per_identity=-1"},
+           {{"--log_format=xml"},
+            "--log_format must be text or json, got 'xml'"},
+           {{"--metrics_listen=localhost:http"},
+            "--metrics_listen: cannot parse 'localhost:http'"},
        }) {
     SCOPED_TRACE(c.flags.front());
     std::vector<std::string> argv = {

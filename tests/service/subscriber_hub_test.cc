@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/metrics.h"
 #include "core/generator.h"
 #include "core/init.h"
 #include "gmock/gmock.h"
@@ -328,6 +329,32 @@ TEST_F(HubTest, FailOpenApprovesAndTheChainGoesOn) {
   for (const auto& r : b.registrations) EXPECT_FALSE(r.final.blocked());
   ASSERT_FALSE(next->events().empty());
   EXPECT_EQ(next->events()[0].chain[0].verdict, "failed-open");
+}
+
+// What operators see (server/metrics.h): each answer's round trip and each
+// timeout, by subscriber name.
+TEST_F(HubTest, MetricsCountRoundTripsAndTimeoutsBySubscriber) {
+  metrics::Registry registry;
+  metrics::Family<metrics::Histogram>& round_trip = registry.AddHistogram(
+      "rt_seconds", "Round trips.", {"subscriber"}, metrics::LatencyBuckets());
+  metrics::Family<metrics::Counter>& timeouts =
+      registry.AddCounter("timeouts_total", "Timeouts.", {"subscriber"});
+  hub_.set_metrics(&round_trip, &timeouts);
+  SubscriptionSpec open = Spec("silent-open");
+  open.timeout = absl::Milliseconds(50);
+  open.failure_policy = FailurePolicy::kFailOpen;
+  Add(open, [](const HookEvent&) { return std::optional<SubscriberAnswer>(); });
+  Add(Spec("quick", SubscriberMode::kIntercept, 1),
+      [](const HookEvent& e) { return Verdict_(e, Verdict::kApprove); });
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildOutcome b, Build("t/metrics", kNet));
+  ASSERT_EQ(b.registrations.size(), 5u);
+  // Every event was answered by "quick" once "silent-open" let it pass.
+  EXPECT_EQ(round_trip.Labels({"quick"}).Take().count, 5u);
+  EXPECT_EQ(round_trip.Labels({"silent-open"}).Take().count, 0u);
+  // The five events were pipelined: the oldest timed out and the rest
+  // failed with it, one timeout.
+  EXPECT_EQ(timeouts.Labels({"silent-open"}).value(), 1u);
+  EXPECT_EQ(timeouts.Labels({"quick"}).value(), 0u);
 }
 
 TEST_F(HubTest, ADisconnectMidEventAppliesThePolicy) {
