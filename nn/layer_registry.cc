@@ -24,6 +24,7 @@ constexpr FamilyFn kFamilies[] = {
     &PoolingFamily,        // MaxPool2d, AdaptiveAvgPool2d
     &AttentionFamily,      // MultiheadAttention
     &TransformerFamily,    // TransformerEncoderLayer
+    &RecurrentFamily,      // RNN, LSTM, GRU and their cells
     &ContainerFamily,      // Sequential, ModuleList, ModuleDict
 };
 

@@ -93,6 +93,7 @@ std::vector<LayerDef> FlattenFamily();        // flatten.cc
 std::vector<LayerDef> PoolingFamily();        // pooling.cc
 std::vector<LayerDef> AttentionFamily();      // attention.cc
 std::vector<LayerDef> TransformerFamily();    // transformer.cc
+std::vector<LayerDef> RecurrentFamily();      // recurrent.cc
 std::vector<LayerDef> ContainerFamily();      // container.cc
 
 }  // namespace modelstate::internal

@@ -126,6 +126,16 @@ LAYERS = [
     {"type": "AdaptiveAvgPool2d", "args": [[1, 1]]},
     {"type": "MultiheadAttention", "args": [4, 2]},
     {"type": "TransformerEncoderLayer", "args": [4, 2, 8]},
+    {"type": "LSTM", "args": [3, 4, 2],
+     "kwargs": {"bidirectional": True, "proj_size": 2}},
+    {"type": "GRU", "args": [3, 4], "kwargs": {"batch_first": True}},
+    {"type": "RNN", "args": [3, 4], "kwargs": {"nonlinearity": "relu"}},
+    {"type": "LSTMCell", "args": [3, 4]},
+    {"type": "GRUCell", "args": [3, 4], "kwargs": {"bias": False}},
+    {"type": "RNNCell", "args": [3, 4]},
+    # An explicit empty custom module, and a type no one knows.
+    {"type": "Empty", "custom": True},
+    {"type": "Linaer", "args": [3, 2]},
 ]
 
 CUSTOM = {

@@ -24,6 +24,7 @@ import tempfile
 
 import torch
 import torch.nn as nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from layers_match_torch import spec  # noqa: E402
@@ -54,6 +55,24 @@ class Case:
         self.dtype = dtype
         self.rename = rename  # torch state key -> modelstate key
         self.random_params = random_params
+
+
+def tail_padding(lengths, steps):
+    """A key padding mask with each row's tail past its length masked."""
+    return torch.arange(steps).unsqueeze(0) >= torch.tensor(lengths)[:, None]
+
+
+def encoder_stack(d, heads, ff, layers, norm=False, batch_first=False,
+                  **kwargs):
+    """A TransformerEncoder spec: its module arguments are named children."""
+    kids = [{"name": "encoder_layer", "spec": spec(
+        "TransformerEncoderLayer", d, heads, ff, batch_first=batch_first)}]
+    if norm:
+        kids.append({"name": "norm", "spec": spec("LayerNorm", d)})
+    s = {"type": "TransformerEncoder", "args": [layers], "children": kids}
+    if kwargs:
+        s["kwargs"] = kwargs
+    return s
 
 
 def bn_eval_stats(m):
@@ -318,6 +337,133 @@ CASES = [
          lambda: nn.TransformerEncoderLayer(8, 2, dim_feedforward=16,
                                             dropout=0.0),
          lambda: [randn(5, 3, 8)], train=True),
+    Case("TransformerDecoderLayer(8,2,16) relu",
+         spec("TransformerDecoderLayer", 8, 2, dim_feedforward=16),
+         lambda: nn.TransformerDecoderLayer(8, 2, dim_feedforward=16),
+         lambda: [randn(5, 2, 8), randn(7, 2, 8)]),
+    Case("TransformerDecoderLayer gelu, norm_first, batch_first, masks",
+         spec("TransformerDecoderLayer", 8, 2, dim_feedforward=16,
+              activation="gelu", norm_first=True, batch_first=True),
+         lambda: nn.TransformerDecoderLayer(8, 2, dim_feedforward=16,
+                                            activation="gelu",
+                                            norm_first=True,
+                                            batch_first=True),
+         lambda: [randn(2, 5, 8), randn(2, 7, 8), causal_float(5), None,
+                  None, tel_masks()]),
+    Case("TransformerDecoderLayer dropout=0 train",
+         spec("TransformerDecoderLayer", 8, 2, dim_feedforward=16,
+              dropout=0.0),
+         lambda: nn.TransformerDecoderLayer(8, 2, dim_feedforward=16,
+                                            dropout=0.0),
+         lambda: [randn(5, 3, 8), randn(4, 3, 8)], train=True),
+    Case("TransformerEncoder(layer, 2, norm) with a causal mask",
+         encoder_stack(8, 2, 16, 2, norm=True),
+         lambda: nn.TransformerEncoder(
+             nn.TransformerEncoderLayer(8, 2, 16), 2, nn.LayerNorm(8)),
+         lambda: [randn(7, 3, 8), causal_float(7)]),
+    # torch's nested-tensor path: padded positions come back zero, and the
+    # output only as long as the longest sequence.
+    Case("TransformerEncoder batch_first, key padding (nested path)",
+         encoder_stack(8, 2, 16, 2, norm=True, batch_first=True),
+         lambda: nn.TransformerEncoder(
+             nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), 2,
+             nn.LayerNorm(8)),
+         lambda: [randn(2, 7, 8), None, tel_masks()]),
+    Case("TransformerEncoder nested path, every row padded (output cut)",
+         encoder_stack(8, 4, 16, 1, batch_first=True),
+         lambda: nn.TransformerEncoder(
+             nn.TransformerEncoderLayer(8, 4, 16, batch_first=True), 1),
+         lambda: [randn(2, 7, 8), None, tail_padding([5, 4], 7)]),
+    Case("TransformerEncoder batch_first, key padding, nested tensor off",
+         encoder_stack(8, 2, 16, 2, batch_first=True,
+                       enable_nested_tensor=False),
+         lambda: nn.TransformerEncoder(
+             nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), 2,
+             enable_nested_tensor=False),
+         lambda: [randn(2, 7, 8), None, tel_masks()]),
+    Case("TransformerDecoder(layer, 2, norm) with masks",
+         {"type": "TransformerDecoder", "args": [2], "children": [
+             {"name": "decoder_layer",
+              "spec": spec("TransformerDecoderLayer", 8, 2, 16)},
+             {"name": "norm", "spec": spec("LayerNorm", 8)}]},
+         lambda: nn.TransformerDecoder(
+             nn.TransformerDecoderLayer(8, 2, 16), 2, nn.LayerNorm(8)),
+         lambda: [randn(5, 2, 8), randn(7, 2, 8), causal_float(5), None,
+                  None, tel_masks()]),
+    Case("Transformer(8,2,2,2,16) with a target mask",
+         spec("Transformer", 8, 2, 2, 2, 16),
+         lambda: nn.Transformer(8, 2, 2, 2, 16),
+         lambda: [randn(7, 2, 8), randn(5, 2, 8), None, causal_float(5)]),
+    Case("Transformer gelu, batch_first, norm_first, padding masks",
+         spec("Transformer", 8, 2, 1, 2, 16, activation="gelu",
+              batch_first=True, norm_first=True),
+         lambda: nn.Transformer(8, 2, 1, 2, 16, activation="gelu",
+                                batch_first=True, norm_first=True),
+         lambda: [randn(2, 7, 8), randn(2, 5, 8), None, causal_float(5),
+                  None, tel_masks(), None, tel_masks()]),
+    Case("Transformer float64", spec("Transformer", 8, 2, 1, 1, 16),
+         lambda: nn.Transformer(8, 2, 1, 1, 16).double(),
+         lambda: [randn(6, 2, 8, dtype=torch.float64),
+                  randn(4, 2, 8, dtype=torch.float64)],
+         dtype=torch.float64),
+    # The recurrent family: inputs and outputs flattened (call_recurrent).
+    Case("LSTM(5,8)", spec("LSTM", 5, 8), lambda: nn.LSTM(5, 8),
+         lambda: [randn(7, 3, 5)]),
+    Case("LSTM(5,8,2,batch_first) with (h0, c0)",
+         spec("LSTM", 5, 8, 2, batch_first=True),
+         lambda: nn.LSTM(5, 8, 2, batch_first=True),
+         lambda: [randn(3, 7, 5), randn(2, 3, 8), randn(2, 3, 8)]),
+    Case("LSTM(5,8,2,bidirectional,proj_size=3) with (h0, c0)",
+         spec("LSTM", 5, 8, 2, bidirectional=True, proj_size=3),
+         lambda: nn.LSTM(5, 8, 2, bidirectional=True, proj_size=3),
+         lambda: [randn(6, 2, 5), randn(4, 2, 3), randn(4, 2, 8)]),
+    Case("LSTM(4,6,bias=False) unbatched", spec("LSTM", 4, 6, bias=False),
+         lambda: nn.LSTM(4, 6, bias=False), lambda: [randn(5, 4)]),
+    Case("LSTM(5,8,2,bidirectional,batch_first) packed lengths",
+         spec("LSTM", 5, 8, 2, bidirectional=True, batch_first=True),
+         lambda: nn.LSTM(5, 8, 2, bidirectional=True, batch_first=True),
+         lambda: [randn(4, 7, 5), randn(4, 4, 8), randn(4, 4, 8),
+                  torch.tensor([7, 3, 5, 1])]),
+    Case("LSTM(5,8,2,dropout=0.5) eval", spec("LSTM", 5, 8, 2, dropout=0.5),
+         lambda: nn.LSTM(5, 8, 2, dropout=0.5), lambda: [randn(6, 2, 5)]),
+    Case("LSTM(5,8,2) train (dropout 0)", spec("LSTM", 5, 8, 2),
+         lambda: nn.LSTM(5, 8, 2), lambda: [randn(6, 2, 5)], train=True),
+    Case("LSTM(16,32) float64", spec("LSTM", 16, 32),
+         lambda: nn.LSTM(16, 32).double(),
+         lambda: [randn(9, 3, 16, dtype=torch.float64)],
+         dtype=torch.float64),
+    Case("GRU(5,8)", spec("GRU", 5, 8), lambda: nn.GRU(5, 8),
+         lambda: [randn(7, 3, 5)]),
+    Case("GRU(5,8,3,bidirectional,batch_first) with h0",
+         spec("GRU", 5, 8, 3, bidirectional=True, batch_first=True),
+         lambda: nn.GRU(5, 8, 3, bidirectional=True, batch_first=True),
+         lambda: [randn(2, 6, 5), randn(6, 2, 8)]),
+    Case("GRU(5,8,bias=False) packed lengths", spec("GRU", 5, 8, bias=False),
+         lambda: nn.GRU(5, 8, bias=False),
+         lambda: [randn(6, 3, 5), None, torch.tensor([2, 6, 4])]),
+    Case("GRU(4,6) unbatched with h0", spec("GRU", 4, 6),
+         lambda: nn.GRU(4, 6), lambda: [randn(5, 4), randn(1, 6)]),
+    Case("RNN(5,8,2)", spec("RNN", 5, 8, 2), lambda: nn.RNN(5, 8, 2),
+         lambda: [randn(7, 3, 5)]),
+    Case("RNN(5,8,nonlinearity='relu',bidirectional) with h0",
+         spec("RNN", 5, 8, nonlinearity="relu", bidirectional=True),
+         lambda: nn.RNN(5, 8, nonlinearity="relu", bidirectional=True),
+         lambda: [randn(7, 3, 5), randn(2, 3, 8)]),
+    Case("RNNCell(5,8)", spec("RNNCell", 5, 8), lambda: nn.RNNCell(5, 8),
+         lambda: [randn(3, 5), randn(3, 8)]),
+    Case("RNNCell(5,8,nonlinearity='relu') unbatched",
+         spec("RNNCell", 5, 8, nonlinearity="relu"),
+         lambda: nn.RNNCell(5, 8, nonlinearity="relu"), lambda: [randn(5)]),
+    Case("LSTMCell(5,8) with (hx, cx)", spec("LSTMCell", 5, 8),
+         lambda: nn.LSTMCell(5, 8),
+         lambda: [randn(3, 5), randn(3, 8), randn(3, 8)]),
+    Case("LSTMCell(5,8,bias=False)", spec("LSTMCell", 5, 8, bias=False),
+         lambda: nn.LSTMCell(5, 8, bias=False), lambda: [randn(3, 5)]),
+    Case("GRUCell(5,8) with hx", spec("GRUCell", 5, 8),
+         lambda: nn.GRUCell(5, 8), lambda: [randn(3, 5), randn(3, 8)]),
+    Case("GRUCell(5,8) float64 unbatched", spec("GRUCell", 5, 8),
+         lambda: nn.GRUCell(5, 8).double(),
+         lambda: [randn(5, dtype=torch.float64)], dtype=torch.float64),
     Case("MLP", seq(spec("Linear", 20, 64), spec("ReLU"),
                     spec("Linear", 64, 64), spec("GELU"),
                     spec("Linear", 64, 10)),
@@ -346,7 +492,7 @@ CASES = [
              nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
              nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8 * 36, 10))),
          lambda: [randn(4, 3, 12, 12)], random_params=False),
-    Case("TransformerEncoder, 2 layers (d_model 32, 4 heads, eval)",
+    Case("Sequential of 2 TransformerEncoderLayers = TransformerEncoder",
          seq(spec("TransformerEncoderLayer", 32, 4, dim_feedforward=64),
              spec("TransformerEncoderLayer", 32, 4, dim_feedforward=64)),
          lambda: nn.TransformerEncoder(
@@ -399,12 +545,38 @@ def check_tensor(what, ours, ref, tol, failures):
         failures.append(f"{what}: relative error {err:.3g} > {tol:g}")
 
 
+def call_recurrent(m, inputs):
+    """RNN / LSTM / GRU as modelstate flattens them: [input, h0, (c0,)
+    lengths] in, [output, h_n(, c_n)] out; lengths mean a packed batch,
+    padded back to the input's length."""
+    lstm = isinstance(m, nn.LSTM)
+    n_state = 2 if lstm else 1
+    inputs = inputs + [None] * (2 + n_state - len(inputs))
+    x, state, lengths = inputs[0], inputs[1:1 + n_state], inputs[1 + n_state]
+    hx = None if state[0] is None else (tuple(state) if lstm else state[0])
+    if lengths is None:
+        out, hn = m(x, hx)
+    else:
+        steps = x.shape[1 if m.batch_first else 0]
+        packed = pack_padded_sequence(x, lengths, batch_first=m.batch_first,
+                                      enforce_sorted=False)
+        out, hn = m(packed, hx)
+        out, _ = pad_packed_sequence(out, batch_first=m.batch_first,
+                                     total_length=steps)
+    return (out, *hn) if lstm else (out, hn)
+
+
 def call_torch(m, inputs):
     if isinstance(m, nn.MultiheadAttention):
         # forward(query, key, value, key_padding_mask, need_weights,
         # attn_mask): the tool's inputs are positional without need_weights.
         q, k, v, *masks = inputs + [None] * (5 - len(inputs))
         return m(q, k, v, key_padding_mask=masks[0], attn_mask=masks[1])
+    if isinstance(m, nn.RNNBase):
+        return call_recurrent(m, inputs)
+    if isinstance(m, nn.LSTMCell):
+        state = None if len(inputs) < 2 else (inputs[1], inputs[2])
+        return m(inputs[0], state)
     return m(*inputs)
 
 

@@ -36,6 +36,19 @@ def container(type_, *children, names=None):
     return {"type": type_, "children": kids}
 
 
+def stack(type_, layer, num_layers, norm=None, **kwargs):
+    """TransformerEncoder / TransformerDecoder: module arguments are named
+    children."""
+    arg = "encoder_layer" if type_ == "TransformerEncoder" else "decoder_layer"
+    kids = [{"name": arg, "spec": layer}]
+    if norm is not None:
+        kids.append({"name": "norm", "spec": norm})
+    s = {"type": type_, "args": [num_layers], "children": kids}
+    if kwargs:
+        s["kwargs"] = kwargs
+    return s
+
+
 # (label, modelstate spec, torch constructor taking factory kwargs)
 CASES = [
     ("Identity", spec("Identity"), lambda **f: nn.Identity()),
@@ -111,6 +124,66 @@ CASES = [
           batch_first=True),
      lambda **f: nn.TransformerEncoderLayer(8, 2, 16, activation="gelu", norm_first=True,
                                             batch_first=True, **f)),
+    ("RNN(3,4)", spec("RNN", 3, 4), lambda **f: nn.RNN(3, 4, **f)),
+    ("RNN(3,4,2,relu,bias=False,bidirectional)",
+     spec("RNN", 3, 4, 2, nonlinearity="relu", bias=False, bidirectional=True),
+     lambda **f: nn.RNN(3, 4, 2, nonlinearity="relu", bias=False, bidirectional=True,
+                        **f)),
+    ("LSTM(3,5)", spec("LSTM", 3, 5), lambda **f: nn.LSTM(3, 5, **f)),
+    ("LSTM(3,5,2,batch_first,dropout=0.2)",
+     spec("LSTM", 3, 5, 2, batch_first=True, dropout=0.2),
+     lambda **f: nn.LSTM(3, 5, 2, batch_first=True, dropout=0.2, **f)),
+    ("LSTM(3,5,2,bidirectional,proj_size=2)",
+     spec("LSTM", 3, 5, 2, bidirectional=True, proj_size=2),
+     lambda **f: nn.LSTM(3, 5, 2, bidirectional=True, proj_size=2, **f)),
+    ("LSTM(3,5,bias=False,proj_size=3)", spec("LSTM", 3, 5, bias=False, proj_size=3),
+     lambda **f: nn.LSTM(3, 5, bias=False, proj_size=3, **f)),
+    ("LSTM(64,256) (positional args)", spec("LSTM", 64, 256, 1, True, False, 0.0, False),
+     lambda **f: nn.LSTM(64, 256, 1, True, False, 0.0, False, **f)),
+    ("GRU(3,4,3,bidirectional)", spec("GRU", 3, 4, 3, bidirectional=True),
+     lambda **f: nn.GRU(3, 4, 3, bidirectional=True, **f)),
+    ("GRU(3,4,bias=False)", spec("GRU", 3, 4, bias=False),
+     lambda **f: nn.GRU(3, 4, bias=False, **f)),
+    ("RNNCell(3,4,nonlinearity=relu)", spec("RNNCell", 3, 4, nonlinearity="relu"),
+     lambda **f: nn.RNNCell(3, 4, nonlinearity="relu", **f)),
+    ("RNNCell(3,4,bias=False)", spec("RNNCell", 3, 4, bias=False),
+     lambda **f: nn.RNNCell(3, 4, bias=False, **f)),
+    ("LSTMCell(3,7)", spec("LSTMCell", 3, 7), lambda **f: nn.LSTMCell(3, 7, **f)),
+    ("GRUCell(3,7)", spec("GRUCell", 3, 7), lambda **f: nn.GRUCell(3, 7, **f)),
+    ("GRUCell(3,4,bias=False)", spec("GRUCell", 3, 4, bias=False),
+     lambda **f: nn.GRUCell(3, 4, bias=False, **f)),
+    ("TransformerDecoderLayer(8,2,16)", spec("TransformerDecoderLayer", 8, 2, 16),
+     lambda **f: nn.TransformerDecoderLayer(8, 2, 16, **f)),
+    ("TransformerDecoderLayer(8,2,16,gelu,norm_first,batch_first,dropout=0)",
+     spec("TransformerDecoderLayer", 8, 2, 16, activation="gelu", norm_first=True,
+          batch_first=True, dropout=0.0),
+     lambda **f: nn.TransformerDecoderLayer(8, 2, 16, activation="gelu", norm_first=True,
+                                            batch_first=True, dropout=0.0, **f)),
+    # A stack holds copies of one built layer: every copy has its values.
+    ("TransformerEncoder(layer, 3)",
+     stack("TransformerEncoder", spec("TransformerEncoderLayer", 8, 2, 16), 3),
+     lambda **f: nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16, **f), 3)),
+    ("TransformerEncoder(layer, 2, LayerNorm, enable_nested_tensor=False)",
+     stack("TransformerEncoder", spec("TransformerEncoderLayer", 8, 2, 16), 2,
+           spec("LayerNorm", 8), enable_nested_tensor=False),
+     lambda **f: nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16, **f), 2,
+                                       nn.LayerNorm(8, **f), enable_nested_tensor=False)),
+    ("TransformerEncoder(layer, 0)",
+     stack("TransformerEncoder", spec("TransformerEncoderLayer", 8, 2, 16), 0),
+     lambda **f: nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16, **f), 0)),
+    ("TransformerDecoder(layer, 2, LayerNorm)",
+     stack("TransformerDecoder", spec("TransformerDecoderLayer", 8, 2, 16), 2,
+           spec("LayerNorm", 8)),
+     lambda **f: nn.TransformerDecoder(nn.TransformerDecoderLayer(8, 2, 16, **f), 2,
+                                       nn.LayerNorm(8, **f))),
+    # _reset_parameters re-draws every matrix after the stacks are built.
+    ("Transformer(8,2,2,1,16)", spec("Transformer", 8, 2, 2, 1, 16),
+     lambda **f: nn.Transformer(8, 2, 2, 1, 16, **f)),
+    ("Transformer(8,2,1,2,16,gelu,batch_first,norm_first)",
+     spec("Transformer", 8, 2, 1, 2, 16, activation="gelu", batch_first=True,
+          norm_first=True),
+     lambda **f: nn.Transformer(8, 2, 1, 2, 16, activation="gelu", batch_first=True,
+                                norm_first=True, **f)),
     ("Sequential(Linear,ReLU,Linear,BatchNorm1d)",
      container("Sequential", spec("Linear", 6, 5), spec("ReLU"), spec("Linear", 5, 4),
                spec("BatchNorm1d", 4)),

@@ -417,7 +417,7 @@ class RemoteModuleTest(Checks):
             mlp.remove_entry("nothing")
 
     def test_registering_torch_modules_and_shared_ones(self):
-        host = ms.build({"type": "Host"}, "reg/host")
+        host = ms.build({"type": "Host", "custom": True}, "reg/host")
         lin = nn.Linear(3, 2)
         host.register_module("lin", lin)
         host.register_module("again", host.get_submodule("lin"))
