@@ -34,19 +34,47 @@ absl::Status ScopedFd::Close(const std::string& path) {
   return absl::OkStatus();
 }
 
-absl::Status WriteAll(int fd, absl::string_view bytes,
-                      const std::string& path) {
-  const char* p = bytes.data();
-  size_t left = bytes.size();
-  while (left > 0) {
-    ssize_t n = write(fd, p, left);
+absl::Status WriteAll(int fd, absl::string_view bytes, const std::string& path,
+                      size_t* written) {
+  size_t done = 0;
+  absl::Status status;
+  while (done < bytes.size()) {
+    ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return ErrnoStatus(errno, path, "write failed");
+      status = ErrnoStatus(errno, path, "write failed");
+      break;
     }
-    p += n;
-    left -= static_cast<size_t>(n);
+    if (n == 0) {
+      status = absl::DataLossError(absl::StrCat(path, ": write wrote nothing"));
+      break;
+    }
+    done += static_cast<size_t>(n);
   }
+  if (written != nullptr) *written = done;
+  return status;
+}
+
+absl::StatusOr<std::string> ReadToEnd(int fd, const std::string& path) {
+  std::string out;
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, path, "read failed");
+    }
+    if (n == 0) return out;
+    out.append(buffer, static_cast<size_t>(n));
+  }
+}
+
+absl::Status Fdatasync(int fd, const std::string& path) {
+  int rc;
+  do {
+    rc = fdatasync(fd);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) return ErrnoStatus(errno, path, "fdatasync failed");
   return absl::OkStatus();
 }
 

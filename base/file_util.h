@@ -24,8 +24,16 @@ namespace modelstate {
 absl::Status ErrnoStatus(int error, const std::string& path,
                          absl::string_view what);
 
-// Writes all of `bytes` to `fd`.
-absl::Status WriteAll(int fd, absl::string_view bytes, const std::string& path);
+// Writes all of `bytes` to `fd`. `written` (may be null) receives how many
+// bytes were written, also when it fails part way (a caller may undo them).
+absl::Status WriteAll(int fd, absl::string_view bytes, const std::string& path,
+                      size_t* written = nullptr);
+
+// Reads from `fd`'s offset to the end of the file.
+absl::StatusOr<std::string> ReadToEnd(int fd, const std::string& path);
+
+// fdatasync, retried when interrupted.
+absl::Status Fdatasync(int fd, const std::string& path);
 
 // Reads exactly `size` bytes at `offset`; DATA_LOSS if the file is shorter.
 absl::Status PreadAll(int fd, char* out, uint64_t size, uint64_t offset,

@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "base/glob.h"
 #include "base/status_macros.h"
 
 namespace modelstate::convert {
@@ -20,6 +21,16 @@ constexpr double kMaxExactInteger = 9007199254740992.0;  // 2^53
 bool IsIntegral(double v) {
   return std::isfinite(v) && std::floor(v) == v &&
          std::fabs(v) <= kMaxExactInteger;
+}
+
+// The entry a registration or removal request names: its module, the
+// submodule's path and the entry's name.
+template <typename Request, typename Args>
+absl::Status ParseEntry(const Request& request, Args& args) {
+  MODELSTATE_ASSIGN_OR_RETURN(args.module, ParseModuleName(request.module()));
+  args.path = request.path();
+  args.name = request.name();
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -378,14 +389,13 @@ absl::StatusOr<SubscriptionSpec> SubscriptionFromProto(
   spec.filter.module_type_glob = proto.module_type_glob();
   spec.filter.name_glob = proto.name_glob();
   spec.priority = proto.priority();
-  spec.timeout =
-      absl::Milliseconds(proto.timeout_ms() == 0 ? 10000 : proto.timeout_ms());
+  // 0 leaves the server's default (Limits::subscriber_timeout).
+  spec.timeout = absl::Milliseconds(proto.timeout_ms());
   spec.failure_policy = proto.failure_policy() == v1::Subscription::FAIL_OPEN
                             ? FailurePolicy::kFailOpen
                             : FailurePolicy::kFailClosed;
   spec.include_data = proto.include_data();
-  spec.max_data_bytes =
-      proto.max_data_bytes() == 0 ? (1 << 20) : proto.max_data_bytes();
+  if (proto.max_data_bytes() != 0) spec.max_data_bytes = proto.max_data_bytes();
   return spec;
 }
 
@@ -586,8 +596,260 @@ absl::StatusOr<AuditQuery> AuditQueryFromProto(const v1::AuditFilter& filter,
   q.type = filter.type();
   q.after_seq = after_seq;
   if (limit < 0) return FieldError("limit", "must not be negative");
-  q.limit = limit == 0 ? 100 : std::min(limit, 10000);
+  q.limit = limit == 0
+                ? AuditQuery::kDefaultLimit
+                : std::min(static_cast<size_t>(limit), AuditQuery::kMaxLimit);
   return q;
+}
+
+absl::StatusOr<BuildModuleArgs> BuildModuleArgsFromProto(
+    const v1::BuildModuleRequest& request) {
+  BuildModuleArgs args;
+  MODELSTATE_ASSIGN_OR_RETURN(args.module, ParseModuleField(request.module()));
+  MODELSTATE_ASSIGN_OR_RETURN(args.spec, SpecFromProto(request.spec()));
+  args.seed = request.seed();
+  MODELSTATE_ASSIGN_OR_RETURN(
+      args.device, ParseDeviceField(request.device(), "device", Device::Cpu()));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      args.dtype, ParseDTypeField(request.dtype(), "dtype", DType::kFloat32));
+  args.all_or_nothing = request.all_or_nothing();
+  return args;
+}
+
+void BuildOutcomeToProto(const ModuleName& module, const BuildOutcome& outcome,
+                         v1::BuildModuleResponse* response) {
+  response->set_module(module.full());
+  for (const RegistrationResult& r : outcome.registrations) {
+    ReportToProto(r, response->add_registrations());
+  }
+}
+
+void ReportsToProto(const std::vector<RegistrationResult>& results,
+                    v1::RegisterResponse* response) {
+  for (const RegistrationResult& r : results) {
+    ReportToProto(r, response->add_registrations());
+  }
+}
+
+absl::StatusOr<RegisterTensorArgs> RegisterTensorArgsFromProto(
+    const v1::RegisterTensorRequest& request, EntryKind kind,
+    uint64_t max_tensor_bytes) {
+  RegisterTensorArgs args;
+  MODELSTATE_RETURN_IF_ERROR(ParseEntry(request, args));
+  args.kind = kind;
+  args.seed = request.seed();
+  args.persistent = request.has_persistent() ? request.persistent() : true;
+  args.requires_grad =
+      request.has_requires_grad() ? request.requires_grad() : true;
+  switch (request.value_case()) {
+    case v1::RegisterTensorRequest::kTensor: {
+      v1::TensorProto proto = request.tensor();
+      MODELSTATE_ASSIGN_OR_RETURN(
+          args.tensor, TensorFromProto(&proto, "tensor", max_tensor_bytes));
+      break;
+    }
+    case v1::RegisterTensorRequest::kInit: {
+      MODELSTATE_ASSIGN_OR_RETURN(args.init,
+                                  TensorSpecFromProto(request.init(), "init"));
+      break;
+    }
+    case v1::RegisterTensorRequest::kNone:
+      break;
+    case v1::RegisterTensorRequest::VALUE_NOT_SET:
+      return FieldError("value", "one of tensor, init or none is required");
+  }
+  return args;
+}
+
+absl::StatusOr<RegisterSubmoduleArgs> RegisterSubmoduleArgsFromProto(
+    const v1::RegisterSubmoduleRequest& request) {
+  RegisterSubmoduleArgs args;
+  MODELSTATE_RETURN_IF_ERROR(ParseEntry(request, args));
+  switch (request.value_case()) {
+    case v1::RegisterSubmoduleRequest::kSpec: {
+      MODELSTATE_ASSIGN_OR_RETURN(args.spec, SpecFromProto(request.spec()));
+      args.seed = request.seed();
+      MODELSTATE_ASSIGN_OR_RETURN(
+          args.device,
+          ParseDeviceField(request.device(), "device", Device::Cpu()));
+      MODELSTATE_ASSIGN_OR_RETURN(
+          args.dtype,
+          ParseDTypeField(request.dtype(), "dtype", DType::kFloat32));
+      break;
+    }
+    case v1::RegisterSubmoduleRequest::kExistingPath:
+      args.existing_path = request.existing_path();
+      break;
+    case v1::RegisterSubmoduleRequest::kNone:
+      break;
+    case v1::RegisterSubmoduleRequest::VALUE_NOT_SET:
+      return FieldError("value",
+                        "one of spec, existing_path or none is required");
+  }
+  return args;
+}
+
+absl::StatusOr<RemoveEntryArgs> RemoveEntryArgsFromProto(
+    const v1::RemoveEntryRequest& request) {
+  RemoveEntryArgs args;
+  MODELSTATE_RETURN_IF_ERROR(ParseEntry(request, args));
+  return args;
+}
+
+ListModulesArgs ListModulesArgsFromProto(
+    const v1::ListModulesRequest& request) {
+  ListModulesArgs args;
+  args.ns = request.namespace_();
+  args.page_size = request.page_size();
+  args.page_token = request.page_token();
+  return args;
+}
+
+void ModulePageToProto(const ModulePage& page,
+                       v1::ListModulesResponse* response) {
+  for (const ModuleSummary& m : page.modules) {
+    v1::ModuleSummary* s = response->add_modules();
+    s->set_module(m.name.full());
+    s->set_type(m.type);
+    s->set_num_parameters(m.num_parameters);
+    s->set_total_bytes(m.total_bytes);
+    for (const std::string& d : m.devices) s->add_devices(d);
+  }
+  response->set_next_page_token(page.next_page_token);
+}
+
+void ModuleLocationToProto(const ModuleName& module,
+                           const std::vector<Device>& server_devices,
+                           v1::GetModuleResponse* response) {
+  response->set_module(module.full());
+  for (const Device& d : server_devices) {
+    response->add_server_devices(d.ToString());
+  }
+}
+
+absl::StatusOr<GetStateDictArgs> GetStateDictArgsFromProto(
+    const v1::GetStateDictRequest& request) {
+  GetStateDictArgs args;
+  MODELSTATE_ASSIGN_OR_RETURN(args.module, ParseModuleField(request.module()));
+  args.chunk_bytes = request.chunk_bytes();
+  if (request.target_dtype() != v1::DTYPE_UNSPECIFIED) {
+    MODELSTATE_ASSIGN_OR_RETURN(
+        args.target_dtype,
+        DTypeFromProto(request.target_dtype(), "target_dtype"));
+  }
+  MODELSTATE_RETURN_IF_ERROR(CheckGlob(request.key_glob(), "key_glob"));
+  args.filter.key_prefix = request.key_prefix();
+  args.filter.key_glob = request.key_glob();
+  switch (request.selection()) {
+    case v1::GetStateDictRequest::SELECTION_PARAMETERS:
+      args.filter.selection = SnapshotFilter::Selection::kParameters;
+      break;
+    case v1::GetStateDictRequest::SELECTION_BUFFERS:
+      args.filter.selection = SnapshotFilter::Selection::kBuffers;
+      break;
+    case v1::GetStateDictRequest::SELECTION_STATE_DICT:
+      break;
+    default:
+      return FieldError("selection",
+                        absl::StrCat("unknown value ", request.selection()));
+  }
+  return args;
+}
+
+absl::StatusOr<LoadStateDictArgs> LoadStateDictArgsFromProto(
+    const v1::LoadStart& start) {
+  LoadStateDictArgs args;
+  MODELSTATE_ASSIGN_OR_RETURN(args.module, ParseModuleField(start.module()));
+  MODELSTATE_ASSIGN_OR_RETURN(args.layout, HeaderToLayout(start.header()));
+  args.options = LoadOptionsFromProto(start.options());
+  return args;
+}
+
+absl::StatusOr<MoveModuleArgs> MoveModuleArgsFromProto(
+    const v1::MoveModuleRequest& request) {
+  MoveModuleArgs args;
+  MODELSTATE_ASSIGN_OR_RETURN(args.module, ParseModuleField(request.module()));
+  if (!request.device().empty()) {
+    MODELSTATE_ASSIGN_OR_RETURN(
+        args.device,
+        ParseDeviceField(request.device(), "device", std::nullopt));
+  }
+  if (!request.dtype().empty()) {
+    MODELSTATE_ASSIGN_OR_RETURN(
+        args.dtype, ParseDTypeField(request.dtype(), "dtype", std::nullopt));
+  }
+  return args;
+}
+
+absl::StatusOr<ForwardArgs> ForwardArgsFromProto(
+    const v1::ForwardRequest& request, uint64_t max_tensor_bytes) {
+  ForwardArgs args;
+  MODELSTATE_ASSIGN_OR_RETURN(args.module, ParseModuleField(request.module()));
+  args.path = request.path();
+  for (int i = 0; i < request.inputs_size(); ++i) {
+    v1::TensorProto proto = request.inputs(i);
+    if (proto.dtype() == v1::DTYPE_UNSPECIFIED && proto.shape_size() == 0 &&
+        proto.data().empty()) {
+      args.inputs.emplace_back();  // None
+      continue;
+    }
+    MODELSTATE_ASSIGN_OR_RETURN(
+        Tensor input, TensorFromProto(&proto, absl::StrCat("inputs[", i, "]"),
+                                      max_tensor_bytes));
+    args.inputs.push_back(std::move(input));
+  }
+  if (request.has_training()) args.training = request.training();
+  args.seed = request.seed();
+  return args;
+}
+
+absl::Status ForwardOutputsToProto(const std::vector<Tensor>& outputs,
+                                   v1::ForwardResponse* response) {
+  for (const Tensor& out : outputs) {
+    v1::TensorProto* proto = response->add_outputs();
+    if (out.defined()) MODELSTATE_RETURN_IF_ERROR(TensorToProto(out, proto));
+  }
+  return absl::OkStatus();
+}
+
+void SubscribersToProto(const std::vector<SubscriberInfo>& subscribers,
+                        v1::ListSubscribersResponse* response) {
+  for (const SubscriberInfo& info : subscribers) {
+    v1::SubscriberInfoProto* out = response->add_subscribers();
+    out->set_subscriber_id(info.id);
+    SubscriptionToProto(info.spec, out->mutable_subscription());
+    out->set_order(info.order);
+    out->set_pending_events(info.pending);
+  }
+}
+
+void AuditPageToProto(const AuditPage& page, v1::QueryAuditResponse* response) {
+  for (const AuditRecord& r : page.records) {
+    AuditRecordToProto(r, response->add_records());
+  }
+  if (page.next_after_seq.has_value()) {
+    response->set_next_after_seq(*page.next_after_seq);
+  }
+}
+
+void VerificationToProto(const AuditVerification& verification,
+                         v1::VerifyAuditResponse* response) {
+  response->set_records(verification.records);
+  response->set_ok(verification.ok);
+  response->set_broken_seq(verification.broken_seq);
+  response->set_broken_line(verification.broken_line);
+  response->set_problem(verification.problem);
+}
+
+void DevicesToProto(const std::vector<DeviceDescription>& devices,
+                    v1::ListDevicesResponse* response) {
+  for (const DeviceDescription& d : devices) {
+    v1::DeviceInfo* info = response->add_devices();
+    info->set_device(d.device.ToString());
+    info->set_description(d.description);
+    info->set_total_bytes(d.total_bytes);
+    info->set_free_bytes(d.free_bytes);
+  }
 }
 
 }  // namespace modelstate::convert

@@ -26,6 +26,7 @@
 #include "nn/module_spec.h"
 #include "proto/convert.h"
 #include "service/audit_log.h"
+#include "service/model_service.h"
 #include "service/model_store.h"
 #include "service/subscriber_hub.h"
 
@@ -70,6 +71,51 @@ AuditRecord AuditRecordFromProto(const v1::AuditRecordProto& proto);
 absl::StatusOr<AuditQuery> AuditQueryFromProto(const v1::AuditFilter& filter,
                                                uint64_t after_seq,
                                                int32_t limit);
+
+// The requests of the service's RPCs, as ModelService takes them (every
+// field checked and named in errors), and its results as responses.
+absl::StatusOr<BuildModuleArgs> BuildModuleArgsFromProto(
+    const v1::BuildModuleRequest& request);
+void BuildOutcomeToProto(const ModuleName& module, const BuildOutcome& outcome,
+                         v1::BuildModuleResponse* response);
+void ReportsToProto(const std::vector<RegistrationResult>& results,
+                    v1::RegisterResponse* response);
+// `kind` is a parameter or a buffer; tensors above `max_tensor_bytes` are
+// RESOURCE_EXHAUSTED.
+absl::StatusOr<RegisterTensorArgs> RegisterTensorArgsFromProto(
+    const v1::RegisterTensorRequest& request, EntryKind kind,
+    uint64_t max_tensor_bytes);
+absl::StatusOr<RegisterSubmoduleArgs> RegisterSubmoduleArgsFromProto(
+    const v1::RegisterSubmoduleRequest& request);
+absl::StatusOr<RemoveEntryArgs> RemoveEntryArgsFromProto(
+    const v1::RemoveEntryRequest& request);
+ListModulesArgs ListModulesArgsFromProto(const v1::ListModulesRequest& request);
+void ModulePageToProto(const ModulePage& page,
+                       v1::ListModulesResponse* response);
+// The module (name and devices the server has) of a GetModule response;
+// the description comes from ModuleInfoToProto.
+void ModuleLocationToProto(const ModuleName& module,
+                           const std::vector<Device>& server_devices,
+                           v1::GetModuleResponse* response);
+absl::StatusOr<GetStateDictArgs> GetStateDictArgsFromProto(
+    const v1::GetStateDictRequest& request);
+absl::StatusOr<LoadStateDictArgs> LoadStateDictArgsFromProto(
+    const v1::LoadStart& start);
+absl::StatusOr<MoveModuleArgs> MoveModuleArgsFromProto(
+    const v1::MoveModuleRequest& request);
+// An input with no dtype, shape or data is None.
+absl::StatusOr<ForwardArgs> ForwardArgsFromProto(
+    const v1::ForwardRequest& request, uint64_t max_tensor_bytes);
+// Undefined outputs (None) are empty tensors.
+absl::Status ForwardOutputsToProto(const std::vector<Tensor>& outputs,
+                                   v1::ForwardResponse* response);
+void SubscribersToProto(const std::vector<SubscriberInfo>& subscribers,
+                        v1::ListSubscribersResponse* response);
+void AuditPageToProto(const AuditPage& page, v1::QueryAuditResponse* response);
+void VerificationToProto(const AuditVerification& verification,
+                         v1::VerifyAuditResponse* response);
+void DevicesToProto(const std::vector<DeviceDescription>& devices,
+                    v1::ListDevicesResponse* response);
 
 }  // namespace modelstate::convert
 

@@ -1,56 +1,27 @@
 // File: model_state_service.h
-// The gRPC service: each handler converts its request (proto/convert.h),
-// calls ModelStore, and converts the result back. No business logic lives
-// here.
+// The gRPC handlers. Each one authenticates the call, converts its request
+// (proto/service_convert.h), calls one ModelService method and converts the
+// result back; every error is an absl::Status mapped once by
+// convert::ToGrpcStatus. Streams are pumped by small helpers. Authorisation,
+// limits and the rest of the service's rules live in ModelService.
 //
 // Example:
-//   ModelStore store;
-//   ModelStateServiceImpl service(&store, ServiceOptions{});
+//   ModelService service(&store, &hub, audit, auth, options);
+//   ModelStateServiceImpl handlers(&service);
 //   grpc::ServerBuilder builder;
-//   builder.RegisterService(&service);
+//   builder.RegisterService(&handlers);
 #ifndef MODELSTATE_SERVER_MODEL_STATE_SERVICE_H_
 #define MODELSTATE_SERVER_MODEL_STATE_SERVICE_H_
 
-#include <cstdint>
-
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
 #include "modelstate/v1/model_state_service.grpc.pb.h"
-#include "nn/module_spec.h"
-#include "server/auth.h"
-#include "server/subscription_reactor.h"
-#include "service/access_policy.h"
-#include "service/audit_log.h"
-#include "service/model_store.h"
-#include "service/subscriber_hub.h"
+#include "service/access_gate.h"
+#include "service/authenticator.h"
+#include "service/model_service.h"
 
 namespace modelstate::server {
-
-struct ServiceOptions {
-  // Default and maximum bytes per GetStateDict data message.
-  uint32_t default_chunk_bytes = 1 << 20;
-  uint32_t max_chunk_bytes = 16 << 20;
-  // Largest single tensor accepted or built.
-  uint64_t max_tensor_bytes = uint64_t{16} << 30;
-  // Largest state_dict accepted by LoadStateDict, and per built module.
-  uint64_t max_module_bytes = uint64_t{64} << 30;
-  // Spec nesting and entry counts.
-  int max_spec_depth = 64;
-  int64_t max_entries = 1'000'000;
-  // Events waiting for a subscriber before it is dropped.
-  size_t max_queued_events = 10000;
-  // The server's largest gRPC message (caps a subscription's
-  // max_data_bytes, leaving 1 MiB for the rest of the event).
-  uint64_t max_message_bytes = uint64_t{64} << 20;
-  // Where LoadStateDict stages incoming bytes (an existing directory), so a
-  // load never holds the state twice in memory; empty: in memory.
-  std::string staging_dir;
-  // Who may call what (not owned; null: every caller is an admin, which
-  // server_main allows on loopback addresses only).
-  const Authenticator* auth = nullptr;
-  // Streams (state_dict transfers, audit watches, subscriptions) one
-  // identity may have open at once; 0: unlimited.
-  int max_streams_per_identity = 0;
-};
 
 // Thread-safe (handlers run concurrently on gRPC's threads). Subscribe is a
 // callback reactor (a subscriber must not tie up a thread); the other
@@ -59,10 +30,8 @@ class ModelStateServiceImpl final
     : public v1::ModelStateService::WithCallbackMethod_Subscribe<
           v1::ModelStateService::Service> {
  public:
-  // Nothing is owned; all must outlive the service. `audit` may be null
-  // (no audit log); `audit_path` is the log's file, for VerifyAudit.
-  ModelStateServiceImpl(ModelStore* store, SubscriberHub* hub, AuditLog* audit,
-                        std::string audit_path, ServiceOptions options);
+  // `service` is not owned and must outlive the handlers.
+  explicit ModelStateServiceImpl(ModelService* service) : service_(service) {}
 
   grpc::Status BuildModule(grpc::ServerContext* context,
                            const v1::BuildModuleRequest* request,
@@ -123,66 +92,21 @@ class ModelStateServiceImpl final
                            v1::ListDevicesResponse* response) override;
 
  private:
-  // An authenticated caller and the context its changes are recorded with.
-  struct Caller {
-    OperationContext ctx;
-    Principal principal;
-    std::string peer;
-    ModuleName module;  // set by CallerFor
-  };
-
-  // Runs one registration request and reports every event it fired.
-  grpc::Status Register(const Caller& caller, const ModuleName& name,
-                        RegistrationRequest request,
-                        v1::RegisterResponse* response);
+  // Authenticates the call as `rpc`, runs `body` with the caller and maps
+  // what either returns to the call's status.
+  template <typename Body>
+  grpc::Status Serve(const grpc::ServerContextBase* context,
+                     absl::string_view rpc, Body body);
   grpc::Status RegisterTensor(grpc::ServerContext* context,
                               const v1::RegisterTensorRequest* request,
                               EntryKind kind, v1::RegisterResponse* response);
-  BuildLimits Limits() const;
 
-  // The caller, or UNAUTHENTICATED / PERMISSION_DENIED (recorded in the
-  // audit log as "denied").
-  absl::StatusOr<Caller> Authenticate(const grpc::ServerContextBase* context,
-                                      absl::string_view rpc);
-  // Authenticate, then the module named by `module_field` (INVALID_ARGUMENT
-  // if malformed) into Caller::module, then Allow.
-  absl::StatusOr<Caller> CallerFor(const grpc::ServerContextBase* context,
-                                   absl::string_view rpc, Permission permission,
-                                   const std::string& module_field);
-  // OK if the caller holds `permission` in `module`'s namespace; otherwise
-  // PERMISSION_DENIED, recorded.
-  absl::Status Allow(const Caller& caller, absl::string_view rpc,
-                     Permission permission, const ModuleName& module);
-  // OK if the caller holds `permission` in some namespace (calls that
-  // then show only what those namespaces allow).
-  // UNAVAILABLE naming the audit log once an append or sync of it failed:
-  // every change is refused rather than made unaudited.
-  absl::Status AuditWritable() const;
-  absl::Status AllowSomewhere(const Caller& caller, absl::string_view rpc,
-                              Permission permission);
-  // Audit reading: in namespace `ns`, or ("" ) in some namespace.
-  absl::Status AllowAudit(const Caller& caller, absl::string_view rpc,
-                          const std::string& ns);
-  // An audit record of type "denied" for a refused call.
-  void RecordDenial(const OperationContext& ctx, absl::string_view peer,
-                    absl::string_view rpc, const ModuleName& module,
-                    const absl::Status& status);
-  // Whether an auditor limited to `namespaces` ({"*"}: all) may see `r`.
-  static bool Visible(const std::vector<std::string>& namespaces,
-                      const AuditRecord& r);
-
-  // Constant after construction.
-  ModelStore* const store_;
-  SubscriberHub* const hub_;
-  AuditLog* const audit_;
-  const std::string audit_path_;
-  const ServiceOptions options_;
-  StreamLimiter streams_;
+  ModelService* const service_;
 };
 
-// The caller's identity and request id (from metadata "x-request-id", or a
-// fresh one) for hooks and the audit log.
-OperationContext ContextOf(const grpc::ServerContextBase* context);
+// What the call presents: its peer, request id ("x-request-id"),
+// "authorization" metadata and verified client certificate CN.
+Credentials CredentialsOf(const grpc::ServerContextBase& context);
 
 }  // namespace modelstate::server
 

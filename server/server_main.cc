@@ -10,15 +10,13 @@
 // so the server then listens on loopback addresses only. Plaintext on a
 // non-loopback address needs --plaintext; otherwise --tls_cert_file and
 // --tls_key_file (and --tls_client_ca_file for mutual TLS).
-#include <fcntl.h>
-#include <malloc.h>
+//
+// This file only turns flags into a ServerConfig (server/server.h), checks
+// their ranges, starts the server and runs the signal loop.
 #include <signal.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <cstdint>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <memory>
@@ -29,78 +27,91 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
-#include "base/file_util.h"
 #include "base/log.h"
 #include "base/signal_pipe.h"
 #include "base/status_macros.h"
 #include "core/emulated_device.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
-#include "grpcpp/grpcpp.h"
-#include "grpcpp/health_check_service_interface.h"
-#include "grpcpp/resource_quota.h"
-#include "server/auth.h"
-#include "server/model_state_service.h"
-#include "service/audit_log.h"
-#include "service/model_store.h"
-#include "service/module_repository.h"
-#include "service/quota.h"
-#include "service/subscriber_hub.h"
+#include "server/server.h"
 
-ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+namespace {
+
+using modelstate::server::ServerConfig;
+
+// Every flag's default is the ServerConfig's (and its Limits').
+const ServerConfig& Defaults() {
+  static const ServerConfig* const defaults = new ServerConfig();
+  return *defaults;
+}
+
+}  // namespace
+
+ABSL_FLAG(std::string, listen, Defaults().listen,
           "Address to listen on (host:port; port 0 picks a free one)");
-ABSL_FLAG(std::string, data_dir, "./data",
+ABSL_FLAG(std::string, data_dir, Defaults().data_dir,
           "Directory for durable state and the audit log");
-ABSL_FLAG(int, stream_window_kib, 8192,
+ABSL_FLAG(int, stream_window_kib, Defaults().stream_window_kib,
           "HTTP/2 receive window per stream, in KiB: how far a client may "
           "send ahead of a load being written to disk, which bounds the "
           "server's buffering (0: gRPC's adaptive window)");
 ABSL_FLAG(std::string, ready_file, "",
           "Once serving, write the actual listen address to this file");
-ABSL_FLAG(int, max_message_mib, 64,
+ABSL_FLAG(int, max_message_mib,
+          static_cast<int>(Defaults().limits.max_message_bytes >> 20),
           "Largest gRPC message accepted or sent, in MiB");
-ABSL_FLAG(int, chunk_kib, 1024, "Default GetStateDict chunk size, in KiB");
-ABSL_FLAG(int, max_chunk_kib, 16384, "Largest GetStateDict chunk size, in KiB");
-ABSL_FLAG(int64_t, max_tensor_mib, 16384, "Largest single tensor, in MiB");
-ABSL_FLAG(int64_t, max_module_mib, 65536,
+ABSL_FLAG(int, chunk_kib,
+          static_cast<int>(Defaults().limits.default_chunk_bytes >> 10),
+          "Default GetStateDict chunk size, in KiB");
+ABSL_FLAG(int, max_chunk_kib,
+          static_cast<int>(Defaults().limits.max_chunk_bytes >> 10),
+          "Largest GetStateDict chunk size, in KiB");
+ABSL_FLAG(int64_t, max_tensor_mib,
+          static_cast<int64_t>(Defaults().limits.max_tensor_bytes >> 20),
+          "Largest single tensor, in MiB");
+ABSL_FLAG(int64_t, max_module_mib,
+          static_cast<int64_t>(Defaults().limits.max_module_bytes >> 20),
           "Largest module (build or loaded state_dict), in MiB");
-ABSL_FLAG(int, max_spec_depth, 64, "Deepest module nesting in a spec");
-ABSL_FLAG(int64_t, max_entries, 1000000,
+ABSL_FLAG(int, max_spec_depth, Defaults().limits.max_spec_depth,
+          "Deepest module nesting in a spec");
+ABSL_FLAG(int64_t, max_entries, Defaults().limits.max_entries,
           "Most parameters, buffers and submodules in one module");
-ABSL_FLAG(int, worker_threads, 0,
+ABSL_FLAG(int, worker_threads, Defaults().worker_threads,
           "Most threads serving calls (0: gRPC's default)");
-ABSL_FLAG(int, max_queued_events, 10000,
+ABSL_FLAG(int, max_queued_events,
+          static_cast<int>(Defaults().limits.max_queued_events),
           "Events waiting for one subscriber before it is disconnected");
-ABSL_FLAG(int, shutdown_grace_seconds, 10,
+ABSL_FLAG(int, shutdown_grace_seconds, Defaults().shutdown_grace_seconds,
           "How long running calls may take to finish at shutdown");
-ABSL_FLAG(std::string, tls_cert_file, "",
+ABSL_FLAG(std::string, tls_cert_file, Defaults().tls_cert_file,
           "Server certificate chain (PEM); with --tls_key_file turns on TLS");
-ABSL_FLAG(std::string, tls_key_file, "", "Server private key (PEM)");
-ABSL_FLAG(std::string, tls_client_ca_file, "",
+ABSL_FLAG(std::string, tls_key_file, Defaults().tls_key_file,
+          "Server private key (PEM)");
+ABSL_FLAG(std::string, tls_client_ca_file, Defaults().tls_client_ca_file,
           "CA bundle (PEM) that client certificates must chain to: mutual "
           "TLS; a certificate's CN names a principal of --token_file");
-ABSL_FLAG(std::string, token_file, "",
+ABSL_FLAG(std::string, token_file, Defaults().token_file,
           "Principals, their token hashes and roles (JSON; see README "
           "\"Deploy\"); turns on authentication; re-read on SIGHUP");
-ABSL_FLAG(bool, plaintext, false,
+ABSL_FLAG(bool, plaintext, Defaults().plaintext,
           "Allow plaintext on a non-loopback --listen address");
-ABSL_FLAG(std::string, health_listen, "",
+ABSL_FLAG(std::string, health_listen, Defaults().health_listen,
           "A second, plaintext address serving only grpc.health.v1 (for "
           "probes that cannot present credentials); empty: none");
-ABSL_FLAG(std::string, quota_file, "",
+ABSL_FLAG(std::string, quota_file, Defaults().quota_file,
           "Per-namespace quotas (JSON; see README); re-read on SIGHUP");
-ABSL_FLAG(uint64_t, namespace_max_modules, 0,
+ABSL_FLAG(uint64_t, namespace_max_modules,
+          Defaults().namespace_quota.max_modules,
           "Most modules in one namespace (0: unlimited; --quota_file may "
           "override per namespace)");
-ABSL_FLAG(uint64_t, namespace_max_mib, 0,
+ABSL_FLAG(uint64_t, namespace_max_mib,
+          Defaults().namespace_quota.max_bytes >> 20,
           "Most tensor MiB held by one namespace (0: unlimited; "
           "--quota_file may override per namespace)");
-ABSL_FLAG(int, max_streams_per_identity, 16,
+ABSL_FLAG(int, max_streams_per_identity,
+          Defaults().limits.max_streams_per_identity,
           "Streams (state_dict transfers, audit watches, subscriptions) one "
           "authenticated identity may have open at once (0: unlimited)");
-ABSL_FLAG(bool, fallback_to_cpu, false,
+ABSL_FLAG(bool, fallback_to_cpu, Defaults().fallback_to_cpu,
           "On start, restore modules saved on a device this server does not "
           "have (e.g. cuda:1 on a machine without that GPU) onto cpu instead "
           "of leaving them unloaded");
@@ -112,72 +123,12 @@ ABSL_FLAG(int, emulated_cuda_devices, 0,
 namespace {
 
 using modelstate::internal::LogLine;
+using modelstate::server::Server;
 
-// 127.0.0.0/8, ::1 and localhost: reachable from this machine only.
-bool IsLoopback(const std::string& listen) {
-  std::string host = listen.substr(0, listen.rfind(':'));
-  return host == "localhost" || host == "[::1]" || host == "::1" ||
-         host.rfind("127.", 0) == 0;
-}
-
-absl::StatusOr<std::string> ReadPem(const std::string& flag,
-                                    const std::string& path) {
-  absl::StatusOr<std::string> text = modelstate::ReadFile(path);
-  if (!text.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, ": ", text.status().message()));
-  }
-  return text;
-}
-
-// TLS when --tls_cert_file is given, requiring verified client
-// certificates when --tls_client_ca_file is; plaintext otherwise.
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials() {
-  const std::string cert = absl::GetFlag(FLAGS_tls_cert_file);
-  const std::string key = absl::GetFlag(FLAGS_tls_key_file);
-  const std::string client_ca = absl::GetFlag(FLAGS_tls_client_ca_file);
-  if (cert.empty() != key.empty()) {
-    return absl::InvalidArgumentError(
-        "--tls_cert_file and --tls_key_file go together");
-  }
-  if (cert.empty()) {
-    if (!client_ca.empty()) {
-      return absl::InvalidArgumentError(
-          "--tls_client_ca_file needs --tls_cert_file and --tls_key_file");
-    }
-    return grpc::InsecureServerCredentials();
-  }
-  grpc::SslServerCredentialsOptions options(
-      client_ca.empty()
-          ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
-          : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-  MODELSTATE_ASSIGN_OR_RETURN(pair.cert_chain, ReadPem("tls_cert_file", cert));
-  MODELSTATE_ASSIGN_OR_RETURN(pair.private_key, ReadPem("tls_key_file", key));
-  options.pem_key_cert_pairs.push_back(std::move(pair));
-  if (!client_ca.empty()) {
-    MODELSTATE_ASSIGN_OR_RETURN(options.pem_root_certs,
-                                ReadPem("tls_client_ca_file", client_ca));
-  }
-  return grpc::SslServerCredentials(options);
-}
-
-modelstate::NamespaceQuota DefaultQuota() {
-  modelstate::NamespaceQuota quota;
-  quota.max_modules = absl::GetFlag(FLAGS_namespace_max_modules);
-  quota.max_bytes = absl::GetFlag(FLAGS_namespace_max_mib) << 20;
-  return quota;
-}
-
-absl::StatusOr<modelstate::QuotaPolicy> LoadQuotas() {
-  const std::string path = absl::GetFlag(FLAGS_quota_file);
-  if (path.empty()) {
-    modelstate::QuotaPolicy policy;
-    policy.defaults = DefaultQuota();
-    return policy;
-  }
-  return modelstate::QuotaPolicy::ReadFile(path, DefaultQuota());
-}
+// Exit codes: a configuration refused before anything starts, and a start
+// or run that failed.
+constexpr int kBadConfig = 2;
+constexpr int kFailed = 1;
 
 // One flag's value against its allowed range: "--chunk_kib=0: must be
 // between 1 and 16384 (KiB)".
@@ -237,6 +188,93 @@ absl::Status CheckLimitFlags() {
   return absl::OkStatus();
 }
 
+// The limit flags, in range (CheckLimitFlags), in bytes.
+modelstate::Limits LimitsFromFlags() {
+  modelstate::Limits limits;
+  limits.max_message_bytes =
+      static_cast<uint64_t>(absl::GetFlag(FLAGS_max_message_mib)) << 20;
+  limits.default_chunk_bytes =
+      static_cast<uint32_t>(absl::GetFlag(FLAGS_chunk_kib)) << 10;
+  limits.max_chunk_bytes =
+      static_cast<uint32_t>(absl::GetFlag(FLAGS_max_chunk_kib)) << 10;
+  limits.max_tensor_bytes =
+      static_cast<uint64_t>(absl::GetFlag(FLAGS_max_tensor_mib)) << 20;
+  limits.max_module_bytes =
+      static_cast<uint64_t>(absl::GetFlag(FLAGS_max_module_mib)) << 20;
+  limits.max_spec_depth = absl::GetFlag(FLAGS_max_spec_depth);
+  limits.max_entries = absl::GetFlag(FLAGS_max_entries);
+  limits.max_queued_events =
+      static_cast<size_t>(absl::GetFlag(FLAGS_max_queued_events));
+  limits.max_streams_per_identity =
+      absl::GetFlag(FLAGS_max_streams_per_identity);
+  return limits;
+}
+
+absl::StatusOr<ServerConfig> ConfigFromFlags() {
+  MODELSTATE_RETURN_IF_ERROR(CheckLimitFlags());
+  ServerConfig config;
+  config.listen = absl::GetFlag(FLAGS_listen);
+  config.data_dir = absl::GetFlag(FLAGS_data_dir);
+  config.stream_window_kib = absl::GetFlag(FLAGS_stream_window_kib);
+  config.worker_threads = absl::GetFlag(FLAGS_worker_threads);
+  config.shutdown_grace_seconds = absl::GetFlag(FLAGS_shutdown_grace_seconds);
+  config.limits = LimitsFromFlags();
+  config.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  config.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
+  config.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
+  config.token_file = absl::GetFlag(FLAGS_token_file);
+  config.plaintext = absl::GetFlag(FLAGS_plaintext);
+  config.health_listen = absl::GetFlag(FLAGS_health_listen);
+  config.quota_file = absl::GetFlag(FLAGS_quota_file);
+  config.namespace_quota.max_modules =
+      absl::GetFlag(FLAGS_namespace_max_modules);
+  config.namespace_quota.max_bytes = absl::GetFlag(FLAGS_namespace_max_mib)
+                                     << 20;
+  config.fallback_to_cpu = absl::GetFlag(FLAGS_fallback_to_cpu);
+  MODELSTATE_RETURN_IF_ERROR(modelstate::server::CheckServerConfig(config));
+  return config;
+}
+
+// --emulated_cuda_devices: OK, or the exit code.
+int InstallEmulatedDevices() {
+  const int emulated = absl::GetFlag(FLAGS_emulated_cuda_devices);
+  if (emulated == 0) return 0;
+  if (emulated < 0 || emulated > 16) {
+    LogLine(absl::StrCat("--emulated_cuda_devices must be in [0, 16], got ",
+                         emulated));
+    return kBadConfig;
+  }
+  modelstate::InstallEmulatedCudaDevices({.count = emulated});
+  LogLine(
+      absl::StrCat("TESTING ONLY: cuda:0..cuda:", emulated - 1,
+                   " are emulated in host memory (--emulated_cuda_devices)"));
+  return 0;
+}
+
+// Where tests and scripts find the port a ":0" address got.
+void WriteReadyFile(const std::string& address) {
+  const std::string ready = absl::GetFlag(FLAGS_ready_file);
+  if (ready.empty()) return;
+  const std::string temp = ready + ".tmp";
+  std::ofstream(temp) << address << "\n";
+  std::rename(temp.c_str(), ready.c_str());
+}
+
+// SIGHUP reloads; SIGINT or SIGTERM shuts down. Returns once stopped.
+void ServeUntilSignalled(Server& server) {
+  std::thread waiter([&server] {
+    int sig = 0;
+    while ((sig = modelstate::WaitForSignal()) == SIGHUP) {
+      server.Reload("SIGHUP");
+    }
+    LogLine(absl::StrCat("signal ", sig, ": shutting down"));
+    server.Shutdown();
+  });
+  server.Wait();
+  waiter.join();
+  LogLine("stopped");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -245,262 +283,31 @@ int main(int argc, char** argv) {
       "Usage: modelstate-server [--listen=127.0.0.1:50051] "
       "[--data_dir=./data]");
   absl::ParseCommandLine(argc, argv);
-  if (int emulated = absl::GetFlag(FLAGS_emulated_cuda_devices);
-      emulated != 0) {
-    if (emulated < 0 || emulated > 16) {
-      LogLine(absl::StrCat("--emulated_cuda_devices must be in [0, 16], got ",
-                           emulated));
-      return 2;
-    }
-    modelstate::InstallEmulatedCudaDevices({.count = emulated});
-    LogLine(
-        absl::StrCat("TESTING ONLY: cuda:0..cuda:", emulated - 1,
-                     " are emulated in host memory (--emulated_cuda_devices)"));
-  }
-  // SIGINT and SIGTERM shut down, SIGHUP reloads; the waiter thread below
-  // reads them from a pipe, whichever thread received them.
+  if (int code = InstallEmulatedDevices(); code != 0) return code;
+  // The signals are read from a pipe by ServeUntilSignalled's thread,
+  // whichever thread received them.
   if (absl::Status s = modelstate::InstallSignalPipe({SIGINT, SIGTERM, SIGHUP});
       !s.ok()) {
     LogLine(s.ToString());
-    return 1;
+    return kFailed;
   }
   // A file size limit (ulimit -f) must fail the one write that exceeds it,
   // with an error the caller gets (the audit log then refuses changes), not
   // kill the server.
   signal(SIGXFSZ, SIG_IGN);
-
-  if (absl::Status limits = CheckLimitFlags(); !limits.ok()) {
-    LogLine(std::string(limits.message()));
-    return 2;
+  absl::StatusOr<ServerConfig> config = ConfigFromFlags();
+  if (!config.ok()) {
+    LogLine(std::string(config.status().message()));
+    return kBadConfig;
   }
-  // Who may connect, and how, before anything else: a misconfigured
-  // server must not start at all.
-  const std::string listen = absl::GetFlag(FLAGS_listen);
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      ServerCredentials();
-  if (!credentials.ok()) {
-    LogLine(std::string(credentials.status().message()));
-    return 2;
-  }
-  const bool tls = !absl::GetFlag(FLAGS_tls_cert_file).empty();
-  const bool mtls = !absl::GetFlag(FLAGS_tls_client_ca_file).empty();
-  const std::string token_file = absl::GetFlag(FLAGS_token_file);
-  if (mtls && token_file.empty()) {
-    LogLine(
-        "--tls_client_ca_file needs --token_file: its principals give "
-        "certificate identities (CN) their roles");
-    return 2;
-  }
-  if (!IsLoopback(listen)) {
-    if (token_file.empty()) {
-      LogLine(absl::StrCat(
-          "refusing to listen on ", listen,
-          " without authentication: pass --token_file (and TLS), or listen "
-          "on a loopback address"));
-      return 2;
-    }
-    if (!tls && !absl::GetFlag(FLAGS_plaintext)) {
-      LogLine(absl::StrCat("refusing plaintext on ", listen,
-                           ": pass --tls_cert_file and --tls_key_file, or "
-                           "--plaintext to allow it"));
-      return 2;
-    }
-  }
-  absl::StatusOr<std::unique_ptr<modelstate::server::Authenticator>> auth =
-      modelstate::server::Authenticator::Create(token_file, mtls);
-  if (!auth.ok()) {
-    LogLine(absl::StrCat("--token_file: ", auth.status().message()));
-    return 2;
-  }
-  absl::StatusOr<modelstate::QuotaPolicy> quotas = LoadQuotas();
-  if (!quotas.ok()) {
-    LogLine(absl::StrCat("--quota_file: ", quotas.status().message()));
-    return 2;
-  }
-
-  modelstate::server::ServiceOptions options;
-  options.auth = auth->get();
-  // Without authentication there are no identities to count, only peer
-  // addresses, which channels share.
-  options.max_streams_per_identity =
-      (*auth)->enabled() ? absl::GetFlag(FLAGS_max_streams_per_identity) : 0;
-  options.default_chunk_bytes =
-      static_cast<uint32_t>(absl::GetFlag(FLAGS_chunk_kib)) << 10;
-  options.max_chunk_bytes =
-      static_cast<uint32_t>(absl::GetFlag(FLAGS_max_chunk_kib)) << 10;
-  options.max_tensor_bytes =
-      static_cast<uint64_t>(absl::GetFlag(FLAGS_max_tensor_mib)) << 20;
-  options.max_module_bytes =
-      static_cast<uint64_t>(absl::GetFlag(FLAGS_max_module_mib)) << 20;
-  options.max_spec_depth = absl::GetFlag(FLAGS_max_spec_depth);
-  options.max_entries = absl::GetFlag(FLAGS_max_entries);
-  // In range (CheckLimitFlags): fits an int.
-  const int max_message = absl::GetFlag(FLAGS_max_message_mib) << 20;
-
-  options.max_queued_events =
-      static_cast<size_t>(absl::GetFlag(FLAGS_max_queued_events));
-  options.max_message_bytes = static_cast<uint64_t>(max_message);
-
-  std::filesystem::path data_dir = absl::GetFlag(FLAGS_data_dir);
-  std::error_code ec;
-  std::filesystem::create_directories(data_dir, ec);
-  if (ec) {
-    LogLine(absl::StrCat("cannot create --data_dir ", data_dir.string(), ": ",
-                         ec.message()));
-    return 1;
-  }
-  // Loads stage their bytes in unlinked files here (nothing to clean up).
-  options.staging_dir = (data_dir / "staging").string();
-  std::filesystem::create_directories(options.staging_dir, ec);
-  if (ec) {
-    LogLine(absl::StrCat("cannot create ", options.staging_dir, ": ",
-                         ec.message()));
-    return 1;
-  }
-  std::string audit_path = (data_dir / "audit.log").string();
-  absl::StatusOr<std::unique_ptr<modelstate::AuditLog>> audit =
-      modelstate::AuditLog::Open(audit_path);
-  if (!audit.ok()) {
-    LogLine(
-        absl::StrCat("cannot open the audit log: ", audit.status().ToString()));
-    return 1;
-  }
-  if ((*audit)->recovered_torn_tail()) {
-    LogLine(absl::StrCat(audit_path,
-                         ": removed a torn last record left by a crash"));
-  }
-  modelstate::SubscriberHub hub(audit->get());
-  absl::StatusOr<size_t> owned_names = hub.RestoreNameOwners();
-  if (!owned_names.ok()) {
-    LogLine(absl::StrCat("cannot read subscriber names from the audit log: ",
-                         owned_names.status().ToString()));
-    return 1;
-  }
-  std::string modules_dir = (data_dir / "modules").string();
-  absl::StatusOr<std::unique_ptr<modelstate::ModuleRepository>> repository =
-      modelstate::ModuleRepository::Open(modules_dir);
-  if (!repository.ok()) {
-    LogLine(absl::StrCat("cannot open the module directory: ",
-                         repository.status().ToString()));
-    return 1;
-  }
-  modelstate::ModelStore store;
-  store.set_decider(&hub);
-  store.set_audit_log(audit->get());
-  store.set_repository(repository->get());
-  store.set_quotas(*quotas);
-  // Everything saved comes back before the first request is served.
-  absl::Time restore_start = absl::Now();
-  const bool fallback_to_cpu = absl::GetFlag(FLAGS_fallback_to_cpu);
-  modelstate::ModelStore::RestoreReport restored =
-      store.Restore(fallback_to_cpu);
-  for (const absl::Status& error : restored.errors) {
-    LogLine(absl::StrCat("not restored: ", error.ToString()));
-    if (absl::IsFailedPrecondition(error) && !fallback_to_cpu) {
-      LogLine("  (start with --fallback_to_cpu to restore it onto cpu)");
-    }
-  }
-  LogLine(
-      absl::StrFormat("restored %d modules (%d bytes) from %s in %.3f s%s",
-                      restored.modules, restored.bytes, modules_dir,
-                      absl::ToDoubleSeconds(absl::Now() - restore_start),
-                      restored.recovered == 0
-                          ? ""
-                          : absl::StrCat("; recorded ", restored.recovered,
-                                         " changes the audit log had missed")));
-  modelstate::server::ModelStateServiceImpl service(&store, &hub, audit->get(),
-                                                    audit_path, options);
-
-  grpc::EnableDefaultHealthCheckService(true);
+  // Every server built from here on offers reflection (grpcurl, ...).
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  // A second server on the same port must fail, not share connections.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.SetMaxReceiveMessageSize(max_message);
-  builder.SetMaxSendMessageSize(max_message);
-  if (int window = absl::GetFlag(FLAGS_stream_window_kib); window > 0) {
-    // A fixed window instead of gRPC's adaptive one, which on loopback
-    // grows until a slow consumer has tens of MiB queued in the server.
-    builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-    builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
-                               window << 10);
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(*config);
+  if (!server.ok()) {
+    LogLine(std::string(server.status().message()));
+    return kFailed;
   }
-  if (int threads = absl::GetFlag(FLAGS_worker_threads); threads > 0) {
-    grpc::ResourceQuota quota("modelstate");
-    quota.SetMaxThreads(threads);
-    builder.SetResourceQuota(quota);
-  }
-  int port = 0;
-  builder.AddListeningPort(listen, *credentials, &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    LogLine(absl::StrCat("cannot listen on ", listen));
-    return 1;
-  }
-  std::string host = listen.substr(0, listen.rfind(':'));
-  std::string address = absl::StrCat(host, ":", port);
-  LogLine(absl::StrCat(
-      "modelstate-server listening on ", address,
-      tls ? (mtls ? " (mutual TLS)" : " (TLS)") : " (plaintext)",
-      (*auth)->enabled()
-          ? absl::StrCat("; ", token_file, " authenticates callers")
-          : "; no authentication (no --token_file): loopback only, every "
-            "caller is an admin"));
-  // Probes that cannot present credentials get health and nothing else.
-  std::unique_ptr<grpc::Server> health_server;
-  if (std::string health = absl::GetFlag(FLAGS_health_listen);
-      !health.empty()) {
-    grpc::ServerBuilder health_builder;
-    int health_port = 0;
-    health_builder.AddListeningPort(health, grpc::InsecureServerCredentials(),
-                                    &health_port);
-    health_server = health_builder.BuildAndStart();
-    if (health_server == nullptr || health_port == 0) {
-      LogLine(absl::StrCat("cannot listen on --health_listen ", health));
-      server->Shutdown();
-      return 1;
-    }
-    LogLine(absl::StrCat("health checks (only) on ", health));
-  }
-  if (std::string ready = absl::GetFlag(FLAGS_ready_file); !ready.empty()) {
-    std::string temp = ready + ".tmp";
-    std::ofstream(temp) << address << "\n";
-    std::rename(temp.c_str(), ready.c_str());
-  }
-
-  std::thread waiter([&] {
-    int sig = 0;
-    while ((sig = modelstate::WaitForSignal()) == SIGHUP) {
-      if ((*auth)->enabled()) {
-        absl::StatusOr<size_t> loaded = (*auth)->Reload();
-        LogLine(loaded.ok()
-                    ? absl::StrCat("SIGHUP: ", *loaded, " principals from ",
-                                   token_file)
-                    : absl::StrCat("SIGHUP: kept the principals in force: ",
-                                   loaded.status().message()));
-      }
-      absl::StatusOr<modelstate::QuotaPolicy> fresh = LoadQuotas();
-      if (fresh.ok()) {
-        store.set_quotas(*std::move(fresh));
-      } else {
-        LogLine(absl::StrCat("SIGHUP: kept the quotas in force: ",
-                             fresh.status().message()));
-      }
-    }
-    LogLine(absl::StrCat("signal ", sig, ": shutting down"));
-    if (health_server != nullptr) {
-      health_server->GetHealthCheckService()->Shutdown();
-    }
-    server->GetHealthCheckService()->Shutdown();
-    hub.CloseAll(absl::UnavailableError("server shutting down"));
-    server->Shutdown(absl::ToChronoTime(
-        absl::Now() +
-        absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_seconds))));
-  });
-  server->Wait();
-  waiter.join();
-  if (health_server != nullptr) health_server->Shutdown();
-  LogLine("stopped");
+  WriteReadyFile((*server)->address());
+  ServeUntilSignalled(**server);
   return 0;
 }

@@ -21,8 +21,7 @@ class SubscriptionReactor::Channel : public SubscriberChannel {
   }
   void Close(absl::Status status) override {
     MutexLock lock(&mu_);
-    if (reactor_ != nullptr)
-      reactor_->FinishOnce(convert::ToGrpcStatus(status));
+    if (reactor_ != nullptr) reactor_->FinishOnce(status);
   }
   // Called when the reactor is about to be deleted.
   void Disconnect() {
@@ -35,19 +34,17 @@ class SubscriptionReactor::Channel : public SubscriberChannel {
   SubscriptionReactor* reactor_ ABSL_GUARDED_BY(mu_);
 };
 
-SubscriptionReactor::SubscriptionReactor(SubscriberHub* hub,
-                                         OperationContext ctx,
-                                         SubscriptionLimits limits,
-                                         SubscriptionAccess access)
-    : hub_(hub),
-      ctx_(std::move(ctx)),
-      limits_(limits),
-      channel_(std::make_shared<Channel>(this)),
-      access_(std::move(access)) {
-  if (!access_.denied.ok()) {
-    FinishOnce(convert::ToGrpcStatus(access_.denied));
+SubscriptionReactor::SubscriptionReactor(
+    absl::StatusOr<std::unique_ptr<SubscriberSession>> session,
+    const Limits& limits)
+    : max_queued_events_(limits.max_queued_events),
+      max_tensor_bytes_(limits.max_tensor_bytes),
+      channel_(std::make_shared<Channel>(this)) {
+  if (!session.ok()) {
+    FinishOnce(session.status());
     return;
   }
+  session_ = *std::move(session);
   StartRead(&request_);
 }
 
@@ -56,45 +53,35 @@ void SubscriptionReactor::OnReadDone(bool ok) {
     // The subscriber closed its side (or the call was cancelled). Detached
     // before the stream ends, so once the client sees the end, no request
     // waits for or is seen by this subscriber any more.
-    if (subscriber_id_ != 0) {
-      hub_->Detach(subscriber_id_, ctx_);
-      subscriber_id_ = 0;
-    }
-    FinishOnce(grpc::Status::OK);
+    session_->Detach();
+    FinishOnce(absl::OkStatus());
     return;
   }
-  if (subscriber_id_ == 0) {
+  if (!attached_) {
     if (request_.payload_case() != v1::SubscribeRequest::kSubscription) {
-      FinishOnce(grpc::Status(
-          grpc::StatusCode::INVALID_ARGUMENT,
+      FinishOnce(absl::InvalidArgumentError(
           "subscription: the first message must be a subscription"));
       return;
     }
     absl::StatusOr<SubscriptionSpec> spec =
         convert::SubscriptionFromProto(request_.subscription());
-    if (spec.ok() && access_.admit) {
-      if (absl::Status admitted = access_.admit(*spec); !admitted.ok()) {
-        spec = admitted;
-      }
-    }
     absl::StatusOr<uint64_t> id =
-        spec.ok() ? hub_->Attach(*spec, channel_, ctx_) : spec.status();
+        spec.ok() ? session_->Attach(*std::move(spec), channel_)
+                  : spec.status();
     if (!id.ok()) {
-      FinishOnce(convert::ToGrpcStatus(id.status()));
+      FinishOnce(id.status());
       return;
     }
-    subscriber_id_ = *id;
+    attached_ = true;
     v1::SubscribeResponse ack;
     ack.mutable_ack()->set_subscriber_id(*id);
     Push(std::move(ack));
   } else if (request_.payload_case() == v1::SubscribeRequest::kAnswer) {
-    hub_->Answer(subscriber_id_,
-                 convert::AnswerFromProto(request_.mutable_answer(),
-                                          limits_.max_tensor_bytes));
+    session_->Answer(
+        convert::AnswerFromProto(request_.mutable_answer(), max_tensor_bytes_));
   } else {
-    FinishOnce(
-        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                     "answer: only answers may follow the subscription"));
+    FinishOnce(absl::InvalidArgumentError(
+        "answer: only answers may follow the subscription"));
     return;
   }
   StartRead(&request_);
@@ -117,12 +104,11 @@ void SubscriptionReactor::Push(v1::SubscribeResponse message) {
   {
     MutexLock lock(&mu_);
     if (finished_) return;
-    if (queue_.size() >= limits_.max_queued_events) {
+    if (queue_.size() >= max_queued_events_) {
       // Not reading its events: drop it rather than buffer without bound.
-      finish = FinishLocked(grpc::Status(
-          grpc::StatusCode::RESOURCE_EXHAUSTED,
+      finish = FinishLocked(convert::ToGrpcStatus(absl::ResourceExhaustedError(
           absl::StrCat("subscriber is not reading its events: ",
-                       limits_.max_queued_events, " are waiting")));
+                       max_queued_events_, " are waiting"))));
     } else {
       queue_.push_back(std::move(message));
       if (!writing_) {
@@ -179,18 +165,18 @@ std::optional<grpc::Status> SubscriptionReactor::FinishLocked(
   return status;
 }
 
-void SubscriptionReactor::FinishOnce(const grpc::Status& status) {
+void SubscriptionReactor::FinishOnce(const absl::Status& status) {
   std::optional<grpc::Status> finish;
   {
     MutexLock lock(&mu_);
-    finish = FinishLocked(status);
+    finish = FinishLocked(convert::ToGrpcStatus(status));
   }
   if (finish.has_value()) Finish(*std::move(finish));
 }
 
 void SubscriptionReactor::OnDone() {
   channel_->Disconnect();
-  if (subscriber_id_ != 0) hub_->Detach(subscriber_id_, ctx_);
+  session_.reset();  // detaches, and gives the stream slot back
   delete this;
 }
 

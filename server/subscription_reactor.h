@@ -1,9 +1,14 @@
 // File: subscription_reactor.h
 // One Subscribe stream: a gRPC callback reactor that attaches the
-// subscriber to the SubscriberHub, forwards its answers, and writes the
+// subscriber through its SubscriberSession (service/model_service.h, which
+// admits it and talks to the hub), forwards its answers, and writes the
 // hub's events to the stream, one write in flight at a time, from a bounded
 // queue (a subscriber that stops reading is disconnected rather than letting
 // the server buffer without limit).
+//
+// Example:
+//   return new SubscriptionReactor(service->OpenSubscription(caller),
+//                                  service->limits());
 #ifndef MODELSTATE_SERVER_SUBSCRIPTION_REACTOR_H_
 #define MODELSTATE_SERVER_SUBSCRIPTION_REACTOR_H_
 
@@ -16,36 +21,22 @@
 #include "base/sync.h"
 #include "grpcpp/grpcpp.h"
 #include "modelstate/v1/model_state_service.grpc.pb.h"
-#include "server/auth.h"
-#include "service/model_store.h"
+#include "service/limits.h"
+#include "service/model_service.h"
 #include "service/subscriber_hub.h"
 
 namespace modelstate::server {
-
-struct SubscriptionLimits {
-  // Events waiting to be written before the subscriber is dropped.
-  size_t max_queued_events = 10000;
-  uint64_t max_tensor_bytes = uint64_t{16} << 30;
-};
-
-// What the caller may subscribe to.
-struct SubscriptionAccess {
-  // Not OK: the call ends with this status at once (already audited).
-  absl::Status denied;
-  // Checks the subscription against the caller's rights and narrows what it
-  // may see (SubscriptionSpec::visible_namespaces); null: anything goes.
-  std::function<absl::Status(SubscriptionSpec&)> admit;
-  // Held while the subscription lasts (streams per identity).
-  std::unique_ptr<StreamLimiter::Slot> slot;
-};
 
 // Deletes itself when the RPC is done (gRPC's reactor contract).
 class SubscriptionReactor
     : public grpc::ServerBidiReactor<v1::SubscribeRequest,
                                      v1::SubscribeResponse> {
  public:
-  SubscriptionReactor(SubscriberHub* hub, OperationContext ctx,
-                      SubscriptionLimits limits, SubscriptionAccess access);
+  // `session` not OK: the call ends with its status at once (a refusal,
+  // already audited). Uses limits.max_queued_events and max_tensor_bytes.
+  SubscriptionReactor(
+      absl::StatusOr<std::unique_ptr<SubscriberSession>> session,
+      const Limits& limits);
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
@@ -53,7 +44,7 @@ class SubscriptionReactor
 
   // Called through the channel (any thread).
   void Enqueue(std::shared_ptr<const HookEvent> event);
-  void FinishOnce(const grpc::Status& status);
+  void FinishOnce(const absl::Status& status);
 
  private:
   class Channel;
@@ -69,15 +60,14 @@ class SubscriptionReactor
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
-  SubscriberHub* const hub_;
-  const OperationContext ctx_;
-  const SubscriptionLimits limits_;
+  const size_t max_queued_events_;
+  const uint64_t max_tensor_bytes_;
   const std::shared_ptr<Channel> channel_;
-  SubscriptionAccess access_;
 
   // Only touched by reactions, which gRPC never runs concurrently for reads.
+  std::unique_ptr<SubscriberSession> session_;  // null when refused
   v1::SubscribeRequest request_;
-  uint64_t subscriber_id_ = 0;
+  bool attached_ = false;
 
   Mutex mu_;
   // Messages to write; the front one is being written while writing_. Only

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <utility>
@@ -19,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
+#include "base/file_util.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -53,8 +53,6 @@ constexpr absl::string_view kTimeFormat = "%Y-%m-%d%ET%H:%M:%E9SZ";
 constexpr absl::string_view kTimeParseFormat = "%Y-%m-%d%ET%H:%M:%E*SZ";
 // ',"hash":"' + 64 hex digits + '"}'
 constexpr size_t kHashSuffixSize = 9 + 64 + 2;
-constexpr size_t kDefaultLimit = 100;
-constexpr size_t kMaxLimit = 10000;
 // Deeper `details` are rejected: nlohmann's dump() recurses once per level,
 // and an audit record has no use for deep nesting.
 constexpr int kMaxDetailsDepth = 64;
@@ -65,8 +63,8 @@ const std::string& GenesisHash() {
 }
 
 size_t EffectiveLimit(size_t limit) {
-  if (limit == 0) return kDefaultLimit;
-  return std::min(limit, kMaxLimit);
+  if (limit == 0) return AuditQuery::kDefaultLimit;
+  return std::min(limit, AuditQuery::kMaxLimit);
 }
 
 std::string FormatRecordTime(absl::Time t) {
@@ -451,64 +449,6 @@ ChainWalk WalkChain(absl::string_view content,
   return w;
 }
 
-absl::Status ErrnoError(int error, absl::string_view what,
-                        absl::string_view path) {
-  return absl::ErrnoToStatus(error, absl::StrCat(what, " ", path));
-}
-
-absl::Status WriteAll(int fd, absl::string_view data, size_t* written) {
-  *written = 0;
-  while (*written < data.size()) {
-    const ssize_t n =
-        ::write(fd, data.data() + *written, data.size() - *written);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return absl::ErrnoToStatus(errno, "write");
-    }
-    if (n == 0) return absl::DataLossError("write wrote nothing");
-    *written += static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ReadAll(int fd, const std::string& path, std::string* out) {
-  out->clear();
-  char buffer[1 << 16];
-  for (;;) {
-    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError(errno, "cannot read audit log", path);
-    }
-    if (n == 0) return absl::OkStatus();
-    out->append(buffer, static_cast<size_t>(n));
-  }
-}
-
-int FdataSyncRetrying(int fd) {
-  int rc;
-  do {
-    rc = ::fdatasync(fd);
-  } while (rc != 0 && errno == EINTR);
-  return rc;
-}
-
-// Makes a newly created file's directory entry durable.
-absl::Status SyncParentDirectory(const std::string& path) {
-  std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  if (dir.empty()) dir = ".";
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(errno, "cannot open directory", dir.string());
-  int rc;
-  do {
-    rc = ::fsync(fd);
-  } while (rc != 0 && errno == EINTR);
-  const int error = errno;
-  ::close(fd);
-  if (rc != 0) return ErrnoError(error, "cannot fsync directory", dir.string());
-  return absl::OkStatus();
-}
-
 // Opens `path` for appending, creating it if it does not exist; *created
 // says which happened (only a created file needs its directory synced).
 absl::StatusOr<int> OpenOrCreate(const std::string& path, bool* created) {
@@ -523,32 +463,32 @@ absl::StatusOr<int> OpenOrCreate(const std::string& path, bool* created) {
     }
     if (errno == EINTR) continue;
     if (errno != ENOENT)
-      return ErrnoError(errno, "cannot open audit log", path);
+      return ErrnoStatus(errno, path, "cannot open the audit log");
     fd = ::open(path.c_str(), kFlags | O_CREAT | O_EXCL, 0640);
     if (fd >= 0) {
       *created = true;
       return fd;
     }
     if (errno != EEXIST && errno != EINTR) {
-      return ErrnoError(errno, "cannot create audit log", path);
+      return ErrnoStatus(errno, path, "cannot create the audit log");
     }
   }
   return absl::UnavailableError(absl::StrCat(
       "cannot open audit log ", path, ": it keeps appearing and disappearing"));
 }
 
-bool Matches(const AuditRecord& r, const AuditQuery& q) {
-  if (q.since.has_value() && r.time < *q.since) return false;
-  if (q.until.has_value() && r.time >= *q.until) return false;
-  if (!q.ns.empty() && r.ns != q.ns) return false;
-  if (!q.module.empty() && r.module != q.module) return false;
-  if (!q.identity.empty() && r.identity != q.identity) return false;
-  if (!q.outcome.empty() && r.outcome != q.outcome) return false;
-  if (!q.type.empty() && r.type != q.type) return false;
+}  // namespace
+
+bool AuditQuery::Matches(const AuditRecord& r) const {
+  if (since.has_value() && r.time < *since) return false;
+  if (until.has_value() && r.time >= *until) return false;
+  if (!ns.empty() && r.ns != ns) return false;
+  if (!module.empty() && r.module != module) return false;
+  if (!identity.empty() && r.identity != identity) return false;
+  if (!outcome.empty() && r.outcome != outcome) return false;
+  if (!type.empty() && r.type != type) return false;
   return true;
 }
-
-}  // namespace
 
 struct AuditLog::State {
   State(std::string p, int f) : path(std::move(p)), fd(f) {}
@@ -602,12 +542,11 @@ absl::StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(
           " is already open (in this or another process); two writers "
           "would fork the chain"));
     }
-    return ErrnoError(errno, "cannot lock audit log", path);
+    return ErrnoStatus(errno, path, "cannot lock the audit log");
   }
-  if (created) MODELSTATE_RETURN_IF_ERROR(SyncParentDirectory(path));
+  if (created) MODELSTATE_RETURN_IF_ERROR(FsyncParentDirectory(path));
 
-  std::string content;
-  MODELSTATE_RETURN_IF_ERROR(ReadAll(fd, path, &content));
+  MODELSTATE_ASSIGN_OR_RETURN(std::string content, ReadToEnd(fd, path));
   std::vector<AuditRecord> records;
   ChainWalk walk = WalkChain(content, &records);
   size_t size = walk.valid_bytes;
@@ -622,14 +561,14 @@ absl::StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(
     // A crash cut the last append short; that record was never
     // acknowledged, so dropping it loses nothing anyone was promised.
     if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
-      return ErrnoError(errno, "cannot truncate the torn tail of", path);
+      return ErrnoStatus(errno, path, "cannot truncate the torn tail");
     }
     log->recovered_torn_tail_ = true;
   } else if (walk.unterminated) {
     // The record is whole but its newline was not written; add it, or the
     // next record would be glued onto this line.
     size_t written = 0;
-    absl::Status st = WriteAll(fd, "\n", &written);
+    absl::Status st = WriteAll(fd, "\n", path, &written);
     if (!st.ok()) {
       return absl::Status(
           st.code(), absl::StrCat("cannot complete the last line of ", path,
@@ -639,9 +578,7 @@ absl::StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(
   }
   // Whatever an earlier process wrote may still be only in the page cache;
   // one sync here lets synced_seq start at the last record.
-  if (FdataSyncRetrying(fd) != 0) {
-    return ErrnoError(errno, "cannot sync audit log", path);
-  }
+  MODELSTATE_RETURN_IF_ERROR(Fdatasync(fd, path));
 
   {
     MutexLock lock(&s.mu);
@@ -677,7 +614,7 @@ absl::StatusOr<uint64_t> AuditLog::Append(AuditRecord record) {
   line.push_back('\n');
 
   size_t written = 0;
-  absl::Status st = WriteAll(s.fd, line, &written);
+  absl::Status st = WriteAll(s.fd, line, s.path, &written);
   if (!st.ok()) {
     // Undo a partial line, so that the file stays a valid chain.
     if (written > 0 &&
@@ -734,14 +671,13 @@ absl::Status AuditLog::Sync(uint64_t seq) {
     ReaderMutexLock lock(&s.mu);
     target = s.records.size();
   }
-  const int rc = FdataSyncRetrying(s.fd);
-  const int error = errno;
+  absl::Status synced = Fdatasync(s.fd, s.path);
   MutexLock lock(&s.sync_mu);
   s.sync_in_progress = false;
-  if (rc == 0) {
+  if (synced.ok()) {
     s.synced_seq = std::max(s.synced_seq, target);
   } else {
-    s.sync_error = ErrnoError(error, "cannot fdatasync audit log", s.path);
+    s.sync_error = std::move(synced);
   }
   s.sync_done.SignalAll();
   return s.sync_error;
@@ -772,7 +708,7 @@ absl::StatusOr<std::vector<AuditRecord>> AuditLog::Query(
   for (size_t i = static_cast<size_t>(
            std::min<uint64_t>(query.after_seq, s.records.size()));
        i < s.records.size() && out.size() < limit; ++i) {
-    if (Matches(s.records[i], query)) out.push_back(s.records[i]);
+    if (query.Matches(s.records[i])) out.push_back(s.records[i]);
   }
   return out;
 }
@@ -807,12 +743,10 @@ absl::StatusOr<AuditVerification> AuditLog::Verify(const std::string& path) {
       return absl::NotFoundError(
           absl::StrCat("audit log ", path, " does not exist"));
     }
-    return ErrnoError(errno, "cannot open audit log", path);
+    return ErrnoStatus(errno, path, "cannot open the audit log");
   }
-  std::string content;
-  absl::Status st = ReadAll(fd, path, &content);
-  ::close(fd);
-  MODELSTATE_RETURN_IF_ERROR(st);
+  ScopedFd file(fd);
+  MODELSTATE_ASSIGN_OR_RETURN(std::string content, ReadToEnd(fd, path));
   return WalkChain(content, nullptr).verification;
 }
 

@@ -49,7 +49,9 @@ struct AuditRecord {
   std::string correlation_id;
   // What happened: "build", "registration", "answer", "outcome",
   // "load_state_dict", "move", "delete", "set_training", "subscribe",
-  // "unsubscribe", "denied", ... (free text, lowercase).
+  // "unsubscribe", "denied", ... (lowercase). The service's records are
+  // built by service/audit_events.h, which lists every type; the log
+  // itself takes any text.
   std::string type;
   std::string ns;      // namespace of the module concerned, if any
   std::string module;  // module name (without namespace), if any
@@ -73,8 +75,16 @@ struct AuditQuery {
   std::string identity;
   std::string outcome;
   std::string type;
+  // Records per query when a query asks for 0, and the most it may ask for.
+  static constexpr size_t kDefaultLimit = 100;
+  static constexpr size_t kMaxLimit = 10000;
+
   uint64_t after_seq = 0;  // seq > after_seq (paging)
-  size_t limit = 100;
+  size_t limit = kDefaultLimit;
+
+  // Whether `record` meets every condition but after_seq and limit (which
+  // page, rather than filter).
+  bool Matches(const AuditRecord& record) const;
 };
 
 // The result of Verify.

@@ -15,8 +15,8 @@
 #include "absl/strings/str_join.h"
 #include "base/glob.h"
 #include "base/status_macros.h"
-#include "nlohmann/json.hpp"
 #include "nn/forward.h"
+#include "service/audit_events.h"
 
 namespace modelstate {
 namespace {
@@ -61,6 +61,24 @@ class ReplayHooks {
   HookRegistry registry_;
   std::vector<RemovableHandle> handles_;
 };
+
+absl::Status NoSuchModule(const ModuleName& name) {
+  return absl::NotFoundError(
+      absl::StrCat("module '", name.full(), "' does not exist"));
+}
+
+// The submodule of `root` at `path` (given in request field `field`):
+// NOT_FOUND naming the path otherwise.
+absl::StatusOr<std::shared_ptr<Module>> Submodule(const Module& root,
+                                                  const ModuleName& name,
+                                                  absl::string_view field,
+                                                  const std::string& path) {
+  absl::StatusOr<std::shared_ptr<Module>> found = root.GetSubmodule(path);
+  if (found.ok()) return found;
+  return absl::NotFoundError(absl::StrCat(field, " '", path, "' in '",
+                                          name.full(),
+                                          "': ", found.status().message()));
+}
 
 std::string DescribeBlocked(const RegistrationRecord& r,
                             const HookDecision& final) {
@@ -112,17 +130,22 @@ ModuleRepository* ModelStore::repository() const {
   return repository_;
 }
 
+ChangeNote ModelStore::NoteFor(const OperationContext& ctx,
+                               AuditType type) const {
+  AuditLog* log = audit();
+  return ChangeNote{std::string(AuditTypeName(type)), ctx.identity,
+                    ctx.correlation_id, log == nullptr ? 0 : log->last_seq()};
+}
+
 absl::Status ModelStore::Persist(
-    const OperationContext& ctx, Entry& entry, absl::string_view type,
+    const OperationContext& ctx, Entry& entry, AuditType type,
     const std::vector<PrewrittenBytes>& prewritten) {
   ModuleRepository* repo = repository();
   if (repo == nullptr) return absl::OkStatus();
-  AuditLog* log = audit();
-  ChangeNote note{std::string(type), ctx.identity, ctx.correlation_id,
-                  log == nullptr ? 0 : log->last_seq()};
-  absl::Status saved = repo->Save(entry.name, *entry.root, note, prewritten);
+  absl::Status saved =
+      repo->Save(entry.name, *entry.root, NoteFor(ctx, type), prewritten);
   if (saved.ok()) return saved;
-  if (type == "build") {
+  if (type == AuditType::kBuild) {
     return absl::InternalError(absl::StrCat(
         "module '", entry.name.full(), "' was not stored: ", saved.message()));
   }
@@ -160,33 +183,22 @@ absl::StatusOr<bool> ModelStore::RecordIfUnrecorded(const ModuleName& name,
   query.ns = name.ns;
   query.module = name.name;
   query.after_seq = note.audit_seq;
-  query.limit = 10000;
+  query.limit = AuditQuery::kMaxLimit;
   while (true) {
     MODELSTATE_ASSIGN_OR_RETURN(std::vector<AuditRecord> records,
                                 log->Query(query));
     for (const AuditRecord& r : records) {
       if (r.correlation_id == note.correlation_id &&
-          (r.type == note.type || r.type == "recovered")) {
+          (r.type == note.type ||
+           r.type == AuditTypeName(AuditType::kRecovered))) {
         return false;
       }
     }
     if (records.size() < query.limit) break;
     query.after_seq = records.back().seq;
   }
-  AuditRecord r;
-  r.identity = note.identity;
-  r.correlation_id = note.correlation_id;
-  r.type = "recovered";
-  r.ns = name.ns;
-  r.module = name.name;
-  r.outcome = "ok";
-  r.details_json =
-      nlohmann::json({{"change", note.type},
-                      {"reason",
-                       "the change was saved, but the server stopped before "
-                       "recording it"}})
-          .dump();
-  MODELSTATE_ASSIGN_OR_RETURN(uint64_t seq, log->Append(std::move(r)));
+  MODELSTATE_ASSIGN_OR_RETURN(uint64_t seq,
+                              log->Append(audit_events::Recovered(name, note)));
   MODELSTATE_RETURN_IF_ERROR(log->Sync(seq));
   return true;
 }
@@ -216,12 +228,8 @@ ModelStore::RestoreReport ModelStore::Restore(bool fallback_to_cpu) {
   }
   if (AuditLog* log = audit(); log != nullptr) {
     for (const absl::Status& error : report.errors) {
-      AuditRecord r;
-      r.type = "restore";
-      r.outcome = "error";
-      r.details_json =
-          nlohmann::json({{"error", std::string(error.message())}}).dump();
-      absl::StatusOr<uint64_t> seq = log->Append(std::move(r));
+      absl::StatusOr<uint64_t> seq =
+          log->Append(audit_events::RestoreFailed(error));
       if (seq.ok()) log->Sync(*seq).IgnoreError();
     }
   }
@@ -305,27 +313,12 @@ absl::Status ModelStore::CheckQuota(const ModuleName& name,
   return absl::OkStatus();
 }
 
-absl::Status ModelStore::Record(const OperationContext& ctx,
-                                const ModuleName& name, absl::string_view type,
-                                const absl::Status& result,
-                                std::string details_json) {
+absl::Status ModelStore::Record(const absl::Status& result,
+                                AuditRecord record) {
   AuditLog* log = audit();
   if (log == nullptr) return result;
-  AuditRecord r;
-  r.identity = ctx.identity;
-  r.correlation_id = ctx.correlation_id;
-  r.type = std::string(type);
-  r.ns = name.ns;
-  r.module = name.name;
-  r.outcome = result.ok() ? "ok" : "error";
-  nlohmann::json details = nlohmann::json::parse(details_json, nullptr, false);
-  if (!details.is_object()) details = nlohmann::json::object();
-  if (!result.ok()) {
-    details["error"] = {{"code", absl::StatusCodeToString(result.code())},
-                        {"message", std::string(result.message())}};
-  }
-  r.details_json = details.dump();
-  absl::StatusOr<uint64_t> seq = log->Append(std::move(r));
+  const std::string type = record.type;
+  absl::StatusOr<uint64_t> seq = log->Append(std::move(record));
   absl::Status synced = seq.ok() ? log->Sync(*seq) : seq.status();
   if (!synced.ok()) {
     return absl::UnavailableError(absl::StrCat(
@@ -339,8 +332,7 @@ absl::StatusOr<std::shared_ptr<ModelStore::Entry>> ModelStore::Find(
   MutexLock lock(&mu_);
   auto it = entries_.find(name.full());
   if (it == entries_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("module '", name.full(), "' does not exist"));
+    return NoSuchModule(name);
   }
   return it->second;
 }
@@ -399,23 +391,19 @@ absl::StatusOr<BuildOutcome> ModelStore::Build(const OperationContext& ctx,
       blocked.push_back(DescribeBlocked(built.records[i], finals[i]));
     }
   }
-  nlohmann::json details = {{"type", spec.type},
-                            {"seed", options.seed},
-                            {"device", options.device.ToString()},
-                            {"dtype", std::string(DTypeName(options.dtype))},
-                            {"registrations", finals.size()},
-                            {"blocked", blocked_count},
-                            {"all_or_nothing", all_or_nothing}};
+  auto recorded = [&](const absl::Status& result) {
+    return Record(result, audit_events::Build(ctx, name, spec.type, options,
+                                              finals.size(), blocked_count,
+                                              all_or_nothing, result));
+  };
   if (all_or_nothing && !blocked.empty()) {
-    return Record(ctx, name, "build",
-                  absl::FailedPreconditionError(absl::StrCat(
-                      "all_or_nothing build of '", name.full(),
-                      "' stored nothing: ", absl::StrJoin(blocked, "; "))),
-                  details.dump());
+    return recorded(absl::FailedPreconditionError(
+        absl::StrCat("all_or_nothing build of '", name.full(),
+                     "' stored nothing: ", absl::StrJoin(blocked, "; "))));
   }
   if (absl::Status quota = CheckQuota(name, 1, HeldBytes(*built.root), nullptr);
       !quota.ok()) {
-    return Record(ctx, name, "build", quota, details.dump());
+    return recorded(quota);
   }
   auto entry = std::make_shared<Entry>(name, built.root);
   // Nobody changes the new module before it is saved and recorded.
@@ -431,7 +419,7 @@ absl::StatusOr<BuildOutcome> ModelStore::Build(const OperationContext& ctx,
   if (result.ok()) {
     {
       WriterMutexLock lock(&entry->mu);
-      result = Persist(ctx, *entry, "build");
+      result = Persist(ctx, *entry, AuditType::kBuild);
       if (!result.ok()) entry->deleted = true;
     }
     if (!result.ok()) {
@@ -439,8 +427,7 @@ absl::StatusOr<BuildOutcome> ModelStore::Build(const OperationContext& ctx,
       entries_.erase(name.full());
     }
   }
-  MODELSTATE_RETURN_IF_ERROR(
-      Record(ctx, name, "build", result, details.dump()));
+  MODELSTATE_RETURN_IF_ERROR(recorded(result));
   return BuildOutcome{Zip(std::move(built.records), std::move(finals))};
 }
 
@@ -478,27 +465,13 @@ absl::StatusOr<std::vector<RegistrationResult>> ModelStore::Register(
   std::string target_path = request.path;
   {
     ReaderMutexLock lock(&entry->mu);
-    if (entry->deleted) {
-      return absl::NotFoundError(
-          absl::StrCat("module '", name.full(), "' does not exist"));
-    }
-    absl::StatusOr<std::shared_ptr<Module>> found =
-        entry->root->GetSubmodule(request.path);
-    if (!found.ok()) {
-      return absl::NotFoundError(absl::StrCat("path '", request.path, "' in '",
-                                              name.full(),
-                                              "': ", found.status().message()));
-    }
-    target = *found;
+    if (entry->deleted) return NoSuchModule(name);
+    MODELSTATE_ASSIGN_OR_RETURN(
+        target, Submodule(*entry->root, name, "path", request.path));
     if (request.existing_path.has_value()) {
-      absl::StatusOr<std::shared_ptr<Module>> existing =
-          entry->root->GetSubmodule(*request.existing_path);
-      if (!existing.ok()) {
-        return absl::NotFoundError(
-            absl::StrCat("existing_path '", *request.existing_path, "' in '",
-                         name.full(), "': ", existing.status().message()));
-      }
-      value.module = *existing;
+      MODELSTATE_ASSIGN_OR_RETURN(value.module,
+                                  Submodule(*entry->root, name, "existing_path",
+                                            *request.existing_path));
     }
   }
   // A submodule spec is built first, detached; its own registrations come
@@ -521,10 +494,9 @@ absl::StatusOr<std::vector<RegistrationResult>> ModelStore::Register(
                            : value.module != nullptr ? HeldBytes(*value.module)
                                                      : HeldBytes(value.tensor);
     if (absl::Status quota = CheckQuota(name, 0, added, nullptr); !quota.ok()) {
-      return Record(
-          ctx, name, "register", quota,
-          nlohmann::json({{"path", target_path}, {"name", request.name}})
-              .dump());
+      return Record(quota,
+                    audit_events::Register(ctx, name, target_path, request.name,
+                                           nullptr, request.removal, quota));
     }
   }
   // Dry run: validate and record the event without changing anything.
@@ -544,18 +516,14 @@ absl::StatusOr<std::vector<RegistrationResult>> ModelStore::Register(
                                          finals.begin() + child_records.size());
   MODELSTATE_RETURN_IF_ERROR(ApplyFinalDecisions(child_records, child_finals));
   const HookDecision& last = finals.back();
-  nlohmann::json details = {
-      {"path", target_path},
-      {"kind", std::string(EntryKindName(all.back().event.kind))},
-      {"name", request.name},
-      {"action", request.removal ? "remove"
-                                 : std::string(RegistrationActionName(
-                                       all.back().event.action))}};
+  auto recorded = [&](const absl::Status& result) {
+    return Record(result, audit_events::Register(
+                              ctx, name, target_path, request.name,
+                              &all.back().event, request.removal, result));
+  };
   if (last.blocked()) {
-    return Record(
-        ctx, name, "register",
-        absl::FailedPreconditionError(DescribeBlocked(all.back(), last)),
-        details.dump());
+    return recorded(
+        absl::FailedPreconditionError(DescribeBlocked(all.back(), last)));
   }
   // The real pass, with the final decision replayed as its only hook.
   ReplayHooks replay({last});
@@ -569,10 +537,9 @@ absl::StatusOr<std::vector<RegistrationResult>> ModelStore::Register(
     WriterMutexLock lock(&entry->mu);
     MODELSTATE_RETURN_IF_ERROR(
         ApplyRequest(*target, request, value, real).status());
-    saved = Persist(ctx, *entry, "register");
+    saved = Persist(ctx, *entry, AuditType::kRegister);
   }
-  MODELSTATE_RETURN_IF_ERROR(
-      Record(ctx, name, "register", saved, details.dump()));
+  MODELSTATE_RETURN_IF_ERROR(recorded(saved));
   return Zip(std::move(all), std::move(finals));
 }
 
@@ -582,8 +549,7 @@ absl::Status ModelStore::Read(
   MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
   ReaderMutexLock lock(&entry->mu);
   if (entry->deleted) {
-    return absl::NotFoundError(
-        absl::StrCat("module '", name.full(), "' does not exist"));
+    return NoSuchModule(name);
   }
   return fn(*entry->root);
 }
@@ -628,24 +594,6 @@ absl::StatusOr<StateDictSnapshot> ModelStore::Snapshot(
   return snapshot;
 }
 
-namespace {
-
-// The audit details of a load_state_dict.
-nlohmann::json LoadDetails(const LoadOptions& options,
-                           const StateDict& state_dict) {
-  uint64_t bytes = 0;
-  for (const auto& item : state_dict.tensors) {
-    if (item.value.defined()) bytes += item.value.nbytes();
-  }
-  return {{"strict", options.strict},
-          {"atomic", options.atomic},
-          {"assign", options.assign},
-          {"keys", state_dict.tensors.size()},
-          {"bytes", bytes}};
-}
-
-}  // namespace
-
 absl::StatusOr<LoadResult> ModelStore::Load(const OperationContext& ctx,
                                             const ModuleName& name,
                                             const StateDict& state_dict,
@@ -683,8 +631,7 @@ absl::StatusOr<std::unique_ptr<StagedStateDict>> ModelStore::StageLoad(
   {
     ReaderMutexLock lock(&entry->mu);
     if (entry->deleted) {
-      return absl::NotFoundError(
-          absl::StrCat("module '", name.full(), "' does not exist"));
+      return NoSuchModule(name);
     }
     std::vector<RegistrationRecord> unused;
     RegistrationContext check;
@@ -696,8 +643,8 @@ absl::StatusOr<std::unique_ptr<StagedStateDict>> ModelStore::StageLoad(
     fits = entry->root->LoadStateDict(described, checked, check).status();
   }
   if (!fits.ok()) {
-    return Record(ctx, name, "load_state_dict", fits,
-                  LoadDetails(options, described).dump());
+    return Record(fits, audit_events::LoadStateDict(ctx, name, options,
+                                                    described, nullptr, fits));
   }
   return staged;
 }
@@ -728,8 +675,7 @@ absl::StatusOr<LoadResult> ModelStore::LoadImpl(const OperationContext& ctx,
     {
       ReaderMutexLock lock(&entry->mu);
       if (entry->deleted) {
-        return absl::NotFoundError(
-            absl::StrCat("module '", name.full(), "' does not exist"));
+        return NoSuchModule(name);
       }
       MODELSTATE_RETURN_IF_ERROR(
           entry->root->LoadStateDict(state_dict, options, dry).status());
@@ -743,8 +689,7 @@ absl::StatusOr<LoadResult> ModelStore::LoadImpl(const OperationContext& ctx,
     // values only once they are on disk (or never, if the save fails).
     WriterMutexLock lock(&entry->mu);
     if (entry->deleted) {
-      return absl::NotFoundError(
-          absl::StrCat("module '", name.full(), "' does not exist"));
+      return NoSuchModule(name);
     }
     RegistrationContext real;
     real.hooks = replay.has_value() ? replay->registry() : nullptr;
@@ -760,18 +705,15 @@ absl::StatusOr<LoadResult> ModelStore::LoadImpl(const OperationContext& ctx,
     }
     // A failed non-atomic load may have changed some tensors already.
     if (result.ok() || !options.atomic) {
-      saved = Persist(ctx, *entry, "load_state_dict", prewritten);
+      saved = Persist(ctx, *entry, AuditType::kLoadStateDict, prewritten);
     }
     if (saved.ok() && !prewritten.empty()) staged->Keep();
   }
-  nlohmann::json details = LoadDetails(options, state_dict);
-  if (result.ok()) {
-    details["missing_keys"] = result->keys.missing_keys;
-    details["unexpected_keys"] = result->keys.unexpected_keys;
-  }
-  MODELSTATE_RETURN_IF_ERROR(Record(ctx, name, "load_state_dict",
-                                    result.ok() ? saved : result.status(),
-                                    details.dump()));
+  const absl::Status status = result.ok() ? saved : result.status();
+  MODELSTATE_RETURN_IF_ERROR(Record(
+      status, audit_events::LoadStateDict(ctx, name, options, state_dict,
+                                          result.ok() ? &result->keys : nullptr,
+                                          status)));
   return result;
 }
 
@@ -781,33 +723,31 @@ absl::Status ModelStore::Move(const OperationContext& ctx,
                               std::optional<DType> dtype) {
   MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
   MutexLock gate(&entry->gate);
-  nlohmann::json details = nlohmann::json::object();
-  if (device.has_value()) details["device"] = device->ToString();
-  if (dtype.has_value()) details["dtype"] = std::string(DTypeName(*dtype));
+  auto recorded = [&](const absl::Status& result) {
+    return Record(result, audit_events::Move(ctx, name, device, dtype, result));
+  };
   uint64_t bytes_after = 0;
   {
     ReaderMutexLock lock(&entry->mu);
     if (entry->deleted) {
-      return absl::NotFoundError(
-          absl::StrCat("module '", name.full(), "' does not exist"));
+      return NoSuchModule(name);
     }
     bytes_after = HeldBytesAfterMove(*entry->root, device, dtype);
   }
   if (absl::Status quota = CheckQuota(name, 0, bytes_after, entry.get());
       !quota.ok()) {
-    return Record(ctx, name, "move", quota, details.dump());
+    return recorded(quota);
   }
   absl::Status result;
   {
     WriterMutexLock lock(&entry->mu);
     if (entry->deleted) {
-      return absl::NotFoundError(
-          absl::StrCat("module '", name.full(), "' does not exist"));
+      return NoSuchModule(name);
     }
     result = entry->root->To(device, dtype);
-    if (result.ok()) result = Persist(ctx, *entry, "move");
+    if (result.ok()) result = Persist(ctx, *entry, AuditType::kMove);
   }
-  return Record(ctx, name, "move", result, details.dump());
+  return recorded(result);
 }
 
 absl::Status ModelStore::SetTraining(const OperationContext& ctx,
@@ -818,14 +758,12 @@ absl::Status ModelStore::SetTraining(const OperationContext& ctx,
   {
     WriterMutexLock lock(&entry->mu);
     if (entry->deleted) {
-      return absl::NotFoundError(
-          absl::StrCat("module '", name.full(), "' does not exist"));
+      return NoSuchModule(name);
     }
     entry->root->Train(training);
-    saved = Persist(ctx, *entry, "set_training");
+    saved = Persist(ctx, *entry, AuditType::kSetTraining);
   }
-  return Record(ctx, name, "set_training", saved,
-                nlohmann::json({{"training", training}}).dump());
+  return Record(saved, audit_events::SetTraining(ctx, name, training, saved));
 }
 
 absl::StatusOr<std::vector<Tensor>> ModelStore::Forward(
@@ -842,16 +780,11 @@ absl::StatusOr<std::vector<Tensor>> ModelStore::Forward(
     // switched for the call.
     WriterMutexLock lock(&entry->mu);
     if (entry->deleted) {
-      return absl::NotFoundError(
-          absl::StrCat("module '", name.full(), "' does not exist"));
+      return NoSuchModule(name);
     }
     absl::StatusOr<std::shared_ptr<Module>> target =
-        entry->root->GetSubmodule(path);
-    if (!target.ok()) {
-      return absl::NotFoundError(
-          absl::StrCat("path '", path, "' in '", name.full(),
-                       "': ", target.status().message()));
-    }
+        Submodule(*entry->root, name, "path", path);
+    if (!target.ok()) return target.status();
     std::vector<std::pair<Module*, bool>> modes;
     for (const auto& [key, m] : (*target)->NamedModules()) {
       modes.emplace_back(m.get(), m->is_training());
@@ -864,13 +797,12 @@ absl::StatusOr<std::vector<Tensor>> ModelStore::Forward(
     for (auto& [m, mode] : modes) m->set_training(mode);
     // Buffers may have changed even if a later submodule failed, as in
     // PyTorch: save either way, before anyone reads them.
-    if (trained) saved = Persist(ctx, *entry, "forward");
+    if (trained) saved = Persist(ctx, *entry, AuditType::kForward);
   }
   if (!trained) return outputs;
-  nlohmann::json details = {{"path", path}, {"training", true}};
   absl::Status result = saved.ok() ? outputs.status() : saved;
   MODELSTATE_RETURN_IF_ERROR(
-      Record(ctx, name, "forward", result, details.dump()));
+      Record(result, audit_events::Forward(ctx, name, path, result)));
   return outputs;
 }
 
@@ -881,22 +813,16 @@ absl::Status ModelStore::Delete(const OperationContext& ctx,
   {
     ReaderMutexLock lock(&entry->mu);
     if (entry->deleted) {
-      return absl::NotFoundError(
-          absl::StrCat("module '", name.full(), "' does not exist"));
+      return NoSuchModule(name);
     }
   }
   ModuleRepository* repo = repository();
   if (repo != nullptr) {
-    AuditLog* log = audit();
-    absl::Status removed = repo->Remove(
-        name, ChangeNote{"delete", ctx.identity, ctx.correlation_id,
-                         log == nullptr ? 0 : log->last_seq()});
+    absl::Status removed = repo->Remove(name, NoteFor(ctx, AuditType::kDelete));
     if (!removed.ok()) {
-      return Record(ctx, name, "delete",
-                    absl::InternalError(
-                        absl::StrCat("module '", name.full(),
-                                     "' was not deleted: ", removed.message())),
-                    "{}");
+      absl::Status failed = absl::InternalError(absl::StrCat(
+          "module '", name.full(), "' was not deleted: ", removed.message()));
+      return Record(failed, audit_events::Delete(ctx, name, failed));
     }
   }
   {
@@ -907,7 +833,8 @@ absl::Status ModelStore::Delete(const OperationContext& ctx,
     MutexLock lock(&mu_);
     entries_.erase(name.full());
   }
-  absl::Status recorded = Record(ctx, name, "delete", absl::OkStatus(), "{}");
+  absl::Status recorded = Record(
+      absl::OkStatus(), audit_events::Delete(ctx, name, absl::OkStatus()));
   // Once recorded, the deletion needs no trace on disk.
   if (recorded.ok() && repo != nullptr) repo->DropTombstone(name);
   return recorded;

@@ -39,23 +39,14 @@
 #include "core/staged_state_dict.h"
 #include "core/state_stream.h"
 #include "nn/module_spec.h"
+#include "service/audit_events.h"
 #include "service/audit_log.h"
 #include "service/module_name.h"
 #include "service/module_repository.h"
+#include "service/operation_context.h"
 #include "service/quota.h"
 
 namespace modelstate {
-
-// Who asked, and which request caused a change (for hooks and the audit
-// log).
-struct OperationContext {
-  std::string identity;
-  std::string correlation_id;
-  // The request's seed (BuildModule's; 0 for requests without one). A
-  // subscriber's re-initialise transform without its own seed derives one
-  // from it and the entry's path, so the same request builds the same values.
-  uint64_t seed = 0;
-};
 
 // One registration as decided in the end: the record (event, in-process
 // decision, prior slot) and the final decision after every hook.
@@ -270,12 +261,13 @@ class ModelStore {
   std::vector<HookDecision> Decide(
       const OperationContext& ctx, const ModuleName& name,
       absl::Span<const RegistrationRecord> records);
-  // Records the operation `type` on `name` with its result and syncs the
-  // audit log. Returns `result`, or the audit failure when the record
+  // Appends `record` (of an operation that ended with `result`) and syncs
+  // the audit log. Returns `result`, or the audit failure when the record
   // cannot be made durable.
-  absl::Status Record(const OperationContext& ctx, const ModuleName& name,
-                      absl::string_view type, const absl::Status& result,
-                      std::string details_json);
+  absl::Status Record(const absl::Status& result, AuditRecord record);
+  // The note a saved state (or deletion) carries: the change's type and
+  // request, and where in the audit log its record must follow.
+  ChangeNote NoteFor(const OperationContext& ctx, AuditType type) const;
   AuditLog* audit() const;
   ModuleRepository* repository() const;
   // Saves `entry`'s tree after a change of `type`; if that fails, puts the
@@ -283,7 +275,7 @@ class ModelStore {
   // and says so. REQUIRES: the caller holds entry.gate and entry.mu
   // exclusively, so nobody changes or reads the tree meanwhile.
   absl::Status Persist(const OperationContext& ctx, Entry& entry,
-                       absl::string_view type,
+                       AuditType type,
                        const std::vector<PrewrittenBytes>& prewritten = {})
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(entry.mu);
   absl::StatusOr<LoadResult> LoadImpl(const OperationContext& ctx,

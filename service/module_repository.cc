@@ -21,6 +21,7 @@
 #include "base/status_macros.h"
 #include "core/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "service/data_dir.h"
 
 namespace modelstate {
 namespace {
@@ -28,8 +29,6 @@ namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
-constexpr char kManifestFile[] = "manifest.json";
-constexpr char kTombstoneFile[] = "deleted.json";
 constexpr int kManifestFormat = 1;
 // More data files than this in use, and the next save rewrites them all.
 constexpr size_t kMaxDataFiles = 16;
@@ -41,18 +40,19 @@ absl::Status Corrupt(const std::string& path, absl::string_view what) {
   return absl::DataLossError(absl::StrCat(path, ": ", what));
 }
 
-std::string DataFileName(uint64_t number) {
-  return absl::StrCat("data-", number, ".safetensors");
-}
+using data_dir::DataFileName;
+using data_dir::DataFileNumber;
+using data_dir::FilePath;
 
-// 12 for "data-12.safetensors"; 0 for any other name.
-uint64_t DataFileNumber(absl::string_view name) {
-  if (!absl::ConsumePrefix(&name, "data-") ||
-      !absl::ConsumeSuffix(&name, ".safetensors")) {
-    return 0;
+// The lowest data file number that no file in `dir` has: a crashed save
+// may have left files behind, and their names are never reused.
+uint64_t FreeDataFileNumber(const std::string& dir) {
+  uint64_t next = 1;
+  std::error_code ec;
+  for (const auto& item : fs::directory_iterator(dir, ec)) {
+    next = std::max(next, DataFileNumber(item.path().filename().string()) + 1);
   }
-  uint64_t number = 0;
-  return absl::SimpleAtoi(name, &number) ? number : 0;
+  return next;
 }
 
 // Identifies a storage's bytes as they are now (see Storage::version), read
@@ -260,7 +260,7 @@ std::vector<std::string> UnusedFiles(
   std::error_code ec;
   for (const auto& item : fs::directory_iterator(dir, ec)) {
     std::string name = item.path().filename().string();
-    std::string base = name.substr(0, name.find(".tmp."));
+    std::string base(data_dir::TempFileTarget(name));
     if (reserved.contains(base)) continue;
     bool unused_data = DataFileNumber(name) != 0 && !keep.contains(name);
     if (unused_data || base != name) unused.push_back(item.path().string());
@@ -346,7 +346,7 @@ class TreeDecoder {
 
   absl::Status ReadDataFile(const std::string& file,
                             const std::vector<StorageRecord>& records) {
-    const std::string path = absl::StrCat(dir_, "/", file);
+    const std::string path = FilePath(dir_, file);
     absl::StatusOr<SafetensorsHeader> header = ReadSafetensorsHeader(path);
     if (!header.ok()) {
       return absl::DataLossError(
@@ -622,7 +622,7 @@ void ModuleRepository::ReleaseDataFile(const ModuleName& name,
 }
 
 std::string ModuleRepository::ModuleDir(const ModuleName& name) const {
-  return absl::StrCat(dir_, "/", name.ns, "/", name.name);
+  return data_dir::ModuleDir(dir_, name);
 }
 
 std::shared_ptr<ModuleRepository::ModuleFiles> ModuleRepository::FilesOf(
@@ -631,13 +631,7 @@ std::shared_ptr<ModuleRepository::ModuleFiles> ModuleRepository::FilesOf(
   std::shared_ptr<ModuleFiles>& files = files_[name.full()];
   if (files == nullptr) {
     files = std::make_shared<ModuleFiles>();
-    // Never reuse a file name a crashed save may have left behind.
-    std::error_code ec;
-    for (const auto& item : fs::directory_iterator(ModuleDir(name), ec)) {
-      files->next_file =
-          std::max(files->next_file,
-                   DataFileNumber(item.path().filename().string()) + 1);
-    }
+    files->next_file = FreeDataFileNumber(ModuleDir(name));
   }
   return files;
 }
@@ -662,7 +656,7 @@ absl::Status ModuleRepository::EnsureModuleDir(const ModuleName& name) {
   }
   // The new directory entries must be durable before the files in them.
   MODELSTATE_RETURN_IF_ERROR(FsyncParentDirectory(dir));
-  return FsyncParentDirectory(absl::StrCat(dir_, "/", name.ns));
+  return FsyncParentDirectory(data_dir::NamespaceDir(dir_, name.ns));
 }
 
 absl::StatusOr<std::string> ModuleRepository::ReserveDataFile(
@@ -673,7 +667,7 @@ absl::StatusOr<std::string> ModuleRepository::ReserveDataFile(
   MutexLock lock(&mu_);
   std::string file = NextDataFile(*files);
   files->reserved.insert(file);
-  return absl::StrCat(ModuleDir(name), "/", file);
+  return FilePath(ModuleDir(name), file);
 }
 
 absl::Status ModuleRepository::Save(
@@ -687,8 +681,7 @@ absl::Status ModuleRepository::Save(
     files->by_version[VersionKey(*p.storage, p.dtype)] = {p.file, p.key,
                                                           p.crc32c};
     std::error_code ec;
-    files->file_bytes[p.file] =
-        fs::file_size(absl::StrCat(dir, "/", p.file), ec);
+    files->file_bytes[p.file] = fs::file_size(FilePath(dir, p.file), ec);
   }
 
   TreeEncoder tree(root);
@@ -734,7 +727,7 @@ absl::Status ModuleRepository::Save(
       MutexLock lock(&mu_);
       file = NextDataFile(*files);
     }
-    const std::string path = absl::StrCat(dir, "/", file);
+    const std::string path = FilePath(dir, file);
     MODELSTATE_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFileWriter> writer,
                                 SafetensorsFileWriter::Open(path, layout));
     for (size_t i : to_write) {
@@ -762,7 +755,7 @@ absl::Status ModuleRepository::Save(
             {"tensors", std::move(tree.tensors())},
             {"modules", std::move(tree.modules())}};
   MODELSTATE_RETURN_IF_ERROR(
-      WriteFileAtomically(absl::StrCat(dir, "/", kManifestFile), Seal(body)));
+      WriteFileAtomically(data_dir::ManifestPath(dir), Seal(body)));
 
   // Committed: remember what is where, and drop what nothing names.
   files->by_version.clear();
@@ -798,7 +791,7 @@ absl::StatusOr<std::shared_ptr<Module>> ModuleRepository::Reload(
 absl::Status ModuleRepository::Remove(const ModuleName& name,
                                       const ChangeNote& note) {
   const std::string dir = ModuleDir(name);
-  const std::string manifest = absl::StrCat(dir, "/", kManifestFile);
+  const std::string manifest = data_dir::ManifestPath(dir);
   {
     MutexLock lock(&mu_);
     files_.erase(name.full());
@@ -810,8 +803,8 @@ absl::Status ModuleRepository::Remove(const ModuleName& name,
   MODELSTATE_ASSIGN_OR_RETURN(std::string text, ReadFile(manifest));
   Json tombstone{{"change", NoteToJson(note)},
                  {"manifest_sha256", Sha256Hex(text)}};
-  MODELSTATE_RETURN_IF_ERROR(WriteFileAtomically(
-      absl::StrCat(dir, "/", kTombstoneFile), Seal(tombstone)));
+  MODELSTATE_RETURN_IF_ERROR(
+      WriteFileAtomically(data_dir::TombstonePath(dir), Seal(tombstone)));
   if (unlink(manifest.c_str()) != 0 && errno != ENOENT) {
     return ErrnoStatus(errno, manifest, "unlink failed");
   }
@@ -822,13 +815,13 @@ absl::Status ModuleRepository::Remove(const ModuleName& name,
 
 void ModuleRepository::DropTombstone(const ModuleName& name) {
   std::error_code ec;
-  fs::remove(absl::StrCat(ModuleDir(name), "/", kTombstoneFile), ec);
+  fs::remove(data_dir::TombstonePath(ModuleDir(name)), ec);
 }
 
 absl::StatusOr<ModuleRepository::Loaded> ModuleRepository::LoadOne(
     const ModuleName& name, bool fallback_to_cpu, ModuleFiles& files) {
   const std::string dir = ModuleDir(name);
-  const std::string path = absl::StrCat(dir, "/", kManifestFile);
+  const std::string path = data_dir::ManifestPath(dir);
   MODELSTATE_ASSIGN_OR_RETURN(Json body, Unseal(path));
   TreeDecoder decoder(dir, path, fallback_to_cpu);
   Loaded loaded;
@@ -854,7 +847,7 @@ absl::StatusOr<ModuleRepository::Loaded> ModuleRepository::LoadOne(
                                             stored.crc32c};
     std::error_code ec;
     files.file_bytes[stored.file] =
-        fs::file_size(absl::StrCat(dir, "/", stored.file), ec);
+        fs::file_size(FilePath(dir, stored.file), ec);
   }
   return loaded;
 }
@@ -882,8 +875,8 @@ ModuleRepository::LoadReport ModuleRepository::LoadAll(bool fallback_to_cpu) {
   std::sort(names.begin(), names.end());
   for (const ModuleName& name : names) {
     const std::string dir = ModuleDir(name);
-    const std::string manifest = absl::StrCat(dir, "/", kManifestFile);
-    const std::string tombstone = absl::StrCat(dir, "/", kTombstoneFile);
+    const std::string manifest = data_dir::ManifestPath(dir);
+    const std::string tombstone = data_dir::TombstonePath(dir);
     bool deleted = false;  // the manifest is one a removal committed to delete
     if (fs::exists(tombstone)) {
       absl::StatusOr<Json> t = Unseal(tombstone);
@@ -920,11 +913,7 @@ ModuleRepository::LoadReport ModuleRepository::LoadAll(bool fallback_to_cpu) {
       damaged_.insert(name.full());
       continue;
     }
-    for (const auto& item : fs::directory_iterator(dir, ec)) {
-      files->next_file =
-          std::max(files->next_file,
-                   DataFileNumber(item.path().filename().string()) + 1);
-    }
+    files->next_file = FreeDataFileNumber(dir);
     DeleteUnused(dir, files.get(), /*now=*/true);
     report.modules.push_back(*std::move(loaded));
     MutexLock lock(&mu_);

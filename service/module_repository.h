@@ -4,7 +4,7 @@
 // bit, dtypes, devices, requires_grad, persistence flags, training modes,
 // plain attributes, shared submodules and tied tensors.
 //
-// Layout, one directory per module:
+// Layout, one directory per module (service/data_dir.h names every file):
 //   <dir>/<namespace>/<name>/manifest.json         the tree (the commit)
 //   <dir>/<namespace>/<name>/data-<N>.safetensors  tensor bytes
 //   <dir>/<namespace>/<name>/deleted.json          a deletion in progress

@@ -18,6 +18,7 @@
 #include "core/generator.h"
 #include "core/init.h"
 #include "nlohmann/json.hpp"
+#include "service/audit_events.h"
 
 namespace modelstate {
 
@@ -139,22 +140,15 @@ bool ValidSubscriberName(absl::string_view name) {
   return true;
 }
 
-nlohmann::json ValueJson(const SlotValue& v, const std::string& sha256) {
-  nlohmann::json j = nlohmann::json::object();
-  if (v.tensor.defined()) {
-    j["dtype"] = std::string(DTypeName(v.tensor.dtype()));
-    j["shape"] = v.tensor.shape();
-    j["device"] = v.tensor.device().ToString();
-    j["nbytes"] = v.tensor.nbytes();
-    j["requires_grad"] = v.tensor.requires_grad();
-    j["persistent"] = v.persistent;
-    j["sha256"] = sha256;
-  } else if (v.module != nullptr) {
-    j["module_type"] = v.module->type_name();
-  } else {
-    j = nullptr;
-  }
-  return j;
+// What an answer's record says before the answer is judged: its verdict.
+audit_events::AnswerFacts AnswerFactsOf(const std::string& subscriber,
+                                        const SubscriberAnswer& answer) {
+  audit_events::AnswerFacts facts;
+  facts.event_id = answer.event_id;
+  facts.subscriber = subscriber;
+  facts.outcome = std::string(VerdictName(answer.verdict));
+  facts.reason = answer.reason;
+  return facts;
 }
 
 std::string EntryPath(const RegistrationEvent& event) {
@@ -263,18 +257,6 @@ absl::StatusOr<SlotValue> ModifiedValue(const RegistrationEvent& event,
   return candidate;
 }
 
-std::string KindName(HookResult::Kind kind) {
-  switch (kind) {
-    case HookResult::Kind::kKeep:
-      return "keep";
-    case HookResult::Kind::kReplace:
-      return "replace";
-    case HookResult::Kind::kBlock:
-      return "block";
-  }
-  return "keep";
-}
-
 }  // namespace
 
 uint64_t ReinitSeed(uint64_t request_seed, absl::string_view entry_path) {
@@ -302,14 +284,15 @@ absl::string_view VerdictName(Verdict verdict) {
   return "approve";
 }
 
-SubscriberHub::SubscriberHub(AuditLog* audit) : audit_(audit) {}
+SubscriberHub::SubscriberHub(AuditLog* audit, absl::Duration default_timeout)
+    : audit_(audit), default_timeout_(default_timeout) {}
 SubscriberHub::~SubscriberHub() = default;
 
 absl::StatusOr<size_t> SubscriberHub::RestoreNameOwners() {
   if (audit_ == nullptr) return 0;
   AuditQuery query;
-  query.type = "subscribe";
-  query.limit = 10000;
+  query.type = std::string(AuditTypeName(AuditType::kSubscribe));
+  query.limit = AuditQuery::kMaxLimit;
   MutexLock lock(&mu_);
   while (true) {
     MODELSTATE_ASSIGN_OR_RETURN(std::vector<AuditRecord> page,
@@ -353,6 +336,7 @@ absl::StatusOr<uint64_t> SubscriberHub::Attach(
         "name: '", spec.name,
         "' is not a valid subscriber name (1-128 of [A-Za-z0-9_.:@-])"));
   }
+  if (spec.timeout == absl::ZeroDuration()) spec.timeout = default_timeout_;
   if (spec.timeout <= absl::ZeroDuration() || spec.timeout > absl::Hours(1)) {
     return absl::InvalidArgumentError(
         "timeout: must be more than 0 and at most 1 hour");
@@ -409,27 +393,11 @@ absl::StatusOr<uint64_t> SubscriberHub::Attach(
         "subscriber '", spec.name, "' reconnected on another stream")));
   }
   Deliver(sends);
-  AuditRecord r;
-  r.identity = ctx.identity;
-  r.correlation_id = ctx.correlation_id;
-  r.type = "subscribe";
-  r.outcome = "ok";
-  nlohmann::json details = {
-      {"subscriber", spec.name},
-      {"mode", spec.mode == SubscriberMode::kIntercept ? "intercept"
-               : spec.mode == SubscriberMode::kObserve ? "observe"
-                                                       : "dry_run"},
-      {"priority", spec.priority},
-      {"timeout_ms", absl::ToInt64Milliseconds(spec.timeout)},
-      {"failure_policy", spec.failure_policy == FailurePolicy::kFailClosed
-                             ? "fail_closed"
-                             : "fail_open"},
-      {"reconnected", replaced != nullptr}};
-  if (!spec.owner_identity.empty()) details["owner"] = spec.owner_identity;
-  r.details_json = details.dump();
   // On disk before the subscriber is acknowledged; a subscription that
   // cannot be recorded does not stand.
-  if (absl::Status recorded = AuditDurably(std::move(r)); !recorded.ok()) {
+  if (absl::Status recorded =
+          AuditDurably(audit_events::Subscribe(ctx, spec, replaced != nullptr));
+      !recorded.ok()) {
     Detach(id, ctx);
     return absl::UnavailableError(
         absl::StrCat("the subscription could not be recorded in the audit "
@@ -459,15 +427,9 @@ void SubscriberHub::Detach(uint64_t subscriber_id,
     cv_.SignalAll();
   }
   Deliver(sends);
-  AuditRecord r;
-  r.identity = ctx.identity;
-  r.correlation_id = ctx.correlation_id;
-  r.type = "unsubscribe";
-  r.outcome = "ok";
-  r.details_json = nlohmann::json({{"subscriber", name}}).dump();
   // On disk before the stream ends. A failure needs no answer here: it
   // stays in the log's health, and the server refuses later changes.
-  AuditDurably(std::move(r)).IgnoreError();
+  AuditDurably(audit_events::Unsubscribe(ctx, name)).IgnoreError();
 }
 
 void SubscriberHub::CloseAll(const absl::Status& status) {
@@ -581,19 +543,13 @@ void SubscriberHub::FailLocked(Pending& p, const Subscriber& s,
   p.steps.push_back(ChainStep{s.spec.name,
                               closed ? "failed-closed" : "failed-open",
                               absl::StrCat(s.spec.name, " ", why)});
-  AuditRecord r;
-  r.identity = p.base.identity;
-  r.correlation_id = p.base.correlation_id;
-  r.type = "answer";
-  r.ns = p.base.ns;
-  r.module = p.base.module;
-  r.outcome = closed ? "failed-closed" : "failed-open";
-  r.details_json =
-      nlohmann::json({{"event_id", p.event_id},
-                      {"subscriber", s.spec.name},
-                      {"reason", absl::StrCat(s.spec.name, " ", why)}})
-          .dump();
-  Audit(std::move(r));
+  audit_events::AnswerFacts failure;
+  failure.event = &p.base;
+  failure.event_id = p.event_id;
+  failure.subscriber = s.spec.name;
+  failure.outcome = closed ? "failed-closed" : "failed-open";
+  failure.reason = absl::StrCat(s.spec.name, " ", why);
+  Audit(audit_events::Answer(failure));
   p.waiting_on = 0;
   if (closed) {
     HookDecision d;
@@ -610,44 +566,38 @@ void SubscriberHub::FailLocked(Pending& p, const Subscriber& s,
 void SubscriberHub::DryRunAnswerLocked(const Subscriber& s,
                                        const SubscriberAnswer& answer,
                                        absl::Time now) {
-  AuditRecord r;
-  r.type = "answer";
-  r.outcome = std::string(VerdictName(answer.verdict));
-  nlohmann::json details = {{"event_id", answer.event_id},
-                            {"subscriber", s.spec.name},
-                            {"reason", answer.reason},
-                            {"dry_run", true}};
+  audit_events::AnswerFacts facts = AnswerFactsOf(s.spec.name, answer);
+  facts.dry_run = true;
+  SlotValue modified_value;
   auto dr = dry_runs_.find(answer.event_id);
   if (!answer.invalid.empty()) {
-    r.outcome = "invalid";
-    details["problem"] = answer.invalid;
+    facts.outcome = "invalid";
+    facts.problem = answer.invalid;
   } else if (dr == dry_runs_.end()) {
-    r.outcome = "invalid";
-    details["problem"] = "unknown event id";
+    facts.outcome = "invalid";
+    facts.problem = "unknown event id";
   } else {
     DryRun& run = *dr->second;
-    r.identity = run.event->identity;
-    r.correlation_id = run.event->correlation_id;
-    r.ns = run.event->ns;
-    r.module = run.event->module;
-    details["latency_ms"] = absl::ToDoubleMilliseconds(now - run.sent_at);
+    facts.event = run.event.get();
+    facts.latency_ms = absl::ToDoubleMilliseconds(now - run.sent_at);
     if (!run.answered.insert(s.spec.name).second) {
-      r.outcome = "ignored";
-      details["problem"] = "duplicate answer";
+      facts.outcome = "ignored";
+      facts.problem = "duplicate answer";
     } else if (answer.verdict == Verdict::kModify) {
       // Validated as if enforced, so a dry run shows what would fail.
       absl::StatusOr<SlotValue> modified = ModifiedValue(
           run.registration, run.event->value, answer, run.request_seed);
       if (modified.ok()) {
-        details["value"] = ValueJson(*modified, ContentHash(modified->tensor));
+        modified_value = *std::move(modified);
+        facts.value = &modified_value;
+        facts.value_sha256 = ContentHash(modified_value.tensor);
       } else {
-        r.outcome = "invalid";
-        details["problem"] = std::string(modified.status().message());
+        facts.outcome = "invalid";
+        facts.problem = std::string(modified.status().message());
       }
     }
   }
-  r.details_json = details.dump();
-  Audit(std::move(r));
+  Audit(audit_events::Answer(facts));
 }
 
 void SubscriberHub::Answer(uint64_t subscriber_id, SubscriberAnswer answer) {
@@ -666,40 +616,27 @@ void SubscriberHub::Answer(uint64_t subscriber_id, SubscriberAnswer answer) {
       // Undecodable: treated below as an answer for no waiting event.
       answer.event_id = 0;
     }
-    AuditRecord r;
-    r.type = "answer";
-    r.outcome = std::string(VerdictName(answer.verdict));
-    nlohmann::json details = {{"event_id", answer.event_id},
-                              {"subscriber", s.spec.name},
-                              {"reason", answer.reason}};
+    audit_events::AnswerFacts facts = AnswerFactsOf(s.spec.name, answer);
     auto pit = pending_.find(answer.event_id);
     if ((pit == pending_.end() || pit->second->waiting_on != subscriber_id) &&
         s.settled.contains(answer.event_id)) {
       // It already answered this event, or the event was decided without
       // it (timeout, failure): a late or duplicate answer, only recorded.
-      r.outcome = "ignored";
-      details["problem"] =
+      facts.outcome = "ignored";
+      facts.problem =
           "late or duplicate answer: this subscriber's part in the event is "
           "already decided";
-      if (pit != pending_.end()) {
-        r.identity = pit->second->base.identity;
-        r.correlation_id = pit->second->base.correlation_id;
-        r.ns = pit->second->base.ns;
-        r.module = pit->second->base.module;
-      }
-      r.details_json = details.dump();
-      Audit(std::move(r));
+      if (pit != pending_.end()) facts.event = &pit->second->base;
+      Audit(audit_events::Answer(facts));
       return;
     }
     if (pit == pending_.end() || pit->second->waiting_on != subscriber_id) {
       // Garbage: the subscriber is broken, so everything it holds fails.
-      r.outcome = "invalid";
-      details["problem"] =
-          answer.invalid.empty()
-              ? "no event with this id was sent to this subscriber"
-              : answer.invalid;
-      r.details_json = details.dump();
-      Audit(std::move(r));
+      facts.outcome = "invalid";
+      facts.problem = answer.invalid.empty()
+                          ? "no event with this id was sent to this subscriber"
+                          : answer.invalid;
+      Audit(audit_events::Answer(facts));
       for (uint64_t event_id : s.Held()) {
         s.Release(event_id, now);
         auto p = pending_.find(event_id);
@@ -716,11 +653,8 @@ void SubscriberHub::Answer(uint64_t subscriber_id, SubscriberAnswer answer) {
     } else {
       Pending& p = *pit->second;
       s.Release(p.event_id, now);
-      r.identity = p.base.identity;
-      r.correlation_id = p.base.correlation_id;
-      r.ns = p.base.ns;
-      r.module = p.base.module;
-      details["latency_ms"] = absl::ToDoubleMilliseconds(now - p.sent_at);
+      facts.event = &p.base;
+      facts.latency_ms = absl::ToDoubleMilliseconds(now - p.sent_at);
       absl::Status valid = absl::OkStatus();
       if (answer.verdict == Verdict::kModify) {
         absl::StatusOr<SlotValue> modified =
@@ -734,19 +668,18 @@ void SubscriberHub::Answer(uint64_t subscriber_id, SubscriberAnswer answer) {
         }
       }
       if (!valid.ok()) {
-        r.outcome = "invalid";
-        details["problem"] = std::string(valid.message());
-        r.details_json = details.dump();
-        Audit(std::move(r));
+        facts.outcome = "invalid";
+        facts.problem = std::string(valid.message());
+        Audit(audit_events::Answer(facts));
         FailLocked(p, s,
                    absl::StrCat("sent an invalid answer: ", valid.message()),
                    sends);
       } else {
         if (answer.verdict == Verdict::kModify) {
-          details["value"] = ValueJson(p.value, p.value_sha256);
+          facts.value = &p.value;
+          facts.value_sha256 = p.value_sha256;
         }
-        r.details_json = details.dump();
-        Audit(std::move(r));
+        Audit(audit_events::Answer(facts));
         p.steps.push_back(ChainStep{s.spec.name,
                                     std::string(VerdictName(answer.verdict)),
                                     answer.reason});
@@ -770,6 +703,133 @@ void SubscriberHub::Answer(uint64_t subscriber_id, SubscriberAnswer answer) {
 
 void SubscriberHub::Deliver(const Sends& sends) {
   for (const auto& [channel, event] : sends) channel->Send(event);
+}
+
+std::unique_ptr<SubscriberHub::Pending> SubscriberHub::NewPendingLocked(
+    const OperationContext& ctx, const ModuleName& module,
+    const RegistrationRecord& rec, std::string sha256, size_t* remaining) {
+  auto p = std::make_unique<Pending>();
+  p->event_id = next_event_id_++;
+  p->request_seed = ctx.seed;
+  p->record = &rec;
+  p->remaining = remaining;
+  HookEvent& e = p->base;
+  e.event_id = p->event_id;
+  e.correlation_id = ctx.correlation_id;
+  e.identity = ctx.identity;
+  e.ns = module.ns;
+  e.module = module.name;
+  e.path = rec.event.path;
+  e.module_type = rec.owner != nullptr ? rec.owner->type_name() : "";
+  e.kind = rec.event.kind;
+  e.action = rec.event.action;
+  e.name = rec.event.name;
+  p->value = rec.local.blocked() ? rec.event.value : rec.local.value;
+  p->value_sha256 = std::move(sha256);
+  Audit(audit_events::Registration(ctx, module, e, p->value, p->value_sha256,
+                                   rec.local.kind));
+  if (rec.local.blocked()) {
+    p->done = true;
+    p->result = rec.local;
+  }
+  return p;
+}
+
+void SubscriberHub::RouteLocked(
+    Pending& p, const std::vector<const Subscriber*>& interceptors,
+    Sends& sends) {
+  const HookEvent& e = p.base;
+  for (const Subscriber* s : interceptors) {
+    if (Matches(*s, e)) {
+      p.chain.push_back(s->order);
+      p.chain_specs.emplace(s->order, s->spec);
+    }
+  }
+  for (const auto& [id, sub] : subscribers_) {
+    if (sub->spec.mode != SubscriberMode::kDryRun || !Matches(*sub, e)) {
+      continue;
+    }
+    std::shared_ptr<const HookEvent> ev = EventFor(p, *sub);
+    std::unique_ptr<DryRun>& run = dry_runs_[p.event_id];
+    if (run == nullptr) {
+      run = std::make_unique<DryRun>();
+      run->event = ev;
+      run->sent_at = absl::Now();
+      run->owner = p.record->owner;
+      run->registration = p.record->event;
+      run->registration.value = SlotValue();
+      run->request_seed = p.request_seed;
+    }
+    sends.emplace_back(sub->channel, ev);
+  }
+  ++*p.remaining;
+  pending_[p.event_id] = &p;
+  AdvanceLocked(p, sends);
+}
+
+void SubscriberHub::AwaitChainsLocked(
+    const std::vector<std::unique_ptr<Pending>>& events,
+    const size_t& remaining) {
+  Sends sends;
+  while (remaining > 0) {
+    // An answer or a timeout elsewhere signals, and the deadlines are
+    // looked at again.
+    absl::Time next = absl::InfiniteFuture();
+    for (const auto& p : events) next = std::min(next, DeadlineLocked(*p));
+    if (next > absl::Now()) cv_.WaitWithDeadline(&mu_, next);
+    absl::Time now = absl::Now();
+    bool timed_out = false;
+    for (const auto& p : events) {
+      if (DeadlineLocked(*p) > now) continue;
+      Subscriber& sub = *subscribers_.at(p->waiting_on);
+      const bool own = sub.TimeOut(p->event_id, now);
+      timed_out = true;
+      FailLocked(*p, sub,
+                 absl::StrCat("timed out after ",
+                              absl::FormatDuration(sub.spec.timeout),
+                              own ? "" : " on an earlier event"),
+                 sends);
+    }
+    // The subscriber's next event, maybe another call's, starts its clock,
+    // and its events held with the one that timed out fail.
+    if (timed_out) cv_.SignalAll();
+    if (!sends.empty()) {
+      // Sends made on timeouts go out with the lock released.
+      Sends out;
+      out.swap(sends);
+      mu_.Unlock();
+      Deliver(out);
+      mu_.Lock();
+    }
+  }
+}
+
+void SubscriberHub::FinishEventsLocked(
+    const OperationContext& ctx, const ModuleName& module,
+    const std::vector<std::unique_ptr<Pending>>& events, Sends& sends) {
+  absl::Time expired = absl::Now() - absl::Minutes(10);
+  for (auto it = dry_runs_.begin(); it != dry_runs_.end();) {
+    if (it->second->sent_at < expired) {
+      dry_runs_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  // Outcomes: audited, and sent to observers.
+  for (const auto& p : events) {
+    Audit(audit_events::Outcome(ctx, module, p->base, p->result,
+                                p->value_sha256));
+    for (const auto& [id, sub] : subscribers_) {
+      if (sub->spec.mode != SubscriberMode::kObserve || !Matches(*sub, p->base))
+        continue;
+      auto ev = std::make_shared<HookEvent>(*EventFor(*p, *sub));
+      if (!p->result.blocked()) ev->value = p->result.value;
+      ev->is_outcome = true;
+      ev->outcome = p->result.kind;
+      ev->outcome_reason = p->result.reason;
+      sends.emplace_back(sub->channel, ev);
+    }
+  }
 }
 
 std::vector<HookDecision> SubscriberHub::Decide(
@@ -797,156 +857,18 @@ std::vector<HookDecision> SubscriberHub::Decide(
                        std::make_pair(b->spec.priority, b->order);
               });
     for (size_t i = 0; i < records.size(); ++i) {
-      const RegistrationRecord& rec = records[i];
-      auto p = std::make_unique<Pending>();
-      p->event_id = next_event_id_++;
-      p->request_seed = ctx.seed;
-      p->record = &rec;
-      p->remaining = &remaining;
-      HookEvent& e = p->base;
-      e.event_id = p->event_id;
-      e.correlation_id = ctx.correlation_id;
-      e.identity = ctx.identity;
-      e.ns = module.ns;
-      e.module = module.name;
-      e.path = rec.event.path;
-      e.module_type = rec.owner != nullptr ? rec.owner->type_name() : "";
-      e.kind = rec.event.kind;
-      e.action = rec.event.action;
-      e.name = rec.event.name;
-      p->value = rec.local.blocked() ? rec.event.value : rec.local.value;
-      p->value_sha256 = hashes[i];
-      AuditRecord ar;
-      ar.identity = ctx.identity;
-      ar.correlation_id = ctx.correlation_id;
-      ar.type = "registration";
-      ar.ns = module.ns;
-      ar.module = module.name;
-      ar.details_json =
-          nlohmann::json(
-              {{"event_id", p->event_id},
-               {"path", e.path},
-               {"module_type", e.module_type},
-               {"kind", std::string(EntryKindName(e.kind))},
-               {"action", std::string(RegistrationActionName(e.action))},
-               {"name", e.name},
-               {"value", ValueJson(p->value, p->value_sha256)},
-               {"in_process", KindName(rec.local.kind)}})
-              .dump();
-      Audit(std::move(ar));
-      if (rec.local.blocked()) {
-        p->done = true;
-        p->result = rec.local;
-        events[i] = std::move(p);
-        continue;
-      }
-      for (const Subscriber* s : interceptors) {
-        if (Matches(*s, e)) {
-          p->chain.push_back(s->order);
-          p->chain_specs.emplace(s->order, s->spec);
-        }
-      }
-      for (const auto& [id, sub] : subscribers_) {
-        if (sub->spec.mode == SubscriberMode::kDryRun && Matches(*sub, e)) {
-          std::shared_ptr<const HookEvent> ev = EventFor(*p, *sub);
-          std::unique_ptr<DryRun>& run = dry_runs_[p->event_id];
-          if (run == nullptr) {
-            run = std::make_unique<DryRun>();
-            run->event = ev;
-            run->sent_at = absl::Now();
-            run->owner = rec.owner;
-            run->registration = rec.event;
-            run->registration.value = SlotValue();
-            run->request_seed = ctx.seed;
-          }
-          sends.emplace_back(sub->channel, ev);
-        }
-      }
-      ++remaining;
-      pending_[p->event_id] = p.get();
-      AdvanceLocked(*p, sends);
-      events[i] = std::move(p);
+      events[i] = NewPendingLocked(ctx, module, records[i],
+                                   std::move(hashes[i]), &remaining);
+      if (!events[i]->done) RouteLocked(*events[i], interceptors, sends);
     }
   }
   Deliver(sends);
   sends.clear();
-  // Waits for every chain; sends made on timeouts go out with the lock
-  // released, so the lock is taken and released by hand here.
-  mu_.Lock();
   {
-    while (remaining > 0) {
-      // An answer or a timeout elsewhere signals, and the deadlines are
-      // looked at again.
-      absl::Time next = absl::InfiniteFuture();
-      for (const auto& p : events) next = std::min(next, DeadlineLocked(*p));
-      if (next > absl::Now()) cv_.WaitWithDeadline(&mu_, next);
-      absl::Time now = absl::Now();
-      bool timed_out = false;
-      for (const auto& p : events) {
-        if (DeadlineLocked(*p) > now) continue;
-        Subscriber& sub = *subscribers_.at(p->waiting_on);
-        const bool own = sub.TimeOut(p->event_id, now);
-        timed_out = true;
-        FailLocked(*p, sub,
-                   absl::StrCat("timed out after ",
-                                absl::FormatDuration(sub.spec.timeout),
-                                own ? "" : " on an earlier event"),
-                   sends);
-      }
-      // The subscriber's next event, maybe another call's, starts its clock,
-      // and its events held with the one that timed out fail.
-      if (timed_out) cv_.SignalAll();
-      if (!sends.empty()) {
-        Sends out;
-        out.swap(sends);
-        mu_.Unlock();
-        Deliver(out);
-        mu_.Lock();
-      }
-    }
-    // Outcomes: audited, and sent to observers.
-    absl::Time expired = absl::Now() - absl::Minutes(10);
-    for (auto it = dry_runs_.begin(); it != dry_runs_.end();) {
-      if (it->second->sent_at < expired) {
-        dry_runs_.erase(it++);
-      } else {
-        ++it;
-      }
-    }
-    for (const auto& p : events) {
-      AuditRecord ar;
-      ar.identity = ctx.identity;
-      ar.correlation_id = ctx.correlation_id;
-      ar.type = "outcome";
-      ar.ns = module.ns;
-      ar.module = module.name;
-      ar.outcome = KindName(p->result.kind);
-      ar.details_json =
-          nlohmann::json(
-              {{"event_id", p->event_id},
-               {"path", p->base.path},
-               {"kind", std::string(EntryKindName(p->base.kind))},
-               {"name", p->base.name},
-               {"reason", p->result.reason},
-               {"value", p->result.blocked()
-                             ? nlohmann::json(nullptr)
-                             : ValueJson(p->result.value, p->value_sha256)}})
-              .dump();
-      Audit(std::move(ar));
-      for (const auto& [id, sub] : subscribers_) {
-        if (sub->spec.mode != SubscriberMode::kObserve ||
-            !Matches(*sub, p->base))
-          continue;
-        auto ev = std::make_shared<HookEvent>(*EventFor(*p, *sub));
-        if (!p->result.blocked()) ev->value = p->result.value;
-        ev->is_outcome = true;
-        ev->outcome = p->result.kind;
-        ev->outcome_reason = p->result.reason;
-        sends.emplace_back(sub->channel, ev);
-      }
-    }
+    MutexLock lock(&mu_);
+    AwaitChainsLocked(events, remaining);
+    FinishEventsLocked(ctx, module, events, sends);
   }
-  mu_.Unlock();
   Deliver(sends);
   std::vector<HookDecision> finals;
   finals.reserve(events.size());

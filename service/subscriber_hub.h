@@ -57,6 +57,7 @@
 #include "core/hooks.h"
 #include "nn/module_spec.h"
 #include "service/audit_log.h"
+#include "service/limits.h"
 #include "service/model_store.h"
 
 namespace modelstate {
@@ -85,8 +86,9 @@ struct SubscriptionSpec {
   std::string name;  // unique among connected subscribers; 1-128 chars
   SubscriberMode mode = SubscriberMode::kIntercept;
   SubscriptionFilter filter;
-  int32_t priority = 0;                        // lower first
-  absl::Duration timeout = absl::Seconds(10);  // per event
+  int32_t priority = 0;  // lower first
+  // Per event; 0: the hub's default (Limits::subscriber_timeout).
+  absl::Duration timeout = absl::ZeroDuration();
   FailurePolicy failure_policy = FailurePolicy::kFailClosed;
   bool include_data = false;
   uint64_t max_data_bytes = 1 << 20;  // larger tensors are sent without data
@@ -184,10 +186,14 @@ struct SubscriberInfo {
 class SubscriberHub : public RegistrationDecider {
  public:
   // `audit` (optional, not owned) receives every event, answer and outcome.
-  explicit SubscriberHub(AuditLog* audit = nullptr);
+  // `default_timeout` is a subscriber's timeout when its spec leaves it 0.
+  explicit SubscriberHub(
+      AuditLog* audit = nullptr,
+      absl::Duration default_timeout = Limits().subscriber_timeout);
   ~SubscriberHub() override;
 
-  // Adds a subscriber. INVALID_ARGUMENT for a bad spec; PERMISSION_DENIED
+  // Adds a subscriber (a timeout of 0 becomes the hub's default).
+  // INVALID_ARGUMENT for a bad spec; PERMISSION_DENIED
   // when the name is bound to another identity (spec.owner_identity). A
   // connected subscriber with the same name is replaced: its channel is
   // closed with ABORTED and the events waiting for it go to the new one.
@@ -224,6 +230,30 @@ class SubscriberHub : public RegistrationDecider {
   using Sends = std::vector<std::pair<std::shared_ptr<SubscriberChannel>,
                                       std::shared_ptr<const HookEvent>>>;
 
+  // A pending event for `rec` (already finished when the in-process hooks
+  // blocked it), recorded in the audit log.
+  std::unique_ptr<Pending> NewPendingLocked(const OperationContext& ctx,
+                                            const ModuleName& module,
+                                            const RegistrationRecord& rec,
+                                            std::string sha256,
+                                            size_t* remaining)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends `p` on its way: its chain of `interceptors` (sorted), and a copy
+  // to each dry-run subscriber that matches.
+  void RouteLocked(Pending& p,
+                   const std::vector<const Subscriber*>& interceptors,
+                   Sends& sends) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until `remaining` (the unfinished events of `events`) is 0,
+  // failing the events whose subscribers time out. Releases mu_ while it
+  // waits and while it delivers what timeouts send.
+  void AwaitChainsLocked(const std::vector<std::unique_ptr<Pending>>& events,
+                         const size_t& remaining)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records the outcome of each of `events` and collects what observers are
+  // sent; forgets dry-run events older than 10 minutes.
+  void FinishEventsLocked(const OperationContext& ctx, const ModuleName& module,
+                          const std::vector<std::unique_ptr<Pending>>& events,
+                          Sends& sends) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves `p` forward to its next interceptor (or finishes it); collects
   // the sends to do once the lock is released.
   void AdvanceLocked(Pending& p, Sends& sends)
@@ -251,6 +281,7 @@ class SubscriberHub : public RegistrationDecider {
   absl::Status AuditDurably(AuditRecord record);
 
   AuditLog* const audit_;
+  const absl::Duration default_timeout_;
   mutable Mutex mu_;
   CondVar cv_;
   std::map<uint64_t, std::unique_ptr<Subscriber>> subscribers_

@@ -1,7 +1,9 @@
 // Identities, roles and limits against the real server: every RPC allowed
 // and denied per role and namespace, denials in the audit log, namespace
-// filtering of listings, subscriptions and audit reads, token reload on
-// SIGHUP, TLS and mutual TLS, refusals at start, quotas and stream limits.
+// filtering of listings, subscriptions and audit reads, quotas and stream
+// limits (the server in the test process, over its in-process channel);
+// token and quota reload on SIGHUP, TLS and mutual TLS, refusals at start
+// and the server's buffering (the server binary as a process).
 #include <signal.h>
 
 #include <atomic>
@@ -28,6 +30,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/in_process_server.h"
 #include "tests/testing/requests.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_server.h"
@@ -36,6 +39,7 @@ namespace modelstate {
 namespace {
 
 using ::modelstate::testing::BuildRequest;
+using ::modelstate::testing::InProcessServer;
 using ::modelstate::testing::IsOk;
 using ::modelstate::testing::StatusIs;
 using ::modelstate::testing::TestServer;
@@ -107,8 +111,10 @@ class AccessTest : public ::testing::Test {
     std::filesystem::create_directories(*dir_);
     tokens_ = new std::filesystem::path(*dir_ / "tokens.json");
     WriteText(*tokens_, TokenFile(People()));
-    server_ = new TestServer({absl::StrCat("--token_file=", tokens_->string()),
-                              "--max_streams_per_identity=3"});
+    server_ = new InProcessServer([](server::ServerConfig& config) {
+      config.token_file = tokens_->string();
+      config.limits.max_streams_per_identity = 3;
+    });
     absl::Status started = server_->Start();
     ASSERT_TRUE(started.ok()) << started;
     std::unique_ptr<client::ModelStateClient> root = As("root-token");
@@ -150,7 +156,7 @@ class AccessTest : public ::testing::Test {
     return {response.records().begin(), response.records().end()};
   }
 
-  static inline TestServer* server_ = nullptr;
+  static inline InProcessServer* server_ = nullptr;
   static inline std::filesystem::path* dir_ = nullptr;
   static inline std::filesystem::path* tokens_ = nullptr;
 };
@@ -525,7 +531,9 @@ TEST_F(AccessTest, ASubscriberNameStaysBoundAcrossARestart) {
   // under the other tests, and they rewrite their token file.
   const std::filesystem::path tokens = *dir_ / "restart-tokens.json";
   WriteText(tokens, TokenFile(People()));
-  TestServer own({absl::StrCat("--token_file=", tokens.string())});
+  InProcessServer own([&](server::ServerConfig& config) {
+    config.token_file = tokens.string();
+  });
   ASSERT_THAT(own.Start(), IsOk());
   auto as = [&](const std::string& token) {
     client::ClientOptions options;
@@ -587,30 +595,51 @@ TEST_F(AccessTest, StreamsPerIdentityAreLimited) {
   EXPECT_THAT(limited(), IsOk());
 }
 
-TEST_F(AccessTest, SighupReloadsTheTokenFileAndABadOneKeepsTheOld) {
+// The signal is the point: the server binary as a process.
+TEST(AccessReloadTest, SighupReloadsTheTokenFileAndABadOneKeepsTheOld) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    absl::StrCat("access-reload-", getpid());
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path tokens = dir / "tokens.json";
+  WriteText(tokens, TokenFile(People()));
+  TestServer server({absl::StrCat("--token_file=", tokens.string())});
+  ASSERT_THAT(server.Start(), IsOk());
+  std::unique_ptr<client::ModelStateClient> root = [&] {
+    client::ClientOptions options;
+    options.bearer_token = "root-token";
+    return server.NewClient(options);
+  }();
+  ASSERT_THAT(root->BuildModule(BuildRequest("team-b/base", kNet)), IsOk());
+  auto as = [&](const std::string& token) {
+    client::ClientOptions options;
+    options.bearer_token = token;
+    options.timeout = absl::Seconds(10);
+    return server.NewClient(options);
+  };
   std::vector<Who> people = People();
   people.push_back({"carol", "carol-token", {{"reader", {"*"}}}});
-  WriteText(*tokens_, TokenFile(people));
-  ASSERT_EQ(kill(server_->pid(), SIGHUP), 0);
+  WriteText(tokens, TokenFile(people));
+  ASSERT_EQ(kill(server.pid(), SIGHUP), 0);
   absl::Status s;
   for (int i = 0; i < 200; ++i) {
-    s = As("carol-token")->GetStateDict("team-b/base").status();
+    s = as("carol-token")->GetStateDict("team-b/base").status();
     if (s.ok()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_THAT(s, IsOk());
 
-  WriteText(*tokens_, "{\"principals\": [{\"identity\": 3}]}");
-  ASSERT_EQ(kill(server_->pid(), SIGHUP), 0);
+  WriteText(tokens, "{\"principals\": [{\"identity\": 3}]}");
+  ASSERT_EQ(kill(server.pid(), SIGHUP), 0);
   for (int i = 0; i < 200; ++i) {
-    if (absl::StrContains(server_->Log(), "kept the principals")) break;
+    if (absl::StrContains(server.Log(), "kept the principals")) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  EXPECT_THAT(server_->Log(),
+  EXPECT_THAT(server.Log(),
               HasSubstr("principals[0].identity: must be a non-empty string"));
-  EXPECT_THAT(As("carol-token")->GetStateDict("team-b/base").status(), IsOk());
-  WriteText(*tokens_, TokenFile(People()));
-  ASSERT_EQ(kill(server_->pid(), SIGHUP), 0);
+  EXPECT_THAT(as("carol-token")->GetStateDict("team-b/base").status(), IsOk());
+  server.Stop();
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
 }
 
 // ------------------------------------------------------- start-up refusals

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "nn/forward.h"
 #include "proto/convert.h"
+#include "tests/testing/in_process_server.h"
 #include "tests/testing/requests.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tensors.h"
@@ -25,6 +26,7 @@ namespace {
 
 using ::modelstate::testing::BuildRequest;
 using ::modelstate::testing::ExpectSameState;
+using ::modelstate::testing::InProcessServer;
 using ::modelstate::testing::IsOk;
 using ::modelstate::testing::LocalBuild;
 using ::modelstate::testing::StatusIs;
@@ -70,7 +72,7 @@ Tensor Output(const v1::ForwardResponse& response, int i) {
 }
 
 TEST(ForwardServiceTest, EvalForwardEqualsTheCoreAndChangesNothing) {
-  TestServer server;
+  InProcessServer server;
   ASSERT_THAT(server.Start(), IsOk());
   std::unique_ptr<client::ModelStateClient> c = server.NewClient();
   ASSERT_THAT(c->BuildModule(BuildRequest("fwd/mlp", kMlp, 7)), IsOk());
@@ -143,7 +145,7 @@ TEST(ForwardServiceTest, TrainingUpdatesBatchNormDurablyAndIsAudited) {
 }
 
 TEST(ForwardServiceTest, BadInputGetsPyTorchsErrors) {
-  TestServer server;
+  InProcessServer server;
   ASSERT_THAT(server.Start(), IsOk());
   std::unique_ptr<client::ModelStateClient> c = server.NewClient();
   ASSERT_THAT(c->BuildModule(BuildRequest("fwd/mlp", kMlp, 7)), IsOk());

@@ -1,5 +1,7 @@
-// Integration tests: the real modelstate-server binary on a loopback port,
-// driven through the real C++ client.
+// Service tests: the whole server (server/server.h) in the test process,
+// driven through the real C++ client over gRPC's in-process channel; and
+// the real modelstate-server binary where its process is the point (signals,
+// exit codes, flags, ports).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -24,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "nn/module_spec.h"
 #include "proto/convert.h"
+#include "tests/testing/in_process_server.h"
 #include "tests/testing/layer_examples.h"
 #include "tests/testing/requests.h"
 #include "tests/testing/run_command.h"
@@ -37,45 +40,26 @@ namespace {
 using ::modelstate::testing::BuildRequest;
 using ::modelstate::testing::ExpectSameState;
 using ::modelstate::testing::Filled;
+using ::modelstate::testing::InProcessServerTest;
 using ::modelstate::testing::IsOk;
 using ::modelstate::testing::LayerExampleArgs;
 using ::modelstate::testing::LayerExampleJson;
 using ::modelstate::testing::LocalBuild;
-using ::modelstate::testing::SharedServerTest;
 using ::modelstate::testing::SpecProto;
 using ::modelstate::testing::StatusIs;
 using ::modelstate::testing::TestServer;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-class ServiceTest : public SharedServerTest {
+class ServiceTest : public InProcessServerTest {
  protected:
   static void SetUpTestSuite() {
-    StartServer({"--max_tensor_mib=1024", "--max_chunk_kib=4096"});
+    StartServer([](server::ServerConfig& config) {
+      config.limits.max_tensor_bytes = uint64_t{1024} << 20;
+      config.limits.max_chunk_bytes = uint32_t{4096} << 10;
+    });
   }
 };
-
-TEST_F(ServiceTest, HealthIsServingAndReflectionListsTheServices) {
-  EXPECT_THAT(client_->Health(), IsOk());
-  auto stub =
-      grpc::reflection::v1alpha::ServerReflection::NewStub(client_->channel());
-  grpc::ClientContext context;
-  auto stream = stub->ServerReflectionInfo(&context);
-  grpc::reflection::v1alpha::ServerReflectionRequest request;
-  request.set_list_services("*");
-  ASSERT_TRUE(stream->Write(request));
-  stream->WritesDone();
-  grpc::reflection::v1alpha::ServerReflectionResponse response;
-  ASSERT_TRUE(stream->Read(&response));
-  std::vector<std::string> services;
-  for (const auto& s : response.list_services_response().service()) {
-    services.push_back(s.name());
-  }
-  EXPECT_THAT(services,
-              ::testing::IsSupersetOf({"modelstate.v1.ModelStateService",
-                                       "grpc.health.v1.Health"}));
-  EXPECT_TRUE(stream->Finish().ok());
-}
 
 TEST_F(ServiceTest, BuildsEveryLibraryLayerExactlyAsTheCoreDoes) {
   ASSERT_EQ(LayerExampleArgs().size(), LayerTypes().size());
@@ -1089,6 +1073,32 @@ TEST_F(ServiceTest, SlowReadersOfOneModuleOverlapAndDoNotBlockAWriter) {
   absl::StatusOr<StateDict> after = client_->GetStateDict("slow/m");
   ASSERT_THAT(after, IsOk());
   ExpectSameState(*after, pattern(2));
+}
+
+// Reflection is the binary's (a process-wide gRPC plugin it turns on).
+TEST(ServerLifecycleTest, HealthIsServingAndReflectionListsTheServices) {
+  TestServer server;
+  ASSERT_THAT(server.Start(), IsOk());
+  std::unique_ptr<client::ModelStateClient> client = server.NewClient();
+  EXPECT_THAT(client->Health(), IsOk());
+  auto stub =
+      grpc::reflection::v1alpha::ServerReflection::NewStub(client->channel());
+  grpc::ClientContext context;
+  auto stream = stub->ServerReflectionInfo(&context);
+  grpc::reflection::v1alpha::ServerReflectionRequest request;
+  request.set_list_services("*");
+  ASSERT_TRUE(stream->Write(request));
+  stream->WritesDone();
+  grpc::reflection::v1alpha::ServerReflectionResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  std::vector<std::string> services;
+  for (const auto& s : response.list_services_response().service()) {
+    services.push_back(s.name());
+  }
+  EXPECT_THAT(services,
+              ::testing::IsSupersetOf({"modelstate.v1.ModelStateService",
+                                       "grpc.health.v1.Health"}));
+  EXPECT_TRUE(stream->Finish().ok());
 }
 
 // SIGTERM and SIGINT both drain: health turns NOT_SERVING for a watcher at

@@ -1,6 +1,8 @@
-// Remote registration hooks end to end: the real server, subscribers as
-// separate processes (modelstatectl subscribe with the shipped policies, and
-// a test tool that misbehaves on purpose), and the audit log.
+// Remote registration hooks end to end: the real server (in the test
+// process; as a process where its file size limit is the point),
+// subscribers as separate processes (modelstatectl subscribe with the
+// shipped policies, and a test tool that misbehaves on purpose), and the
+// audit log.
 #include <signal.h>
 
 #include <chrono>
@@ -28,6 +30,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "service/subscriber_hub.h"
+#include "tests/testing/in_process_server.h"
 #include "tests/testing/run_command.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_server.h"
@@ -37,6 +40,7 @@ namespace {
 
 using ::modelstate::testing::BackgroundProcess;
 using ::modelstate::testing::CommandResult;
+using ::modelstate::testing::InProcessServer;
 using ::modelstate::testing::IsOk;
 using ::modelstate::testing::RunCommand;
 using ::modelstate::testing::StatusIs;
@@ -72,7 +76,7 @@ const v1::RegistrationReport* Report(const v1::BuildModuleResponse& r,
 class SubscriptionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    server_ = std::make_unique<TestServer>(flags_);
+    server_ = std::make_unique<InProcessServer>(configure_);
     ASSERT_THAT(server_->Start(), IsOk());
     client_ = server_->NewClient();
   }
@@ -115,8 +119,8 @@ class SubscriptionTest : public ::testing::Test {
     return out;
   }
 
-  std::vector<std::string> flags_;
-  std::unique_ptr<TestServer> server_;
+  InProcessServer::Configure configure_;
+  std::unique_ptr<InProcessServer> server_;
   std::unique_ptr<client::ModelStateClient> client_;
 };
 
@@ -710,7 +714,11 @@ TEST_F(SubscriptionTest, TheReadmeHookWalkThroughRunsAsShown) {
 
 class SlowReaderTest : public SubscriptionTest {
  protected:
-  SlowReaderTest() { flags_ = {"--max_queued_events=4"}; }
+  SlowReaderTest() {
+    configure_ = [](server::ServerConfig& config) {
+      config.limits.max_queued_events = 4;
+    };
+  }
 };
 
 TEST_F(SlowReaderTest, ASubscriberThatStopsReadingIsDroppedNotBuffered) {

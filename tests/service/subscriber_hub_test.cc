@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "nn/module_spec.h"
+#include "service/limits.h"
 #include "service/model_store.h"
 #include "tests/testing/spec_json.h"
 #include "tests/testing/status_matchers.h"
@@ -278,6 +279,41 @@ TEST_F(HubTest, TimeoutsApplyTheFailurePolicy) {
   }
   // Blocked everywhere: the module holds nothing.
   EXPECT_TRUE(State("t/closed").tensors.empty());
+}
+
+// A subscription that leaves its timeout 0 gets the hub's default, which
+// is Limits' unless the hub is given another.
+TEST(HubDefaultsTest, ASubscriptionWithoutATimeoutGetsTheHubsDefault) {
+  auto silent = [](const HookEvent&) {
+    return std::optional<SubscriberAnswer>();
+  };
+  SubscriptionSpec spec = Spec("silent");
+  spec.timeout = absl::ZeroDuration();
+  {
+    SubscriberHub hub;
+    auto s = std::make_shared<FakeSubscriber>(&hub, silent);
+    ASSERT_THAT(s->Attach(spec), IsOk());
+    ASSERT_EQ(hub.List().size(), 1u);
+    EXPECT_EQ(hub.List()[0].spec.timeout, Limits().subscriber_timeout);
+    EXPECT_EQ(Limits().subscriber_timeout, absl::Seconds(10));
+    s->StopWorker();
+  }
+  SubscriberHub hub(nullptr, absl::Milliseconds(40));
+  ModelStore store;
+  store.set_decider(&hub);
+  auto s = std::make_shared<FakeSubscriber>(&hub, silent);
+  ASSERT_THAT(s->Attach(spec), IsOk());
+  EXPECT_EQ(hub.List()[0].spec.timeout, absl::Milliseconds(40));
+  BuildOptions options;
+  options.hooks = nullptr;
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      BuildOutcome b, store.Build({"alice", "req-1"}, *ParseModuleName("t/d"),
+                                  SpecFromJson(kNet), options, false));
+  ASSERT_FALSE(b.registrations.empty());
+  for (const auto& r : b.registrations) {
+    EXPECT_THAT(r.final.reason, HasSubstr("silent timed out after 40ms"));
+  }
+  s->StopWorker();
 }
 
 TEST_F(HubTest, FailOpenApprovesAndTheChainGoesOn) {

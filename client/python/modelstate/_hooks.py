@@ -125,7 +125,7 @@ class HookHandle:
     """A registered remote hook; .remove() unregisters it (like
     torch.utils.hooks.RemovableHandle)."""
 
-    def __init__(self, client, kind, hook, name=None, timeout=10.0,
+    def __init__(self, client, kind, hook, name=None, timeout=None,
                  priority=0, fail_open=False, namespaces=(),
                  max_data_bytes=63 << 20):
         # 63 MiB: an event must fit in one message of the server's default
@@ -139,7 +139,7 @@ class HookHandle:
         subscription = pb.Subscription(
             name=self.name, mode=pb.Subscription.MODE_INTERCEPT,
             kinds=[_KINDS[kind]], namespaces=list(namespaces),
-            priority=priority, timeout_ms=int(timeout * 1000),
+            priority=priority, timeout_ms=int((timeout or 0) * 1000),
             failure_policy=(pb.Subscription.FAIL_OPEN if fail_open
                             else pb.Subscription.FAIL_CLOSED),
             include_data=True, max_data_bytes=max_data_bytes)

@@ -1,0 +1,343 @@
+#include "server/server.h"
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "base/file_util.h"
+#include "base/log.h"
+#include "base/status_macros.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
+#include "server/model_state_service.h"
+#include "service/audit_log.h"
+#include "service/authenticator.h"
+#include "service/data_dir.h"
+#include "service/model_service.h"
+#include "service/model_store.h"
+#include "service/module_repository.h"
+#include "service/subscriber_hub.h"
+
+namespace modelstate::server {
+namespace {
+
+using internal::LogLine;
+
+// 127.0.0.0/8, ::1 and localhost: reachable from this machine only.
+bool IsLoopback(const std::string& listen) {
+  std::string host = listen.substr(0, listen.rfind(':'));
+  return host == "localhost" || host == "[::1]" || host == "::1" ||
+         host.rfind("127.", 0) == 0;
+}
+
+absl::StatusOr<std::string> ReadPem(absl::string_view flag,
+                                    const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": ", text.status().message()));
+  }
+  return text;
+}
+
+// TLS when a certificate is given, requiring verified client certificates
+// when a client CA is; plaintext otherwise.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
+    const ServerConfig& config) {
+  const std::string& cert = config.tls_cert_file;
+  const std::string& key = config.tls_key_file;
+  const std::string& client_ca = config.tls_client_ca_file;
+  if (cert.empty() != key.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_cert_file and --tls_key_file go together");
+  }
+  if (cert.empty()) {
+    if (!client_ca.empty()) {
+      return absl::InvalidArgumentError(
+          "--tls_client_ca_file needs --tls_cert_file and --tls_key_file");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  grpc::SslServerCredentialsOptions options(
+      client_ca.empty()
+          ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+          : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  MODELSTATE_ASSIGN_OR_RETURN(pair.cert_chain, ReadPem("tls_cert_file", cert));
+  MODELSTATE_ASSIGN_OR_RETURN(pair.private_key, ReadPem("tls_key_file", key));
+  options.pem_key_cert_pairs.push_back(std::move(pair));
+  if (!client_ca.empty()) {
+    MODELSTATE_ASSIGN_OR_RETURN(options.pem_root_certs,
+                                ReadPem("tls_client_ca_file", client_ca));
+  }
+  return grpc::SslServerCredentials(options);
+}
+
+absl::StatusOr<QuotaPolicy> LoadQuotas(const ServerConfig& config) {
+  if (config.quota_file.empty()) {
+    QuotaPolicy policy;
+    policy.defaults = config.namespace_quota;
+    return policy;
+  }
+  return QuotaPolicy::ReadFile(config.quota_file, config.namespace_quota);
+}
+
+// Who may connect, and how: what a server must not even start without.
+struct Security {
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  std::unique_ptr<Authenticator> auth;
+  QuotaPolicy quotas;
+};
+
+absl::Status Refuse(absl::string_view what, const absl::Status& error) {
+  return absl::InvalidArgumentError(absl::StrCat(what, error.message()));
+}
+
+absl::StatusOr<Security> PrepareSecurity(const ServerConfig& config) {
+  Security security;
+  MODELSTATE_ASSIGN_OR_RETURN(security.credentials, ServerCredentials(config));
+  const bool tls = !config.tls_cert_file.empty();
+  const bool mtls = !config.tls_client_ca_file.empty();
+  if (mtls && config.token_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_client_ca_file needs --token_file: its principals give "
+        "certificate identities (CN) their roles");
+  }
+  if (!config.listen.empty() && !IsLoopback(config.listen)) {
+    if (config.token_file.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "refusing to listen on ", config.listen,
+          " without authentication: pass --token_file (and TLS), or listen "
+          "on a loopback address"));
+    }
+    if (!tls && !config.plaintext) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("refusing plaintext on ", config.listen,
+                       ": pass --tls_cert_file and --tls_key_file, or "
+                       "--plaintext to allow it"));
+    }
+  }
+  absl::StatusOr<std::unique_ptr<Authenticator>> auth =
+      Authenticator::Create(config.token_file, mtls);
+  if (!auth.ok()) return Refuse("--token_file: ", auth.status());
+  security.auth = *std::move(auth);
+  absl::StatusOr<QuotaPolicy> quotas = LoadQuotas(config);
+  if (!quotas.ok()) return Refuse("--quota_file: ", quotas.status());
+  security.quotas = *std::move(quotas);
+  return security;
+}
+
+absl::Status CreateDirectory(const std::string& dir, absl::string_view what) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (!ec) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat("cannot create ", what, dir, ": ", ec.message()));
+}
+
+// A failure to start, saying what failed.
+absl::Status StartError(absl::string_view what, const absl::Status& error) {
+  return absl::Status(error.code(), absl::StrCat(what, error.ToString()));
+}
+
+}  // namespace
+
+absl::Status CheckServerConfig(const ServerConfig& config) {
+  return PrepareSecurity(config).status();
+}
+
+Server::Server() = default;
+
+Server::~Server() {
+  Shutdown();
+  Wait();
+}
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
+  MODELSTATE_ASSIGN_OR_RETURN(Security security, PrepareSecurity(config));
+  std::unique_ptr<Server> server(new Server());
+  server->config_ = std::move(config);
+  server->auth_ = std::move(security.auth);
+  MODELSTATE_RETURN_IF_ERROR(server->OpenState());
+  server->store_->set_quotas(std::move(security.quotas));
+  MODELSTATE_RETURN_IF_ERROR(server->Listen(std::move(security.credentials)));
+  MODELSTATE_RETURN_IF_ERROR(server->ListenForHealth());
+  return server;
+}
+
+absl::Status Server::OpenState() {
+  const std::string& root = config_.data_dir;
+  MODELSTATE_RETURN_IF_ERROR(CreateDirectory(root, "--data_dir "));
+  ModelServiceOptions options;
+  options.limits = config_.limits;
+  // Loads stage their bytes in unlinked files here (nothing to clean up).
+  options.staging_dir = data_dir::StagingDir(root);
+  MODELSTATE_RETURN_IF_ERROR(CreateDirectory(options.staging_dir, ""));
+  options.audit_path = data_dir::AuditLogPath(root);
+  absl::StatusOr<std::unique_ptr<AuditLog>> audit =
+      AuditLog::Open(options.audit_path);
+  if (!audit.ok()) {
+    return StartError("cannot open the audit log: ", audit.status());
+  }
+  audit_ = *std::move(audit);
+  if (audit_->recovered_torn_tail()) {
+    LogLine(absl::StrCat(options.audit_path,
+                         ": removed a torn last record left by a crash"));
+  }
+  hub_ = std::make_unique<SubscriberHub>(audit_.get(),
+                                         config_.limits.subscriber_timeout);
+  absl::StatusOr<size_t> owned_names = hub_->RestoreNameOwners();
+  if (!owned_names.ok()) {
+    return StartError("cannot read subscriber names from the audit log: ",
+                      owned_names.status());
+  }
+  const std::string modules_dir = data_dir::ModulesDir(root);
+  absl::StatusOr<std::unique_ptr<ModuleRepository>> repository =
+      ModuleRepository::Open(modules_dir);
+  if (!repository.ok()) {
+    return StartError("cannot open the module directory: ",
+                      repository.status());
+  }
+  repository_ = *std::move(repository);
+  store_ = std::make_unique<ModelStore>();
+  store_->set_decider(hub_.get());
+  store_->set_audit_log(audit_.get());
+  store_->set_repository(repository_.get());
+  // Everything saved comes back before the first request is served.
+  absl::Time restore_start = absl::Now();
+  ModelStore::RestoreReport restored = store_->Restore(config_.fallback_to_cpu);
+  for (const absl::Status& error : restored.errors) {
+    LogLine(absl::StrCat("not restored: ", error.ToString()));
+    if (absl::IsFailedPrecondition(error) && !config_.fallback_to_cpu) {
+      LogLine("  (start with --fallback_to_cpu to restore it onto cpu)");
+    }
+  }
+  LogLine(
+      absl::StrFormat("restored %d modules (%d bytes) from %s in %.3f s%s",
+                      restored.modules, restored.bytes, modules_dir,
+                      absl::ToDoubleSeconds(absl::Now() - restore_start),
+                      restored.recovered == 0
+                          ? ""
+                          : absl::StrCat("; recorded ", restored.recovered,
+                                         " changes the audit log had missed")));
+  service_ = std::make_unique<ModelService>(
+      store_.get(), hub_.get(), audit_.get(), auth_.get(), std::move(options));
+  handlers_ = std::make_unique<ModelStateServiceImpl>(service_.get());
+  return absl::OkStatus();
+}
+
+absl::Status Server::Listen(
+    std::shared_ptr<grpc::ServerCredentials> credentials) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  // A second server on the same port must fail, not share connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // In range (checked by modelstate-server): fits an int.
+  const int max_message = static_cast<int>(config_.limits.max_message_bytes);
+  builder.SetMaxReceiveMessageSize(max_message);
+  builder.SetMaxSendMessageSize(max_message);
+  if (config_.stream_window_kib > 0) {
+    // A fixed window instead of gRPC's adaptive one, which on loopback
+    // grows until a slow consumer has tens of MiB queued in the server.
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
+                               config_.stream_window_kib << 10);
+  }
+  if (config_.worker_threads > 0) {
+    grpc::ResourceQuota quota("modelstate");
+    quota.SetMaxThreads(config_.worker_threads);
+    builder.SetResourceQuota(quota);
+  }
+  int port = 0;
+  if (!config_.listen.empty()) {
+    builder.AddListeningPort(config_.listen, credentials, &port);
+  }
+  builder.RegisterService(handlers_.get());
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || (!config_.listen.empty() && port == 0)) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", config_.listen));
+  }
+  if (config_.listen.empty()) {
+    LogLine("modelstate-server serving in-process only (no listen address)");
+    return absl::OkStatus();
+  }
+  address_ = absl::StrCat(config_.listen.substr(0, config_.listen.rfind(':')),
+                          ":", port);
+  const bool tls = !config_.tls_cert_file.empty();
+  const bool mtls = !config_.tls_client_ca_file.empty();
+  LogLine(absl::StrCat(
+      "modelstate-server listening on ", address_,
+      tls ? (mtls ? " (mutual TLS)" : " (TLS)") : " (plaintext)",
+      auth_->enabled()
+          ? absl::StrCat("; ", config_.token_file, " authenticates callers")
+          : "; no authentication (no --token_file): loopback only, every "
+            "caller is an admin"));
+  return absl::OkStatus();
+}
+
+absl::Status Server::ListenForHealth() {
+  // Probes that cannot present credentials get health and nothing else.
+  if (config_.health_listen.empty()) return absl::OkStatus();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(config_.health_listen,
+                           grpc::InsecureServerCredentials(), &port);
+  health_server_ = builder.BuildAndStart();
+  if (health_server_ == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on --health_listen ", config_.health_listen));
+  }
+  LogLine(absl::StrCat("health checks (only) on ", config_.health_listen));
+  return absl::OkStatus();
+}
+
+std::shared_ptr<grpc::Channel> Server::InProcessChannel() {
+  grpc::ChannelArguments args;
+  const int max_message = static_cast<int>(config_.limits.max_message_bytes);
+  args.SetMaxReceiveMessageSize(max_message);
+  args.SetMaxSendMessageSize(max_message);
+  return server_->InProcessChannel(args);
+}
+
+void Server::Reload(absl::string_view why) {
+  if (auth_->enabled()) {
+    absl::StatusOr<size_t> loaded = auth_->Reload();
+    LogLine(loaded.ok() ? absl::StrCat(why, ": ", *loaded, " principals from ",
+                                       config_.token_file)
+                        : absl::StrCat(why, ": kept the principals in force: ",
+                                       loaded.status().message()));
+  }
+  absl::StatusOr<QuotaPolicy> quotas = LoadQuotas(config_);
+  if (quotas.ok()) {
+    store_->set_quotas(*std::move(quotas));
+  } else {
+    LogLine(absl::StrCat(
+        why, ": kept the quotas in force: ", quotas.status().message()));
+  }
+}
+
+void Server::Shutdown() {
+  if (server_ == nullptr || shut_down_.exchange(true)) return;
+  if (health_server_ != nullptr) {
+    health_server_->GetHealthCheckService()->Shutdown();
+  }
+  server_->GetHealthCheckService()->Shutdown();
+  hub_->CloseAll(absl::UnavailableError("server shutting down"));
+  server_->Shutdown(absl::ToChronoTime(
+      absl::Now() + absl::Seconds(config_.shutdown_grace_seconds)));
+}
+
+void Server::Wait() {
+  if (server_ == nullptr) return;
+  server_->Wait();
+  if (health_server_ != nullptr) health_server_->Shutdown();
+}
+
+}  // namespace modelstate::server

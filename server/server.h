@@ -1,0 +1,145 @@
+// File: server.h
+// A whole modelstate server in one object: from a ServerConfig (every
+// flag's value) it opens the data directory (audit log, modules, staging),
+// restores the saved modules, and serves the gRPC service (with health
+// checks) on its listening address, on an optional health-only address,
+// and in-process. modelstate-server is a flag parser and a signal loop
+// around it (which also turns on gRPC reflection, a process-wide plugin);
+// tests start one in their own process.
+//
+// Example:
+//   ServerConfig config;
+//   config.listen = "127.0.0.1:0";
+//   config.data_dir = "/tmp/data";
+//   MODELSTATE_ASSIGN_OR_RETURN(std::unique_ptr<Server> server,
+//                               Server::Start(config));
+//   auto stub = v1::ModelStateService::NewStub(server->InProcessChannel());
+//   ...
+//   server->Shutdown();
+//   server->Wait();
+#ifndef MODELSTATE_SERVER_SERVER_H_
+#define MODELSTATE_SERVER_SERVER_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "grpcpp/grpcpp.h"
+#include "service/limits.h"
+#include "service/quota.h"
+
+namespace modelstate {
+class AuditLog;
+class Authenticator;
+class ModelService;
+class ModelStore;
+class ModuleRepository;
+class SubscriberHub;
+}  // namespace modelstate
+
+namespace modelstate::server {
+
+class ModelStateServiceImpl;
+
+// Everything a server is started with: modelstate-server's flags. The
+// flags take their defaults from here (and from Limits).
+struct ServerConfig {
+  // host:port to listen on (port 0 picks a free one); "": none, the server
+  // is reachable through InProcessChannel() only.
+  std::string listen = "127.0.0.1:50051";
+  // Durable state and the audit log; created if missing.
+  std::string data_dir = "./data";
+  // HTTP/2 receive window per stream, in KiB: how far a client may send
+  // ahead of a load being written to disk (0: gRPC's adaptive window).
+  int stream_window_kib = 8192;
+  // Most threads serving calls (0: gRPC's default).
+  int worker_threads = 0;
+  // How long running calls may take to finish at Shutdown().
+  int shutdown_grace_seconds = 10;
+  Limits limits;
+  // TLS: certificate chain and key (PEM files; both or neither), and the
+  // CA bundle that client certificates must chain to (mutual TLS).
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
+  // Principals and roles (JSON); "": no authentication, loopback only.
+  std::string token_file;
+  // Allow plaintext on a non-loopback address.
+  bool plaintext = false;
+  // A second, plaintext address serving only grpc.health.v1; "": none.
+  std::string health_listen;
+  // Per-namespace quotas (JSON), over `namespace_quota`, which holds for
+  // every namespace the file does not name.
+  std::string quota_file;
+  NamespaceQuota namespace_quota;
+  // Restore modules saved on a device this server lacks onto cpu.
+  bool fallback_to_cpu = false;
+};
+
+// Checks what a server must not start with, before anything starts:
+// INVALID_ARGUMENT (its message names the flag) for TLS files that do not
+// go together or cannot be read, mutual TLS without a token file, a
+// non-loopback address without a token file or (unless `plaintext`)
+// without TLS; a token or quota file that cannot be read or parsed.
+absl::Status CheckServerConfig(const ServerConfig& config);
+
+// Thread-safe.
+class Server {
+ public:
+  // CheckServerConfig's errors, then any failure to set up the data
+  // directory, restore or listen (its message says which). Everything
+  // saved is restored before the first call is served.
+  static absl::StatusOr<std::unique_ptr<Server>> Start(ServerConfig config);
+  // Shuts down (if not yet) and waits.
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // The address actually listened on ("127.0.0.1:41234"); "" without one.
+  const std::string& address() const { return address_; }
+  // A channel to this server within the process (no network, no TLS;
+  // bearer tokens work), with the server's message size limit.
+  std::shared_ptr<grpc::Channel> InProcessChannel();
+
+  // Re-reads the token file and the quota file; a file that cannot be read
+  // keeps what is in force. Logs what happened, each line after `why`.
+  void Reload(absl::string_view why = "reload");
+  // Health turns NOT_SERVING at once, subscribers are disconnected, new
+  // calls are refused, and running calls get shutdown_grace_seconds before
+  // they are cancelled. Returns at once; later calls do nothing.
+  void Shutdown();
+  // Returns once the server has shut down.
+  void Wait();
+
+  // The hosted state, for tests that look behind the service.
+  ModelStore& store() { return *store_; }
+  AuditLog& audit_log() { return *audit_; }
+
+ private:
+  Server();
+  absl::Status OpenState();
+  absl::Status Listen(std::shared_ptr<grpc::ServerCredentials> credentials);
+  absl::Status ListenForHealth();
+
+  ServerConfig config_;
+  // Declared in dependency order: each member is destroyed before the
+  // ones it uses.
+  std::unique_ptr<Authenticator> auth_;
+  std::unique_ptr<AuditLog> audit_;
+  std::unique_ptr<SubscriberHub> hub_;
+  std::unique_ptr<ModuleRepository> repository_;
+  std::unique_ptr<ModelStore> store_;
+  std::unique_ptr<ModelService> service_;
+  std::unique_ptr<ModelStateServiceImpl> handlers_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> health_server_;
+  std::string address_;
+  std::atomic<bool> shut_down_{false};
+};
+
+}  // namespace modelstate::server
+
+#endif  // MODELSTATE_SERVER_SERVER_H_

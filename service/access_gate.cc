@@ -1,0 +1,117 @@
+#include "service/access_gate.h"
+
+#include <algorithm>
+#include <atomic>
+#include <random>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/status_macros.h"
+#include "service/audit_events.h"
+
+namespace modelstate {
+namespace {
+
+std::atomic<uint64_t> next_request_id{1};
+
+// Request ids this process makes up are unique across restarts too: the
+// audit log and the saved modules' change notes match on them.
+const std::string& RequestIdPrefix() {
+  static const std::string* prefix = [] {
+    std::random_device random;
+    return new std::string(absl::StrFormat("req-%08x-", random()));
+  }();
+  return *prefix;
+}
+
+}  // namespace
+
+absl::StatusOr<Caller> AccessGate::Authenticate(const Credentials& credentials,
+                                                absl::string_view rpc) {
+  Caller caller;
+  caller.peer = credentials.peer;
+  caller.ctx.correlation_id =
+      !credentials.request_id.empty()
+          ? credentials.request_id
+          : absl::StrCat(RequestIdPrefix(), next_request_id.fetch_add(1));
+  absl::StatusOr<Principal> principal = auth_ != nullptr
+                                            ? auth_->Authenticate(credentials)
+                                            : AnonymousAdmin(credentials.peer);
+  if (!principal.ok()) {
+    RecordDenial(caller.ctx, caller.peer, rpc, ModuleName{},
+                 principal.status());
+    return principal.status();
+  }
+  caller.principal = *std::move(principal);
+  caller.ctx.identity = caller.principal.identity;
+  return caller;
+}
+
+absl::Status AccessGate::Allow(const Caller& caller, absl::string_view rpc,
+                               Permission permission,
+                               const ModuleName& module) {
+  if (caller.principal.Allows(permission, module.ns)) {
+    return permission == Permission::kWrite ? AuditWritable()
+                                            : absl::OkStatus();
+  }
+  return Deny(
+      caller, rpc, module,
+      absl::PermissionDeniedError(absl::StrCat(
+          "'", caller.principal.identity, "' may not ", rpc, " in namespace '",
+          module.ns, "' (needs ", PermissionName(permission), " permission)")));
+}
+
+absl::Status AccessGate::AllowIn(const Caller& caller, absl::string_view rpc,
+                                 Permission permission, const std::string& ns) {
+  if (ns.empty()) return AllowSomewhere(caller, rpc, permission);
+  ModuleName in_namespace;
+  in_namespace.ns = ns;
+  return Allow(caller, rpc, permission, in_namespace);
+}
+
+absl::Status AccessGate::AllowSomewhere(const Caller& caller,
+                                        absl::string_view rpc,
+                                        Permission permission) {
+  if (caller.principal.AllowsAnywhere(permission)) return absl::OkStatus();
+  return Deny(
+      caller, rpc, ModuleName{},
+      absl::PermissionDeniedError(absl::StrCat(
+          "'", caller.principal.identity, "' may not ", rpc, " (needs ",
+          PermissionName(permission), " permission in some namespace)")));
+}
+
+absl::Status AccessGate::AuditWritable() const {
+  if (audit_ == nullptr) return absl::OkStatus();
+  absl::Status health = audit_->health();
+  if (health.ok()) return health;
+  // A change must not go unrecorded; UNAVAILABLE, since an operator can
+  // fix the log (disk space, permissions) and restart.
+  return absl::UnavailableError(health.message());
+}
+
+absl::Status AccessGate::Deny(const Caller& caller, absl::string_view rpc,
+                              const ModuleName& module, absl::Status denied) {
+  RecordDenial(caller.ctx, caller.peer, rpc, module, denied);
+  return denied;
+}
+
+void AccessGate::RecordDenial(const OperationContext& ctx,
+                              absl::string_view peer, absl::string_view rpc,
+                              const ModuleName& module,
+                              const absl::Status& status) {
+  if (audit_ == nullptr) return;
+  // A denial that cannot be recorded is still a denial; the log's own
+  // failure shows up on the next change it must record.
+  (void)audit_->Append(audit_events::Denied(ctx, peer, rpc, module, status));
+}
+
+bool AuditRecordVisible(const std::vector<std::string>& namespaces,
+                        const AuditRecord& record) {
+  if (!namespaces.empty() && namespaces.front() == kAnyNamespace) return true;
+  return !record.ns.empty() && std::find(namespaces.begin(), namespaces.end(),
+                                         record.ns) != namespaces.end();
+}
+
+}  // namespace modelstate

@@ -1,0 +1,90 @@
+// File: access_gate.h
+// Who may call what: authenticates a call's credentials into a Caller and
+// checks the caller's permissions, recording every refusal in the audit log
+// as a "denied" record. Authorisation lives here and nowhere else; the
+// service asks the gate before it acts.
+//
+// Example:
+//   AccessGate gate(authenticator, audit_log);
+//   MODELSTATE_ASSIGN_OR_RETURN(Caller caller,
+//                               gate.Authenticate(credentials, "GetModule"));
+//   MODELSTATE_RETURN_IF_ERROR(
+//       gate.Allow(caller, "GetModule", Permission::kRead, name));
+#ifndef MODELSTATE_SERVICE_ACCESS_GATE_H_
+#define MODELSTATE_SERVICE_ACCESS_GATE_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "service/access_policy.h"
+#include "service/audit_log.h"
+#include "service/authenticator.h"
+#include "service/module_name.h"
+#include "service/operation_context.h"
+
+namespace modelstate {
+
+// An authenticated caller and the context its changes are recorded with.
+struct Caller {
+  OperationContext ctx;  // identity: the principal's; the request's id
+  Principal principal;
+  std::string peer;
+};
+
+// Thread-safe.
+class AccessGate {
+ public:
+  // Neither is owned; both must outlive the gate. `auth` null: every caller
+  // is an admin named after its peer. `audit` null: denials go unrecorded.
+  AccessGate(const Authenticator* auth, AuditLog* audit)
+      : auth_(auth), audit_(audit) {}
+
+  // Whether callers are authenticated (a token file is in force).
+  bool authenticates() const { return auth_ != nullptr && auth_->enabled(); }
+
+  // The caller, with the request id it sent (or a fresh one, unique across
+  // restarts), or UNAUTHENTICATED / PERMISSION_DENIED, recorded.
+  absl::StatusOr<Caller> Authenticate(const Credentials& credentials,
+                                      absl::string_view rpc);
+
+  // OK if the caller holds `permission` in `module`'s namespace (writes also
+  // need a writable audit log, see AuditWritable); otherwise
+  // PERMISSION_DENIED, recorded.
+  absl::Status Allow(const Caller& caller, absl::string_view rpc,
+                     Permission permission, const ModuleName& module);
+  // Allow in namespace `ns`; "" asks for `permission` in some namespace.
+  absl::Status AllowIn(const Caller& caller, absl::string_view rpc,
+                       Permission permission, const std::string& ns);
+  // OK if the caller holds `permission` in some namespace (calls that then
+  // show only what those namespaces allow); otherwise PERMISSION_DENIED,
+  // recorded.
+  absl::Status AllowSomewhere(const Caller& caller, absl::string_view rpc,
+                              Permission permission);
+
+  // UNAVAILABLE naming the audit log once an append or sync of it failed:
+  // every change is refused rather than made unaudited.
+  absl::Status AuditWritable() const;
+
+ private:
+  absl::Status Deny(const Caller& caller, absl::string_view rpc,
+                    const ModuleName& module, absl::Status denied);
+  // An audit record of type "denied" for a refused call.
+  void RecordDenial(const OperationContext& ctx, absl::string_view peer,
+                    absl::string_view rpc, const ModuleName& module,
+                    const absl::Status& status);
+
+  const Authenticator* const auth_;
+  AuditLog* const audit_;
+};
+
+// Whether an auditor allowed `namespaces` (NamespacesFor(kAudit); {"*"}:
+// all) may see `record`: records of no namespace need every namespace.
+bool AuditRecordVisible(const std::vector<std::string>& namespaces,
+                        const AuditRecord& record);
+
+}  // namespace modelstate
+
+#endif  // MODELSTATE_SERVICE_ACCESS_GATE_H_

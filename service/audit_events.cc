@@ -1,0 +1,316 @@
+#include "service/audit_events.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/time/time.h"
+#include "nlohmann/json.hpp"
+#include "service/subscriber_hub.h"
+
+namespace modelstate {
+namespace {
+
+using Json = nlohmann::json;
+
+// A record of `type` about `module` on behalf of `ctx`.
+AuditRecord Record(AuditType type, const OperationContext& ctx,
+                   const ModuleName& module) {
+  AuditRecord r;
+  r.identity = ctx.identity;
+  r.correlation_id = ctx.correlation_id;
+  r.type = std::string(AuditTypeName(type));
+  r.ns = module.ns;
+  r.module = module.name;
+  return r;
+}
+
+Json ErrorJson(const absl::Status& status) {
+  return {{"code", absl::StatusCodeToString(status.code())},
+          {"message", std::string(status.message())}};
+}
+
+// A change to a module: "ok", or "error" with the error in the details.
+AuditRecord Change(AuditType type, const OperationContext& ctx,
+                   const ModuleName& module, Json details,
+                   const absl::Status& result) {
+  AuditRecord r = Record(type, ctx, module);
+  r.outcome = result.ok() ? "ok" : "error";
+  if (!result.ok()) details["error"] = ErrorJson(result);
+  r.details_json = details.dump();
+  return r;
+}
+
+// What a registration proposes or decided: a tensor's description, a
+// module's type, or null.
+Json ValueJson(const SlotValue& v, const std::string& sha256) {
+  if (v.tensor.defined()) {
+    return {{"dtype", std::string(DTypeName(v.tensor.dtype()))},
+            {"shape", v.tensor.shape()},
+            {"device", v.tensor.device().ToString()},
+            {"nbytes", v.tensor.nbytes()},
+            {"requires_grad", v.tensor.requires_grad()},
+            {"persistent", v.persistent},
+            {"sha256", sha256}};
+  }
+  if (v.module != nullptr) return {{"module_type", v.module->type_name()}};
+  return nullptr;
+}
+
+std::string DecisionName(HookResult::Kind kind) {
+  switch (kind) {
+    case HookResult::Kind::kKeep:
+      return "keep";
+    case HookResult::Kind::kReplace:
+      return "replace";
+    case HookResult::Kind::kBlock:
+      return "block";
+  }
+  return "keep";
+}
+
+// The context of the request behind a hook event.
+OperationContext ContextOf(const HookEvent& event) {
+  OperationContext ctx;
+  ctx.identity = event.identity;
+  ctx.correlation_id = event.correlation_id;
+  return ctx;
+}
+
+ModuleName ModuleOf(const HookEvent& event) {
+  return ModuleName{event.ns, event.module};
+}
+
+}  // namespace
+
+absl::string_view AuditTypeName(AuditType type) {
+  switch (type) {
+    case AuditType::kBuild:
+      return "build";
+    case AuditType::kRegister:
+      return "register";
+    case AuditType::kLoadStateDict:
+      return "load_state_dict";
+    case AuditType::kMove:
+      return "move";
+    case AuditType::kSetTraining:
+      return "set_training";
+    case AuditType::kForward:
+      return "forward";
+    case AuditType::kDelete:
+      return "delete";
+    case AuditType::kRegistration:
+      return "registration";
+    case AuditType::kAnswer:
+      return "answer";
+    case AuditType::kOutcome:
+      return "outcome";
+    case AuditType::kSubscribe:
+      return "subscribe";
+    case AuditType::kUnsubscribe:
+      return "unsubscribe";
+    case AuditType::kDenied:
+      return "denied";
+    case AuditType::kRecovered:
+      return "recovered";
+    case AuditType::kRestore:
+      return "restore";
+  }
+  return "unknown";
+}
+
+namespace audit_events {
+
+AuditRecord Build(const OperationContext& ctx, const ModuleName& module,
+                  const std::string& spec_type, const BuildOptions& options,
+                  size_t registrations, size_t blocked, bool all_or_nothing,
+                  const absl::Status& result) {
+  return Change(AuditType::kBuild, ctx, module,
+                {{"type", spec_type},
+                 {"seed", options.seed},
+                 {"device", options.device.ToString()},
+                 {"dtype", std::string(DTypeName(options.dtype))},
+                 {"registrations", registrations},
+                 {"blocked", blocked},
+                 {"all_or_nothing", all_or_nothing}},
+                result);
+}
+
+AuditRecord Register(const OperationContext& ctx, const ModuleName& module,
+                     const std::string& path, const std::string& name,
+                     const RegistrationEvent* event, bool removal,
+                     const absl::Status& result) {
+  Json details = {{"path", path}, {"name", name}};
+  if (event != nullptr) {
+    details["kind"] = std::string(EntryKindName(event->kind));
+    details["action"] =
+        removal ? "remove" : std::string(RegistrationActionName(event->action));
+  }
+  return Change(AuditType::kRegister, ctx, module, std::move(details), result);
+}
+
+AuditRecord LoadStateDict(const OperationContext& ctx, const ModuleName& module,
+                          const LoadOptions& options,
+                          const StateDict& state_dict,
+                          const IncompatibleKeys* keys,
+                          const absl::Status& result) {
+  uint64_t bytes = 0;
+  for (const auto& item : state_dict.tensors) {
+    if (item.value.defined()) bytes += item.value.nbytes();
+  }
+  Json details = {{"strict", options.strict},
+                  {"atomic", options.atomic},
+                  {"assign", options.assign},
+                  {"keys", state_dict.tensors.size()},
+                  {"bytes", bytes}};
+  if (keys != nullptr) {
+    details["missing_keys"] = keys->missing_keys;
+    details["unexpected_keys"] = keys->unexpected_keys;
+  }
+  return Change(AuditType::kLoadStateDict, ctx, module, std::move(details),
+                result);
+}
+
+AuditRecord Move(const OperationContext& ctx, const ModuleName& module,
+                 std::optional<Device> device, std::optional<DType> dtype,
+                 const absl::Status& result) {
+  Json details = Json::object();
+  if (device.has_value()) details["device"] = device->ToString();
+  if (dtype.has_value()) details["dtype"] = std::string(DTypeName(*dtype));
+  return Change(AuditType::kMove, ctx, module, std::move(details), result);
+}
+
+AuditRecord SetTraining(const OperationContext& ctx, const ModuleName& module,
+                        bool training, const absl::Status& result) {
+  return Change(AuditType::kSetTraining, ctx, module, {{"training", training}},
+                result);
+}
+
+AuditRecord Forward(const OperationContext& ctx, const ModuleName& module,
+                    const std::string& path, const absl::Status& result) {
+  return Change(AuditType::kForward, ctx, module,
+                {{"path", path}, {"training", true}}, result);
+}
+
+AuditRecord Delete(const OperationContext& ctx, const ModuleName& module,
+                   const absl::Status& result) {
+  return Change(AuditType::kDelete, ctx, module, Json::object(), result);
+}
+
+AuditRecord Registration(const OperationContext& ctx, const ModuleName& module,
+                         const HookEvent& event, const SlotValue& value,
+                         const std::string& sha256,
+                         HookResult::Kind in_process) {
+  AuditRecord r = Record(AuditType::kRegistration, ctx, module);
+  r.details_json =
+      Json{{"event_id", event.event_id},
+           {"path", event.path},
+           {"module_type", event.module_type},
+           {"kind", std::string(EntryKindName(event.kind))},
+           {"action", std::string(RegistrationActionName(event.action))},
+           {"name", event.name},
+           {"value", ValueJson(value, sha256)},
+           {"in_process", DecisionName(in_process)}}
+          .dump();
+  return r;
+}
+
+AuditRecord Answer(const AnswerFacts& facts) {
+  AuditRecord r =
+      facts.event != nullptr
+          ? Record(AuditType::kAnswer, ContextOf(*facts.event),
+                   ModuleOf(*facts.event))
+          : Record(AuditType::kAnswer, OperationContext{}, ModuleName{});
+  r.outcome = facts.outcome;
+  Json details = {{"event_id", facts.event_id},
+                  {"subscriber", facts.subscriber},
+                  {"reason", facts.reason}};
+  if (facts.dry_run) details["dry_run"] = true;
+  if (!facts.problem.empty()) details["problem"] = facts.problem;
+  if (facts.latency_ms.has_value()) details["latency_ms"] = *facts.latency_ms;
+  if (facts.value != nullptr) {
+    details["value"] = ValueJson(*facts.value, facts.value_sha256);
+  }
+  r.details_json = details.dump();
+  return r;
+}
+
+AuditRecord Outcome(const OperationContext& ctx, const ModuleName& module,
+                    const HookEvent& event, const HookDecision& decision,
+                    const std::string& sha256) {
+  AuditRecord r = Record(AuditType::kOutcome, ctx, module);
+  r.outcome = DecisionName(decision.kind);
+  r.details_json =
+      Json{{"event_id", event.event_id},
+           {"path", event.path},
+           {"kind", std::string(EntryKindName(event.kind))},
+           {"name", event.name},
+           {"reason", decision.reason},
+           {"value", decision.blocked() ? Json(nullptr)
+                                        : ValueJson(decision.value, sha256)}}
+          .dump();
+  return r;
+}
+
+AuditRecord Subscribe(const OperationContext& ctx, const SubscriptionSpec& spec,
+                      bool reconnected) {
+  AuditRecord r = Record(AuditType::kSubscribe, ctx, ModuleName{});
+  r.outcome = "ok";
+  Json details = {
+      {"subscriber", spec.name},
+      {"mode", spec.mode == SubscriberMode::kIntercept ? "intercept"
+               : spec.mode == SubscriberMode::kObserve ? "observe"
+                                                       : "dry_run"},
+      {"priority", spec.priority},
+      {"timeout_ms", absl::ToInt64Milliseconds(spec.timeout)},
+      {"failure_policy", spec.failure_policy == FailurePolicy::kFailClosed
+                             ? "fail_closed"
+                             : "fail_open"},
+      {"reconnected", reconnected}};
+  if (!spec.owner_identity.empty()) details["owner"] = spec.owner_identity;
+  r.details_json = details.dump();
+  return r;
+}
+
+AuditRecord Unsubscribe(const OperationContext& ctx,
+                        const std::string& subscriber) {
+  AuditRecord r = Record(AuditType::kUnsubscribe, ctx, ModuleName{});
+  r.outcome = "ok";
+  r.details_json = Json{{"subscriber", subscriber}}.dump();
+  return r;
+}
+
+AuditRecord Denied(const OperationContext& ctx, absl::string_view peer,
+                   absl::string_view rpc, const ModuleName& module,
+                   const absl::Status& status) {
+  AuditRecord r = Record(AuditType::kDenied, ctx, module);
+  r.outcome = "error";
+  r.details_json = Json{{"rpc", std::string(rpc)},
+                        {"peer", std::string(peer)},
+                        {"error", ErrorJson(status)}}
+                       .dump();
+  return r;
+}
+
+AuditRecord Recovered(const ModuleName& module, const ChangeNote& note) {
+  OperationContext ctx;
+  ctx.identity = note.identity;
+  ctx.correlation_id = note.correlation_id;
+  AuditRecord r = Record(AuditType::kRecovered, ctx, module);
+  r.outcome = "ok";
+  r.details_json = Json{
+      {"change", note.type},
+      {"reason",
+       "the change was saved, but the server stopped before "
+       "recording it"}}.dump();
+  return r;
+}
+
+AuditRecord RestoreFailed(const absl::Status& error) {
+  AuditRecord r = Record(AuditType::kRestore, OperationContext{}, ModuleName{});
+  r.outcome = "error";
+  r.details_json = Json{{"error", std::string(error.message())}}.dump();
+  return r;
+}
+
+}  // namespace audit_events
+}  // namespace modelstate

@@ -1,0 +1,53 @@
+// File: data_dir.h
+// The data directory's layout, named in one place (as leveldb's
+// db/filename.h names a database's files):
+//
+//   <data_dir>/audit.log                              the audit log
+//   <data_dir>/staging/                               unlinked files of
+//                                                     loads being received
+//   <data_dir>/modules/                               the ModuleRepository
+//   <data_dir>/modules/<namespace>/<name>/            one module
+//       manifest.json          the tree (its rename commits a save)
+//       data-<N>.safetensors   tensor bytes (N counts up, never reused)
+//       deleted.json           a deletion in progress (tombstone)
+//       <file>.tmp.<pid>.<n>   a temporary file of an interrupted write
+//
+// Example:
+//   AuditLog::Open(data_dir::AuditLogPath("/var/lib/modelstate"));
+//   ModuleRepository::Open(data_dir::ModulesDir("/var/lib/modelstate"));
+#ifndef MODELSTATE_SERVICE_DATA_DIR_H_
+#define MODELSTATE_SERVICE_DATA_DIR_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "service/module_name.h"
+
+namespace modelstate::data_dir {
+
+// Under the data directory.
+std::string AuditLogPath(absl::string_view data_dir);
+std::string StagingDir(absl::string_view data_dir);
+std::string ModulesDir(absl::string_view data_dir);
+
+// Under the modules directory.
+std::string NamespaceDir(absl::string_view modules_dir, absl::string_view ns);
+std::string ModuleDir(absl::string_view modules_dir, const ModuleName& name);
+
+// In a module's directory.
+std::string ManifestPath(absl::string_view module_dir);
+std::string TombstonePath(absl::string_view module_dir);
+// `file` (a data file name) in `module_dir`.
+std::string FilePath(absl::string_view module_dir, absl::string_view file);
+// "data-12.safetensors" for 12.
+std::string DataFileName(uint64_t number);
+// 12 for "data-12.safetensors"; 0 for any other name.
+uint64_t DataFileNumber(absl::string_view file_name);
+// The file a temporary file is written for ("manifest.json" for
+// "manifest.json.tmp.77.3"); the name itself when it is no temporary file.
+absl::string_view TempFileTarget(absl::string_view file_name);
+
+}  // namespace modelstate::data_dir
+
+#endif  // MODELSTATE_SERVICE_DATA_DIR_H_

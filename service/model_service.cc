@@ -1,0 +1,469 @@
+#include "service/model_service.h"
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "base/status_macros.h"
+#include "core/staged_state_dict.h"
+
+namespace modelstate {
+namespace {
+
+// ListModules' page size when the request leaves it 0, and its largest.
+constexpr size_t kDefaultListPageSize = 100;
+constexpr int32_t kMaxListPageSize = 1000;
+// The records one WatchAudit wake-up reads at most.
+constexpr size_t kWatchBatch = 1000;
+
+// Everything wrong with a ListModules request, before any listing: a bad
+// namespace, page size or page token is INVALID_ARGUMENT naming the field.
+absl::Status CheckListModulesArgs(const ListModulesArgs& args) {
+  const std::string& ns = args.ns;
+  if (!ns.empty() && !IsValidModuleNamePart(ns)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "namespace: '", ns,
+        "' is not a valid namespace (1-128 characters of [A-Za-z0-9_.-])"));
+  }
+  if (args.page_size < 0 || args.page_size > kMaxListPageSize) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page_size: ", args.page_size,
+        " is out of range (0 for the default of ", kDefaultListPageSize,
+        ", at most ", kMaxListPageSize, ")"));
+  }
+  // A token is the last module name of the previous page (of the same
+  // namespace when one is asked for).
+  const std::string& token = args.page_token;
+  if (token.empty()) return absl::OkStatus();
+  absl::StatusOr<ModuleName> last = ParseModuleName(token);
+  if (!last.ok() || last->full() != token || (!ns.empty() && last->ns != ns)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_token: '", token,
+                     "' is not a next_page_token of a ListModules response",
+                     ns.empty() ? "" : " for this namespace"));
+  }
+  return absl::OkStatus();
+}
+
+bool Everywhere(const std::vector<std::string>& namespaces) {
+  return namespaces.size() == 1 && namespaces.front() == kAnyNamespace;
+}
+
+}  // namespace
+
+ModelService::ModelService(ModelStore* store, SubscriberHub* hub,
+                           AuditLog* audit, const Authenticator* auth,
+                           ModelServiceOptions options)
+    : store_(store),
+      hub_(hub),
+      audit_(audit),
+      options_(std::move(options)),
+      gate_(auth, audit),
+      // Without authentication there are no identities to count, only peer
+      // addresses, which channels share.
+      streams_(gate_.authenticates() ? options_.limits.max_streams_per_identity
+                                     : 0) {}
+
+absl::StatusOr<Caller> ModelService::Authenticate(
+    const Credentials& credentials, absl::string_view rpc) {
+  return gate_.Authenticate(credentials, rpc);
+}
+
+absl::StatusOr<BuildOutcome> ModelService::BuildModule(
+    const Caller& caller, const BuildModuleArgs& args, ModuleVisitor describe) {
+  MODELSTATE_RETURN_IF_ERROR(
+      gate_.Allow(caller, "BuildModule", Permission::kWrite, args.module));
+  BuildOptions options;
+  options.seed = args.seed;
+  options.device = args.device;
+  options.dtype = args.dtype;
+  options.limits = BuildLimitsFrom(options_.limits);
+  MODELSTATE_ASSIGN_OR_RETURN(BuildOutcome outcome,
+                              store_->Build(caller.ctx, args.module, args.spec,
+                                            options, args.all_or_nothing));
+  MODELSTATE_RETURN_IF_ERROR(store_->Read(args.module, [&](const Module& m) {
+    describe(m);
+    return absl::OkStatus();
+  }));
+  return outcome;
+}
+
+absl::StatusOr<std::vector<RegistrationResult>> ModelService::Register(
+    const Caller& caller, const ModuleName& module,
+    RegistrationRequest request) {
+  return store_->Register(caller.ctx, module, std::move(request));
+}
+
+absl::StatusOr<std::vector<RegistrationResult>> ModelService::RegisterTensor(
+    const Caller& caller, RegisterTensorArgs args) {
+  const bool parameter = args.kind == EntryKind::kParameter;
+  MODELSTATE_RETURN_IF_ERROR(
+      gate_.Allow(caller, parameter ? "RegisterParameter" : "RegisterBuffer",
+                  Permission::kWrite, args.module));
+  RegistrationRequest r;
+  r.path = std::move(args.path);
+  r.name = std::move(args.name);
+  r.kind = args.kind;
+  r.value.persistent = args.persistent;
+  Tensor tensor = std::move(args.tensor);
+  // Drawn only now that the caller may: an initialiser may be large.
+  if (args.init.has_value()) {
+    MODELSTATE_ASSIGN_OR_RETURN(
+        tensor, CreateTensor(*args.init, args.seed, DType::kFloat32,
+                             Device::Cpu(), BuildLimitsFrom(options_.limits)));
+  }
+  if (tensor.defined() && parameter) {
+    MODELSTATE_ASSIGN_OR_RETURN(tensor,
+                                MakeParameter(tensor, args.requires_grad));
+  }
+  r.value.tensor = std::move(tensor);
+  return Register(caller, args.module, std::move(r));
+}
+
+absl::StatusOr<std::vector<RegistrationResult>> ModelService::RegisterSubmodule(
+    const Caller& caller, RegisterSubmoduleArgs args) {
+  MODELSTATE_RETURN_IF_ERROR(gate_.Allow(caller, "RegisterSubmodule",
+                                         Permission::kWrite, args.module));
+  RegistrationRequest r;
+  r.path = std::move(args.path);
+  r.name = std::move(args.name);
+  r.kind = EntryKind::kModule;
+  r.spec = std::move(args.spec);
+  r.existing_path = std::move(args.existing_path);
+  r.build_options.seed = args.seed;
+  r.build_options.device = args.device;
+  r.build_options.dtype = args.dtype;
+  r.build_options.limits = BuildLimitsFrom(options_.limits);
+  return Register(caller, args.module, std::move(r));
+}
+
+absl::StatusOr<std::vector<RegistrationResult>> ModelService::RemoveEntry(
+    const Caller& caller, const RemoveEntryArgs& args) {
+  MODELSTATE_RETURN_IF_ERROR(
+      gate_.Allow(caller, "RemoveEntry", Permission::kWrite, args.module));
+  RegistrationRequest r;
+  r.path = args.path;
+  r.name = args.name;
+  r.removal = true;
+  return Register(caller, args.module, std::move(r));
+}
+
+absl::Status ModelService::GetModule(const Caller& caller,
+                                     const ModuleName& module,
+                                     const std::string& path,
+                                     ModuleVisitor describe) {
+  MODELSTATE_RETURN_IF_ERROR(
+      gate_.Allow(caller, "GetModule", Permission::kRead, module));
+  return store_->Read(module, [&](const Module& root) -> absl::Status {
+    absl::StatusOr<std::shared_ptr<Module>> sub = root.GetSubmodule(path);
+    if (!sub.ok()) {
+      return absl::NotFoundError(absl::StrCat("path '", path, "' in '",
+                                              module.full(),
+                                              "': ", sub.status().message()));
+    }
+    describe(**sub);
+    return absl::OkStatus();
+  });
+}
+
+std::vector<Device> ModelService::ServerDevices() const {
+  return AvailableDevices();
+}
+
+absl::StatusOr<ModulePage> ModelService::ListModules(
+    const Caller& caller, const ListModulesArgs& args) {
+  MODELSTATE_RETURN_IF_ERROR(CheckListModulesArgs(args));
+  const std::vector<std::string> readable =
+      caller.principal.NamespacesFor(Permission::kRead);
+  const bool everything = !args.ns.empty() || Everywhere(readable);
+  if (!args.ns.empty() || !everything) {
+    MODELSTATE_RETURN_IF_ERROR(
+        gate_.AllowIn(caller, "ListModules", Permission::kRead, args.ns));
+  }
+  const size_t page = args.page_size == 0 ? kDefaultListPageSize
+                                          : static_cast<size_t>(args.page_size);
+  // The token is the last name of the previous page. A caller who may read
+  // some namespaces only sees those: listing goes on past the others.
+  std::vector<ModuleSummary> modules;
+  std::string after = args.page_token;
+  while (modules.size() <= page) {
+    std::vector<ModuleSummary> batch = store_->List(args.ns, after, page + 1);
+    for (ModuleSummary& m : batch) {
+      if (everything || std::find(readable.begin(), readable.end(),
+                                  m.name.ns) != readable.end()) {
+        modules.push_back(std::move(m));
+      }
+    }
+    if (batch.size() < page + 1) break;
+    after = batch.back().name.full();
+  }
+  ModulePage out;
+  if (modules.size() > page) {
+    modules.resize(page);
+    out.next_page_token = modules.back().name.full();
+  }
+  out.modules = std::move(modules);
+  return out;
+}
+
+absl::Status ModelService::DeleteModule(const Caller& caller,
+                                        const ModuleName& module) {
+  MODELSTATE_RETURN_IF_ERROR(
+      gate_.Allow(caller, "DeleteModule", Permission::kWrite, module));
+  return store_->Delete(caller.ctx, module);
+}
+
+absl::StatusOr<StateDictDownload> ModelService::GetStateDict(
+    const Caller& caller, GetStateDictArgs args) {
+  MODELSTATE_RETURN_IF_ERROR(
+      gate_.Allow(caller, "GetStateDict", Permission::kRead, args.module));
+  StateDictDownload download;
+  MODELSTATE_ASSIGN_OR_RETURN(download.slot,
+                              streams_.Acquire(caller.ctx.identity));
+  const Limits& limits = options_.limits;
+  download.chunk_bytes =
+      args.chunk_bytes == 0 ? limits.default_chunk_bytes : args.chunk_bytes;
+  if (download.chunk_bytes > limits.max_chunk_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "chunk_bytes: ", download.chunk_bytes,
+        " exceeds the server's max_chunk_bytes of ", limits.max_chunk_bytes));
+  }
+  if (args.target_dtype.has_value() && !IsFloatingPoint(*args.target_dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("target_dtype: must be a floating point dtype, got ",
+                     DTypeName(*args.target_dtype)));
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(StateDictSnapshot snapshot,
+                              store_->Snapshot(args.module, args.filter));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      download.reader,
+      StateDictReader::Create(std::move(snapshot.state), args.target_dtype,
+                              std::move(snapshot.kinds)));
+  return download;
+}
+
+absl::StatusOr<std::unique_ptr<LoadSession>> ModelService::LoadStateDict(
+    const Caller& caller, LoadStateDictArgs args) {
+  MODELSTATE_RETURN_IF_ERROR(
+      gate_.Allow(caller, "LoadStateDict", Permission::kWrite, args.module));
+  std::unique_ptr<LoadSession> session(new LoadSession());
+  MODELSTATE_ASSIGN_OR_RETURN(session->slot_,
+                              streams_.Acquire(caller.ctx.identity));
+  session->store_ = store_;
+  session->ctx_ = caller.ctx;
+  session->module_ = args.module;
+  session->options_ = args.options;
+  const StreamLimits limits = StreamLimitsFrom(options_.limits);
+  if (args.options.assign) {
+    MODELSTATE_ASSIGN_OR_RETURN(
+        session->assembler_,
+        StateDictAssembler::Create(std::move(args.layout), limits));
+  } else {
+    MODELSTATE_ASSIGN_OR_RETURN(
+        session->staged_,
+        store_->StageLoad(caller.ctx, args.module, std::move(args.layout),
+                          limits, args.options, options_.staging_dir));
+  }
+  return session;
+}
+
+LoadSession::~LoadSession() = default;
+
+absl::Status LoadSession::Append(std::string bytes) {
+  return staged_ != nullptr ? staged_->Append(std::move(bytes))
+                            : assembler_->Append(bytes);
+}
+
+absl::StatusOr<LoadResult> LoadSession::Finish() {
+  if (staged_ != nullptr) {
+    return store_->LoadStaged(ctx_, module_, *staged_, options_);
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(StateDict state_dict, assembler_->Finish());
+  return store_->Load(ctx_, module_, state_dict, options_);
+}
+
+absl::Status ModelService::MoveModule(const Caller& caller,
+                                      const MoveModuleArgs& args,
+                                      ModuleVisitor describe) {
+  MODELSTATE_RETURN_IF_ERROR(
+      gate_.Allow(caller, "MoveModule", Permission::kWrite, args.module));
+  MODELSTATE_RETURN_IF_ERROR(
+      store_->Move(caller.ctx, args.module, args.device, args.dtype));
+  return store_->Read(args.module, [&](const Module& root) {
+    describe(root);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status ModelService::SetTraining(const Caller& caller,
+                                       const ModuleName& module,
+                                       bool training) {
+  MODELSTATE_RETURN_IF_ERROR(
+      gate_.Allow(caller, "SetTraining", Permission::kWrite, module));
+  return store_->SetTraining(caller.ctx, module, training);
+}
+
+absl::StatusOr<std::vector<Tensor>> ModelService::Forward(const Caller& caller,
+                                                          ForwardArgs args) {
+  // Only an eval-mode call is sure to change nothing.
+  const bool read_only = args.training.has_value() && !*args.training;
+  MODELSTATE_RETURN_IF_ERROR(gate_.Allow(
+      caller, "Forward", read_only ? Permission::kRead : Permission::kWrite,
+      args.module));
+  return store_->Forward(caller.ctx, args.module, args.path,
+                         std::move(args.inputs), args.training, args.seed);
+}
+
+absl::StatusOr<std::unique_ptr<SubscriberSession>>
+ModelService::OpenSubscription(const Caller& caller) {
+  MODELSTATE_RETURN_IF_ERROR(
+      gate_.AllowSomewhere(caller, "Subscribe", Permission::kSubscribe));
+  std::unique_ptr<SubscriberSession> session(new SubscriberSession());
+  MODELSTATE_ASSIGN_OR_RETURN(session->slot_,
+                              streams_.Acquire(caller.ctx.identity));
+  session->service_ = this;
+  session->caller_ = caller;
+  return session;
+}
+
+absl::Status ModelService::Admit(const Caller& caller, SubscriptionSpec& spec) {
+  // Events with data travel in one message each.
+  const uint64_t message = options_.limits.max_message_bytes;
+  const uint64_t max_data_bytes = message > (1 << 20) ? message - (1 << 20) : 0;
+  MODELSTATE_RETURN_IF_ERROR(gate_.AuditWritable());
+  if (spec.include_data && spec.max_data_bytes > max_data_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_data_bytes: ", spec.max_data_bytes,
+        " is more than this server's largest message minus 1 MiB (",
+        max_data_bytes, ")"));
+  }
+  // Only authenticated identities can own a name; without authentication
+  // every caller is the same anonymous admin.
+  if (gate_.authenticates()) spec.owner_identity = caller.principal.identity;
+  // A subscriber sees only the namespaces it may review, and may not ask
+  // for one it may not.
+  for (const std::string& wanted : spec.filter.namespaces) {
+    MODELSTATE_RETURN_IF_ERROR(
+        gate_.AllowIn(caller, "Subscribe", Permission::kSubscribe, wanted));
+  }
+  std::vector<std::string> visible =
+      caller.principal.NamespacesFor(Permission::kSubscribe);
+  if (!Everywhere(visible)) spec.visible_namespaces = std::move(visible);
+  return absl::OkStatus();
+}
+
+SubscriberSession::~SubscriberSession() { Detach(); }
+
+absl::StatusOr<uint64_t> SubscriberSession::Attach(
+    SubscriptionSpec spec, std::shared_ptr<SubscriberChannel> channel) {
+  MODELSTATE_RETURN_IF_ERROR(service_->Admit(caller_, spec));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      subscriber_id_,
+      service_->hub_->Attach(std::move(spec), std::move(channel), caller_.ctx));
+  return subscriber_id_;
+}
+
+void SubscriberSession::Answer(SubscriberAnswer answer) {
+  if (subscriber_id_ != 0) {
+    service_->hub_->Answer(subscriber_id_, std::move(answer));
+  }
+}
+
+void SubscriberSession::Detach() {
+  // Detached before the stream ends, so once the client sees the end, no
+  // request waits for or is seen by this subscriber any more.
+  if (subscriber_id_ == 0) return;
+  service_->hub_->Detach(subscriber_id_, caller_.ctx);
+  subscriber_id_ = 0;
+}
+
+absl::StatusOr<std::vector<SubscriberInfo>> ModelService::ListSubscribers(
+    const Caller& caller) {
+  if (!caller.principal.AllowsAnywhere(Permission::kAudit)) {
+    MODELSTATE_RETURN_IF_ERROR(gate_.AllowSomewhere(caller, "ListSubscribers",
+                                                    Permission::kSubscribe));
+  }
+  return hub_->List();
+}
+
+absl::Status ModelService::HasAudit() const {
+  if (audit_ != nullptr) return absl::OkStatus();
+  return absl::FailedPreconditionError("this server keeps no audit log");
+}
+
+absl::StatusOr<AuditPage> ModelService::QueryAudit(const Caller& caller,
+                                                   AuditQuery query) {
+  MODELSTATE_RETURN_IF_ERROR(HasAudit());
+  MODELSTATE_RETURN_IF_ERROR(
+      gate_.AllowIn(caller, "QueryAudit", Permission::kAudit, query.ns));
+  const std::vector<std::string> visible =
+      caller.principal.NamespacesFor(Permission::kAudit);
+  // Records of namespaces the auditor may not see are skipped, so a page
+  // may take several queries.
+  AuditPage page;
+  uint64_t last = query.after_seq;
+  bool more = true;
+  while (page.records.size() < query.limit && more) {
+    query.after_seq = last;
+    MODELSTATE_ASSIGN_OR_RETURN(std::vector<AuditRecord> records,
+                                audit_->Query(query));
+    more = records.size() == query.limit;
+    for (AuditRecord& r : records) {
+      if (page.records.size() == query.limit) {
+        more = true;
+        break;
+      }
+      last = r.seq;
+      if (AuditRecordVisible(visible, r)) page.records.push_back(std::move(r));
+    }
+  }
+  if (more) page.next_after_seq = last;
+  return page;
+}
+
+absl::StatusOr<std::unique_ptr<AuditWatch>> ModelService::WatchAudit(
+    const Caller& caller, AuditQuery query) {
+  MODELSTATE_RETURN_IF_ERROR(HasAudit());
+  MODELSTATE_RETURN_IF_ERROR(
+      gate_.AllowIn(caller, "WatchAudit", Permission::kAudit, query.ns));
+  std::unique_ptr<AuditWatch> watch(new AuditWatch());
+  MODELSTATE_ASSIGN_OR_RETURN(watch->slot_,
+                              streams_.Acquire(caller.ctx.identity));
+  watch->audit_ = audit_;
+  watch->visible_ = caller.principal.NamespacesFor(Permission::kAudit);
+  watch->after_ = query.after_seq;
+  watch->query_ = std::move(query);
+  return watch;
+}
+
+absl::StatusOr<std::vector<AuditRecord>> AuditWatch::Next(absl::Duration wait) {
+  MODELSTATE_ASSIGN_OR_RETURN(
+      std::vector<AuditRecord> records,
+      audit_->WaitForRecords(after_, absl::Now() + wait, kWatchBatch));
+  std::vector<AuditRecord> out;
+  for (AuditRecord& r : records) {
+    after_ = r.seq;
+    if (query_.Matches(r) && AuditRecordVisible(visible_, r)) {
+      out.push_back(std::move(r));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<AuditVerification> ModelService::VerifyAudit(
+    const Caller& caller) {
+  MODELSTATE_RETURN_IF_ERROR(
+      gate_.AllowSomewhere(caller, "VerifyAudit", Permission::kAudit));
+  MODELSTATE_RETURN_IF_ERROR(HasAudit());
+  return AuditLog::Verify(options_.audit_path);
+}
+
+std::vector<DeviceDescription> ModelService::ListDevices(const Caller&) {
+  return DescribeDevices();
+}
+
+}  // namespace modelstate

@@ -1,0 +1,323 @@
+// File: model_service.h
+// The service the RPC handlers call, free of any transport type: one method
+// per RPC, taking an authenticated Caller and plain request values. It
+// decides who may do what (through the AccessGate), counts each identity's
+// streams, refuses changes while the audit log is failing, pages listings
+// and audit queries and hides what a caller may not see, admits
+// subscriptions, and decides how a streamed load is staged; the work itself
+// is ModelStore's, SubscriberHub's and AuditLog's.
+//
+// A handler converts its request (proto/service_convert.h), authenticates
+// the call, calls one method and converts the result back:
+//
+// Example:
+//   ModelService service(&store, &hub, audit, auth, options);
+//   MODELSTATE_ASSIGN_OR_RETURN(Caller caller,
+//                               service.Authenticate(credentials, "Delete"));
+//   MODELSTATE_RETURN_IF_ERROR(service.DeleteModule(caller, name));
+#ifndef MODELSTATE_SERVICE_MODEL_SERVICE_H_
+#define MODELSTATE_SERVICE_MODEL_SERVICE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "core/device.h"
+#include "core/module.h"
+#include "core/state_stream.h"
+#include "nn/module_spec.h"
+#include "service/access_gate.h"
+#include "service/audit_log.h"
+#include "service/authenticator.h"
+#include "service/limits.h"
+#include "service/model_store.h"
+#include "service/module_name.h"
+#include "service/stream_limiter.h"
+#include "service/subscriber_hub.h"
+
+namespace modelstate {
+
+class ModelService;
+class StagedStateDict;
+
+// Called with a module while its tree is locked for reading.
+using ModuleVisitor = absl::FunctionRef<void(const Module&)>;
+
+struct BuildModuleArgs {
+  ModuleName module;
+  ModuleSpec spec;
+  uint64_t seed = 0;
+  Device device = Device::Cpu();
+  DType dtype = DType::kFloat32;
+  // Store nothing if any registration is blocked.
+  bool all_or_nothing = false;
+};
+
+// RegisterParameter / RegisterBuffer: a tensor, an initialiser, or None.
+struct RegisterTensorArgs {
+  ModuleName module;
+  std::string path;  // the submodule to register into ("" = the root)
+  std::string name;
+  EntryKind kind = EntryKind::kParameter;
+  Tensor tensor;                   // when given
+  std::optional<TensorSpec> init;  // drawn with `seed` instead
+  uint64_t seed = 0;
+  bool persistent = true;     // buffers
+  bool requires_grad = true;  // parameters
+};
+
+// RegisterSubmodule: a spec to build, a module already in the tree, or
+// None (neither).
+struct RegisterSubmoduleArgs {
+  ModuleName module;
+  std::string path;
+  std::string name;
+  std::optional<ModuleSpec> spec;
+  uint64_t seed = 0;
+  Device device = Device::Cpu();
+  DType dtype = DType::kFloat32;
+  std::optional<std::string> existing_path;
+};
+
+struct RemoveEntryArgs {
+  ModuleName module;
+  std::string path;
+  std::string name;
+};
+
+struct ListModulesArgs {
+  std::string ns;          // "" = every namespace the caller may read
+  int32_t page_size = 0;   // 0 = the default (100); at most 1000
+  std::string page_token;  // a previous page's next_page_token
+};
+
+struct ModulePage {
+  std::vector<ModuleSummary> modules;
+  std::string next_page_token;  // "" on the last page
+};
+
+struct GetStateDictArgs {
+  ModuleName module;
+  uint32_t chunk_bytes = 0;           // 0 = Limits::default_chunk_bytes
+  std::optional<DType> target_dtype;  // floating point only
+  SnapshotFilter filter;
+};
+
+// A state_dict on its way out: its header and bytes in chunks. Holds one of
+// the caller's stream slots while it lives.
+struct StateDictDownload {
+  std::unique_ptr<StateDictReader> reader;
+  uint32_t chunk_bytes = 0;
+  std::unique_ptr<StreamLimiter::Slot> slot;
+};
+
+struct LoadStateDictArgs {
+  ModuleName module;
+  StateDictLayout layout;
+  LoadOptions options;
+};
+
+// One streamed load_state_dict: the bytes the layout announced, then
+// Finish. Nothing touches the module before Finish, and nothing at all if
+// the session is dropped first. A copying load stages its bytes on disk
+// and reads each entry straight into the module's tensor; an assigning load
+// installs new tensors, which must be in memory anyway. Thread-compatible.
+class LoadSession {
+ public:
+  ~LoadSession();
+  // The next bytes of the stream; errors (too many bytes, ...) end it.
+  absl::Status Append(std::string bytes);
+  // Loads the state_dict: INVALID_ARGUMENT if bytes are missing, the
+  // store's errors otherwise.
+  absl::StatusOr<LoadResult> Finish();
+
+ private:
+  friend class ModelService;
+  LoadSession() = default;
+
+  ModelStore* store_ = nullptr;
+  OperationContext ctx_;
+  ModuleName module_;
+  LoadOptions options_;
+  std::unique_ptr<StagedStateDict> staged_;        // copying loads
+  std::unique_ptr<StateDictAssembler> assembler_;  // assigning loads
+  std::unique_ptr<StreamLimiter::Slot> slot_;
+};
+
+struct MoveModuleArgs {
+  ModuleName module;
+  std::optional<Device> device;
+  std::optional<DType> dtype;
+};
+
+struct ForwardArgs {
+  ModuleName module;
+  std::string path;
+  std::vector<Tensor> inputs;  // undefined tensors are None
+  // Unset: each module's own mode. Only an eval-mode call only reads.
+  std::optional<bool> training;
+  uint64_t seed = 0;
+};
+
+// One subscriber's stream, admitted: attaches the subscription the stream
+// asks for (once the caller's rights allow it) and passes its answers on.
+// Holds one of the caller's stream slots while it lives. Thread-compatible
+// (a stream's reads come one at a time).
+class SubscriberSession {
+ public:
+  ~SubscriberSession();
+  // Checks `spec` against the caller's rights (namespaces it may review,
+  // the largest data it may ask for), narrows what it sees, binds its name
+  // to the caller's identity when callers are authenticated, and attaches
+  // it to the hub. Returns the subscriber id.
+  absl::StatusOr<uint64_t> Attach(SubscriptionSpec spec,
+                                  std::shared_ptr<SubscriberChannel> channel);
+  // An answer of the attached subscriber (ignored before Attach).
+  void Answer(SubscriberAnswer answer);
+  // The stream ended: the hub forgets the subscriber (no-op if none).
+  void Detach();
+
+ private:
+  friend class ModelService;
+  SubscriberSession() = default;
+
+  ModelService* service_ = nullptr;
+  Caller caller_;
+  std::unique_ptr<StreamLimiter::Slot> slot_;
+  uint64_t subscriber_id_ = 0;
+};
+
+struct AuditPage {
+  std::vector<AuditRecord> records;
+  // Set when more records may follow: the next query's after_seq.
+  std::optional<uint64_t> next_after_seq;
+};
+
+// A WatchAudit stream: the records that match, as they are appended. Holds
+// one of the caller's stream slots while it lives. Thread-compatible.
+class AuditWatch {
+ public:
+  // The next matching records the caller may see; waits up to `wait` for
+  // new ones, so may return none.
+  absl::StatusOr<std::vector<AuditRecord>> Next(absl::Duration wait);
+
+ private:
+  friend class ModelService;
+  AuditWatch() = default;
+
+  AuditLog* audit_ = nullptr;
+  AuditQuery query_;
+  std::vector<std::string> visible_;
+  uint64_t after_ = 0;
+  std::unique_ptr<StreamLimiter::Slot> slot_;
+};
+
+struct ModelServiceOptions {
+  Limits limits;
+  // Where copying loads stage their bytes in unlinked files when the store
+  // has no repository (an existing directory).
+  std::string staging_dir;
+  // The audit log's file, for VerifyAudit.
+  std::string audit_path;
+};
+
+// Thread-safe.
+class ModelService {
+ public:
+  // Nothing is owned; all must outlive the service. `audit` null: no audit
+  // log (audit RPCs fail with FAILED_PRECONDITION). `auth` null: every
+  // caller is an admin.
+  ModelService(ModelStore* store, SubscriberHub* hub, AuditLog* audit,
+               const Authenticator* auth, ModelServiceOptions options);
+
+  const Limits& limits() const { return options_.limits; }
+
+  // The caller of `rpc`: UNAUTHENTICATED / PERMISSION_DENIED (recorded as
+  // "denied") without valid credentials.
+  absl::StatusOr<Caller> Authenticate(const Credentials& credentials,
+                                      absl::string_view rpc);
+
+  // Every method: PERMISSION_DENIED (recorded) when the caller may not, and
+  // for changes UNAVAILABLE while the audit log is failing; the store's
+  // errors otherwise. `describe` sees the module after the change.
+  absl::StatusOr<BuildOutcome> BuildModule(const Caller& caller,
+                                           const BuildModuleArgs& args,
+                                           ModuleVisitor describe);
+  absl::StatusOr<std::vector<RegistrationResult>> RegisterTensor(
+      const Caller& caller, RegisterTensorArgs args);
+  absl::StatusOr<std::vector<RegistrationResult>> RegisterSubmodule(
+      const Caller& caller, RegisterSubmoduleArgs args);
+  absl::StatusOr<std::vector<RegistrationResult>> RemoveEntry(
+      const Caller& caller, const RemoveEntryArgs& args);
+  // Describes the submodule at `path`: NOT_FOUND naming the path.
+  absl::Status GetModule(const Caller& caller, const ModuleName& module,
+                         const std::string& path, ModuleVisitor describe);
+  // The devices this server has.
+  std::vector<Device> ServerDevices() const;
+  // INVALID_ARGUMENT naming the field for a bad namespace, page size or
+  // token. A caller who may read only some namespaces sees only those.
+  absl::StatusOr<ModulePage> ListModules(const Caller& caller,
+                                         const ListModulesArgs& args);
+  absl::Status DeleteModule(const Caller& caller, const ModuleName& module);
+  // RESOURCE_EXHAUSTED for a chunk above Limits::max_chunk_bytes or too many
+  // open streams; INVALID_ARGUMENT for a target dtype that is not floating.
+  absl::StatusOr<StateDictDownload> GetStateDict(const Caller& caller,
+                                                 GetStateDictArgs args);
+  // A load that must fail (an atomic load whose layout does not fit) fails
+  // here, before its bytes travel.
+  absl::StatusOr<std::unique_ptr<LoadSession>> LoadStateDict(
+      const Caller& caller, LoadStateDictArgs args);
+  absl::Status MoveModule(const Caller& caller, const MoveModuleArgs& args,
+                          ModuleVisitor describe);
+  absl::Status SetTraining(const Caller& caller, const ModuleName& module,
+                           bool training);
+  // Needs read permission for an eval-mode call, write otherwise.
+  absl::StatusOr<std::vector<Tensor>> Forward(const Caller& caller,
+                                              ForwardArgs args);
+
+  // A subscriber stream: needs subscribe permission in some namespace and a
+  // free stream slot.
+  absl::StatusOr<std::unique_ptr<SubscriberSession>> OpenSubscription(
+      const Caller& caller);
+  absl::StatusOr<std::vector<SubscriberInfo>> ListSubscribers(
+      const Caller& caller);
+
+  // Audit reading needs audit permission in `query.ns` (or in some
+  // namespace when it is ""), and shows only records of namespaces the
+  // caller may audit. FAILED_PRECONDITION without an audit log.
+  absl::StatusOr<AuditPage> QueryAudit(const Caller& caller, AuditQuery query);
+  // Records after query.after_seq, as they come.
+  absl::StatusOr<std::unique_ptr<AuditWatch>> WatchAudit(const Caller& caller,
+                                                         AuditQuery query);
+  absl::StatusOr<AuditVerification> VerifyAudit(const Caller& caller);
+
+  std::vector<DeviceDescription> ListDevices(const Caller& caller);
+
+ private:
+  friend class SubscriberSession;
+
+  absl::StatusOr<std::vector<RegistrationResult>> Register(
+      const Caller& caller, const ModuleName& module,
+      RegistrationRequest request);
+  absl::Status Admit(const Caller& caller, SubscriptionSpec& spec);
+  absl::Status HasAudit() const;
+
+  // Constant after construction.
+  ModelStore* const store_;
+  SubscriberHub* const hub_;
+  AuditLog* const audit_;
+  const ModelServiceOptions options_;
+  AccessGate gate_;
+  StreamLimiter streams_;
+};
+
+}  // namespace modelstate
+
+#endif  // MODELSTATE_SERVICE_MODEL_SERVICE_H_

@@ -1,0 +1,29 @@
+// File: operation_context.h
+// Who asked for a change, and which request caused it: what hooks see and
+// what the audit log records with every change.
+//
+// Example:
+//   OperationContext ctx;
+//   ctx.identity = "alice";
+//   ctx.correlation_id = "req-7";
+//   store.Delete(ctx, name);
+#ifndef MODELSTATE_SERVICE_OPERATION_CONTEXT_H_
+#define MODELSTATE_SERVICE_OPERATION_CONTEXT_H_
+
+#include <cstdint>
+#include <string>
+
+namespace modelstate {
+
+struct OperationContext {
+  std::string identity;
+  std::string correlation_id;
+  // The request's seed (BuildModule's; 0 for requests without one). A
+  // subscriber's re-initialise transform without its own seed derives one
+  // from it and the entry's path, so the same request builds the same values.
+  uint64_t seed = 0;
+};
+
+}  // namespace modelstate
+
+#endif  // MODELSTATE_SERVICE_OPERATION_CONTEXT_H_

@@ -1,0 +1,400 @@
+// ModelStore on its own: builds, registrations, snapshots, loads (in memory
+// and staged), moves, deletions, quotas, listings, concurrent readers and
+// writers, and a decider that holds a change while readers go on.
+#include "service/model_store.h"
+
+#include <atomic>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "base/status_macros.h"
+#include "core/staged_state_dict.h"
+#include "core/state_stream.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "service/audit_log.h"
+#include "service/data_dir.h"
+#include "service/module_repository.h"
+#include "tests/testing/spec_json.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/tensors.h"
+
+namespace modelstate {
+namespace {
+
+namespace fs = std::filesystem;
+using ::modelstate::testing::Filled;
+using ::modelstate::testing::IsOk;
+using ::modelstate::testing::SpecFromJson;
+using ::modelstate::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr char kLinear[] = R"({"type": "Linear", "args": [4, 3]})";
+
+ModuleName Name(const std::string& text) { return *ParseModuleName(text); }
+
+// Every tensor of `state` holds `value` in every element (float32).
+bool AllEqual(const StateDict& state, float value) {
+  for (const auto& item : state.tensors) {
+    const float* data = item.value.data<float>();
+    for (int64_t i = 0; i < item.value.numel(); ++i) {
+      if (data[i] != value) return false;
+    }
+  }
+  return true;
+}
+
+// A Linear(4, 3) state_dict whose every element is `value`.
+StateDict Pattern(float value) {
+  StateDict state;
+  state.tensors.Set("weight", Filled(DType::kFloat32, {3, 4}, value));
+  state.tensors.Set("bias", Filled(DType::kFloat32, {3}, value));
+  return state;
+}
+
+class ModelStoreTest : public ::testing::Test {
+ protected:
+  ModelStoreTest() {
+    dir_ = fs::temp_directory_path() /
+           absl::StrCat(
+               "model-store-test-", getpid(), "-",
+               ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  ~ModelStoreTest() override {
+    store_.reset();
+    repository_.reset();
+    audit_.reset();
+    std::error_code ignored;
+    fs::remove_all(dir_, ignored);
+  }
+
+  // An audit log and a repository in the test's directory.
+  void MakeDurable() {
+    audit_ = *AuditLog::Open((dir_ / "audit.log").string());
+    repository_ = *ModuleRepository::Open((dir_ / "modules").string());
+    store_->set_audit_log(audit_.get());
+    store_->set_repository(repository_.get());
+  }
+
+  absl::StatusOr<BuildOutcome> Build(const std::string& name,
+                                     const std::string& json = kLinear) {
+    BuildOptions options;
+    options.hooks = nullptr;
+    return store_->Build(ctx_, Name(name), SpecFromJson(json), options, false);
+  }
+
+  StateDict State(const std::string& name) {
+    absl::StatusOr<StateDictSnapshot> snapshot =
+        store_->Snapshot(Name(name), {});
+    EXPECT_THAT(snapshot.status(), IsOk());
+    return snapshot.ok() ? snapshot->state : StateDict();
+  }
+
+  std::string Manifest(const std::string& name) {
+    return data_dir::ManifestPath(
+        data_dir::ModuleDir((dir_ / "modules").string(), Name(name)));
+  }
+
+  std::vector<AuditRecord> Records(const std::string& type) {
+    AuditQuery query;
+    query.type = type;
+    query.limit = AuditQuery::kMaxLimit;
+    return *audit_->Query(query);
+  }
+
+  // Streams `state` into a staged load of `name`: StageLoad, the bytes in
+  // small pieces, then LoadStaged.
+  absl::StatusOr<LoadResult> StagedLoad(const std::string& name,
+                                        const StateDict& state,
+                                        const LoadOptions& options) {
+    MODELSTATE_ASSIGN_OR_RETURN(auto reader,
+                                StateDictReader::Create(state, std::nullopt));
+    MODELSTATE_ASSIGN_OR_RETURN(
+        std::unique_ptr<StagedStateDict> staged,
+        store_->StageLoad(ctx_, Name(name), reader->layout(), StreamLimits{},
+                          options, dir_.string()));
+    while (reader->remaining() > 0) {
+      std::string bytes;
+      MODELSTATE_ASSIGN_OR_RETURN(size_t n, reader->Read(7, &bytes));
+      if (n == 0) break;
+      MODELSTATE_RETURN_IF_ERROR(staged->Append(std::move(bytes)));
+    }
+    return store_->LoadStaged(ctx_, Name(name), *staged, options);
+  }
+
+  fs::path dir_;
+  OperationContext ctx_{"alice", "req-1"};
+  std::unique_ptr<AuditLog> audit_;
+  std::unique_ptr<ModuleRepository> repository_;
+  std::unique_ptr<ModelStore> store_ = std::make_unique<ModelStore>();
+};
+
+TEST_F(ModelStoreTest, BuildStoresTheModuleOnceAndRecordsIt) {
+  MakeDurable();
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildOutcome built, Build("team/lin"));
+  EXPECT_EQ(built.registrations.size(), 2u);  // weight, bias
+  EXPECT_EQ(store_->size(), 1u);
+  EXPECT_EQ(State("team/lin").tensors.Keys(),
+            (std::vector<std::string>{"weight", "bias"}));
+  EXPECT_THAT(Build("team/lin").status(),
+              StatusIs(absl::StatusCode::kAlreadyExists,
+                       HasSubstr("'team/lin' already exists")));
+  std::vector<AuditRecord> builds = Records("build");
+  ASSERT_EQ(builds.size(), 1u);
+  EXPECT_EQ(builds[0].identity, "alice");
+  EXPECT_EQ(builds[0].correlation_id, "req-1");
+  EXPECT_EQ(builds[0].ns, "team");
+  EXPECT_EQ(builds[0].module, "lin");
+  EXPECT_EQ(builds[0].outcome, "ok");
+  nlohmann::json details = nlohmann::json::parse(builds[0].details_json);
+  EXPECT_EQ(details["type"], "Linear");
+  EXPECT_EQ(details["registrations"], 2);
+  // Saved: its manifest is committed.
+  EXPECT_TRUE(fs::exists(Manifest("team/lin")));
+}
+
+TEST_F(ModelStoreTest, RegisterAddsAndRemovesEntriesAndNamesWhatIsMissing) {
+  ASSERT_THAT(Build("t/m").status(), IsOk());
+  RegistrationRequest add;
+  add.name = "running";
+  add.kind = EntryKind::kBuffer;
+  add.value.tensor = Filled(DType::kFloat32, {2}, 5);
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::vector<RegistrationResult> results,
+                                  store_->Register(ctx_, Name("t/m"), add));
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_FALSE(results[0].final.blocked());
+  EXPECT_EQ(State("t/m").tensors.Keys(),
+            (std::vector<std::string>{"weight", "bias", "running"}));
+
+  RegistrationRequest remove;
+  remove.name = "running";
+  remove.removal = true;
+  ASSERT_THAT(store_->Register(ctx_, Name("t/m"), remove).status(), IsOk());
+  EXPECT_EQ(State("t/m").tensors.Keys(),
+            (std::vector<std::string>{"weight", "bias"}));
+
+  add.path = "nowhere";
+  EXPECT_THAT(store_->Register(ctx_, Name("t/m"), add).status(),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("path 'nowhere' in 't/m'")));
+  EXPECT_THAT(store_->Register(ctx_, Name("t/none"), remove).status(),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("'t/none' does not exist")));
+}
+
+TEST_F(ModelStoreTest, SnapshotsFilterAndDoNotChangeWithLaterWrites) {
+  ASSERT_THAT(Build("t/m").status(), IsOk());
+  ASSERT_THAT(store_->Load(ctx_, Name("t/m"), Pattern(1), {}).status(), IsOk());
+  SnapshotFilter filter;
+  filter.key_glob = "b*";
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDictSnapshot only_bias,
+                                  store_->Snapshot(Name("t/m"), filter));
+  EXPECT_EQ(only_bias.state.tensors.Keys(), std::vector<std::string>{"bias"});
+  EXPECT_THAT(only_bias.kinds, ElementsAre(EntryKind::kParameter));
+
+  StateDict before = State("t/m");
+  ASSERT_THAT(store_->Load(ctx_, Name("t/m"), Pattern(2), {}).status(), IsOk());
+  EXPECT_TRUE(AllEqual(before, 1));  // the snapshot kept its values
+  EXPECT_TRUE(AllEqual(State("t/m"), 2));
+}
+
+TEST_F(ModelStoreTest,
+       StagedLoadsApplyOnlyWhenWholeAndFailEarlyWhenTheyCannot) {
+  MakeDurable();
+  ASSERT_THAT(Build("t/m").status(), IsOk());
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(LoadResult loaded,
+                                  StagedLoad("t/m", Pattern(3), {}));
+  EXPECT_TRUE(loaded.keys.missing_keys.empty());
+  EXPECT_TRUE(AllEqual(State("t/m"), 3));
+
+  // An atomic load whose layout does not fit fails before any byte.
+  StateDict wrong = Pattern(4);
+  wrong.tensors.Set("extra", Filled(DType::kFloat32, {1}, 4));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(auto reader,
+                                  StateDictReader::Create(wrong, std::nullopt));
+  EXPECT_THAT(
+      store_
+          ->StageLoad(ctx_, Name("t/m"), reader->layout(), StreamLimits{},
+                      LoadOptions{}, dir_.string())
+          .status(),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               HasSubstr("Unexpected key(s) in state_dict: \"extra\"")));
+  // A staged load missing bytes changes nothing.
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<StagedStateDict> partial,
+      store_->StageLoad(ctx_, Name("t/m"), reader->layout(), StreamLimits{},
+                        LoadOptions{.strict = false}, dir_.string()));
+  EXPECT_THAT(store_
+                  ->LoadStaged(ctx_, Name("t/m"), *partial,
+                               LoadOptions{.strict = false})
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_TRUE(AllEqual(State("t/m"), 3));
+  std::vector<AuditRecord> loads = Records("load_state_dict");
+  ASSERT_EQ(loads.size(), 2u);
+  EXPECT_EQ(loads[0].outcome, "ok");
+  EXPECT_EQ(loads[1].outcome, "error");
+}
+
+TEST_F(ModelStoreTest, MoveConvertsFloatingTensorsAndDeleteRemoves) {
+  MakeDurable();
+  ASSERT_THAT(Build("t/m").status(), IsOk());
+  ASSERT_THAT(store_->Move(ctx_, Name("t/m"), std::nullopt, DType::kFloat64),
+              IsOk());
+  for (const auto& item : State("t/m").tensors) {
+    EXPECT_EQ(item.value.dtype(), DType::kFloat64) << item.key;
+  }
+  ASSERT_THAT(store_->Delete(ctx_, Name("t/m")), IsOk());
+  EXPECT_EQ(store_->size(), 0u);
+  EXPECT_THAT(store_->Snapshot(Name("t/m"), {}).status(),
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(store_->Delete(ctx_, Name("t/m")),
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(Records("move").size(), 1u);
+  EXPECT_EQ(Records("delete").size(), 1u);
+  // Gone from disk too.
+  EXPECT_FALSE(fs::exists(Manifest("t/m")));
+}
+
+TEST_F(ModelStoreTest, QuotasLimitModulesAndBytesPerNamespace) {
+  QuotaPolicy quotas;
+  quotas.namespaces["few"].max_modules = 1;
+  quotas.namespaces["small"].max_bytes = 100;  // Linear(4, 3): 60 bytes
+  store_->set_quotas(quotas);
+  ASSERT_THAT(Build("few/one").status(), IsOk());
+  EXPECT_THAT(Build("few/two").status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("max_modules (1)")));
+  ASSERT_THAT(Build("small/one").status(), IsOk());
+  EXPECT_THAT(
+      store_->Move(ctx_, Name("small/one"), std::nullopt, DType::kFloat64),
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               HasSubstr("max_bytes (100)")));
+  EXPECT_THAT(Build("other/one").status(), IsOk());  // no quota there
+}
+
+TEST_F(ModelStoreTest, ListsInNameOrderFromAfterAndPerNamespace) {
+  for (const char* name : {"b/two", "a/one", "b/one", "a/two", "c/one"}) {
+    ASSERT_THAT(Build(name).status(), IsOk());
+  }
+  auto names = [](const std::vector<ModuleSummary>& list) {
+    std::vector<std::string> out;
+    for (const ModuleSummary& m : list) out.push_back(m.name.full());
+    return out;
+  };
+  EXPECT_THAT(names(store_->List("", "", 2)), ElementsAre("a/one", "a/two"));
+  EXPECT_THAT(names(store_->List("", "a/two", 2)),
+              ElementsAre("b/one", "b/two"));
+  EXPECT_THAT(names(store_->List("b", "", 10)), ElementsAre("b/one", "b/two"));
+  std::vector<ModuleSummary> one = store_->List("c", "", 10);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].type, "Linear");
+  EXPECT_EQ(one[0].num_parameters, 15u);
+  EXPECT_EQ(one[0].total_bytes, 60u);
+  EXPECT_THAT(one[0].devices, ElementsAre("cpu"));
+}
+
+// Readers never see a half-applied load: every snapshot is one pattern.
+TEST_F(ModelStoreTest, ConcurrentReadersSeeOnlyWholeStates) {
+  MakeDurable();
+  ASSERT_THAT(Build("t/m").status(), IsOk());
+  ASSERT_THAT(store_->Load(ctx_, Name("t/m"), Pattern(0), {}).status(), IsOk());
+  std::atomic<bool> done{false};
+  std::atomic<int> torn{0};
+  std::atomic<int> reads{0};
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 4; ++r) {
+    readers.emplace_back([&] {
+      while (!done) {
+        absl::StatusOr<StateDictSnapshot> s = store_->Snapshot(Name("t/m"), {});
+        if (!s.ok()) continue;
+        const float first = s->state.tensors.Find("weight")->data<float>()[0];
+        if (!AllEqual(s->state, first)) ++torn;
+        ++reads;
+      }
+    });
+  }
+  std::thread writer([&] {
+    for (int i = 1; i <= 30; ++i) {
+      EXPECT_THAT(store_->Load(ctx_, Name("t/m"), Pattern(i), {}).status(),
+                  IsOk());
+    }
+  });
+  writer.join();
+  done = true;
+  for (std::thread& t : readers) t.join();
+  EXPECT_EQ(torn, 0);
+  EXPECT_GT(reads, 0);
+  EXPECT_TRUE(AllEqual(State("t/m"), 30));
+}
+
+// Holds every decision until released.
+class BlockingDecider : public RegistrationDecider {
+ public:
+  std::vector<HookDecision> Decide(
+      const OperationContext&, const ModuleName&,
+      absl::Span<const RegistrationRecord> records) override {
+    deciding_.Notify();
+    release_.WaitForNotification();
+    std::vector<HookDecision> out;
+    for (const RegistrationRecord& r : records) {
+      HookDecision d = r.local;
+      if (block_) {
+        d.kind = HookResult::Kind::kBlock;
+        d.reason = "held and refused";
+      }
+      out.push_back(std::move(d));
+    }
+    return out;
+  }
+  absl::Notification deciding_;
+  absl::Notification release_;
+  bool block_ = false;
+};
+
+TEST_F(ModelStoreTest, ADeciderHoldsWritersOfTheModuleButNotItsReaders) {
+  ASSERT_THAT(Build("t/m").status(), IsOk());
+  BlockingDecider decider;
+  decider.block_ = true;
+  store_->set_decider(&decider);
+  RegistrationRequest add;
+  add.name = "extra";
+  add.kind = EntryKind::kBuffer;
+  add.value.tensor = Filled(DType::kFloat32, {1}, 1);
+  absl::StatusOr<std::vector<RegistrationResult>> registered;
+  std::thread registering(
+      [&] { registered = store_->Register(ctx_, Name("t/m"), add); });
+  ASSERT_TRUE(
+      decider.deciding_.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  // While the decision is pending: readers go on, another writer waits.
+  EXPECT_EQ(State("t/m").tensors.size(), 2u);
+  std::atomic<bool> trained{false};
+  std::thread training([&] {
+    EXPECT_THAT(store_->SetTraining(ctx_, Name("t/m"), false), IsOk());
+    trained = true;
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(trained);
+  decider.release_.Notify();
+  registering.join();
+  training.join();
+  EXPECT_TRUE(trained);
+  EXPECT_THAT(registered.status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("was blocked: held and refused")));
+  EXPECT_EQ(State("t/m").tensors.size(), 2u);  // nothing registered
+  store_->set_decider(nullptr);
+}
+
+}  // namespace
+}  // namespace modelstate
