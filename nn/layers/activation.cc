@@ -78,8 +78,8 @@ absl::StatusOr<std::shared_ptr<Module>> BuildSoftplus(const BoundArgs& args,
   return m;
 }
 
-// PReLU.__init__: weight = Parameter(torch.empty(num_parameters)), then
-// reset_parameters fills it with `init`.
+// PReLU.__init__: weight = Parameter(torch.empty(num_parameters)) filled
+// with `init`.
 absl::StatusOr<std::shared_ptr<Module>> BuildPReLU(const BoundArgs& args,
                                                    BuildContext& ctx,
                                                    const std::string& path) {
@@ -92,10 +92,10 @@ absl::StatusOr<std::shared_ptr<Module>> BuildPReLU(const BoundArgs& args,
   }
   MODELSTATE_ASSIGN_OR_RETURN(Tensor w, ctx.NewTensor(f.dtype, {n}, f.device));
   MODELSTATE_RETURN_IF_ERROR(ConstantInit(w, init));
+  // torch 1.13 keeps num_parameters only (2.x also keeps `init`).
   std::shared_ptr<Module> m = NewLayer("PReLU", "activation");
-  m->AddClassAttributes({"__constants__", "reset_parameters"});
+  m->AddClassAttributes({"__constants__"});
   m->SetPlainAttribute("num_parameters", n);
-  m->SetPlainAttribute("init", init);
   MODELSTATE_RETURN_IF_ERROR(ctx.AddParameter(*m, path, "weight", w));
   return m;
 }

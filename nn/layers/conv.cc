@@ -19,6 +19,7 @@
 #include "nn/layer_registry.h"
 #include "nn/layers/build_util.h"
 #include "nn/layers/forward_util.h"
+#include "nn/layers/padding.h"
 
 namespace modelstate::internal {
 namespace {
@@ -177,65 +178,6 @@ std::string Extents(const std::vector<int64_t>& v, size_t dims) {
                       absl::StrJoin(v.end() - static_cast<std::ptrdiff_t>(dims),
                                     v.end(), " x "),
                       ")");
-}
-
-// Input [N, C, D, H, W] padded on each side of each spatial dim
-// ([front, back, top, bottom, left, right]) with `mode`: "zeros",
-// "reflect", "replicate" or "circular".
-template <typename T>
-absl::StatusOr<Tensor> Pad3d(const Tensor& x, const int64_t pad[6],
-                             const std::string& mode) {
-  if (std::all_of(pad, pad + 6, [](int64_t p) { return p == 0; })) return x;
-  const Shape& s = x.shape();
-  const int64_t planes = s[0] * s[1];
-  const int64_t in[3] = {s[2], s[3], s[4]};
-  int64_t out[3];
-  for (int d = 0; d < 3; ++d) {
-    const int64_t lo = pad[2 * d], hi = pad[2 * d + 1];
-    out[d] = in[d] + lo + hi;
-    if (mode == "reflect" && (lo >= in[d] || hi >= in[d]) && lo + hi > 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Padding size should be less than the corresponding input "
-          "dimension, but got: padding (",
-          lo, ", ", hi, ") at dimension ", d + 2, " of input ", Sizes(s)));
-    }
-    if (mode == "circular" && (lo > in[d] || hi > in[d])) {
-      return absl::InvalidArgumentError(
-          "Padding value causes wrapping around more than once.");
-    }
-    if (mode == "replicate" && in[d] == 0) {
-      return absl::InvalidArgumentError(
-          "padding mode 'replicate' needs a non-empty input");
-    }
-  }
-  auto index = [&mode](int64_t i, int64_t size) -> int64_t {
-    if (i >= 0 && i < size) return i;
-    if (mode == "reflect") return i < 0 ? -i : 2 * (size - 1) - i;
-    if (mode == "replicate") return i < 0 ? 0 : size - 1;
-    if (mode == "circular") return ((i % size) + size) % size;
-    return -1;  // zeros
-  };
-  MODELSTATE_ASSIGN_OR_RETURN(Out<T> y,
-                              NewOut<T>({s[0], s[1], out[0], out[1], out[2]}));
-  const T* px = Data<T>(x);
-  const int64_t in_plane = in[0] * in[1] * in[2];
-  T* dst = y.data;
-  for (int64_t p = 0; p < planes; ++p) {
-    const T* src = px + p * in_plane;
-    for (int64_t a = 0; a < out[0]; ++a) {
-      const int64_t sa = index(a - pad[0], in[0]);
-      for (int64_t i = 0; i < out[1]; ++i) {
-        const int64_t si = index(i - pad[2], in[1]);
-        for (int64_t j = 0; j < out[2]; ++j) {
-          const int64_t sj = index(j - pad[4], in[2]);
-          *dst++ = (sa < 0 || si < 0 || sj < 0)
-                       ? T(0)
-                       : src[(sa * in[1] + si) * in[2] + sj];
-        }
-      }
-    }
-  }
-  return y.tensor;
 }
 
 // Conv's padding of the input as [front, back, top, bottom, left, right]
@@ -404,7 +346,12 @@ absl::StatusOr<Tensor> ConvForward(const LayerCall& call, const Tensor& x_in,
   const std::vector<int64_t> ks = {ws[2], ws[3], ws[4]};
   int64_t pad[6];
   MODELSTATE_RETURN_IF_ERROR(ConvPadding3d(m, kDims, dl, ks, pad));
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor xp, Pad3d<T>(x5, pad, mode));
+  MODELSTATE_ASSIGN_OR_RETURN(PadMode pad_mode, ParsePadMode(mode));
+  // F.pad's order: the last dim first.
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Tensor xp,
+      PadLastDims(x5, {pad[4], pad[5], pad[2], pad[3], pad[0], pad[1]},
+                  pad_mode));
   ConvGeometry g{.n = n, .c = c, .o = o, .cg = cg, .groups = groups};
   std::vector<int64_t> padded(3), extent(3);
   bool too_small = false;
