@@ -52,6 +52,9 @@ constexpr LeftOut kLeftOut[] = {
      "its pooling regions are random per call and it has no state"},
     {"RReLU", false, "its slopes are random per call in training"},
     {"MaxUnpool", true, "it needs the indices of an earlier pooling"},
+    {"SyncBatchNorm", false,
+     "it is distributed-only: its training forward averages statistics "
+     "across processes; BatchNorm1d/2d/3d hold the same state"},
 };
 
 constexpr absl::string_view kTorchNnNames[] = {
