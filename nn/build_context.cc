@@ -261,6 +261,12 @@ absl::Status BuildContext::AddParameter(Module& module, const std::string& path,
                                         std::string name, Tensor data,
                                         bool requires_grad) {
   MODELSTATE_RETURN_IF_ERROR(CountEntry());
+  if (presets_ != nullptr && data.defined() && !data.is_parameter()) {
+    auto preset = presets_->find(ChildPath(path, name));
+    if (preset != presets_->end()) {
+      MODELSTATE_RETURN_IF_ERROR(data.CopyFrom(preset->second));
+    }
+  }
   // A parameter (a tie) is registered as the same object; plain data is
   // wrapped into a new parameter.
   Tensor param = data;

@@ -118,6 +118,17 @@ class BuildContext {
   absl::Status Enter();
   void Leave() { --depth_; }
 
+  // Values that AddParameter registers instead of the data it is given, by
+  // the parameter's full key ("decoder.layers.0.linear1.weight"): for a
+  // layer whose init runs after its children are built (Transformer's
+  // _reset_parameters), so that hooks still see final values. Not owned;
+  // null for none. Returns the previous map.
+  const absl::flat_hash_map<std::string, Tensor>* set_presets(
+      const absl::flat_hash_map<std::string, Tensor>* presets) {
+    std::swap(presets, presets_);
+    return presets;
+  }
+
  private:
   absl::Status CountEntry();
   RegistrationContext Context(const std::string& path);
@@ -125,6 +136,7 @@ class BuildContext {
   const BuildOptions options_;
   Generator gen_;
   std::vector<RegistrationRecord> records_;
+  const absl::flat_hash_map<std::string, Tensor>* presets_ = nullptr;
   uint64_t total_bytes_ = 0;
   int64_t entries_ = 0;
   int depth_ = 0;

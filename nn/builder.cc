@@ -15,6 +15,7 @@
 #include "nn/build_context.h"
 #include "nn/layer_registry.h"
 #include "nn/module_spec.h"
+#include "nn/unknown_type.h"
 
 namespace modelstate {
 namespace internal {
@@ -69,7 +70,8 @@ absl::StatusOr<Tensor> MakeCustomTensor(const TensorSpec& spec,
 absl::StatusOr<std::shared_ptr<Module>> ResolveRef(const ModuleSpec& spec,
                                                    const Module& scope) {
   if (!spec.type.empty() || !spec.args.empty() || !spec.kwargs.empty() ||
-      !spec.children.empty() || !spec.members.empty() || !spec.ties.empty()) {
+      !spec.children.empty() || !spec.members.empty() || !spec.ties.empty() ||
+      spec.custom) {
     return absl::InvalidArgumentError(
         "a 'ref' spec must not have any other field");
   }
@@ -240,13 +242,18 @@ absl::StatusOr<std::shared_ptr<Module>> BuildSpec(const ModuleSpec& spec,
   }
   MODELSTATE_RETURN_IF_ERROR(WithSpecPath(ctx.Enter(), spec_path, spec.type));
   absl::StatusOr<std::shared_ptr<Module>> result;
-  const LayerDef* layer = FindLayer(spec.type);
+  // `custom` builds a custom module even under a library type's name (a
+  // user's own class called Linear).
+  const LayerDef* layer = spec.custom ? nullptr : FindLayer(spec.type);
   if (layer != nullptr && layer->build_container != nullptr) {
     result = layer->build_container(spec, path, spec_path, ctx);
   } else if (layer != nullptr && layer->build != nullptr) {
     result = BuildLayer(*layer, spec, path, spec_path, ctx);
-  } else {
+  } else if (IsCustomSpec(spec)) {
     result = BuildCustom(spec, path, spec_path, ctx);
+  } else {
+    // A typo or a layer the library lacks must not become an empty module.
+    result = UnknownTypeError(spec.type, spec_path);
   }
   ctx.Leave();
   return result;

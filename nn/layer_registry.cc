@@ -22,9 +22,11 @@ constexpr FamilyFn kFamilies[] = {
     &ActivationFamily,     // ReLU, GELU, SiLU, Tanh, Sigmoid, Softmax
     &FlattenFamily,        // Flatten
     &PoolingFamily,        // MaxPool2d, AdaptiveAvgPool2d
-    &AttentionFamily,      // MultiheadAttention
-    &TransformerFamily,    // TransformerEncoderLayer
-    &ContainerFamily,      // Sequential, ModuleList, ModuleDict
+    &PaddingFamily,      // ZeroPad2d, ConstantPad/ReflectionPad/ReplicationPad
+    &AttentionFamily,    // MultiheadAttention
+    &TransformerFamily,  // TransformerEncoderLayer
+    &RecurrentFamily,    // RNN, LSTM, GRU and their cells
+    &ContainerFamily,    // Sequential, ModuleList, ModuleDict
 };
 
 using LayerIndex = absl::flat_hash_map<absl::string_view, const LayerDef*>;

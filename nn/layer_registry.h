@@ -91,8 +91,10 @@ std::vector<LayerDef> DropoutFamily();        // dropout.cc
 std::vector<LayerDef> ActivationFamily();     // activation.cc
 std::vector<LayerDef> FlattenFamily();        // flatten.cc
 std::vector<LayerDef> PoolingFamily();        // pooling.cc
+std::vector<LayerDef> PaddingFamily();        // padding.cc
 std::vector<LayerDef> AttentionFamily();      // attention.cc
 std::vector<LayerDef> TransformerFamily();    // transformer.cc
+std::vector<LayerDef> RecurrentFamily();      // recurrent.cc
 std::vector<LayerDef> ContainerFamily();      // container.cc
 
 }  // namespace modelstate::internal

@@ -93,9 +93,12 @@ struct ModuleChild;
 
 // A module to build.
 struct ModuleSpec {
-  // A library type ("Linear", "Sequential", ...; see LayerTypes()), or any
-  // other class name for a custom module.
+  // A library type ("Linear", "Sequential", ...; see LayerTypes()), or the
+  // class name of a custom module. Any other type is INVALID_ARGUMENT: a
+  // custom module has members (ties, an extra state) or says `custom`.
   std::string type;
+  // A custom module even without members, or under a library type's name.
+  bool custom = false;
   // Constructor arguments, bound like Python: positional, then keyword.
   std::vector<SpecValue> args;
   std::vector<std::pair<std::string, SpecValue>> kwargs;

@@ -145,6 +145,7 @@ absl::StatusOr<ModuleSpec> SpecFromProto(const v1::ModuleSpec& proto,
   spec.type = proto.type();
   spec.ref = proto.ref();
   spec.has_extra_state = proto.extra_state();
+  spec.custom = proto.custom();
   for (int i = 0; i < proto.args_size(); ++i) {
     MODELSTATE_ASSIGN_OR_RETURN(
         SpecValue v, SpecValueFromProto(proto.args(i),

@@ -1,9 +1,9 @@
 // File: elementwise.h
 // Element-wise kernels over contiguous arrays, templated on the compute
-// type (float or double): the activations, and softmax over a row or over
-// one dimension of a [outer, size, inner] block. float32 takes the AVX2
-// paths of vector_math.h where they exist; loops over large arrays are split
-// across threads with ParallelFor.
+// type (float or double): the activations, and softmax (and log-softmax)
+// over a row or over one dimension of a [outer, size, inner] block. float32
+// takes the AVX2 paths of vector_math.h where they exist; loops over large
+// arrays are split across threads with ParallelFor.
 //
 // Example:
 //   internal::ActInPlace(internal::Act::kGELU, data, n, threads);
@@ -130,6 +130,21 @@ void SoftmaxInPlace(T* data, int64_t outer, int64_t size, int64_t inner,
       for (int64_t i = 0; i < size; ++i) base[i * inner] *= inv;
     }
   });
+}
+
+// Log-softmax over `dim` of a contiguous [outer, size, inner] view, in
+// place: x - max - log(sum(exp(x - max))), as ATen's CPU kernel.
+template <typename T>
+void LogSoftmaxInPlace(T* data, int64_t outer, int64_t size, int64_t inner) {
+  for (int64_t idx = 0; idx < outer * inner; ++idx) {
+    T* base = data + (idx / inner) * size * inner + idx % inner;
+    T max = -std::numeric_limits<T>::infinity();
+    for (int64_t i = 0; i < size; ++i) max = std::max(max, base[i * inner]);
+    T sum = 0;
+    for (int64_t i = 0; i < size; ++i) sum += std::exp(base[i * inner] - max);
+    const T shift = max + std::log(sum);
+    for (int64_t i = 0; i < size; ++i) base[i * inner] -= shift;
+  }
 }
 
 }  // namespace modelstate::internal

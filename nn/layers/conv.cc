@@ -1,7 +1,8 @@
-// The convolution family: Conv1d, Conv2d and ConvTranspose2d. Construction
-// follows torch.nn.modules.conv's _ConvNd (arguments, checks, init);
-// forward is im2col + gemm on OpenBLAS (conv1d runs as conv2d with H = 1),
-// and the transposed convolution gemm + col2im.
+// The convolution family: Conv1d/2d/3d and ConvTranspose1d/2d/3d.
+// Construction follows torch.nn.modules.conv's _ConvNd (arguments, checks,
+// init); forward is im2col + gemm on OpenBLAS, every convolution as a 3-D
+// one (conv2d with depth 1, conv1d also with height 1), and the transposed
+// convolution gemm + col2im.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -11,12 +12,14 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "core/init.h"
 #include "nn/kernels/blas.h"
 #include "nn/layer_registry.h"
 #include "nn/layers/build_util.h"
 #include "nn/layers/forward_util.h"
+#include "nn/layers/padding.h"
 
 namespace modelstate::internal {
 namespace {
@@ -98,7 +101,7 @@ absl::Status CheckConvConfig(int64_t in, int64_t out, int64_t groups,
   return absl::OkStatus();
 }
 
-// _ConvNd for Conv1d, Conv2d and ConvTranspose2d.
+// _ConvNd for the convolutions and the transposed convolutions.
 absl::StatusOr<std::shared_ptr<Module>> BuildConv(
     const BoundArgs& args, BuildContext& ctx, const std::string& path,
     absl::string_view type, size_t dims, bool transposed) {
@@ -156,86 +159,40 @@ absl::StatusOr<std::shared_ptr<Module>> BuildConv(
   return m;
 }
 
-absl::StatusOr<std::shared_ptr<Module>> BuildConv1d(const BoundArgs& args,
-                                                    BuildContext& ctx,
-                                                    const std::string& path) {
-  return BuildConv(args, ctx, path, "Conv1d", 1, false);
-}
-absl::StatusOr<std::shared_ptr<Module>> BuildConv2d(const BoundArgs& args,
-                                                    BuildContext& ctx,
-                                                    const std::string& path) {
-  return BuildConv(args, ctx, path, "Conv2d", 2, false);
-}
-absl::StatusOr<std::shared_ptr<Module>> BuildConvTranspose2d(
-    const BoundArgs& args, BuildContext& ctx, const std::string& path) {
-  return BuildConv(args, ctx, path, "ConvTranspose2d", 2, true);
-}
-
 // ---------------------------------------------------------------------------
 // Forward.
+//
+// Every convolution runs in 3-D: a 2-D one is a 3-D one with depth 1, a
+// 1-D one with depth and height 1. Extents below are (D, H, W).
 
-// Input padded on each side of each spatial dim ([top, bottom, left, right])
-// with `mode`: "zeros", "reflect", "replicate" or "circular".
-template <typename T>
-absl::StatusOr<Tensor> Pad2d(const Tensor& x, const int64_t pad[4],
-                             const std::string& mode) {
-  const int64_t n = x.shape()[0], c = x.shape()[1], h = x.shape()[2],
-                w = x.shape()[3];
-  if (pad[0] == 0 && pad[1] == 0 && pad[2] == 0 && pad[3] == 0) return x;
-  const int64_t ho = h + pad[0] + pad[1], wo = w + pad[2] + pad[3];
-  if (mode == "reflect") {
-    if (pad[0] >= h || pad[1] >= h || pad[2] >= w || pad[3] >= w) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Padding size should be less than the corresponding input "
-          "dimension, but got: padding (",
-          pad[2], ", ", pad[3], ") at dimension 3 of input ",
-          Sizes(x.shape())));
-    }
-  } else if (mode == "circular") {
-    if (pad[0] > h || pad[1] > h || pad[2] > w || pad[3] > w) {
-      return absl::InvalidArgumentError(
-          "Padding value causes wrapping around more than once.");
-    }
-  } else if (mode == "replicate" && (h == 0 || w == 0)) {
-    return absl::InvalidArgumentError(
-        "padding mode 'replicate' needs a non-empty input");
-  }
-  auto index = [&mode](int64_t i, int64_t size) -> int64_t {
-    if (i >= 0 && i < size) return i;
-    if (mode == "reflect") return i < 0 ? -i : 2 * (size - 1) - i;
-    if (mode == "replicate") return i < 0 ? 0 : size - 1;
-    if (mode == "circular") return ((i % size) + size) % size;
-    return -1;  // zeros
-  };
-  MODELSTATE_ASSIGN_OR_RETURN(Out<T> y, NewOut<T>({n, c, ho, wo}));
-  const T* px = Data<T>(x);
-  for (int64_t p = 0; p < n * c; ++p) {
-    const T* src = px + p * h * w;
-    T* dst = y.data + p * ho * wo;
-    for (int64_t i = 0; i < ho; ++i) {
-      int64_t si = index(i - pad[0], h);
-      for (int64_t j = 0; j < wo; ++j) {
-        int64_t sj = index(j - pad[2], w);
-        dst[i * wo + j] = (si < 0 || sj < 0) ? T(0) : src[si * w + sj];
-      }
-    }
-  }
-  return y.tensor;
+// `v` (one value per spatial dim of a `dims`-d layer) as three values, the
+// missing leading ones `fill`.
+std::vector<int64_t> Lift3(std::vector<int64_t> v, int64_t fill) {
+  v.insert(v.begin(), 3 - v.size(), fill);
+  return v;
 }
 
-// Conv's padding of the [N, C, H, W] input as [top, bottom, left, right]
-// for kernel extents `ks` and dilations `dl` (H first): the `padding`
+// The spatial extents as torch's messages print them: "(5 x 6)".
+std::string Extents(const std::vector<int64_t>& v, size_t dims) {
+  return absl::StrCat("(",
+                      absl::StrJoin(v.end() - static_cast<std::ptrdiff_t>(dims),
+                                    v.end(), " x "),
+                      ")");
+}
+
+// Conv's padding of the input as [front, back, top, bottom, left, right]
+// for kernel extents `ks` and dilations `dl` (D, H, W): the `padding`
 // attribute's ints, or for 'same' what keeps the size (an odd total puts
 // the extra one at the end), for 'valid' none.
-absl::Status ConvPadding2d(const Module& m, size_t dims,
-                           const std::vector<int64_t>& dl, const int64_t ks[2],
-                           int64_t pad[4]) {
-  std::fill(pad, pad + 4, 0);
+absl::Status ConvPadding3d(const Module& m, size_t dims,
+                           const std::vector<int64_t>& dl,
+                           const std::vector<int64_t>& ks, int64_t pad[6]) {
+  std::fill(pad, pad + 6, 0);
   const AttrValue* pv = m.attributes().Find("padding");
   if (pv != nullptr && std::holds_alternative<std::string>(*pv)) {
     if (std::get<std::string>(*pv) == "same") {
-      for (int d = 0; d < 2; ++d) {
-        int64_t total = dl[d] * (ks[d] - 1);
+      for (int d = 0; d < 3; ++d) {
+        const int64_t total = dl[d] * (ks[d] - 1);
         pad[2 * d] = total / 2;
         pad[2 * d + 1] = total - total / 2;
       }
@@ -244,44 +201,61 @@ absl::Status ConvPadding2d(const Module& m, size_t dims,
   }
   MODELSTATE_ASSIGN_OR_RETURN(std::vector<int64_t> p,
                               AttrInts(m, "padding", dims));
-  if (dims == 1) p.insert(p.begin(), 0);
-  pad[0] = pad[1] = p[0];
-  pad[2] = pad[3] = p[1];
+  p = Lift3(std::move(p), 0);
+  for (int d = 0; d < 3; ++d) pad[2 * d] = pad[2 * d + 1] = p[d];
   return absl::OkStatus();
 }
 
-// The extents of a grouped 2-D convolution or transposed convolution.
+// The extents of a grouped 3-D convolution or transposed convolution.
 struct ConvGeometry {
-  int64_t n, c, h, w;     // input [N, C, H, W] (padded, for conv2d)
-  int64_t o, cg, kh, kw;  // O output channels, C / groups per group, kernel
-  int64_t groups;
-  int64_t sh, sw, dh, dw;  // stride, dilation
-  int64_t ho, wo;          // output [N, O, HO, WO]
+  int64_t n = 0, c = 0;   // batch, input channels
+  int64_t o = 0, cg = 0;  // output channels, C / groups
+  int64_t groups = 1;
+  int64_t in[3] = {};              // input (D, H, W) (padded, for conv)
+  int64_t k[3] = {};               // kernel
+  int64_t st[3] = {}, dl[3] = {};  // stride, dilation
+  int64_t out[3] = {};             // output (D, H, W)
+  int64_t InPlane() const { return in[0] * in[1] * in[2]; }
+  int64_t OutPlane() const { return out[0] * out[1] * out[2]; }
+  int64_t Taps() const { return k[0] * k[1] * k[2]; }
 };
 
-// y = conv2d(x, w) + b by im2col + gemm, per batch element and group.
+// Copies the input taps of one kernel offset (a, i, j) of one channel
+// plane `src` into `row` [out D * H * W].
+template <typename T>
+void GatherTap(const ConvGeometry& g, const T* src, int64_t a, int64_t i,
+               int64_t j, T* row) {
+  const int64_t hw = g.in[1] * g.in[2];
+  src += a * g.dl[0] * hw + i * g.dl[1] * g.in[2] + j * g.dl[2];
+  for (int64_t od = 0; od < g.out[0]; ++od) {
+    for (int64_t oh = 0; oh < g.out[1]; ++oh) {
+      const T* s = src + od * g.st[0] * hw + oh * g.st[1] * g.in[2];
+      for (int64_t ow = 0; ow < g.out[2]; ++ow) *row++ = s[ow * g.st[2]];
+    }
+  }
+}
+
+// y = conv3d(x, w) + b by im2col + gemm, per batch element and group.
 // REQUIRES: the gemm's extents checked with CheckBlasDims.
 template <typename T>
-void Conv2dKernel(const ConvGeometry& g, const T* px, const T* pw, const T* pb,
-                  T* y) {
-  const int64_t og = g.o / g.groups, kk = g.cg * g.kh * g.kw, pix = g.ho * g.wo;
-  // A 1x1 kernel at stride 1 reads the input as its own column matrix.
-  const bool direct = g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1;
+void ConvKernel(const ConvGeometry& g, const T* px, const T* pw, const T* pb,
+                T* y) {
+  const int64_t og = g.o / g.groups, kk = g.cg * g.Taps(), pix = g.OutPlane();
+  // A 1x1x1 kernel at stride 1 reads the input as its own column matrix.
+  const bool direct =
+      g.Taps() == 1 && g.st[0] == 1 && g.st[1] == 1 && g.st[2] == 1;
   std::vector<T> col(direct ? 0 : static_cast<size_t>(kk * pix));
   for (int64_t ni = 0; ni < g.n; ++ni) {
     for (int64_t gi = 0; gi < g.groups; ++gi) {
-      const T* xg = px + (ni * g.c + gi * g.cg) * g.h * g.w;
+      const T* xg = px + (ni * g.c + gi * g.cg) * g.InPlane();
       const T* cols = xg;
       if (!direct) {
+        T* row = col.data();
         for (int64_t ci = 0; ci < g.cg; ++ci) {
-          for (int64_t i = 0; i < g.kh; ++i) {
-            for (int64_t j = 0; j < g.kw; ++j) {
-              T* row = col.data() + ((ci * g.kh + i) * g.kw + j) * pix;
-              const T* src = xg + ci * g.h * g.w + i * g.dh * g.w + j * g.dw;
-              for (int64_t oi = 0; oi < g.ho; ++oi) {
-                const T* s = src + oi * g.sh * g.w;
-                T* d = row + oi * g.wo;
-                for (int64_t oj = 0; oj < g.wo; ++oj) d[oj] = s[oj * g.sw];
+          for (int64_t a = 0; a < g.k[0]; ++a) {
+            for (int64_t i = 0; i < g.k[1]; ++i) {
+              for (int64_t j = 0; j < g.k[2]; ++j, row += pix) {
+                GatherTap(g, xg + ci * g.InPlane(), a, i, j, row);
               }
             }
           }
@@ -304,7 +278,44 @@ void Conv2dKernel(const ConvGeometry& g, const T* px, const T* pw, const T* pb,
   }
 }
 
-// Conv1d and Conv2d.
+// The input as [N, C, D, H, W] (a view of the same storage) for a layer
+// of `dims` spatial dims, and whether it came unbatched; INVALID_ARGUMENT
+// naming `op` for an input of the wrong rank.
+absl::StatusOr<std::pair<Tensor, bool>> As5d(const Tensor& x, size_t dims,
+                                             absl::string_view op) {
+  const int64_t batched_dim = static_cast<int64_t>(dims) + 2;
+  if (x.dim() != batched_dim && x.dim() != batched_dim - 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Expected ", batched_dim - 1, "D (unbatched) or ",
+                     batched_dim, "D (batched) input to ", op,
+                     ", but got input of size: ", Sizes(x.shape())));
+  }
+  const bool unbatched = x.dim() == batched_dim - 1;
+  Shape s5 = x.shape();
+  if (unbatched) s5.insert(s5.begin(), 1);
+  s5.insert(s5.begin() + 2, 3 - dims, 1);
+  MODELSTATE_ASSIGN_OR_RETURN(Tensor x5,
+                              Tensor::FromStorage(x.dtype(), s5, x.storage()));
+  return std::make_pair(x5, unbatched);
+}
+
+// A [N, O, D, H, W] result as the layer returns it: the lifted dims and an
+// added batch dim dropped again.
+absl::StatusOr<Tensor> From5d(const Tensor& y, size_t dims, bool unbatched) {
+  Shape shape = y.shape();
+  shape.erase(shape.begin() + 2, shape.begin() + 2 + (3 - dims));
+  if (unbatched) shape.erase(shape.begin());
+  return Tensor::FromStorage(y.dtype(), shape, y.storage());
+}
+
+// The weight [O, C/g, k...] (transposed: [C, O/g, k...]) as 5-D extents.
+Shape Weight5d(const Tensor& w, size_t dims) {
+  Shape ws = w.shape();
+  ws.insert(ws.begin() + 2, 3 - dims, 1);
+  return ws;
+}
+
+// Conv1d, Conv2d and Conv3d.
 template <typename T, size_t kDims>
 absl::StatusOr<Tensor> ConvForward(const LayerCall& call, const Tensor& x_in,
                                    DType dtype) {
@@ -317,23 +328,12 @@ absl::StatusOr<Tensor> ConvForward(const LayerCall& call, const Tensor& x_in,
                               AttrInts(m, "dilation", kDims));
   MODELSTATE_ASSIGN_OR_RETURN(int64_t groups, AttrInt(m, "groups"));
   MODELSTATE_ASSIGN_OR_RETURN(std::string mode, AttrStr(m, "padding_mode"));
-  const std::string op = kDims == 1 ? "conv1d" : "conv2d";
-  const int64_t batched_dim = static_cast<int64_t>(kDims) + 2;
-  if (x_in.dim() != batched_dim && x_in.dim() != batched_dim - 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Expected ", batched_dim - 1, "D (unbatched) or ",
-                     batched_dim, "D (batched) input to ", op,
-                     ", but got input of size: ", Sizes(x_in.shape())));
-  }
-  const bool unbatched = x_in.dim() == batched_dim - 1;
-  // Work on [N, C, H, W]; conv1d is conv2d with H = 1.
-  Shape s4 = x_in.shape();
-  if (unbatched) s4.insert(s4.begin(), 1);
-  if (kDims == 1) s4.insert(s4.begin() + 2, 1);
-  const int64_t n = s4[0], c = s4[1];
-  Shape ws = w.shape();
-  if (kDims == 1) ws.insert(ws.begin() + 2, 1);
-  const int64_t o = ws[0], cg = ws[1], kh = ws[2], kw = ws[3];
+  MODELSTATE_ASSIGN_OR_RETURN(
+      auto lifted, As5d(x_in, kDims, absl::StrCat("conv", kDims, "d")));
+  const auto& [x5, unbatched] = lifted;
+  const int64_t n = x5.shape()[0], c = x5.shape()[1];
+  const Shape ws = Weight5d(w, kDims);
+  const int64_t o = ws[0], cg = ws[1];
   if (c != cg * groups) {
     Shape shown = x_in.shape();
     if (unbatched) shown.insert(shown.begin(), 1);
@@ -342,62 +342,67 @@ absl::StatusOr<Tensor> ConvForward(const LayerCall& call, const Tensor& x_in,
         ", expected input", Sizes(shown), " to have ", cg * groups,
         " channels, but got ", c, " channels instead"));
   }
-  std::vector<int64_t> st = stride, dl = dilation;
-  if (kDims == 1) {
-    st.insert(st.begin(), 1);
-    dl.insert(dl.begin(), 1);
-  }
-  int64_t pad[4];
-  const int64_t ks[2] = {kh, kw};
-  MODELSTATE_RETURN_IF_ERROR(ConvPadding2d(m, kDims, dl, ks, pad));
+  const std::vector<int64_t> st = Lift3(stride, 1), dl = Lift3(dilation, 1);
+  const std::vector<int64_t> ks = {ws[2], ws[3], ws[4]};
+  int64_t pad[6];
+  MODELSTATE_RETURN_IF_ERROR(ConvPadding3d(m, kDims, dl, ks, pad));
+  MODELSTATE_ASSIGN_OR_RETURN(PadMode pad_mode, ParsePadMode(mode));
+  // F.pad's order: the last dim first.
   MODELSTATE_ASSIGN_OR_RETURN(
-      Tensor x4, Tensor::FromStorage(x_in.dtype(), s4, x_in.storage()));
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor xp, Pad2d<T>(x4, pad, mode));
-  const int64_t h = xp.shape()[2], wd = xp.shape()[3];
-  const int64_t ho = (h - dl[0] * (kh - 1) - 1) / st[0] + 1;
-  const int64_t wo = (wd - dl[1] * (kw - 1) - 1) / st[1] + 1;
-  if (h < dl[0] * (kh - 1) + 1 || wd < dl[1] * (kw - 1) + 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Calculated padded input size per channel: (",
-        kDims == 1 ? absl::StrCat(wd) : absl::StrCat(h, " x ", wd),
-        "). Kernel size: (",
-        kDims == 1
-            ? absl::StrCat(dl[1] * (kw - 1) + 1)
-            : absl::StrCat(dl[0] * (kh - 1) + 1, " x ", dl[1] * (kw - 1) + 1),
-        "). Kernel size can't be greater than actual input size"));
+      Tensor xp,
+      PadLastDims(x5, {pad[4], pad[5], pad[2], pad[3], pad[0], pad[1]},
+                  pad_mode));
+  ConvGeometry g{.n = n, .c = c, .o = o, .cg = cg, .groups = groups};
+  std::vector<int64_t> padded(3), extent(3);
+  bool too_small = false;
+  for (int d = 0; d < 3; ++d) {
+    g.in[d] = padded[d] = xp.shape()[2 + d];
+    g.k[d] = ks[d];
+    g.st[d] = st[d];
+    g.dl[d] = dl[d];
+    extent[d] = dl[d] * (ks[d] - 1) + 1;
+    too_small |= padded[d] < extent[d];
+    g.out[d] = (padded[d] - extent[d]) / st[d] + 1;
   }
-  const int64_t og = o / groups, kk = cg * kh * kw, pix = ho * wo;
+  if (too_small) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Calculated padded input size per channel: ", Extents(padded, kDims),
+        ". Kernel size: ", Extents(extent, kDims),
+        ". Kernel size can't be greater than actual input size"));
+  }
+  const int64_t og = o / groups, kk = cg * g.Taps(), pix = g.OutPlane();
   MODELSTATE_RETURN_IF_ERROR(CheckBlasDims({og, kk, pix}));
-  MODELSTATE_ASSIGN_OR_RETURN(Out<T> y, NewOut<T>({n, o, ho, wo}));
-  const ConvGeometry g{n,      c,     h,     wd,    o,     cg, kh, kw,
-                       groups, st[0], st[1], dl[0], dl[1], ho, wo};
-  Conv2dKernel(g, Data<T>(xp), Data<T>(w), Data<T>(b), y.data);
-  Shape out_shape = {n, o, ho, wo};
-  if (kDims == 1) out_shape.erase(out_shape.begin() + 2);
-  if (unbatched) out_shape.erase(out_shape.begin());
-  return Tensor::FromStorage(y.tensor.dtype(), out_shape, y.tensor.storage());
+  MODELSTATE_ASSIGN_OR_RETURN(Out<T> y,
+                              NewOut<T>({n, o, g.out[0], g.out[1], g.out[2]}));
+  ConvKernel(g, Data<T>(xp), Data<T>(w), Data<T>(b), y.data);
+  return From5d(y.tensor, kDims, unbatched);
 }
 
 // The transposed convolution's scatter: adds each column of col
-// [og * kh * kw, h * w] (W_g^T * x_g for one group) to the output plane
+// [og * taps, D * H * W] (W_g^T * x_g for one group) to the output
 // positions its kernel tap reaches, for one group's og output channels of
-// y [og, ho, wo]. `pad` is [top, left]; g.h, g.w the input's extents.
+// y [og, OD, OH, OW]. `pad` is (D, H, W).
 template <typename T>
 void Col2Im(const ConvGeometry& g, const std::vector<int64_t>& pad,
             const T* col, T* y) {
-  const int64_t og = g.o / g.groups, pix = g.h * g.w;
+  const int64_t og = g.o / g.groups, pix = g.InPlane();
   for (int64_t oc = 0; oc < og; ++oc) {
-    for (int64_t i = 0; i < g.kh; ++i) {
-      for (int64_t j = 0; j < g.kw; ++j) {
-        const T* row = col + ((oc * g.kh + i) * g.kw + j) * pix;
-        T* dst = y + oc * g.ho * g.wo;
-        for (int64_t hi = 0; hi < g.h; ++hi) {
-          int64_t yi = hi * g.sh - pad[0] + i * g.dh;
-          if (yi < 0 || yi >= g.ho) continue;
-          for (int64_t wi = 0; wi < g.w; ++wi) {
-            int64_t yj = wi * g.sw - pad[1] + j * g.dw;
-            if (yj < 0 || yj >= g.wo) continue;
-            dst[yi * g.wo + yj] += row[hi * g.w + wi];
+    T* dst = y + oc * g.OutPlane();
+    for (int64_t t = 0; t < g.Taps(); ++t, col += pix) {
+      const int64_t a = t / (g.k[1] * g.k[2]), i = t / g.k[2] % g.k[1],
+                    j = t % g.k[2];
+      for (int64_t di = 0; di < g.in[0]; ++di) {
+        const int64_t yd = di * g.st[0] - pad[0] + a * g.dl[0];
+        if (yd < 0 || yd >= g.out[0]) continue;
+        for (int64_t hi = 0; hi < g.in[1]; ++hi) {
+          const int64_t yi = hi * g.st[1] - pad[1] + i * g.dl[1];
+          if (yi < 0 || yi >= g.out[1]) continue;
+          const T* src = col + (di * g.in[1] + hi) * g.in[2];
+          T* out = dst + (yd * g.out[1] + yi) * g.out[2];
+          for (int64_t wi = 0; wi < g.in[2]; ++wi) {
+            const int64_t yj = wi * g.st[2] - pad[2] + j * g.dl[2];
+            if (yj < 0 || yj >= g.out[2]) continue;
+            out[yj] += src[wi];
           }
         }
       }
@@ -405,87 +410,109 @@ void Col2Im(const ConvGeometry& g, const std::vector<int64_t>& pad,
   }
 }
 
-template <typename T>
-absl::StatusOr<Tensor> ConvTranspose2dForward(const LayerCall& call,
-                                              const Tensor& x_in, DType dtype) {
+// ConvTranspose1d, ConvTranspose2d and ConvTranspose3d.
+template <typename T, size_t kDims>
+absl::StatusOr<Tensor> ConvTransposeForward(const LayerCall& call,
+                                            const Tensor& x_in, DType dtype) {
   const Module& m = call.module;
   MODELSTATE_ASSIGN_OR_RETURN(Tensor w, Param(m, "weight", dtype));
   MODELSTATE_ASSIGN_OR_RETURN(Tensor b, Param(m, "bias", dtype));
-  MODELSTATE_ASSIGN_OR_RETURN(std::vector<int64_t> st,
-                              AttrInts(m, "stride", 2));
-  MODELSTATE_ASSIGN_OR_RETURN(std::vector<int64_t> dl,
-                              AttrInts(m, "dilation", 2));
-  MODELSTATE_ASSIGN_OR_RETURN(std::vector<int64_t> pd,
-                              AttrInts(m, "padding", 2));
-  MODELSTATE_ASSIGN_OR_RETURN(std::vector<int64_t> op,
-                              AttrInts(m, "output_padding", 2));
-  MODELSTATE_ASSIGN_OR_RETURN(int64_t groups, AttrInt(m, "groups"));
-  if (x_in.dim() != 4 && x_in.dim() != 3) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Expected 3D (unbatched) or 4D (batched) input to conv_transpose2d, "
-        "but got input of size: ",
-        Sizes(x_in.shape())));
+  std::vector<int64_t> attrs[4];
+  const char* names[4] = {"stride", "dilation", "padding", "output_padding"};
+  for (int i = 0; i < 4; ++i) {
+    MODELSTATE_ASSIGN_OR_RETURN(attrs[i], AttrInts(m, names[i], kDims));
+    attrs[i] = Lift3(std::move(attrs[i]), i == 0 || i == 1 ? 1 : 0);
   }
-  const bool unbatched = x_in.dim() == 3;
-  Shape s4 = x_in.shape();
-  if (unbatched) s4.insert(s4.begin(), 1);
-  const int64_t n = s4[0], c = s4[1], h = s4[2], wd = s4[3];
-  const int64_t cg = w.shape()[0] / groups, og = w.shape()[1],
-                kh = w.shape()[2], kw = w.shape()[3], o = og * groups;
-  if (c != w.shape()[0]) {
+  const std::vector<int64_t>&st = attrs[0], &dl = attrs[1], &pd = attrs[2],
+        &op = attrs[3];
+  MODELSTATE_ASSIGN_OR_RETURN(int64_t groups, AttrInt(m, "groups"));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      auto lifted,
+      As5d(x_in, kDims, absl::StrCat("conv_transpose", kDims, "d")));
+  const auto& [x5, unbatched] = lifted;
+  const Shape ws = Weight5d(w, kDims);
+  const int64_t n = x5.shape()[0], c = x5.shape()[1];
+  const int64_t cg = ws[0] / groups, og = ws[1], o = og * groups;
+  if (c != ws[0]) {
+    Shape shown = x_in.shape();
+    if (unbatched) shown.insert(shown.begin(), 1);
     return absl::InvalidArgumentError(
         absl::StrCat("Given transposed=1, weight of size ", Sizes(w.shape()),
-                     ", expected input", Sizes(s4), " to have ", w.shape()[0],
+                     ", expected input", Sizes(shown), " to have ", ws[0],
                      " channels, but got ", c, " channels instead"));
   }
-  for (int d = 0; d < 2; ++d) {
+  ConvGeometry g{.n = n, .c = c, .o = o, .cg = cg, .groups = groups};
+  std::vector<int64_t> in(3), out(3);
+  bool too_small = false;
+  for (int d = 0; d < 3; ++d) {
     if (op[d] >= st[d] && op[d] >= dl[d]) {
       return absl::InvalidArgumentError(
           "output padding must be smaller than either stride or dilation");
     }
+    g.in[d] = in[d] = x5.shape()[2 + d];
+    g.k[d] = ws[2 + d];
+    g.st[d] = st[d];
+    g.dl[d] = dl[d];
+    g.out[d] = out[d] =
+        (in[d] - 1) * st[d] - 2 * pd[d] + dl[d] * (ws[2 + d] - 1) + op[d] + 1;
+    too_small |= out[d] <= 0;
   }
-  const int64_t ho = (h - 1) * st[0] - 2 * pd[0] + dl[0] * (kh - 1) + op[0] + 1;
-  const int64_t wo =
-      (wd - 1) * st[1] - 2 * pd[1] + dl[1] * (kw - 1) + op[1] + 1;
-  if (ho <= 0 || wo <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Given input size per channel: (", h, " x ", wd,
-                     "). Calculated output size per channel: (", ho, " x ", wo,
-                     "). Output size is too small"));
+  if (too_small) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Given input size per channel: ", Extents(in, kDims),
+        ". Calculated output size per channel: ", Extents(out, kDims),
+        ". Output size is too small"));
   }
-  const int64_t kk = og * kh * kw, pix = h * wd;
+  const int64_t kk = og * g.Taps(), pix = g.InPlane(), opix = g.OutPlane();
   MODELSTATE_RETURN_IF_ERROR(CheckBlasDims({kk, pix, cg}));
-  MODELSTATE_ASSIGN_OR_RETURN(Out<T> y, NewOut<T>({n, o, ho, wo}));
-  std::fill(y.data, y.data + n * o * ho * wo, T(0));
+  MODELSTATE_ASSIGN_OR_RETURN(Out<T> y,
+                              NewOut<T>({n, o, out[0], out[1], out[2]}));
+  std::fill(y.data, y.data + n * o * opix, T(0));
   std::vector<T> col(static_cast<size_t>(kk * pix));
-  const T* px = Data<T>(x_in);
+  const T* px = Data<T>(x5);
   const T* pw = Data<T>(w);
   const T* pb = Data<T>(b);
-  const ConvGeometry geometry{n,      c,     h,     wd,    o,     cg, kh, kw,
-                              groups, st[0], st[1], dl[0], dl[1], ho, wo};
   for (int64_t ni = 0; ni < n; ++ni) {
-    for (int64_t g = 0; g < groups; ++g) {
-      // col[og*kh*kw, h*w] = W_g^T * x_g.
+    for (int64_t gi = 0; gi < groups; ++gi) {
+      // col[og * taps, D * H * W] = W_g^T * x_g.
       if (cg > 0) {
-        Gemm(true, false, kk, pix, cg, T(1), pw + g * cg * kk, kk,
-             px + (ni * c + g * cg) * pix, pix, T(0), col.data(), pix);
+        Gemm(true, false, kk, pix, cg, T(1), pw + gi * cg * kk, kk,
+             px + (ni * c + gi * cg) * pix, pix, T(0), col.data(), pix);
       } else {
         std::fill(col.begin(), col.end(), T(0));
       }
-      Col2Im(geometry, pd, col.data(), y.data + (ni * o + g * og) * ho * wo);
+      Col2Im(g, pd, col.data(), y.data + (ni * o + gi * og) * opix);
     }
   }
   if (pb != nullptr) {
     for (int64_t ni = 0; ni < n; ++ni) {
       for (int64_t oc = 0; oc < o; ++oc) {
-        T* dst = y.data + (ni * o + oc) * ho * wo;
-        for (int64_t i = 0; i < ho * wo; ++i) dst[i] += pb[oc];
+        T* dst = y.data + (ni * o + oc) * opix;
+        for (int64_t i = 0; i < opix; ++i) dst[i] += pb[oc];
       }
     }
   }
-  Shape out_shape = {n, o, ho, wo};
-  if (unbatched) out_shape.erase(out_shape.begin());
-  return Tensor::FromStorage(y.tensor.dtype(), out_shape, y.tensor.storage());
+  return From5d(y.tensor, kDims, unbatched);
+}
+
+template <size_t kDims>
+LayerForwardFn ConvFn() {
+  return &FloatForward<&ConvForward<float, kDims>, &ConvForward<double, kDims>>;
+}
+
+template <size_t kDims>
+LayerForwardFn ConvTransposeFn() {
+  return &FloatForward<&ConvTransposeForward<float, kDims>,
+                       &ConvTransposeForward<double, kDims>>;
+}
+
+template <size_t kDims, bool kTransposed>
+absl::StatusOr<std::shared_ptr<Module>> BuildConvNd(const BoundArgs& args,
+                                                    BuildContext& ctx,
+                                                    const std::string& path) {
+  const std::string type =
+      absl::StrCat(kTransposed ? "ConvTranspose" : "Conv", kDims, "d");
+  return BuildConv(args, ctx, path, type, kDims, kTransposed);
 }
 
 }  // namespace
@@ -500,34 +527,47 @@ std::vector<LayerDef> ConvFamily() {
                                           {"groups", I(1)},
                                           {"bias", B(true)},
                                           {"padding_mode", S("zeros")}});
+  std::vector<ArgDef> transposed = WithFactory({{"in_channels", {}},
+                                                {"out_channels", {}},
+                                                {"kernel_size", {}},
+                                                {"stride", I(1)},
+                                                {"padding", I(0)},
+                                                {"output_padding", I(0)},
+                                                {"groups", I(1)},
+                                                {"bias", B(true)},
+                                                {"dilation", I(1)},
+                                                {"padding_mode", S("zeros")}});
   return {
       {.type = "Conv1d",
        .qualified_name = "torch.nn.modules.conv.Conv1d",
        .signature = conv,
-       .build = &BuildConv1d,
-       .forward =
-           &FloatForward<&ConvForward<float, 1>, &ConvForward<double, 1>>},
+       .build = &BuildConvNd<1, false>,
+       .forward = ConvFn<1>()},
       {.type = "Conv2d",
        .qualified_name = "torch.nn.modules.conv.Conv2d",
        .signature = conv,
-       .build = &BuildConv2d,
-       .forward =
-           &FloatForward<&ConvForward<float, 2>, &ConvForward<double, 2>>},
+       .build = &BuildConvNd<2, false>,
+       .forward = ConvFn<2>()},
+      {.type = "Conv3d",
+       .qualified_name = "torch.nn.modules.conv.Conv3d",
+       .signature = conv,
+       .build = &BuildConvNd<3, false>,
+       .forward = ConvFn<3>()},
+      {.type = "ConvTranspose1d",
+       .qualified_name = "torch.nn.modules.conv.ConvTranspose1d",
+       .signature = transposed,
+       .build = &BuildConvNd<1, true>,
+       .forward = ConvTransposeFn<1>()},
       {.type = "ConvTranspose2d",
        .qualified_name = "torch.nn.modules.conv.ConvTranspose2d",
-       .signature = WithFactory({{"in_channels", {}},
-                                 {"out_channels", {}},
-                                 {"kernel_size", {}},
-                                 {"stride", I(1)},
-                                 {"padding", I(0)},
-                                 {"output_padding", I(0)},
-                                 {"groups", I(1)},
-                                 {"bias", B(true)},
-                                 {"dilation", I(1)},
-                                 {"padding_mode", S("zeros")}}),
-       .build = &BuildConvTranspose2d,
-       .forward = &FloatForward<&ConvTranspose2dForward<float>,
-                                &ConvTranspose2dForward<double>>},
+       .signature = transposed,
+       .build = &BuildConvNd<2, true>,
+       .forward = ConvTransposeFn<2>()},
+      {.type = "ConvTranspose3d",
+       .qualified_name = "torch.nn.modules.conv.ConvTranspose3d",
+       .signature = transposed,
+       .build = &BuildConvNd<3, true>,
+       .forward = ConvTransposeFn<3>()},
   };
 }
 

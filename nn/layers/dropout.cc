@@ -38,28 +38,15 @@ absl::StatusOr<std::shared_ptr<Module>> BuildDropout(const BoundArgs& args,
   return NewDropout(p, inplace);
 }
 
-// Training mode: zeroes each element with probability p, drawing from the
-// runner's generator, and scales the others by 1 / (1 - p).
+// Training mode: a copy of the input with DropoutInPlace applied.
 template <typename T>
 absl::StatusOr<Tensor> DropoutKernel(const LayerCall& call, const Tensor& x,
                                      DType) {
   MODELSTATE_ASSIGN_OR_RETURN(double p, AttrDouble(call.module, "p"));
   if (p == 0) return x;
   MODELSTATE_ASSIGN_OR_RETURN(Out<T> y, NewOut<T>(x.shape()));
-  const T* px = Data<T>(x);
-  const int64_t n = x.numel();
-  if (p >= 1) {
-    std::fill(y.data, y.data + n, T(0));
-    return y.tensor;
-  }
-  // Keep each element with probability 1 - p and scale by 1 / (1 - p).
-  const T scale = static_cast<T>(1.0 / (1.0 - p));
-  const double keep = 1.0 - p;
-  Generator& g = call.runner.gen();
-  for (int64_t i = 0; i < n; ++i) {
-    double u = static_cast<double>(g.Random()) * (1.0 / 4294967296.0);
-    y.data[i] = u < keep ? px[i] * scale : T(0);
-  }
+  std::copy(Data<T>(x), Data<T>(x) + x.numel(), y.data);
+  DropoutInPlace(y.data, x.numel(), p, call.runner.gen());
   return y.tensor;
 }
 
@@ -71,6 +58,25 @@ absl::StatusOr<std::vector<Tensor>> DropoutForward(
 }
 
 }  // namespace
+
+template <typename T>
+void DropoutInPlace(T* data, int64_t n, double p, Generator& gen) {
+  if (p <= 0) return;
+  if (p >= 1) {
+    std::fill(data, data + n, T(0));
+    return;
+  }
+  // Keep each element with probability 1 - p and scale by 1 / (1 - p).
+  const T scale = static_cast<T>(1.0 / (1.0 - p));
+  const double keep = 1.0 - p;
+  for (int64_t i = 0; i < n; ++i) {
+    double u = static_cast<double>(gen.Random()) * (1.0 / 4294967296.0);
+    data[i] = u < keep ? data[i] * scale : T(0);
+  }
+}
+
+template void DropoutInPlace<float>(float*, int64_t, double, Generator&);
+template void DropoutInPlace<double>(double*, int64_t, double, Generator&);
 
 std::vector<LayerDef> DropoutFamily() {
   return {

@@ -1,8 +1,9 @@
-// The normalisation family: BatchNorm1d, BatchNorm2d, LayerNorm and
-// GroupNorm. Construction follows torch.nn.modules.batchnorm and
-// normalization (affine weight = ones, bias = zeros; running statistics as
-// buffers); forward computes statistics in double and normalises in the
-// compute type, updating BatchNorm's running statistics in training mode.
+// The normalisation family: BatchNorm1d/2d/3d, InstanceNorm1d/2d/3d,
+// LayerNorm and GroupNorm. Construction follows torch.nn.modules.batchnorm,
+// instancenorm and normalization (affine weight = ones, bias = zeros; running
+// statistics as buffers); forward computes statistics in double and normalises
+// in the compute type, updating BatchNorm's running statistics in training
+// mode.
 #include "nn/layers/normalization.h"
 
 #include <cmath>
@@ -54,11 +55,12 @@ absl::Status RegisterAffine(Module& m, const std::string& path, AffineTensors t,
   return ctx.AddParameter(m, path, "bias", t.bias);
 }
 
-// _NormBase for BatchNorm1d / BatchNorm2d.
-absl::StatusOr<std::shared_ptr<Module>> BuildBatchNorm(const BoundArgs& args,
-                                                       BuildContext& ctx,
-                                                       const std::string& path,
-                                                       absl::string_view type) {
+// _NormBase for BatchNorm1d/2d/3d (module file "batchnorm") and
+// InstanceNorm1d/2d/3d ("instancenorm"): the same arguments, entries and
+// init, other defaults.
+absl::StatusOr<std::shared_ptr<Module>> BuildNormBase(
+    const BoundArgs& args, BuildContext& ctx, const std::string& path,
+    absl::string_view type, absl::string_view module_file) {
   MODELSTATE_ASSIGN_OR_RETURN(int64_t n, args.Int("num_features"));
   MODELSTATE_ASSIGN_OR_RETURN(double eps, args.Float("eps"));
   MODELSTATE_ASSIGN_OR_RETURN(bool affine, args.Bool("affine"));
@@ -86,7 +88,7 @@ absl::StatusOr<std::shared_ptr<Module>> BuildBatchNorm(const BoundArgs& args,
     MODELSTATE_RETURN_IF_ERROR(ConstantInit(var, 1.0));
     MODELSTATE_RETURN_IF_ERROR(ConstantInit(count, 0.0));
   }
-  std::shared_ptr<Module> m = NewLayer(type, "batchnorm");
+  std::shared_ptr<Module> m = NewLayer(type, module_file);
   m->set_version(2);
   m->set_fills_num_batches_tracked(track);
   m->SetPlainAttribute("num_features", n);
@@ -105,14 +107,29 @@ absl::StatusOr<std::shared_ptr<Module>> BuildBatchNorm(const BoundArgs& args,
   return m;
 }
 
-absl::StatusOr<std::shared_ptr<Module>> BuildBatchNorm1d(
+template <const char* kType>
+absl::StatusOr<std::shared_ptr<Module>> BuildBatchNorm(
     const BoundArgs& args, BuildContext& ctx, const std::string& path) {
-  return BuildBatchNorm(args, ctx, path, "BatchNorm1d");
+  return BuildNormBase(args, ctx, path, kType, "batchnorm");
 }
-absl::StatusOr<std::shared_ptr<Module>> BuildBatchNorm2d(
+
+template <const char* kType>
+absl::StatusOr<std::shared_ptr<Module>> BuildInstanceNorm(
     const BoundArgs& args, BuildContext& ctx, const std::string& path) {
-  return BuildBatchNorm(args, ctx, path, "BatchNorm2d");
+  MODELSTATE_ASSIGN_OR_RETURN(
+      std::shared_ptr<Module> m,
+      BuildNormBase(args, ctx, path, kType, "instancenorm"));
+  m->AddClassAttributes({"_get_no_batch_dim", "_handle_no_batch_input",
+                         "_apply_instance_norm", "_load_from_state_dict"});
+  return m;
 }
+
+constexpr char kBatchNorm1d[] = "BatchNorm1d";
+constexpr char kBatchNorm2d[] = "BatchNorm2d";
+constexpr char kBatchNorm3d[] = "BatchNorm3d";
+constexpr char kInstanceNorm1d[] = "InstanceNorm1d";
+constexpr char kInstanceNorm2d[] = "InstanceNorm2d";
+constexpr char kInstanceNorm3d[] = "InstanceNorm3d";
 
 }  // namespace
 
@@ -222,6 +239,32 @@ void BatchStats(const T* px, int64_t n, int64_t c, int64_t inner, double eps,
   }
 }
 
+// running = (1 - f) * running + f * batch, in place, the batch variance
+// made unbiased over `per_channel` values.
+absl::Status UpdateRunning(Tensor& running_mean, Tensor& running_var,
+                           const std::vector<double>& mean,
+                           const std::vector<double>& var, double factor,
+                           int64_t per_channel) {
+  const int64_t c = static_cast<int64_t>(mean.size());
+  MODELSTATE_ASSIGN_OR_RETURN(Tensor rm,
+                              ToDType(running_mean, DType::kFloat64));
+  MODELSTATE_ASSIGN_OR_RETURN(Tensor rv, ToDType(running_var, DType::kFloat64));
+  std::vector<double> new_mean(c), new_var(c);
+  const double unbias =
+      static_cast<double>(per_channel) / static_cast<double>(per_channel - 1);
+  for (int64_t ci = 0; ci < c; ++ci) {
+    new_mean[ci] = (1 - factor) * rm.data<double>()[ci] + factor * mean[ci];
+    new_var[ci] =
+        (1 - factor) * rv.data<double>()[ci] + factor * var[ci] * unbias;
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Tensor nm, Tensor::FromDoubles(DType::kFloat64, {c}, new_mean));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Tensor nv, Tensor::FromDoubles(DType::kFloat64, {c}, new_var));
+  MODELSTATE_RETURN_IF_ERROR(running_mean.CopyFrom(nm));
+  return running_var.CopyFrom(nv);
+}
+
 // _BatchNorm.forward's update of the running statistics in training mode,
 // in place: num_batches_tracked += 1, then running = (1 - f) * running +
 // f * batch (the variance unbiased), f being momentum or, for momentum
@@ -231,7 +274,6 @@ absl::Status UpdateRunningStats(const Module& m, Tensor& running_mean,
                                 const std::vector<double>& mean,
                                 const std::vector<double>& var,
                                 int64_t per_channel) {
-  const int64_t c = static_cast<int64_t>(mean.size());
   double factor = 0.0;
   if (count.defined()) {
     // num_batches_tracked += 1 (int64, in place).
@@ -251,23 +293,8 @@ absl::Status UpdateRunningStats(const Module& m, Tensor& running_mean,
   } else {
     MODELSTATE_ASSIGN_OR_RETURN(factor, AttrDouble(m, "momentum"));
   }
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor rm,
-                              ToDType(running_mean, DType::kFloat64));
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor rv, ToDType(running_var, DType::kFloat64));
-  std::vector<double> new_mean(c), new_var(c);
-  const double unbias =
-      static_cast<double>(per_channel) / static_cast<double>(per_channel - 1);
-  for (int64_t ci = 0; ci < c; ++ci) {
-    new_mean[ci] = (1 - factor) * rm.data<double>()[ci] + factor * mean[ci];
-    new_var[ci] =
-        (1 - factor) * rv.data<double>()[ci] + factor * var[ci] * unbias;
-  }
-  MODELSTATE_ASSIGN_OR_RETURN(
-      Tensor nm, Tensor::FromDoubles(DType::kFloat64, {c}, new_mean));
-  MODELSTATE_ASSIGN_OR_RETURN(
-      Tensor nv, Tensor::FromDoubles(DType::kFloat64, {c}, new_var));
-  MODELSTATE_RETURN_IF_ERROR(running_mean.CopyFrom(nm));
-  return running_var.CopyFrom(nv);
+  return UpdateRunning(running_mean, running_var, mean, var, factor,
+                       per_channel);
 }
 
 // Eval mode: the mean and 1 / sqrt(var + eps) of the running statistics.
@@ -291,15 +318,15 @@ absl::Status RunningStats(const Module& m, const Tensor& running_mean,
   return absl::OkStatus();
 }
 
-// BatchNorm1d (2-D or 3-D input) and BatchNorm2d (4-D).
-template <typename T, bool kOneD>
+// BatchNorm1d (2-D or 3-D input), BatchNorm2d (4-D) and BatchNorm3d (5-D).
+template <typename T, int kDims>
 absl::StatusOr<Tensor> BatchNormForward(const LayerCall& call, const Tensor& x,
                                         DType dtype) {
   const Module& m = call.module;
-  if (kOneD ? (x.dim() != 2 && x.dim() != 3) : x.dim() != 4) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("expected ", kOneD ? "2D or 3D" : "4D", " input (got ",
-                     x.dim(), "D input)"));
+  if (kDims == 1 ? (x.dim() != 2 && x.dim() != 3) : x.dim() != kDims + 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected ", kDims == 1 ? "2D or 3D" : absl::StrCat(kDims + 2, "D"),
+        " input (got ", x.dim(), "D input)"));
   }
   MODELSTATE_ASSIGN_OR_RETURN(Tensor w, Param(m, "weight", dtype));
   MODELSTATE_ASSIGN_OR_RETURN(Tensor b, Param(m, "bias", dtype));
@@ -350,6 +377,80 @@ absl::StatusOr<Tensor> BatchNormForward(const LayerCall& call, const Tensor& x,
   }
   MODELSTATE_ASSIGN_OR_RETURN(Out<T> y, NewOut<T>(x.shape()));
   Normalize(px, n, c, inner, mean, invstd, Data<T>(w), Data<T>(b), y.data);
+  return y.tensor;
+}
+
+// F.instance_norm: per (sample, channel) statistics when training or
+// without running statistics (the running ones, when tracked, move by the
+// batch mean of the per-instance updates), else the running statistics.
+// Input [N, C, *] with kDims spatial dims, or [C, *] unbatched.
+template <typename T, int kDims>
+absl::StatusOr<Tensor> InstanceNormForward(const LayerCall& call,
+                                           const Tensor& x, DType dtype) {
+  const Module& m = call.module;
+  if (x.dim() != kDims + 1 && x.dim() != kDims + 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected ", kDims + 1, "D or ", kDims + 2,
+                     "D input (got ", x.dim(), "D input)"));
+  }
+  const bool batched = x.dim() == kDims + 2;
+  MODELSTATE_ASSIGN_OR_RETURN(Tensor w, Param(m, "weight", dtype));
+  MODELSTATE_ASSIGN_OR_RETURN(Tensor b, Param(m, "bias", dtype));
+  Tensor running_mean = Entry(m, "running_mean");
+  Tensor running_var = Entry(m, "running_var");
+  MODELSTATE_ASSIGN_OR_RETURN(double eps, AttrDouble(m, "eps"));
+  MODELSTATE_ASSIGN_OR_RETURN(bool track, AttrBool(m, "track_running_stats"));
+  const int64_t n = batched ? x.shape()[0] : 1;
+  const int64_t c = x.shape()[batched ? 1 : 0];
+  const int64_t inner = Prod(x.shape(), batched ? 2 : 1, x.shape().size());
+  for (const Tensor* t : {&w, &b, &running_mean, &running_var}) {
+    if (t->defined() && t->numel() != c) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("running_mean should contain ", n * c, " elements not ",
+                       n * t->numel()));
+    }
+  }
+  const bool use_input_stats = m.is_training() || !track;
+  if (use_input_stats && inner <= 1) {
+    Shape shown = x.shape();
+    if (!batched) shown.insert(shown.begin(), 1);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Expected more than 1 spatial element when training, got input size ",
+        TorchSizeString(shown)));
+  }
+  const T* px = Data<T>(x);
+  std::vector<double> mean(n * c), var(n * c), invstd(n * c);
+  if (use_input_stats) {
+    BatchStats(px, 1, n * c, inner, eps, mean, var, invstd);
+    if (running_mean.defined() && running_var.defined()) {
+      MODELSTATE_ASSIGN_OR_RETURN(double momentum, AttrDouble(m, "momentum"));
+      std::vector<double> batch_mean(c), batch_var(c);
+      for (int64_t i = 0; i < n * c; ++i) {
+        batch_mean[i % c] += mean[i] / static_cast<double>(n);
+        batch_var[i % c] += var[i] / static_cast<double>(n);
+      }
+      MODELSTATE_RETURN_IF_ERROR(UpdateRunning(
+          running_mean, running_var, batch_mean, batch_var, momentum, inner));
+    }
+  } else {
+    std::vector<double> cm(c), ci(c);
+    MODELSTATE_RETURN_IF_ERROR(
+        RunningStats(m, running_mean, running_var, dtype, eps, cm, ci));
+    for (int64_t i = 0; i < n * c; ++i) {
+      mean[i] = cm[i % c];
+      invstd[i] = ci[i % c];
+    }
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(Out<T> y, NewOut<T>(x.shape()));
+  std::vector<double> one_mean(c), one_invstd(c);
+  for (int64_t ni = 0; ni < n; ++ni) {
+    std::copy(mean.begin() + ni * c, mean.begin() + (ni + 1) * c,
+              one_mean.begin());
+    std::copy(invstd.begin() + ni * c, invstd.begin() + (ni + 1) * c,
+              one_invstd.begin());
+    Normalize(px + ni * c * inner, 1, c, inner, one_mean, one_invstd,
+              Data<T>(w), Data<T>(b), y.data + ni * c * inner);
+  }
   return y.tensor;
 }
 
@@ -478,19 +579,50 @@ std::vector<LayerDef> NormalizationFamily() {
                                         {"momentum", F(0.1)},
                                         {"affine", B(true)},
                                         {"track_running_stats", B(true)}});
+  // _InstanceNorm: the same arguments, without affine or statistics.
+  std::vector<ArgDef> instance =
+      WithFactory({{"num_features", {}},
+                   {"eps", F(1e-5)},
+                   {"momentum", F(0.1)},
+                   {"affine", B(false)},
+                   {"track_running_stats", B(false)}});
   return {
       {.type = "BatchNorm1d",
        .qualified_name = "torch.nn.modules.batchnorm.BatchNorm1d",
        .signature = bn,
-       .build = &BuildBatchNorm1d,
-       .forward = &FloatForward<&BatchNormForward<float, true>,
-                                &BatchNormForward<double, true>>},
+       .build = &BuildBatchNorm<kBatchNorm1d>,
+       .forward = &FloatForward<&BatchNormForward<float, 1>,
+                                &BatchNormForward<double, 1>>},
       {.type = "BatchNorm2d",
        .qualified_name = "torch.nn.modules.batchnorm.BatchNorm2d",
        .signature = bn,
-       .build = &BuildBatchNorm2d,
-       .forward = &FloatForward<&BatchNormForward<float, false>,
-                                &BatchNormForward<double, false>>},
+       .build = &BuildBatchNorm<kBatchNorm2d>,
+       .forward = &FloatForward<&BatchNormForward<float, 2>,
+                                &BatchNormForward<double, 2>>},
+      {.type = "BatchNorm3d",
+       .qualified_name = "torch.nn.modules.batchnorm.BatchNorm3d",
+       .signature = bn,
+       .build = &BuildBatchNorm<kBatchNorm3d>,
+       .forward = &FloatForward<&BatchNormForward<float, 3>,
+                                &BatchNormForward<double, 3>>},
+      {.type = "InstanceNorm1d",
+       .qualified_name = "torch.nn.modules.instancenorm.InstanceNorm1d",
+       .signature = instance,
+       .build = &BuildInstanceNorm<kInstanceNorm1d>,
+       .forward = &FloatForward<&InstanceNormForward<float, 1>,
+                                &InstanceNormForward<double, 1>>},
+      {.type = "InstanceNorm2d",
+       .qualified_name = "torch.nn.modules.instancenorm.InstanceNorm2d",
+       .signature = instance,
+       .build = &BuildInstanceNorm<kInstanceNorm2d>,
+       .forward = &FloatForward<&InstanceNormForward<float, 2>,
+                                &InstanceNormForward<double, 2>>},
+      {.type = "InstanceNorm3d",
+       .qualified_name = "torch.nn.modules.instancenorm.InstanceNorm3d",
+       .signature = instance,
+       .build = &BuildInstanceNorm<kInstanceNorm3d>,
+       .forward = &FloatForward<&InstanceNormForward<float, 3>,
+                                &InstanceNormForward<double, 3>>},
       // LayerNorm's `bias` argument is PyTorch 2.1's (after
       // elementwise_affine).
       {.type = "LayerNorm",

@@ -126,6 +126,27 @@ LAYERS = [
     {"type": "AdaptiveAvgPool2d", "args": [[1, 1]]},
     {"type": "MultiheadAttention", "args": [4, 2]},
     {"type": "TransformerEncoderLayer", "args": [4, 2, 8]},
+    {"type": "LSTM", "args": [3, 4, 2],
+     "kwargs": {"bidirectional": True, "proj_size": 2}},
+    {"type": "GRU", "args": [3, 4], "kwargs": {"batch_first": True}},
+    {"type": "RNN", "args": [3, 4], "kwargs": {"nonlinearity": "relu"}},
+    {"type": "LSTMCell", "args": [3, 4]},
+    {"type": "GRUCell", "args": [3, 4], "kwargs": {"bias": False}},
+    {"type": "RNNCell", "args": [3, 4]},
+    # An explicit empty custom module, and a type no one knows.
+    {"type": "Empty", "custom": True},
+    {"type": "Linaer", "args": [3, 2]},
+    # Issue 18's other layers.
+    {"type": "Conv3d", "args": [2, 4, [1, 2, 3]], "kwargs": {"groups": 2}},
+    {"type": "ConvTranspose1d", "args": [2, 4, 3], "kwargs": {"stride": 2}},
+    {"type": "EmbeddingBag", "args": [10, 3],
+     "kwargs": {"mode": "max", "padding_idx": -1}},
+    {"type": "InstanceNorm2d", "args": [3],
+     "kwargs": {"affine": True, "track_running_stats": True}},
+    {"type": "PReLU", "args": [4]},
+    {"type": "ReflectionPad2d", "args": [[1, 0, 2, 1]]},
+    {"type": "TransformerDecoderLayer", "args": [4, 2, 8]},
+    {"type": "Transformer", "args": [4, 2, 1, 1, 8]},
 ]
 
 CUSTOM = {

@@ -266,6 +266,69 @@ TEST(ModuleBuilderTest, ErrorsNameTheSpecField) {
                HasSubstr("a ModuleDict child needs a name")));
 }
 
+TEST(ModuleBuilderTest, UnknownTypesAreErrorsNotEmptyModules) {
+  // A typo, with or without arguments, names the field and the closest
+  // library type.
+  for (const char* spec :
+       {R"({"type": "Linaer"})", R"({"type": "Linaer", "args": [2, 3]})",
+        R"({"type": "Linaer", "kwargs": {"bias": true}})"}) {
+    SCOPED_TRACE(spec);
+    EXPECT_THAT(Build(spec),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         "spec.type: unknown layer type 'Linaer'; did you mean "
+                         "'Linear'? A custom module lists its 'members', or "
+                         "sets 'custom': true when it has none"));
+  }
+  EXPECT_THAT(Build(R"({"type": "sequential", "children": []})"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("did you mean 'Sequential'?")));
+  // Inside a tree, the path says where.
+  EXPECT_THAT(Build(R"({"type": "Sequential", "children": [
+      {"spec": {"type": "ReLU"}}, {"spec": {"type": "Convv2d"}}]})"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("spec.children[1].type: unknown layer type "
+                                 "'Convv2d'; did you mean 'Conv2d'?")));
+  EXPECT_THAT(Build(R"({"type": "Net", "members": [{"module": {"name": "m",
+      "spec": {"type": "Quux"}}}]})"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("spec.members[0].module.type: unknown "
+                                 "layer type 'Quux'. A custom module")));
+  // torch.nn's own names say why the library leaves them out.
+  EXPECT_THAT(Build(R"({"type": "LazyLinear", "args": [3]})"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("torch.nn.LazyLinear is not in modelstate's "
+                                 "library (lazy modules have no shapes")));
+  EXPECT_THAT(
+      Build(R"({"type": "CrossEntropyLoss"})"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("(it is a loss")));
+}
+
+TEST(ModuleBuilderTest, EmptyCustomModulesAreAskedForExplicitly) {
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult empty,
+                                  Build(R"({"type": "Host", "custom": true})"));
+  EXPECT_EQ(empty.root->type_name(), "Host");
+  EXPECT_TRUE(empty.root->GetStateDict().tensors.empty());
+  // Members, ties or an extra state make a custom module on their own.
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      BuildResult with_state, Build(R"({"type": "Net", "extra_state": true})"));
+  EXPECT_EQ(with_state.root->type_name(), "Net");
+  // `custom` wins over a library type's name: a class of one's own called
+  // Linear, with a parameter Linear does not have.
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult own,
+                                  Build(R"({"type": "Linear", "custom": true,
+          "members": [{"parameter": {"name": "scale", "shape": [2]}}]})"));
+  EXPECT_EQ(own.root->qualified_name(), "__main__.Linear");
+  EXPECT_EQ(own.root->GetStateDict().tensors.size(), 1u);
+  EXPECT_THAT(Build(R"({"type": "Host", "custom": true, "args": [1]})"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("a custom module is built from 'members'")));
+  EXPECT_THAT(Build(R"({"type": "Net", "members": [
+      {"module": {"name": "a", "spec": {"type": "ReLU"}}},
+      {"module": {"name": "b", "spec": {"ref": "a", "custom": true}}}]})"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("must not have any other field")));
+}
+
 TEST(ModuleBuilderTest, BuildOptionsAreValidated) {
   BuildOptions o;
   o.dtype = DType::kInt64;

@@ -289,7 +289,7 @@ class StateTest(unittest.TestCase):
                          ["scratch"])
 
     def test_training_flags_and_registrations(self):
-        remote = ms.build({"type": "Custom"}, "reg/custom")
+        remote = ms.build({"type": "Custom", "custom": True}, "reg/custom")
         self.assertTrue(remote.training)
         self.assertIs(remote.eval(), remote)
         self.assertFalse(remote.training)
@@ -548,7 +548,7 @@ class HookTest(unittest.TestCase):
             raise ValueError("not today")
 
         with ms.register_module_parameter_registration_hook(refuse) as h:
-            m = ms.build({"type": "Custom"}, "hooks/once")
+            m = ms.build({"type": "Custom", "custom": True}, "hooks/once")
             with self.assertRaises(modelstate.FailedPreconditionError) as e:
                 m.register_parameter("p", torch.zeros(1))
         text = str(e.exception)

@@ -24,6 +24,7 @@ import tempfile
 
 import torch
 import torch.nn as nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from layers_match_torch import spec  # noqa: E402
@@ -54,6 +55,24 @@ class Case:
         self.dtype = dtype
         self.rename = rename  # torch state key -> modelstate key
         self.random_params = random_params
+
+
+def tail_padding(lengths, steps):
+    """A key padding mask with each row's tail past its length masked."""
+    return torch.arange(steps).unsqueeze(0) >= torch.tensor(lengths)[:, None]
+
+
+def encoder_stack(d, heads, ff, layers, norm=False, batch_first=False,
+                  **kwargs):
+    """A TransformerEncoder spec: its module arguments are named children."""
+    kids = [{"name": "encoder_layer", "spec": spec(
+        "TransformerEncoderLayer", d, heads, ff, batch_first=batch_first)}]
+    if norm:
+        kids.append({"name": "norm", "spec": spec("LayerNorm", d)})
+    s = {"type": "TransformerEncoder", "args": [layers], "children": kids}
+    if kwargs:
+        s["kwargs"] = kwargs
+    return s
 
 
 def bn_eval_stats(m):
@@ -318,6 +337,279 @@ CASES = [
          lambda: nn.TransformerEncoderLayer(8, 2, dim_feedforward=16,
                                             dropout=0.0),
          lambda: [randn(5, 3, 8)], train=True),
+    Case("TransformerDecoderLayer(8,2,16) relu",
+         spec("TransformerDecoderLayer", 8, 2, dim_feedforward=16),
+         lambda: nn.TransformerDecoderLayer(8, 2, dim_feedforward=16),
+         lambda: [randn(5, 2, 8), randn(7, 2, 8)]),
+    Case("TransformerDecoderLayer gelu, norm_first, batch_first, masks",
+         spec("TransformerDecoderLayer", 8, 2, dim_feedforward=16,
+              activation="gelu", norm_first=True, batch_first=True),
+         lambda: nn.TransformerDecoderLayer(8, 2, dim_feedforward=16,
+                                            activation="gelu",
+                                            norm_first=True,
+                                            batch_first=True),
+         lambda: [randn(2, 5, 8), randn(2, 7, 8), causal_float(5), None,
+                  None, tel_masks()]),
+    Case("TransformerDecoderLayer dropout=0 train",
+         spec("TransformerDecoderLayer", 8, 2, dim_feedforward=16,
+              dropout=0.0),
+         lambda: nn.TransformerDecoderLayer(8, 2, dim_feedforward=16,
+                                            dropout=0.0),
+         lambda: [randn(5, 3, 8), randn(4, 3, 8)], train=True),
+    Case("TransformerEncoder(layer, 2, norm) with a causal mask",
+         encoder_stack(8, 2, 16, 2, norm=True),
+         lambda: nn.TransformerEncoder(
+             nn.TransformerEncoderLayer(8, 2, 16), 2, nn.LayerNorm(8)),
+         lambda: [randn(7, 3, 8), causal_float(7)]),
+    # torch's nested-tensor path: padded positions come back zero, and the
+    # output only as long as the longest sequence.
+    Case("TransformerEncoder batch_first, key padding (nested path)",
+         encoder_stack(8, 2, 16, 2, norm=True, batch_first=True),
+         lambda: nn.TransformerEncoder(
+             nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), 2,
+             nn.LayerNorm(8)),
+         lambda: [randn(2, 7, 8), None, tel_masks()]),
+    Case("TransformerEncoder nested path, every row padded (output cut)",
+         encoder_stack(8, 4, 16, 1, batch_first=True),
+         lambda: nn.TransformerEncoder(
+             nn.TransformerEncoderLayer(8, 4, 16, batch_first=True), 1),
+         lambda: [randn(2, 7, 8), None, tail_padding([5, 4], 7)]),
+    Case("TransformerEncoder batch_first, key padding, nested tensor off",
+         encoder_stack(8, 2, 16, 2, batch_first=True,
+                       enable_nested_tensor=False),
+         lambda: nn.TransformerEncoder(
+             nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), 2,
+             enable_nested_tensor=False),
+         lambda: [randn(2, 7, 8), None, tel_masks()]),
+    Case("TransformerDecoder(layer, 2, norm) with masks",
+         {"type": "TransformerDecoder", "args": [2], "children": [
+             {"name": "decoder_layer",
+              "spec": spec("TransformerDecoderLayer", 8, 2, 16)},
+             {"name": "norm", "spec": spec("LayerNorm", 8)}]},
+         lambda: nn.TransformerDecoder(
+             nn.TransformerDecoderLayer(8, 2, 16), 2, nn.LayerNorm(8)),
+         lambda: [randn(5, 2, 8), randn(7, 2, 8), causal_float(5), None,
+                  None, tel_masks()]),
+    Case("Transformer(8,2,2,2,16) with a target mask",
+         spec("Transformer", 8, 2, 2, 2, 16),
+         lambda: nn.Transformer(8, 2, 2, 2, 16),
+         lambda: [randn(7, 2, 8), randn(5, 2, 8), None, causal_float(5)]),
+    Case("Transformer gelu, batch_first, norm_first, padding masks",
+         spec("Transformer", 8, 2, 1, 2, 16, activation="gelu",
+              batch_first=True, norm_first=True),
+         lambda: nn.Transformer(8, 2, 1, 2, 16, activation="gelu",
+                                batch_first=True, norm_first=True),
+         lambda: [randn(2, 7, 8), randn(2, 5, 8), None, causal_float(5),
+                  None, tel_masks(), None, tel_masks()]),
+    Case("Transformer float64", spec("Transformer", 8, 2, 1, 1, 16),
+         lambda: nn.Transformer(8, 2, 1, 1, 16).double(),
+         lambda: [randn(6, 2, 8, dtype=torch.float64),
+                  randn(4, 2, 8, dtype=torch.float64)],
+         dtype=torch.float64),
+    # The recurrent family: inputs and outputs flattened (call_recurrent).
+    Case("LSTM(5,8)", spec("LSTM", 5, 8), lambda: nn.LSTM(5, 8),
+         lambda: [randn(7, 3, 5)]),
+    Case("LSTM(5,8,2,batch_first) with (h0, c0)",
+         spec("LSTM", 5, 8, 2, batch_first=True),
+         lambda: nn.LSTM(5, 8, 2, batch_first=True),
+         lambda: [randn(3, 7, 5), randn(2, 3, 8), randn(2, 3, 8)]),
+    Case("LSTM(5,8,2,bidirectional,proj_size=3) with (h0, c0)",
+         spec("LSTM", 5, 8, 2, bidirectional=True, proj_size=3),
+         lambda: nn.LSTM(5, 8, 2, bidirectional=True, proj_size=3),
+         lambda: [randn(6, 2, 5), randn(4, 2, 3), randn(4, 2, 8)]),
+    Case("LSTM(4,6,bias=False) unbatched", spec("LSTM", 4, 6, bias=False),
+         lambda: nn.LSTM(4, 6, bias=False), lambda: [randn(5, 4)]),
+    Case("LSTM(5,8,2,bidirectional,batch_first) packed lengths",
+         spec("LSTM", 5, 8, 2, bidirectional=True, batch_first=True),
+         lambda: nn.LSTM(5, 8, 2, bidirectional=True, batch_first=True),
+         lambda: [randn(4, 7, 5), randn(4, 4, 8), randn(4, 4, 8),
+                  torch.tensor([7, 3, 5, 1])]),
+    Case("LSTM(5,8,2,dropout=0.5) eval", spec("LSTM", 5, 8, 2, dropout=0.5),
+         lambda: nn.LSTM(5, 8, 2, dropout=0.5), lambda: [randn(6, 2, 5)]),
+    Case("LSTM(5,8,2) train (dropout 0)", spec("LSTM", 5, 8, 2),
+         lambda: nn.LSTM(5, 8, 2), lambda: [randn(6, 2, 5)], train=True),
+    Case("LSTM(16,32) float64", spec("LSTM", 16, 32),
+         lambda: nn.LSTM(16, 32).double(),
+         lambda: [randn(9, 3, 16, dtype=torch.float64)],
+         dtype=torch.float64),
+    Case("GRU(5,8)", spec("GRU", 5, 8), lambda: nn.GRU(5, 8),
+         lambda: [randn(7, 3, 5)]),
+    Case("GRU(5,8,3,bidirectional,batch_first) with h0",
+         spec("GRU", 5, 8, 3, bidirectional=True, batch_first=True),
+         lambda: nn.GRU(5, 8, 3, bidirectional=True, batch_first=True),
+         lambda: [randn(2, 6, 5), randn(6, 2, 8)]),
+    Case("GRU(5,8,bias=False) packed lengths", spec("GRU", 5, 8, bias=False),
+         lambda: nn.GRU(5, 8, bias=False),
+         lambda: [randn(6, 3, 5), None, torch.tensor([2, 6, 4])]),
+    Case("GRU(4,6) unbatched with h0", spec("GRU", 4, 6),
+         lambda: nn.GRU(4, 6), lambda: [randn(5, 4), randn(1, 6)]),
+    Case("RNN(5,8,2)", spec("RNN", 5, 8, 2), lambda: nn.RNN(5, 8, 2),
+         lambda: [randn(7, 3, 5)]),
+    Case("RNN(5,8,nonlinearity='relu',bidirectional) with h0",
+         spec("RNN", 5, 8, nonlinearity="relu", bidirectional=True),
+         lambda: nn.RNN(5, 8, nonlinearity="relu", bidirectional=True),
+         lambda: [randn(7, 3, 5), randn(2, 3, 8)]),
+    Case("RNNCell(5,8)", spec("RNNCell", 5, 8), lambda: nn.RNNCell(5, 8),
+         lambda: [randn(3, 5), randn(3, 8)]),
+    Case("RNNCell(5,8,nonlinearity='relu') unbatched",
+         spec("RNNCell", 5, 8, nonlinearity="relu"),
+         lambda: nn.RNNCell(5, 8, nonlinearity="relu"), lambda: [randn(5)]),
+    Case("LSTMCell(5,8) with (hx, cx)", spec("LSTMCell", 5, 8),
+         lambda: nn.LSTMCell(5, 8),
+         lambda: [randn(3, 5), randn(3, 8), randn(3, 8)]),
+    Case("LSTMCell(5,8,bias=False)", spec("LSTMCell", 5, 8, bias=False),
+         lambda: nn.LSTMCell(5, 8, bias=False), lambda: [randn(3, 5)]),
+    Case("GRUCell(5,8) with hx", spec("GRUCell", 5, 8),
+         lambda: nn.GRUCell(5, 8), lambda: [randn(3, 5), randn(3, 8)]),
+    Case("GRUCell(5,8) float64 unbatched", spec("GRUCell", 5, 8),
+         lambda: nn.GRUCell(5, 8).double(),
+         lambda: [randn(5, dtype=torch.float64)], dtype=torch.float64),
+    # Issue 18: the 3-D and transposed convolutions.
+    Case("Conv3d(2,4,3)", spec("Conv3d", 2, 4, 3), lambda: nn.Conv3d(2, 4, 3),
+         lambda: [randn(2, 2, 5, 6, 7)]),
+    Case("Conv3d(4,6,(1,2,3),stride=(1,2,1),padding=1,dilation=(2,1,1),"
+         "groups=2) unbatched",
+         spec("Conv3d", 4, 6, [1, 2, 3], stride=[1, 2, 1], padding=1,
+              dilation=[2, 1, 1], groups=2),
+         lambda: nn.Conv3d(4, 6, (1, 2, 3), stride=(1, 2, 1), padding=1,
+                           dilation=(2, 1, 1), groups=2),
+         lambda: [randn(4, 5, 6, 7)]),
+    Case("Conv3d(2,3,3,padding='same',padding_mode='replicate')",
+         spec("Conv3d", 2, 3, 3, padding="same", padding_mode="replicate"),
+         lambda: nn.Conv3d(2, 3, 3, padding="same", padding_mode="replicate"),
+         lambda: [randn(1, 2, 4, 5, 6)]),
+    Case("Conv3d(2,3,3,padding=1,padding_mode='circular') float64",
+         spec("Conv3d", 2, 3, 3, padding=1, padding_mode="circular"),
+         lambda: nn.Conv3d(2, 3, 3, padding=1, padding_mode="circular").double(),
+         lambda: [randn(1, 2, 4, 5, 6, dtype=torch.float64)],
+         dtype=torch.float64),
+    Case("Conv1d(3,4,3,padding=2,padding_mode='reflect')",
+         spec("Conv1d", 3, 4, 3, padding=2, padding_mode="reflect"),
+         lambda: nn.Conv1d(3, 4, 3, padding=2, padding_mode="reflect"),
+         lambda: [randn(2, 3, 8)]),
+    Case("ConvTranspose1d(3,5,4)", spec("ConvTranspose1d", 3, 5, 4),
+         lambda: nn.ConvTranspose1d(3, 5, 4), lambda: [randn(2, 3, 7)]),
+    Case("ConvTranspose1d(4,6,3,stride=3,padding=1,output_padding=2,"
+         "dilation=2,groups=2) unbatched",
+         spec("ConvTranspose1d", 4, 6, 3, stride=3, padding=1,
+              output_padding=2, dilation=2, groups=2),
+         lambda: nn.ConvTranspose1d(4, 6, 3, stride=3, padding=1,
+                                    output_padding=2, dilation=2, groups=2),
+         lambda: [randn(4, 6)]),
+    Case("ConvTranspose3d(2,3,(2,3,2),stride=2,padding=(0,1,0),"
+         "output_padding=1)",
+         spec("ConvTranspose3d", 2, 3, [2, 3, 2], stride=2, padding=[0, 1, 0],
+              output_padding=1),
+         lambda: nn.ConvTranspose3d(2, 3, (2, 3, 2), stride=2,
+                                    padding=(0, 1, 0), output_padding=1),
+         lambda: [randn(2, 2, 3, 4, 3)]),
+    Case("ConvTranspose3d(4,2,3,groups=2,bias=False) float64",
+         spec("ConvTranspose3d", 4, 2, 3, groups=2, bias=False),
+         lambda: nn.ConvTranspose3d(4, 2, 3, groups=2, bias=False).double(),
+         lambda: [randn(1, 4, 3, 3, 3, dtype=torch.float64)],
+         dtype=torch.float64),
+    # EmbeddingBag: [input, offsets?, per_sample_weights?].
+    Case("EmbeddingBag(10,3) 2-D mean", spec("EmbeddingBag", 10, 3),
+         lambda: nn.EmbeddingBag(10, 3),
+         lambda: [torch.tensor([[1, 2, 4, 5], [4, 3, 2, 9]])]),
+    Case("EmbeddingBag(10,3,mode='sum') offsets, weights, an empty bag",
+         spec("EmbeddingBag", 10, 3, mode="sum"),
+         lambda: nn.EmbeddingBag(10, 3, mode="sum"),
+         lambda: [torch.tensor([1, 2, 4, 5, 4, 3, 2, 9]),
+                  torch.tensor([0, 3, 3, 5]), randn(8)]),
+    Case("EmbeddingBag(10,4,mode='max',include_last_offset) offsets",
+         spec("EmbeddingBag", 10, 4, mode="max", include_last_offset=True),
+         lambda: nn.EmbeddingBag(10, 4, mode="max", include_last_offset=True),
+         lambda: [torch.tensor([1, 2, 4, 5, 4, 3, 2, 9]),
+                  torch.tensor([0, 2, 2, 7, 8])]),
+    Case("EmbeddingBag(10,3,padding_idx=2) mean skips padding",
+         spec("EmbeddingBag", 10, 3, padding_idx=2),
+         lambda: nn.EmbeddingBag(10, 3, padding_idx=2),
+         lambda: [torch.tensor([[2, 2, 4], [2, 3, 1]])]),
+    Case("EmbeddingBag(10,4,max_norm=1.0,mode='sum') renormalises",
+         spec("EmbeddingBag", 10, 4, max_norm=1.0, mode="sum"),
+         lambda: nn.EmbeddingBag(10, 4, max_norm=1.0, mode="sum"),
+         lambda: [torch.tensor([[1, 2, 1], [7, 0, 3]])]),
+    # Normalisation in 3-D and per instance.
+    Case("BatchNorm3d(3) train x3", spec("BatchNorm3d", 3),
+         lambda: nn.BatchNorm3d(3), lambda: [randn(2, 3, 4, 3, 5) * 2 + 1],
+         train=True, steps=3),
+    Case("BatchNorm3d(3) eval", spec("BatchNorm3d", 3),
+         lambda: bn_eval_stats(nn.BatchNorm3d(3)),
+         lambda: [randn(2, 3, 4, 3, 5)]),
+    Case("InstanceNorm1d(4)", spec("InstanceNorm1d", 4),
+         lambda: nn.InstanceNorm1d(4), lambda: [randn(3, 4, 9) * 3 + 1]),
+    Case("InstanceNorm1d(4) unbatched", spec("InstanceNorm1d", 4),
+         lambda: nn.InstanceNorm1d(4), lambda: [randn(4, 9)]),
+    Case("InstanceNorm2d(4,affine,track_running_stats) train x3",
+         spec("InstanceNorm2d", 4, affine=True, track_running_stats=True),
+         lambda: nn.InstanceNorm2d(4, affine=True, track_running_stats=True),
+         lambda: [randn(3, 4, 5, 6) * 2 - 1], train=True, steps=3),
+    Case("InstanceNorm2d(4,affine,track_running_stats) eval",
+         spec("InstanceNorm2d", 4, affine=True, track_running_stats=True),
+         lambda: bn_eval_stats(nn.InstanceNorm2d(
+             4, affine=True, track_running_stats=True)),
+         lambda: [randn(3, 4, 5, 6)]),
+    Case("InstanceNorm3d(2,affine) float64",
+         spec("InstanceNorm3d", 2, affine=True),
+         lambda: nn.InstanceNorm3d(2, affine=True).double(),
+         lambda: [randn(2, 2, 3, 4, 5, dtype=torch.float64)],
+         dtype=torch.float64),
+    # Activations with arguments, and PReLU's learnable slope.
+    Case("PReLU()", spec("PReLU"), lambda: nn.PReLU(),
+         lambda: [randn(3, 4, 5)]),
+    Case("PReLU(4) per channel", spec("PReLU", 4), lambda: nn.PReLU(4),
+         lambda: [randn(2, 4, 3, 3)]),
+    Case("PReLU(6) 2-D input", spec("PReLU", 6), lambda: nn.PReLU(6),
+         lambda: [randn(3, 6)]),
+    Case("PReLU() 1-D input", spec("PReLU"), lambda: nn.PReLU(),
+         lambda: [randn(6)]),
+    Case("LeakyReLU(0.2)", spec("LeakyReLU", 0.2), lambda: nn.LeakyReLU(0.2),
+         lambda: [randn(4, 5)]),
+    Case("ELU(alpha=0.7)", spec("ELU", alpha=0.7), lambda: nn.ELU(alpha=0.7),
+         lambda: [randn(4, 5) * 3]),
+    Case("Hardswish", spec("Hardswish"), lambda: nn.Hardswish(),
+         lambda: [torch.linspace(-5, 5, 101)]),
+    Case("Hardsigmoid", spec("Hardsigmoid"), lambda: nn.Hardsigmoid(),
+         lambda: [torch.linspace(-5, 5, 101)]),
+    Case("Mish", spec("Mish"), lambda: nn.Mish(),
+         lambda: [torch.linspace(-20, 20, 401)]),
+    Case("Softplus(beta=2,threshold=5)", spec("Softplus", beta=2, threshold=5),
+         lambda: nn.Softplus(beta=2, threshold=5),
+         lambda: [torch.linspace(-10, 10, 201)]),
+    Case("LogSoftmax(dim=1)", spec("LogSoftmax", dim=1),
+         lambda: nn.LogSoftmax(dim=1), lambda: [randn(3, 4, 5) * 5]),
+    Case("LogSoftmax(dim=-1) float64", spec("LogSoftmax", dim=-1),
+         lambda: nn.LogSoftmax(dim=-1),
+         lambda: [randn(3, 7, dtype=torch.float64)], dtype=torch.float64),
+    # The padding layers.
+    Case("ZeroPad2d((1,2,0,3))", spec("ZeroPad2d", [1, 2, 0, 3]),
+         lambda: nn.ZeroPad2d((1, 2, 0, 3)), lambda: [randn(2, 3, 4, 5)]),
+    Case("ConstantPad1d((2,-1),0.5)", spec("ConstantPad1d", [2, -1], 0.5),
+         lambda: nn.ConstantPad1d((2, -1), 0.5), lambda: [randn(2, 3, 4)]),
+    Case("ConstantPad2d(1,-2.0) unbatched", spec("ConstantPad2d", 1, -2.0),
+         lambda: nn.ConstantPad2d(1, -2.0), lambda: [randn(3, 4, 5)]),
+    Case("ConstantPad3d((1,0,2,1,0,1),3.0)",
+         spec("ConstantPad3d", [1, 0, 2, 1, 0, 1], 3.0),
+         lambda: nn.ConstantPad3d((1, 0, 2, 1, 0, 1), 3.0),
+         lambda: [randn(1, 2, 3, 4, 5)]),
+    Case("ReflectionPad1d((3,1))", spec("ReflectionPad1d", [3, 1]),
+         lambda: nn.ReflectionPad1d((3, 1)), lambda: [randn(2, 3, 5)]),
+    Case("ReflectionPad2d(2) unbatched", spec("ReflectionPad2d", 2),
+         lambda: nn.ReflectionPad2d(2), lambda: [randn(3, 4, 5)]),
+    Case("ReflectionPad3d((1,2,0,1,2,1))",
+         spec("ReflectionPad3d", [1, 2, 0, 1, 2, 1]),
+         lambda: nn.ReflectionPad3d((1, 2, 0, 1, 2, 1)),
+         lambda: [randn(1, 2, 3, 4, 5)]),
+    Case("ReplicationPad1d(3)", spec("ReplicationPad1d", 3),
+         lambda: nn.ReplicationPad1d(3), lambda: [randn(2, 3, 4)]),
+    Case("ReplicationPad2d((1,2,3,0)) float64",
+         spec("ReplicationPad2d", [1, 2, 3, 0]),
+         lambda: nn.ReplicationPad2d((1, 2, 3, 0)),
+         lambda: [randn(2, 3, 4, 5, dtype=torch.float64)],
+         dtype=torch.float64),
+    Case("ReplicationPad3d(1)", spec("ReplicationPad3d", 1),
+         lambda: nn.ReplicationPad3d(1), lambda: [randn(1, 2, 3, 4, 5)]),
     Case("MLP", seq(spec("Linear", 20, 64), spec("ReLU"),
                     spec("Linear", 64, 64), spec("GELU"),
                     spec("Linear", 64, 10)),
@@ -346,7 +638,7 @@ CASES = [
              nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
              nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8 * 36, 10))),
          lambda: [randn(4, 3, 12, 12)], random_params=False),
-    Case("TransformerEncoder, 2 layers (d_model 32, 4 heads, eval)",
+    Case("Sequential of 2 TransformerEncoderLayers = TransformerEncoder",
          seq(spec("TransformerEncoderLayer", 32, 4, dim_feedforward=64),
              spec("TransformerEncoderLayer", 32, 4, dim_feedforward=64)),
          lambda: nn.TransformerEncoder(
@@ -399,12 +691,38 @@ def check_tensor(what, ours, ref, tol, failures):
         failures.append(f"{what}: relative error {err:.3g} > {tol:g}")
 
 
+def call_recurrent(m, inputs):
+    """RNN / LSTM / GRU as modelstate flattens them: [input, h0, (c0,)
+    lengths] in, [output, h_n(, c_n)] out; lengths mean a packed batch,
+    padded back to the input's length."""
+    lstm = isinstance(m, nn.LSTM)
+    n_state = 2 if lstm else 1
+    inputs = inputs + [None] * (2 + n_state - len(inputs))
+    x, state, lengths = inputs[0], inputs[1:1 + n_state], inputs[1 + n_state]
+    hx = None if state[0] is None else (tuple(state) if lstm else state[0])
+    if lengths is None:
+        out, hn = m(x, hx)
+    else:
+        steps = x.shape[1 if m.batch_first else 0]
+        packed = pack_padded_sequence(x, lengths, batch_first=m.batch_first,
+                                      enforce_sorted=False)
+        out, hn = m(packed, hx)
+        out, _ = pad_packed_sequence(out, batch_first=m.batch_first,
+                                     total_length=steps)
+    return (out, *hn) if lstm else (out, hn)
+
+
 def call_torch(m, inputs):
     if isinstance(m, nn.MultiheadAttention):
         # forward(query, key, value, key_padding_mask, need_weights,
         # attn_mask): the tool's inputs are positional without need_weights.
         q, k, v, *masks = inputs + [None] * (5 - len(inputs))
         return m(q, k, v, key_padding_mask=masks[0], attn_mask=masks[1])
+    if isinstance(m, nn.RNNBase):
+        return call_recurrent(m, inputs)
+    if isinstance(m, nn.LSTMCell):
+        state = None if len(inputs) < 2 else (inputs[1], inputs[2])
+        return m(inputs[0], state)
     return m(*inputs)
 
 

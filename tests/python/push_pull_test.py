@@ -156,6 +156,44 @@ class RoundTripTest(Checks):
                                     gpt.h[0].attn.bias))
         self.assertNotIn("h.0.attn.bias", gpt2.state_dict())
 
+    def test_recurrent_and_transformer_models_round_trip(self):
+        """Library RNNs and nn.Transformer go up as library layers, come
+        back bit for bit and compute what the originals do. (nn.Transformer
+        is not in MODELS: torch registers the one layer its stacks copy,
+        modelstate each copy at its place.)"""
+        torch.manual_seed(3)
+        x, y = torch.randn(3, 7, 16), torch.randn(3, 5, 16)
+        for name, model in (("seq2seq", torch_models.Seq2Seq()),
+                            ("translator", torch_models.Translator())):
+            with self.subTest(name):
+                model = torch_models.randomize(model, 4).eval()
+                remote = ms.push(model, f"rnn/{name}")
+                self.assertEqual(remote.notes, [])
+                back = ms.pull(f"rnn/{name}")
+                self.assertSameModule(back, model)
+                # The pulled classes are torch's own: they compute alike.
+                with torch.no_grad():
+                    if name == "seq2seq":
+                        out, (h, c) = back.encoder(x)
+                        want, (h0, c0) = model.encoder(x)
+                        for ours, theirs in ((out, want), (h, h0), (c, c0)):
+                            self.assertTrue(torch.equal(ours, theirs))
+                        self.assertTrue(torch.equal(
+                            back.decoder(y, (h, c))[0],
+                            model.decoder(y, (h0, c0))[0]))
+                    else:
+                        src, tgt = torch.randn(3, 7, 32), torch.randn(3, 5, 32)
+                        self.assertTrue(torch.equal(
+                            back.transformer(src, tgt),
+                            model.transformer(src, tgt)))
+                if name == "seq2seq":
+                    # The server runs the LSTM too: [x] -> [out, h_n, c_n].
+                    out = remote.get_submodule("encoder")(x)
+                    want, (h, c) = model.encoder(x)
+                    for ours, theirs in zip(out, (want, h, c)):
+                        self.assertLess((ours - theirs).abs().max().item(),
+                                        1e-5)
+
     def test_dtype_and_meta_in_both_directions(self):
         torch.manual_seed(2)
         gpt = torch_models.randomize(torch_models.GPT(), 3)
@@ -267,12 +305,12 @@ class RoundTripTest(Checks):
         model = nn.Sequential(
             nn.Conv2d(3, 4, 3, padding="same"), MyLinear(4, 4),
             nn.TransformerEncoderLayer(8, 2, 16, activation=nn.GELU()),
-            Linear(), nn.GRUCell(3, 2))
+            Linear(), nn.SyncBatchNorm(2))
         seen = {}
 
         def record(module, name, param):
             seen[module.path] = (type(module).__name__,
-                                 isinstance(module, nn.GRUCell),
+                                 isinstance(module, nn.SyncBatchNorm),
                                  isinstance(module, nn.Conv2d))
 
         with warnings.catch_warnings(record=True) as caught, \
@@ -280,12 +318,12 @@ class RoundTripTest(Checks):
             warnings.simplefilter("always")
             remote = ms.push(model, "fallback/model")
         # Hooks still see torch's classes in what was hosted as custom.
-        self.assertEqual(seen["4"], ("GRUCell", True, False))
+        self.assertEqual(seen["4"], ("SyncBatchNorm", True, False))
         self.assertEqual(seen["0"], ("Conv2d", False, True))
         self.assertEqual(len(remote.notes), 3, remote.notes)
         self.assertIn("padding='same'", remote.notes[0])
         self.assertIn("activation", remote.notes[1])
-        self.assertIn("GRUCell", remote.notes[2])
+        self.assertIn("SyncBatchNorm", remote.notes[2])
         self.assertIn("no such library layer", remote.notes[2])
         self.assertEqual(len([w for w in caught if "hosted as a custom"
                               in str(w.message)]), 3)
@@ -294,7 +332,8 @@ class RoundTripTest(Checks):
                          ["torch.nn.modules.conv.Conv2d", "MyLinear",
                           "torch.nn.modules.transformer."
                           "TransformerEncoderLayer",
-                          "__main__.Linear", "torch.nn.modules.rnn.GRUCell"])
+                          "__main__.Linear",
+                          "torch.nn.modules.batchnorm.SyncBatchNorm"])
         # The encoder layer's own children are still library layers.
         self.assertEqual(info.children[2].module.children[0].module.type,
                          "MultiheadAttention")
@@ -417,7 +456,7 @@ class RemoteModuleTest(Checks):
             mlp.remove_entry("nothing")
 
     def test_registering_torch_modules_and_shared_ones(self):
-        host = ms.build({"type": "Host"}, "reg/host")
+        host = ms.build({"type": "Host", "custom": True}, "reg/host")
         lin = nn.Linear(3, 2)
         host.register_module("lin", lin)
         host.register_module("again", host.get_submodule("lin"))

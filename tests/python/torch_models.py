@@ -1,7 +1,8 @@
 """Models built from torch.nn as people write them, for the push/pull
 round trips: a ResNet-style CNN, a GPT-2-style decoder with its lm_head
-tied to the token embedding, and a BERT-style encoder (TransformerEncoder-
-Layers in a ModuleList). Each has a forward, so a pulled copy can be
+tied to the token embedding, a BERT-style encoder (TransformerEncoder-
+Layers in a ModuleList), an LSTM sequence-to-sequence model and a model
+around nn.Transformer. Each has a forward, so a pulled copy can be
 checked against the original where its classes are torch's own."""
 
 import math
@@ -177,7 +178,46 @@ class Bert(nn.Module):
         return self.pooler(x)
 
 
-MODELS = {"resnet": ResNet, "gpt2": GPT, "bert": Bert}
+# ------------------------------------------------------------ Seq2Seq ----
+class Seq2Seq(nn.Module):
+    """An encoder LSTM whose final (h, c) starts a decoder LSTM, and a
+    Linear over the decoder's outputs."""
+
+    def __init__(self, vocab=40, d=16, hidden=32, layers=2):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.encoder = nn.LSTM(d, hidden, layers, batch_first=True,
+                               dropout=0.1)
+        self.decoder = nn.LSTM(d, hidden, layers, batch_first=True,
+                               dropout=0.1)
+        self.out = nn.Linear(hidden, vocab)
+
+    def forward(self, src, tgt):
+        _, state = self.encoder(self.embed(src))
+        y, _ = self.decoder(self.embed(tgt), state)
+        return self.out(y)
+
+
+# -------------------------------------------------------- Transformer ----
+class Translator(nn.Module):
+    """nn.Transformer between token embeddings and a vocabulary head."""
+
+    def __init__(self, vocab=50, d=32, heads=4):
+        super().__init__()
+        self.src_embed = nn.Embedding(vocab, d)
+        self.tgt_embed = nn.Embedding(vocab, d)
+        self.transformer = nn.Transformer(d, heads, 2, 2, 64, dropout=0.1,
+                                          batch_first=True)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, src, tgt):
+        mask = self.transformer.generate_square_subsequent_mask(tgt.shape[1])
+        y = self.transformer(self.src_embed(src), self.tgt_embed(tgt),
+                             tgt_mask=mask)
+        return self.head(y)
+
+
+MODELS = {"resnet": ResNet, "gpt2": GPT, "bert": Bert, "seq2seq": Seq2Seq}
 
 
 def randomize(model, seed):

@@ -143,7 +143,7 @@ TEST_F(DurabilityTest, AKilledServerComesBackWithEveryAcknowledgedChange) {
   }
   // A module assembled entry by entry.
   ASSERT_THAT(
-      client_->BuildModule(BuildRequest("custom/m", R"({"type": "Custom"})")),
+      client_->BuildModule(BuildRequest("custom/m", R"({"type": "Custom", "custom": true})")),
       IsOk());
   ASSERT_THAT(client_->RegisterParameter(ParseJson<v1::RegisterTensorRequest>(
                   R"({"module": "custom/m", "name": "frozen",

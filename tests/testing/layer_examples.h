@@ -17,7 +17,9 @@
 
 namespace modelstate::testing {
 
-// Positional args per layer type; "" for the containers, which take none.
+// Positional args per layer type; "" for the containers, which take none;
+// the whole spec for the types built from named children (starts with
+// '{').
 inline const std::map<std::string, std::string>& LayerExampleArgs() {
   static const auto* args = new std::map<std::string, std::string>{
       {"Identity", "[]"},
@@ -43,6 +45,49 @@ inline const std::map<std::string, std::string>& LayerExampleArgs() {
       {"AdaptiveAvgPool2d", "[[1, 1]]"},
       {"MultiheadAttention", "[4, 2]"},
       {"TransformerEncoderLayer", "[4, 2, 8]"},
+      {"RNN", "[3, 4]"},
+      {"LSTM", "[3, 4]"},
+      {"GRU", "[3, 4]"},
+      {"RNNCell", "[3, 4]"},
+      {"LSTMCell", "[3, 4]"},
+      {"GRUCell", "[3, 4]"},
+      {"TransformerDecoderLayer", "[4, 2, 8]"},
+      {"TransformerEncoder",
+       R"({"type": "TransformerEncoder", "args": [2], "children": [
+           {"name": "encoder_layer",
+            "spec": {"type": "TransformerEncoderLayer", "args": [4, 2, 8]}}]})"},
+      {"TransformerDecoder",
+       R"({"type": "TransformerDecoder", "args": [2], "children": [
+           {"name": "decoder_layer",
+            "spec": {"type": "TransformerDecoderLayer", "args": [4, 2, 8]}},
+           {"name": "norm", "spec": {"type": "LayerNorm", "args": [4]}}]})"},
+      {"Transformer", "[4, 2, 1, 1, 8]"},
+      {"Conv3d", "[2, 4, 3]"},
+      {"ConvTranspose1d", "[2, 4, 3]"},
+      {"ConvTranspose3d", "[2, 4, 3]"},
+      {"EmbeddingBag", "[5, 3]"},
+      {"BatchNorm3d", "[3]"},
+      {"InstanceNorm1d", "[3]"},
+      {"InstanceNorm2d", "[3]"},
+      {"InstanceNorm3d", "[3]"},
+      {"PReLU", "[]"},
+      {"LeakyReLU", "[]"},
+      {"ELU", "[]"},
+      {"Hardswish", "[]"},
+      {"Hardsigmoid", "[]"},
+      {"Mish", "[]"},
+      {"Softplus", "[]"},
+      {"LogSoftmax", "[]"},
+      {"ZeroPad2d", "[1]"},
+      {"ConstantPad1d", "[1, 0.5]"},
+      {"ConstantPad2d", "[1, 0.5]"},
+      {"ConstantPad3d", "[1, 0.5]"},
+      {"ReflectionPad1d", "[1]"},
+      {"ReflectionPad2d", "[1]"},
+      {"ReflectionPad3d", "[1]"},
+      {"ReplicationPad1d", "[1]"},
+      {"ReplicationPad2d", "[1]"},
+      {"ReplicationPad3d", "[1]"},
       {"Sequential", ""},
       {"ModuleList", ""},
       {"ModuleDict", ""}};
@@ -55,6 +100,7 @@ inline std::string LayerExampleJson(const std::string& type) {
   auto it = LayerExampleArgs().find(type);
   if (it == LayerExampleArgs().end()) return "";
   if (it->second.empty()) return absl::StrCat(R"({"type": ")", type, R"("})");
+  if (it->second[0] == '{') return it->second;
   return absl::StrCat(R"({"type": ")", type, R"(", "args": )", it->second, "}");
 }
 

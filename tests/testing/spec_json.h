@@ -63,6 +63,7 @@ inline ModuleSpec SpecFromJsonValue(const nlohmann::json& j) {
   spec.type = j.value("type", "");
   spec.ref = j.value("ref", "");
   spec.has_extra_state = j.value("extra_state", false);
+  spec.custom = j.value("custom", false);
   if (j.contains("args")) {
     for (const auto& a : j["args"]) spec.args.push_back(SpecValueFromJson(a));
   }

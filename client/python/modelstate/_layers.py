@@ -123,6 +123,14 @@ def _ints(x):
     return _int(x)
 
 
+def _number(x):
+    """An int or a float, kept as it is (Softplus's beta and threshold
+    default to ints)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise Inexpressible(f"{x!r} is not a number")
+    return x
+
+
 def _optional(convert):
     return lambda x: None if x is None else convert(x)
 
@@ -234,6 +242,57 @@ def _transformer_encoder_layer(v):
     return args
 
 
+def _rnn(v):
+    """RNN, LSTM and GRU (RNNBase): RNN's nonlinearity and LSTM's proj_size
+    only where the class takes them."""
+    args = _read(v, [("input_size", _int), ("hidden_size", _int),
+                     ("num_layers", _int), ("bias", _bool),
+                     ("batch_first", _bool), ("dropout", _float),
+                     ("bidirectional", _bool)])
+    mode = _str(v.attr("mode"))
+    if mode == "LSTM":
+        args["proj_size"] = _int(v.attr("proj_size"))
+    elif mode in ("RNN_TANH", "RNN_RELU"):
+        args["nonlinearity"] = _str(v.attr("nonlinearity"))
+    elif _int(v.attr("proj_size")) != 0:
+        raise Inexpressible("proj_size is only supported for LSTM")
+    return args
+
+
+def _cell(v, nonlinearity=False):
+    args = _read(v, [("input_size", _int), ("hidden_size", _int)])
+    args["bias"] = v.has("bias_ih")
+    if nonlinearity:
+        args["nonlinearity"] = _str(v.attr("nonlinearity"))
+    return args
+
+
+def _transformer(v):
+    """nn.Transformer without custom encoder or decoder: the arguments of
+    its first encoder layer, the stacks' depths and the final norm's eps."""
+    encoder, decoder = v.child("encoder"), v.child("decoder")
+    args = _transformer_encoder_layer(
+        encoder.child("layers").child("0"))
+    args["num_encoder_layers"] = _int(encoder.attr("num_layers"))
+    args["num_decoder_layers"] = _int(decoder.attr("num_layers"))
+    args["layer_norm_eps"] = _float(encoder.child("norm").attr("eps"))
+    args["batch_first"] = _bool(v.attr("batch_first"))
+    if args.pop("d_model") != _int(v.attr("d_model")) or \
+            args.pop("nhead") != _int(v.attr("nhead")):
+        raise Inexpressible("its layers' width differs from d_model")
+    args["d_model"] = _int(v.attr("d_model"))
+    args["nhead"] = _int(v.attr("nhead"))
+    return args
+
+
+def _embedding_bag(v):
+    return _read(v, [("num_embeddings", _int), ("embedding_dim", _int),
+                     ("max_norm", _optional(_float)), ("norm_type", _float),
+                     ("scale_grad_by_freq", _bool), ("mode", _str),
+                     ("sparse", _bool), ("include_last_offset", _bool),
+                     ("padding_idx", _optional(_int))])
+
+
 class Layer:
     """A library layer: its torch class name, how to read its constructor
     arguments, whether it takes device= and dtype=, and the arguments newer
@@ -256,9 +315,11 @@ class Layer:
         if cls is None:
             raise Inexpressible(f"this torch has no nn.{self.name}")
         known = inspect.signature(cls.__init__).parameters
+        # LSTM(*args, **kwargs) takes any keyword its base class knows.
+        anything = any(p.kind == p.VAR_KEYWORD for p in known.values())
         out = {}
         for key, value in args.items():
-            if key in known:
+            if key in known or anything:
                 out[key] = value
             elif self.newer.get(key, object()) != value:
                 raise Inexpressible(
@@ -313,13 +374,48 @@ LAYERS = {layer.name: layer for layer in [
     Layer("MultiheadAttention", _multihead_attention),
     Layer("TransformerEncoderLayer", _transformer_encoder_layer,
           newer={"bias": True}),
+    # Issue 18.
+    Layer("Conv3d", _conv),
+    Layer("ConvTranspose1d", _conv_transpose),
+    Layer("ConvTranspose3d", _conv_transpose),
+    Layer("EmbeddingBag", _embedding_bag),
+    Layer("BatchNorm3d", _batch_norm),
+    Layer("InstanceNorm1d", _batch_norm),
+    Layer("InstanceNorm2d", _batch_norm),
+    Layer("InstanceNorm3d", _batch_norm),
+    Layer("PReLU", _only(("num_parameters", _int))),
+    Layer("LeakyReLU", _only(("negative_slope", _float), ("inplace", _bool)),
+          factory=False),
+    Layer("ELU", _only(("alpha", _float), ("inplace", _bool)), factory=False),
+    Layer("Hardswish", _only(("inplace", _bool)), factory=False),
+    Layer("Hardsigmoid", _only(("inplace", _bool)), factory=False),
+    Layer("Mish", _only(("inplace", _bool)), factory=False),
+    Layer("Softplus", _only(("beta", _number), ("threshold", _number)),
+          factory=False),
+    Layer("LogSoftmax", _only(("dim", _optional(_int))), factory=False),
+    *[Layer(f"{kind}Pad{d}d", _only(("padding", _ints)), factory=False)
+      for kind in ("Reflection", "Replication") for d in (1, 2, 3)],
+    *[Layer(f"ConstantPad{d}d", _only(("padding", _ints), ("value", _float)),
+            factory=False) for d in (1, 2, 3)],
+    Layer("ZeroPad2d", _only(("padding", _ints)), factory=False),
+    Layer("RNN", _rnn),
+    Layer("LSTM", _rnn),
+    Layer("GRU", _rnn),
+    Layer("RNNCell", lambda v: _cell(v, nonlinearity=True)),
+    Layer("LSTMCell", _cell),
+    Layer("GRUCell", _cell),
+    Layer("TransformerDecoderLayer", _transformer_encoder_layer,
+          newer={"bias": True}),
+    Layer("Transformer", _transformer, newer={"bias": True}),
 ]}
 
 CONTAINERS = ("Sequential", "ModuleList", "ModuleDict")
 
-# Entries of a module's __dict__ that are torch's bookkeeping, not state.
+# Entries of a module's __dict__ that are torch's bookkeeping, not state
+# (an RNN's _flat_weights lists its own parameters again).
 _BOOKKEEPING = {"training", "_parameters", "_buffers", "_modules",
-                "_non_persistent_buffers_set", "_is_full_backward_hook"}
+                "_non_persistent_buffers_set", "_is_full_backward_hook",
+                "_flat_weights"}
 
 
 def plain_attributes(module):

@@ -215,6 +215,12 @@ def _install(root, items):
                 tensor.detach(), requires_grad=old.requires_grad)
         else:
             module._buffers[name] = tensor
+    # An RNN's forward reads its weights from _flat_weights, which still
+    # lists the meta tensors it was built with.
+    for module in root.modules():
+        if isinstance(module, nn.RNNBase):
+            module._flat_weights = [getattr(module, n, None)
+                                    for n in module._flat_weights_names]
 
 
 def _tensor_at(module, name):

@@ -301,7 +301,8 @@ class _Planner:
             module_pb2.ModuleSpec(type=placeholder)
 
     def _emit_custom(self, module, path):
-        spec = module_pb2.ModuleSpec(type=_type_name(type(module)))
+        spec = module_pb2.ModuleSpec(type=_type_name(type(module)),
+                                     custom=True)
         earlier = []
         for kind, name in _member_order(module):
             member = spec.members.add()
