@@ -18,10 +18,11 @@ constexpr FamilyFn kFamilies[] = {
     &ConvFamily,           // Conv1d, Conv2d, ConvTranspose2d
     &NormalizationFamily,  // BatchNorm1d/2d, LayerNorm, GroupNorm
     &EmbeddingFamily,      // Embedding
-    &DropoutFamily,        // Dropout
+    &DropoutFamily,        // Dropout, Dropout1d/2d/3d, AlphaDropout
     &ActivationFamily,     // ReLU, GELU, SiLU, Tanh, Sigmoid, Softmax
-    &FlattenFamily,        // Flatten
-    &PoolingFamily,        // MaxPool2d, AdaptiveAvgPool2d
+    &FlattenFamily,        // Flatten, Unflatten
+    &PoolingFamily,        // Max/Avg/AdaptiveAvg/AdaptiveMaxPool1d/2d/3d
+    &PixelShuffleFamily,   // PixelShuffle, PixelUnshuffle
     &PaddingFamily,      // ZeroPad2d, ConstantPad/ReflectionPad/ReplicationPad
     &AttentionFamily,    // MultiheadAttention
     &TransformerFamily,  // TransformerEncoderLayer

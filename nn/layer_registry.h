@@ -91,6 +91,7 @@ std::vector<LayerDef> DropoutFamily();        // dropout.cc
 std::vector<LayerDef> ActivationFamily();     // activation.cc
 std::vector<LayerDef> FlattenFamily();        // flatten.cc
 std::vector<LayerDef> PoolingFamily();        // pooling.cc
+std::vector<LayerDef> PixelShuffleFamily();   // pixel_shuffle.cc
 std::vector<LayerDef> PaddingFamily();        // padding.cc
 std::vector<LayerDef> AttentionFamily();      // attention.cc
 std::vector<LayerDef> TransformerFamily();    // transformer.cc

@@ -63,6 +63,17 @@ TEST(LayerChecksTest, ConstructorChecksAreTorchs) {
       {R"({"type": "PReLU", "args": [-1]})",
        "Trying to create tensor with negative dimension -1"},
       {R"({"type": "LeakyReLU", "args": ["x"]})", "negative_slope"},
+      {R"({"type": "Dropout2d", "args": [1.5]})",
+       "dropout probability has to be between 0 and 1, but got 1.5"},
+      {R"({"type": "AlphaDropout", "args": [-0.5]})",
+       "dropout probability has to be between 0 and 1, but got -0.5"},
+      {R"({"type": "Unflatten", "args": [1, 4]})",
+       "unflattened_size must be a tuple of ints, but found type int"},
+      {R"({"type": "Unflatten", "args": ["features", [2, 2]]})", "named dim"},
+      {R"({"type": "MaxPool3d", "args": [0]})", "kernel_size"},
+      {R"({"type": "AvgPool1d", "args": [[2, 2]]})", "kernel_size"},
+      {R"({"type": "PixelShuffle", "args": []})",
+       "missing 1 required positional argument: 'upscale_factor'"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.spec);
@@ -132,6 +143,41 @@ TEST(LayerChecksTest, ForwardChecksInputsWithTorchsTexts) {
        "Mismatch of parameter numbers and input channel size. Found "
        "parameter numbers = 4 and channel size = 3."},
       {R"({"type": "PReLU"})", {Ones({})}, "Not allow zero-dim input tensor."},
+      {R"({"type": "Dropout1d"})",
+       {Ones({2, 3, 4, 5})},
+       "dropout1d: Expected 2D or 3D input, but received a 4D input."},
+      {R"({"type": "PixelShuffle", "args": [2]})",
+       {Ones({1, 6, 2, 2})},
+       "pixel_shuffle expects its input's 'channel' dimension to be "
+       "divisible by the square of upscale_factor, but input.size(-3)=6 is "
+       "not divisible by 4"},
+      {R"({"type": "PixelShuffle", "args": [2]})",
+       {Ones({6, 2})},
+       "pixel_shuffle expects input to have at least 3 dimensions, but got "
+       "input with 2 dimension(s)"},
+      {R"({"type": "PixelUnshuffle", "args": [2]})",
+       {Ones({1, 6, 3, 2})},
+       "pixel_unshuffle expects height to be divisible by downscale_factor, "
+       "but input.size(-2)=3 is not divisible by 2"},
+      {R"({"type": "MaxPool1d", "args": [2], "kwargs": {"padding": 2}})",
+       {Ones({1, 2, 8})},
+       "max_pool1d() padding should be at most half of kernel size, but got "
+       "padding=2 and kernel_size=2"},
+      {R"({"type": "AvgPool1d", "args": [2], "kwargs": {"padding": 2}})",
+       {Ones({1, 2, 8})},
+       "pad should be at most half of kernel size, but got pad=2 and "
+       "kernel_size=2"},
+      {R"({"type": "MaxPool3d", "args": [2]})",
+       {Ones({2, 2, 8})},
+       "non-empty 4D or 5D (batch mode) tensor expected for input"},
+      {R"({"type": "AvgPool2d", "args": [2],
+           "kwargs": {"divisor_override": 0}})",
+       {Ones({1, 2, 8, 8})},
+       "divisor must be not zero"},
+      {R"({"type": "Unflatten", "args": [1, [2, 3]]})",
+       {Ones({2, 7})},
+       "unflatten: Provided sizes [2, 3] don't multiply up to the size of "
+       "dim 1 (7) in the input tensor"},
       {R"({"type": "EmbeddingBag", "args": [10, 3]})",
        {Filled(DType::kInt64, {2, 3}, 1), Ints({0, 3})},
        "if input is 2D, then offsets has to be None"},
