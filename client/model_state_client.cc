@@ -143,6 +143,38 @@ absl::StatusOr<v1::VerifyAuditResponse> ModelStateClient::VerifyAudit() {
                options_.timeout);
 }
 
+absl::StatusOr<v1::GetCheckpointResponse> ModelStateClient::GetCheckpoint(
+    bool fresh) {
+  v1::GetCheckpointRequest request;
+  request.set_fresh(fresh);
+  return Unary(*this, *stub_, &Stub::GetCheckpoint, request, options_.timeout);
+}
+
+absl::StatusOr<v1::GetInclusionProofResponse>
+ModelStateClient::GetInclusionProof(uint64_t seq, uint64_t tree_size) {
+  v1::GetInclusionProofRequest request;
+  request.set_seq(seq);
+  request.set_tree_size(tree_size);
+  return Unary(*this, *stub_, &Stub::GetInclusionProof, request,
+               options_.timeout);
+}
+
+absl::StatusOr<v1::GetConsistencyProofResponse>
+ModelStateClient::GetConsistencyProof(uint64_t old_size, uint64_t new_size) {
+  v1::GetConsistencyProofRequest request;
+  request.set_old_size(old_size);
+  request.set_new_size(new_size);
+  return Unary(*this, *stub_, &Stub::GetConsistencyProof, request,
+               options_.timeout);
+}
+
+absl::StatusOr<v1::AddCosignatureResponse> ModelStateClient::AddCosignature(
+    std::string checkpoint) {
+  v1::AddCosignatureRequest request;
+  request.set_checkpoint(std::move(checkpoint));
+  return Unary(*this, *stub_, &Stub::AddCosignature, request, options_.timeout);
+}
+
 std::unique_ptr<AuditWatch> ModelStateClient::WatchAudit(
     const v1::WatchAuditRequest& request, absl::Duration timeout) {
   std::unique_ptr<AuditWatch> watch(new AuditWatch());

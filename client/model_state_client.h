@@ -209,6 +209,17 @@ class ModelStateClient {
   // Walks the server's audit hash chain. OK with response.ok() false when a
   // record is broken (the response names it).
   absl::StatusOr<v1::VerifyAuditResponse> VerifyAudit();
+  // The verifiable log: the latest signed checkpoint (`fresh`: signed now
+  // if records came since), an inclusion proof of record `seq` (tree_size
+  // 0: the latest checkpoint's), a consistency proof, and a witness's
+  // cosignature. The proofs are checked with base/merkle.h's verifiers.
+  absl::StatusOr<v1::GetCheckpointResponse> GetCheckpoint(bool fresh = false);
+  absl::StatusOr<v1::GetInclusionProofResponse> GetInclusionProof(
+      uint64_t seq, uint64_t tree_size = 0);
+  absl::StatusOr<v1::GetConsistencyProofResponse> GetConsistencyProof(
+      uint64_t old_size, uint64_t new_size);
+  absl::StatusOr<v1::AddCosignatureResponse> AddCosignature(
+      std::string checkpoint);
 
   // Streams the module's state_dict into `sink`.
   absl::Status GetStateDict(absl::string_view module,

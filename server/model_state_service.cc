@@ -379,6 +379,61 @@ grpc::Status ModelStateServiceImpl::VerifyAudit(
                });
 }
 
+grpc::Status ModelStateServiceImpl::GetCheckpoint(
+    grpc::ServerContext* context, const v1::GetCheckpointRequest* request,
+    v1::GetCheckpointResponse* response) {
+  return Serve(context, "GetCheckpoint",
+               [&](const Caller& caller) -> absl::Status {
+                 MODELSTATE_ASSIGN_OR_RETURN(
+                     AuditCheckpoint checkpoint,
+                     service_->GetCheckpoint(caller, request->fresh()));
+                 response->set_checkpoint(std::move(checkpoint.note));
+                 response->set_verifier_key(std::move(checkpoint.verifier_key));
+                 return absl::OkStatus();
+               });
+}
+
+grpc::Status ModelStateServiceImpl::GetInclusionProof(
+    grpc::ServerContext* context, const v1::GetInclusionProofRequest* request,
+    v1::GetInclusionProofResponse* response) {
+  return Serve(context, "GetInclusionProof",
+               [&](const Caller& caller) -> absl::Status {
+                 MODELSTATE_ASSIGN_OR_RETURN(
+                     AuditInclusion inclusion,
+                     service_->GetInclusionProof(caller, request->seq(),
+                                                 request->tree_size()));
+                 convert::InclusionToProto(inclusion, response);
+                 return absl::OkStatus();
+               });
+}
+
+grpc::Status ModelStateServiceImpl::GetConsistencyProof(
+    grpc::ServerContext* context, const v1::GetConsistencyProofRequest* request,
+    v1::GetConsistencyProofResponse* response) {
+  return Serve(context, "GetConsistencyProof",
+               [&](const Caller& caller) -> absl::Status {
+                 MODELSTATE_ASSIGN_OR_RETURN(
+                     std::vector<MerkleHash> proof,
+                     service_->GetConsistencyProof(caller, request->old_size(),
+                                                   request->new_size()));
+                 convert::HashesToProto(proof, response->mutable_proof());
+                 return absl::OkStatus();
+               });
+}
+
+grpc::Status ModelStateServiceImpl::AddCosignature(
+    grpc::ServerContext* context, const v1::AddCosignatureRequest* request,
+    v1::AddCosignatureResponse* response) {
+  return Serve(context, "AddCosignature",
+               [&](const Caller& caller) -> absl::Status {
+                 MODELSTATE_ASSIGN_OR_RETURN(
+                     std::string latest,
+                     service_->AddCosignature(caller, request->checkpoint()));
+                 response->set_checkpoint(std::move(latest));
+                 return absl::OkStatus();
+               });
+}
+
 grpc::Status ModelStateServiceImpl::ListDevices(
     grpc::ServerContext* context, const v1::ListDevicesRequest*,
     v1::ListDevicesResponse* response) {

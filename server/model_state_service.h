@@ -90,6 +90,19 @@ class ModelStateServiceImpl final
   grpc::Status ListDevices(grpc::ServerContext* context,
                            const v1::ListDevicesRequest* request,
                            v1::ListDevicesResponse* response) override;
+  grpc::Status GetCheckpoint(grpc::ServerContext* context,
+                             const v1::GetCheckpointRequest* request,
+                             v1::GetCheckpointResponse* response) override;
+  grpc::Status GetInclusionProof(
+      grpc::ServerContext* context, const v1::GetInclusionProofRequest* request,
+      v1::GetInclusionProofResponse* response) override;
+  grpc::Status GetConsistencyProof(
+      grpc::ServerContext* context,
+      const v1::GetConsistencyProofRequest* request,
+      v1::GetConsistencyProofResponse* response) override;
+  grpc::Status AddCosignature(grpc::ServerContext* context,
+                              const v1::AddCosignatureRequest* request,
+                              v1::AddCosignatureResponse* response) override;
 
  private:
   // Authenticates the call as `rpc`, runs `body` with the caller and maps

@@ -34,6 +34,7 @@
 namespace modelstate {
 class AuditLog;
 class Authenticator;
+class CheckpointSigner;
 class ModelService;
 class ModelStore;
 class ModuleRepository;
@@ -77,6 +78,14 @@ struct ServerConfig {
   NamespaceQuota namespace_quota;
   // Restore modules saved on a device this server lacks onto cpu.
   bool fallback_to_cpu = false;
+  // The audit log's Ed25519 signing key (PEM), created with mode 0600 when
+  // absent; "": DATA_DIR/audit.key.
+  std::string audit_key_file;
+  // The witnesses whose cosignatures AddCosignature takes: one verifier
+  // key (cosignature type) per line, '#' comments; "": none.
+  std::string audit_witness_keys_file;
+  // The log's name in its checkpoints (and its key's name).
+  std::string audit_origin = "modelstate/audit";
 };
 
 // Checks what a server must not start with, before anything starts:
@@ -129,6 +138,7 @@ class Server {
   // ones it uses.
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<AuditLog> audit_;
+  std::unique_ptr<CheckpointSigner> checkpoints_;
   std::unique_ptr<SubscriberHub> hub_;
   std::unique_ptr<ModuleRepository> repository_;
   std::unique_ptr<ModelStore> store_;

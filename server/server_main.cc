@@ -115,6 +115,14 @@ ABSL_FLAG(bool, fallback_to_cpu, Defaults().fallback_to_cpu,
           "On start, restore modules saved on a device this server does not "
           "have (e.g. cuda:1 on a machine without that GPU) onto cpu instead "
           "of leaving them unloaded");
+ABSL_FLAG(std::string, audit_key_file, Defaults().audit_key_file,
+          "The audit log's Ed25519 signing key (PEM), created with mode 0600 "
+          "if absent (default: DATA_DIR/audit.key)");
+ABSL_FLAG(std::string, audit_witness_keys, Defaults().audit_witness_keys_file,
+          "File of witness verifier keys (one per line) whose checkpoint "
+          "cosignatures AddCosignature accepts");
+ABSL_FLAG(std::string, audit_origin, Defaults().audit_origin,
+          "The audit log's name in its signed checkpoints");
 ABSL_FLAG(int, emulated_cuda_devices, 0,
           "TESTING ONLY: stand in N host-memory devices for cuda:0..N-1 "
           "(replacing real GPUs), so that device handling is tested without "
@@ -231,6 +239,9 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
   config.namespace_quota.max_bytes = absl::GetFlag(FLAGS_namespace_max_mib)
                                      << 20;
   config.fallback_to_cpu = absl::GetFlag(FLAGS_fallback_to_cpu);
+  config.audit_key_file = absl::GetFlag(FLAGS_audit_key_file);
+  config.audit_witness_keys_file = absl::GetFlag(FLAGS_audit_witness_keys);
+  config.audit_origin = absl::GetFlag(FLAGS_audit_origin);
   MODELSTATE_RETURN_IF_ERROR(modelstate::server::CheckServerConfig(config));
   return config;
 }

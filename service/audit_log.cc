@@ -858,7 +858,8 @@ absl::StatusOr<std::vector<AuditRecord>> AuditLog::WaitForRecords(
   return out;
 }
 
-absl::StatusOr<AuditVerification> AuditLog::Verify(const std::string& path) {
+absl::StatusOr<AuditVerification> AuditLog::Verify(
+    const std::string& path, std::vector<MerkleHash>* leaves) {
   int fd;
   do {
     fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -872,7 +873,7 @@ absl::StatusOr<AuditVerification> AuditLog::Verify(const std::string& path) {
   }
   ScopedFd file(fd);
   MODELSTATE_ASSIGN_OR_RETURN(std::string content, ReadToEnd(fd, path));
-  return WalkChain(content, nullptr).verification;
+  return WalkChain(content, nullptr, leaves).verification;
 }
 
 std::string AuditLog::Serialize(const AuditRecord& record) {

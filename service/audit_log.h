@@ -205,7 +205,9 @@ class AuditLog {
   // Walks the chain of the file at `path` (it need not be open) and names
   // the first broken record. NOT_FOUND if there is no file; an empty file
   // is a valid, empty chain. Any byte change in a stored line is detected.
-  static absl::StatusOr<AuditVerification> Verify(const std::string& path);
+  // `leaves` (may be null) receives the leaf hash of each valid record.
+  static absl::StatusOr<AuditVerification> Verify(
+      const std::string& path, std::vector<MerkleHash>* leaves = nullptr);
 
   // The record's JSON line (without the trailing newline), as stored.
   static std::string Serialize(const AuditRecord& record);

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/file_util.h"
 #include "base/status_macros.h"
 
 namespace modelstate {
@@ -99,6 +101,21 @@ CheckpointComparison CompareWithCheckpoint(absl::Span<const MerkleHash> leaves,
                     c.first_differing_seq);
   }
   return c;
+}
+
+absl::StatusOr<std::unique_ptr<MemoryHashStore>> ReadHashFile(
+    const std::string& path) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
+  const uint64_t count = bytes.size() / sizeof(MerkleHash);
+  const uint64_t leaves = TreeSizeForStoredHashCount(count);
+  std::vector<MerkleHash> leaf_hashes(leaves);
+  for (uint64_t i = 0; i < leaves; ++i) {
+    const uint64_t at = StoredHashIndex(0, i) * sizeof(MerkleHash);
+    std::memcpy(leaf_hashes[i].data(), bytes.data() + at, sizeof(MerkleHash));
+  }
+  auto store = std::make_unique<MemoryHashStore>();
+  MODELSTATE_RETURN_IF_ERROR(store->AppendLeaves(leaf_hashes).status());
+  return store;
 }
 
 absl::StatusOr<std::unique_ptr<AuditTree>> AuditTree::Open(

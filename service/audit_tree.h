@@ -60,6 +60,11 @@ CheckpointComparison CompareWithCheckpoint(absl::Span<const MerkleHash> leaves,
                                            const HashReader* old_tree,
                                            uint64_t old_tree_size);
 
+// The leaves of a hash file (as AuditTree keeps it) read into memory, for
+// offline checks that must not change the file. Whole leaves only.
+absl::StatusOr<std::unique_ptr<MemoryHashStore>> ReadHashFile(
+    const std::string& path);
+
 // Thread-safe: one appender and many readers.
 class AuditTree {
  public:
