@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "base/status_macros.h"
 #include "proto/service_convert.h"
@@ -118,11 +119,20 @@ Credentials CredentialsOf(const grpc::ServerContextBase& context) {
 }
 
 template <typename Body>
-grpc::Status ModelStateServiceImpl::Serve(
-    const grpc::ServerContextBase* context, absl::string_view rpc, Body body) {
+grpc::Status ModelStateServiceImpl::Serve(grpc::ServerContextBase* context,
+                                          absl::string_view rpc, Body body) {
+  const uint64_t mark = service_->AuditMark();
   absl::StatusOr<Caller> caller =
       service_->Authenticate(CredentialsOf(*context), rpc);
-  return convert::ToGrpcStatus(caller.ok() ? body(*caller) : caller.status());
+  absl::Status status = caller.ok() ? body(*caller) : caller.status();
+  if (caller.ok()) {
+    std::vector<uint64_t> seqs =
+        service_->AuditSeqsSince(mark, caller->ctx.correlation_id);
+    if (!seqs.empty()) {
+      context->AddTrailingMetadata(kAuditSeqsKey, absl::StrJoin(seqs, ","));
+    }
+  }
+  return convert::ToGrpcStatus(status);
 }
 
 grpc::Status ModelStateServiceImpl::BuildModule(

@@ -331,6 +331,11 @@ class ModelService {
                                                    uint64_t tree_size);
   absl::StatusOr<std::vector<MerkleHash>> GetConsistencyProof(
       const Caller& caller, uint64_t old_size, uint64_t new_size);
+  // Where the audit log ends now (0 without one), and the records after
+  // `mark` that `correlation_id`'s call wrote: what a response names.
+  uint64_t AuditMark() const;
+  std::vector<uint64_t> AuditSeqsSince(uint64_t mark,
+                                       const std::string& correlation_id) const;
   // Needs the witness role; see CheckpointSigner::AddCosignature.
   absl::StatusOr<std::string> AddCosignature(const Caller& caller,
                                              const std::string& note);

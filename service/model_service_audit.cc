@@ -28,6 +28,25 @@ absl::Status ModelService::AllowAuditRead(const Caller& caller,
   return gate_.AllowSomewhere(caller, rpc, Permission::kAudit);
 }
 
+uint64_t ModelService::AuditMark() const {
+  return audit_ == nullptr ? 0 : audit_->last_seq();
+}
+
+std::vector<uint64_t> ModelService::AuditSeqsSince(
+    uint64_t mark, const std::string& correlation_id) const {
+  std::vector<uint64_t> seqs;
+  if (audit_ == nullptr || audit_->last_seq() <= mark) return seqs;
+  AuditQuery query;
+  query.after_seq = mark;
+  query.limit = AuditQuery::kMaxLimit;
+  absl::StatusOr<std::vector<AuditRecord>> records = audit_->Query(query);
+  if (!records.ok()) return seqs;
+  for (const AuditRecord& r : *records) {
+    if (r.correlation_id == correlation_id) seqs.push_back(r.seq);
+  }
+  return seqs;
+}
+
 absl::StatusOr<AuditCheckpoint> ModelService::GetCheckpoint(
     const Caller& caller, bool fresh) {
   MODELSTATE_RETURN_IF_ERROR(AllowAuditRead(caller, "GetCheckpoint", true));

@@ -61,6 +61,9 @@ TEST(AuditProofTest, CheckpointsAndProofsVerify) {
   auto client = server.NewClient();
   ASSERT_THAT(client->BuildModule(BuildRequest("team/a", kSpec)).status(),
               IsOk());
+  // The response named the records the build wrote.
+  const std::vector<uint64_t> build_seqs = client->last_audit_seqs();
+  ASSERT_FALSE(build_seqs.empty());
   auto first = client->GetCheckpoint(/*fresh=*/true);
   ASSERT_THAT(first.status(), IsOk());
   const Checkpoint old_cp = Open(*first);
@@ -84,6 +87,14 @@ TEST(AuditProofTest, CheckpointsAndProofsVerify) {
                 IsOk())
         << "seq " << seq;
   }
+  for (uint64_t seq : build_seqs) {
+    auto inclusion = client->GetInclusionProof(seq, new_cp.size);
+    ASSERT_THAT(inclusion.status(), IsOk());
+    EXPECT_THAT(inclusion->record_line(),
+                AllOf(HasSubstr("\"namespace\":\"team\""),
+                      HasSubstr("\"module\":\"a\"")));
+  }
+  EXPECT_TRUE(client->last_audit_seqs().empty());  // reads write none
   auto consistency = client->GetConsistencyProof(old_cp.size, new_cp.size);
   ASSERT_THAT(consistency.status(), IsOk());
   EXPECT_THAT(VerifyConsistency(old_cp.size, new_cp.size, old_cp.root,
