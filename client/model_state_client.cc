@@ -6,7 +6,9 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -91,6 +93,7 @@ absl::StatusOr<Response> Unary(const ModelStateClient& client, Stub& stub,
   std::unique_ptr<grpc::ClientContext> context = client.NewContext(timeout);
   Response response;
   grpc::Status status = (stub.*method)(context.get(), request, &response);
+  client.NoteAuditSeqs(*context);
   if (!status.ok()) return FromGrpcStatus(status);
   return response;
 }
@@ -141,6 +144,59 @@ ModelStateClient::ListSubscribers() {
 absl::StatusOr<v1::VerifyAuditResponse> ModelStateClient::VerifyAudit() {
   return Unary(*this, *stub_, &Stub::VerifyAudit, v1::VerifyAuditRequest(),
                options_.timeout);
+}
+
+std::vector<uint64_t> ModelStateClient::last_audit_seqs() const {
+  MutexLock lock(&seqs_mu_);
+  return last_audit_seqs_;
+}
+
+void ModelStateClient::NoteAuditSeqs(const grpc::ClientContext& context) const {
+  std::vector<uint64_t> seqs;
+  const auto& trailers = context.GetServerTrailingMetadata();
+  auto found = trailers.find("modelstate-audit-seqs");
+  if (found != trailers.end()) {
+    for (absl::string_view part : absl::StrSplit(
+             absl::string_view(found->second.data(), found->second.size()), ',',
+             absl::SkipEmpty())) {
+      uint64_t seq = 0;
+      if (absl::SimpleAtoi(part, &seq)) seqs.push_back(seq);
+    }
+  }
+  MutexLock lock(&seqs_mu_);
+  last_audit_seqs_ = std::move(seqs);
+}
+
+absl::StatusOr<v1::GetCheckpointResponse> ModelStateClient::GetCheckpoint(
+    bool fresh) {
+  v1::GetCheckpointRequest request;
+  request.set_fresh(fresh);
+  return Unary(*this, *stub_, &Stub::GetCheckpoint, request, options_.timeout);
+}
+
+absl::StatusOr<v1::GetInclusionProofResponse>
+ModelStateClient::GetInclusionProof(uint64_t seq, uint64_t tree_size) {
+  v1::GetInclusionProofRequest request;
+  request.set_seq(seq);
+  request.set_tree_size(tree_size);
+  return Unary(*this, *stub_, &Stub::GetInclusionProof, request,
+               options_.timeout);
+}
+
+absl::StatusOr<v1::GetConsistencyProofResponse>
+ModelStateClient::GetConsistencyProof(uint64_t old_size, uint64_t new_size) {
+  v1::GetConsistencyProofRequest request;
+  request.set_old_size(old_size);
+  request.set_new_size(new_size);
+  return Unary(*this, *stub_, &Stub::GetConsistencyProof, request,
+               options_.timeout);
+}
+
+absl::StatusOr<v1::AddCosignatureResponse> ModelStateClient::AddCosignature(
+    std::string checkpoint) {
+  v1::AddCosignatureRequest request;
+  request.set_checkpoint(std::move(checkpoint));
+  return Unary(*this, *stub_, &Stub::AddCosignature, request, options_.timeout);
 }
 
 std::unique_ptr<AuditWatch> ModelStateClient::WatchAudit(

@@ -33,11 +33,13 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "base/sync.h"
 #include "core/module.h"
 #include "core/state_stream.h"
 #include "grpcpp/grpcpp.h"
@@ -209,6 +211,17 @@ class ModelStateClient {
   // Walks the server's audit hash chain. OK with response.ok() false when a
   // record is broken (the response names it).
   absl::StatusOr<v1::VerifyAuditResponse> VerifyAudit();
+  // The verifiable log: the latest signed checkpoint (`fresh`: signed now
+  // if records came since), an inclusion proof of record `seq` (tree_size
+  // 0: the latest checkpoint's), a consistency proof, and a witness's
+  // cosignature. The proofs are checked with base/merkle.h's verifiers.
+  absl::StatusOr<v1::GetCheckpointResponse> GetCheckpoint(bool fresh = false);
+  absl::StatusOr<v1::GetInclusionProofResponse> GetInclusionProof(
+      uint64_t seq, uint64_t tree_size = 0);
+  absl::StatusOr<v1::GetConsistencyProofResponse> GetConsistencyProof(
+      uint64_t old_size, uint64_t new_size);
+  absl::StatusOr<v1::AddCosignatureResponse> AddCosignature(
+      std::string checkpoint);
 
   // Streams the module's state_dict into `sink`.
   absl::Status GetStateDict(absl::string_view module,
@@ -236,10 +249,19 @@ class ModelStateClient {
   v1::ModelStateService::Stub& stub() { return *stub_; }
   std::unique_ptr<grpc::ClientContext> NewContext(absl::Duration timeout) const;
 
+  // The sequence numbers of the audit records the last unary call on this
+  // client wrote (its response's "modelstate-audit-seqs" trailing
+  // metadata), in order; empty when it wrote none.
+  std::vector<uint64_t> last_audit_seqs() const;
+  // Takes them from a finished call's context (the unary calls do).
+  void NoteAuditSeqs(const grpc::ClientContext& context) const;
+
  private:
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::ModelStateService::Stub> stub_;
   const ClientOptions options_;
+  mutable Mutex seqs_mu_;
+  mutable std::vector<uint64_t> last_audit_seqs_ ABSL_GUARDED_BY(seqs_mu_);
 };
 
 }  // namespace modelstate::client

@@ -841,6 +841,24 @@ void VerificationToProto(const AuditVerification& verification,
   response->set_problem(verification.problem);
 }
 
+void HashesToProto(const std::vector<MerkleHash>& hashes,
+                   google::protobuf::RepeatedPtrField<std::string>* out) {
+  for (const MerkleHash& h : hashes) {
+    out->Add(std::string(reinterpret_cast<const char*>(h.data()), h.size()));
+  }
+}
+
+void InclusionToProto(const AuditInclusion& inclusion,
+                      v1::GetInclusionProofResponse* response) {
+  response->set_seq(inclusion.seq);
+  response->set_tree_size(inclusion.tree_size);
+  response->set_leaf_hash(
+      std::string(reinterpret_cast<const char*>(inclusion.leaf_hash.data()),
+                  inclusion.leaf_hash.size()));
+  HashesToProto(inclusion.proof, response->mutable_proof());
+  response->set_record_line(inclusion.record_line);
+}
+
 void DevicesToProto(const std::vector<DeviceDescription>& devices,
                     v1::ListDevicesResponse* response) {
   for (const DeviceDescription& d : devices) {

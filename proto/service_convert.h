@@ -116,6 +116,10 @@ void VerificationToProto(const AuditVerification& verification,
                          v1::VerifyAuditResponse* response);
 void DevicesToProto(const std::vector<DeviceDescription>& devices,
                     v1::ListDevicesResponse* response);
+void InclusionToProto(const AuditInclusion& inclusion,
+                      v1::GetInclusionProofResponse* response);
+void HashesToProto(const std::vector<MerkleHash>& hashes,
+                   google::protobuf::RepeatedPtrField<std::string>* out);
 
 }  // namespace modelstate::convert
 

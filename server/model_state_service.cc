@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "base/status_macros.h"
 #include "proto/service_convert.h"
@@ -118,11 +119,20 @@ Credentials CredentialsOf(const grpc::ServerContextBase& context) {
 }
 
 template <typename Body>
-grpc::Status ModelStateServiceImpl::Serve(
-    const grpc::ServerContextBase* context, absl::string_view rpc, Body body) {
+grpc::Status ModelStateServiceImpl::Serve(grpc::ServerContextBase* context,
+                                          absl::string_view rpc, Body body) {
+  const uint64_t mark = service_->AuditMark();
   absl::StatusOr<Caller> caller =
       service_->Authenticate(CredentialsOf(*context), rpc);
-  return convert::ToGrpcStatus(caller.ok() ? body(*caller) : caller.status());
+  absl::Status status = caller.ok() ? body(*caller) : caller.status();
+  if (caller.ok()) {
+    std::vector<uint64_t> seqs =
+        service_->AuditSeqsSince(mark, caller->ctx.correlation_id);
+    if (!seqs.empty()) {
+      context->AddTrailingMetadata(kAuditSeqsKey, absl::StrJoin(seqs, ","));
+    }
+  }
+  return convert::ToGrpcStatus(status);
 }
 
 grpc::Status ModelStateServiceImpl::BuildModule(
@@ -375,6 +385,61 @@ grpc::Status ModelStateServiceImpl::VerifyAudit(
                  MODELSTATE_ASSIGN_OR_RETURN(AuditVerification verification,
                                              service_->VerifyAudit(caller));
                  convert::VerificationToProto(verification, response);
+                 return absl::OkStatus();
+               });
+}
+
+grpc::Status ModelStateServiceImpl::GetCheckpoint(
+    grpc::ServerContext* context, const v1::GetCheckpointRequest* request,
+    v1::GetCheckpointResponse* response) {
+  return Serve(context, "GetCheckpoint",
+               [&](const Caller& caller) -> absl::Status {
+                 MODELSTATE_ASSIGN_OR_RETURN(
+                     AuditCheckpoint checkpoint,
+                     service_->GetCheckpoint(caller, request->fresh()));
+                 response->set_checkpoint(std::move(checkpoint.note));
+                 response->set_verifier_key(std::move(checkpoint.verifier_key));
+                 return absl::OkStatus();
+               });
+}
+
+grpc::Status ModelStateServiceImpl::GetInclusionProof(
+    grpc::ServerContext* context, const v1::GetInclusionProofRequest* request,
+    v1::GetInclusionProofResponse* response) {
+  return Serve(context, "GetInclusionProof",
+               [&](const Caller& caller) -> absl::Status {
+                 MODELSTATE_ASSIGN_OR_RETURN(
+                     AuditInclusion inclusion,
+                     service_->GetInclusionProof(caller, request->seq(),
+                                                 request->tree_size()));
+                 convert::InclusionToProto(inclusion, response);
+                 return absl::OkStatus();
+               });
+}
+
+grpc::Status ModelStateServiceImpl::GetConsistencyProof(
+    grpc::ServerContext* context, const v1::GetConsistencyProofRequest* request,
+    v1::GetConsistencyProofResponse* response) {
+  return Serve(context, "GetConsistencyProof",
+               [&](const Caller& caller) -> absl::Status {
+                 MODELSTATE_ASSIGN_OR_RETURN(
+                     std::vector<MerkleHash> proof,
+                     service_->GetConsistencyProof(caller, request->old_size(),
+                                                   request->new_size()));
+                 convert::HashesToProto(proof, response->mutable_proof());
+                 return absl::OkStatus();
+               });
+}
+
+grpc::Status ModelStateServiceImpl::AddCosignature(
+    grpc::ServerContext* context, const v1::AddCosignatureRequest* request,
+    v1::AddCosignatureResponse* response) {
+  return Serve(context, "AddCosignature",
+               [&](const Caller& caller) -> absl::Status {
+                 MODELSTATE_ASSIGN_OR_RETURN(
+                     std::string latest,
+                     service_->AddCosignature(caller, request->checkpoint()));
+                 response->set_checkpoint(std::move(latest));
                  return absl::OkStatus();
                });
 }

@@ -90,19 +90,38 @@ class ModelStateServiceImpl final
   grpc::Status ListDevices(grpc::ServerContext* context,
                            const v1::ListDevicesRequest* request,
                            v1::ListDevicesResponse* response) override;
+  grpc::Status GetCheckpoint(grpc::ServerContext* context,
+                             const v1::GetCheckpointRequest* request,
+                             v1::GetCheckpointResponse* response) override;
+  grpc::Status GetInclusionProof(
+      grpc::ServerContext* context, const v1::GetInclusionProofRequest* request,
+      v1::GetInclusionProofResponse* response) override;
+  grpc::Status GetConsistencyProof(
+      grpc::ServerContext* context,
+      const v1::GetConsistencyProofRequest* request,
+      v1::GetConsistencyProofResponse* response) override;
+  grpc::Status AddCosignature(grpc::ServerContext* context,
+                              const v1::AddCosignatureRequest* request,
+                              v1::AddCosignatureResponse* response) override;
 
  private:
   // Authenticates the call as `rpc`, runs `body` with the caller and maps
   // what either returns to the call's status.
+  // The response's trailing metadata names the audit records the call
+  // wrote (kAuditSeqsKey: "12,13,14").
   template <typename Body>
-  grpc::Status Serve(const grpc::ServerContextBase* context,
-                     absl::string_view rpc, Body body);
+  grpc::Status Serve(grpc::ServerContextBase* context, absl::string_view rpc,
+                     Body body);
   grpc::Status RegisterTensor(grpc::ServerContext* context,
                               const v1::RegisterTensorRequest* request,
                               EntryKind kind, v1::RegisterResponse* response);
 
   ModelService* const service_;
 };
+
+// The trailing metadata key naming the sequence numbers of the audit
+// records a call wrote, comma-separated (absent when it wrote none).
+inline constexpr char kAuditSeqsKey[] = "modelstate-audit-seqs";
 
 // What the call presents: its peer, request id ("x-request-id"),
 // "authorization" metadata and verified client certificate CN.

@@ -6,8 +6,11 @@
 #include <system_error>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "base/file_util.h"
@@ -19,6 +22,7 @@
 #include "server/model_state_service.h"
 #include "service/audit_log.h"
 #include "service/authenticator.h"
+#include "service/checkpoint_signer.h"
 #include "service/data_dir.h"
 #include "service/model_service.h"
 #include "service/model_store.h"
@@ -149,6 +153,54 @@ absl::Status StartError(absl::string_view what, const absl::Status& error) {
   return absl::Status(error.code(), absl::StrCat(what, error.ToString()));
 }
 
+// The witness verifier keys in `path`, one per line ('#' comments).
+absl::StatusOr<std::vector<VerifierKey>> ReadWitnessKeys(
+    const std::string& path) {
+  std::vector<VerifierKey> keys;
+  if (path.empty()) return keys;
+  MODELSTATE_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_number;
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || line.front() == '#') continue;
+    absl::StatusOr<CosignatureVerifier> key = CosignatureVerifier::Parse(line);
+    if (!key.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--audit_witness_keys ", path, " line ", line_number,
+                       ": ", key.status().message()));
+    }
+    keys.push_back(key->verifier_key());
+  }
+  return keys;
+}
+
+// The audit log's signer, with its key (created on first start) and the
+// configured witnesses.
+absl::StatusOr<std::unique_ptr<CheckpointSigner>> OpenCheckpointSigner(
+    const ServerConfig& config, AuditLog* audit) {
+  const std::string key_path = config.audit_key_file.empty()
+                                   ? data_dir::AuditKeyPath(config.data_dir)
+                                   : config.audit_key_file;
+  bool created = false;
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Ed25519PrivateKey key,
+      Ed25519PrivateKey::LoadOrCreate(key_path, &created));
+  CheckpointSignerOptions options;
+  options.origin = config.audit_origin;
+  MODELSTATE_ASSIGN_OR_RETURN(options.witnesses,
+                              ReadWitnessKeys(config.audit_witness_keys_file));
+  const size_t witnesses = options.witnesses.size();
+  MODELSTATE_ASSIGN_OR_RETURN(
+      std::unique_ptr<CheckpointSigner> signer,
+      CheckpointSigner::Create(audit, std::move(key), std::move(options)));
+  LogLine(absl::StrCat(
+      created ? "created the audit signing key " : "audit signing key ",
+      key_path, created ? " (mode 0600)" : "", "; verifier key: ",
+      signer->verifier_key(), "; ", witnesses, " witness keys"));
+  return signer;
+}
+
 }  // namespace
 
 absl::Status CheckServerConfig(const ServerConfig& config) {
@@ -185,8 +237,9 @@ absl::Status Server::OpenState() {
   options.staging_dir = data_dir::StagingDir(root);
   MODELSTATE_RETURN_IF_ERROR(CreateDirectory(options.staging_dir, ""));
   options.audit_path = data_dir::AuditLogPath(root);
-  absl::StatusOr<std::unique_ptr<AuditLog>> audit =
-      AuditLog::Open(options.audit_path);
+  absl::StatusOr<std::unique_ptr<AuditLog>> audit = AuditLog::Open(
+      options.audit_path,
+      {data_dir::AuditHashesPath(root), data_dir::AuditCheckpointPath(root)});
   if (!audit.ok()) {
     return StartError("cannot open the audit log: ", audit.status());
   }
@@ -196,6 +249,17 @@ absl::Status Server::OpenState() {
     LogLine(absl::StrCat(options.audit_path,
                          ": removed a torn last record left by a crash"));
   }
+  if (!audit_->tree_repair().empty()) {
+    LogLine(absl::StrCat(options.audit_path, ": ", audit_->tree_repair()));
+  }
+  absl::StatusOr<std::unique_ptr<CheckpointSigner>> checkpoints =
+      OpenCheckpointSigner(config_, audit_.get());
+  if (!checkpoints.ok()) {
+    return StartError("cannot sign the audit log: ", checkpoints.status());
+  }
+  checkpoints_ = *std::move(checkpoints);
+  checkpoints_->Start();
+  options.checkpoints = checkpoints_.get();
   hub_ = std::make_unique<SubscriberHub>(audit_.get(),
                                          config_.limits.subscriber_timeout);
   hub_->set_metrics(&metrics_->hook_round_trip(), &metrics_->hook_timeouts());
@@ -219,6 +283,9 @@ absl::Status Server::OpenState() {
   // Everything saved comes back before the first request is served.
   absl::Time restore_start = absl::Now();
   ModelStore::RestoreReport restored = store_->Restore(config_.fallback_to_cpu);
+  if (!restored.refused.ok()) {
+    return StartError("cannot restore the modules: ", restored.refused);
+  }
   for (const absl::Status& error : restored.errors) {
     LogLine(absl::StrCat("not restored: ", error.ToString()));
     if (absl::IsFailedPrecondition(error) && !config_.fallback_to_cpu) {
@@ -364,6 +431,9 @@ void Server::Wait() {
   if (server_ == nullptr) return;
   server_->Wait();
   if (health_server_ != nullptr) health_server_->Shutdown();
+  // The last records get their checkpoint before the server goes.
+  checkpoints_->Stop();
+  checkpoints_->SignNow().IgnoreError();
 }
 
 }  // namespace modelstate::server

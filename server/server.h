@@ -35,6 +35,7 @@
 namespace modelstate {
 class AuditLog;
 class Authenticator;
+class CheckpointSigner;
 class ModelService;
 class ModelStore;
 class ModuleRepository;
@@ -83,6 +84,14 @@ struct ServerConfig {
   // Serve Prometheus metrics over HTTP at /metrics on this address
   // ("host:port", or a port alone for 127.0.0.1); "": none.
   std::string metrics_listen;
+  // The audit log's Ed25519 signing key (PEM), created with mode 0600 when
+  // absent; "": DATA_DIR/audit.key.
+  std::string audit_key_file;
+  // The witnesses whose cosignatures AddCosignature takes: one verifier
+  // key (cosignature type) per line, '#' comments; "": none.
+  std::string audit_witness_keys_file;
+  // The log's name in its checkpoints (and its key's name).
+  std::string audit_origin = "modelstate/audit";
 };
 
 // Checks what a server must not start with, before anything starts:
@@ -141,6 +150,7 @@ class Server {
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<AuditLog> audit_;
+  std::unique_ptr<CheckpointSigner> checkpoints_;
   std::unique_ptr<SubscriberHub> hub_;
   std::unique_ptr<ModuleRepository> repository_;
   std::unique_ptr<ModelStore> store_;

@@ -121,6 +121,14 @@ ABSL_FLAG(std::string, metrics_listen, Defaults().metrics_listen,
 ABSL_FLAG(std::string, log_format, "text",
           "Log lines on stderr: text, or json (one object per line with "
           "time, level, message and the request's correlation id)");
+ABSL_FLAG(std::string, audit_key_file, Defaults().audit_key_file,
+          "The audit log's Ed25519 signing key (PEM), created with mode 0600 "
+          "if absent (default: DATA_DIR/audit.key)");
+ABSL_FLAG(std::string, audit_witness_keys, Defaults().audit_witness_keys_file,
+          "File of witness verifier keys (one per line) whose checkpoint "
+          "cosignatures AddCosignature accepts");
+ABSL_FLAG(std::string, audit_origin, Defaults().audit_origin,
+          "The audit log's name in its signed checkpoints");
 ABSL_FLAG(int, emulated_cuda_devices, 0,
           "TESTING ONLY: stand in N host-memory devices for cuda:0..N-1 "
           "(replacing real GPUs), so that device handling is tested without "
@@ -238,6 +246,9 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
                                      << 20;
   config.fallback_to_cpu = absl::GetFlag(FLAGS_fallback_to_cpu);
   config.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  config.audit_key_file = absl::GetFlag(FLAGS_audit_key_file);
+  config.audit_witness_keys_file = absl::GetFlag(FLAGS_audit_witness_keys);
+  config.audit_origin = absl::GetFlag(FLAGS_audit_origin);
   MODELSTATE_RETURN_IF_ERROR(modelstate::server::CheckServerConfig(config));
   return config;
 }

@@ -17,11 +17,9 @@ namespace {
 using Json = nlohmann::json;
 
 constexpr std::pair<Role, absl::string_view> kRoleNames[] = {
-    {Role::kAdmin, "admin"},
-    {Role::kBuilder, "builder"},
-    {Role::kReviewer, "reviewer"},
-    {Role::kAuditor, "auditor"},
-    {Role::kReader, "reader"}};
+    {Role::kAdmin, "admin"},       {Role::kBuilder, "builder"},
+    {Role::kReviewer, "reviewer"}, {Role::kAuditor, "auditor"},
+    {Role::kReader, "reader"},     {Role::kWitness, "witness"}};
 
 bool Grants(Role role, Permission permission) {
   switch (role) {
@@ -36,6 +34,8 @@ bool Grants(Role role, Permission permission) {
       return permission == Permission::kAudit;
     case Role::kReader:
       return permission == Permission::kRead;
+    case Role::kWitness:
+      return permission == Permission::kWitness;
   }
   return false;
 }
@@ -129,6 +129,8 @@ absl::string_view PermissionName(Permission permission) {
       return "subscribe";
     case Permission::kAudit:
       return "audit";
+    case Permission::kWitness:
+      return "witness";
   }
   return "unknown";
 }

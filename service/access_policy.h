@@ -17,6 +17,8 @@
 //   reviewer  subscribe (intercept or observe) to registration events
 //   auditor   read and verify the audit log (records of its namespaces)
 //   reader    describe, list, get state
+//   witness   cosign the audit log's checkpoints (AddCosignature), and
+//             read checkpoints and consistency proofs
 //
 // Example:
 //   MODELSTATE_ASSIGN_OR_RETURN(AccessPolicy policy,
@@ -35,14 +37,15 @@
 
 namespace modelstate {
 
-enum class Role { kAdmin, kBuilder, kReviewer, kAuditor, kReader };
+enum class Role { kAdmin, kBuilder, kReviewer, kAuditor, kReader, kWitness };
 
 // What a call needs.
 enum class Permission {
   kRead,       // GetModule, ListModules, GetStateDict
   kWrite,      // every call that changes a module
   kSubscribe,  // Subscribe, ListSubscribers
-  kAudit,      // QueryAudit, WatchAudit, VerifyAudit
+  kAudit,      // QueryAudit, WatchAudit, VerifyAudit, the audit proofs
+  kWitness,    // AddCosignature
 };
 
 absl::string_view RoleName(Role role);

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "base/sha256.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "service/audit_tree.h"
 
 // What is stored and what is hashed
 // ---------------------------------
@@ -415,9 +417,11 @@ struct ChainWalk {
 };
 
 // Reads `content` line by line until the end or the first break. Valid
-// records are appended to `records` when it is non-null.
+// records are appended to `records`, and their leaf hashes to `leaves`,
+// when those are non-null.
 ChainWalk WalkChain(absl::string_view content,
-                    std::vector<AuditRecord>* records) {
+                    std::vector<AuditRecord>* records,
+                    std::vector<MerkleHash>* leaves = nullptr) {
   ChainWalk w;
   size_t pos = 0;
   uint64_t line_number = 0;
@@ -441,6 +445,7 @@ ChainWalk WalkChain(absl::string_view content,
     w.end.hash = record.hash;
     w.end.time = record.time;
     ++w.verification.records;
+    if (leaves != nullptr) leaves->push_back(AuditLeafHash(line));
     if (records != nullptr) records->push_back(std::move(record));
     pos = terminated ? newline + 1 : line_end;
     w.valid_bytes = pos;
@@ -477,6 +482,57 @@ absl::StatusOr<int> OpenOrCreate(const std::string& path, bool* created) {
       "cannot open audit log ", path, ": it keeps appearing and disappearing"));
 }
 
+// The checkpoint saved at `path`, with its note; nullopt when there is no
+// file. Its signature is the signer's business: here it only says how much
+// of the log the server once vouched for.
+absl::StatusOr<std::optional<std::pair<Checkpoint, std::string>>>
+ReadSavedCheckpoint(const std::string& path) {
+  absl::StatusOr<std::string> note = ReadFile(path);
+  if (absl::IsNotFound(note.status())) return std::nullopt;
+  MODELSTATE_RETURN_IF_ERROR(note.status());
+  absl::StatusOr<SignedNote> parsed = ParseSignedNote(*note);
+  absl::StatusOr<Checkpoint> checkpoint =
+      parsed.ok() ? ParseCheckpoint(parsed->text) : parsed.status();
+  if (!checkpoint.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the last signed checkpoint ", path,
+                     " is malformed: ", checkpoint.status().message()));
+  }
+  return std::make_pair(*std::move(checkpoint), *std::move(note));
+}
+
+// Opens the log's tree, refuses a log that the last saved checkpoint does
+// not cover, and then makes the hash file match the log. The comparison
+// comes first, while the hash file still holds the tree the checkpoint
+// was signed over.
+absl::StatusOr<std::unique_ptr<AuditTree>> OpenTree(
+    const std::string& log_path, const AuditLogOptions& options,
+    absl::Span<const MerkleHash> leaves, std::string* repair,
+    std::string* checkpoint_note) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::unique_ptr<AuditTree> tree,
+                              AuditTree::Open(options.hashes_path));
+  if (!options.checkpoint_path.empty()) {
+    MODELSTATE_ASSIGN_OR_RETURN(auto saved,
+                                ReadSavedCheckpoint(options.checkpoint_path));
+    if (saved.has_value()) {
+      CheckpointComparison c = CompareWithCheckpoint(
+          leaves, saved->first, &tree->hashes(), tree->size());
+      if (!c.ok) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("audit log ", log_path,
+                         " does not match the last checkpoint the "
+                         "server signed (",
+                         options.checkpoint_path, ", tree size ",
+                         saved->first.size, "; the log has ", leaves.size(),
+                         " records): ", c.problem, "; refusing to start"));
+      }
+      *checkpoint_note = std::move(saved->second);
+    }
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(*repair, tree->Reconcile(leaves));
+  return tree;
+}
+
 }  // namespace
 
 bool AuditQuery::Matches(const AuditRecord& r) const {
@@ -496,6 +552,11 @@ struct AuditLog::State {
 
   const std::string path;
   const int fd;  // O_APPEND; flock()ed so that no second writer forks the chain
+  std::string checkpoint_path;  // constant after Open
+  // The Merkle tree: leaf i is records[i]'s line. Appended under `mu` right
+  // after the line is written; readable without `mu` (it is thread-safe and
+  // only grows once Open is done).
+  std::unique_ptr<AuditTree> tree;
 
   // Guards the chain: appends (the write() included, so file order is seq
   // order) and the in-memory records.
@@ -524,7 +585,7 @@ struct AuditLog::State {
 AuditLog::~AuditLog() = default;
 
 absl::StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(
-    const std::string& path) {
+    const std::string& path, AuditLogOptions options) {
   bool created = false;
   MODELSTATE_ASSIGN_OR_RETURN(int fd, OpenOrCreate(path, &created));
   std::unique_ptr<AuditLog> log = absl::WrapUnique(new AuditLog());
@@ -548,7 +609,8 @@ absl::StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(
 
   MODELSTATE_ASSIGN_OR_RETURN(std::string content, ReadToEnd(fd, path));
   std::vector<AuditRecord> records;
-  ChainWalk walk = WalkChain(content, &records);
+  std::vector<MerkleHash> leaves;
+  ChainWalk walk = WalkChain(content, &records, &leaves);
   size_t size = walk.valid_bytes;
   if (!walk.verification.ok) {
     if (!walk.torn_tail) {
@@ -579,6 +641,10 @@ absl::StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(
   // Whatever an earlier process wrote may still be only in the page cache;
   // one sync here lets synced_seq start at the last record.
   MODELSTATE_RETURN_IF_ERROR(Fdatasync(fd, path));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      s.tree, OpenTree(path, options, leaves, &log->tree_repair_,
+                       &log->opened_checkpoint_));
+  s.checkpoint_path = options.checkpoint_path;
 
   {
     MutexLock lock(&s.mu);
@@ -633,6 +699,16 @@ absl::StatusOr<uint64_t> AuditLog::Append(AuditRecord record) {
     return s.write_error;
   }
   s.file_size += line.size();
+  line.pop_back();  // the leaf is the line without its newline
+  if (absl::Status added = s.tree->Append(AuditLeafHash(line)); !added.ok()) {
+    // The record is in the file but not in the tree; the next Open adds
+    // it. Until then no checkpoint could cover it, so stop here.
+    s.write_error = absl::UnavailableError(
+        absl::StrCat("audit log ", s.path, " failed (cannot add record ",
+                     record.seq, " to its hash tree: ", added.message(),
+                     "); changes are refused until the server restarts"));
+    return s.write_error;
+  }
   s.last_hash = record.hash;
   s.last_time = record.time;
   const uint64_t seq = record.seq;
@@ -700,6 +776,55 @@ uint64_t AuditLog::last_seq() const {
   return state_->records.size();
 }
 
+absl::StatusOr<AuditRecord> AuditLog::Get(uint64_t seq) const {
+  ReaderMutexLock lock(&state_->mu);
+  const std::vector<AuditRecord>& records = state_->records;
+  if (seq == 0 || seq > records.size()) {
+    return absl::NotFoundError(
+        absl::StrCat("seq ", seq, ": no such audit record (the log has ",
+                     records.size(), ")"));
+  }
+  return records[seq - 1];
+}
+
+absl::StatusOr<MerkleHash> AuditLog::TreeRoot(uint64_t tree_size) const {
+  return state_->tree->Root(tree_size);
+}
+
+absl::StatusOr<std::vector<MerkleHash>> AuditLog::InclusionProof(
+    uint64_t seq, uint64_t tree_size) const {
+  return state_->tree->InclusionProof(seq, tree_size);
+}
+
+absl::StatusOr<std::vector<MerkleHash>> AuditLog::ConsistencyProof(
+    uint64_t old_size, uint64_t new_size) const {
+  return state_->tree->ConsistencyProof(old_size, new_size);
+}
+
+absl::StatusOr<AuditTreeHead> AuditLog::SyncTree() {
+  State& s = *state_;
+  AuditTreeHead head;
+  {
+    ReaderMutexLock lock(&s.mu);
+    MODELSTATE_RETURN_IF_ERROR(s.write_error);
+    head.size = s.tree->size();
+  }
+  // The log first: a hash file ahead of its log after a crash is trimmed
+  // at the next Open, a checkpoint ahead of it is not.
+  MODELSTATE_RETURN_IF_ERROR(Sync(head.size));
+  MODELSTATE_RETURN_IF_ERROR(s.tree->Sync());
+  MODELSTATE_ASSIGN_OR_RETURN(head.root, s.tree->Root(head.size));
+  return head;
+}
+
+absl::Status AuditLog::SaveCheckpoint(absl::string_view signed_note) {
+  if (state_->checkpoint_path.empty()) {
+    return absl::FailedPreconditionError(
+        "this audit log keeps no checkpoint file");
+  }
+  return WriteFileAtomically(state_->checkpoint_path, signed_note);
+}
+
 absl::StatusOr<std::vector<AuditRecord>> AuditLog::Query(
     const AuditQuery& query) const {
   const size_t limit = EffectiveLimit(query.limit);
@@ -735,7 +860,8 @@ absl::StatusOr<std::vector<AuditRecord>> AuditLog::WaitForRecords(
   return out;
 }
 
-absl::StatusOr<AuditVerification> AuditLog::Verify(const std::string& path) {
+absl::StatusOr<AuditVerification> AuditLog::Verify(
+    const std::string& path, std::vector<MerkleHash>* leaves) {
   int fd;
   do {
     fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -749,7 +875,7 @@ absl::StatusOr<AuditVerification> AuditLog::Verify(const std::string& path) {
   }
   ScopedFd file(fd);
   MODELSTATE_ASSIGN_OR_RETURN(std::string content, ReadToEnd(fd, path));
-  return WalkChain(content, nullptr).verification;
+  return WalkChain(content, nullptr, leaves).verification;
 }
 
 std::string AuditLog::Serialize(const AuditRecord& record) {

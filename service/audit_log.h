@@ -17,8 +17,18 @@
 // hash = SHA-256 over the record's JSON text without its ',"hash":...' part.
 // The first record's "prev" is 64 zeros.
 //
+// The records, exactly as stored, are also the leaves of an RFC 6962 Merkle
+// tree (service/audit_tree.h): leaf i is the line of seq i + 1 without its
+// newline. Its hashes are kept in a hash file next to the log; the last
+// signed checkpoint of the tree is kept in a file too, and Open refuses a
+// log that it does not cover (cut off, or rewritten).
+//
 // Example:
-//   MODELSTATE_ASSIGN_OR_RETURN(auto log, AuditLog::Open("data/audit.log"));
+//   MODELSTATE_ASSIGN_OR_RETURN(
+//       auto log, AuditLog::Open("data/audit.log",
+//                                {.hashes_path = "data/audit.hashes",
+//                                 .checkpoint_path =
+//                                 "data/audit.checkpoint"}));
 //   AuditRecord r;
 //   r.type = "delete";
 //   r.ns = "team";
@@ -36,8 +46,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "base/metrics.h"
+#include "base/checkpoint.h"
+#include "base/merkle.h"
 #include "base/sync.h"
 
 namespace modelstate {
@@ -99,6 +112,22 @@ struct AuditVerification {
   std::string problem;
 };
 
+// Where the log keeps its tree and its last checkpoint.
+struct AuditLogOptions {
+  // The tree's hash file; "" keeps the hashes in memory, rebuilt from the
+  // records at each Open.
+  std::string hashes_path;
+  // The last signed checkpoint (a signed note whose text is a C2SP
+  // checkpoint); "" keeps none.
+  std::string checkpoint_path;
+};
+
+// The tree's size and root at one moment.
+struct AuditTreeHead {
+  uint64_t size = 0;
+  MerkleHash root{};
+};
+
 // Thread-safe.
 class AuditLog {
  public:
@@ -109,8 +138,15 @@ class AuditLog {
   // FAILED_PRECONDITION if another AuditLog (in this or another process)
   // has the file open: two writers would fork the chain. Every record of the
   // file is kept in memory for Query and WaitForRecords.
+  //
+  // With options.checkpoint_path, FAILED_PRECONDITION naming both tree
+  // sizes (and the first differing seq, when the hash file tells) if the
+  // log is shorter than the last saved checkpoint or its first records do
+  // not hash to that checkpoint's root: a log that was cut or rewritten is
+  // refused, never papered over. The hash file is derived data: Open
+  // rebuilds or trims it to match the log (see tree_repair()).
   static absl::StatusOr<std::unique_ptr<AuditLog>> Open(
-      const std::string& path);
+      const std::string& path, AuditLogOptions options = {});
   ~AuditLog();
 
   // Appends `record` (filling seq, time, prev, hash); returns its seq.
@@ -132,6 +168,29 @@ class AuditLog {
   // The sequence number of the last record (0 when empty).
   uint64_t last_seq() const;
   bool recovered_torn_tail() const { return recovered_torn_tail_; }
+  // What Open repaired in the hash file ("" when nothing), for the log.
+  const std::string& tree_repair() const { return tree_repair_; }
+
+  // The record with this seq. NOT_FOUND naming seq when there is none.
+  absl::StatusOr<AuditRecord> Get(uint64_t seq) const;
+
+  // The Merkle tree over the records. Sizes above the log's are
+  // INVALID_ARGUMENT naming the field (tree_size, new_size); an unknown seq
+  // is NOT_FOUND (see AuditTree).
+  absl::StatusOr<MerkleHash> TreeRoot(uint64_t tree_size) const;
+  absl::StatusOr<std::vector<MerkleHash>> InclusionProof(
+      uint64_t seq, uint64_t tree_size) const;
+  absl::StatusOr<std::vector<MerkleHash>> ConsistencyProof(
+      uint64_t old_size, uint64_t new_size) const;
+  // Makes every record so far and its hashes durable, and returns the tree
+  // they form: what a checkpoint may then be signed over.
+  absl::StatusOr<AuditTreeHead> SyncTree();
+
+  // Replaces the saved checkpoint (a signed note) atomically and durably.
+  // FAILED_PRECONDITION without options.checkpoint_path.
+  absl::Status SaveCheckpoint(absl::string_view signed_note);
+  // The saved checkpoint's note as Open found it ("" when none).
+  const std::string& opened_checkpoint() const { return opened_checkpoint_; }
 
   // Where to observe how long each Append and each Sync (what a caller
   // waits for, shared fdatasync included) takes; either may be null; not
@@ -156,7 +215,9 @@ class AuditLog {
   // Walks the chain of the file at `path` (it need not be open) and names
   // the first broken record. NOT_FOUND if there is no file; an empty file
   // is a valid, empty chain. Any byte change in a stored line is detected.
-  static absl::StatusOr<AuditVerification> Verify(const std::string& path);
+  // `leaves` (may be null) receives the leaf hash of each valid record.
+  static absl::StatusOr<AuditVerification> Verify(
+      const std::string& path, std::vector<MerkleHash>* leaves = nullptr);
 
   // The record's JSON line (without the trailing newline), as stored.
   static std::string Serialize(const AuditRecord& record);
@@ -171,6 +232,8 @@ class AuditLog {
   bool recovered_torn_tail_ = false;
   metrics::Histogram* append_seconds_ = nullptr;
   metrics::Histogram* sync_seconds_ = nullptr;
+  std::string tree_repair_;
+  std::string opened_checkpoint_;
 };
 
 }  // namespace modelstate

@@ -10,6 +10,9 @@ namespace modelstate::data_dir {
 namespace {
 
 constexpr absl::string_view kAuditLog = "audit.log";
+constexpr absl::string_view kAuditHashes = "audit.hashes";
+constexpr absl::string_view kAuditCheckpoint = "audit.checkpoint";
+constexpr absl::string_view kAuditKey = "audit.key";
 constexpr absl::string_view kStaging = "staging";
 constexpr absl::string_view kModules = "modules";
 constexpr absl::string_view kManifest = "manifest.json";
@@ -23,6 +26,18 @@ constexpr absl::string_view kTempInfix = ".tmp.";
 
 std::string AuditLogPath(absl::string_view data_dir) {
   return absl::StrCat(data_dir, "/", kAuditLog);
+}
+
+std::string AuditHashesPath(absl::string_view data_dir) {
+  return absl::StrCat(data_dir, "/", kAuditHashes);
+}
+
+std::string AuditCheckpointPath(absl::string_view data_dir) {
+  return absl::StrCat(data_dir, "/", kAuditCheckpoint);
+}
+
+std::string AuditKeyPath(absl::string_view data_dir) {
+  return absl::StrCat(data_dir, "/", kAuditKey);
 }
 
 std::string StagingDir(absl::string_view data_dir) {

@@ -3,6 +3,13 @@
 // db/filename.h names a database's files):
 //
 //   <data_dir>/audit.log                              the audit log
+//   <data_dir>/audit.hashes                           its Merkle tree's
+//                                                     hashes (derived data)
+//   <data_dir>/audit.checkpoint                       the last checkpoint
+//                                                     the server signed
+//   <data_dir>/audit.key                              the log's signing key
+//                                                     when --audit_key_file
+//                                                     names no other file
 //   <data_dir>/staging/                               unlinked files of
 //                                                     loads being received
 //   <data_dir>/modules/                               the ModuleRepository
@@ -28,6 +35,9 @@ namespace modelstate::data_dir {
 
 // Under the data directory.
 std::string AuditLogPath(absl::string_view data_dir);
+std::string AuditHashesPath(absl::string_view data_dir);
+std::string AuditCheckpointPath(absl::string_view data_dir);
+std::string AuditKeyPath(absl::string_view data_dir);
 std::string StagingDir(absl::string_view data_dir);
 std::string ModulesDir(absl::string_view data_dir);
 

@@ -36,6 +36,7 @@
 #include "service/access_gate.h"
 #include "service/audit_log.h"
 #include "service/authenticator.h"
+#include "service/checkpoint_signer.h"
 #include "service/limits.h"
 #include "service/model_store.h"
 #include "service/module_name.h"
@@ -226,6 +227,26 @@ struct ModelServiceOptions {
   std::string staging_dir;
   // The audit log's file, for VerifyAudit.
   std::string audit_path;
+  // Signs the audit log's checkpoints (not owned); null: the checkpoint
+  // RPCs fail with FAILED_PRECONDITION.
+  CheckpointSigner* checkpoints = nullptr;
+};
+
+// GetCheckpoint's answer.
+struct AuditCheckpoint {
+  std::string note;          // the signed checkpoint, with cosignatures
+  std::string verifier_key;  // the log's, in signed-note form
+};
+
+// GetInclusionProof's answer.
+struct AuditInclusion {
+  uint64_t seq = 0;
+  uint64_t tree_size = 0;
+  MerkleHash leaf_hash{};
+  std::vector<MerkleHash> proof;
+  // The record's stored line (the leaf itself), when the caller may see
+  // the record's namespace; "" otherwise.
+  std::string record_line;
 };
 
 // Thread-safe.
@@ -298,6 +319,27 @@ class ModelService {
                                                          AuditQuery query);
   absl::StatusOr<AuditVerification> VerifyAudit(const Caller& caller);
 
+  // The verifiable log (service/model_service_audit.cc). Reading
+  // checkpoints and consistency proofs needs audit or witness permission
+  // somewhere, inclusion proofs audit permission; errors name the field.
+  // `fresh`: sign one now when records came since the latest.
+  absl::StatusOr<AuditCheckpoint> GetCheckpoint(const Caller& caller,
+                                                bool fresh);
+  // tree_size 0: the latest checkpoint's.
+  absl::StatusOr<AuditInclusion> GetInclusionProof(const Caller& caller,
+                                                   uint64_t seq,
+                                                   uint64_t tree_size);
+  absl::StatusOr<std::vector<MerkleHash>> GetConsistencyProof(
+      const Caller& caller, uint64_t old_size, uint64_t new_size);
+  // Where the audit log ends now (0 without one), and the records after
+  // `mark` that `correlation_id`'s call wrote: what a response names.
+  uint64_t AuditMark() const;
+  std::vector<uint64_t> AuditSeqsSince(uint64_t mark,
+                                       const std::string& correlation_id) const;
+  // Needs the witness role; see CheckpointSigner::AddCosignature.
+  absl::StatusOr<std::string> AddCosignature(const Caller& caller,
+                                             const std::string& note);
+
   std::vector<DeviceDescription> ListDevices(const Caller& caller);
 
  private:
@@ -308,6 +350,11 @@ class ModelService {
       RegistrationRequest request);
   absl::Status Admit(const Caller& caller, SubscriptionSpec& spec);
   absl::Status HasAudit() const;
+  absl::Status HasCheckpoints() const;
+  // Audit permission somewhere, or witness permission somewhere when
+  // `witness_too`; the denial is recorded as `rpc`'s.
+  absl::Status AllowAuditRead(const Caller& caller, absl::string_view rpc,
+                              bool witness_too);
 
   // Constant after construction.
   ModelStore* const store_;

@@ -203,12 +203,35 @@ absl::StatusOr<bool> ModelStore::RecordIfUnrecorded(const ModuleName& name,
   return true;
 }
 
+absl::Status ModelStore::CheckAuditCoversManifests(
+    const ModuleRepository::LoadReport& loaded) const {
+  AuditLog* log = audit();
+  if (log == nullptr) return absl::OkStatus();
+  const uint64_t records = log->last_seq();
+  auto check = [&](const ModuleName& name, const ChangeNote& note) {
+    if (note.audit_seq <= records) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the audit log has ", records, " records, but the manifest of '",
+        name.full(), "' was saved when it had ", note.audit_seq,
+        ": records were cut off; refusing to start"));
+  };
+  for (const ModuleRepository::Removed& removed : loaded.removed) {
+    MODELSTATE_RETURN_IF_ERROR(check(removed.name, removed.note));
+  }
+  for (const ModuleRepository::Loaded& module : loaded.modules) {
+    MODELSTATE_RETURN_IF_ERROR(check(module.name, module.note));
+  }
+  return absl::OkStatus();
+}
+
 ModelStore::RestoreReport ModelStore::Restore(bool fallback_to_cpu) {
   RestoreReport report;
   ModuleRepository* repo = repository();
   if (repo == nullptr) return report;
   ModuleRepository::LoadReport loaded = repo->LoadAll(fallback_to_cpu);
   report.errors = std::move(loaded.errors);
+  report.refused = CheckAuditCoversManifests(loaded);
+  if (!report.refused.ok()) return report;
   auto recover = [&](const ModuleName& name, const ChangeNote& note) {
     absl::StatusOr<bool> recovered = RecordIfUnrecorded(name, note);
     if (!recovered.ok()) report.errors.push_back(recovered.status());

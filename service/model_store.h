@@ -151,11 +151,17 @@ class ModelStore {
     // server stopped between saving and recording them); each now has a
     // "recovered" record.
     size_t recovered = 0;
+    // Not OK when the audit log is shorter than a module's manifest says
+    // it was (records were cut off): nothing was restored or recorded, and
+    // the server must not start.
+    absl::Status refused;
   };
   // Loads every module the repository holds (call once, before serving),
   // then makes sure the audit log recorded the change behind each saved
   // state and each finished deletion. Failures to load are recorded as
-  // "restore" errors in the audit log too.
+  // "restore" errors in the audit log too. A log shorter than the last
+  // sequence number a manifest recorded is refused (report.refused), never
+  // papered over with "recovered" records.
   RestoreReport Restore(bool fallback_to_cpu = false);
 
   // Builds `spec` and stores it as `name`. ALREADY_EXISTS if the name is
@@ -276,6 +282,10 @@ class ModelStore {
   // the audit log. Returns `result`, or the audit failure when the record
   // cannot be made durable.
   absl::Status Record(const absl::Status& result, AuditRecord record);
+  // FAILED_PRECONDITION naming both sizes when a manifest recorded more
+  // audit records than the log has.
+  absl::Status CheckAuditCoversManifests(
+      const ModuleRepository::LoadReport& loaded) const;
   // The note a saved state (or deletion) carries: the change's type and
   // request, and where in the audit log its record must follow.
   ChangeNote NoteFor(const OperationContext& ctx, AuditType type) const;

@@ -1,5 +1,7 @@
 // audit: query, follow (tail) or verify the audit log, on the server or,
 // for verify, in a local copy.
+#include "client/cli/audit.h"
+
 #include <signal.h>
 
 #include <algorithm>
@@ -20,20 +22,6 @@
 
 namespace modelstate::cli {
 namespace {
-
-struct AuditArgs {
-  std::string what;
-  std::optional<std::string> since;
-  std::optional<std::string> until;
-  std::optional<std::string> ns;
-  std::optional<std::string> module;
-  std::optional<std::string> identity;
-  std::optional<std::string> outcome;
-  std::optional<std::string> type;
-  std::optional<uint64_t> after;
-  std::optional<uint64_t> limit;
-  std::optional<std::string> file;
-};
 
 v1::AuditFilter Filter(const AuditArgs& a) {
   v1::AuditFilter f;
@@ -77,6 +65,9 @@ absl::Status ShowVerification(Context& c,
 }
 
 absl::Status Verify(Context& c, const AuditArgs& a) {
+  if (a.file.has_value() && (a.key.has_value() || a.checkpoint.has_value())) {
+    return VerifyFileTree(c, a);
+  }
   if (a.file.has_value()) {
     MODELSTATE_ASSIGN_OR_RETURN(AuditVerification v, AuditLog::Verify(*a.file));
     v1::VerifyAuditResponse response;
@@ -145,11 +136,25 @@ absl::Status Tail(Context& c, const AuditArgs& a) {
 }
 
 absl::Status RunAudit(Context& c, const AuditArgs& a) {
+  const size_t operands = a.what == "prove"         ? 1
+                          : a.what == "consistency" ? 2
+                                                    : 0;
+  if (a.operands.size() != operands) {
+    return UsageError(absl::StrCat("audit ", a.what, " takes ", operands,
+                                   " operands, not ", a.operands.size()));
+  }
   if (a.what == "verify") return Verify(c, a);
   if (a.what == "query") return Query(c, a);
   if (a.what == "tail") return Tail(c, a);
-  return UsageError(
-      absl::StrCat("expected query, tail or verify, got '", a.what, "'"));
+  if (a.what == "checkpoint") return RunCheckpoint(c, a);
+  if (a.what == "key") return RunKey(c, a);
+  if (a.what == "prove") return RunProve(c, a);
+  if (a.what == "consistency") return RunConsistency(c, a);
+  if (a.what == "witness") return RunWitness(c, a);
+  return UsageError(absl::StrCat(
+      "expected query, tail, verify, checkpoint, key, prove, consistency or "
+      "witness, got '",
+      a.what, "'"));
 }
 
 }  // namespace
@@ -157,14 +162,27 @@ absl::Status RunAudit(Context& c, const AuditArgs& a) {
 void AddAuditCommand(CommandSet& commands) {
   auto args = std::make_shared<AuditArgs>();
   CLI::App* audit = commands.Add(
-      {"audit", "query, follow or verify the audit log",
+      {"audit", "query, follow, verify, prove or witness the audit log",
        "query prints the records that match; tail prints them as they are "
        "written, until interrupted; verify walks the hash chain and names the "
        "first broken record (exit 1 if any), on the server or, with --file, "
-       "in a local copy of the log.",
+       "in a local copy of the log (with --key and --checkpoint it also "
+       "checks the checkpoint's signature and that the log's tree matches "
+       "it, naming the first differing seq). checkpoint prints the latest "
+       "signed checkpoint (--fresh: signed now), key the log's verifier key; "
+       "prove SEQ [--size N] and consistency OLD NEW fetch and check proofs "
+       "against signed checkpoints. witness --key WITNESS_KEY --state DIR "
+       "polls the checkpoints, checks each is consistent with the last it "
+       "cosigned, and cosigns it; shown one that is not, it prints both and "
+       "exits 1.",
        "modelstatectl audit query --module mlp --outcome block"},
       [args](Context& c) { return RunAudit(c, *args); });
-  audit->add_option("query|tail|verify", args->what, "what to do")->required();
+  audit
+      ->add_option("query|tail|verify|checkpoint|key|prove|consistency|witness",
+                   args->what, "what to do")
+      ->required();
+  audit->add_option("operands", args->operands,
+                    "prove: SEQ; consistency: OLD NEW");
   AddValue(audit, "--since", args->since, "TIME", "RFC 3339, inclusive");
   AddValue(audit, "--until", args->until, "TIME", "RFC 3339, exclusive");
   AddValue(audit, "--namespace", args->ns, "NS", "only this namespace");
@@ -182,6 +200,27 @@ void AddAuditCommand(CommandSet& commands) {
       ->check(PositiveInteger());
   AddValue(audit, "--file", args->file, "FILE",
            "verify: a local audit.log instead");
+  AddValue(audit, "--key", args->key, "KEY",
+           "the log's verifier key (or a file of it); witness: the witness's "
+           "private key file (created if absent)");
+  AddValue(audit, "--checkpoint", args->checkpoint, "FILE",
+           "a saved checkpoint to check against (verify, prove, consistency)");
+  AddValue(audit, "--hashes", args->hashes, "FILE",
+           "verify: a copy of audit.hashes, to name the first differing seq");
+  AddValue(audit, "--size", args->size, "N", "prove: the tree size")
+      ->check(PositiveInteger());
+  AddFlag(audit, "--fresh", args->fresh,
+          "checkpoint: sign one now if records came since the latest");
+  AddValue(audit, "--state", args->state, "DIR",
+           "witness: where it keeps the last checkpoint it cosigned");
+  AddValue(audit, "--name", args->name, "NAME",
+           "witness: its key name (default modelstate-witness)");
+  AddValue(audit, "--log-key", args->log_key, "KEY",
+           "witness: the log's verifier key (default: pinned on first run)");
+  AddValue(audit, "--interval", args->interval, "SECONDS",
+           "witness: between polls (default 1)")
+      ->check(PositiveSeconds());
+  AddFlag(audit, "--once", args->once, "witness: one round, then exit");
 }
 
 }  // namespace modelstate::cli

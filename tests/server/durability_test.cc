@@ -419,6 +419,9 @@ TEST_F(DurabilityTest, AChangeSavedButNeverRecordedIsRecordedAtStart) {
   }
   in.close();
   std::ofstream(log, std::ios::trunc) << kept;
+  // A crash there leaves no checkpoint over the missing record; the one the
+  // graceful stop signed would (rightly) refuse this log as cut off.
+  fs::remove(server_.data_dir() / "audit.checkpoint");
 
   Restart();
   EXPECT_THAT(server_.Log(), HasSubstr("recorded 1 changes the audit log "
@@ -502,6 +505,13 @@ TEST_F(DurabilityTest, ADamagedAuditLogStopsTheStartAndATornTailIsDropped) {
                         "crash"));
   EXPECT_TRUE(VerifyAudit(*client_).ok());
   StopGracefully();
+  // The log as that server left it: its last signed checkpoint covers all
+  // of it, so a repair must restore this, not an older copy (one shorter
+  // than the checkpoint is refused as a rollback).
+  {
+    std::ifstream in(log, std::ios::binary);
+    original.assign(std::istreambuf_iterator<char>(in), {});
+  }
 
   // One changed byte inside the first record.
   std::string edited = original;

@@ -104,6 +104,26 @@ class ModelStateServiceStub(object):
                 request_serializer=modelstate_dot_v1_dot_model__state__service__pb2.VerifyAuditRequest.SerializeToString,
                 response_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.VerifyAuditResponse.FromString,
                 )
+        self.GetCheckpoint = channel.unary_unary(
+                '/modelstate.v1.ModelStateService/GetCheckpoint',
+                request_serializer=modelstate_dot_v1_dot_model__state__service__pb2.GetCheckpointRequest.SerializeToString,
+                response_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.GetCheckpointResponse.FromString,
+                )
+        self.GetInclusionProof = channel.unary_unary(
+                '/modelstate.v1.ModelStateService/GetInclusionProof',
+                request_serializer=modelstate_dot_v1_dot_model__state__service__pb2.GetInclusionProofRequest.SerializeToString,
+                response_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.GetInclusionProofResponse.FromString,
+                )
+        self.GetConsistencyProof = channel.unary_unary(
+                '/modelstate.v1.ModelStateService/GetConsistencyProof',
+                request_serializer=modelstate_dot_v1_dot_model__state__service__pb2.GetConsistencyProofRequest.SerializeToString,
+                response_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.GetConsistencyProofResponse.FromString,
+                )
+        self.AddCosignature = channel.unary_unary(
+                '/modelstate.v1.ModelStateService/AddCosignature',
+                request_serializer=modelstate_dot_v1_dot_model__state__service__pb2.AddCosignatureRequest.SerializeToString,
+                response_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.AddCosignatureResponse.FromString,
+                )
         self.ListDevices = channel.unary_unary(
                 '/modelstate.v1.ModelStateService/ListDevices',
                 request_serializer=modelstate_dot_v1_dot_model__state__service__pb2.ListDevicesRequest.SerializeToString,
@@ -291,6 +311,47 @@ class ModelStateServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCheckpoint(self, request, context):
+        """The verifiable log. The records, exactly as stored, are the leaves of
+        an RFC 6962 tree; the server signs C2SP checkpoints of it with its
+        Ed25519 key. Auditors (and witnesses, for checkpoints and consistency
+        proofs) only; FAILED_PRECONDITION on a server without an audit log.
+
+        The latest signed checkpoint, with the witness cosignatures received
+        for it, and the log's verifier key.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetInclusionProof(self, request, context):
+        """The inclusion proof of record `seq` in the tree of `tree_size` records.
+        NOT_FOUND for an unknown seq; INVALID_ARGUMENT naming tree_size beyond
+        the log, or a seq outside that tree.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetConsistencyProof(self, request, context):
+        """The consistency proof between two tree sizes. INVALID_ARGUMENT naming
+        new_size beyond the log, or old_size above new_size.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddCosignature(self, request, context):
+        """A witness's cosignature of a checkpoint of this log (the witness role
+        only). INVALID_ARGUMENT naming the checkpoint when it is malformed, of
+        another log, or carries no cosignature; PERMISSION_DENIED naming the
+        key for a cosignature that does not verify or whose key is not
+        configured as a witness. Nothing is attached unless all are good.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListDevices(self, request, context):
         """The devices this server can place tensors on (cpu, meta, then every
         cuda:N), with their memory. Any authenticated caller.
@@ -392,6 +453,26 @@ def add_ModelStateServiceServicer_to_server(servicer, server):
                     servicer.VerifyAudit,
                     request_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.VerifyAuditRequest.FromString,
                     response_serializer=modelstate_dot_v1_dot_model__state__service__pb2.VerifyAuditResponse.SerializeToString,
+            ),
+            'GetCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCheckpoint,
+                    request_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.GetCheckpointRequest.FromString,
+                    response_serializer=modelstate_dot_v1_dot_model__state__service__pb2.GetCheckpointResponse.SerializeToString,
+            ),
+            'GetInclusionProof': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetInclusionProof,
+                    request_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.GetInclusionProofRequest.FromString,
+                    response_serializer=modelstate_dot_v1_dot_model__state__service__pb2.GetInclusionProofResponse.SerializeToString,
+            ),
+            'GetConsistencyProof': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetConsistencyProof,
+                    request_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.GetConsistencyProofRequest.FromString,
+                    response_serializer=modelstate_dot_v1_dot_model__state__service__pb2.GetConsistencyProofResponse.SerializeToString,
+            ),
+            'AddCosignature': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddCosignature,
+                    request_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.AddCosignatureRequest.FromString,
+                    response_serializer=modelstate_dot_v1_dot_model__state__service__pb2.AddCosignatureResponse.SerializeToString,
             ),
             'ListDevices': grpc.unary_unary_rpc_method_handler(
                     servicer.ListDevices,
@@ -711,6 +792,74 @@ class ModelStateService(object):
         return grpc.experimental.unary_unary(request, target, '/modelstate.v1.ModelStateService/VerifyAudit',
             modelstate_dot_v1_dot_model__state__service__pb2.VerifyAuditRequest.SerializeToString,
             modelstate_dot_v1_dot_model__state__service__pb2.VerifyAuditResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def GetCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/modelstate.v1.ModelStateService/GetCheckpoint',
+            modelstate_dot_v1_dot_model__state__service__pb2.GetCheckpointRequest.SerializeToString,
+            modelstate_dot_v1_dot_model__state__service__pb2.GetCheckpointResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def GetInclusionProof(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/modelstate.v1.ModelStateService/GetInclusionProof',
+            modelstate_dot_v1_dot_model__state__service__pb2.GetInclusionProofRequest.SerializeToString,
+            modelstate_dot_v1_dot_model__state__service__pb2.GetInclusionProofResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def GetConsistencyProof(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/modelstate.v1.ModelStateService/GetConsistencyProof',
+            modelstate_dot_v1_dot_model__state__service__pb2.GetConsistencyProofRequest.SerializeToString,
+            modelstate_dot_v1_dot_model__state__service__pb2.GetConsistencyProofResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def AddCosignature(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/modelstate.v1.ModelStateService/AddCosignature',
+            modelstate_dot_v1_dot_model__state__service__pb2.AddCosignatureRequest.SerializeToString,
+            modelstate_dot_v1_dot_model__state__service__pb2.AddCosignatureResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

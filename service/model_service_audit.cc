@@ -1,0 +1,102 @@
+// ModelService's verifiable-log methods: checkpoints, inclusion and
+// consistency proofs, witness cosignatures. Kept apart from
+// model_service.cc, whose methods are about modules.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "service/audit_tree.h"
+#include "service/model_service.h"
+
+namespace modelstate {
+
+absl::Status ModelService::HasCheckpoints() const {
+  MODELSTATE_RETURN_IF_ERROR(HasAudit());
+  if (options_.checkpoints != nullptr) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "this server signs no audit checkpoints");
+}
+
+absl::Status ModelService::AllowAuditRead(const Caller& caller,
+                                          absl::string_view rpc,
+                                          bool witness_too) {
+  if (witness_too && caller.principal.AllowsAnywhere(Permission::kWitness)) {
+    return absl::OkStatus();
+  }
+  return gate_.AllowSomewhere(caller, rpc, Permission::kAudit);
+}
+
+uint64_t ModelService::AuditMark() const {
+  return audit_ == nullptr ? 0 : audit_->last_seq();
+}
+
+std::vector<uint64_t> ModelService::AuditSeqsSince(
+    uint64_t mark, const std::string& correlation_id) const {
+  std::vector<uint64_t> seqs;
+  if (audit_ == nullptr || audit_->last_seq() <= mark) return seqs;
+  AuditQuery query;
+  query.after_seq = mark;
+  query.limit = AuditQuery::kMaxLimit;
+  absl::StatusOr<std::vector<AuditRecord>> records = audit_->Query(query);
+  if (!records.ok()) return seqs;
+  for (const AuditRecord& r : *records) {
+    if (r.correlation_id == correlation_id) seqs.push_back(r.seq);
+  }
+  return seqs;
+}
+
+absl::StatusOr<AuditCheckpoint> ModelService::GetCheckpoint(
+    const Caller& caller, bool fresh) {
+  MODELSTATE_RETURN_IF_ERROR(AllowAuditRead(caller, "GetCheckpoint", true));
+  MODELSTATE_RETURN_IF_ERROR(HasCheckpoints());
+  AuditCheckpoint out;
+  if (fresh) {
+    MODELSTATE_ASSIGN_OR_RETURN(out.note, options_.checkpoints->SignNow());
+  } else {
+    out.note = options_.checkpoints->Latest();
+  }
+  out.verifier_key = options_.checkpoints->verifier_key();
+  return out;
+}
+
+absl::StatusOr<AuditInclusion> ModelService::GetInclusionProof(
+    const Caller& caller, uint64_t seq, uint64_t tree_size) {
+  MODELSTATE_RETURN_IF_ERROR(
+      AllowAuditRead(caller, "GetInclusionProof", false));
+  MODELSTATE_RETURN_IF_ERROR(HasCheckpoints());
+  AuditInclusion out;
+  out.seq = seq;
+  out.tree_size = tree_size != 0
+                      ? tree_size
+                      : options_.checkpoints->LatestCheckpoint().size;
+  MODELSTATE_ASSIGN_OR_RETURN(out.proof,
+                              audit_->InclusionProof(seq, out.tree_size));
+  MODELSTATE_ASSIGN_OR_RETURN(AuditRecord record, audit_->Get(seq));
+  const std::string line = AuditLog::Serialize(record);
+  out.leaf_hash = AuditLeafHash(line);
+  if (AuditRecordVisible(caller.principal.NamespacesFor(Permission::kAudit),
+                         record)) {
+    out.record_line = line;
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<MerkleHash>> ModelService::GetConsistencyProof(
+    const Caller& caller, uint64_t old_size, uint64_t new_size) {
+  MODELSTATE_RETURN_IF_ERROR(
+      AllowAuditRead(caller, "GetConsistencyProof", true));
+  MODELSTATE_RETURN_IF_ERROR(HasCheckpoints());
+  return audit_->ConsistencyProof(old_size, new_size);
+}
+
+absl::StatusOr<std::string> ModelService::AddCosignature(
+    const Caller& caller, const std::string& note) {
+  MODELSTATE_RETURN_IF_ERROR(
+      gate_.AllowSomewhere(caller, "AddCosignature", Permission::kWitness));
+  MODELSTATE_RETURN_IF_ERROR(HasCheckpoints());
+  return options_.checkpoints->AddCosignature(note);
+}
+
+}  // namespace modelstate
