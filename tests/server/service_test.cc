@@ -1177,6 +1177,7 @@ TEST(ServerLifecycleTest, RefusesOutOfRangeFlagsWithExitCodeTwo) {
            {{"--max_entries=0"}, "--max_entries=0"},
            {{"--max_spec_depth=0"}, "--max_spec_depth=0"},
            {{"--max_queued_events=0"}, "--max_queued_events=0"},
+           {{"--max_subscriber_queue_mib=0"}, "--max_subscriber_queue_mib=0"},
            {{"--shutdown_grace_seconds=-5"}, "--shutdown_grace_seconds=-5"},
            {{"--stream_window_kib=-1"}, "--stream_window_kib=-1"},
            {{"--max_streams_per_identity=-1"}, "--max_streams_per_identity=-1"},
