@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -924,11 +925,44 @@ absl::Status ModelStore::SetTraining(const OperationContext& ctx,
   return Record(saved, audit_events::SetTraining(ctx, name, training, saved));
 }
 
+namespace {
+
+// Whether module(*inputs) on `target` in mode `training` (unset: each
+// module's own) only reads the tree: no module switches or runs in training
+// mode, and no Embedding renormalises its weight (max_norm).
+bool ForwardOnlyReads(const Module& target, std::optional<bool> training) {
+  for (const auto& [key, m] : target.NamedModules()) {
+    if (training.value_or(m->is_training()) || m->is_training()) return false;
+    const AttrValue* max_norm = m->attributes().Find("max_norm");
+    if (max_norm != nullptr &&
+        !std::holds_alternative<std::monostate>(*max_norm)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<Tensor>> ModelStore::Forward(
     const OperationContext& ctx, const ModuleName& name,
     const std::string& path, std::vector<Tensor> inputs,
     std::optional<bool> training, uint64_t seed) {
   MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
+  ForwardOptions options;
+  options.seed = seed;
+  {
+    // An eval call that changes nothing is a reader: it shares the lock
+    // with other readers (and other eval calls) and waits for no writer's
+    // pending decisions.
+    ReaderMutexLock lock(&entry->mu);
+    if (entry->deleted) return NoSuchModule(name);
+    MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Module> target,
+                                Submodule(*entry->root, name, "path", path));
+    if (ForwardOnlyReads(*target, training)) {
+      return modelstate::Forward(*target, std::move(inputs), options);
+    }
+  }
   MutexLock gate(&entry->gate);
   absl::StatusOr<std::vector<Tensor>> outputs;
   bool trained = false;
@@ -949,8 +983,6 @@ absl::StatusOr<std::vector<Tensor>> ModelStore::Forward(
       trained = trained || training.value_or(m->is_training());
     }
     if (training.has_value()) (*target)->Train(*training);
-    ForwardOptions options;
-    options.seed = seed;
     outputs = modelstate::Forward(**target, std::move(inputs), options);
     for (auto& [m, mode] : modes) m->set_training(mode);
     // Buffers may have changed even if a later submodule failed, as in

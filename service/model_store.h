@@ -217,7 +217,9 @@ class ModelStore {
   // `training` mode for this call if given (every module's own mode is
   // restored after). A training-mode call may change buffers (BatchNorm's
   // running statistics): it is saved and recorded ("forward"); an eval call
-  // changes nothing and is not recorded. NOT_FOUND for an unknown module or
+  // changes nothing and is not recorded; it is a reader (shared lock, no
+  // wait behind a writer's pending decisions) unless it must switch modes
+  // or renormalise an Embedding (max_norm). NOT_FOUND for an unknown module or
   // path; Forward's errors otherwise.
   absl::StatusOr<std::vector<Tensor>> Forward(const OperationContext& ctx,
                                               const ModuleName& name,

@@ -15,6 +15,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
+#include "core/forward_hooks.h"
 #include "core/staged_state_dict.h"
 #include "core/state_stream.h"
 #include "gmock/gmock.h"
@@ -528,6 +529,41 @@ TEST_F(ModelStoreTest, ADeciderHoldsWritersOfTheModuleButNotItsReaders) {
                        HasSubstr("was blocked: held and refused")));
   EXPECT_EQ(State("t/m").tensors.size(), 2u);  // nothing registered
   store_->set_decider(nullptr);
+}
+
+// An eval-mode forward only reads: readers (and other eval forwards) go on
+// while it runs; a training-mode one still excludes them.
+TEST_F(ModelStoreTest, AnEvalForwardIsAReader) {
+  ASSERT_THAT(Build("t/m").status(), IsOk());
+  ASSERT_THAT(store_->SetTraining(ctx_, Name("t/m"), false), IsOk());
+  absl::Notification in_forward;
+  absl::Notification release;
+  RemovableHandle hook = ForwardHookList::Global().AddHook(
+      [&](Module&, const std::vector<Tensor>&,
+          const std::vector<Tensor>&) -> ForwardHookResult {
+        in_forward.Notify();
+        release.WaitForNotificationWithTimeout(absl::Seconds(30));
+        return std::nullopt;
+      });
+  std::thread forward([&] {
+    EXPECT_THAT(store_->Forward(ctx_, Name("t/m"), "",
+                                {Filled(DType::kFloat32, {2, 4}, 1)},
+                                std::nullopt, 0)
+                    .status(),
+                IsOk());
+  });
+  ASSERT_TRUE(in_forward.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  absl::Notification read;
+  std::thread reader([&] {
+    EXPECT_EQ(State("t/m").tensors.size(), 2u);
+    read.Notify();
+  });
+  EXPECT_TRUE(read.WaitForNotificationWithTimeout(absl::Seconds(5)))
+      << "a reader waited behind an eval forward";
+  release.Notify();
+  forward.join();
+  reader.join();
+  hook.Remove();
 }
 
 }  // namespace
