@@ -135,6 +135,7 @@ class Server {
   std::unique_ptr<ModelService> service_;
   std::unique_ptr<ModelStateServiceImpl> handlers_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Service> health_only_;  // health_server_'s service
   std::unique_ptr<grpc::Server> health_server_;
   std::string address_;
   std::atomic<bool> shut_down_{false};
