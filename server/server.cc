@@ -1,5 +1,8 @@
 #include "server/server.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -33,11 +36,25 @@ namespace {
 
 using internal::LogLine;
 
-// 127.0.0.0/8, ::1 and localhost: reachable from this machine only.
+// An IP literal in 127.0.0.0/8, ::1 (or ::ffff:127.x.y.z), or "localhost":
+// reachable from this machine only. Any other name (127.example.com) may
+// resolve anywhere, so it is not loopback.
 bool IsLoopback(const std::string& listen) {
   std::string host = listen.substr(0, listen.rfind(':'));
-  return host == "localhost" || host == "[::1]" || host == "::1" ||
-         host.rfind("127.", 0) == 0;
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host == "localhost") return true;
+  in_addr v4;
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) {
+    return (ntohl(v4.s_addr) >> 24) == 127;
+  }
+  in6_addr v6;
+  if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) {
+    return IN6_IS_ADDR_LOOPBACK(&v6) ||
+           (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
+  }
+  return false;
 }
 
 absl::StatusOr<std::string> ReadPem(absl::string_view flag,

@@ -15,6 +15,7 @@
 // their ranges, starts the server and runs the signal loop.
 #include <malloc.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -307,6 +308,9 @@ int main(int argc, char** argv) {
   // with an error the caller gets (the audit log then refuses changes), not
   // kill the server.
   signal(SIGXFSZ, SIG_IGN);
+  // The data directory holds model weights and the audit log: files are
+  // created 0600 and directories 0700, whatever the caller's umask.
+  umask(077);
   // Blocks of 1 MiB and more (messages with tensor data, their copies) are
   // mapped and unmapped on their own: once the clients that caused them are
   // gone, the memory goes back to the system instead of staying in malloc's

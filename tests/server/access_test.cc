@@ -657,6 +657,9 @@ TEST(AccessStartTest, RefusesUnsafeConfigurations) {
   // None of these gets as far as listening.
   for (const Case& c : std::vector<Case>{
            {{"--listen=0.0.0.0:0"}, "without authentication"},
+           // A name that starts like a loopback address may resolve anywhere.
+           {{"--listen=127.example.com:0"}, "without authentication"},
+           {{"--listen=[::ffff:10.0.0.1]:0"}, "without authentication"},
            {{"--listen=0.0.0.0:0", tokens}, "refusing plaintext"},
            {{"--tls_client_ca_file=/nonexistent", tokens},
             "--tls_client_ca_file needs --tls_cert_file"},
@@ -671,6 +674,20 @@ TEST(AccessStartTest, RefusesUnsafeConfigurations) {
   TestServer loopback;
   ASSERT_THAT(loopback.Start(), IsOk());
   EXPECT_THAT(loopback.Log(), HasSubstr("no authentication"));
+  // What it stores is its own: files 0600, directories 0700.
+  ASSERT_THAT(loopback.NewClient()->BuildModule(BuildRequest("t/m", kNet)),
+              IsOk());
+  int files = 0;
+  for (const auto& entry :
+       std::filesystem::recursive_directory_iterator(loopback.data_dir())) {
+    const auto perms = entry.status().permissions();
+    const auto others =
+        std::filesystem::perms::group_all | std::filesystem::perms::others_all;
+    EXPECT_EQ(perms & others, std::filesystem::perms::none)
+        << entry.path() << " is open to others";
+    files += entry.is_regular_file();
+  }
+  EXPECT_GE(files, 3);  // the audit log, a manifest and a data file
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
 }
