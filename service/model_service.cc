@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
@@ -387,7 +388,34 @@ absl::StatusOr<std::vector<SubscriberInfo>> ModelService::ListSubscribers(
     MODELSTATE_RETURN_IF_ERROR(gate_.AllowSomewhere(caller, "ListSubscribers",
                                                     Permission::kSubscribe));
   }
-  return hub_->List();
+  // A subscriber is listed, with its filters, only to a caller who may
+  // review or audit every namespace it may see: one team's reviewers never
+  // learn what another team's (or an admin's) subscribers watch for.
+  std::vector<std::string> mine =
+      caller.principal.NamespacesFor(Permission::kSubscribe);
+  for (std::string& ns : caller.principal.NamespacesFor(Permission::kAudit)) {
+    mine.push_back(std::move(ns));
+  }
+  auto covered = [&](absl::string_view ns) {
+    return absl::c_linear_search(mine, "*") || absl::c_linear_search(mine, ns);
+  };
+  std::vector<SubscriberInfo> listed;
+  for (SubscriberInfo& info : hub_->List()) {
+    // What it may see: its filter's namespaces within its visible ones.
+    std::vector<std::string> sees;
+    const std::vector<std::string>& visible = info.spec.visible_namespaces;
+    for (const std::string& ns : info.spec.filter.namespaces) {
+      if (visible.empty() || absl::c_linear_search(visible, ns)) {
+        sees.push_back(ns);
+      }
+    }
+    if (info.spec.filter.namespaces.empty()) sees = visible;
+    const bool everywhere = sees.empty() && info.spec.filter.namespaces.empty();
+    if (everywhere ? covered("*") : absl::c_all_of(sees, covered)) {
+      listed.push_back(std::move(info));
+    }
+  }
+  return listed;
 }
 
 absl::Status ModelService::HasAudit() const {

@@ -483,6 +483,44 @@ TEST_F(AccessTest, ASubscriberNeverSeesANamespaceItMayNotReview) {
   EXPECT_EQ(namespaces, std::set<std::string>{"team-a"});
 }
 
+// ListSubscribers shows a subscriber (and its filters) only to callers who
+// may review or audit every namespace it sees.
+TEST_F(AccessTest, ListSubscribersShowsOnlyWhatTheCallerMayReview) {
+  std::unique_ptr<client::ModelStateClient> root = As("root-token");
+  std::unique_ptr<client::ModelStateClient> rev = As("rev-token");
+  auto approve = [](const v1::HookEventProto& e) {
+    v1::HookAnswer a;
+    a.set_event_id(e.event_id());
+    a.set_verdict(v1::HookAnswer::APPROVE);
+    return a;
+  };
+  v1::Subscription b;
+  b.set_name("root-watches-b");
+  b.add_namespaces("team-b");
+  b.set_name_glob("secret*");
+  auto root_sub = client::Subscriber::Start(*root, b, approve);
+  ASSERT_THAT(root_sub, IsOk());
+  v1::Subscription a;
+  a.set_name("rev-watches-a");
+  auto rev_sub = client::Subscriber::Start(*rev, a, approve);
+  ASSERT_THAT(rev_sub, IsOk());
+  auto names = [](client::ModelStateClient& c) {
+    absl::StatusOr<v1::ListSubscribersResponse> list = c.ListSubscribers();
+    EXPECT_THAT(list, IsOk());
+    std::set<std::string> out;
+    if (!list.ok()) return out;
+    for (const auto& s : list->subscribers()) {
+      out.insert(s.subscription().name());
+    }
+    return out;
+  };
+  EXPECT_EQ(names(*rev), std::set<std::string>{"rev-watches-a"});
+  EXPECT_EQ(names(*root),
+            (std::set<std::string>{"rev-watches-a", "root-watches-b"}));
+  (*rev_sub)->Stop();
+  (*root_sub)->Stop();
+}
+
 // A subscriber's answer that approves every event.
 v1::HookAnswer Approve(const v1::HookEventProto& e) {
   v1::HookAnswer a;
