@@ -50,6 +50,14 @@ SubscriptionReactor::SubscriptionReactor(
 }
 
 void SubscriptionReactor::OnReadDone(bool ok) {
+  if (!ok && !attached_) {
+    // Half-closed without a subscription, or its first message did not
+    // parse (gRPC's reader does not say which): never a subscription.
+    FinishOnce(absl::InvalidArgumentError(
+        "subscription: no subscription could be read: the stream ended "
+        "before it, or its first message is not a SubscribeRequest"));
+    return;
+  }
   if (!ok) {
     // The subscriber closed its side (or the call was cancelled). Detached
     // before the stream ends, so once the client sees the end, no request

@@ -247,13 +247,23 @@ absl::StatusOr<StateDictDownload> ModelService::GetStateDict(
   return download;
 }
 
+absl::StatusOr<std::unique_ptr<StreamLimiter::Slot>> ModelService::OpenLoad(
+    const Caller& caller) {
+  MODELSTATE_RETURN_IF_ERROR(
+      gate_.AllowSomewhere(caller, "LoadStateDict", Permission::kWrite));
+  return streams_.Acquire(caller.ctx.identity);
+}
+
 absl::StatusOr<std::unique_ptr<LoadSession>> ModelService::LoadStateDict(
-    const Caller& caller, LoadStateDictArgs args) {
+    const Caller& caller, LoadStateDictArgs args,
+    std::unique_ptr<StreamLimiter::Slot> slot) {
   MODELSTATE_RETURN_IF_ERROR(
       gate_.Allow(caller, "LoadStateDict", Permission::kWrite, args.module));
   std::unique_ptr<LoadSession> session(new LoadSession());
-  MODELSTATE_ASSIGN_OR_RETURN(session->slot_,
-                              streams_.Acquire(caller.ctx.identity));
+  if (slot == nullptr) {
+    MODELSTATE_ASSIGN_OR_RETURN(slot, streams_.Acquire(caller.ctx.identity));
+  }
+  session->slot_ = std::move(slot);
   session->store_ = store_;
   session->ctx_ = caller.ctx;
   session->module_ = args.module;
@@ -283,8 +293,13 @@ absl::StatusOr<LoadResult> LoadSession::Finish() {
   if (staged_ != nullptr) {
     return store_->LoadStaged(ctx_, module_, *staged_, options_);
   }
-  MODELSTATE_ASSIGN_OR_RETURN(StateDict state_dict, assembler_->Finish());
-  return store_->Load(ctx_, module_, state_dict, options_);
+  absl::StatusOr<StateDict> state_dict = assembler_->Finish();
+  if (!state_dict.ok()) return Fail(state_dict.status());
+  return store_->Load(ctx_, module_, *state_dict, options_);
+}
+
+absl::Status LoadSession::Fail(absl::Status why) {
+  return store_->RecordLoadFailure(ctx_, module_, options_, std::move(why));
 }
 
 absl::Status ModelService::MoveModule(const Caller& caller,

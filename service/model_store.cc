@@ -804,9 +804,20 @@ absl::StatusOr<LoadResult> ModelStore::LoadStaged(const OperationContext& ctx,
                                                   const ModuleName& name,
                                                   StagedStateDict& staged,
                                                   LoadOptions options) {
-  MODELSTATE_ASSIGN_OR_RETURN(StateDict described, staged.Finish());
+  absl::StatusOr<StateDict> described = staged.Finish();
+  if (!described.ok()) {
+    return RecordLoadFailure(ctx, name, options, described.status());
+  }
   options.source = &staged;
-  return LoadImpl(ctx, name, described, options, &staged);
+  return LoadImpl(ctx, name, *described, options, &staged);
+}
+
+absl::Status ModelStore::RecordLoadFailure(const OperationContext& ctx,
+                                           const ModuleName& name,
+                                           const LoadOptions& options,
+                                           absl::Status why) {
+  return Record(why, audit_events::LoadStateDict(ctx, name, options,
+                                                 StateDict(), nullptr, why));
 }
 
 absl::StatusOr<LoadResult> ModelStore::LoadImpl(const OperationContext& ctx,

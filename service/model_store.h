@@ -206,6 +206,13 @@ class ModelStore {
                                         StagedStateDict& staged,
                                         LoadOptions options);
 
+  // Records a load that failed before it could be applied (its stream
+  // ended early, or bytes were missing); returns `why` (or the audit
+  // failure).
+  absl::Status RecordLoadFailure(const OperationContext& ctx,
+                                 const ModuleName& name,
+                                 const LoadOptions& options, absl::Status why);
+
   // module.to(device, dtype). Errors as Module::To.
   absl::Status Move(const OperationContext& ctx, const ModuleName& name,
                     std::optional<Device> device, std::optional<DType> dtype);
