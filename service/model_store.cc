@@ -804,6 +804,16 @@ absl::StatusOr<LoadResult> ModelStore::LoadStaged(const OperationContext& ctx,
                                                   const ModuleName& name,
                                                   StagedStateDict& staged,
                                                   LoadOptions options) {
+  // Deleted while its bytes came: the load is for a module that is gone,
+  // and its staged file has no directory left to land in.
+  if (absl::StatusOr<std::shared_ptr<Entry>> entry = Find(name); entry.ok()) {
+    ReaderMutexLock lock(&(*entry)->mu);
+    if ((*entry)->deleted) {
+      return RecordLoadFailure(ctx, name, options, NoSuchModule(name));
+    }
+  } else {
+    return RecordLoadFailure(ctx, name, options, entry.status());
+  }
   absl::StatusOr<StateDict> described = staged.Finish();
   if (!described.ok()) {
     return RecordLoadFailure(ctx, name, options, described.status());

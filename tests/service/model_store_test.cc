@@ -242,10 +242,12 @@ TEST_F(ModelStoreTest,
                   .status(),
               StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_TRUE(AllEqual(State("t/m"), 3));
+  // The truncated load is recorded like the one that failed early.
   std::vector<AuditRecord> loads = Records("load_state_dict");
-  ASSERT_EQ(loads.size(), 2u);
+  ASSERT_EQ(loads.size(), 3u);
   EXPECT_EQ(loads[0].outcome, "ok");
   EXPECT_EQ(loads[1].outcome, "error");
+  EXPECT_EQ(loads[2].outcome, "error");
 }
 
 TEST_F(ModelStoreTest, MoveConvertsFloatingTensorsAndDeleteRemoves) {
@@ -531,6 +533,31 @@ TEST_F(ModelStoreTest, ADeciderHoldsWritersOfTheModuleButNotItsReaders) {
   store_->set_decider(nullptr);
 }
 
+// A module deleted while a streamed load's bytes come: the load fails
+// NOT_FOUND (not INTERNAL about a rename), recorded, and leaves no module
+// directory behind.
+TEST_F(ModelStoreTest, AStreamedLoadOfAModuleDeletedMeanwhileIsNotFound) {
+  MakeDurable();
+  ASSERT_THAT(Build("t/m").status(), IsOk());
+  StateDict state = Pattern(3);
+  auto reader = *StateDictReader::Create(state, std::nullopt);
+  {
+    std::unique_ptr<StagedStateDict> staged = *store_->StageLoad(
+        ctx_, Name("t/m"), reader->layout(), StreamLimits{}, {}, dir_.string());
+    ASSERT_THAT(store_->Delete(ctx_, Name("t/m")), IsOk());
+    while (reader->remaining() > 0) {
+      std::string bytes;
+      ASSERT_GT(*reader->Read(1 << 10, &bytes), 0u);
+      ASSERT_THAT(staged->Append(std::move(bytes)), IsOk());
+    }
+    EXPECT_THAT(store_->LoadStaged(ctx_, Name("t/m"), *staged, {}).status(),
+                StatusIs(absl::StatusCode::kNotFound));
+  }
+  EXPECT_FALSE(fs::exists(
+      data_dir::ModuleDir((dir_ / "modules").string(), Name("t/m"))));
+  EXPECT_EQ(Records("load_state_dict").size(), 1u);
+}
+
 // An eval-mode forward only reads: readers (and other eval forwards) go on
 // while it runs; a training-mode one still excludes them.
 TEST_F(ModelStoreTest, AnEvalForwardIsAReader) {
@@ -546,11 +573,12 @@ TEST_F(ModelStoreTest, AnEvalForwardIsAReader) {
         return std::nullopt;
       });
   std::thread forward([&] {
-    EXPECT_THAT(store_->Forward(ctx_, Name("t/m"), "",
-                                {Filled(DType::kFloat32, {2, 4}, 1)},
-                                std::nullopt, 0)
-                    .status(),
-                IsOk());
+    EXPECT_THAT(
+        store_
+            ->Forward(ctx_, Name("t/m"), "",
+                      {Filled(DType::kFloat32, {2, 4}, 1)}, std::nullopt, 0)
+            .status(),
+        IsOk());
   });
   ASSERT_TRUE(in_forward.WaitForNotificationWithTimeout(absl::Seconds(30)));
   absl::Notification read;
