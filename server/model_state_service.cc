@@ -50,8 +50,10 @@ absl::Status SendStateDict(grpc::ServerContext* context,
 absl::StatusOr<v1::LoadStart> ReadLoadStart(LoadReader* reader) {
   v1::LoadStateDictRequest message;
   if (!reader->Read(&message)) {
+    // gRPC's reader does not say which of the two it was.
     return absl::InvalidArgumentError(
-        "start: the stream ended before its start message");
+        "start: no start message could be read: the stream ended before it, "
+        "or its first message is not a LoadStateDictRequest");
   }
   if (message.payload_case() != v1::LoadStateDictRequest::kStart) {
     return absl::InvalidArgumentError(
@@ -275,13 +277,16 @@ grpc::Status ModelStateServiceImpl::LoadStateDict(
     v1::LoadStateDictResponse* response) {
   return Serve(
       context, "LoadStateDict", [&](const Caller& caller) -> absl::Status {
+        // Authorised and counted before it may stall on its start.
+        MODELSTATE_ASSIGN_OR_RETURN(auto slot, service_->OpenLoad(caller));
         MODELSTATE_ASSIGN_OR_RETURN(v1::LoadStart start, ReadLoadStart(reader));
         MODELSTATE_ASSIGN_OR_RETURN(LoadStateDictArgs args,
                                     convert::LoadStateDictArgsFromProto(start));
         MODELSTATE_ASSIGN_OR_RETURN(
             std::unique_ptr<LoadSession> session,
-            service_->LoadStateDict(caller, std::move(args)));
-        MODELSTATE_RETURN_IF_ERROR(ReceiveLoadData(context, reader, *session));
+            service_->LoadStateDict(caller, std::move(args), std::move(slot)));
+        absl::Status received = ReceiveLoadData(context, reader, *session);
+        if (!received.ok()) return session->Fail(std::move(received));
         MODELSTATE_ASSIGN_OR_RETURN(LoadResult result, session->Finish());
         convert::LoadResultToProto(result, response);
         return absl::OkStatus();

@@ -1,10 +1,14 @@
 #include "server/server.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <filesystem>
 #include <memory>
 #include <string>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -16,8 +20,11 @@
 #include "base/file_util.h"
 #include "base/log.h"
 #include "base/status_macros.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/ext/health_check_service_server_builder_option.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
+#include "grpcpp/server_builder.h"
 #include "server/metrics.h"
 #include "server/model_state_service.h"
 #include "service/audit_log.h"
@@ -34,11 +41,25 @@ namespace {
 
 using internal::LogLine;
 
-// 127.0.0.0/8, ::1 and localhost: reachable from this machine only.
+// An IP literal in 127.0.0.0/8, ::1 (or ::ffff:127.x.y.z), or "localhost":
+// reachable from this machine only. Any other name (127.example.com) may
+// resolve anywhere, so it is not loopback.
 bool IsLoopback(const std::string& listen) {
   std::string host = listen.substr(0, listen.rfind(':'));
-  return host == "localhost" || host == "[::1]" || host == "::1" ||
-         host.rfind("127.", 0) == 0;
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host == "localhost") return true;
+  in_addr v4;
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) {
+    return (ntohl(v4.s_addr) >> 24) == 127;
+  }
+  in6_addr v6;
+  if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) {
+    return IN6_IS_ADDR_LOOPBACK(&v6) ||
+           (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
+  }
+  return false;
 }
 
 absl::StatusOr<std::string> ReadPem(absl::string_view flag,
@@ -360,10 +381,80 @@ absl::Status Server::Listen(
   return absl::OkStatus();
 }
 
+namespace {
+
+// Removes gRPC reflection's builder plugin (modelstate-server turns it on
+// process-wide) from a server that must describe nothing.
+class NoReflection : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>*
+                         plugins) override {
+    std::erase_if(*plugins, [](const auto& plugin) {
+      return plugin->name() == "proto_server_reflection";
+    });
+  }
+};
+
+// grpc.health.v1 alone, for the health-only port: the default health
+// service is left out there, since gRPC adds it only to a server that has
+// other services (it would have come with reflection, which describes the
+// whole service to anyone). Serving until `down` is set.
+class HealthOnly : public grpc::health::v1::Health::Service {
+ public:
+  explicit HealthOnly(const std::atomic<bool>* down) : down_(down) {}
+
+  grpc::Status Check(grpc::ServerContext*,
+                     const grpc::health::v1::HealthCheckRequest* request,
+                     grpc::health::v1::HealthCheckResponse* response) override {
+    if (!request->service().empty()) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown service");
+    }
+    response->set_status(Status());
+    return grpc::Status::OK;
+  }
+  grpc::Status Watch(grpc::ServerContext* context,
+                     const grpc::health::v1::HealthCheckRequest* request,
+                     grpc::ServerWriter<grpc::health::v1::HealthCheckResponse>*
+                         writer) override {
+    grpc::health::v1::HealthCheckResponse response;
+    if (!request->service().empty()) {
+      response.set_status(
+          grpc::health::v1::HealthCheckResponse::SERVICE_UNKNOWN);
+      writer->Write(response);
+      return grpc::Status::OK;
+    }
+    response.set_status(Status());
+    if (!writer->Write(response)) return grpc::Status::OK;
+    // Until the status turns (shutdown) or the watcher goes.
+    while (!down_->load() && !context->IsCancelled()) {
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    response.set_status(Status());
+    writer->Write(response);
+    return grpc::Status::OK;
+  }
+
+ private:
+  grpc::health::v1::HealthCheckResponse::ServingStatus Status() const {
+    return down_->load() ? grpc::health::v1::HealthCheckResponse::NOT_SERVING
+                         : grpc::health::v1::HealthCheckResponse::SERVING;
+  }
+  const std::atomic<bool>* down_;
+};
+
+}  // namespace
+
 absl::Status Server::ListenForHealth() {
-  // Probes that cannot present credentials get health and nothing else.
+  // Probes that cannot present credentials get health and nothing else:
+  // not even reflection's description of the service.
   if (config_.health_listen.empty()) return absl::OkStatus();
   grpc::ServerBuilder builder;
+  builder.SetOption(
+      std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));
+  builder.SetOption(std::make_unique<NoReflection>());
+  health_only_ = std::make_unique<HealthOnly>(&shut_down_);
+  builder.RegisterService(health_only_.get());
   int port = 0;
   builder.AddListeningPort(config_.health_listen,
                            grpc::InsecureServerCredentials(), &port);
@@ -418,9 +509,6 @@ void Server::Reload(absl::string_view why) {
 
 void Server::Shutdown() {
   if (server_ == nullptr || shut_down_.exchange(true)) return;
-  if (health_server_ != nullptr) {
-    health_server_->GetHealthCheckService()->Shutdown();
-  }
   server_->GetHealthCheckService()->Shutdown();
   hub_->CloseAll(absl::UnavailableError("server shutting down"));
   server_->Shutdown(absl::ToChronoTime(

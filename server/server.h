@@ -157,6 +157,7 @@ class Server {
   std::unique_ptr<ModelService> service_;
   std::unique_ptr<ModelStateServiceImpl> handlers_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Service> health_only_;  // health_server_'s service
   std::unique_ptr<grpc::Server> health_server_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
   std::string address_;

@@ -13,7 +13,9 @@
 //
 // This file only turns flags into a ServerConfig (server/server.h), checks
 // their ranges, starts the server and runs the signal loop.
+#include <malloc.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -80,6 +82,11 @@ ABSL_FLAG(int, worker_threads, Defaults().worker_threads,
 ABSL_FLAG(int, max_queued_events,
           static_cast<int>(Defaults().limits.max_queued_events),
           "Events waiting for one subscriber before it is disconnected");
+ABSL_FLAG(int64_t, max_subscriber_queue_mib,
+          static_cast<int64_t>(Defaults().limits.max_subscriber_queue_bytes >>
+                               20),
+          "MiB of events (tensor data included) waiting for one subscriber "
+          "before it is disconnected");
 ABSL_FLAG(int, shutdown_grace_seconds, Defaults().shutdown_grace_seconds,
           "How long running calls may take to finish at shutdown");
 ABSL_FLAG(std::string, tls_cert_file, Defaults().tls_cert_file,
@@ -189,6 +196,9 @@ absl::Status CheckLimitFlags() {
   MODELSTATE_RETURN_IF_ERROR(InRange("max_queued_events",
                                      absl::GetFlag(FLAGS_max_queued_events), 1,
                                      std::numeric_limits<int>::max(), ""));
+  MODELSTATE_RETURN_IF_ERROR(InRange(
+      "max_subscriber_queue_mib", absl::GetFlag(FLAGS_max_subscriber_queue_mib),
+      1, kMaxMib, "MiB"));
   MODELSTATE_RETURN_IF_ERROR(
       InRange("shutdown_grace_seconds",
               absl::GetFlag(FLAGS_shutdown_grace_seconds), 0, 86400, "s"));
@@ -219,6 +229,9 @@ modelstate::Limits LimitsFromFlags() {
   limits.max_entries = absl::GetFlag(FLAGS_max_entries);
   limits.max_queued_events =
       static_cast<size_t>(absl::GetFlag(FLAGS_max_queued_events));
+  limits.max_subscriber_queue_bytes =
+      static_cast<uint64_t>(absl::GetFlag(FLAGS_max_subscriber_queue_mib))
+      << 20;
   limits.max_streams_per_identity =
       absl::GetFlag(FLAGS_max_streams_per_identity);
   return limits;
@@ -327,6 +340,14 @@ int main(int argc, char** argv) {
   // with an error the caller gets (the audit log then refuses changes), not
   // kill the server.
   signal(SIGXFSZ, SIG_IGN);
+  // The data directory holds model weights and the audit log: files are
+  // created 0600 and directories 0700, whatever the caller's umask.
+  umask(077);
+  // Blocks of 1 MiB and more (messages with tensor data, their copies) are
+  // mapped and unmapped on their own: once the clients that caused them are
+  // gone, the memory goes back to the system instead of staying in malloc's
+  // heap (whose threshold would otherwise grow with every large free).
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
   absl::StatusOr<ServerConfig> config = ConfigFromFlags();
   if (!config.ok()) {
     LogLine(std::string(config.status().message()));

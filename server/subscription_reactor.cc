@@ -38,6 +38,7 @@ SubscriptionReactor::SubscriptionReactor(
     absl::StatusOr<std::unique_ptr<SubscriberSession>> session,
     const Limits& limits)
     : max_queued_events_(limits.max_queued_events),
+      max_queue_bytes_(limits.max_subscriber_queue_bytes),
       max_tensor_bytes_(limits.max_tensor_bytes),
       channel_(std::make_shared<Channel>(this)) {
   if (!session.ok()) {
@@ -49,6 +50,14 @@ SubscriptionReactor::SubscriptionReactor(
 }
 
 void SubscriptionReactor::OnReadDone(bool ok) {
+  if (!ok && !attached_) {
+    // Half-closed without a subscription, or its first message did not
+    // parse (gRPC's reader does not say which): never a subscription.
+    FinishOnce(absl::InvalidArgumentError(
+        "subscription: no subscription could be read: the stream ended "
+        "before it, or its first message is not a SubscribeRequest"));
+    return;
+  }
   if (!ok) {
     // The subscriber closed its side (or the call was cancelled). Detached
     // before the stream ends, so once the client sees the end, no request
@@ -73,8 +82,10 @@ void SubscriptionReactor::OnReadDone(bool ok) {
       return;
     }
     attached_ = true;
-    v1::SubscribeResponse ack;
-    ack.mutable_ack()->set_subscriber_id(*id);
+    Queued ack;
+    ack.message = std::make_unique<v1::SubscribeResponse>();
+    ack.message->mutable_ack()->set_subscriber_id(*id);
+    ack.bytes = sizeof(v1::SubscribeResponse);
     Push(std::move(ack));
   } else if (request_.payload_case() == v1::SubscribeRequest::kAnswer) {
     session_->Answer(
@@ -87,30 +98,57 @@ void SubscriptionReactor::OnReadDone(bool ok) {
   StartRead(&request_);
 }
 
-void SubscriptionReactor::Enqueue(std::shared_ptr<const HookEvent> event) {
-  v1::SubscribeResponse message;
-  absl::Status converted =
-      convert::EventToProto(*event, message.mutable_event());
-  if (!converted.ok()) {
-    // The values could not be read; send the event without them.
-    message.mutable_event()->clear_data();
+namespace {
+
+// What a queued event holds beyond what the hub holds anyway: its strings,
+// and the bytes its message will copy (counted while queued, since the
+// module may drop its tensor meanwhile and leave the event the only owner).
+uint64_t QueuedBytes(const HookEvent& e) {
+  uint64_t bytes = sizeof(HookEvent) + e.correlation_id.size() +
+                   e.identity.size() + e.ns.size() + e.module.size() +
+                   e.path.size() + e.module_type.size() + e.name.size() +
+                   e.outcome_reason.size();
+  for (const ChainStep& step : e.chain) {
+    bytes += sizeof(ChainStep) + step.subscriber.size() + step.reason.size();
   }
-  Push(std::move(message));
+  if (e.data_included && e.value.tensor.defined()) {
+    bytes += e.value.tensor.nbytes();
+  }
+  return bytes;
 }
 
-void SubscriptionReactor::Push(v1::SubscribeResponse message) {
-  v1::SubscribeResponse* start = nullptr;
+}  // namespace
+
+void SubscriptionReactor::Enqueue(std::shared_ptr<const HookEvent> event) {
+  Queued queued;
+  queued.bytes = QueuedBytes(*event);
+  queued.event = std::move(event);
+  Push(std::move(queued));
+}
+
+void SubscriptionReactor::Push(Queued queued) {
+  Queued* start = nullptr;
   std::optional<grpc::Status> finish;
   {
     MutexLock lock(&mu_);
     if (finished_) return;
     if (queue_.size() >= max_queued_events_) {
       // Not reading its events: drop it rather than buffer without bound.
+      finish = FinishLocked(
+          convert::ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
+              "subscriber is not reading its events: ", max_queued_events_,
+              " are waiting (--max_queued_events)"))));
+    } else if (!queue_.empty() &&
+               queued_bytes_ + queued.bytes > max_queue_bytes_) {
+      // One event always fits, however large: it alone is not buffering.
       finish = FinishLocked(convert::ToGrpcStatus(absl::ResourceExhaustedError(
-          absl::StrCat("subscriber is not reading its events: ",
-                       max_queued_events_, " are waiting"))));
+          absl::StrCat("subscriber is not reading its events: ", queued_bytes_,
+                       " bytes are waiting and ", queued.bytes,
+                       " more would exceed --max_subscriber_queue_mib (",
+                       max_queue_bytes_, " bytes)"))));
     } else {
-      queue_.push_back(std::move(message));
+      queued_bytes_ += queued.bytes;
+      queue_.push_back(std::move(queued));
       if (!writing_) {
         writing_ = true;
         ++starting_writes_;
@@ -123,10 +161,16 @@ void SubscriptionReactor::Push(v1::SubscribeResponse message) {
 }
 
 void SubscriptionReactor::OnWriteDone(bool ok) {
-  v1::SubscribeResponse* next = nullptr;
+  Queued* next = nullptr;
+  Queued done;
   {
     MutexLock lock(&mu_);
-    if (!queue_.empty()) queue_.pop_front();
+    if (!queue_.empty()) {
+      // Freed below, outside the lock: it may be a large copy.
+      done = std::move(queue_.front());
+      queued_bytes_ -= done.bytes;
+      queue_.pop_front();
+    }
     if (ok && !finished_ && !queue_.empty()) {
       ++starting_writes_;
       next = &queue_.front();
@@ -137,10 +181,19 @@ void SubscriptionReactor::OnWriteDone(bool ok) {
   if (next != nullptr) StartWriteThenAnyFinish(next);
 }
 
-void SubscriptionReactor::StartWriteThenAnyFinish(
-    const v1::SubscribeResponse* message) {
-  // `message` stays valid: only OnWriteDone removes messages.
-  StartWrite(message);
+void SubscriptionReactor::StartWriteThenAnyFinish(Queued* queued) {
+  // `queued` stays valid: only OnWriteDone removes the front, and only once
+  // this write is done. Nobody else touches its message.
+  if (queued->message == nullptr) {
+    queued->message = std::make_unique<v1::SubscribeResponse>();
+    absl::Status converted =
+        convert::EventToProto(*queued->event, queued->message->mutable_event());
+    if (!converted.ok()) {
+      // The values could not be read; send the event without them.
+      queued->message->mutable_event()->clear_data();
+    }
+  }
+  StartWrite(queued->message.get());
   std::optional<grpc::Status> finish;
   {
     MutexLock lock(&mu_);

@@ -2,9 +2,11 @@
 // One Subscribe stream: a gRPC callback reactor that attaches the
 // subscriber through its SubscriberSession (service/model_service.h, which
 // admits it and talks to the hub), forwards its answers, and writes the
-// hub's events to the stream, one write in flight at a time, from a bounded
-// queue (a subscriber that stops reading is disconnected rather than letting
-// the server buffer without limit).
+// hub's events to the stream, one write in flight at a time, from a queue
+// bounded in events and in bytes (a subscriber that stops reading is
+// disconnected rather than letting the server buffer without limit). The
+// queue holds the hub's events, whose tensors share their bytes with the
+// modules; only the message being written holds a copy.
 //
 // Example:
 //   return new SubscriptionReactor(service->OpenSubscription(caller),
@@ -33,7 +35,8 @@ class SubscriptionReactor
                                      v1::SubscribeResponse> {
  public:
   // `session` not OK: the call ends with its status at once (a refusal,
-  // already audited). Uses limits.max_queued_events and max_tensor_bytes.
+  // already audited). Uses limits.max_queued_events,
+  // max_subscriber_queue_bytes and max_tensor_bytes.
   SubscriptionReactor(
       absl::StatusOr<std::unique_ptr<SubscriberSession>> session,
       const Limits& limits);
@@ -48,10 +51,17 @@ class SubscriptionReactor
 
  private:
   class Channel;
-  void Push(v1::SubscribeResponse message);
-  // StartWrite, then the Finish that another thread asked for meanwhile.
-  void StartWriteThenAnyFinish(const v1::SubscribeResponse* message)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // A message waiting to be written: built already (the ack), or an event
+  // turned into one when its write starts.
+  struct Queued {
+    std::shared_ptr<const HookEvent> event;
+    std::unique_ptr<v1::SubscribeResponse> message;
+    uint64_t bytes = 0;  // what it holds, as counted against the bound
+  };
+  void Push(Queued queued);
+  // StartWrite of `queued`'s message (built now from its event if need
+  // be), then the Finish that another thread asked for meanwhile.
+  void StartWriteThenAnyFinish(Queued* queued) ABSL_LOCKS_EXCLUDED(mu_);
   // Marks the stream finished and returns the status for the caller to pass
   // to Finish (with mu_ released), unless a thread is between deciding on a
   // write and starting it: no write may start after Finish, so the last such
@@ -61,6 +71,7 @@ class SubscriptionReactor
 
   // Constant after construction.
   const size_t max_queued_events_;
+  const uint64_t max_queue_bytes_;
   const uint64_t max_tensor_bytes_;
   const std::shared_ptr<Channel> channel_;
 
@@ -73,7 +84,8 @@ class SubscriptionReactor
   // Messages to write; the front one is being written while writing_. Only
   // OnWriteDone removes messages, so a pointer handed to StartWrite stays
   // valid until its write is done.
-  std::deque<v1::SubscribeResponse> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // A write is outstanding (at most one at a time).
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   // Threads that have taken a message to write and not yet returned from

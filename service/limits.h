@@ -41,6 +41,10 @@ struct Limits {
   int64_t max_entries = 1'000'000;
   // Events waiting to be written to one subscriber before it is dropped.
   size_t max_queued_events = 10000;
+  // Bytes of events (tensor data included) waiting to be written to one
+  // subscriber before it is dropped. Queued events share the tensors' bytes
+  // with the modules; only the one being written is copied.
+  uint64_t max_subscriber_queue_bytes = uint64_t{256} << 20;
   // Streams (state_dict transfers, audit watches, subscriptions) one
   // authenticated identity may have open at once; 0: unlimited. Without
   // authentication streams are not counted (every caller is the same

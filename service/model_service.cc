@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
@@ -246,13 +247,23 @@ absl::StatusOr<StateDictDownload> ModelService::GetStateDict(
   return download;
 }
 
+absl::StatusOr<std::unique_ptr<StreamLimiter::Slot>> ModelService::OpenLoad(
+    const Caller& caller) {
+  MODELSTATE_RETURN_IF_ERROR(
+      gate_.AllowSomewhere(caller, "LoadStateDict", Permission::kWrite));
+  return streams_.Acquire(caller.ctx.identity);
+}
+
 absl::StatusOr<std::unique_ptr<LoadSession>> ModelService::LoadStateDict(
-    const Caller& caller, LoadStateDictArgs args) {
+    const Caller& caller, LoadStateDictArgs args,
+    std::unique_ptr<StreamLimiter::Slot> slot) {
   MODELSTATE_RETURN_IF_ERROR(
       gate_.Allow(caller, "LoadStateDict", Permission::kWrite, args.module));
   std::unique_ptr<LoadSession> session(new LoadSession());
-  MODELSTATE_ASSIGN_OR_RETURN(session->slot_,
-                              streams_.Acquire(caller.ctx.identity));
+  if (slot == nullptr) {
+    MODELSTATE_ASSIGN_OR_RETURN(slot, streams_.Acquire(caller.ctx.identity));
+  }
+  session->slot_ = std::move(slot);
   session->store_ = store_;
   session->ctx_ = caller.ctx;
   session->module_ = args.module;
@@ -282,8 +293,13 @@ absl::StatusOr<LoadResult> LoadSession::Finish() {
   if (staged_ != nullptr) {
     return store_->LoadStaged(ctx_, module_, *staged_, options_);
   }
-  MODELSTATE_ASSIGN_OR_RETURN(StateDict state_dict, assembler_->Finish());
-  return store_->Load(ctx_, module_, state_dict, options_);
+  absl::StatusOr<StateDict> state_dict = assembler_->Finish();
+  if (!state_dict.ok()) return Fail(state_dict.status());
+  return store_->Load(ctx_, module_, *state_dict, options_);
+}
+
+absl::Status LoadSession::Fail(absl::Status why) {
+  return store_->RecordLoadFailure(ctx_, module_, options_, std::move(why));
 }
 
 absl::Status ModelService::MoveModule(const Caller& caller,
@@ -387,7 +403,34 @@ absl::StatusOr<std::vector<SubscriberInfo>> ModelService::ListSubscribers(
     MODELSTATE_RETURN_IF_ERROR(gate_.AllowSomewhere(caller, "ListSubscribers",
                                                     Permission::kSubscribe));
   }
-  return hub_->List();
+  // A subscriber is listed, with its filters, only to a caller who may
+  // review or audit every namespace it may see: one team's reviewers never
+  // learn what another team's (or an admin's) subscribers watch for.
+  std::vector<std::string> mine =
+      caller.principal.NamespacesFor(Permission::kSubscribe);
+  for (std::string& ns : caller.principal.NamespacesFor(Permission::kAudit)) {
+    mine.push_back(std::move(ns));
+  }
+  auto covered = [&](absl::string_view ns) {
+    return absl::c_linear_search(mine, "*") || absl::c_linear_search(mine, ns);
+  };
+  std::vector<SubscriberInfo> listed;
+  for (SubscriberInfo& info : hub_->List()) {
+    // What it may see: its filter's namespaces within its visible ones.
+    std::vector<std::string> sees;
+    const std::vector<std::string>& visible = info.spec.visible_namespaces;
+    for (const std::string& ns : info.spec.filter.namespaces) {
+      if (visible.empty() || absl::c_linear_search(visible, ns)) {
+        sees.push_back(ns);
+      }
+    }
+    if (info.spec.filter.namespaces.empty()) sees = visible;
+    const bool everywhere = sees.empty() && info.spec.filter.namespaces.empty();
+    if (everywhere ? covered("*") : absl::c_all_of(sees, covered)) {
+      listed.push_back(std::move(info));
+    }
+  }
+  return listed;
 }
 
 absl::Status ModelService::HasAudit() const {

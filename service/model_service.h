@@ -136,8 +136,12 @@ class LoadSession {
   // The next bytes of the stream; errors (too many bytes, ...) end it.
   absl::Status Append(std::string bytes);
   // Loads the state_dict: INVALID_ARGUMENT if bytes are missing, the
-  // store's errors otherwise.
+  // store's errors otherwise. A load that fails before the store applies it
+  // (bytes missing) is recorded in the audit log like one that fails there.
   absl::StatusOr<LoadResult> Finish();
+  // The stream ended early (cancelled, or a message out of place): records
+  // the failed load and returns `why`.
+  absl::Status Fail(absl::Status why);
 
  private:
   friend class ModelService;
@@ -291,10 +295,17 @@ class ModelService {
   // open streams; INVALID_ARGUMENT for a target dtype that is not floating.
   absl::StatusOr<StateDictDownload> GetStateDict(const Caller& caller,
                                                  GetStateDictArgs args);
+  // A load stream as it opens, before its start message is read: the
+  // caller must be allowed to write somewhere, and the stream takes one of
+  // its identity's stream slots (RESOURCE_EXHAUSTED when none is left), so
+  // stalled streams are refused and counted from the start.
+  absl::StatusOr<std::unique_ptr<StreamLimiter::Slot>> OpenLoad(
+      const Caller& caller);
   // A load that must fail (an atomic load whose layout does not fit) fails
-  // here, before its bytes travel.
+  // here, before its bytes travel. `slot`: OpenLoad's (null: taken here).
   absl::StatusOr<std::unique_ptr<LoadSession>> LoadStateDict(
-      const Caller& caller, LoadStateDictArgs args);
+      const Caller& caller, LoadStateDictArgs args,
+      std::unique_ptr<StreamLimiter::Slot> slot = nullptr);
   absl::Status MoveModule(const Caller& caller, const MoveModuleArgs& args,
                           ModuleVisitor describe);
   absl::Status SetTraining(const Caller& caller, const ModuleName& module,

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -297,43 +298,151 @@ void ModelStore::set_quotas(QuotaPolicy quotas) {
   quotas_ = std::move(quotas);
 }
 
-absl::Status ModelStore::CheckQuota(const ModuleName& name,
-                                    uint64_t added_modules,
-                                    uint64_t added_bytes,
-                                    const Entry* excluded) const {
-  NamespaceQuota quota;
-  std::vector<std::shared_ptr<Entry>> same_namespace;
+ModelStore::QuotaHold::QuotaHold(QuotaHold&& other) noexcept
+    : store_(std::exchange(other.store_, nullptr)),
+      ns_(std::move(other.ns_)),
+      held_(std::exchange(other.held_, {})) {}
+
+ModelStore::QuotaHold::~QuotaHold() {
+  if (store_ == nullptr) return;
+  MutexLock lock(&store_->mu_);
+  store_->ReleaseLocked(*this);
+}
+
+void ModelStore::ReleaseLocked(QuotaHold& hold) {
+  if (hold.store_ == nullptr) return;
+  auto it = reserved_.find(hold.ns_);
+  if (it != reserved_.end()) {
+    it->second.modules -= hold.held_.modules;
+    it->second.bytes -= hold.held_.bytes;
+    if (it->second.modules == 0 && it->second.bytes == 0) reserved_.erase(it);
+  }
+  hold.held_ = {};
+  hold.store_ = nullptr;
+  ++quota_epoch_;
+}
+
+absl::Status ModelStore::Reserve(const ModuleName& name, uint64_t added_modules,
+                                 uint64_t added_bytes, const Entry* excluded,
+                                 QuotaHold& hold) {
+  const std::string prefix = absl::StrCat(name.ns, "/");
+  while (true) {
+    NamespaceQuota quota;
+    uint64_t epoch = 0;
+    std::vector<std::shared_ptr<Entry>> same_namespace;
+    {
+      MutexLock lock(&mu_);
+      quota = quotas_.For(name.ns);
+      if (quota.max_modules == 0 && quota.max_bytes == 0) {
+        return absl::OkStatus();
+      }
+      epoch = quota_epoch_;
+      if (quota.max_bytes != 0) {
+        for (auto it = entries_.lower_bound(prefix);
+             it != entries_.end() && absl::StartsWith(it->first, prefix);
+             ++it) {
+          same_namespace.push_back(it->second);
+        }
+      }
+    }
+    // Summed without mu_ (a module's lock comes first); a change of the
+    // namespace meanwhile moves the epoch, and the sum is taken again.
+    uint64_t held = 0;
+    for (const std::shared_ptr<Entry>& entry : same_namespace) {
+      if (entry.get() == excluded) continue;
+      ReaderMutexLock lock(&entry->mu);
+      if (!entry->deleted) held += HeldBytes(*entry->root);
+    }
+    MutexLock lock(&mu_);
+    if (quota_epoch_ != epoch) continue;
+    const Reserved pending = reserved_.contains(name.ns)
+                                 ? reserved_.find(name.ns)->second
+                                 : Reserved{};
+    if (added_modules > 0 && quota.max_modules != 0) {
+      uint64_t modules = pending.modules;
+      for (auto it = entries_.lower_bound(prefix);
+           it != entries_.end() && absl::StartsWith(it->first, prefix); ++it) {
+        ++modules;
+      }
+      if (modules + added_modules > quota.max_modules) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "namespace '", name.ns, "' quota max_modules (", quota.max_modules,
+            ") reached: it holds ", modules, " modules",
+            pending.modules == 0
+                ? ""
+                : absl::StrCat(" (", pending.modules, " being built)")));
+      }
+    }
+    if (quota.max_bytes != 0 &&
+        held + pending.bytes + added_bytes > quota.max_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "namespace '", name.ns, "' quota max_bytes (", quota.max_bytes,
+          ") would be exceeded: ", held + pending.bytes, " bytes held",
+          pending.bytes == 0 ? "" : " or promised", " + ", added_bytes,
+          " new"));
+    }
+    Reserved& mine = reserved_[name.ns];
+    mine.modules += added_modules;
+    mine.bytes += added_bytes;
+    ++quota_epoch_;
+    hold.store_ = this;
+    hold.ns_ = name.ns;
+    hold.held_.modules += added_modules;
+    hold.held_.bytes += added_bytes;
+    return absl::OkStatus();
+  }
+}
+
+absl::StatusOr<uint64_t> ModelStore::BuildBytes(const ModuleName& name,
+                                                const ModuleSpec& spec,
+                                                BuildOptions options) const {
+  uint64_t max_bytes = 0;
   {
     MutexLock lock(&mu_);
-    quota = quotas_.For(name.ns);
-    if (quota.max_modules == 0 && quota.max_bytes == 0) {
-      return absl::OkStatus();
+    max_bytes = quotas_.For(name.ns).max_bytes;
+  }
+  if (max_bytes == 0 || !options.device.has_storage()) return 0;
+  options.device = Device::Meta();
+  options.hooks = nullptr;
+  // A layer whose spec names cpu itself allocates even here: the quota
+  // bounds what that may take.
+  options.limits.max_total_bytes =
+      std::min(options.limits.max_total_bytes, max_bytes);
+  MODELSTATE_ASSIGN_OR_RETURN(BuildResult sized, BuildModule(spec, options));
+  uint64_t total = 0;
+  auto add = [&](const Tensor& t) {
+    if (t.defined()) {
+      total += static_cast<uint64_t>(t.numel()) * ElementSize(t.dtype());
     }
-    const std::string prefix = absl::StrCat(name.ns, "/");
-    for (auto it = entries_.lower_bound(prefix);
-         it != entries_.end() && absl::StartsWith(it->first, prefix); ++it) {
-      same_namespace.push_back(it->second);
+  };
+  for (const auto& [key, t] : sized.root->NamedParameters()) add(t);
+  for (const auto& [key, t] : sized.root->NamedBuffers()) add(t);
+  return total;
+}
+
+absl::Status ModelStore::ReserveAssigned(const ModuleName& name,
+                                         const Entry& entry,
+                                         const StateDict& state_dict,
+                                         QuotaHold& hold) {
+  uint64_t before = 0;
+  uint64_t after = 0;
+  {
+    ReaderMutexLock lock(&entry.mu);
+    if (entry.deleted) return NoSuchModule(name);
+    before = HeldBytes(*entry.root);
+    after = before;
+    StateDict current = entry.root->GetStateDict("", /*keep_vars=*/true);
+    for (const auto& item : state_dict.tensors) {
+      const Tensor* old = current.tensors.Find(item.key);
+      if (old == nullptr || !item.value.defined()) continue;
+      // The value is installed as it comes (on cpu), in place of the old.
+      after = after - HeldBytes(*old) +
+              static_cast<uint64_t>(item.value.numel()) *
+                  ElementSize(item.value.dtype());
     }
   }
-  if (added_modules > 0 && quota.max_modules != 0 &&
-      same_namespace.size() + added_modules > quota.max_modules) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "namespace '", name.ns, "' quota max_modules (", quota.max_modules,
-        ") reached: it holds ", same_namespace.size(), " modules"));
-  }
-  if (quota.max_bytes == 0) return absl::OkStatus();
-  uint64_t held = 0;
-  for (const std::shared_ptr<Entry>& entry : same_namespace) {
-    if (entry.get() == excluded) continue;
-    ReaderMutexLock lock(&entry->mu);
-    if (!entry->deleted) held += HeldBytes(*entry->root);
-  }
-  if (held + added_bytes > quota.max_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "namespace '", name.ns, "' quota max_bytes (", quota.max_bytes,
-        ") would be exceeded: ", held, " bytes held + ", added_bytes, " new"));
-  }
-  return absl::OkStatus();
+  if (after <= before) return absl::OkStatus();
+  return Reserve(name, 0, after, &entry, hold);
 }
 
 absl::Status ModelStore::Record(const absl::Status& result,
@@ -400,6 +509,20 @@ absl::StatusOr<BuildOutcome> ModelStore::Build(const OperationContext& ctx,
   }
   BuildOptions build_options = options;
   build_options.root_path = "";
+  // The quota is checked, and its share reserved, from the spec's shapes
+  // before a byte is allocated; the build may not allocate more.
+  MODELSTATE_ASSIGN_OR_RETURN(uint64_t needed,
+                              BuildBytes(name, spec, build_options));
+  QuotaHold hold;
+  if (absl::Status quota = Reserve(name, 1, needed, nullptr, hold);
+      !quota.ok()) {
+    return Record(quota, audit_events::Build(ctx, name, spec.type, options, 0,
+                                             0, all_or_nothing, quota));
+  }
+  if (needed > 0) {
+    build_options.limits.max_total_bytes =
+        std::min(build_options.limits.max_total_bytes, needed);
+  }
   MODELSTATE_ASSIGN_OR_RETURN(BuildResult built,
                               BuildModule(spec, build_options));
   OperationContext seeded = ctx;
@@ -424,20 +547,23 @@ absl::StatusOr<BuildOutcome> ModelStore::Build(const OperationContext& ctx,
         absl::StrCat("all_or_nothing build of '", name.full(),
                      "' stored nothing: ", absl::StrJoin(blocked, "; "))));
   }
-  if (absl::Status quota = CheckQuota(name, 1, HeldBytes(*built.root), nullptr);
-      !quota.ok()) {
-    return recorded(quota);
+  // Replacements the subscribers made may hold more than the spec said.
+  if (const uint64_t held = HeldBytes(*built.root); held > hold.bytes()) {
+    absl::Status quota = Reserve(name, 0, held - hold.bytes(), nullptr, hold);
+    if (!quota.ok()) return recorded(quota);
   }
   auto entry = std::make_shared<Entry>(name, built.root);
   // Nobody changes the new module before it is saved and recorded.
   MutexLock gate(&entry->gate);
   absl::Status result;
   {
+    // Counted in entries_ from now on, instead of in the reservation.
     MutexLock lock(&mu_);
     if (!entries_.emplace(name.full(), entry).second) {
       result = absl::AlreadyExistsError(
           absl::StrCat("module '", name.full(), "' already exists"));
     }
+    ReleaseLocked(hold);
   }
   if (result.ok()) {
     {
@@ -499,27 +625,43 @@ absl::StatusOr<std::vector<RegistrationResult>> ModelStore::Register(
   }
   // A submodule spec is built first, detached; its own registrations come
   // before the module event (PyTorch constructs before it assigns).
+  auto refused = [&](const absl::Status& quota) {
+    return Record(quota,
+                  audit_events::Register(ctx, name, target_path, request.name,
+                                         nullptr, request.removal, quota));
+  };
+  // A new value counts in full against the quota (the old one is still
+  // held until the change is applied); a module already in the tree adds
+  // nothing. A spec is sized, and its bytes reserved, before it is built.
+  QuotaHold hold;
   if (request.spec.has_value()) {
     BuildOptions options = request.build_options;
     options.root_path = target_path.empty()
                             ? request.name
                             : absl::StrCat(target_path, ".", request.name);
+    MODELSTATE_ASSIGN_OR_RETURN(uint64_t needed,
+                                BuildBytes(name, *request.spec, options));
+    if (absl::Status quota = Reserve(name, 0, needed, nullptr, hold);
+        !quota.ok()) {
+      return refused(quota);
+    }
+    if (needed > 0) {
+      options.limits.max_total_bytes =
+          std::min(options.limits.max_total_bytes, needed);
+    }
     MODELSTATE_ASSIGN_OR_RETURN(BuildResult built,
                                 BuildModule(*request.spec, options));
     value.module = built.root;
     child_records = std::move(built.records);
   }
-  // A new value counts in full against the quota (the old one is still
-  // held until the change is applied); a module already in the tree adds
-  // nothing.
   if (!request.removal) {
     const uint64_t added = request.existing_path.has_value() ? 0
                            : value.module != nullptr ? HeldBytes(*value.module)
                                                      : HeldBytes(value.tensor);
-    if (absl::Status quota = CheckQuota(name, 0, added, nullptr); !quota.ok()) {
-      return Record(quota,
-                    audit_events::Register(ctx, name, target_path, request.name,
-                                           nullptr, request.removal, quota));
+    if (added > hold.bytes()) {
+      absl::Status quota =
+          Reserve(name, 0, added - hold.bytes(), nullptr, hold);
+      if (!quota.ok()) return refused(quota);
     }
   }
   // Dry run: validate and record the event without changing anything.
@@ -647,9 +789,18 @@ absl::StatusOr<std::unique_ptr<StagedStateDict>> ModelStore::StageLoad(
         staged, StagedStateDict::CreateAnonymous(std::move(layout), limits,
                                                  staging_dir));
   }
+  StateDict described = staged->Describe();
+  if (options.assign) {
+    // Checked again when it applies; refused now if it cannot fit.
+    QuotaHold hold;
+    if (absl::Status quota = ReserveAssigned(name, *entry, described, hold);
+        !quota.ok()) {
+      return Record(quota, audit_events::LoadStateDict(
+                               ctx, name, options, described, nullptr, quota));
+    }
+  }
   if (!options.atomic) return staged;  // a partial load may still apply
   // A load that cannot succeed fails now, before its bytes travel.
-  StateDict described = staged->Describe();
   absl::Status fits;
   {
     ReaderMutexLock lock(&entry->mu);
@@ -676,9 +827,30 @@ absl::StatusOr<LoadResult> ModelStore::LoadStaged(const OperationContext& ctx,
                                                   const ModuleName& name,
                                                   StagedStateDict& staged,
                                                   LoadOptions options) {
-  MODELSTATE_ASSIGN_OR_RETURN(StateDict described, staged.Finish());
+  // Deleted while its bytes came: the load is for a module that is gone,
+  // and its staged file has no directory left to land in.
+  if (absl::StatusOr<std::shared_ptr<Entry>> entry = Find(name); entry.ok()) {
+    ReaderMutexLock lock(&(*entry)->mu);
+    if ((*entry)->deleted) {
+      return RecordLoadFailure(ctx, name, options, NoSuchModule(name));
+    }
+  } else {
+    return RecordLoadFailure(ctx, name, options, entry.status());
+  }
+  absl::StatusOr<StateDict> described = staged.Finish();
+  if (!described.ok()) {
+    return RecordLoadFailure(ctx, name, options, described.status());
+  }
   options.source = &staged;
-  return LoadImpl(ctx, name, described, options, &staged);
+  return LoadImpl(ctx, name, *described, options, &staged);
+}
+
+absl::Status ModelStore::RecordLoadFailure(const OperationContext& ctx,
+                                           const ModuleName& name,
+                                           const LoadOptions& options,
+                                           absl::Status why) {
+  return Record(why, audit_events::LoadStateDict(ctx, name, options,
+                                                 StateDict(), nullptr, why));
 }
 
 absl::StatusOr<LoadResult> ModelStore::LoadImpl(const OperationContext& ctx,
@@ -689,7 +861,14 @@ absl::StatusOr<LoadResult> ModelStore::LoadImpl(const OperationContext& ctx,
   MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
   MutexLock gate(&entry->gate);
   std::optional<ReplayHooks> replay;
+  QuotaHold hold;
   if (options.assign) {
+    // Assigned values replace the module's tensors: they may hold more.
+    if (absl::Status quota = ReserveAssigned(name, *entry, state_dict, hold);
+        !quota.ok()) {
+      return Record(quota, audit_events::LoadStateDict(
+                               ctx, name, options, state_dict, nullptr, quota));
+    }
     // Installations are registrations: decide them on a dry run first.
     std::vector<RegistrationRecord> records;
     RegistrationContext dry;
@@ -757,7 +936,8 @@ absl::Status ModelStore::Move(const OperationContext& ctx,
     }
     bytes_after = HeldBytesAfterMove(*entry->root, device, dtype);
   }
-  if (absl::Status quota = CheckQuota(name, 0, bytes_after, entry.get());
+  QuotaHold hold;
+  if (absl::Status quota = Reserve(name, 0, bytes_after, entry.get(), hold);
       !quota.ok()) {
     return recorded(quota);
   }
@@ -789,11 +969,44 @@ absl::Status ModelStore::SetTraining(const OperationContext& ctx,
   return Record(saved, audit_events::SetTraining(ctx, name, training, saved));
 }
 
+namespace {
+
+// Whether module(*inputs) on `target` in mode `training` (unset: each
+// module's own) only reads the tree: no module switches or runs in training
+// mode, and no Embedding renormalises its weight (max_norm).
+bool ForwardOnlyReads(const Module& target, std::optional<bool> training) {
+  for (const auto& [key, m] : target.NamedModules()) {
+    if (training.value_or(m->is_training()) || m->is_training()) return false;
+    const AttrValue* max_norm = m->attributes().Find("max_norm");
+    if (max_norm != nullptr &&
+        !std::holds_alternative<std::monostate>(*max_norm)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<Tensor>> ModelStore::Forward(
     const OperationContext& ctx, const ModuleName& name,
     const std::string& path, std::vector<Tensor> inputs,
     std::optional<bool> training, uint64_t seed) {
   MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
+  ForwardOptions options;
+  options.seed = seed;
+  {
+    // An eval call that changes nothing is a reader: it shares the lock
+    // with other readers (and other eval calls) and waits for no writer's
+    // pending decisions.
+    ReaderMutexLock lock(&entry->mu);
+    if (entry->deleted) return NoSuchModule(name);
+    MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Module> target,
+                                Submodule(*entry->root, name, "path", path));
+    if (ForwardOnlyReads(*target, training)) {
+      return modelstate::Forward(*target, std::move(inputs), options);
+    }
+  }
   MutexLock gate(&entry->gate);
   absl::StatusOr<std::vector<Tensor>> outputs;
   bool trained = false;
@@ -814,8 +1027,6 @@ absl::StatusOr<std::vector<Tensor>> ModelStore::Forward(
       trained = trained || training.value_or(m->is_training());
     }
     if (training.has_value()) (*target)->Train(*training);
-    ForwardOptions options;
-    options.seed = seed;
     outputs = modelstate::Forward(**target, std::move(inputs), options);
     for (auto& [m, mode] : modes) m->set_training(mode);
     // Buffers may have changed even if a later submodule failed, as in

@@ -212,6 +212,13 @@ class ModelStore {
                                         StagedStateDict& staged,
                                         LoadOptions options);
 
+  // Records a load that failed before it could be applied (its stream
+  // ended early, or bytes were missing); returns `why` (or the audit
+  // failure).
+  absl::Status RecordLoadFailure(const OperationContext& ctx,
+                                 const ModuleName& name,
+                                 const LoadOptions& options, absl::Status why);
+
   // module.to(device, dtype). Errors as Module::To.
   absl::Status Move(const OperationContext& ctx, const ModuleName& name,
                     std::optional<Device> device, std::optional<DType> dtype);
@@ -223,7 +230,9 @@ class ModelStore {
   // `training` mode for this call if given (every module's own mode is
   // restored after). A training-mode call may change buffers (BatchNorm's
   // running statistics): it is saved and recorded ("forward"); an eval call
-  // changes nothing and is not recorded. NOT_FOUND for an unknown module or
+  // changes nothing and is not recorded; it is a reader (shared lock, no
+  // wait behind a writer's pending decisions) unless it must switch modes
+  // or renormalise an Embedding (max_norm). NOT_FOUND for an unknown module or
   // path; Forward's errors otherwise.
   absl::StatusOr<std::vector<Tensor>> Forward(const OperationContext& ctx,
                                               const ModuleName& name,
@@ -268,12 +277,52 @@ class ModelStore {
     bool deleted ABSL_GUARDED_BY(mu) = false;
   };
 
+  // Modules and bytes a namespace has been promised by changes still under
+  // way: counted by every quota check until the change lands or fails.
+  struct Reserved {
+    uint64_t modules = 0;
+    uint64_t bytes = 0;
+  };
+  // One change's share of reserved_, given back when it is destroyed (the
+  // change failed, or landed and is counted in entries_ from then on).
+  class QuotaHold {
+   public:
+    QuotaHold() = default;
+    QuotaHold(QuotaHold&& other) noexcept;
+    QuotaHold& operator=(QuotaHold&&) = delete;
+    ~QuotaHold();
+    uint64_t bytes() const { return held_.bytes; }
+
+   private:
+    friend class ModelStore;
+    ModelStore* store_ = nullptr;
+    std::string ns_;
+    Reserved held_;
+  };
+
   absl::StatusOr<std::shared_ptr<Entry>> Find(const ModuleName& name) const;
-  // OK if `name`'s namespace may take `added_modules` more modules and
-  // `added_bytes` more bytes; `excluded` (may be null) is a module whose
-  // current bytes do not count (it is being resized).
-  absl::Status CheckQuota(const ModuleName& name, uint64_t added_modules,
-                          uint64_t added_bytes, const Entry* excluded) const;
+  // Reserves `added_modules` more modules and `added_bytes` more bytes for
+  // `name`'s namespace in `hold` if its quota allows them, counting what
+  // its modules hold and what other changes reserved; RESOURCE_EXHAUSTED
+  // naming the limit otherwise. `excluded` (may be null) is a module whose
+  // current bytes do not count (it is being resized). The check and the
+  // reservation are one step, so concurrent changes cannot both pass it.
+  absl::Status Reserve(const ModuleName& name, uint64_t added_modules,
+                       uint64_t added_bytes, const Entry* excluded,
+                       QuotaHold& hold) ABSL_LOCKS_EXCLUDED(mu_);
+  // Gives `hold`'s reservation back (it lands in entries_ in the same step,
+  // or the change is over).
+  void ReleaseLocked(QuotaHold& hold) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The bytes a build of `spec` will hold, from the shapes and dtypes of a
+  // build on the meta device (nothing allocated, no hooks run); 0 when
+  // `name`'s namespace has no byte quota, so nothing needs sizing.
+  absl::StatusOr<uint64_t> BuildBytes(const ModuleName& name,
+                                      const ModuleSpec& spec,
+                                      BuildOptions options) const;
+  // Reserves what an assigning load of `state_dict` adds to `entry`.
+  absl::Status ReserveAssigned(const ModuleName& name, const Entry& entry,
+                               const StateDict& state_dict, QuotaHold& hold)
+      ABSL_LOCKS_EXCLUDED(entry.mu);
   // Final decisions for `records` (the in-process ones if no decider).
   std::vector<HookDecision> Decide(
       const OperationContext& ctx, const ModuleName& name,
@@ -312,6 +361,10 @@ class ModelStore {
   mutable Mutex mu_;
   std::map<std::string, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
   QuotaPolicy quotas_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Reserved, std::less<>> reserved_ ABSL_GUARDED_BY(mu_);
+  // Moves whenever a namespace's modules or reservations change: a quota
+  // check that summed the bytes of a namespace at an older epoch sums again.
+  uint64_t quota_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   RegistrationDecider* decider_ ABSL_GUARDED_BY(mu_) = nullptr;
   AuditLog* audit_ ABSL_GUARDED_BY(mu_) = nullptr;
   ModuleRepository* repository_ ABSL_GUARDED_BY(mu_) = nullptr;

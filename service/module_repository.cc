@@ -619,6 +619,13 @@ void ModuleRepository::ReleaseDataFile(const ModuleName& name,
   std::shared_ptr<ModuleFiles> files = FilesOf(name);
   MutexLock lock(&mu_);
   files->reserved.erase(fs::path(path).filename().string());
+  // The module was deleted while this file was staged: its directory,
+  // empty now, goes too (remove() leaves a directory that is not empty).
+  const std::string dir = ModuleDir(name);
+  if (files->reserved.empty() && !fs::exists(data_dir::ManifestPath(dir))) {
+    std::error_code ignored;
+    fs::remove(dir, ignored);
+  }
 }
 
 std::string ModuleRepository::ModuleDir(const ModuleName& name) const {

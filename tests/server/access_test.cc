@@ -27,9 +27,12 @@
 #include "base/status_macros.h"
 #include "client/model_state_client.h"
 #include "client/subscriber.h"
+#include "core/state_stream.h"
 #include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "proto/convert.h"
 #include "tests/testing/in_process_server.h"
 #include "tests/testing/requests.h"
 #include "tests/testing/status_matchers.h"
@@ -515,6 +518,44 @@ TEST_F(AccessTest, ASubscriberNeverSeesANamespaceItMayNotReview) {
   EXPECT_EQ(namespaces, std::set<std::string>{"team-a"});
 }
 
+// ListSubscribers shows a subscriber (and its filters) only to callers who
+// may review or audit every namespace it sees.
+TEST_F(AccessTest, ListSubscribersShowsOnlyWhatTheCallerMayReview) {
+  std::unique_ptr<client::ModelStateClient> root = As("root-token");
+  std::unique_ptr<client::ModelStateClient> rev = As("rev-token");
+  auto approve = [](const v1::HookEventProto& e) {
+    v1::HookAnswer a;
+    a.set_event_id(e.event_id());
+    a.set_verdict(v1::HookAnswer::APPROVE);
+    return a;
+  };
+  v1::Subscription b;
+  b.set_name("root-watches-b");
+  b.add_namespaces("team-b");
+  b.set_name_glob("secret*");
+  auto root_sub = client::Subscriber::Start(*root, b, approve);
+  ASSERT_THAT(root_sub, IsOk());
+  v1::Subscription a;
+  a.set_name("rev-watches-a");
+  auto rev_sub = client::Subscriber::Start(*rev, a, approve);
+  ASSERT_THAT(rev_sub, IsOk());
+  auto names = [](client::ModelStateClient& c) {
+    absl::StatusOr<v1::ListSubscribersResponse> list = c.ListSubscribers();
+    EXPECT_THAT(list, IsOk());
+    std::set<std::string> out;
+    if (!list.ok()) return out;
+    for (const auto& s : list->subscribers()) {
+      out.insert(s.subscription().name());
+    }
+    return out;
+  };
+  EXPECT_EQ(names(*rev), std::set<std::string>{"rev-watches-a"});
+  EXPECT_EQ(names(*root),
+            (std::set<std::string>{"rev-watches-a", "root-watches-b"}));
+  (*rev_sub)->Stop();
+  (*root_sub)->Stop();
+}
+
 // A subscriber's answer that approves every event.
 v1::HookAnswer Approve(const v1::HookEventProto& e) {
   v1::HookAnswer a;
@@ -627,6 +668,102 @@ TEST_F(AccessTest, StreamsPerIdentityAreLimited) {
   EXPECT_THAT(limited(), IsOk());
 }
 
+// A load stream is authorised and counted when it opens, not when its
+// start message comes: an identity without roles is refused at once, and
+// stalled streams take the identity's slots.
+TEST_F(AccessTest, ALoadStreamIsAuthorisedAndCountedBeforeItsStart) {
+  std::unique_ptr<client::ModelStateClient> nobody = As("nobody-token");
+  {
+    auto context = nobody->NewContext(absl::Seconds(10));
+    v1::LoadStateDictResponse response;
+    auto stream = nobody->stub().LoadStateDict(context.get(), &response);
+    // No start message: the answer cannot wait for one.
+    grpc::Status status = stream->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+        << status.error_message();
+  }
+  std::unique_ptr<client::ModelStateClient> alice = As("alice-token");
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<v1::LoadStateDictResponse> responses(3);
+  std::vector<std::unique_ptr<grpc::ClientWriter<v1::LoadStateDictRequest>>>
+      stalled;
+  for (int i = 0; i < 3; ++i) {
+    contexts.push_back(alice->NewContext(absl::Seconds(30)));
+    stalled.push_back(
+        alice->stub().LoadStateDict(contexts.back().get(), &responses[i]));
+  }
+  absl::Status s;
+  for (int i = 0; i < 100; ++i) {
+    s = alice->GetStateDict("team-a/base").status();
+    if (!s.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kResourceExhausted,
+                          HasSubstr("max_streams_per_identity (3)")));
+  for (auto& c : contexts) c->TryCancel();
+  for (auto& w : stalled) (void)w->Finish();
+}
+
+// Streams whose first message is missing or garbage end with a clear error,
+// never OK; a load cut short is audited like one that failed.
+TEST_F(AccessTest, StreamsWithoutAValidFirstMessageFail) {
+  std::unique_ptr<client::ModelStateClient> root = As("root-token");
+  {
+    auto context = root->NewContext(absl::Seconds(10));
+    auto stream = root->stub().Subscribe(context.get());
+    stream->WritesDone();
+    v1::SubscribeResponse response;
+    EXPECT_FALSE(stream->Read(&response));
+    grpc::Status status = stream->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(status.error_message(), HasSubstr("no subscription"));
+  }
+  for (size_t size : {size_t{1} << 10, size_t{10} << 20}) {
+    // Raw garbage where a message should be.
+    grpc::GenericStub generic(root->channel());
+    auto context = root->NewContext(absl::Seconds(10));
+    grpc::CompletionQueue cq;
+    auto call = generic.PrepareCall(
+        context.get(), "/modelstate.v1.ModelStateService/Subscribe", &cq);
+    void* tag;
+    bool ok;
+    call->StartCall(reinterpret_cast<void*>(1));
+    ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+    std::string garbage(size, '\xff');
+    grpc::Slice slice(garbage);
+    grpc::ByteBuffer buffer(&slice, 1);
+    call->WriteLast(buffer, grpc::WriteOptions(), reinterpret_cast<void*>(2));
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    grpc::Status status;
+    call->Finish(&status, reinterpret_cast<void*>(3));
+    while (cq.Next(&tag, &ok) && tag != reinterpret_cast<void*>(3)) {
+    }
+    EXPECT_NE(status.error_code(), grpc::StatusCode::OK) << size;
+    cq.Shutdown();
+    while (cq.Next(&tag, &ok)) {
+    }
+  }
+  // A load whose bytes stop short of its layout: recorded as failed.
+  const size_t before = Records("load_state_dict", "root").size();
+  {
+    auto context = root->NewContext(absl::Seconds(10));
+    v1::LoadStateDictResponse response;
+    auto stream = root->stub().LoadStateDict(context.get(), &response);
+    v1::LoadStateDictRequest start;
+    start.mutable_start()->set_module("team-a/base");
+    StateDict state;
+    state.tensors.Set("weight", *Tensor::Zeros(DType::kFloat32, {3, 4}));
+    state.tensors.Set("bias", *Tensor::Zeros(DType::kFloat32, {3}));
+    convert::LayoutToHeader(LayoutOf(state),
+                            start.mutable_start()->mutable_header());
+    ASSERT_TRUE(stream->Write(start));
+    stream->WritesDone();
+    EXPECT_EQ(stream->Finish().error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  EXPECT_EQ(Records("load_state_dict", "root").size(), before + 1);
+}
+
 // The signal is the point: the server binary as a process.
 TEST(AccessReloadTest, SighupReloadsTheTokenFileAndABadOneKeepsTheOld) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() /
@@ -689,6 +826,9 @@ TEST(AccessStartTest, RefusesUnsafeConfigurations) {
   // None of these gets as far as listening.
   for (const Case& c : std::vector<Case>{
            {{"--listen=0.0.0.0:0"}, "without authentication"},
+           // A name that starts like a loopback address may resolve anywhere.
+           {{"--listen=127.example.com:0"}, "without authentication"},
+           {{"--listen=[::ffff:10.0.0.1]:0"}, "without authentication"},
            {{"--listen=0.0.0.0:0", tokens}, "refusing plaintext"},
            {{"--tls_client_ca_file=/nonexistent", tokens},
             "--tls_client_ca_file needs --tls_cert_file"},
@@ -703,6 +843,20 @@ TEST(AccessStartTest, RefusesUnsafeConfigurations) {
   TestServer loopback;
   ASSERT_THAT(loopback.Start(), IsOk());
   EXPECT_THAT(loopback.Log(), HasSubstr("no authentication"));
+  // What it stores is its own: files 0600, directories 0700.
+  ASSERT_THAT(loopback.NewClient()->BuildModule(BuildRequest("t/m", kNet)),
+              IsOk());
+  int files = 0;
+  for (const auto& entry :
+       std::filesystem::recursive_directory_iterator(loopback.data_dir())) {
+    const auto perms = entry.status().permissions();
+    const auto others =
+        std::filesystem::perms::group_all | std::filesystem::perms::others_all;
+    EXPECT_EQ(perms & others, std::filesystem::perms::none)
+        << entry.path() << " is open to others";
+    files += entry.is_regular_file();
+  }
+  EXPECT_GE(files, 3);  // the audit log, a manifest and a data file
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
 }

@@ -2,6 +2,11 @@
 // driven through the real C++ client over gRPC's in-process channel; and
 // the real modelstate-server binary where its process is the point (signals,
 // exit codes, flags, ports).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -1101,6 +1106,54 @@ TEST(ServerLifecycleTest, HealthIsServingAndReflectionListsTheServices) {
   EXPECT_TRUE(stream->Finish().ok());
 }
 
+// A loopback port nobody listens on (bound, then released).
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), len), 0);
+  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// --health_listen serves grpc.health.v1 and nothing else: not the service,
+// and not the reflection the binary turns on for its main port.
+TEST(ServerLifecycleTest, TheHealthPortServesHealthOnly) {
+  const std::string health = absl::StrCat("127.0.0.1:", FreePort());
+  TestServer server({"--health_listen=" + health});
+  ASSERT_THAT(server.Start(), IsOk());
+  auto channel =
+      grpc::CreateChannel(health, grpc::InsecureChannelCredentials());
+  grpc::health::v1::HealthCheckResponse serving;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(grpc::health::v1::Health::NewStub(channel)
+                    ->Check(&context, {}, &serving)
+                    .ok());
+  }
+  EXPECT_EQ(serving.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  auto stub = grpc::reflection::v1alpha::ServerReflection::NewStub(channel);
+  grpc::ClientContext context;
+  auto stream = stub->ServerReflectionInfo(&context);
+  grpc::reflection::v1alpha::ServerReflectionRequest request;
+  request.set_list_services("*");
+  stream->Write(request);
+  stream->WritesDone();
+  grpc::reflection::v1alpha::ServerReflectionResponse response;
+  EXPECT_FALSE(stream->Read(&response));
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  grpc::ClientContext list_context;
+  v1::ListModulesResponse modules;
+  EXPECT_EQ(v1::ModelStateService::NewStub(channel)
+                ->ListModules(&list_context, {}, &modules)
+                .error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+}
+
 // SIGTERM and SIGINT both drain: health turns NOT_SERVING for a watcher at
 // once, running calls get the grace period, and the process exits 0.
 TEST(ServerLifecycleTest, DrainsOnSigtermAndSigintWithinTheGracePeriod) {
@@ -1177,6 +1230,7 @@ TEST(ServerLifecycleTest, RefusesOutOfRangeFlagsWithExitCodeTwo) {
            {{"--max_entries=0"}, "--max_entries=0"},
            {{"--max_spec_depth=0"}, "--max_spec_depth=0"},
            {{"--max_queued_events=0"}, "--max_queued_events=0"},
+           {{"--max_subscriber_queue_mib=0"}, "--max_subscriber_queue_mib=0"},
            {{"--shutdown_grace_seconds=-5"}, "--shutdown_grace_seconds=-5"},
            {{"--stream_window_kib=-1"}, "--stream_window_kib=-1"},
            {{"--max_streams_per_identity=-1"}, "--max_streams_per_identity=-1"},

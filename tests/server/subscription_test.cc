@@ -741,6 +741,49 @@ TEST_F(SlowReaderTest, ASubscriberThatStopsReadingIsDroppedNotBuffered) {
   EXPECT_EQ(State("slow/big").tensors.size(), 3000u);
 }
 
+// An observer with data that reads only its ack: the events waiting for it
+// are bounded in bytes (here 4 MiB: four 1 MiB tensors), not only in
+// number, and it is dropped with RESOURCE_EXHAUSTED naming the limit.
+TEST(SlowReaderBytesTest, AQueueOfTensorDataIsBoundedInBytes) {
+  InProcessServer server([](server::ServerConfig& config) {
+    config.limits.max_subscriber_queue_bytes = 4 << 20;
+  });
+  ASSERT_THAT(server.Start(), IsOk());
+  // Over TCP, so that a client that does not read holds the server back.
+  auto stub = v1::ModelStateService::NewStub(grpc::CreateChannel(
+      server.address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(30));
+  auto stream = stub->Subscribe(&context);
+  v1::SubscribeRequest subscribe;
+  subscribe.mutable_subscription()->set_name("stalled");
+  subscribe.mutable_subscription()->set_mode(v1::Subscription::MODE_OBSERVE);
+  subscribe.mutable_subscription()->set_include_data(true);
+  subscribe.mutable_subscription()->set_max_data_bytes(2 << 20);
+  ASSERT_TRUE(stream->Write(subscribe));
+  v1::SubscribeResponse ack;
+  ASSERT_TRUE(stream->Read(&ack));
+  ASSERT_TRUE(ack.has_ack());
+  // 48 parameters of 1 MiB: far more than the socket buffers hold.
+  std::string json = R"({"type": "Big", "members": [)";
+  for (int i = 0; i < 48; ++i) {
+    absl::StrAppend(&json, i ? "," : "", R"({"parameter": {"name": "p)", i,
+                    R"(", "shape": [262144]}})");
+  }
+  json += "]}";
+  std::unique_ptr<client::ModelStateClient> c = server.NewClient();
+  ASSERT_THAT(c->BuildModule(BuildRequest("slow/big", json)), IsOk());
+  int events = 0;
+  v1::SubscribeResponse event;
+  while (stream->Read(&event)) ++events;
+  grpc::Status status = stream->Finish();
+  EXPECT_LT(events, 48);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("--max_subscriber_queue_mib"));
+}
+
 // Writes completing while four builds queue events from their own threads
 // and the queue overflows: the stream must never write a freed message or
 // write after Finish. A stress test (20 rounds), for the ASan pass above

@@ -11,9 +11,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
+#include "core/forward_hooks.h"
 #include "core/staged_state_dict.h"
 #include "core/state_stream.h"
 #include "gmock/gmock.h"
@@ -240,10 +242,12 @@ TEST_F(ModelStoreTest,
                   .status(),
               StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_TRUE(AllEqual(State("t/m"), 3));
+  // The truncated load is recorded like the one that failed early.
   std::vector<AuditRecord> loads = Records("load_state_dict");
-  ASSERT_EQ(loads.size(), 2u);
+  ASSERT_EQ(loads.size(), 3u);
   EXPECT_EQ(loads[0].outcome, "ok");
   EXPECT_EQ(loads[1].outcome, "error");
+  EXPECT_EQ(loads[2].outcome, "error");
 }
 
 TEST_F(ModelStoreTest, MoveConvertsFloatingTensorsAndDeleteRemoves) {
@@ -281,6 +285,139 @@ TEST_F(ModelStoreTest, QuotasLimitModulesAndBytesPerNamespace) {
       StatusIs(absl::StatusCode::kResourceExhausted,
                HasSubstr("max_bytes (100)")));
   EXPECT_THAT(Build("other/one").status(), IsOk());  // no quota there
+}
+
+// Counts the registrations the in-process hooks see: a build refused by its
+// quota must be refused before any of its tensors exists.
+class CountingHooks {
+ public:
+  CountingHooks() {
+    for (EntryKind kind : {EntryKind::kParameter, EntryKind::kBuffer}) {
+      handles_.push_back(registry_.AddHook(kind, [this](const auto&) {
+        ++seen_;
+        return HookResult::Keep();
+      }));
+    }
+  }
+  const HookRegistry* registry() const { return &registry_; }
+  int seen() const { return seen_; }
+
+ private:
+  std::atomic<int> seen_{0};
+  HookRegistry registry_;
+  std::vector<RemovableHandle> handles_;
+};
+
+TEST_F(ModelStoreTest, ABuildOverItsQuotaIsRefusedBeforeItsTensorsExist) {
+  QuotaPolicy quotas;
+  quotas.namespaces["small"].max_bytes = 1 << 20;
+  store_->set_quotas(quotas);
+  CountingHooks hooks;
+  BuildOptions options;
+  options.hooks = hooks.registry();
+  // 4 PiB: only a refusal from the spec's shapes can answer this one.
+  absl::StatusOr<BuildOutcome> huge = store_->Build(
+      ctx_, Name("small/huge"),
+      SpecFromJson(R"({"type": "Linear", "args": [33554432, 33554432]})"),
+      options, false);
+  EXPECT_THAT(huge.status(), StatusIs(absl::StatusCode::kResourceExhausted,
+                                      HasSubstr("max_bytes (1048576)")));
+  // 4 MiB: refused before a tensor was made (the hooks saw none).
+  absl::StatusOr<BuildOutcome> big =
+      store_->Build(ctx_, Name("small/big"),
+                    SpecFromJson(R"({"type": "Linear", "args": [1024, 1024]})"),
+                    options, false);
+  EXPECT_THAT(big.status(), StatusIs(absl::StatusCode::kResourceExhausted,
+                                     HasSubstr("max_bytes (1048576)")));
+  EXPECT_EQ(hooks.seen(), 0);
+  EXPECT_EQ(store_->size(), 0u);
+  // A registration of a submodule spec is sized the same way.
+  ASSERT_THAT(Build("small/m").status(), IsOk());
+  RegistrationRequest add;
+  add.name = "extra";
+  add.kind = EntryKind::kModule;
+  add.spec = SpecFromJson(R"({"type": "Linear", "args": [1024, 1024]})");
+  add.build_options.hooks = hooks.registry();
+  EXPECT_THAT(store_->Register(ctx_, Name("small/m"), add).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("max_bytes (1048576)")));
+  EXPECT_EQ(hooks.seen(), 0);
+}
+
+TEST_F(ModelStoreTest, AnAssigningLoadCountsAgainstTheQuota) {
+  QuotaPolicy quotas;
+  quotas.namespaces["small"].max_bytes = 100;  // Linear(4, 3): 60 bytes
+  store_->set_quotas(quotas);
+  ASSERT_THAT(Build("small/m").status(), IsOk());
+  // float64 values installed in place of float32 ones: 120 bytes.
+  StateDict wide;
+  wide.tensors.Set("weight", Filled(DType::kFloat64, {3, 4}, 1));
+  wide.tensors.Set("bias", Filled(DType::kFloat64, {3}, 1));
+  LoadOptions assign;
+  assign.assign = true;
+  EXPECT_THAT(store_->Load(ctx_, Name("small/m"), wide, assign).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("max_bytes (100)")));
+  EXPECT_EQ(State("small/m").tensors.Find("weight")->dtype(), DType::kFloat32);
+  // The same values copied into the float32 tensors fit.
+  EXPECT_THAT(store_->Load(ctx_, Name("small/m"), wide, {}).status(), IsOk());
+  // A same-sized assignment fits too: the old values stop counting.
+  StateDict same = Pattern(2);
+  EXPECT_THAT(store_->Load(ctx_, Name("small/m"), same, assign).status(),
+              IsOk());
+}
+
+// Every build waits in the decider until all twelve are there (or 100 ms
+// passed): twelve quota checks at once, then twelve inserts.
+class GatheringDecider : public RegistrationDecider {
+ public:
+  std::vector<HookDecision> Decide(
+      const OperationContext&, const ModuleName&,
+      absl::Span<const RegistrationRecord> records) override {
+    {
+      absl::MutexLock lock(&mu_);
+      ++arrived_;
+      auto all_here = [this] { return arrived_ >= 12; };
+      mu_.AwaitWithTimeout(absl::Condition(&all_here), absl::Milliseconds(100));
+    }
+    std::vector<HookDecision> out;
+    for (const RegistrationRecord& r : records) out.push_back(r.local);
+    return out;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int arrived_ = 0;
+};
+
+TEST_F(ModelStoreTest, ConcurrentBuildsNeverExceedMaxModules) {
+  // Ten rounds, each in its own namespace. Saved builds: a quota check
+  // that counted the modules, then waits to read one being saved, must not
+  // insert on a stale count.
+  MakeDurable();
+  QuotaPolicy quotas;
+  quotas.defaults.max_modules = 3;
+  quotas.defaults.max_bytes = 1 << 30;
+  store_->set_quotas(quotas);
+  for (int round = 0; round < 10; ++round) {
+    GatheringDecider decider;
+    store_->set_decider(&decider);
+    std::atomic<int> built{0};
+    std::atomic<int> refused{0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 12; ++i) {
+      threads.emplace_back([&, i] {
+        absl::Status s = Build(absl::StrCat("r", round, "/m", i)).status();
+        if (s.ok()) ++built;
+        if (absl::IsResourceExhausted(s)) ++refused;
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    store_->set_decider(nullptr);
+    ASSERT_EQ(built, 3) << "round " << round;
+    ASSERT_EQ(refused, 9) << "round " << round;
+    ASSERT_EQ(store_->List(absl::StrCat("r", round), "", 100).size(), 3u);
+  }
 }
 
 TEST_F(ModelStoreTest, ListsInNameOrderFromAfterAndPerNamespace) {
@@ -394,6 +531,67 @@ TEST_F(ModelStoreTest, ADeciderHoldsWritersOfTheModuleButNotItsReaders) {
                        HasSubstr("was blocked: held and refused")));
   EXPECT_EQ(State("t/m").tensors.size(), 2u);  // nothing registered
   store_->set_decider(nullptr);
+}
+
+// A module deleted while a streamed load's bytes come: the load fails
+// NOT_FOUND (not INTERNAL about a rename), recorded, and leaves no module
+// directory behind.
+TEST_F(ModelStoreTest, AStreamedLoadOfAModuleDeletedMeanwhileIsNotFound) {
+  MakeDurable();
+  ASSERT_THAT(Build("t/m").status(), IsOk());
+  StateDict state = Pattern(3);
+  auto reader = *StateDictReader::Create(state, std::nullopt);
+  {
+    std::unique_ptr<StagedStateDict> staged = *store_->StageLoad(
+        ctx_, Name("t/m"), reader->layout(), StreamLimits{}, {}, dir_.string());
+    ASSERT_THAT(store_->Delete(ctx_, Name("t/m")), IsOk());
+    while (reader->remaining() > 0) {
+      std::string bytes;
+      ASSERT_GT(*reader->Read(1 << 10, &bytes), 0u);
+      ASSERT_THAT(staged->Append(std::move(bytes)), IsOk());
+    }
+    EXPECT_THAT(store_->LoadStaged(ctx_, Name("t/m"), *staged, {}).status(),
+                StatusIs(absl::StatusCode::kNotFound));
+  }
+  EXPECT_FALSE(fs::exists(
+      data_dir::ModuleDir((dir_ / "modules").string(), Name("t/m"))));
+  EXPECT_EQ(Records("load_state_dict").size(), 1u);
+}
+
+// An eval-mode forward only reads: readers (and other eval forwards) go on
+// while it runs; a training-mode one still excludes them.
+TEST_F(ModelStoreTest, AnEvalForwardIsAReader) {
+  ASSERT_THAT(Build("t/m").status(), IsOk());
+  ASSERT_THAT(store_->SetTraining(ctx_, Name("t/m"), false), IsOk());
+  absl::Notification in_forward;
+  absl::Notification release;
+  RemovableHandle hook = ForwardHookList::Global().AddHook(
+      [&](Module&, const std::vector<Tensor>&,
+          const std::vector<Tensor>&) -> ForwardHookResult {
+        in_forward.Notify();
+        release.WaitForNotificationWithTimeout(absl::Seconds(30));
+        return std::nullopt;
+      });
+  std::thread forward([&] {
+    EXPECT_THAT(
+        store_
+            ->Forward(ctx_, Name("t/m"), "",
+                      {Filled(DType::kFloat32, {2, 4}, 1)}, std::nullopt, 0)
+            .status(),
+        IsOk());
+  });
+  ASSERT_TRUE(in_forward.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  absl::Notification read;
+  std::thread reader([&] {
+    EXPECT_EQ(State("t/m").tensors.size(), 2u);
+    read.Notify();
+  });
+  EXPECT_TRUE(read.WaitForNotificationWithTimeout(absl::Seconds(5)))
+      << "a reader waited behind an eval forward";
+  release.Notify();
+  forward.join();
+  reader.join();
+  hook.Remove();
 }
 
 }  // namespace
