@@ -11,10 +11,10 @@
 namespace modelstate {
 namespace {
 
-using ::testing::HasSubstr;
-using ::testing::SizeIs;
 using ::modelstate::testing::IsOk;
 using ::modelstate::testing::StatusIs;
+using ::testing::HasSubstr;
+using ::testing::SizeIs;
 
 Ed25519PrivateKey KeyFromByte(char b) {
   return *Ed25519PrivateKey::FromSeed(std::string(32, b));

@@ -142,9 +142,9 @@ TEST_F(DurabilityTest, AKilledServerComesBackWithEveryAcknowledgedChange) {
         IsOk());
   }
   // A module assembled entry by entry.
-  ASSERT_THAT(
-      client_->BuildModule(BuildRequest("custom/m", R"({"type": "Custom", "custom": true})")),
-      IsOk());
+  ASSERT_THAT(client_->BuildModule(BuildRequest(
+                  "custom/m", R"({"type": "Custom", "custom": true})")),
+              IsOk());
   ASSERT_THAT(client_->RegisterParameter(ParseJson<v1::RegisterTensorRequest>(
                   R"({"module": "custom/m", "name": "frozen",
                       "init": {"shape": [3, 2], "dtype": "float64",
