@@ -49,4 +49,12 @@ std::string Sha256Hex(absl::string_view bytes) {
   return h.FinishHex();
 }
 
+bool IsSha256Hex(absl::string_view s) {
+  if (s.size() != 64) return false;
+  for (char c : s) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
 }  // namespace modelstate

@@ -37,6 +37,9 @@ class Sha256 {
 // SHA-256 of `bytes` as lowercase hex.
 std::string Sha256Hex(absl::string_view bytes);
 
+// Whether `s` has the form Sha256Hex returns: 64 lowercase hex digits.
+bool IsSha256Hex(absl::string_view s);
+
 }  // namespace modelstate
 
 #endif  // MODELSTATE_BASE_SHA256_H_

@@ -40,12 +40,6 @@ bool Grants(Role role, Permission permission) {
   return false;
 }
 
-bool IsLowerHex64(absl::string_view s) {
-  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
-           return absl::ascii_isdigit(c) || (c >= 'a' && c <= 'f');
-         });
-}
-
 absl::Status FieldError(absl::string_view field, absl::string_view problem) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", problem));
 }
@@ -62,7 +56,7 @@ absl::StatusOr<Principal> ParsePrincipal(const Json& j,
       }
       p.identity = value.get<std::string>();
     } else if (key == "token_sha256") {
-      if (!value.is_string() || !IsLowerHex64(value.get<std::string>())) {
+      if (!value.is_string() || !IsSha256Hex(value.get<std::string>())) {
         return FieldError(at,
                           "must be the token's SHA-256 as 64 lowercase hex "
                           "digits (modelstatectl hash-token prints it)");

@@ -73,14 +73,6 @@ std::string FormatRecordTime(absl::Time t) {
   return absl::FormatTime(kTimeFormat, t, absl::UTCTimeZone());
 }
 
-bool IsLowerHex64(absl::string_view s) {
-  if (s.size() != 64) return false;
-  for (char c : s) {
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  }
-  return true;
-}
-
 // The length of the well-formed UTF-8 sequence (RFC 3629: no overlongs, no
 // surrogates, nothing above U+10FFFF) starting at s[i], or 0 if there is
 // none. These are the same rules nlohmann's parser applies, so everything
@@ -314,10 +306,10 @@ absl::StatusOr<AuditRecord> RecordFromJson(const nlohmann::json& j) {
     return absl::InvalidArgumentError("details is not a JSON object");
   }
   r.details_json = DumpCompact(details);
-  if (!IsLowerHex64(r.prev)) {
+  if (!IsSha256Hex(r.prev)) {
     return absl::InvalidArgumentError("prev is not 64 lowercase hex digits");
   }
-  if (!IsLowerHex64(r.hash)) {
+  if (!IsSha256Hex(r.hash)) {
     return absl::InvalidArgumentError("hash is not 64 lowercase hex digits");
   }
   return r;
