@@ -405,7 +405,7 @@ TEST_F(ServiceTest, TruncatedOrMalformedLoadStreamsChangeNothing) {
     EXPECT_THAT(s.error_message(), HasSubstr(text));
   };
   expect_invalid({start, data}, "ended after 40 of 80");
-  expect_invalid({}, "ended before its start");
+  expect_invalid({}, "the stream ended before it");
   expect_invalid({data}, "first message must be a start");
   expect_invalid({start, start}, "only data messages");
   v1::LoadStateDictRequest too_much;
