@@ -26,6 +26,7 @@ std::string SpecValueTypeName(const SpecValue& v) {
     std::string operator()(const std::vector<int64_t>&) const {
       return "tuple";
     }
+    std::string operator()(const std::vector<double>&) const { return "tuple"; }
   };
   return std::visit(Visitor{}, v);
 }
@@ -182,6 +183,21 @@ absl::StatusOr<AttrValue> BoundArgs::IntOrTuple(absl::string_view name,
   const SpecValue* v = Find(name);
   if (std::holds_alternative<int64_t>(*v)) return AttrValue(values[0]);
   return AttrValue(std::move(values));
+}
+
+absl::StatusOr<AttrValue> BoundArgs::FloatOrTuple(
+    absl::string_view name) const {
+  const SpecValue* v = Find(name);
+  if (v != nullptr) {
+    if (const auto* ints = std::get_if<std::vector<int64_t>>(v)) {
+      return AttrValue(std::vector<double>(ints->begin(), ints->end()));
+    }
+    if (const auto* floats = std::get_if<std::vector<double>>(v)) {
+      return AttrValue(*floats);
+    }
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(double f, Float(name));
+  return AttrValue(f);
 }
 
 absl::StatusOr<DType> BoundArgs::FactoryDType(DType build_dtype) const {

@@ -68,6 +68,9 @@ class BoundArgs {
   // kernel_size as passed), each element at least `min`.
   absl::StatusOr<AttrValue> IntOrTuple(absl::string_view name,
                                        int64_t min) const;
+  // A float or a tuple of floats (ints become floats), as torch's Upsample
+  // keeps its scale_factor.
+  absl::StatusOr<AttrValue> FloatOrTuple(absl::string_view name) const;
   // The factory kwargs `dtype` and `device` when the signature has them
   // (checked in that order), else the build's.
   absl::StatusOr<FactoryKwargs> Factory(const BuildOptions& build) const;

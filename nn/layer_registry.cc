@@ -23,6 +23,7 @@ constexpr FamilyFn kFamilies[] = {
     &FlattenFamily,        // Flatten, Unflatten
     &PoolingFamily,        // Max/Avg/AdaptiveAvg/AdaptiveMaxPool1d/2d/3d
     &PixelShuffleFamily,   // PixelShuffle, PixelUnshuffle
+    &UpsamplingFamily,     // Upsample, UpsamplingNearest2d/Bilinear2d
     &PaddingFamily,      // ZeroPad2d, ConstantPad/ReflectionPad/ReplicationPad
     &AttentionFamily,    // MultiheadAttention
     &TransformerFamily,  // TransformerEncoderLayer

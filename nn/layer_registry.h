@@ -92,6 +92,7 @@ std::vector<LayerDef> ActivationFamily();     // activation.cc
 std::vector<LayerDef> FlattenFamily();        // flatten.cc
 std::vector<LayerDef> PoolingFamily();        // pooling.cc
 std::vector<LayerDef> PixelShuffleFamily();   // pixel_shuffle.cc
+std::vector<LayerDef> UpsamplingFamily();     // upsampling.cc
 std::vector<LayerDef> PaddingFamily();        // padding.cc
 std::vector<LayerDef> AttentionFamily();      // attention.cc
 std::vector<LayerDef> TransformerFamily();    // transformer.cc

@@ -35,9 +35,11 @@
 
 namespace modelstate {
 
-// A constructor argument: None, bool, int, float, str, or a tuple of ints.
-using SpecValue = std::variant<std::monostate, bool, int64_t, double,
-                               std::string, std::vector<int64_t>>;
+// A constructor argument: None, bool, int, float, str, a tuple of ints, or a
+// tuple of floats (Upsample's scale_factor=(1.5, 2.0)).
+using SpecValue =
+    std::variant<std::monostate, bool, int64_t, double, std::string,
+                 std::vector<int64_t>, std::vector<double>>;
 
 // How a custom module's tensor is initialised.
 struct InitSpec {

@@ -55,16 +55,21 @@ absl::StatusOr<SpecValue> SpecValueFromProto(
     case google::protobuf::Value::kStringValue:
       return SpecValue(value.string_value());
     case google::protobuf::Value::kListValue: {
-      std::vector<int64_t> ints;
+      // All integral: a tuple of ints; otherwise a tuple of floats.
+      std::vector<double> numbers;
+      bool integral = true;
       for (int i = 0; i < value.list_value().values_size(); ++i) {
         const google::protobuf::Value& e = value.list_value().values(i);
-        if (e.kind_case() != google::protobuf::Value::kNumberValue ||
-            !IsIntegral(e.number_value())) {
+        if (e.kind_case() != google::protobuf::Value::kNumberValue) {
           return FieldError(absl::StrCat(field, "[", i, "]"),
-                            "a list argument may only hold integers");
+                            "a list argument may only hold numbers");
         }
-        ints.push_back(static_cast<int64_t>(e.number_value()));
+        numbers.push_back(e.number_value());
+        integral = integral && IsIntegral(e.number_value());
       }
+      if (!integral) return SpecValue(std::move(numbers));
+      std::vector<int64_t> ints;
+      for (double n : numbers) ints.push_back(static_cast<int64_t>(n));
       return SpecValue(std::move(ints));
     }
     case google::protobuf::Value::kStructValue:

@@ -118,6 +118,77 @@ def tel_masks():
     return kpm
 
 
+
+def upsample_cases():
+    """F.interpolate through Upsample: every mode on every rank it takes,
+    with and without align_corners, by size and by (float) scale factor,
+    recomputed or not, in float32 and float64."""
+    shapes = {3: (2, 3, 7), 4: (2, 3, 5, 6), 5: (1, 2, 4, 5, 3)}
+    modes = {3: ["nearest", "nearest-exact", "area", "linear"],
+             4: ["nearest", "nearest-exact", "area", "bilinear", "bicubic"],
+             5: ["nearest", "nearest-exact", "area", "trilinear"]}
+    # (label, kwargs): sizes up and down, integral and fractional scales
+    # (floor(in * s) outputs), per-dim tuples, recompute_scale_factor.
+    sizing = {
+        3: [("size=11", dict(size=11)), ("size=4", dict(size=4)),
+            ("scale=2", dict(scale_factor=2)),
+            ("scale=1.7", dict(scale_factor=1.7)),
+            ("scale=0.6", dict(scale_factor=0.6)),
+            ("scale=1.05 (same size)", dict(scale_factor=1.05)),
+            ("scale=2.3,recompute", dict(scale_factor=2.3,
+                                         recompute_scale_factor=True))],
+        4: [("size=(9,4)", dict(size=(9, 4))),
+            ("scale=(2,1.5)", dict(scale_factor=(2.0, 1.5))),
+            ("scale=2.5", dict(scale_factor=2.5)),
+            ("scale=0.7,recompute", dict(scale_factor=0.7,
+                                         recompute_scale_factor=True)),
+            ("scale=(1.1,3)", dict(scale_factor=(1.1, 3.0)))],
+        5: [("size=(6,3,5)", dict(size=(6, 3, 5))),
+            ("scale=(1.5,2,0.7)", dict(scale_factor=(1.5, 2.0, 0.7))),
+            ("scale=2,recompute", dict(scale_factor=2,
+                                       recompute_scale_factor=True))],
+    }
+    cases = []
+    for rank, mode_list in modes.items():
+        for mode in mode_list:
+            aligns = [None] if mode in ("nearest", "nearest-exact", "area") \
+                else [False, True]
+            for align in aligns:
+                for i, (what, kwargs) in enumerate(sizing[rank]):
+                    kw = dict(kwargs, mode=mode)
+                    if align is not None:
+                        kw["align_corners"] = align
+                    sp = {k: list(v) if isinstance(v, tuple) else v
+                          for k, v in kw.items()}
+                    dtype = torch.float64 if i % 2 else torch.float32
+                    shape = shapes[rank]
+                    cases.append(Case(
+                        f"Upsample({mode},{what},align_corners={align}) "
+                        f"{rank}-d {str(dtype)[6:]}",
+                        spec("Upsample", **sp),
+                        lambda kw=kw: nn.Upsample(**kw),
+                        lambda shape=shape, dtype=dtype: [
+                            randn(*shape, dtype=dtype)],
+                        dtype=dtype))
+    cases.append(Case("UpsamplingNearest2d(scale_factor=3)",
+                      spec("UpsamplingNearest2d", scale_factor=3),
+                      lambda: nn.UpsamplingNearest2d(scale_factor=3),
+                      lambda: [randn(2, 3, 4, 5)]))
+    cases.append(Case("UpsamplingBilinear2d((7,9)) float64",
+                      spec("UpsamplingBilinear2d", [7, 9]),
+                      lambda: nn.UpsamplingBilinear2d((7, 9)),
+                      lambda: [randn(2, 3, 4, 5, dtype=torch.float64)],
+                      dtype=torch.float64))
+    cases.append(Case("UpsamplingBilinear2d(scale_factor=2.5) bfloat16",
+                      spec("UpsamplingBilinear2d", scale_factor=2.5),
+                      lambda: nn.UpsamplingBilinear2d(scale_factor=2.5),
+                      lambda: [randn(1, 2, 4, 3, dtype=torch.bfloat16)],
+                      dtype=torch.bfloat16))
+    return cases
+
+
+UPSAMPLE_CASES = upsample_cases()
+
 CASES = [
     Case("Linear(5,3)", spec("Linear", 5, 3), lambda: nn.Linear(5, 3),
          lambda: [randn(4, 5)]),
@@ -362,6 +433,7 @@ CASES = [
          dtype=torch.float64),
     Case("PixelUnshuffle(2) unbatched", spec("PixelUnshuffle", 2),
          lambda: nn.PixelUnshuffle(2), lambda: [randn(3, 4, 6)]),
+    *UPSAMPLE_CASES,
     Case("MultiheadAttention(8,2) sequence-first",
          spec("MultiheadAttention", 8, 2),
          lambda: nn.MultiheadAttention(8, 2),

@@ -194,6 +194,67 @@ class RoundTripTest(Checks):
                         self.assertLess((ours - theirs).abs().max().item(),
                                         1e-5)
 
+    def test_a_unet_with_upsampling_round_trips(self):
+        """Upsample and its 2-d aliases go up as library layers (scale
+        factors as floats, sizes as given), come back as torch's classes
+        and compute alike, on the server too."""
+
+        class UNet(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.down1 = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1),
+                                           nn.BatchNorm2d(8), nn.ReLU())
+                self.pool = nn.MaxPool2d(2)
+                self.down2 = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1),
+                                           nn.ReLU())
+                self.up = nn.Upsample(scale_factor=2, mode="bilinear",
+                                      align_corners=False)
+                self.fuse = nn.Conv2d(24, 8, 1)
+                self.up_sized = nn.Upsample(size=(12, 10), mode="bicubic",
+                                            align_corners=True)
+                self.up_nearest = nn.UpsamplingNearest2d(scale_factor=1.5)
+                self.up_bilinear = nn.UpsamplingBilinear2d((8, 8))
+                self.head = nn.Conv2d(8, 2, 1)
+
+            def forward(self, x):
+                a = self.down1(x)
+                b = self.down2(self.pool(a))
+                y = self.fuse(torch.cat([a, self.up(b)], 1))
+                return self.head(self.up_bilinear(
+                    self.up_nearest(self.up_sized(y))))
+
+        torch.manual_seed(5)
+        model = torch_models.randomize(UNet(), 6).eval()
+        with torch.no_grad():  # a variance, not randn's: no NaN in eval
+            model.down1[1].running_var.abs_()
+        remote = ms.push(model, "unet/model")
+        self.assertEqual(remote.notes, [])
+        info = remote.info().info
+        types = {c.name: c.module.type for c in info.children}
+        self.assertEqual(types["up"], "Upsample")
+        self.assertEqual(types["up_nearest"], "UpsamplingNearest2d")
+        back = ms.pull("unet/model")
+        self.assertSameModule(back, model)
+        for name in ("up", "up_sized", "up_nearest", "up_bilinear"):
+            ours, theirs = getattr(back, name), getattr(model, name)
+            self.assertIs(type(ours), type(theirs))
+            self.assertEqual(repr(ours), repr(theirs))
+            for key in ("size", "scale_factor", "mode", "align_corners",
+                        "recompute_scale_factor", "name"):
+                self.assertEqual(getattr(ours, key), getattr(theirs, key),
+                                 f"{name}.{key}")
+        x = torch.randn(2, 3, 8, 6)
+        with torch.no_grad():
+            # The pulled root is a plain module: run UNet's forward on it.
+            self.assertTrue(torch.equal(UNet.forward(back, x), model(x)))
+            y = torch.randn(2, 8, 5, 4)
+            for name in ("up_sized", "up_nearest"):
+                # The server's forward: within 1e-5 of torch's.
+                out = remote.get_submodule(name)(y)
+                want = getattr(model, name)(y)
+                self.assertEqual(out.shape, want.shape)
+                self.assertLess((out - want).abs().max().item(), 1e-5)
+
     def test_dtype_and_meta_in_both_directions(self):
         torch.manual_seed(2)
         gpt = torch_models.randomize(torch_models.GPT(), 3)
@@ -342,6 +403,19 @@ class RoundTripTest(Checks):
         self.assertEqual(list(a), list(b))
         self.assertTrue(all(same_bits(a[k], b[k]) for k in b))
         self.assertEqual(type(back[0]).__name__, "Conv2d")
+        # A standalone TransformerEncoder: its layers are still library
+        # layers, and the note says why the stack is not.
+        encoder = nn.TransformerEncoder(
+            nn.TransformerEncoderLayer(8, 2, 16), 2, enable_nested_tensor=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            remote = ms.push(encoder, "fallback/encoder")
+        self.assertEqual(len(remote.notes), 1, remote.notes)
+        self.assertIn("holding its layers", remote.notes[0])
+        self.assertNotIn("no such library layer", remote.notes[0])
+        info = remote.info().info
+        self.assertEqual(info.children[0].module.children[0].module.type,
+                         "TransformerEncoderLayer")
         self.assertIsNot(type(back[0]), nn.Conv2d)
 
     def test_push_is_all_or_nothing_by_default(self):

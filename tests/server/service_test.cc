@@ -446,7 +446,7 @@ TEST_F(ServiceTest, BadInputGetsTheRightCodeNamingTheField) {
           "bad/x", R"({"type": "Linear", "args": [100000, 100000]})")),
       StatusIs(Code::kResourceExhausted, HasSubstr("max_tensor_bytes")));
   EXPECT_THAT(client_->BuildModule(BuildRequest(
-                  "bad/x", R"({"type": "Linear", "args": [[1, 2.5], 2]})")),
+                  "bad/x", R"({"type": "Linear", "args": [[1, "x"], 2]})")),
               StatusIs(Code::kInvalidArgument, HasSubstr("spec.args[0][1]")));
   v1::BuildModuleRequest int_dtype =
       BuildRequest("bad/x", R"({"type": "ReLU"})");

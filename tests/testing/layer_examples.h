@@ -105,6 +105,9 @@ inline const std::map<std::string, std::string>& LayerExampleArgs() {
       {"Unflatten", "[1, [2, 2]]"},
       {"PixelShuffle", "[2]"},
       {"PixelUnshuffle", "[2]"},
+      {"Upsample", "[null, 2]"},
+      {"UpsamplingNearest2d", "[4]"},
+      {"UpsamplingBilinear2d", "[null, 2]"},
       {"Sequential", ""},
       {"ModuleList", ""},
       {"ModuleDict", ""}};

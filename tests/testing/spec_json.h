@@ -27,7 +27,14 @@ inline SpecValue SpecValueFromJson(const nlohmann::json& j) {
   if (j.is_number()) return j.get<double>();
   if (j.is_string()) return j.get<std::string>();
   std::vector<int64_t> ints;
-  for (const auto& e : j) ints.push_back(e.get<int64_t>());
+  std::vector<double> floats;
+  bool integral = true;
+  for (const auto& e : j) {
+    integral = integral && e.is_number_integer();
+    floats.push_back(e.get<double>());
+    if (e.is_number_integer()) ints.push_back(e.get<int64_t>());
+  }
+  if (!integral) return floats;
   return ints;
 }
 

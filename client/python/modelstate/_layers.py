@@ -123,6 +123,13 @@ def _ints(x):
     return _int(x)
 
 
+def _floats(x):
+    """A float, or a tuple of floats (Upsample's scale_factor)."""
+    if isinstance(x, (tuple, list)):
+        return tuple(_float(i) for i in x)
+    return _float(x)
+
+
 def _number(x):
     """An int or a float, kept as it is (Softplus's beta and threshold
     default to ints)."""
@@ -422,6 +429,15 @@ LAYERS = {layer.name: layer for layer in [
           factory=False),
     Layer("PixelShuffle", _only(("upscale_factor", _int)), factory=False),
     Layer("PixelUnshuffle", _only(("downscale_factor", _int)), factory=False),
+    Layer("Upsample", _only(("size", _optional(_ints)),
+                            ("scale_factor", _optional(_floats)),
+                            ("mode", _str),
+                            ("align_corners", _optional(_bool)),
+                            ("recompute_scale_factor", _optional(_bool))),
+          factory=False),
+    *[Layer(name, _only(("size", _optional(_ints)),
+                        ("scale_factor", _optional(_floats))), factory=False)
+      for name in ("UpsamplingNearest2d", "UpsamplingBilinear2d")],
     Layer("RNN", _rnn),
     Layer("LSTM", _rnn),
     Layer("GRU", _rnn),
@@ -434,6 +450,11 @@ LAYERS = {layer.name: layer for layer in [
 ]}
 
 CONTAINERS = ("Sequential", "ModuleList", "ModuleDict")
+
+# Library layers of the server that a spec builds from named children
+# (encoder_layer, norm), not from constructor arguments alone: push hosts
+# them as custom modules holding their (library) layers.
+BUILT_FROM_CHILDREN = ("TransformerEncoder", "TransformerDecoder")
 
 # Entries of a module's __dict__ that are torch's bookkeeping, not state
 # (an RNN's _flat_weights lists its own parameters again).

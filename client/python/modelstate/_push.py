@@ -184,7 +184,14 @@ class _Planner:
                                f"hosted as a custom module with its own "
                                f"tensors: {why}")
             self.kinds[path] = "custom"
-            if layer is None and cls.__module__.startswith("torch.nn.") \
+            if cls.__name__ in _layers.BUILT_FROM_CHILDREN and \
+                    cls is getattr(nn, cls.__name__, None):
+                self._note(f"{path or 'the model'} ({cls.__name__}) is "
+                           "hosted as a custom module holding its layers: "
+                           "push does not build the server's "
+                           f"{cls.__name__}, which takes its layer as a "
+                           "child")
+            elif layer is None and cls.__module__.startswith("torch.nn.") \
                     and cls.__name__ not in _layers.CONTAINERS:
                 self._note(f"{path or 'the model'} ({cls.__name__}) is "
                            "hosted as a custom module with its own "
