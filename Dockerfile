@@ -22,14 +22,15 @@ RUN deploy/build.sh /build
 # -------------------------------------------------------------- runtime --
 FROM debian:bookworm-slim
 # Only the shared libraries the two binaries load (libgrpc++1.51 pulls in
-# libgrpc29, re2, c-ares and zlib; libcpp-httplib0.11 serves /metrics); no
+# libgrpc29, re2, c-ares and zlib; libcpp-httplib0.11 serves /metrics;
+# libsqlite3-0 keeps the audit index); no
 # compiler and no headers. OpenBLAS
 # matches libopenblas-dev in the build packages. ca-certificates lets
 # modelstatectl verify a server certificate signed by a public CA.
 RUN apt-get update \
   && apt-get install -y --no-install-recommends \
        libgrpc++1.51 libprotobuf32 libabsl20220623 libssl3 \
-       libopenblas0-pthread libcpp-httplib0.11 ca-certificates \
+       libopenblas0-pthread libcpp-httplib0.11 libsqlite3-0 ca-certificates \
   && rm -rf /var/lib/apt/lists/*
 
 COPY --from=build /build/server/modelstate-server /usr/local/bin/modelstate-server

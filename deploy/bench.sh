@@ -23,7 +23,8 @@ else
   report=$MODELSTATE_ROOT/BENCHMARKS.md
   cmake -S "$MODELSTATE_ROOT" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release
   cmake --build "$build_dir" -j"$(nproc)" --target modelstate-server \
-    modelstatectl core_bench transfer_bench dump_state_dict forward_bench
+    modelstatectl core_bench transfer_bench dump_state_dict forward_bench \
+    audit_bench
   if grep -q "^MODELSTATE_WITH_CUDA:BOOL=ON" "$build_dir/CMakeCache.txt"; then
     cmake --build "$build_dir" -j"$(nproc)" --target cuda_bench
   fi
@@ -44,6 +45,7 @@ if [ $smoke = 1 ]; then
   torch_model=mlp
   forward_args=(--smoke --benchmark_min_time=0.01 --benchmark_repetitions=2)
   torch_forward_args=(--smoke --reps 2 --warmup 0)
+  audit_args=(--smoke)
 else
   core_args=(--benchmark_repetitions=5)
   torch_args=(--reps 5 --warmup 1 --models gpt2)
@@ -52,6 +54,8 @@ else
   torch_model=gpt2
   forward_args=(--benchmark_repetitions=5)
   torch_forward_args=(--reps 5 --warmup 1)
+  # 10^7 records: about 3 GB of log, tree and index in $TMPDIR.
+  audit_args=(--records=10000000 --seconds=10 --reps=3)
 fi
 
 echo "[bench] the benchmark models build what PyTorch builds"
@@ -89,6 +93,10 @@ echo "[bench] forward against raw sgemm and PyTorch (2 threads each)"
 "$python" "$bench/torch_forward_bench.py" --threads 2 \
   "${torch_forward_args[@]}" --out "$results/torch_forward.json"
 
+echo "[bench] the audit log: appends against a plain file, proofs, restarts"
+"$build_dir/tests/bench/audit_bench" "${audit_args[@]}" \
+  --out="$results/audit.json" >/dev/null
+
 # Only in a CUDA build; without a GPU it measures nothing and says so.
 cuda_report=()
 if [ -x "$build_dir/tests/bench/cuda_bench" ]; then
@@ -113,6 +121,7 @@ fi
   --forward "$results/forward.json" \
   --torch-forward "$results/torch_forward.json" \
   --python-transfer "$results/python_transfer.json" \
+  --audit "$results/audit.json" \
   --torch-model "$torch_model" --checks "$results/checks.md" \
   "${cuda_report[@]}" --out "$report"
 echo "[bench] wrote $report"

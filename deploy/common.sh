@@ -9,7 +9,7 @@ MODELSTATE_RUNTIME_BUILD_PACKAGES=(
   g++ cmake make pkg-config git ca-certificates
   libabsl-dev libgrpc++-dev libprotobuf-dev protobuf-compiler
   protobuf-compiler-grpc grpc-proto libssl-dev libopenblas-dev
-  nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
+  nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libsqlite3-dev
 )
 # ... plus what the whole test suite needs.
 MODELSTATE_PACKAGES=(

@@ -212,8 +212,8 @@ ServerMetrics::ServerMetrics() {
            .Labels({});
   r.AddCallback(
       "modelstate_audit_checkpoint_age_seconds",
-      "Seconds since the latest signed audit checkpoint (absent until the "
-      "first one).",
+      "Seconds since a signed audit checkpoint last covered every record "
+      "(absent until the first one).",
       {}, [this]() -> Samples {
         if (!latest_checkpoint_.has_value()) return {};
         return {

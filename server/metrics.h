@@ -83,9 +83,10 @@ class ServerMetrics {
   metrics::Family<metrics::Counter>& hook_timeouts() { return *hook_timeouts_; }
   metrics::Histogram& audit_append() { return *audit_append_; }
   metrics::Histogram& audit_sync() { return *audit_sync_; }
-  // Set when an audit checkpoint is signed; the gauge
-  // modelstate_audit_checkpoint_age_seconds is now minus this, and absent
-  // until the first Set.
+  // Set by the checkpoint signer whenever the latest signed checkpoint
+  // covers every record (after each signature, and each idle interval); the
+  // gauge modelstate_audit_checkpoint_age_seconds is now minus this, and
+  // absent until the first Set.
   metrics::Timestamp& latest_checkpoint() { return latest_checkpoint_; }
 
   // The interceptor, for ServerBuilder::experimental()

@@ -199,7 +199,7 @@ absl::StatusOr<std::vector<VerifierKey>> ReadWitnessKeys(
 // The audit log's signer, with its key (created on first start) and the
 // configured witnesses.
 absl::StatusOr<std::unique_ptr<CheckpointSigner>> OpenCheckpointSigner(
-    const ServerConfig& config, AuditLog* audit) {
+    const ServerConfig& config, AuditLog* audit, metrics::Timestamp* covered) {
   const std::string key_path = config.audit_key_file.empty()
                                    ? data_dir::AuditKeyPath(config.data_dir)
                                    : config.audit_key_file;
@@ -209,6 +209,7 @@ absl::StatusOr<std::unique_ptr<CheckpointSigner>> OpenCheckpointSigner(
       Ed25519PrivateKey::LoadOrCreate(key_path, &created));
   CheckpointSignerOptions options;
   options.origin = config.audit_origin;
+  options.covered_at = covered;
   MODELSTATE_ASSIGN_OR_RETURN(options.witnesses,
                               ReadWitnessKeys(config.audit_witness_keys_file));
   const size_t witnesses = options.witnesses.size();
@@ -258,9 +259,11 @@ absl::Status Server::OpenState() {
   options.staging_dir = data_dir::StagingDir(root);
   MODELSTATE_RETURN_IF_ERROR(CreateDirectory(options.staging_dir, ""));
   options.audit_path = data_dir::AuditLogPath(root);
-  absl::StatusOr<std::unique_ptr<AuditLog>> audit = AuditLog::Open(
-      options.audit_path,
-      {data_dir::AuditHashesPath(root), data_dir::AuditCheckpointPath(root)});
+  absl::StatusOr<std::unique_ptr<AuditLog>> audit =
+      AuditLog::Open(options.audit_path,
+                     {.hashes_path = data_dir::AuditHashesPath(root),
+                      .checkpoint_path = data_dir::AuditCheckpointPath(root),
+                      .index_path = data_dir::AuditIndexPath(root)});
   if (!audit.ok()) {
     return StartError("cannot open the audit log: ", audit.status());
   }
@@ -270,11 +273,17 @@ absl::Status Server::OpenState() {
     LogLine(absl::StrCat(options.audit_path,
                          ": removed a torn last record left by a crash"));
   }
+  if (!audit_->read_whole_log().empty()) {
+    LogLine(absl::StrCat(options.audit_path, ": read and checked all ",
+                         audit_->last_seq(), " records (",
+                         audit_->read_whole_log(), ")"));
+  }
   if (!audit_->tree_repair().empty()) {
     LogLine(absl::StrCat(options.audit_path, ": ", audit_->tree_repair()));
   }
   absl::StatusOr<std::unique_ptr<CheckpointSigner>> checkpoints =
-      OpenCheckpointSigner(config_, audit_.get());
+      OpenCheckpointSigner(config_, audit_.get(),
+                           &metrics_->latest_checkpoint());
   if (!checkpoints.ok()) {
     return StartError("cannot sign the audit log: ", checkpoints.status());
   }

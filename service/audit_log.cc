@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -23,6 +24,7 @@
 #include "base/sha256.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "service/audit_index.h"
 #include "service/audit_tree.h"
 
 // What is stored and what is hashed
@@ -39,11 +41,9 @@
 // the hash matches the stored bytes and that the bytes are that one line:
 // any byte change in a stored line is detected.
 //
-// Memory: every record of the file is kept parsed in memory (`records`,
-// indexed by seq - 1), which makes Query and WaitForRecords simple scans
-// under a reader lock. At this project's scale (thousands to a few million
-// small records) that costs less than re-reading and re-parsing the file on
-// every query would.
+// Memory: no record is kept in memory. An SQLite index (audit_index.h)
+// says where each record's line lies and finds the lines a query wants;
+// they are read back from the file with pread.
 
 namespace modelstate {
 namespace {
@@ -62,11 +62,6 @@ constexpr int kMaxDetailsDepth = 64;
 const std::string& GenesisHash() {
   static const std::string* const kZeros = new std::string(64, '0');
   return *kZeros;
-}
-
-size_t EffectiveLimit(size_t limit) {
-  if (limit == 0) return AuditQuery::kDefaultLimit;
-  return std::min(limit, AuditQuery::kMaxLimit);
 }
 
 std::string FormatRecordTime(absl::Time t) {
@@ -396,11 +391,71 @@ LineProblem CheckLine(absl::string_view line, const ChainEnd& end,
   return p;
 }
 
+// Reads a file's lines in order from a byte offset, holding one chunk
+// (or one line, when a line is longer) in memory.
+class LineReader {
+ public:
+  LineReader(int fd, const std::string& path, uint64_t offset)
+      : fd_(fd), path_(path), chunk_offset_(offset) {}
+
+  // The next line without its '\n' (valid until the next call), or nullopt
+  // at the end of the file. *terminated says whether it had its '\n'.
+  absl::StatusOr<std::optional<absl::string_view>> Next(bool* terminated) {
+    for (;;) {
+      const size_t newline = chunk_.find('\n', pos_);
+      if (newline != std::string::npos || eof_) {
+        if (pos_ == chunk_.size()) return std::nullopt;
+        const size_t end =
+            newline != std::string::npos ? newline : chunk_.size();
+        line_offset_ = chunk_offset_ + pos_;
+        absl::string_view line(chunk_.data() + pos_, end - pos_);
+        *terminated = newline != std::string::npos;
+        pos_ = *terminated ? end + 1 : end;
+        return line;
+      }
+      MODELSTATE_RETURN_IF_ERROR(ReadMore());
+    }
+  }
+  // Where the line Next last returned starts in the file.
+  uint64_t line_offset() const { return line_offset_; }
+
+ private:
+  static constexpr size_t kChunk = size_t{1} << 20;
+
+  absl::Status ReadMore() {
+    chunk_.erase(0, pos_);
+    chunk_offset_ += pos_;
+    pos_ = 0;
+    const size_t have = chunk_.size();
+    chunk_.resize(have + kChunk);
+    ssize_t n;
+    do {
+      n = ::pread(fd_, chunk_.data() + have, kChunk,
+                  static_cast<off_t>(chunk_offset_ + have));
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) {
+      chunk_.resize(have);
+      return ErrnoStatus(errno, path_, "cannot read the audit log");
+    }
+    chunk_.resize(have + static_cast<size_t>(n));
+    eof_ = n == 0;
+    return absl::OkStatus();
+  }
+
+  const int fd_;
+  const std::string& path_;
+  std::string chunk_;
+  uint64_t chunk_offset_;  // where chunk_[0] lies in the file
+  size_t pos_ = 0;         // the first byte of chunk_ not yet returned
+  uint64_t line_offset_ = 0;
+  bool eof_ = false;
+};
+
 struct ChainWalk {
   AuditVerification verification;
   ChainEnd end;
   // Bytes of the file taken up by valid records (with their newlines).
-  size_t valid_bytes = 0;
+  uint64_t valid_bytes = 0;
   // The break is a final line without '\n' that is not even JSON: a write
   // cut short by a crash.
   bool torn_tail = false;
@@ -408,23 +463,24 @@ struct ChainWalk {
   bool unterminated = false;
 };
 
-// Reads `content` line by line until the end or the first break. Valid
-// records are appended to `records`, and their leaf hashes to `leaves`,
-// when those are non-null.
-ChainWalk WalkChain(absl::string_view content,
-                    std::vector<AuditRecord>* records,
-                    std::vector<MerkleHash>* leaves = nullptr) {
+// Called for each valid record with its line (without '\n') and where the
+// line starts in the file; an error stops the walk.
+using RecordVisitor = absl::FunctionRef<absl::Status(
+    const AuditRecord& record, absl::string_view line, uint64_t offset)>;
+
+// Reads the file line by line until the end or the first break, showing
+// each valid record to `visit`.
+absl::StatusOr<ChainWalk> WalkChain(LineReader& reader, RecordVisitor visit) {
   ChainWalk w;
-  size_t pos = 0;
   uint64_t line_number = 0;
-  while (pos < content.size()) {
+  for (;;) {
+    bool terminated = false;
+    MODELSTATE_ASSIGN_OR_RETURN(std::optional<absl::string_view> line,
+                                reader.Next(&terminated));
+    if (!line.has_value()) return w;
     ++line_number;
-    const size_t newline = content.find('\n', pos);
-    const bool terminated = newline != absl::string_view::npos;
-    const size_t line_end = terminated ? newline : content.size();
-    absl::string_view line = content.substr(pos, line_end - pos);
     AuditRecord record;
-    LineProblem problem = CheckLine(line, w.end, &record);
+    LineProblem problem = CheckLine(*line, w.end, &record);
     if (!problem.text.empty()) {
       w.verification.ok = false;
       w.verification.broken_seq = problem.seq;
@@ -433,17 +489,66 @@ ChainWalk WalkChain(absl::string_view content,
       w.torn_tail = !terminated && problem.not_json;
       return w;
     }
+    MODELSTATE_RETURN_IF_ERROR(visit(record, *line, reader.line_offset()));
     w.end.seq = record.seq;
     w.end.hash = record.hash;
     w.end.time = record.time;
     ++w.verification.records;
-    if (leaves != nullptr) leaves->push_back(AuditLeafHash(line));
-    if (records != nullptr) records->push_back(std::move(record));
-    pos = terminated ? newline + 1 : line_end;
-    w.valid_bytes = pos;
+    w.valid_bytes = reader.line_offset() + line->size() + (terminated ? 1 : 0);
     w.unterminated = !terminated;
   }
-  return w;
+}
+
+absl::StatusOr<int> OpenForReading(const std::string& path) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) {
+    if (errno == ENOENT) {
+      return absl::NotFoundError(
+          absl::StrCat("audit log ", path, " does not exist"));
+    }
+    return ErrnoStatus(errno, path, "cannot open the audit log");
+  }
+  return fd;
+}
+
+// The lines at `where` (in seq order) parsed back into records. Adjacent
+// lines are read with one pread, in runs of at most kRunBytes.
+absl::StatusOr<std::vector<AuditRecord>> ReadRecords(
+    int fd, const std::string& path, absl::Span<const AuditLocation> where) {
+  constexpr uint64_t kRunBytes = uint64_t{4} << 20;
+  std::vector<AuditRecord> out;
+  out.reserve(where.size());
+  std::string run;
+  size_t i = 0;
+  while (i < where.size()) {
+    size_t j = i + 1;
+    uint64_t end = where[i].offset + where[i].length + 1;
+    while (j < where.size() && where[j].offset == end &&
+           end + where[j].length + 1 - where[i].offset <= kRunBytes) {
+      end += where[j].length + 1;
+      ++j;
+    }
+    run.resize(end - where[i].offset);
+    MODELSTATE_RETURN_IF_ERROR(
+        PreadAll(fd, run.data(), run.size(), where[i].offset, path));
+    for (size_t k = i; k < j; ++k) {
+      const absl::string_view line(
+          run.data() + (where[k].offset - where[i].offset), where[k].length);
+      absl::StatusOr<AuditRecord> r = AuditLog::Parse(std::string(line));
+      if (!r.ok() || r->seq != where[k].seq) {
+        return absl::DataLossError(absl::StrCat(
+            "audit log ", path, ": record ", where[k].seq,
+            " is not where the index says; the log was changed behind the "
+            "server's back (run `modelstatectl audit verify`)"));
+      }
+      out.push_back(*std::move(r));
+    }
+    i = j;
+  }
+  return out;
 }
 
 // Opens `path` for appending, creating it if it does not exist; *created
@@ -493,22 +598,19 @@ ReadSavedCheckpoint(const std::string& path) {
   return std::make_pair(*std::move(checkpoint), *std::move(note));
 }
 
-// Opens the log's tree, refuses a log that the last saved checkpoint does
-// not cover, and then makes the hash file match the log. The comparison
-// comes first, while the hash file still holds the tree the checkpoint
-// was signed over.
-absl::StatusOr<std::unique_ptr<AuditTree>> OpenTree(
-    const std::string& log_path, const AuditLogOptions& options,
-    absl::Span<const MerkleHash> leaves, std::string* repair,
-    std::string* checkpoint_note) {
-  MODELSTATE_ASSIGN_OR_RETURN(std::unique_ptr<AuditTree> tree,
-                              AuditTree::Open(options.hashes_path));
+// Refuses a log that the last saved checkpoint does not cover, and then
+// makes the hash file match the log. The comparison comes first, while the
+// hash file still holds the tree the checkpoint was signed over.
+absl::Status ReconcileTree(const std::string& log_path,
+                           const AuditLogOptions& options,
+                           absl::Span<const MerkleHash> leaves, AuditTree& tree,
+                           std::string* repair, std::string* checkpoint_note) {
   if (!options.checkpoint_path.empty()) {
     MODELSTATE_ASSIGN_OR_RETURN(auto saved,
                                 ReadSavedCheckpoint(options.checkpoint_path));
     if (saved.has_value()) {
       CheckpointComparison c = CompareWithCheckpoint(
-          leaves, saved->first, &tree->hashes(), tree->size());
+          leaves, saved->first, &tree.hashes(), tree.size());
       if (!c.ok) {
         return absl::FailedPreconditionError(
             absl::StrCat("audit log ", log_path,
@@ -521,8 +623,85 @@ absl::StatusOr<std::unique_ptr<AuditTree>> OpenTree(
       *checkpoint_note = std::move(saved->second);
     }
   }
-  MODELSTATE_ASSIGN_OR_RETURN(*repair, tree->Reconcile(leaves));
-  return tree;
+  MODELSTATE_ASSIGN_OR_RETURN(*repair, tree.Reconcile(leaves));
+  return absl::OkStatus();
+}
+
+// Whether the tree (trusted after a clean close) still hashes to the last
+// saved checkpoint; *checkpoint_note receives the checkpoint when it does.
+absl::StatusOr<bool> TreeMatchesCheckpoint(const AuditLogOptions& options,
+                                           const AuditTree& tree,
+                                           std::string* checkpoint_note) {
+  if (options.checkpoint_path.empty()) return true;
+  MODELSTATE_ASSIGN_OR_RETURN(auto saved,
+                              ReadSavedCheckpoint(options.checkpoint_path));
+  if (!saved.has_value()) return true;
+  if (saved->first.size > tree.size()) return false;
+  absl::StatusOr<MerkleHash> root = tree.Root(saved->first.size);
+  if (!root.ok() || *root != saved->first.root) return false;
+  *checkpoint_note = std::move(saved->second);
+  return true;
+}
+
+// What reading the whole log found besides where its chain ends.
+struct WholeLogRead {
+  ChainWalk walk;
+  bool recovered_torn_tail = false;
+  std::string tree_repair;
+  std::string checkpoint_note;
+};
+
+// Reads and checks every record of the log in `fd`, rebuilds `index` from
+// it, repairs a torn or unterminated last line, and reconciles `tree` with
+// it (refusing a log that the last checkpoint does not cover).
+absl::StatusOr<WholeLogRead> ReadWholeLog(int fd, const std::string& path,
+                                          const AuditLogOptions& options,
+                                          AuditIndex& index, AuditTree& tree) {
+  WholeLogRead read;
+  MODELSTATE_RETURN_IF_ERROR(index.Clear());
+  std::vector<MerkleHash> leaves;
+  LineReader reader(fd, path, 0);
+  MODELSTATE_ASSIGN_OR_RETURN(
+      read.walk,
+      WalkChain(reader, [&](const AuditRecord& r, absl::string_view line,
+                            uint64_t offset) {
+        leaves.push_back(AuditLeafHash(line));
+        return index.Add(r, {r.seq, offset, line.size()});
+      }));
+  ChainWalk& walk = read.walk;
+  if (!walk.verification.ok) {
+    if (!walk.torn_tail) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "audit log %s is broken at line %d (seq %d): %s; refusing to "
+          "continue a broken chain",
+          path, walk.verification.broken_line, walk.verification.broken_seq,
+          walk.verification.problem));
+    }
+    // A crash cut the last append short; that record was never
+    // acknowledged, so dropping it loses nothing anyone was promised.
+    if (::ftruncate(fd, static_cast<off_t>(walk.valid_bytes)) != 0) {
+      return ErrnoStatus(errno, path, "cannot truncate the torn tail");
+    }
+    read.recovered_torn_tail = true;
+  } else if (walk.unterminated) {
+    // The record is whole but its newline was not written; add it, or the
+    // next record would be glued onto this line.
+    size_t written = 0;
+    absl::Status st = WriteAll(fd, "\n", path, &written);
+    if (!st.ok()) {
+      return absl::Status(
+          st.code(), absl::StrCat("cannot complete the last line of ", path,
+                                  ": ", st.message()));
+    }
+    ++walk.valid_bytes;
+  }
+  MODELSTATE_RETURN_IF_ERROR(index.Flush());
+  // Whatever an earlier process wrote may still be only in the page cache;
+  // one sync here lets synced_seq start at the last record.
+  MODELSTATE_RETURN_IF_ERROR(Fdatasync(fd, path));
+  MODELSTATE_RETURN_IF_ERROR(ReconcileTree(
+      path, options, leaves, tree, &read.tree_repair, &read.checkpoint_note));
+  return read;
 }
 
 }  // namespace
@@ -538,6 +717,11 @@ bool AuditQuery::Matches(const AuditRecord& r) const {
   return true;
 }
 
+size_t AuditQuery::EffectiveLimit() const {
+  if (limit == 0) return kDefaultLimit;
+  return std::min(limit, kMaxLimit);
+}
+
 struct AuditLog::State {
   State(std::string p, int f) : path(std::move(p)), fd(f) {}
   ~State() { ::close(fd); }
@@ -545,16 +729,20 @@ struct AuditLog::State {
   const std::string path;
   const int fd;  // O_APPEND; flock()ed so that no second writer forks the chain
   std::string checkpoint_path;  // constant after Open
-  // The Merkle tree: leaf i is records[i]'s line. Appended under `mu` right
-  // after the line is written; readable without `mu` (it is thread-safe and
-  // only grows once Open is done).
+  bool opened = false;          // Open succeeded
+  // The Merkle tree: leaf i is record i + 1's line. Appended under `mu`
+  // right after the line is written; readable without `mu` (it is
+  // thread-safe and only grows once Open is done).
   std::unique_ptr<AuditTree> tree;
+  // Where each record's line lies. Added to under `mu` (so in seq order);
+  // read without it (it has its own lock, always taken after `mu`).
+  std::unique_ptr<AuditIndex> index;
 
   // Guards the chain: appends (the write() included, so file order is seq
-  // order) and the in-memory records.
+  // order).
   mutable Mutex mu;
   CondVar appended;  // signalled after each append, for WaitForRecords
-  std::vector<AuditRecord> records ABSL_GUARDED_BY(mu);  // [i].seq == i + 1
+  uint64_t last_seq ABSL_GUARDED_BY(mu) = 0;
   std::string last_hash ABSL_GUARDED_BY(mu);
   absl::Time last_time ABSL_GUARDED_BY(mu);
   uint64_t file_size ABSL_GUARDED_BY(mu) = 0;
@@ -574,7 +762,96 @@ struct AuditLog::State {
   absl::Status sync_error ABSL_GUARDED_BY(sync_mu);
 };
 
-AuditLog::~AuditLog() = default;
+namespace {
+
+absl::StatusOr<AuditFileStamp> StampOf(int fd, const std::string& path,
+                                       uint64_t last_seq) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    return ErrnoStatus(errno, path, "cannot stat the audit log");
+  }
+  return AuditFileStamp{static_cast<uint64_t>(st.st_size),
+                        absl::ToUnixNanos(absl::TimeFromTimespec(st.st_mtim)),
+                        static_cast<uint64_t>(st.st_ino), last_seq};
+}
+
+// Where the chain ends, from the index and the tree alone, when the log
+// was closed cleanly and nothing has touched it since; nullopt (with the
+// reason in *why) when the whole log has to be read.
+absl::StatusOr<std::optional<ChainWalk>> TrustedEnd(
+    int fd, const std::string& path, const AuditLogOptions& options,
+    AuditIndex& index, AuditTree& tree, std::string* why) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::optional<AuditFileStamp> stamp,
+                              index.TakeCleanStamp());
+  if (options.hashes_path.empty() || options.index_path.empty()) {
+    *why = "the tree or the index is kept in memory";
+    return std::nullopt;
+  }
+  if (!stamp.has_value()) {
+    *why =
+        "the index holds no clean-close stamp (a first start with an "
+        "index, or a crash)";
+    return std::nullopt;
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(AuditFileStamp now,
+                              StampOf(fd, path, stamp->last_seq));
+  MODELSTATE_ASSIGN_OR_RETURN(uint64_t indexed, index.LastSeq());
+  if (now != *stamp || indexed != stamp->last_seq ||
+      tree.size() != stamp->last_seq) {
+    *why = absl::StrCat(
+        "the log, its index or its tree changed since the last clean close "
+        "(log ",
+        now.size, " bytes, ", stamp->size, " then; ", indexed,
+        " records indexed and ", tree.size(), " in the tree, ", stamp->last_seq,
+        " then)");
+    return std::nullopt;
+  }
+  ChainWalk w;
+  w.valid_bytes = now.size;
+  if (stamp->last_seq == 0) return w;
+  MODELSTATE_ASSIGN_OR_RETURN(std::optional<AuditLocation> last,
+                              index.Locate(stamp->last_seq));
+  std::string line;
+  absl::StatusOr<AuditRecord> record = absl::NotFoundError("not indexed");
+  if (last.has_value()) {
+    line.resize(last->length);
+    absl::Status read =
+        PreadAll(fd, line.data(), line.size(), last->offset, path);
+    record = read.ok() ? AuditLog::Parse(line) : read;
+  }
+  std::vector<MerkleHash> leaf(1);
+  const uint64_t leaf_index = StoredHashIndex(0, stamp->last_seq - 1);
+  if (!record.ok() || record->seq != stamp->last_seq ||
+      !tree.hashes().ReadHashes({leaf_index}, absl::MakeSpan(leaf)).ok() ||
+      leaf[0] != AuditLeafHash(line)) {
+    *why = "the last record does not match the tree";
+    return std::nullopt;
+  }
+  w.end.seq = record->seq;
+  w.end.hash = record->hash;
+  w.end.time = record->time;
+  w.verification.records = w.end.seq;
+  return w;
+}
+
+}  // namespace
+
+AuditLog::~AuditLog() {
+  // Only a log that Open accepted may vouch for itself.
+  if (state_ == nullptr || !state_->opened) return;
+  State& s = *state_;
+  // A clean close leaves a stamp of the file so that the next Open need
+  // not read it all; anything less than a fully synced log gets none.
+  uint64_t last_seq;
+  {
+    MutexLock lock(&s.mu);
+    if (!s.write_error.ok()) return;
+    last_seq = s.last_seq;
+  }
+  if (!Sync(last_seq).ok() || !s.tree->Sync().ok()) return;
+  absl::StatusOr<AuditFileStamp> stamp = StampOf(s.fd, s.path, last_seq);
+  if (stamp.ok()) (void)s.index->SaveCleanStamp(*stamp);
+}
 
 absl::StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(
     const std::string& path, AuditLogOptions options) {
@@ -599,56 +876,45 @@ absl::StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(
   }
   if (created) MODELSTATE_RETURN_IF_ERROR(FsyncParentDirectory(path));
 
-  MODELSTATE_ASSIGN_OR_RETURN(std::string content, ReadToEnd(fd, path));
-  std::vector<AuditRecord> records;
-  std::vector<MerkleHash> leaves;
-  ChainWalk walk = WalkChain(content, &records, &leaves);
-  size_t size = walk.valid_bytes;
-  if (!walk.verification.ok) {
-    if (!walk.torn_tail) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "audit log %s is broken at line %d (seq %d): %s; refusing to "
-          "continue a broken chain",
-          path, walk.verification.broken_line, walk.verification.broken_seq,
-          walk.verification.problem));
-    }
-    // A crash cut the last append short; that record was never
-    // acknowledged, so dropping it loses nothing anyone was promised.
-    if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
-      return ErrnoStatus(errno, path, "cannot truncate the torn tail");
-    }
-    log->recovered_torn_tail_ = true;
-  } else if (walk.unterminated) {
-    // The record is whole but its newline was not written; add it, or the
-    // next record would be glued onto this line.
-    size_t written = 0;
-    absl::Status st = WriteAll(fd, "\n", path, &written);
-    if (!st.ok()) {
-      return absl::Status(
-          st.code(), absl::StrCat("cannot complete the last line of ", path,
-                                  ": ", st.message()));
-    }
-    ++size;
-  }
-  // Whatever an earlier process wrote may still be only in the page cache;
-  // one sync here lets synced_seq start at the last record.
-  MODELSTATE_RETURN_IF_ERROR(Fdatasync(fd, path));
+  MODELSTATE_ASSIGN_OR_RETURN(s.index, AuditIndex::Open(options.index_path));
+  MODELSTATE_ASSIGN_OR_RETURN(s.tree, AuditTree::Open(options.hashes_path));
+  std::string& why = log->read_whole_log_;
   MODELSTATE_ASSIGN_OR_RETURN(
-      s.tree, OpenTree(path, options, leaves, &log->tree_repair_,
-                       &log->opened_checkpoint_));
+      std::optional<ChainWalk> end,
+      TrustedEnd(fd, path, options, *s.index, *s.tree, &why));
+  if (end.has_value()) {
+    MODELSTATE_ASSIGN_OR_RETURN(
+        bool matches,
+        TreeMatchesCheckpoint(options, *s.tree, &log->opened_checkpoint_));
+    if (!matches) {
+      // The whole read names what differs.
+      why = "the tree does not match the last signed checkpoint";
+      end.reset();
+    }
+  }
+  if (!end.has_value()) {
+    if (!s.index->rebuilt().empty())
+      absl::StrAppend(&why, "; ", s.index->rebuilt());
+    MODELSTATE_ASSIGN_OR_RETURN(
+        WholeLogRead read, ReadWholeLog(fd, path, options, *s.index, *s.tree));
+    log->recovered_torn_tail_ = read.recovered_torn_tail;
+    log->tree_repair_ = std::move(read.tree_repair);
+    log->opened_checkpoint_ = std::move(read.checkpoint_note);
+    end = std::move(read.walk);
+  }
   s.checkpoint_path = options.checkpoint_path;
-
   {
     MutexLock lock(&s.mu);
-    s.records = std::move(records);
-    s.last_hash = walk.end.hash;
-    s.last_time = walk.end.time;
-    s.file_size = size;
+    s.last_seq = end->end.seq;
+    s.last_hash = end->end.hash;
+    s.last_time = end->end.time;
+    s.file_size = end->valid_bytes;
   }
   {
     MutexLock lock(&s.sync_mu);
-    s.synced_seq = walk.end.seq;
+    s.synced_seq = end->end.seq;
   }
+  s.opened = true;
   return log;
 }
 
@@ -661,7 +927,7 @@ absl::StatusOr<uint64_t> AuditLog::Append(AuditRecord record) {
   State& s = *state_;
   MutexLock lock(&s.mu);
   MODELSTATE_RETURN_IF_ERROR(s.write_error);
-  record.seq = s.records.size() + 1;
+  record.seq = s.last_seq + 1;
   // Whole nanoseconds, so the time survives its text form exactly; never
   // before the previous record, even if the clock steps back.
   const absl::Time now = absl::FromUnixNanos(absl::ToUnixNanos(absl::Now()));
@@ -690,6 +956,7 @@ absl::StatusOr<uint64_t> AuditLog::Append(AuditRecord record) {
     }
     return s.write_error;
   }
+  const AuditLocation where{record.seq, s.file_size, line.size() - 1};
   s.file_size += line.size();
   line.pop_back();  // the leaf is the line without its newline
   if (absl::Status added = s.tree->Append(AuditLeafHash(line)); !added.ok()) {
@@ -701,12 +968,18 @@ absl::StatusOr<uint64_t> AuditLog::Append(AuditRecord record) {
                      "); changes are refused until the server restarts"));
     return s.write_error;
   }
+  if (absl::Status indexed = s.index->Add(record, where); !indexed.ok()) {
+    // Queries would miss the record; the next Open rebuilds the index.
+    s.write_error = absl::UnavailableError(absl::StrCat(
+        "audit log ", s.path, " failed (cannot index record ", record.seq, ": ",
+        indexed.message(), "); changes are refused until the server restarts"));
+    return s.write_error;
+  }
+  s.last_seq = record.seq;
   s.last_hash = record.hash;
   s.last_time = record.time;
-  const uint64_t seq = record.seq;
-  s.records.push_back(std::move(record));
   s.appended.SignalAll();
-  return seq;
+  return record.seq;
 }
 
 absl::Status AuditLog::Sync(uint64_t seq) {
@@ -715,10 +988,9 @@ absl::Status AuditLog::Sync(uint64_t seq) {
   metrics::ScopedTimer timer(sync_seconds_);
   {
     ReaderMutexLock lock(&s.mu);
-    if (seq > s.records.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cannot sync audit record ", seq, ": the last is ",
-                       s.records.size()));
+    if (seq > s.last_seq) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot sync audit record ", seq, ": the last is ", s.last_seq));
     }
   }
   {
@@ -739,7 +1011,7 @@ absl::Status AuditLog::Sync(uint64_t seq) {
   uint64_t target;
   {
     ReaderMutexLock lock(&s.mu);
-    target = s.records.size();
+    target = s.last_seq;
   }
   absl::Status synced = Fdatasync(s.fd, s.path);
   MutexLock lock(&s.sync_mu);
@@ -765,18 +1037,20 @@ absl::Status AuditLog::health() const {
 
 uint64_t AuditLog::last_seq() const {
   ReaderMutexLock lock(&state_->mu);
-  return state_->records.size();
+  return state_->last_seq;
 }
 
 absl::StatusOr<AuditRecord> AuditLog::Get(uint64_t seq) const {
-  ReaderMutexLock lock(&state_->mu);
-  const std::vector<AuditRecord>& records = state_->records;
-  if (seq == 0 || seq > records.size()) {
-    return absl::NotFoundError(
-        absl::StrCat("seq ", seq, ": no such audit record (the log has ",
-                     records.size(), ")"));
+  State& s = *state_;
+  MODELSTATE_ASSIGN_OR_RETURN(std::optional<AuditLocation> where,
+                              s.index->Locate(seq));
+  if (!where.has_value()) {
+    return absl::NotFoundError(absl::StrCat(
+        "seq ", seq, ": no such audit record (the log has ", last_seq(), ")"));
   }
-  return records[seq - 1];
+  MODELSTATE_ASSIGN_OR_RETURN(std::vector<AuditRecord> records,
+                              ReadRecords(s.fd, s.path, {*where}));
+  return std::move(records.front());
 }
 
 absl::StatusOr<MerkleHash> AuditLog::TreeRoot(uint64_t tree_size) const {
@@ -819,55 +1093,43 @@ absl::Status AuditLog::SaveCheckpoint(absl::string_view signed_note) {
 
 absl::StatusOr<std::vector<AuditRecord>> AuditLog::Query(
     const AuditQuery& query) const {
-  const size_t limit = EffectiveLimit(query.limit);
-  std::vector<AuditRecord> out;
-  const State& s = *state_;
-  ReaderMutexLock lock(&s.mu);
-  // records[i].seq == i + 1, so seq > after_seq starts at index after_seq.
-  for (size_t i = static_cast<size_t>(
-           std::min<uint64_t>(query.after_seq, s.records.size()));
-       i < s.records.size() && out.size() < limit; ++i) {
-    if (query.Matches(s.records[i])) out.push_back(s.records[i]);
-  }
-  return out;
+  State& s = *state_;
+  MODELSTATE_ASSIGN_OR_RETURN(std::vector<AuditLocation> where,
+                              s.index->Find(query));
+  return ReadRecords(s.fd, s.path, where);
 }
 
 absl::StatusOr<std::vector<AuditRecord>> AuditLog::WaitForRecords(
     uint64_t after_seq, absl::Time deadline, size_t limit) {
   State& s = *state_;
-  const size_t n = EffectiveLimit(limit);
-  MutexLock lock(&s.mu);
-  while (s.records.size() <= after_seq) {
-    if (deadline == absl::InfiniteFuture()) {
-      s.appended.Wait(&s.mu);
-    } else if (s.appended.WaitWithDeadline(&s.mu, deadline)) {
-      break;
+  {
+    MutexLock lock(&s.mu);
+    while (s.last_seq <= after_seq) {
+      if (deadline == absl::InfiniteFuture()) {
+        s.appended.Wait(&s.mu);
+      } else if (s.appended.WaitWithDeadline(&s.mu, deadline)) {
+        break;
+      }
     }
   }
-  std::vector<AuditRecord> out;
-  for (size_t i = static_cast<size_t>(after_seq);
-       i < s.records.size() && out.size() < n; ++i) {
-    out.push_back(s.records[i]);
-  }
-  return out;
+  AuditQuery next;
+  next.after_seq = after_seq;
+  next.limit = limit;
+  return Query(next);
 }
 
 absl::StatusOr<AuditVerification> AuditLog::Verify(
     const std::string& path, std::vector<MerkleHash>* leaves) {
-  int fd;
-  do {
-    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  } while (fd < 0 && errno == EINTR);
-  if (fd < 0) {
-    if (errno == ENOENT) {
-      return absl::NotFoundError(
-          absl::StrCat("audit log ", path, " does not exist"));
-    }
-    return ErrnoStatus(errno, path, "cannot open the audit log");
-  }
+  MODELSTATE_ASSIGN_OR_RETURN(int fd, OpenForReading(path));
   ScopedFd file(fd);
-  MODELSTATE_ASSIGN_OR_RETURN(std::string content, ReadToEnd(fd, path));
-  return WalkChain(content, nullptr, leaves).verification;
+  LineReader reader(fd, path, 0);
+  MODELSTATE_ASSIGN_OR_RETURN(
+      ChainWalk walk, WalkChain(reader, [&](const AuditRecord&,
+                                            absl::string_view line, uint64_t) {
+        if (leaves != nullptr) leaves->push_back(AuditLeafHash(line));
+        return absl::OkStatus();
+      }));
+  return walk.verification;
 }
 
 std::string AuditLog::Serialize(const AuditRecord& record) {

@@ -27,8 +27,8 @@
 //   MODELSTATE_ASSIGN_OR_RETURN(
 //       auto log, AuditLog::Open("data/audit.log",
 //                                {.hashes_path = "data/audit.hashes",
-//                                 .checkpoint_path =
-//                                 "data/audit.checkpoint"}));
+//                                 .checkpoint_path = "data/audit.checkpoint",
+//                                 .index_path = "data/audit.index"}));
 //   AuditRecord r;
 //   r.type = "delete";
 //   r.ns = "team";
@@ -48,58 +48,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "base/metrics.h"
 #include "base/checkpoint.h"
 #include "base/merkle.h"
+#include "base/metrics.h"
 #include "base/sync.h"
+#include "service/audit_record.h"
 
 namespace modelstate {
-
-// One record. `seq`, `time`, `prev` and `hash` are filled in by Append.
-struct AuditRecord {
-  uint64_t seq = 0;
-  absl::Time time;
-  std::string identity;
-  std::string correlation_id;
-  // What happened: "build", "registration", "answer", "outcome",
-  // "load_state_dict", "move", "delete", "set_training", "subscribe",
-  // "unsubscribe", "denied", ... (lowercase). The service's records are
-  // built by service/audit_events.h, which lists every type; the log
-  // itself takes any text.
-  std::string type;
-  std::string ns;      // namespace of the module concerned, if any
-  std::string module;  // module name (without namespace), if any
-  // "keep" / "replace" / "block" for registration outcomes and answers,
-  // "ok" / "error" for other changes; may be empty.
-  std::string outcome;
-  // Everything else, as a JSON object text ("{}" when empty). Must be a
-  // valid JSON object; Append rejects anything else.
-  std::string details_json = "{}";
-  std::string prev;
-  std::string hash;
-};
-
-// Which records QueryAudit returns (all conditions must hold; empty/unset
-// means no condition).
-struct AuditQuery {
-  std::optional<absl::Time> since;  // time >= since
-  std::optional<absl::Time> until;  // time < until
-  std::string ns;
-  std::string module;
-  std::string identity;
-  std::string outcome;
-  std::string type;
-  // Records per query when a query asks for 0, and the most it may ask for.
-  static constexpr size_t kDefaultLimit = 100;
-  static constexpr size_t kMaxLimit = 10000;
-
-  uint64_t after_seq = 0;  // seq > after_seq (paging)
-  size_t limit = kDefaultLimit;
-
-  // Whether `record` meets every condition but after_seq and limit (which
-  // page, rather than filter).
-  bool Matches(const AuditRecord& record) const;
-};
 
 // The result of Verify.
 struct AuditVerification {
@@ -112,7 +67,7 @@ struct AuditVerification {
   std::string problem;
 };
 
-// Where the log keeps its tree and its last checkpoint.
+// Where the log keeps its tree, its index and its last checkpoint.
 struct AuditLogOptions {
   // The tree's hash file; "" keeps the hashes in memory, rebuilt from the
   // records at each Open.
@@ -120,6 +75,9 @@ struct AuditLogOptions {
   // The last signed checkpoint (a signed note whose text is a C2SP
   // checkpoint); "" keeps none.
   std::string checkpoint_path;
+  // The SQLite index of the records (service/audit_index.h); "" keeps it in
+  // memory, rebuilt from the records at each Open.
+  std::string index_path;
 };
 
 // The tree's size and root at one moment.
@@ -131,13 +89,22 @@ struct AuditTreeHead {
 // Thread-safe.
 class AuditLog {
  public:
-  // Opens (creating if needed) the log at `path` and reads it to the end to
-  // continue the chain. INVALID_ARGUMENT naming the file and line if the
-  // existing log is not a valid chain (a torn last line left by a crash is
-  // truncated away and reported through `recovered_torn_tail()` instead).
-  // FAILED_PRECONDITION if another AuditLog (in this or another process)
-  // has the file open: two writers would fork the chain. Every record of the
-  // file is kept in memory for Query and WaitForRecords.
+  // Opens (creating if needed) the log at `path`. FAILED_PRECONDITION if
+  // another AuditLog (in this or another process) has the file open: two
+  // writers would fork the chain.
+  //
+  // When the log was closed cleanly and its file, tree and index are as it
+  // left them (the index keeps a stamp of the file: size, mtime, inode),
+  // Open reads only the last record, checks it against the tree, and checks
+  // the tree against the last checkpoint: its time and memory do not grow
+  // with the log. Otherwise (first start with an index, a crash, a file
+  // touched while the server was down) it reads the whole log, checks every
+  // record of the chain and rebuilds the index; read_whole_log() says so
+  // and why. INVALID_ARGUMENT naming the file and line if the log is not a
+  // valid chain (a torn last line left by a crash is truncated away and
+  // reported through `recovered_torn_tail()` instead). No record is kept in
+  // memory: Query, Get and WaitForRecords read the file where the index
+  // points.
   //
   // With options.checkpoint_path, FAILED_PRECONDITION naming both tree
   // sizes (and the first differing seq, when the hash file tells) if the
@@ -168,6 +135,8 @@ class AuditLog {
   // The sequence number of the last record (0 when empty).
   uint64_t last_seq() const;
   bool recovered_torn_tail() const { return recovered_torn_tail_; }
+  // Why Open read the whole log ("" when the index let it read one record).
+  const std::string& read_whole_log() const { return read_whole_log_; }
   // What Open repaired in the hash file ("" when nothing), for the log.
   const std::string& tree_repair() const { return tree_repair_; }
 
@@ -213,8 +182,9 @@ class AuditLog {
                                                           size_t limit);
 
   // Walks the chain of the file at `path` (it need not be open) and names
-  // the first broken record. NOT_FOUND if there is no file; an empty file
-  // is a valid, empty chain. Any byte change in a stored line is detected.
+  // the first broken record, reading the file in chunks (memory does not
+  // grow with the log; `leaves` does). NOT_FOUND if there is no file; an empty
+  // file is a valid, empty chain. Any byte change in a stored line is detected.
   // `leaves` (may be null) receives the leaf hash of each valid record.
   static absl::StatusOr<AuditVerification> Verify(
       const std::string& path, std::vector<MerkleHash>* leaves = nullptr);
@@ -234,6 +204,7 @@ class AuditLog {
   metrics::Histogram* sync_seconds_ = nullptr;
   std::string tree_repair_;
   std::string opened_checkpoint_;
+  std::string read_whole_log_;
 };
 
 }  // namespace modelstate

@@ -90,7 +90,12 @@ void CheckpointSigner::Run() {
       while (!stopping_ && !wake_.WaitWithDeadline(&mu_, deadline)) {
       }
       if (stopping_) return;
-      if (log_->last_seq() <= latest_.size && !latest_note_.empty()) continue;
+      if (log_->last_seq() <= latest_.size && !latest_note_.empty()) {
+        if (options_.covered_at != nullptr) {
+          options_.covered_at->Set(absl::Now());
+        }
+        continue;
+      }
     }
     absl::StatusOr<std::string> signed_note = SignNow();
     if (!signed_note.ok()) {
@@ -115,6 +120,7 @@ absl::StatusOr<std::string> CheckpointSigner::SignNow() {
   // Durable before it is served: a start after a crash must not find a log
   // that falls short of a checkpoint someone may hold.
   MODELSTATE_RETURN_IF_ERROR(log_->SaveCheckpoint(note));
+  if (options_.covered_at != nullptr) options_.covered_at->Set(absl::Now());
   MutexLock lock(&mu_);
   latest_ = std::move(checkpoint);
   latest_note_ = std::move(note);

@@ -30,6 +30,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "base/checkpoint.h"
+#include "base/metrics.h"
 #include "base/signed_note.h"
 #include "base/sync.h"
 #include "service/audit_log.h"
@@ -44,6 +45,11 @@ struct CheckpointSignerOptions {
   // The witnesses whose cosignatures (type 0x04 verifier keys) are
   // accepted.
   std::vector<VerifierKey> witnesses;
+  // Set to the time whenever the latest checkpoint covers every record:
+  // after each signature, and at each interval that appended nothing. An
+  // operator's alert on its age catches a signer that fails or stalls
+  // (may be null; not owned).
+  metrics::Timestamp* covered_at = nullptr;
 };
 
 // Thread-safe.

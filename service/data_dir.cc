@@ -11,6 +11,7 @@ namespace {
 
 constexpr absl::string_view kAuditLog = "audit.log";
 constexpr absl::string_view kAuditHashes = "audit.hashes";
+constexpr absl::string_view kAuditIndex = "audit.index";
 constexpr absl::string_view kAuditCheckpoint = "audit.checkpoint";
 constexpr absl::string_view kAuditKey = "audit.key";
 constexpr absl::string_view kStaging = "staging";
@@ -30,6 +31,10 @@ std::string AuditLogPath(absl::string_view data_dir) {
 
 std::string AuditHashesPath(absl::string_view data_dir) {
   return absl::StrCat(data_dir, "/", kAuditHashes);
+}
+
+std::string AuditIndexPath(absl::string_view data_dir) {
+  return absl::StrCat(data_dir, "/", kAuditIndex);
 }
 
 std::string AuditCheckpointPath(absl::string_view data_dir) {

@@ -5,6 +5,8 @@
 //   <data_dir>/audit.log                              the audit log
 //   <data_dir>/audit.hashes                           its Merkle tree's
 //                                                     hashes (derived data)
+//   <data_dir>/audit.index (+ -wal, -shm)             its SQLite index
+//                                                     (derived data)
 //   <data_dir>/audit.checkpoint                       the last checkpoint
 //                                                     the server signed
 //   <data_dir>/audit.key                              the log's signing key
@@ -36,6 +38,7 @@ namespace modelstate::data_dir {
 // Under the data directory.
 std::string AuditLogPath(absl::string_view data_dir);
 std::string AuditHashesPath(absl::string_view data_dir);
+std::string AuditIndexPath(absl::string_view data_dir);
 std::string AuditCheckpointPath(absl::string_view data_dir);
 std::string AuditKeyPath(absl::string_view data_dir);
 std::string StagingDir(absl::string_view data_dir);

@@ -291,6 +291,35 @@ def cuda_rows(table, cuda):
                   ratio >= 0.85)
 
 
+def audit_rows(table, a):
+    """The audit log (audit_bench): appends with a checkpoint each second
+    against a plain file, proofs at scale, restart against an empty log."""
+    x = a["appends"]
+    ours, raw = x["audit_per_s_median"], x["raw_per_s_median"]
+    table.add(f"audit appends, {x['threads']} threads, sync every "
+              f"{x['sync_every']}, a signed checkpoint each second",
+              f"{ours:,.0f} records/s", f"plain file, same writes and "
+              f"fdatasyncs: {raw:,.0f}/s", f"{ours / raw:.2f}x",
+              ">= 10,000/s", ours >= 10000)
+    p = a["proofs"]
+    for kind in ("inclusion", "consistency"):
+        us = p[f"{kind}_us_median"]
+        table.add(f"{kind} proof at {p['records']:,} records", f"{us:.0f} us",
+                  "-", "-", "< 1 ms", us < 1000)
+    r, e, c = a["restart"], a["restart_empty"], a["restart_after_crash"]
+    table.add(f"restart (clean close) at {r['records']:,} records",
+              fmt_s(r["open_s"]), f"empty log {fmt_s(e['open_s'])}",
+              f"{r['open_s'] / max(e['open_s'], 1e-6):.1f}x", "< 1 s",
+              r["open_s"] < 1)
+    growth = r["rss_growth_bytes"] - e["rss_growth_bytes"]
+    table.add(f"restart memory at {r['records']:,} records, more than "
+              "an empty log", f"{growth / MIB:.1f} MiB",
+              f"empty log {e['rss_growth_bytes'] / MIB:.1f} MiB", "-",
+              "< 100 MB", growth < 100e6)
+    table.add(f"restart after a crash (whole log read and re-indexed)",
+              fmt_s(c["open_s"]), "-", "-", "-", None)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--core", required=True)
@@ -301,6 +330,7 @@ def main():
     parser.add_argument("--cuda", help="optional: cuda_bench's JSON")
     parser.add_argument("--python-transfer",
                         help="optional: python_transfer_bench.py's JSON")
+    parser.add_argument("--audit", help="optional: audit_bench's JSON")
     parser.add_argument("--checks")
     parser.add_argument("--torch-model", default="gpt2",
                         help="torch_bench's model that core_bench built"
@@ -322,6 +352,8 @@ def main():
     if args.forward:
         forward_rows(table, bench_medians(load(args.forward)),
                      load(args.torch_forward) if args.torch_forward else None)
+    if args.audit:
+        audit_rows(table, load(args.audit))
     if args.cuda and os.path.exists(args.cuda):
         cuda_rows(table, bench_medians(load(args.cuda)))
 

@@ -1,0 +1,324 @@
+// The audit log's SQLite index, and the start-up it buys: a log closed
+// cleanly reopens by reading one record; anything else (a crash, a file
+// touched while the server was down, a missing or damaged index, an old
+// data directory without one) makes Open read, check and re-index it all.
+#include "service/audit_index.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "service/audit_log.h"
+#include "tests/testing/status_matchers.h"
+
+namespace modelstate {
+namespace {
+
+namespace fs = std::filesystem;
+using ::modelstate::testing::IsOk;
+using ::modelstate::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+
+class AuditIndexTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const ::testing::TestInfo* info =
+        ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::path(::testing::TempDir()) /
+           absl::StrCat("audit_index_test_", getpid(), "_", info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    fs::remove_all(dir_, ignored);
+  }
+
+  std::string Path(const std::string& name) const {
+    return (dir_ / name).string();
+  }
+  AuditLogOptions Options() const {
+    AuditLogOptions o;
+    o.hashes_path = Path("audit.hashes");
+    o.checkpoint_path = Path("audit.checkpoint");
+    o.index_path = Path("audit.index");
+    return o;
+  }
+  absl::StatusOr<std::unique_ptr<AuditLog>> OpenLog() {
+    return AuditLog::Open(Path("audit.log"), Options());
+  }
+  // Appends `n` records: module "m<i % 3>", identity "alice" or "bob".
+  void Append(AuditLog& log, int n) {
+    for (int i = 0; i < n; ++i) {
+      AuditRecord r;
+      r.type = i % 2 == 0 ? "registration" : "answer";
+      r.ns = "team";
+      r.module = absl::StrCat("m", i % 3);
+      r.identity = i % 4 == 0 ? "bob" : "alice";
+      r.outcome = "keep";
+      r.details_json = absl::StrCat("{\"i\":", i, "}");
+      ASSERT_THAT(log.Append(std::move(r)), IsOk());
+    }
+    ASSERT_THAT(log.Sync(log.last_seq()), IsOk());
+  }
+  std::string ReadAll(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in),
+                       std::istreambuf_iterator<char>());
+  }
+
+  fs::path dir_;
+};
+
+AuditRecord Row(std::string identity, std::string type, std::string module,
+                absl::Time time) {
+  AuditRecord r;
+  r.identity = std::move(identity);
+  r.type = std::move(type);
+  r.ns = "team";
+  r.module = std::move(module);
+  r.outcome = "ok";
+  r.time = time;
+  return r;
+}
+
+std::vector<uint64_t> SeqsOf(const std::vector<AuditLocation>& found) {
+  std::vector<uint64_t> out;
+  for (const AuditLocation& l : found) out.push_back(l.seq);
+  return out;
+}
+
+TEST_F(AuditIndexTest, FindsByEveryFieldInSeqOrderAndPages) {
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditIndex> index,
+                                  AuditIndex::Open(Path("i.db")));
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  const std::vector<AuditRecord> rows = {
+      Row("alice", "build", "a", t0),
+      Row("bob", "delete", "b", t0 + absl::Seconds(1)),
+      Row("alice", "delete", "a", t0 + absl::Seconds(2)),
+      Row("carol", "build", "b", t0 + absl::Seconds(3)),
+  };
+  for (size_t i = 0; i < rows.size(); ++i) {
+    MODELSTATE_ASSERT_OK(index->Add(rows[i], {i + 1, i * 100, 99}));
+  }
+  auto find = [&](AuditQuery q) {
+    absl::StatusOr<std::vector<AuditLocation>> found = index->Find(q);
+    EXPECT_THAT(found, IsOk());
+    return found.ok() ? SeqsOf(*found) : std::vector<uint64_t>{};
+  };
+  AuditQuery q;
+  EXPECT_THAT(find(q), ElementsAre(1, 2, 3, 4));
+  q.identity = "alice";
+  EXPECT_THAT(find(q), ElementsAre(1, 3));
+  q = {};
+  q.type = "delete";
+  q.module = "a";
+  EXPECT_THAT(find(q), ElementsAre(3));
+  q = {};
+  q.since = t0 + absl::Seconds(1);
+  q.until = t0 + absl::Seconds(3);
+  EXPECT_THAT(find(q), ElementsAre(2, 3));
+  q = {};
+  q.after_seq = 1;
+  q.limit = 2;
+  EXPECT_THAT(find(q), ElementsAre(2, 3));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::optional<AuditLocation> third,
+                                  index->Locate(3));
+  ASSERT_TRUE(third.has_value());
+  EXPECT_EQ(third->offset, 200u);
+  EXPECT_EQ(third->length, 99u);
+  EXPECT_THAT(index->Locate(5), IsOk());
+  EXPECT_FALSE(index->Locate(5)->has_value());
+  EXPECT_EQ(*index->LastSeq(), 4u);
+}
+
+TEST_F(AuditIndexTest, TheCleanStampIsTakenAwayWhenRead) {
+  const AuditFileStamp stamp{123, 456789, 42, 7};
+  {
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditIndex> index,
+                                    AuditIndex::Open(Path("i.db")));
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(std::optional<AuditFileStamp> none,
+                                    index->TakeCleanStamp());
+    EXPECT_FALSE(none.has_value());
+    MODELSTATE_ASSERT_OK(index->SaveCleanStamp(stamp));
+  }
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditIndex> index,
+                                  AuditIndex::Open(Path("i.db")));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::optional<AuditFileStamp> taken,
+                                  index->TakeCleanStamp());
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_EQ(*taken, stamp);
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(taken, index->TakeCleanStamp());
+  EXPECT_FALSE(taken.has_value());
+}
+
+TEST_F(AuditIndexTest, AnUnreadableIndexIsMadeAnew) {
+  {
+    std::ofstream junk(Path("i.db"), std::ios::binary);
+    junk << std::string(8192, 'x');
+  }
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditIndex> index,
+                                  AuditIndex::Open(Path("i.db")));
+  EXPECT_THAT(index->rebuilt(), HasSubstr("unusable"));
+  EXPECT_EQ(*index->LastSeq(), 0u);
+}
+
+// ------------------------------------------------------------- start-up
+
+TEST_F(AuditIndexTest, ACleanlyClosedLogReopensFromTheIndex) {
+  std::string before;
+  {
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditLog> log, OpenLog());
+    // A first start with an index reads the (empty) log once.
+    EXPECT_THAT(log->read_whole_log(), HasSubstr("no clean-close stamp"));
+    Append(*log, 250);
+  }
+  before = ReadAll(Path("audit.log"));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditLog> log, OpenLog());
+  EXPECT_THAT(log->read_whole_log(), IsEmpty());
+  EXPECT_EQ(log->last_seq(), 250u);
+  // Queries, Get and the chain carry on from what the index says.
+  AuditQuery q;
+  q.module = "m1";
+  q.identity = "bob";
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::vector<AuditRecord> found,
+                                  log->Query(q));
+  ASSERT_FALSE(found.empty());
+  for (const AuditRecord& r : found) {
+    EXPECT_EQ(r.module, "m1");
+    EXPECT_EQ(r.identity, "bob");
+  }
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(AuditRecord last, log->Get(250));
+  EXPECT_EQ(last.details_json, "{\"i\":249}");
+  Append(*log, 1);
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(AuditRecord next, log->Get(251));
+  EXPECT_EQ(next.prev, last.hash);
+  EXPECT_THAT(log->Get(252), StatusIs(absl::StatusCode::kNotFound));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(AuditVerification v,
+                                  AuditLog::Verify(Path("audit.log")));
+  EXPECT_TRUE(v.ok) << v.problem;
+  EXPECT_EQ(v.records, 251u);
+  EXPECT_EQ(ReadAll(Path("audit.log")).substr(0, before.size()), before);
+}
+
+TEST_F(AuditIndexTest, AfterACrashTheWholeLogIsReadAgain) {
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditLog> log, OpenLog());
+  Append(*log, 20);
+  // What a crash leaves: the files of a log that is still open (its index
+  // has no clean-close stamp, and the last rows may not be in it).
+  const fs::path copy = dir_ / "copy";
+  fs::create_directories(copy);
+  for (const char* name : {"audit.log", "audit.hashes", "audit.index",
+                           "audit.index-wal", "audit.index-shm"}) {
+    if (fs::exists(dir_ / name)) fs::copy_file(dir_ / name, copy / name);
+  }
+  AuditLogOptions o;
+  o.hashes_path = (copy / "audit.hashes").string();
+  o.index_path = (copy / "audit.index").string();
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<AuditLog> reopened,
+      AuditLog::Open((copy / "audit.log").string(), o));
+  EXPECT_THAT(reopened->read_whole_log(), HasSubstr("no clean-close stamp"));
+  EXPECT_EQ(reopened->last_seq(), 20u);
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::vector<AuditRecord> all,
+                                  reopened->Query(AuditQuery{}));
+  EXPECT_EQ(all.size(), 20u);
+}
+
+TEST_F(AuditIndexTest, AnEditWhileTheServerWasDownIsCaughtAtStart) {
+  {
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditLog> log, OpenLog());
+    Append(*log, 30);
+  }
+  // One byte of record 10, the length unchanged: only a full read sees it,
+  // and the changed file no longer matches the clean-close stamp.
+  std::string content = ReadAll(Path("audit.log"));
+  const size_t at = content.find("{\"i\":9}");
+  ASSERT_NE(at, std::string::npos);
+  content[at + 5] = '8';
+  {
+    std::ofstream out(Path("audit.log"), std::ios::binary | std::ios::trunc);
+    out << content;
+  }
+  EXPECT_THAT(OpenLog(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                  HasSubstr("broken at line 10")));
+}
+
+TEST_F(AuditIndexTest, AnOldDataDirectoryIsIndexedOnItsFirstStart) {
+  // A log (and tree) from before the index: its records become the index's
+  // rows, and the file is not changed by a byte.
+  {
+    AuditLogOptions old = Options();
+    old.index_path.clear();
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditLog> log,
+                                    AuditLog::Open(Path("audit.log"), old));
+    Append(*log, 40);
+  }
+  const std::string before = ReadAll(Path("audit.log"));
+  {
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditLog> log, OpenLog());
+    EXPECT_THAT(log->read_whole_log(), Not(IsEmpty()));
+    EXPECT_EQ(log->last_seq(), 40u);
+  }
+  EXPECT_EQ(ReadAll(Path("audit.log")), before);
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditLog> log, OpenLog());
+  EXPECT_THAT(log->read_whole_log(), IsEmpty());
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::vector<AuditRecord> all,
+                                  log->Query(AuditQuery{}));
+  ASSERT_EQ(all.size(), 40u);
+  EXPECT_EQ(all.back().seq, 40u);
+}
+
+TEST_F(AuditIndexTest, AMissingOrDamagedIndexIsRebuiltFromTheLog) {
+  {
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditLog> log, OpenLog());
+    Append(*log, 12);
+  }
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    fs::remove(Path(absl::StrCat("audit.index", suffix)));
+  }
+  {
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditLog> log, OpenLog());
+    EXPECT_THAT(log->read_whole_log(), Not(IsEmpty()));
+    EXPECT_EQ(log->Query(AuditQuery{})->size(), 12u);
+  }
+  {
+    std::ofstream junk(Path("audit.index"), std::ios::binary | std::ios::trunc);
+    junk << std::string(4096, 'z');
+  }
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditLog> log, OpenLog());
+  EXPECT_THAT(log->read_whole_log(), HasSubstr("unusable"));
+  EXPECT_EQ(log->Query(AuditQuery{})->size(), 12u);
+}
+
+TEST_F(AuditIndexTest, ALogRefusedAtStartGetsNoCleanStamp) {
+  {
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditLog> log, OpenLog());
+    Append(*log, 5);
+  }
+  const std::string good = ReadAll(Path("audit.log"));
+  std::string bad = good;
+  bad[bad.find("{\"i\":2}") + 5] = '7';
+  {
+    std::ofstream out(Path("audit.log"), std::ios::binary | std::ios::trunc);
+    out << bad;
+  }
+  EXPECT_THAT(OpenLog(), StatusIs(absl::StatusCode::kInvalidArgument));
+  // The refusal must not leave a stamp that would vouch for the bad file.
+  EXPECT_THAT(OpenLog(), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+}  // namespace
+}  // namespace modelstate
