@@ -8,7 +8,10 @@
 
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "base/status_macros.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
 #include "proto/service_convert.h"
 #include "server/subscription_reactor.h"
 
@@ -120,9 +123,25 @@ Credentials CredentialsOf(const grpc::ServerContextBase& context) {
   return credentials;
 }
 
+namespace {
+
+// Every mutating RPC's response has `repeated uint64 audit_seqs`.
+void AddAuditSeqs(absl::Span<const uint64_t> seqs,
+                  google::protobuf::Message* response) {
+  const google::protobuf::FieldDescriptor* field =
+      response->GetDescriptor()->FindFieldByName("audit_seqs");
+  if (field == nullptr) return;
+  for (uint64_t seq : seqs) {
+    response->GetReflection()->AddUInt64(response, field, seq);
+  }
+}
+
+}  // namespace
+
 template <typename Body>
 grpc::Status ModelStateServiceImpl::Serve(grpc::ServerContextBase* context,
-                                          absl::string_view rpc, Body body) {
+                                          absl::string_view rpc, Body body,
+                                          google::protobuf::Message* response) {
   const uint64_t mark = service_->AuditMark();
   absl::StatusOr<Caller> caller =
       service_->Authenticate(CredentialsOf(*context), rpc);
@@ -132,6 +151,7 @@ grpc::Status ModelStateServiceImpl::Serve(grpc::ServerContextBase* context,
         service_->AuditSeqsSince(mark, caller->ctx.correlation_id);
     if (!seqs.empty()) {
       context->AddTrailingMetadata(kAuditSeqsKey, absl::StrJoin(seqs, ","));
+      if (response != nullptr) AddAuditSeqs(seqs, response);
     }
   }
   return convert::ToGrpcStatus(status);
@@ -141,7 +161,8 @@ grpc::Status ModelStateServiceImpl::BuildModule(
     grpc::ServerContext* context, const v1::BuildModuleRequest* request,
     v1::BuildModuleResponse* response) {
   return Serve(
-      context, "BuildModule", [&](const Caller& caller) -> absl::Status {
+      context, "BuildModule",
+      [&](const Caller& caller) -> absl::Status {
         MODELSTATE_ASSIGN_OR_RETURN(
             BuildModuleArgs args, convert::BuildModuleArgsFromProto(*request));
         MODELSTATE_ASSIGN_OR_RETURN(
@@ -151,7 +172,8 @@ grpc::Status ModelStateServiceImpl::BuildModule(
             }));
         convert::BuildOutcomeToProto(args.module, outcome, response);
         return absl::OkStatus();
-      });
+      },
+      response);
 }
 
 grpc::Status ModelStateServiceImpl::RegisterTensor(
@@ -159,17 +181,20 @@ grpc::Status ModelStateServiceImpl::RegisterTensor(
     EntryKind kind, v1::RegisterResponse* response) {
   const char* rpc =
       kind == EntryKind::kParameter ? "RegisterParameter" : "RegisterBuffer";
-  return Serve(context, rpc, [&](const Caller& caller) -> absl::Status {
-    MODELSTATE_ASSIGN_OR_RETURN(
-        RegisterTensorArgs args,
-        convert::RegisterTensorArgsFromProto(
-            *request, kind, service_->limits().max_tensor_bytes));
-    MODELSTATE_ASSIGN_OR_RETURN(
-        std::vector<RegistrationResult> results,
-        service_->RegisterTensor(caller, std::move(args)));
-    convert::ReportsToProto(results, response);
-    return absl::OkStatus();
-  });
+  return Serve(
+      context, rpc,
+      [&](const Caller& caller) -> absl::Status {
+        MODELSTATE_ASSIGN_OR_RETURN(
+            RegisterTensorArgs args,
+            convert::RegisterTensorArgsFromProto(
+                *request, kind, service_->limits().max_tensor_bytes));
+        MODELSTATE_ASSIGN_OR_RETURN(
+            std::vector<RegistrationResult> results,
+            service_->RegisterTensor(caller, std::move(args)));
+        convert::ReportsToProto(results, response);
+        return absl::OkStatus();
+      },
+      response);
 }
 
 grpc::Status ModelStateServiceImpl::RegisterParameter(
@@ -187,31 +212,35 @@ grpc::Status ModelStateServiceImpl::RegisterBuffer(
 grpc::Status ModelStateServiceImpl::RegisterSubmodule(
     grpc::ServerContext* context, const v1::RegisterSubmoduleRequest* request,
     v1::RegisterResponse* response) {
-  return Serve(context, "RegisterSubmodule",
-               [&](const Caller& caller) -> absl::Status {
-                 MODELSTATE_ASSIGN_OR_RETURN(
-                     RegisterSubmoduleArgs args,
-                     convert::RegisterSubmoduleArgsFromProto(*request));
-                 MODELSTATE_ASSIGN_OR_RETURN(
-                     std::vector<RegistrationResult> results,
-                     service_->RegisterSubmodule(caller, std::move(args)));
-                 convert::ReportsToProto(results, response);
-                 return absl::OkStatus();
-               });
+  return Serve(
+      context, "RegisterSubmodule",
+      [&](const Caller& caller) -> absl::Status {
+        MODELSTATE_ASSIGN_OR_RETURN(
+            RegisterSubmoduleArgs args,
+            convert::RegisterSubmoduleArgsFromProto(*request));
+        MODELSTATE_ASSIGN_OR_RETURN(
+            std::vector<RegistrationResult> results,
+            service_->RegisterSubmodule(caller, std::move(args)));
+        convert::ReportsToProto(results, response);
+        return absl::OkStatus();
+      },
+      response);
 }
 
 grpc::Status ModelStateServiceImpl::RemoveEntry(
     grpc::ServerContext* context, const v1::RemoveEntryRequest* request,
     v1::RegisterResponse* response) {
   return Serve(
-      context, "RemoveEntry", [&](const Caller& caller) -> absl::Status {
+      context, "RemoveEntry",
+      [&](const Caller& caller) -> absl::Status {
         MODELSTATE_ASSIGN_OR_RETURN(
             RemoveEntryArgs args, convert::RemoveEntryArgsFromProto(*request));
         MODELSTATE_ASSIGN_OR_RETURN(std::vector<RegistrationResult> results,
                                     service_->RemoveEntry(caller, args));
         convert::ReportsToProto(results, response);
         return absl::OkStatus();
-      });
+      },
+      response);
 }
 
 grpc::Status ModelStateServiceImpl::GetModule(
@@ -247,13 +276,15 @@ grpc::Status ModelStateServiceImpl::ListModules(
 
 grpc::Status ModelStateServiceImpl::DeleteModule(
     grpc::ServerContext* context, const v1::DeleteModuleRequest* request,
-    v1::DeleteModuleResponse*) {
+    v1::DeleteModuleResponse* response) {
   return Serve(
-      context, "DeleteModule", [&](const Caller& caller) -> absl::Status {
+      context, "DeleteModule",
+      [&](const Caller& caller) -> absl::Status {
         MODELSTATE_ASSIGN_OR_RETURN(
             ModuleName name, convert::ParseModuleField(request->module()));
         return service_->DeleteModule(caller, name);
-      });
+      },
+      response);
 }
 
 grpc::Status ModelStateServiceImpl::GetStateDict(
@@ -276,7 +307,8 @@ grpc::Status ModelStateServiceImpl::LoadStateDict(
     grpc::ServerContext* context, LoadReader* reader,
     v1::LoadStateDictResponse* response) {
   return Serve(
-      context, "LoadStateDict", [&](const Caller& caller) -> absl::Status {
+      context, "LoadStateDict",
+      [&](const Caller& caller) -> absl::Status {
         // Authorised and counted before it may stall on its start.
         MODELSTATE_ASSIGN_OR_RETURN(auto slot, service_->OpenLoad(caller));
         MODELSTATE_ASSIGN_OR_RETURN(v1::LoadStart start, ReadLoadStart(reader));
@@ -290,44 +322,53 @@ grpc::Status ModelStateServiceImpl::LoadStateDict(
         MODELSTATE_ASSIGN_OR_RETURN(LoadResult result, session->Finish());
         convert::LoadResultToProto(result, response);
         return absl::OkStatus();
-      });
+      },
+      response);
 }
 
 grpc::Status ModelStateServiceImpl::MoveModule(
     grpc::ServerContext* context, const v1::MoveModuleRequest* request,
     v1::MoveModuleResponse* response) {
   return Serve(
-      context, "MoveModule", [&](const Caller& caller) -> absl::Status {
+      context, "MoveModule",
+      [&](const Caller& caller) -> absl::Status {
         MODELSTATE_ASSIGN_OR_RETURN(MoveModuleArgs args,
                                     convert::MoveModuleArgsFromProto(*request));
         return service_->MoveModule(caller, args, [&](const Module& root) {
           convert::ModuleInfoToProto(root, false, response->mutable_info());
         });
-      });
+      },
+      response);
 }
 
 grpc::Status ModelStateServiceImpl::SetTraining(
     grpc::ServerContext* context, const v1::SetTrainingRequest* request,
-    v1::SetTrainingResponse*) {
+    v1::SetTrainingResponse* response) {
   return Serve(
-      context, "SetTraining", [&](const Caller& caller) -> absl::Status {
+      context, "SetTraining",
+      [&](const Caller& caller) -> absl::Status {
         MODELSTATE_ASSIGN_OR_RETURN(
             ModuleName name, convert::ParseModuleField(request->module()));
         return service_->SetTraining(caller, name, request->training());
-      });
+      },
+      response);
 }
 
 grpc::Status ModelStateServiceImpl::Forward(grpc::ServerContext* context,
                                             const v1::ForwardRequest* request,
                                             v1::ForwardResponse* response) {
-  return Serve(context, "Forward", [&](const Caller& caller) -> absl::Status {
-    MODELSTATE_ASSIGN_OR_RETURN(
-        ForwardArgs args, convert::ForwardArgsFromProto(
-                              *request, service_->limits().max_tensor_bytes));
-    MODELSTATE_ASSIGN_OR_RETURN(std::vector<Tensor> outputs,
-                                service_->Forward(caller, std::move(args)));
-    return convert::ForwardOutputsToProto(outputs, response);
-  });
+  return Serve(
+      context, "Forward",
+      [&](const Caller& caller) -> absl::Status {
+        MODELSTATE_ASSIGN_OR_RETURN(
+            ForwardArgs args,
+            convert::ForwardArgsFromProto(*request,
+                                          service_->limits().max_tensor_bytes));
+        MODELSTATE_ASSIGN_OR_RETURN(std::vector<Tensor> outputs,
+                                    service_->Forward(caller, std::move(args)));
+        return convert::ForwardOutputsToProto(outputs, response);
+      },
+      response);
 }
 
 grpc::ServerBidiReactor<v1::SubscribeRequest, v1::SubscribeResponse>*

@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "google/protobuf/message.h"
 #include "grpcpp/grpcpp.h"
 #include "modelstate/v1/model_state_service.grpc.pb.h"
 #include "service/access_gate.h"
@@ -108,10 +109,11 @@ class ModelStateServiceImpl final
   // Authenticates the call as `rpc`, runs `body` with the caller and maps
   // what either returns to the call's status.
   // The response's trailing metadata names the audit records the call
-  // wrote (kAuditSeqsKey: "12,13,14").
+  // wrote (kAuditSeqsKey: "12,13,14"), and so does `response`'s
+  // audit_seqs field when a mutating RPC passes its response.
   template <typename Body>
   grpc::Status Serve(grpc::ServerContextBase* context, absl::string_view rpc,
-                     Body body);
+                     Body body, google::protobuf::Message* response = nullptr);
   grpc::Status RegisterTensor(grpc::ServerContext* context,
                               const v1::RegisterTensorRequest* request,
                               EntryKind kind, v1::RegisterResponse* response);

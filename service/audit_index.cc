@@ -33,7 +33,9 @@ CREATE TABLE IF NOT EXISTS records(
   type TEXT NOT NULL,
   ns TEXT NOT NULL,
   module TEXT NOT NULL,
-  outcome TEXT NOT NULL);
+  outcome TEXT NOT NULL,
+  correlation_id TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS records_by_request ON records(correlation_id, seq);
 CREATE INDEX IF NOT EXISTS records_by_module ON records(ns, module, seq);
 CREATE INDEX IF NOT EXISTS records_by_identity ON records(identity, seq);
 CREATE INDEX IF NOT EXISTS records_by_type ON records(type, seq);
@@ -240,8 +242,8 @@ absl::Status AuditIndex::Add(const AuditRecord& record,
                              const AuditLocation& where) {
   MutexLock lock(&mu_);
   pending_.push_back(Row{where, absl::ToUnixNanos(record.time), record.identity,
-                         record.type, record.ns, record.module,
-                         record.outcome});
+                         record.type, record.ns, record.module, record.outcome,
+                         record.correlation_id});
   if (pending_.size() >= kBatchRows) return FlushLocked();
   return absl::OkStatus();
 }
@@ -257,8 +259,8 @@ absl::Status AuditIndex::FlushLocked() {
   {
     Statement insert(db_,
                      "INSERT OR REPLACE INTO records(seq, offset, length, "
-                     "time_ns, identity, type, ns, module, outcome) "
-                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)");
+                     "time_ns, identity, type, ns, module, outcome, "
+                     "correlation_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
     if (!insert.ok()) {
       (void)Exec("ROLLBACK");
       return Error("add records");
@@ -274,6 +276,7 @@ absl::Status AuditIndex::FlushLocked() {
       insert.Bind(7, row.ns);
       insert.Bind(8, row.module);
       insert.Bind(9, row.outcome);
+      insert.Bind(10, row.correlation_id);
       if (sqlite3_step(insert.get()) != SQLITE_DONE) {
         absl::Status error = Error("add records");
         (void)Exec("ROLLBACK");
@@ -326,7 +329,8 @@ absl::StatusOr<std::vector<AuditLocation>> AuditIndex::Find(
   for (const Field& f :
        {Field{"identity", query.identity}, Field{"type", query.type},
         Field{"ns", query.ns}, Field{"module", query.module},
-        Field{"outcome", query.outcome}}) {
+        Field{"outcome", query.outcome},
+        Field{"correlation_id", query.correlation_id}}) {
     if (f.value.empty()) continue;
     absl::StrAppend(&sql, " AND ", f.column, " = ?");
     texts.push_back(&f.value);

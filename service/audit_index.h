@@ -91,7 +91,7 @@ class AuditIndex {
   struct Row {
     AuditLocation where;
     int64_t time_ns;
-    std::string identity, type, ns, module, outcome;
+    std::string identity, type, ns, module, outcome, correlation_id;
   };
   AuditIndex(std::string path, sqlite3* db) : path_(std::move(path)), db_(db) {}
   absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -714,6 +714,9 @@ bool AuditQuery::Matches(const AuditRecord& r) const {
   if (!identity.empty() && r.identity != identity) return false;
   if (!outcome.empty() && r.outcome != outcome) return false;
   if (!type.empty() && r.type != type) return false;
+  if (!correlation_id.empty() && r.correlation_id != correlation_id) {
+    return false;
+  }
   return true;
 }
 
@@ -1097,6 +1100,16 @@ absl::StatusOr<std::vector<AuditRecord>> AuditLog::Query(
   MODELSTATE_ASSIGN_OR_RETURN(std::vector<AuditLocation> where,
                               s.index->Find(query));
   return ReadRecords(s.fd, s.path, where);
+}
+
+absl::StatusOr<std::vector<uint64_t>> AuditLog::QuerySeqs(
+    const AuditQuery& query) const {
+  MODELSTATE_ASSIGN_OR_RETURN(std::vector<AuditLocation> where,
+                              state_->index->Find(query));
+  std::vector<uint64_t> seqs;
+  seqs.reserve(where.size());
+  for (const AuditLocation& w : where) seqs.push_back(w.seq);
+  return seqs;
 }
 
 absl::StatusOr<std::vector<AuditRecord>> AuditLog::WaitForRecords(

@@ -173,6 +173,9 @@ class AuditLog {
   // Records matching `query`, in seq order, at most query.limit (0 means
   // 100; at most 10000).
   absl::StatusOr<std::vector<AuditRecord>> Query(const AuditQuery& query) const;
+  // The seqs of the records Query would return, without reading them.
+  absl::StatusOr<std::vector<uint64_t>> QuerySeqs(
+      const AuditQuery& query) const;
 
   // Waits until a record with seq > `after_seq` exists or `deadline` passes;
   // returns the records after `after_seq` (at most `limit`, with the same

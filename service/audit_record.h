@@ -54,6 +54,7 @@ struct AuditQuery {
   std::string identity;
   std::string outcome;
   std::string type;
+  std::string correlation_id;  // the request that wrote the records
   // Records per query when a query asks for 0, and the most it may ask for.
   static constexpr size_t kDefaultLimit = 100;
   static constexpr size_t kMaxLimit = 10000;

@@ -38,12 +38,10 @@ std::vector<uint64_t> ModelService::AuditSeqsSince(
   if (audit_ == nullptr || audit_->last_seq() <= mark) return seqs;
   AuditQuery query;
   query.after_seq = mark;
+  query.correlation_id = correlation_id;
   query.limit = AuditQuery::kMaxLimit;
-  absl::StatusOr<std::vector<AuditRecord>> records = audit_->Query(query);
-  if (!records.ok()) return seqs;
-  for (const AuditRecord& r : *records) {
-    if (r.correlation_id == correlation_id) seqs.push_back(r.seq);
-  }
+  absl::StatusOr<std::vector<uint64_t>> found = audit_->QuerySeqs(query);
+  if (found.ok()) seqs = *std::move(found);
   return seqs;
 }
 

@@ -59,11 +59,13 @@ TEST(AuditProofTest, CheckpointsAndProofsVerify) {
   InProcessServer server;
   ASSERT_THAT(server.Start(), IsOk());
   auto client = server.NewClient();
-  ASSERT_THAT(client->BuildModule(BuildRequest("team/a", kSpec)).status(),
-              IsOk());
-  // The response named the records the build wrote.
+  auto built = client->BuildModule(BuildRequest("team/a", kSpec));
+  ASSERT_THAT(built.status(), IsOk());
+  // The response named the records the build wrote, in its audit_seqs
+  // field and in its trailing metadata.
   const std::vector<uint64_t> build_seqs = client->last_audit_seqs();
   ASSERT_FALSE(build_seqs.empty());
+  EXPECT_THAT(built->audit_seqs(), ::testing::ElementsAreArray(build_seqs));
   auto first = client->GetCheckpoint(/*fresh=*/true);
   ASSERT_THAT(first.status(), IsOk());
   const Checkpoint old_cp = Open(*first);

@@ -90,6 +90,7 @@ AuditRecord Row(std::string identity, std::string type, std::string module,
   r.ns = "team";
   r.module = std::move(module);
   r.outcome = "ok";
+  r.correlation_id = "req-" + r.identity;
   r.time = time;
   return r;
 }
@@ -122,6 +123,9 @@ TEST_F(AuditIndexTest, FindsByEveryFieldInSeqOrderAndPages) {
   EXPECT_THAT(find(q), ElementsAre(1, 2, 3, 4));
   q.identity = "alice";
   EXPECT_THAT(find(q), ElementsAre(1, 3));
+  q = {};
+  q.correlation_id = "req-bob";
+  EXPECT_THAT(find(q), ElementsAre(2));
   q = {};
   q.type = "delete";
   q.module = "a";
