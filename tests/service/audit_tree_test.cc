@@ -43,7 +43,8 @@ class AuditTreeTest : public ::testing::Test {
 
   std::string Path(const char* name) const { return (dir_ / name).string(); }
   AuditLogOptions Options() const {
-    return {Path("audit.hashes"), Path("audit.checkpoint")};
+    return {Path("audit.hashes"), Path("audit.checkpoint"),
+            Path("audit.index")};
   }
   absl::StatusOr<std::unique_ptr<AuditLog>> OpenLog() const {
     return AuditLog::Open(Path("audit.log"), Options());
@@ -177,7 +178,8 @@ TEST_F(AuditTreeTest, StartRefusesARewrittenLogNamingTheFirstDifference) {
   std::filesystem::rename(Path("audit.checkpoint"), Path("saved"));
   {
     // Opened without the checkpoint file, so the rewrite is possible.
-    auto log = AuditLog::Open(Path("audit.log"), {Path("other.hashes"), ""});
+    auto log =
+        AuditLog::Open(Path("audit.log"), {Path("other.hashes"), "", ""});
     ASSERT_THAT(log.status(), IsOk());
     AppendRecords(**log, 5);
   }
