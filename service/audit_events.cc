@@ -291,6 +291,25 @@ AuditRecord Denied(const OperationContext& ctx, absl::string_view peer,
   return r;
 }
 
+AuditRecord DeniedAggregate(const DeniedCount& denied) {
+  OperationContext ctx;
+  ctx.identity = denied.identity;
+  AuditRecord r = Record(AuditType::kDenied, ctx, denied.module);
+  r.outcome = "error";
+  r.details_json =
+      Json{{"rpc", denied.rpc},
+           {"peer", denied.peer},
+           {"error", ErrorJson(denied.status)},
+           {"aggregated", true},
+           {"count", denied.count},
+           {"first", absl::FormatTime(absl::RFC3339_full, denied.first,
+                                      absl::UTCTimeZone())},
+           {"last", absl::FormatTime(absl::RFC3339_full, denied.last,
+                                     absl::UTCTimeZone())}}
+          .dump();
+  return r;
+}
+
 AuditRecord Recovered(const ModuleName& module, const ChangeNote& note) {
   OperationContext ctx;
   ctx.identity = note.identity;

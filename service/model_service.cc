@@ -63,7 +63,7 @@ ModelService::ModelService(ModelStore* store, SubscriberHub* hub,
       hub_(hub),
       audit_(audit),
       options_(std::move(options)),
-      gate_(auth, audit),
+      gate_(auth, audit, options_.limits),
       // Without authentication there are no identities to count, only peer
       // addresses, which channels share.
       streams_(gate_.authenticates() ? options_.limits.max_streams_per_identity

@@ -353,6 +353,10 @@ class ModelService {
 
   std::vector<DeviceDescription> ListDevices(const Caller& caller);
 
+  // Writes the refusals counted so far to the audit log (at shutdown, once
+  // no call runs any more; see DenialRecorder::Stop).
+  void FlushDenials() { gate_.FlushDenials(); }
+
  private:
   friend class SubscriberSession;
 
