@@ -81,6 +81,20 @@ absl::Status AccessGate::AllowSomewhere(const Caller& caller,
           PermissionName(permission), " permission in some namespace)")));
 }
 
+absl::Status AccessGate::AllowAdmin(const Caller& caller,
+                                    absl::string_view rpc) {
+  auto admin = caller.principal.roles.find(Role::kAdmin);
+  if (admin != caller.principal.roles.end() &&
+      std::find(admin->second.begin(), admin->second.end(), kAnyNamespace) !=
+          admin->second.end()) {
+    return absl::OkStatus();
+  }
+  return Deny(caller, rpc, ModuleName{},
+              absl::PermissionDeniedError(absl::StrCat(
+                  "'", caller.principal.identity, "' may not ", rpc,
+                  " (needs the admin role in every namespace)")));
+}
+
 absl::Status AccessGate::AuditWritable() const {
   if (audit_ == nullptr) return absl::OkStatus();
   absl::Status health = audit_->health();

@@ -72,6 +72,9 @@ class AccessGate {
   // Allow in namespace `ns`; "" asks for `permission` in some namespace.
   absl::Status AllowIn(const Caller& caller, absl::string_view rpc,
                        Permission permission, const std::string& ns);
+  // OK if the caller is an admin of every namespace (calls about the
+  // server as a whole); otherwise PERMISSION_DENIED, recorded.
+  absl::Status AllowAdmin(const Caller& caller, absl::string_view rpc);
   // OK if the caller holds `permission` in some namespace (calls that then
   // show only what those namespaces allow); otherwise PERMISSION_DENIED,
   // recorded.

@@ -114,6 +114,8 @@ absl::string_view AuditTypeName(AuditType type) {
       return "recovered";
     case AuditType::kRestore:
       return "restore";
+    case AuditType::kRelease:
+      return "release";
   }
   return "unknown";
 }
@@ -276,6 +278,19 @@ AuditRecord Unsubscribe(const OperationContext& ctx,
   AuditRecord r = Record(AuditType::kUnsubscribe, ctx, ModuleName{});
   r.outcome = "ok";
   r.details_json = Json{{"subscriber", subscriber}}.dump();
+  return r;
+}
+
+AuditRecord ReleaseName(const OperationContext& ctx,
+                        const std::string& subscriber, const std::string& owner,
+                        bool disconnected) {
+  AuditRecord r = Record(AuditType::kRelease, ctx, ModuleName{});
+  r.outcome = "ok";
+  r.details_json = Json{
+      {"subscriber", subscriber},
+      {"owner", owner},
+      {"disconnected",
+       disconnected}}.dump();
   return r;
 }
 

@@ -11,6 +11,7 @@
 //       a remote hook's event, a subscriber's answer, the final decision
 //       (SubscriberHub)
 //   subscribe, unsubscribe   a subscriber came or went (SubscriberHub)
+//   release                  an admin freed a subscriber name (SubscriberHub)
 //   denied                   a refused call (AccessGate); or, with
 //                            details.count, the refusals of one key counted
 //                            over an interval (service/denial_recorder.h)
@@ -62,6 +63,7 @@ enum class AuditType {
   kDenied,
   kRecovered,
   kRestore,
+  kRelease,
 };
 
 // The stored name: "build", "register", "load_state_dict", ...
@@ -133,6 +135,12 @@ AuditRecord Subscribe(const OperationContext& ctx, const SubscriptionSpec& spec,
                       bool reconnected);
 AuditRecord Unsubscribe(const OperationContext& ctx,
                         const std::string& subscriber);
+
+// `subscriber`'s name, bound to `owner` ("" for none), freed by ctx's
+// identity; `disconnected`: the subscriber connected under it was ended.
+AuditRecord ReleaseName(const OperationContext& ctx,
+                        const std::string& subscriber, const std::string& owner,
+                        bool disconnected);
 
 // --- Access and start-up -------------------------------------------------
 AuditRecord Denied(const OperationContext& ctx, absl::string_view peer,

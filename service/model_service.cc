@@ -433,6 +433,17 @@ absl::StatusOr<std::vector<SubscriberInfo>> ModelService::ListSubscribers(
   return listed;
 }
 
+absl::StatusOr<NameRelease> ModelService::ReleaseSubscriberName(
+    const Caller& caller, const std::string& name, bool force) {
+  MODELSTATE_RETURN_IF_ERROR(gate_.AllowAdmin(caller, "ReleaseSubscriberName"));
+  if (name.empty()) {
+    return absl::InvalidArgumentError("name: the subscriber name is empty");
+  }
+  // The release must be recorded, or a restart would bind the name again.
+  MODELSTATE_RETURN_IF_ERROR(gate_.AuditWritable());
+  return hub_->ReleaseName(name, force, caller.ctx);
+}
+
 absl::Status ModelService::HasAudit() const {
   if (audit_ != nullptr) return absl::OkStatus();
   return absl::FailedPreconditionError("this server keeps no audit log");

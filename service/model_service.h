@@ -320,6 +320,12 @@ class ModelService {
       const Caller& caller);
   absl::StatusOr<std::vector<SubscriberInfo>> ListSubscribers(
       const Caller& caller);
+  // Frees a subscriber name for any identity: admins only; the hub's
+  // errors otherwise (SubscriberHub::ReleaseName); INVALID_ARGUMENT naming
+  // the field for an empty name.
+  absl::StatusOr<NameRelease> ReleaseSubscriberName(const Caller& caller,
+                                                    const std::string& name,
+                                                    bool force);
 
   // Audit reading needs audit permission in `query.ns` (or in some
   // namespace when it is ""), and shows only records of namespaces the

@@ -373,6 +373,23 @@ std::vector<RpcCase> Cases() {
        [](auto& c, auto&, const std::string&, int) {
          return c.GetConsistencyProof(1, 1).status();
        }},
+      {"ReleaseSubscriberName",
+       {},
+       false,
+       [](auto& c, auto& root, const std::string&, int n) -> absl::Status {
+         v1::Subscription s;
+         s.set_name(absl::StrCat("released", n));
+         MODELSTATE_ASSIGN_OR_RETURN(
+             std::unique_ptr<client::Subscriber> sub,
+             client::Subscriber::Start(root, s,
+                                       [](const v1::HookEventProto& e) {
+                                         v1::HookAnswer a;
+                                         a.set_event_id(e.event_id());
+                                         return a;
+                                       }));
+         MODELSTATE_RETURN_IF_ERROR(sub->Unsubscribe());
+         return c.ReleaseSubscriberName(s.name()).status();
+       }},
       {"AddCosignature",
        {"witness"},
        false,
@@ -739,6 +756,77 @@ TEST_F(AccessTest, RefusedCallsAreCountedPerIntervalNotRecordedOneByOne) {
             (std::map<std::string, int>{{"rita", 2}}));
   EXPECT_EQ(denied_seen_by("root-token"),
             (std::map<std::string, int>{{"", 2}, {"rita", 2}}));
+}
+
+// An admin can release a subscriber name (issue 17, item 8): nobody else
+// may; a connected subscriber keeps it unless forced off; the release is
+// audited and holds across a restart, and so does the next binding.
+TEST_F(AccessTest, AnAdminReleasesASubscriberNameAndARestartKeepsItFree) {
+  const std::filesystem::path tokens = *dir_ / "release-tokens.json";
+  WriteText(tokens, TokenFile(People()));
+  InProcessServer own([&](server::ServerConfig& config) {
+    config.token_file = tokens.string();
+  });
+  ASSERT_THAT(own.Start(), IsOk());
+  auto as = [&](const std::string& token) {
+    client::ClientOptions options;
+    options.bearer_token = token;
+    options.timeout = absl::Seconds(10);
+    return own.NewClient(options);
+  };
+  v1::Subscription s;
+  s.set_name("rev-held");
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<client::Subscriber> held,
+      client::Subscriber::Start(*as("rev-token"), s, Approve));
+  EXPECT_THAT(as("rev-token")->ReleaseSubscriberName("rev-held").status(),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       HasSubstr("needs the admin role")));
+  std::unique_ptr<client::ModelStateClient> root = as("root-token");
+  EXPECT_THAT(root->ReleaseSubscriberName("never-used").status(),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("'never-used' is bound")));
+  EXPECT_THAT(root->ReleaseSubscriberName("").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("name")));
+  EXPECT_THAT(root->ReleaseSubscriberName("rev-held").status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("'rev-held' is connected")));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      v1::ReleaseSubscriberNameResponse released,
+      root->ReleaseSubscriberName("rev-held", /*force=*/true));
+  EXPECT_EQ(released.owner(), "rev");
+  EXPECT_TRUE(released.disconnected());
+  EXPECT_THAT(held->Wait(),
+              StatusIs(absl::StatusCode::kAborted,
+                       HasSubstr("'rev-held' was released by 'root'")));
+  // Who released which name from whom, in the audit log.
+  v1::QueryAuditRequest query;
+  query.mutable_filter()->set_type("release");
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::QueryAuditResponse records,
+                                  root->QueryAudit(query));
+  ASSERT_EQ(records.records_size(), 1);
+  EXPECT_EQ(records.records(0).identity(), "root");
+  Json details = Json::parse(records.records(0).details_json());
+  EXPECT_EQ(details["subscriber"], "rev-held");
+  EXPECT_EQ(details["owner"], "rev");
+  EXPECT_EQ(details["disconnected"], true);
+
+  // The name is free: root takes it, and keeps it across a restart.
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<client::Subscriber> taken,
+                                  client::Subscriber::Start(*root, s, Approve));
+  ASSERT_THAT(taken->Unsubscribe(), IsOk());
+  ASSERT_THAT(own.Start(), IsOk());
+  EXPECT_THAT(
+      client::Subscriber::Start(*as("rev-token"), s, Approve).status(),
+      StatusIs(absl::StatusCode::kPermissionDenied,
+               HasSubstr("name: subscriber 'rev-held' belongs to 'root'")));
+  // Released again, it stays free after the next restart.
+  ASSERT_THAT(as("root-token")->ReleaseSubscriberName("rev-held"), IsOk());
+  ASSERT_THAT(own.Start(), IsOk());
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<client::Subscriber> again,
+      client::Subscriber::Start(*as("rev-token"), s, Approve));
+  EXPECT_THAT(again->Unsubscribe(), IsOk());
 }
 
 TEST_F(AccessTest, StreamsPerIdentityAreLimited) {
