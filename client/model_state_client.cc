@@ -141,6 +141,15 @@ ModelStateClient::ListSubscribers() {
                v1::ListSubscribersRequest(), options_.timeout);
 }
 
+absl::StatusOr<v1::ReleaseSubscriberNameResponse>
+ModelStateClient::ReleaseSubscriberName(absl::string_view name, bool force) {
+  v1::ReleaseSubscriberNameRequest request;
+  request.set_name(std::string(name));
+  request.set_force(force);
+  return Unary(*this, *stub_, &Stub::ReleaseSubscriberName, request,
+               options_.timeout);
+}
+
 absl::StatusOr<v1::VerifyAuditResponse> ModelStateClient::VerifyAudit() {
   return Unary(*this, *stub_, &Stub::VerifyAudit, v1::VerifyAuditRequest(),
                options_.timeout);

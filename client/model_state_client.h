@@ -197,6 +197,10 @@ class ModelStateClient {
       const v1::ForwardRequest& request);
   // The subscribers the server holds, in the order they run.
   absl::StatusOr<v1::ListSubscribersResponse> ListSubscribers();
+  // Frees subscriber name `name` for any identity (admin only); `force`
+  // ends the stream of a subscriber connected under it.
+  absl::StatusOr<v1::ReleaseSubscriberNameResponse> ReleaseSubscriberName(
+      absl::string_view name, bool force = false);
 
   // One page of the audit records that match request.filter(): at most
   // request.limit() (0: the server's 100) after request.after_seq(); the

@@ -24,6 +24,7 @@
 #include "grpcpp/support/interceptor.h"
 #include "httplib.h"
 #include "modelstate/v1/model_state_service.grpc.pb.h"
+#include "service/authenticator.h"
 #include "service/model_store.h"
 #include "service/subscriber_hub.h"
 
@@ -121,7 +122,8 @@ class MetricsInterceptor final : public grpc::experimental::Interceptor {
       const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) {
     auto it = metadata.find("x-request-id");
     if (it != metadata.end() && !it->second.empty()) {
-      request_id_.assign(it->second.data(), it->second.size());
+      request_id_ = CappedRequestId(
+          absl::string_view(it->second.data(), it->second.size()));
     } else {
       request_id_ = NewRequestId();
     }

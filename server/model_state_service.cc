@@ -500,4 +500,20 @@ grpc::Status ModelStateServiceImpl::ListDevices(
       });
 }
 
+grpc::Status ModelStateServiceImpl::ReleaseSubscriberName(
+    grpc::ServerContext* context,
+    const v1::ReleaseSubscriberNameRequest* request,
+    v1::ReleaseSubscriberNameResponse* response) {
+  return Serve(context, "ReleaseSubscriberName",
+               [&](const Caller& caller) -> absl::Status {
+                 MODELSTATE_ASSIGN_OR_RETURN(
+                     NameRelease release,
+                     service_->ReleaseSubscriberName(caller, request->name(),
+                                                     request->force()));
+                 response->set_owner(release.owner);
+                 response->set_disconnected(release.disconnected);
+                 return absl::OkStatus();
+               });
+}
+
 }  // namespace modelstate::server

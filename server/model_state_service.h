@@ -91,6 +91,10 @@ class ModelStateServiceImpl final
   grpc::Status ListDevices(grpc::ServerContext* context,
                            const v1::ListDevicesRequest* request,
                            v1::ListDevicesResponse* response) override;
+  grpc::Status ReleaseSubscriberName(
+      grpc::ServerContext* context,
+      const v1::ReleaseSubscriberNameRequest* request,
+      v1::ReleaseSubscriberNameResponse* response) override;
   grpc::Status GetCheckpoint(grpc::ServerContext* context,
                              const v1::GetCheckpointRequest* request,
                              v1::GetCheckpointResponse* response) override;

@@ -528,6 +528,8 @@ void Server::Wait() {
   if (server_ == nullptr) return;
   server_->Wait();
   if (health_server_ != nullptr) health_server_->Shutdown();
+  // The refusals counted since the last interval are recorded too.
+  service_->FlushDenials();
   // The last records get their checkpoint before the server goes.
   checkpoints_->Stop();
   checkpoints_->SignNow().IgnoreError();

@@ -29,6 +29,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "base/log.h"
 #include "base/signal_pipe.h"
 #include "base/status_macros.h"
@@ -118,6 +119,11 @@ ABSL_FLAG(int, max_streams_per_identity,
           Defaults().limits.max_streams_per_identity,
           "Streams (state_dict transfers, audit watches, subscriptions) one "
           "authenticated identity may have open at once (0: unlimited)");
+ABSL_FLAG(int, audit_denied_interval_s,
+          absl::ToInt64Seconds(Defaults().limits.denied_audit_interval),
+          "Refused calls are audited once per (peer address, identity, rpc, "
+          "module, error) and interval, the rest of the interval's as one "
+          "record with their count; 0: one record per refused call");
 ABSL_FLAG(bool, fallback_to_cpu, Defaults().fallback_to_cpu,
           "On start, restore modules saved on a device this server does not "
           "have (e.g. cuda:1 on a machine without that GPU) onto cpu instead "
@@ -209,6 +215,9 @@ absl::Status CheckLimitFlags() {
   MODELSTATE_RETURN_IF_ERROR(InRange(
       "max_streams_per_identity", absl::GetFlag(FLAGS_max_streams_per_identity),
       0, std::numeric_limits<int>::max(), "0: unlimited"));
+  MODELSTATE_RETURN_IF_ERROR(InRange(
+      "audit_denied_interval_s", absl::GetFlag(FLAGS_audit_denied_interval_s),
+      0, 86400, "s, 0: a record per refused call"));
   return absl::OkStatus();
 }
 
@@ -234,6 +243,8 @@ modelstate::Limits LimitsFromFlags() {
       << 20;
   limits.max_streams_per_identity =
       absl::GetFlag(FLAGS_max_streams_per_identity);
+  limits.denied_audit_interval =
+      absl::Seconds(absl::GetFlag(FLAGS_audit_denied_interval_s));
   return limits;
 }
 

@@ -9,7 +9,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
-#include "service/audit_events.h"
 
 namespace modelstate {
 namespace {
@@ -34,14 +33,14 @@ absl::StatusOr<Caller> AccessGate::Authenticate(const Credentials& credentials,
   caller.peer = credentials.peer;
   caller.ctx.correlation_id =
       !credentials.request_id.empty()
-          ? credentials.request_id
+          ? CappedRequestId(credentials.request_id)
           : absl::StrCat(RequestIdPrefix(), next_request_id.fetch_add(1));
   absl::StatusOr<Principal> principal = auth_ != nullptr
                                             ? auth_->Authenticate(credentials)
                                             : AnonymousAdmin(credentials.peer);
   if (!principal.ok()) {
-    RecordDenial(caller.ctx, caller.peer, rpc, ModuleName{},
-                 principal.status());
+    denials_.Record(caller.ctx, caller.peer, rpc, ModuleName{},
+                    principal.status());
     return principal.status();
   }
   caller.principal = *std::move(principal);
@@ -82,6 +81,20 @@ absl::Status AccessGate::AllowSomewhere(const Caller& caller,
           PermissionName(permission), " permission in some namespace)")));
 }
 
+absl::Status AccessGate::AllowAdmin(const Caller& caller,
+                                    absl::string_view rpc) {
+  auto admin = caller.principal.roles.find(Role::kAdmin);
+  if (admin != caller.principal.roles.end() &&
+      std::find(admin->second.begin(), admin->second.end(), kAnyNamespace) !=
+          admin->second.end()) {
+    return absl::OkStatus();
+  }
+  return Deny(caller, rpc, ModuleName{},
+              absl::PermissionDeniedError(absl::StrCat(
+                  "'", caller.principal.identity, "' may not ", rpc,
+                  " (needs the admin role in every namespace)")));
+}
+
 absl::Status AccessGate::AuditWritable() const {
   if (audit_ == nullptr) return absl::OkStatus();
   absl::Status health = audit_->health();
@@ -93,18 +106,8 @@ absl::Status AccessGate::AuditWritable() const {
 
 absl::Status AccessGate::Deny(const Caller& caller, absl::string_view rpc,
                               const ModuleName& module, absl::Status denied) {
-  RecordDenial(caller.ctx, caller.peer, rpc, module, denied);
+  denials_.Record(caller.ctx, caller.peer, rpc, module, denied);
   return denied;
-}
-
-void AccessGate::RecordDenial(const OperationContext& ctx,
-                              absl::string_view peer, absl::string_view rpc,
-                              const ModuleName& module,
-                              const absl::Status& status) {
-  if (audit_ == nullptr) return;
-  // A denial that cannot be recorded is still a denial; the log's own
-  // failure shows up on the next change it must record.
-  (void)audit_->Append(audit_events::Denied(ctx, peer, rpc, module, status));
 }
 
 bool AuditRecordVisible(const std::vector<std::string>& namespaces,

@@ -1,11 +1,18 @@
 // File: access_gate.h
 // Who may call what: authenticates a call's credentials into a Caller and
-// checks the caller's permissions, recording every refusal in the audit log
-// as a "denied" record. Authorisation lives here and nowhere else; the
-// service asks the gate before it acts.
+// checks the caller's permissions, recording refusals in the audit log as
+// "denied" records, counted per key and interval in bounded space
+// (service/denial_recorder.h). Authorisation lives here and nowhere else;
+// the service asks the gate before it acts.
+//
+// Who sees a denied record (AuditRecordVisible): a refusal in a namespace
+// (a call on a module, or one asking for a namespace) carries that
+// namespace, so the namespace's auditors see it; a refusal of no namespace
+// (no or bad credentials, a call that needs a permission somewhere) is
+// seen by admins and auditors of every namespace ("*") only.
 //
 // Example:
-//   AccessGate gate(authenticator, audit_log);
+//   AccessGate gate(authenticator, audit_log, limits);
 //   MODELSTATE_ASSIGN_OR_RETURN(Caller caller,
 //                               gate.Authenticate(credentials, "GetModule"));
 //   MODELSTATE_RETURN_IF_ERROR(
@@ -22,6 +29,8 @@
 #include "service/access_policy.h"
 #include "service/audit_log.h"
 #include "service/authenticator.h"
+#include "service/denial_recorder.h"
+#include "service/limits.h"
 #include "service/module_name.h"
 #include "service/operation_context.h"
 
@@ -39,8 +48,13 @@ class AccessGate {
  public:
   // Neither is owned; both must outlive the gate. `auth` null: every caller
   // is an admin named after its peer. `audit` null: denials go unrecorded.
-  AccessGate(const Authenticator* auth, AuditLog* audit)
-      : auth_(auth), audit_(audit) {}
+  // `limits`: how denials are counted (denied_audit_interval,
+  // max_denied_keys).
+  AccessGate(const Authenticator* auth, AuditLog* audit,
+             const Limits& limits = Limits())
+      : auth_(auth),
+        audit_(audit),
+        denials_(audit, limits.denied_audit_interval, limits.max_denied_keys) {}
 
   // Whether callers are authenticated (a token file is in force).
   bool authenticates() const { return auth_ != nullptr && auth_->enabled(); }
@@ -58,6 +72,9 @@ class AccessGate {
   // Allow in namespace `ns`; "" asks for `permission` in some namespace.
   absl::Status AllowIn(const Caller& caller, absl::string_view rpc,
                        Permission permission, const std::string& ns);
+  // OK if the caller is an admin of every namespace (calls about the
+  // server as a whole); otherwise PERMISSION_DENIED, recorded.
+  absl::Status AllowAdmin(const Caller& caller, absl::string_view rpc);
   // OK if the caller holds `permission` in some namespace (calls that then
   // show only what those namespaces allow); otherwise PERMISSION_DENIED,
   // recorded.
@@ -68,16 +85,16 @@ class AccessGate {
   // every change is refused rather than made unaudited.
   absl::Status AuditWritable() const;
 
+  // Writes the denials counted so far and stops counting in intervals
+  // (server shutdown; see DenialRecorder::Stop).
+  void FlushDenials() { denials_.Stop(); }
+
  private:
   absl::Status Deny(const Caller& caller, absl::string_view rpc,
                     const ModuleName& module, absl::Status denied);
-  // An audit record of type "denied" for a refused call.
-  void RecordDenial(const OperationContext& ctx, absl::string_view peer,
-                    absl::string_view rpc, const ModuleName& module,
-                    const absl::Status& status);
-
   const Authenticator* const auth_;
   AuditLog* const audit_;
+  DenialRecorder denials_;
 };
 
 // Whether an auditor allowed `namespaces` (NamespacesFor(kAudit); {"*"}:

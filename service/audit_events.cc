@@ -114,6 +114,8 @@ absl::string_view AuditTypeName(AuditType type) {
       return "recovered";
     case AuditType::kRestore:
       return "restore";
+    case AuditType::kRelease:
+      return "release";
   }
   return "unknown";
 }
@@ -279,6 +281,19 @@ AuditRecord Unsubscribe(const OperationContext& ctx,
   return r;
 }
 
+AuditRecord ReleaseName(const OperationContext& ctx,
+                        const std::string& subscriber, const std::string& owner,
+                        bool disconnected) {
+  AuditRecord r = Record(AuditType::kRelease, ctx, ModuleName{});
+  r.outcome = "ok";
+  r.details_json = Json{
+      {"subscriber", subscriber},
+      {"owner", owner},
+      {"disconnected",
+       disconnected}}.dump();
+  return r;
+}
+
 AuditRecord Denied(const OperationContext& ctx, absl::string_view peer,
                    absl::string_view rpc, const ModuleName& module,
                    const absl::Status& status) {
@@ -288,6 +303,25 @@ AuditRecord Denied(const OperationContext& ctx, absl::string_view peer,
                         {"peer", std::string(peer)},
                         {"error", ErrorJson(status)}}
                        .dump();
+  return r;
+}
+
+AuditRecord DeniedAggregate(const DeniedCount& denied) {
+  OperationContext ctx;
+  ctx.identity = denied.identity;
+  AuditRecord r = Record(AuditType::kDenied, ctx, denied.module);
+  r.outcome = "error";
+  r.details_json =
+      Json{{"rpc", denied.rpc},
+           {"peer", denied.peer},
+           {"error", ErrorJson(denied.status)},
+           {"aggregated", true},
+           {"count", denied.count},
+           {"first", absl::FormatTime(absl::RFC3339_full, denied.first,
+                                      absl::UTCTimeZone())},
+           {"last", absl::FormatTime(absl::RFC3339_full, denied.last,
+                                     absl::UTCTimeZone())}}
+          .dump();
   return r;
 }
 

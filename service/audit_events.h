@@ -11,7 +11,10 @@
 //       a remote hook's event, a subscriber's answer, the final decision
 //       (SubscriberHub)
 //   subscribe, unsubscribe   a subscriber came or went (SubscriberHub)
-//   denied                   a refused call (AccessGate)
+//   release                  an admin freed a subscriber name (SubscriberHub)
+//   denied                   a refused call (AccessGate); or, with
+//                            details.count, the refusals of one key counted
+//                            over an interval (service/denial_recorder.h)
 //   recovered, restore       start-up: a saved change the log had missed,
 //                            a module that could not be restored
 //
@@ -28,6 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/module.h"
@@ -59,6 +63,7 @@ enum class AuditType {
   kDenied,
   kRecovered,
   kRestore,
+  kRelease,
 };
 
 // The stored name: "build", "register", "load_state_dict", ...
@@ -131,10 +136,30 @@ AuditRecord Subscribe(const OperationContext& ctx, const SubscriptionSpec& spec,
 AuditRecord Unsubscribe(const OperationContext& ctx,
                         const std::string& subscriber);
 
+// `subscriber`'s name, bound to `owner` ("" for none), freed by ctx's
+// identity; `disconnected`: the subscriber connected under it was ended.
+AuditRecord ReleaseName(const OperationContext& ctx,
+                        const std::string& subscriber, const std::string& owner,
+                        bool disconnected);
+
 // --- Access and start-up -------------------------------------------------
 AuditRecord Denied(const OperationContext& ctx, absl::string_view peer,
                    absl::string_view rpc, const ModuleName& module,
                    const absl::Status& status);
+// Refusals of one key counted over an interval, after the first (which
+// has its own Denied record): no correlation id, `peer` an address without
+// its port; details.count, .first and .last (times), and .aggregated.
+struct DeniedCount {
+  std::string identity;  // "" for unauthenticated callers
+  std::string peer;
+  std::string rpc;
+  ModuleName module;
+  absl::Status status;
+  uint64_t count = 0;
+  absl::Time first;
+  absl::Time last;
+};
+AuditRecord DeniedAggregate(const DeniedCount& denied);
 // A change saved on disk (`note`) that the log had not recorded.
 AuditRecord Recovered(const ModuleName& module, const ChangeNote& note);
 AuditRecord RestoreFailed(const absl::Status& error);

@@ -13,6 +13,17 @@ constexpr absl::string_view kBearer = "Bearer ";
 
 }  // namespace
 
+std::string CappedRequestId(absl::string_view id) {
+  if (id.size() <= kMaxRequestIdBytes) return std::string(id);
+  const std::string marker = absl::StrCat("...[", id.size(), " bytes]");
+  size_t keep = kMaxRequestIdBytes - marker.size();
+  // A UTF-8 continuation byte (10xxxxxx) would start a broken character.
+  while (keep > 0 && (static_cast<unsigned char>(id[keep]) & 0xC0) == 0x80) {
+    --keep;
+  }
+  return absl::StrCat(id.substr(0, keep), marker);
+}
+
 absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(
     std::string token_file, bool client_certificates) {
   std::unique_ptr<Authenticator> auth(

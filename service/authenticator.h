@@ -15,11 +15,13 @@
 #ifndef MODELSTATE_SERVICE_AUTHENTICATOR_H_
 #define MODELSTATE_SERVICE_AUTHENTICATOR_H_
 
+#include <cstddef>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "base/sync.h"
 #include "service/access_policy.h"
 
@@ -37,6 +39,15 @@ struct Credentials {
   // The common name of a client certificate the transport verified.
   std::optional<std::string> certificate_cn;
 };
+
+// The most bytes of a caller's request id that are stored (audit records,
+// change notes) or logged: a longer one is cut to fit, and ends in a
+// marker giving its full length ("...[7168 bytes]"), so a caller cannot
+// grow the audit log or the logs with its ids.
+inline constexpr size_t kMaxRequestIdBytes = 128;
+// `id` as stored: itself when it fits in kMaxRequestIdBytes, else its
+// start (never cut inside a UTF-8 character) and the marker.
+std::string CappedRequestId(absl::string_view id);
 
 // Thread-safe.
 class Authenticator {

@@ -53,6 +53,16 @@ struct Limits {
   // A subscriber's timeout per event when its subscription leaves
   // timeout_ms 0.
   absl::Duration subscriber_timeout = absl::Seconds(10);
+  // Refused calls (PERMISSION_DENIED, UNAUTHENTICATED) are audited per
+  // (peer address, identity or "unauthenticated", rpc, module, error) and
+  // interval: the first of each in an interval gets its own record, the
+  // rest one "denied" record with their count at the interval's end (and
+  // at shutdown). 0: every refusal gets its own record.
+  absl::Duration denied_audit_interval = absl::Seconds(60);
+  // The most such keys counted in one interval; the refusals of further
+  // keys are counted together in one "other" record. So one interval
+  // writes at most 2 * max_denied_keys + 2 denied records.
+  size_t max_denied_keys = 256;
 };
 
 // The limits of a build (BuildModule, a submodule spec, an init tensor).

@@ -63,7 +63,7 @@ ModelService::ModelService(ModelStore* store, SubscriberHub* hub,
       hub_(hub),
       audit_(audit),
       options_(std::move(options)),
-      gate_(auth, audit),
+      gate_(auth, audit, options_.limits),
       // Without authentication there are no identities to count, only peer
       // addresses, which channels share.
       streams_(gate_.authenticates() ? options_.limits.max_streams_per_identity
@@ -431,6 +431,17 @@ absl::StatusOr<std::vector<SubscriberInfo>> ModelService::ListSubscribers(
     }
   }
   return listed;
+}
+
+absl::StatusOr<NameRelease> ModelService::ReleaseSubscriberName(
+    const Caller& caller, const std::string& name, bool force) {
+  MODELSTATE_RETURN_IF_ERROR(gate_.AllowAdmin(caller, "ReleaseSubscriberName"));
+  if (name.empty()) {
+    return absl::InvalidArgumentError("name: the subscriber name is empty");
+  }
+  // The release must be recorded, or a restart would bind the name again.
+  MODELSTATE_RETURN_IF_ERROR(gate_.AuditWritable());
+  return hub_->ReleaseName(name, force, caller.ctx);
 }
 
 absl::Status ModelService::HasAudit() const {

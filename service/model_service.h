@@ -320,6 +320,12 @@ class ModelService {
       const Caller& caller);
   absl::StatusOr<std::vector<SubscriberInfo>> ListSubscribers(
       const Caller& caller);
+  // Frees a subscriber name for any identity: admins only; the hub's
+  // errors otherwise (SubscriberHub::ReleaseName); INVALID_ARGUMENT naming
+  // the field for an empty name.
+  absl::StatusOr<NameRelease> ReleaseSubscriberName(const Caller& caller,
+                                                    const std::string& name,
+                                                    bool force);
 
   // Audit reading needs audit permission in `query.ns` (or in some
   // namespace when it is ""), and shows only records of namespaces the
@@ -352,6 +358,10 @@ class ModelService {
                                              const std::string& note);
 
   std::vector<DeviceDescription> ListDevices(const Caller& caller);
+
+  // Writes the refusals counted so far to the audit log (at shutdown, once
+  // no call runs any more; see DenialRecorder::Stop).
+  void FlushDenials() { gate_.FlushDenials(); }
 
  private:
   friend class SubscriberSession;

@@ -288,38 +288,76 @@ SubscriberHub::SubscriberHub(AuditLog* audit, absl::Duration default_timeout)
     : audit_(audit), default_timeout_(default_timeout) {}
 SubscriberHub::~SubscriberHub() = default;
 
-absl::StatusOr<size_t> SubscriberHub::RestoreNameOwners() {
-  if (audit_ == nullptr) return 0;
+namespace {
+
+// Every record of `type` in `audit`, in seq order.
+absl::StatusOr<std::vector<AuditRecord>> RecordsOfType(const AuditLog& audit,
+                                                       AuditType type) {
   AuditQuery query;
-  query.type = std::string(AuditTypeName(AuditType::kSubscribe));
+  query.type = std::string(AuditTypeName(type));
   query.limit = AuditQuery::kMaxLimit;
-  MutexLock lock(&mu_);
+  std::vector<AuditRecord> all;
   while (true) {
     MODELSTATE_ASSIGN_OR_RETURN(std::vector<AuditRecord> page,
-                                audit_->Query(query));
-    if (page.empty()) return owner_by_name_.size();
-    for (const AuditRecord& r : page) {
-      nlohmann::json details =
-          nlohmann::json::parse(r.details_json, nullptr, false);
-      if (!details.is_object()) continue;
-      auto name = details.find("subscriber");
-      auto owner = details.find("owner");
-      if (name == details.end() || owner == details.end() ||
-          !name->is_string() || !owner->is_string()) {
-        continue;  // no owner: made without authentication
-      }
-      // The first identity to use a name owns it, as in Attach.
-      owner_by_name_.try_emplace(name->get<std::string>(),
-                                 owner->get<std::string>());
-    }
+                                audit.Query(query));
+    if (page.empty()) return all;
     query.after_seq = page.back().seq;
+    for (AuditRecord& r : page) all.push_back(std::move(r));
   }
+}
+
+// A string field of a record's details ("" when absent).
+std::string DetailOf(const AuditRecord& r, const char* field) {
+  nlohmann::json details =
+      nlohmann::json::parse(r.details_json, nullptr, false);
+  if (!details.is_object()) return "";
+  auto it = details.find(field);
+  return it != details.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+}  // namespace
+
+absl::StatusOr<size_t> SubscriberHub::RestoreNameOwners() {
+  if (audit_ == nullptr) return 0;
+  MODELSTATE_ASSIGN_OR_RETURN(std::vector<AuditRecord> subscribes,
+                              RecordsOfType(*audit_, AuditType::kSubscribe));
+  MODELSTATE_ASSIGN_OR_RETURN(std::vector<AuditRecord> releases,
+                              RecordsOfType(*audit_, AuditType::kRelease));
+  MutexLock lock(&mu_);
+  // Both in seq order: replayed merged, as they happened.
+  auto release = releases.begin();
+  for (const AuditRecord& r : subscribes) {
+    for (; release != releases.end() && release->seq < r.seq; ++release) {
+      owner_by_name_.erase(DetailOf(*release, "subscriber"));
+    }
+    const std::string name = DetailOf(r, "subscriber");
+    const std::string owner = DetailOf(r, "owner");
+    // No owner: made without authentication. The first identity to use a
+    // name owns it, as in Attach.
+    if (!name.empty() && !owner.empty())
+      owner_by_name_.try_emplace(name, owner);
+  }
+  for (; release != releases.end(); ++release) {
+    owner_by_name_.erase(DetailOf(*release, "subscriber"));
+  }
+  return owner_by_name_.size();
 }
 
 void SubscriberHub::Audit(AuditRecord record) {
   if (audit_ == nullptr) return;
   // A failed audit append is reported by the operation's final Sync.
   audit_->Append(std::move(record)).IgnoreError();
+}
+
+absl::StatusOr<uint64_t> SubscriberHub::AppendLocked(AuditRecord record) {
+  if (audit_ == nullptr) return 0;
+  return audit_->Append(std::move(record));
+}
+
+absl::Status SubscriberHub::SyncAppended(const absl::StatusOr<uint64_t>& seq) {
+  if (audit_ == nullptr) return absl::OkStatus();
+  MODELSTATE_RETURN_IF_ERROR(seq.status());
+  return audit_->Sync(*seq);
 }
 
 absl::Status SubscriberHub::AuditDurably(AuditRecord record) {
@@ -344,6 +382,7 @@ absl::StatusOr<uint64_t> SubscriberHub::Attach(
   Sends sends;
   std::shared_ptr<SubscriberChannel> replaced;
   uint64_t id;
+  absl::StatusOr<uint64_t> appended;
   {
     MutexLock lock(&mu_);
     if (!spec.owner_identity.empty()) {
@@ -387,6 +426,8 @@ absl::StatusOr<uint64_t> SubscriberHub::Attach(
       break;
     }
     subscribers_.emplace(id, std::move(sub));
+    appended =
+        AppendLocked(audit_events::Subscribe(ctx, spec, replaced != nullptr));
   }
   if (replaced != nullptr) {
     replaced->Close(absl::AbortedError(absl::StrCat(
@@ -395,9 +436,7 @@ absl::StatusOr<uint64_t> SubscriberHub::Attach(
   Deliver(sends);
   // On disk before the subscriber is acknowledged; a subscription that
   // cannot be recorded does not stand.
-  if (absl::Status recorded =
-          AuditDurably(audit_events::Subscribe(ctx, spec, replaced != nullptr));
-      !recorded.ok()) {
+  if (absl::Status recorded = SyncAppended(appended); !recorded.ok()) {
     Detach(id, ctx);
     return absl::UnavailableError(
         absl::StrCat("the subscription could not be recorded in the audit "
@@ -430,6 +469,58 @@ void SubscriberHub::Detach(uint64_t subscriber_id,
   // On disk before the stream ends. A failure needs no answer here: it
   // stays in the log's health, and the server refuses later changes.
   AuditDurably(audit_events::Unsubscribe(ctx, name)).IgnoreError();
+}
+
+absl::StatusOr<NameRelease> SubscriberHub::ReleaseName(
+    const std::string& name, bool force, const OperationContext& ctx) {
+  NameRelease release;
+  Sends sends;
+  std::shared_ptr<SubscriberChannel> ended;
+  absl::StatusOr<uint64_t> appended;
+  {
+    MutexLock lock(&mu_);
+    auto owner = owner_by_name_.find(name);
+    auto connected = std::find_if(
+        subscribers_.begin(), subscribers_.end(),
+        [&](const auto& entry) { return entry.second->spec.name == name; });
+    if (owner == owner_by_name_.end() && connected == subscribers_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("name: no subscriber name '", name, "' is bound"));
+    }
+    if (connected != subscribers_.end() && !force) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "subscriber '", name,
+          "' is connected: set force to end its stream and release it"));
+    }
+    if (owner != owner_by_name_.end()) {
+      release.owner = owner->second;
+      owner_by_name_.erase(owner);
+    }
+    if (connected != subscribers_.end()) {
+      std::unique_ptr<Subscriber> sub = std::move(connected->second);
+      subscribers_.erase(connected);
+      for (uint64_t event_id : sub->Held()) {
+        auto p = pending_.find(event_id);
+        if (p != pending_.end()) {
+          FailLocked(*p->second, *sub, "disconnected", sends);
+        }
+      }
+      ended = sub->channel;
+      release.disconnected = true;
+      cv_.SignalAll();
+    }
+    // A released name starts afresh, at the end of the order too.
+    order_by_name_.erase(name);
+    appended = AppendLocked(audit_events::ReleaseName(ctx, name, release.owner,
+                                                      release.disconnected));
+  }
+  if (ended != nullptr) {
+    ended->Close(absl::AbortedError(absl::StrCat(
+        "subscriber name '", name, "' was released by '", ctx.identity, "'")));
+  }
+  Deliver(sends);
+  MODELSTATE_RETURN_IF_ERROR(SyncAppended(appended));
+  return release;
 }
 
 void SubscriberHub::CloseAll(const absl::Status& status) {

@@ -176,6 +176,12 @@ class SubscriberChannel {
   virtual void Close(absl::Status status) = 0;
 };
 
+// What ReleaseName freed.
+struct NameRelease {
+  std::string owner;          // the identity it was bound to ("" if none)
+  bool disconnected = false;  // a connected subscriber's stream was ended
+};
+
 struct SubscriberInfo {
   uint64_t id;
   SubscriptionSpec spec;
@@ -202,10 +208,19 @@ class SubscriberHub : public RegistrationDecider {
                                   std::shared_ptr<SubscriberChannel> channel,
                                   const OperationContext& ctx);
   // Binds subscriber names to the identities that own them, as the audit
-  // log's subscribe records say, so that a restart does not free a name for
-  // another identity to take. Call once, before the first Attach; returns
+  // log's subscribe and release records say (in log order), so that a
+  // restart neither frees a name for another identity to take nor binds a
+  // released one. Call once, before the first Attach; returns
   // how many names are bound.
   absl::StatusOr<size_t> RestoreNameOwners();
+  // Frees subscriber name `name` (an admin's ReleaseSubscriberName), so
+  // that any identity may take it next: NOT_FOUND when it is neither bound
+  // nor connected; FAILED_PRECONDITION while a subscriber with that name is
+  // connected, unless `force`, which ends its stream (ABORTED) and fails
+  // the events it holds as a disconnect does. Recorded ("release") on disk
+  // before it returns; RestoreNameOwners undoes the binding on replay.
+  absl::StatusOr<NameRelease> ReleaseName(const std::string& name, bool force,
+                                          const OperationContext& ctx);
   // The subscriber's stream ended: the events waiting for it get its
   // failure policy. Unknown ids are ignored.
   void Detach(uint64_t subscriber_id, const OperationContext& ctx);
@@ -286,6 +301,13 @@ class SubscriberHub : public RegistrationDecider {
   bool Matches(const Subscriber& s, const HookEvent& e) const;
   static void Deliver(const Sends& sends);
   void Audit(AuditRecord record);
+  // Appends `record` (its seq, to Sync once the lock is released): records
+  // about names are appended under mu_, so that the log orders them as the
+  // hub did, and a restart replays the same bindings.
+  absl::StatusOr<uint64_t> AppendLocked(AuditRecord record)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Syncs what AppendLocked returned (OK without an audit log).
+  absl::Status SyncAppended(const absl::StatusOr<uint64_t>& seq);
   // Appends `record` and waits until it is on disk (subscribe and
   // unsubscribe records, written before the client hears of the change).
   absl::Status AuditDurably(AuditRecord record);

@@ -127,7 +127,7 @@ absl::StatusOr<std::string> ReadInputFile(const std::string& path);
 // The command groups.
 void AddModuleCommands(CommandSet& commands);    // build ls describe rm
 void AddStateCommands(CommandSet& commands);     // get-state ... eval
-void AddSubscribeCommand(CommandSet& commands);  // subscribe
+void AddSubscribeCommand(CommandSet& commands);  // subscribe subscribers
 void AddAuditCommand(CommandSet& commands);      // audit
 void AddServerCommands(CommandSet& commands);    // health devices ...
 

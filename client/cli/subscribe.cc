@@ -230,6 +230,46 @@ absl::Status RunSubscribe(Context& c, const SubscribeArgs& a) {
   return end;
 }
 
+// `subscribers release NAME [--force]`.
+struct SubscribersArgs {
+  std::string what;
+  std::string name;
+  bool force = false;
+};
+
+absl::Status RunSubscribers(Context& c, const SubscribersArgs& a) {
+  if (a.what != "release") {
+    return UsageError(absl::StrCat("expected release, got '", a.what, "'"));
+  }
+  if (a.name.empty()) return UsageError("subscribers release takes a NAME");
+  MODELSTATE_ASSIGN_OR_RETURN(auto* rpc, c.Client());
+  MODELSTATE_ASSIGN_OR_RETURN(v1::ReleaseSubscriberNameResponse released,
+                              rpc->ReleaseSubscriberName(a.name, a.force));
+  if (c.json()) return c.PrintJson(released);
+  c.out() << "released " << a.name;
+  if (!released.owner().empty()) c.out() << " (was " << released.owner() << ")";
+  if (released.disconnected()) c.out() << "; its subscriber was disconnected";
+  c.out() << "\n";
+  return absl::OkStatus();
+}
+
+void AddSubscribersCommand(CommandSet& commands) {
+  auto args = std::make_shared<SubscribersArgs>();
+  CLI::App* subscribers = commands.Add(
+      {"subscribers", "manage subscriber names (admin)",
+       "release NAME frees a subscriber name bound to the identity that "
+       "first used it, so that any identity may use it next (admin role "
+       "only). A subscriber connected under the name must be ended first, "
+       "or --force ends its stream. The release is recorded in the audit "
+       "log and holds after a restart.",
+       "modelstatectl subscribers release ci-policy --force"},
+      [args](Context& c) { return RunSubscribers(c, *args); });
+  subscribers->add_option("release", args->what, "what to do")->required();
+  subscribers->add_option("NAME", args->name, "the subscriber name");
+  AddFlag(subscribers, "--force", args->force,
+          "end the stream of a subscriber connected under NAME");
+}
+
 }  // namespace
 
 void AddSubscribeCommand(CommandSet& commands) {
@@ -266,6 +306,7 @@ void AddSubscribeCommand(CommandSet& commands) {
            "only entries with these names");
   AddFlag(sub, "--include-data", args->include_data,
           "receive tensor values too");
+  AddSubscribersCommand(commands);
 }
 
 }  // namespace modelstate::cli

@@ -27,6 +27,7 @@
 #include "absl/strings/str_split.h"
 #include "base/sha256.h"
 #include "client/model_state_client.h"
+#include "client/subscriber.h"
 #include "core/safetensors.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
@@ -523,7 +524,8 @@ TEST_F(CliTest, EveryCommandHasHelp) {
        {"to", {"MODULE", "--device", "--dtype"}},
        {"train", {"MODULE"}},
        {"eval", {"MODULE"}},
-       {"health", {}}};
+       {"health", {}},
+       {"subscribers", {"release", "NAME", "--force"}}};
   CommandResult global = Bare({"--help"});
   ASSERT_EQ(global.exit_code, 0) << Show(global);
   EXPECT_THAT(global.out, StartsWith("Usage: modelstatectl [global options] "
@@ -1002,6 +1004,30 @@ TEST(CliFormatTest, BuildListsBlockedAndReplacedRegistrations) {
 }
 
 // ----------------------------------------------------------------- health
+
+TEST_F(CliTest, SubscribersReleaseEndsAConnectedSubscriberOnlyWhenForced) {
+  v1::Subscription s;
+  s.set_name("cli-held");
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<client::Subscriber> held,
+      client::Subscriber::Start(*client_, s, [](const v1::HookEventProto& e) {
+        v1::HookAnswer a;
+        a.set_event_id(e.event_id());
+        return a;
+      }));
+  CommandResult r = Cli({"subscribers", "release", "cli-held"});
+  EXPECT_EQ(r.exit_code, 1) << Show(r);
+  EXPECT_THAT(r.err, StartsWith("error: FAILED_PRECONDITION: subscriber "
+                                "'cli-held' is connected"));
+  r = Cli({"subscribers", "release", "cli-held", "--force"});
+  EXPECT_EQ(r.exit_code, 0) << Show(r);
+  EXPECT_EQ(r.out, "released cli-held; its subscriber was disconnected\n");
+  EXPECT_THAT(held->Wait(), StatusIs(absl::StatusCode::kAborted));
+  r = Cli({"subscribers", "release", "cli-held"});
+  EXPECT_EQ(r.exit_code, 1) << Show(r);
+  EXPECT_THAT(r.err, StartsWith("error: NOT_FOUND: name: "));
+  EXPECT_EQ(Cli({"subscribers", "drop", "cli-held"}).exit_code, 2);
+}
 
 TEST_F(CliTest, HealthPrintsServing) {
   CommandResult r = Cli({"health"});

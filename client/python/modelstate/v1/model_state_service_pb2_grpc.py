@@ -129,6 +129,11 @@ class ModelStateServiceStub(object):
                 request_serializer=modelstate_dot_v1_dot_model__state__service__pb2.ListDevicesRequest.SerializeToString,
                 response_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.ListDevicesResponse.FromString,
                 )
+        self.ReleaseSubscriberName = channel.unary_unary(
+                '/modelstate.v1.ModelStateService/ReleaseSubscriberName',
+                request_serializer=modelstate_dot_v1_dot_model__state__service__pb2.ReleaseSubscriberNameRequest.SerializeToString,
+                response_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.ReleaseSubscriberNameResponse.FromString,
+                )
 
 
 class ModelStateServiceServicer(object):
@@ -361,6 +366,18 @@ class ModelStateServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReleaseSubscriberName(self, request, context):
+        """Frees a subscriber name bound to an identity, so that any identity may
+        use it next (admin role only; PERMISSION_DENIED otherwise). NOT_FOUND
+        for a name neither bound nor connected; FAILED_PRECONDITION while a
+        subscriber with that name is connected, unless force, which ends its
+        stream (ABORTED). Recorded in the audit log ("release"), so the name
+        stays free after a restart.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ModelStateServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -478,6 +495,11 @@ def add_ModelStateServiceServicer_to_server(servicer, server):
                     servicer.ListDevices,
                     request_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.ListDevicesRequest.FromString,
                     response_serializer=modelstate_dot_v1_dot_model__state__service__pb2.ListDevicesResponse.SerializeToString,
+            ),
+            'ReleaseSubscriberName': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseSubscriberName,
+                    request_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.ReleaseSubscriberNameRequest.FromString,
+                    response_serializer=modelstate_dot_v1_dot_model__state__service__pb2.ReleaseSubscriberNameResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -877,5 +899,22 @@ class ModelStateService(object):
         return grpc.experimental.unary_unary(request, target, '/modelstate.v1.ModelStateService/ListDevices',
             modelstate_dot_v1_dot_model__state__service__pb2.ListDevicesRequest.SerializeToString,
             modelstate_dot_v1_dot_model__state__service__pb2.ListDevicesResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ReleaseSubscriberName(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/modelstate.v1.ModelStateService/ReleaseSubscriberName',
+            modelstate_dot_v1_dot_model__state__service__pb2.ReleaseSubscriberNameRequest.SerializeToString,
+            modelstate_dot_v1_dot_model__state__service__pb2.ReleaseSubscriberNameResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
