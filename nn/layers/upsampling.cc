@@ -357,7 +357,7 @@ T PixelScale(int64_t in, int64_t out, bool align_corners,
 }
 
 template <typename T>
-T SourceIndex(T scale, int64_t o, bool align_corners, bool cubic) {
+T InterpolationSource(T scale, int64_t o, bool align_corners, bool cubic) {
   if (align_corners) return scale * static_cast<T>(o);
   const T src = static_cast<T>(scale * (o + 0.5) - 0.5);
   return (!cubic && src < 0) ? T(0) : src;
@@ -371,8 +371,8 @@ Taps<T> NearestTaps(int64_t in, int64_t out, std::optional<double> scale,
   Taps<T> taps;
   const T s = ScalesValue<T>(scale, in, out);
   for (int64_t o = 0; o < out; ++o) {
-    const T real = exact ? SourceIndex<T>(s, o, false, false) + T(0.5)
-                         : SourceIndex<T>(s, o, true, false);
+    const T real = exact ? InterpolationSource<T>(s, o, false, false) + T(0.5)
+                         : InterpolationSource<T>(s, o, true, false);
     const int64_t i =
         static_cast<int64_t>(std::floor(static_cast<float>(real)));
     taps.Add(std::min(i, in - 1), T(1));
@@ -392,7 +392,7 @@ Taps<T> LinearTaps(int64_t in, int64_t out, std::optional<double> scale,
     if (in == out) {
       taps.Add(o, T(1));
     } else {
-      const T real = SourceIndex<T>(ratio, o, align_corners, false);
+      const T real = InterpolationSource<T>(ratio, o, align_corners, false);
       const int64_t i0 = std::min(static_cast<int64_t>(real), in - 1);
       const int64_t i1 = i0 + (i0 < in - 1 ? 1 : 0);
       const T lambda1 = real - static_cast<T>(i0);
@@ -416,7 +416,7 @@ Taps<T> CubicTaps(int64_t in, int64_t out, std::optional<double> scale,
   Taps<T> taps;
   const T ratio = PixelScale<T>(in, out, align_corners, scale);
   for (int64_t o = 0; o < out; ++o) {
-    const T real = SourceIndex<T>(ratio, o, align_corners, true);
+    const T real = InterpolationSource<T>(ratio, o, align_corners, true);
     const int64_t i = static_cast<int64_t>(std::floor(real));
     const T t = real - static_cast<T>(i);
     const T w[4] = {far(t + T(1)), near(t), near(T(1) - t), far(T(2) - t)};
