@@ -167,6 +167,13 @@ void ModelStateClient::NoteAuditSeqs(const grpc::ClientContext& context) const {
   last_audit_seqs_ = std::move(seqs);
 }
 
+absl::StatusOr<v1::AttestModuleResponse> ModelStateClient::AttestModule(
+    absl::string_view module) {
+  v1::AttestModuleRequest request;
+  request.set_module(std::string(module));
+  return Unary(*this, *stub_, &Stub::AttestModule, request, options_.timeout);
+}
+
 absl::StatusOr<v1::GetCheckpointResponse> ModelStateClient::GetCheckpoint(
     bool fresh) {
   v1::GetCheckpointRequest request;

@@ -459,4 +459,20 @@ grpc::Status ModelStateServiceImpl::ListDevices(
       });
 }
 
+grpc::Status ModelStateServiceImpl::AttestModule(
+    grpc::ServerContext* context, const v1::AttestModuleRequest* request,
+    v1::AttestModuleResponse* response) {
+  return Serve(
+      context, "AttestModule", [&](const Caller& caller) -> absl::Status {
+        MODELSTATE_ASSIGN_OR_RETURN(
+            ModuleName name, convert::ParseModuleField(request->module()));
+        MODELSTATE_ASSIGN_OR_RETURN(ModuleAttestation attestation,
+                                    service_->AttestModule(caller, name));
+        response->set_envelope(std::move(attestation.envelope_json));
+        response->set_verifier_key(std::move(attestation.verifier_key));
+        response->set_checkpoint(std::move(attestation.checkpoint));
+        return absl::OkStatus();
+      });
+}
+
 }  // namespace modelstate::server

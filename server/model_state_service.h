@@ -90,6 +90,9 @@ class ModelStateServiceImpl final
   grpc::Status ListDevices(grpc::ServerContext* context,
                            const v1::ListDevicesRequest* request,
                            v1::ListDevicesResponse* response) override;
+  grpc::Status AttestModule(grpc::ServerContext* context,
+                            const v1::AttestModuleRequest* request,
+                            v1::AttestModuleResponse* response) override;
   grpc::Status GetCheckpoint(grpc::ServerContext* context,
                              const v1::GetCheckpointRequest* request,
                              v1::GetCheckpointResponse* response) override;

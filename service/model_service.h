@@ -253,6 +253,16 @@ struct AuditInclusion {
   std::string record_line;
 };
 
+// AttestModule's answer.
+struct ModuleAttestation {
+  // A DSSE envelope (JSON form) over an in-toto Statement v1 with a SLSA
+  // Provenance v1 predicate (service/attestation.h), signed with the audit
+  // log's key.
+  std::string envelope_json;
+  std::string verifier_key;  // the log's, which verifies the envelope
+  std::string checkpoint;    // the signed checkpoint the statement cites
+};
+
 // Thread-safe.
 class ModelService {
  public:
@@ -352,6 +362,13 @@ class ModelService {
                                              const std::string& note);
 
   std::vector<DeviceDescription> ListDevices(const Caller& caller);
+
+  // Signs what `module` is and how it came to be (service/attestation.h).
+  // Needs read and audit permission in its namespace; NOT_FOUND naming the
+  // module; FAILED_PRECONDITION without a checkpoint signer, or for a
+  // tensor on meta. In model_service_audit.cc.
+  absl::StatusOr<ModuleAttestation> AttestModule(const Caller& caller,
+                                                 const ModuleName& module);
 
  private:
   friend class SubscriberSession;

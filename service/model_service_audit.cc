@@ -6,7 +6,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/attestation.h"
+#include "base/dsse.h"
 #include "base/status_macros.h"
+#include "service/attestation.h"
 #include "service/audit_tree.h"
 #include "service/model_service.h"
 
@@ -97,6 +100,49 @@ absl::StatusOr<std::string> ModelService::AddCosignature(
       gate_.AllowSomewhere(caller, "AddCosignature", Permission::kWitness));
   MODELSTATE_RETURN_IF_ERROR(HasCheckpoints());
   return options_.checkpoints->AddCosignature(note);
+}
+
+absl::StatusOr<ModuleAttestation> ModelService::AttestModule(
+    const Caller& caller, const ModuleName& module) {
+  MODELSTATE_RETURN_IF_ERROR(
+      gate_.Allow(caller, "AttestModule", Permission::kRead, module));
+  MODELSTATE_RETURN_IF_ERROR(
+      gate_.Allow(caller, "AttestModule", Permission::kAudit, module));
+  MODELSTATE_RETURN_IF_ERROR(HasCheckpoints());
+  MODELSTATE_ASSIGN_OR_RETURN(StateDictSnapshot snapshot,
+                              store_->Snapshot(module, SnapshotFilter{}));
+  std::vector<AuditRecord> records;
+  AuditQuery query;
+  query.ns = module.ns;
+  query.module = module.name;
+  query.limit = AuditQuery::kMaxLimit;
+  while (true) {
+    MODELSTATE_ASSIGN_OR_RETURN(std::vector<AuditRecord> page,
+                                audit_->Query(query));
+    if (page.empty()) break;
+    query.after_seq = page.back().seq;
+    for (AuditRecord& r : page) records.push_back(std::move(r));
+  }
+  AttestationFacts facts;
+  facts.module = module.full();
+  facts.state = &snapshot.state;
+  facts.records = RecordsThatShaped(records);
+  // Signed after the records were read, so that it covers all of them.
+  MODELSTATE_ASSIGN_OR_RETURN(facts.checkpoint_note,
+                              options_.checkpoints->SignNow());
+  facts.verifier_key = options_.checkpoints->verifier_key();
+  MODELSTATE_ASSIGN_OR_RETURN(InTotoStatement statement,
+                              ModuleStatement(facts));
+  MODELSTATE_ASSIGN_OR_RETURN(std::string payload,
+                              InTotoStatementToJson(statement));
+  MODELSTATE_ASSIGN_OR_RETURN(DsseEnvelope envelope,
+                              SignDsse(kInTotoPayloadType, std::move(payload),
+                                       options_.checkpoints->key()));
+  ModuleAttestation out;
+  out.envelope_json = DsseToJson(envelope);
+  out.verifier_key = std::move(facts.verifier_key);
+  out.checkpoint = std::move(facts.checkpoint_note);
+  return out;
 }
 
 }  // namespace modelstate

@@ -130,6 +130,7 @@ void AddStateCommands(CommandSet& commands);     // get-state ... eval
 void AddSubscribeCommand(CommandSet& commands);  // subscribe
 void AddAuditCommand(CommandSet& commands);      // audit
 void AddServerCommands(CommandSet& commands);    // health devices ...
+void AddAttestCommands(CommandSet& commands);    // attest verify-attestation
 
 }  // namespace modelstate::cli
 

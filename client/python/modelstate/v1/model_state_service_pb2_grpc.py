@@ -129,6 +129,11 @@ class ModelStateServiceStub(object):
                 request_serializer=modelstate_dot_v1_dot_model__state__service__pb2.ListDevicesRequest.SerializeToString,
                 response_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.ListDevicesResponse.FromString,
                 )
+        self.AttestModule = channel.unary_unary(
+                '/modelstate.v1.ModelStateService/AttestModule',
+                request_serializer=modelstate_dot_v1_dot_model__state__service__pb2.AttestModuleRequest.SerializeToString,
+                response_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.AttestModuleResponse.FromString,
+                )
 
 
 class ModelStateServiceServicer(object):
@@ -361,6 +366,19 @@ class ModelStateServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AttestModule(self, request, context):
+        """A signed attestation of a module: a DSSE envelope (Ed25519, the audit
+        log's key) over an in-toto Statement v1 whose subjects are the
+        state_dict entries (SHA-256, dtype, shape) and whose predicate is SLSA
+        Provenance v1 built from the module's audit records. Needs read and
+        audit permission in the module's namespace. NOT_FOUND naming the module;
+        INVALID_ARGUMENT naming `module` when it is malformed;
+        FAILED_PRECONDITION when the server signs no checkpoints.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ModelStateServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -478,6 +496,11 @@ def add_ModelStateServiceServicer_to_server(servicer, server):
                     servicer.ListDevices,
                     request_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.ListDevicesRequest.FromString,
                     response_serializer=modelstate_dot_v1_dot_model__state__service__pb2.ListDevicesResponse.SerializeToString,
+            ),
+            'AttestModule': grpc.unary_unary_rpc_method_handler(
+                    servicer.AttestModule,
+                    request_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.AttestModuleRequest.FromString,
+                    response_serializer=modelstate_dot_v1_dot_model__state__service__pb2.AttestModuleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -877,5 +900,22 @@ class ModelStateService(object):
         return grpc.experimental.unary_unary(request, target, '/modelstate.v1.ModelStateService/ListDevices',
             modelstate_dot_v1_dot_model__state__service__pb2.ListDevicesRequest.SerializeToString,
             modelstate_dot_v1_dot_model__state__service__pb2.ListDevicesResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def AttestModule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/modelstate.v1.ModelStateService/AttestModule',
+            modelstate_dot_v1_dot_model__state__service__pb2.AttestModuleRequest.SerializeToString,
+            modelstate_dot_v1_dot_model__state__service__pb2.AttestModuleResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
