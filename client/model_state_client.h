@@ -226,6 +226,11 @@ class ModelStateClient {
   // the checkpoint it cites); client/cli/attest.cc checks them.
   absl::StatusOr<v1::AttestModuleResponse> AttestModule(
       absl::string_view module);
+  // An OMS bundle for the safetensors file GetStateDict(module, options)
+  // into a SafetensorsSink writes, named `file_name` in the bundle.
+  absl::StatusOr<v1::SignStateFileResponse> SignStateFile(
+      absl::string_view module, const GetStateDictOptions& options,
+      absl::string_view file_name);
 
   // Streams the module's state_dict into `sink`.
   absl::Status GetStateDict(absl::string_view module,

@@ -475,4 +475,25 @@ grpc::Status ModelStateServiceImpl::AttestModule(
       });
 }
 
+grpc::Status ModelStateServiceImpl::SignStateFile(
+    grpc::ServerContext* context, const v1::SignStateFileRequest* request,
+    v1::SignStateFileResponse* response) {
+  return Serve(
+      context, "SignStateFile", [&](const Caller& caller) -> absl::Status {
+        MODELSTATE_ASSIGN_OR_RETURN(
+            GetStateDictArgs args,
+            convert::GetStateDictArgsFromProto(request->state()));
+        args.chunk_bytes = 0;  // does not change the file
+        MODELSTATE_ASSIGN_OR_RETURN(
+            SignedStateFile signed_file,
+            service_->SignStateFile(caller, std::move(args),
+                                    request->file_name()));
+        response->set_bundle(std::move(signed_file.bundle_json));
+        response->set_sha256(std::move(signed_file.file.sha256));
+        response->set_file_bytes(signed_file.file.bytes);
+        response->set_verifier_key(std::move(signed_file.verifier_key));
+        return absl::OkStatus();
+      });
+}
+
 }  // namespace modelstate::server

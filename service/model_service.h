@@ -31,6 +31,7 @@
 #include "absl/time/time.h"
 #include "core/device.h"
 #include "core/module.h"
+#include "core/state_digest.h"
 #include "core/state_stream.h"
 #include "nn/module_spec.h"
 #include "service/access_gate.h"
@@ -153,6 +154,8 @@ class LoadSession {
   LoadOptions options_;
   std::unique_ptr<StagedStateDict> staged_;        // copying loads
   std::unique_ptr<StateDictAssembler> assembler_;  // assigning loads
+  // What arrived, entry by entry: the audit record's digest.
+  std::unique_ptr<StateDictStreamDigest> digest_;
   std::unique_ptr<StreamLimiter::Slot> slot_;
 };
 
@@ -263,6 +266,15 @@ struct ModuleAttestation {
   std::string checkpoint;    // the signed checkpoint the statement cites
 };
 
+// SignStateFile's answer.
+struct SignedStateFile {
+  // An OpenSSF Model Signing v1.0 bundle (base/attestation.h SignOmsBundle)
+  // for the one file, signed with the audit log's key.
+  std::string bundle_json;
+  FileDigest file;           // the file's SHA-256 and size
+  std::string verifier_key;  // the log's, which verifies the bundle
+};
+
 // Thread-safe.
 class ModelService {
  public:
@@ -369,6 +381,15 @@ class ModelService {
   // tensor on meta. In model_service_audit.cc.
   absl::StatusOr<ModuleAttestation> AttestModule(const Caller& caller,
                                                  const ModuleName& module);
+
+  // Signs the file `modelstatectl get-state` writes for `args` (the state
+  // file of core/state_digest.h) under the name `file_name`, hashing the
+  // state as that file without writing it. Needs what GetStateDict and
+  // AttestModule need; INVALID_ARGUMENT naming `file_name` when it is empty
+  // or has a '/' or control character. In model_service_audit.cc.
+  absl::StatusOr<SignedStateFile> SignStateFile(const Caller& caller,
+                                                GetStateDictArgs args,
+                                                absl::string_view file_name);
 
  private:
   friend class SubscriberSession;

@@ -5,10 +5,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "base/attestation.h"
 #include "base/dsse.h"
 #include "base/status_macros.h"
+#include "core/state_digest.h"
 #include "service/attestation.h"
 #include "service/audit_tree.h"
 #include "service/model_service.h"
@@ -142,6 +144,34 @@ absl::StatusOr<ModuleAttestation> ModelService::AttestModule(
   out.envelope_json = DsseToJson(envelope);
   out.verifier_key = std::move(facts.verifier_key);
   out.checkpoint = std::move(facts.checkpoint_note);
+  return out;
+}
+
+absl::StatusOr<SignedStateFile> ModelService::SignStateFile(
+    const Caller& caller, GetStateDictArgs args, absl::string_view file_name) {
+  MODELSTATE_RETURN_IF_ERROR(
+      gate_.Allow(caller, "SignStateFile", Permission::kAudit, args.module));
+  MODELSTATE_RETURN_IF_ERROR(HasCheckpoints());
+  if (file_name.empty() || file_name.size() > 255 ||
+      absl::c_any_of(file_name, [](char c) {
+        return c == '/' || static_cast<unsigned char>(c) < 0x20;
+      })) {
+    return absl::InvalidArgumentError(
+        "file_name: must be a file's name (1 to 255 bytes, no '/' or control "
+        "characters)");
+  }
+  const ModuleName module = args.module;
+  // GetStateDict's checks, snapshot and reader: the same bytes it sends.
+  MODELSTATE_ASSIGN_OR_RETURN(StateDictDownload download,
+                              GetStateDict(caller, std::move(args)));
+  SignedStateFile out;
+  MODELSTATE_ASSIGN_OR_RETURN(out.file, StateFileSha256(*download.reader));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      out.bundle_json,
+      SignOmsBundle(module.full(),
+                    {{std::string(file_name), out.file.sha256, ""}},
+                    options_.checkpoints->key()));
+  out.verifier_key = options_.checkpoints->verifier_key();
   return out;
 }
 

@@ -2,8 +2,11 @@
 // the envelope's signature under the log's key, the subject digests against
 // a safetensors file or the live module, and (--online) each listed audit
 // record's inclusion under the checkpoint the statement cites. Every check
-// runs here, against the key the user holds.
+// runs here, against the key the user holds. Also get-state --sign's half
+// (SignWrittenStateFile) and verify-bundle, which checks such a bundle
+// against a key and the file.
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -19,6 +22,7 @@
 #include "base/checkpoint.h"
 #include "base/dsse.h"
 #include "base/merkle.h"
+#include "base/sha256.h"
 #include "base/signed_note.h"
 #include "base/status_macros.h"
 #include "client/cli/command.h"
@@ -235,7 +239,98 @@ absl::Status RunVerify(Context& c, const VerifyArgs& a) {
   return absl::OkStatus();
 }
 
+// ----------------------------------------- get-state --sign, verify-bundle
+
+absl::StatusOr<std::string> FileSha256Hex(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot be read"));
+  Sha256 sha;
+  std::string buffer(1 << 20, '\0');
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    sha.Update(absl::string_view(buffer.data(), in.gcount()));
+  }
+  if (in.bad()) {
+    return absl::UnavailableError(absl::StrCat(path, ": read failed"));
+  }
+  return sha.FinishHex();
+}
+
+std::string FileNameOf(const std::string& path) {
+  return std::filesystem::path(path).filename().string();
+}
+
+struct VerifyBundleArgs {
+  std::string bundle;
+  std::string key;
+  std::string file;
+};
+
+absl::Status RunVerifyBundle(Context& c, const VerifyBundleArgs& a) {
+  MODELSTATE_ASSIGN_OR_RETURN(VerifierKey key, KeyArgument(a.key));
+  MODELSTATE_ASSIGN_OR_RETURN(std::string text, ReadInputFile(a.bundle));
+  absl::StatusOr<std::vector<AttestedResource>> files =
+      VerifyOmsBundle(text, key.public_key);
+  if (!files.ok()) return CheckFailed(c, "bundle", files.status().message());
+  c.out() << "signature: OK (" << key.name << ")\n";
+  const std::string name = FileNameOf(a.file);
+  const AttestedResource* signed_file = nullptr;
+  for (const AttestedResource& f : *files) {
+    if (f.name == name) signed_file = &f;
+  }
+  if (signed_file == nullptr) {
+    return CheckFailed(c, absl::StrCat("file '", name, "'"),
+                       "not among the bundle's resources");
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(std::string actual, FileSha256Hex(a.file));
+  if (actual != signed_file->sha256) {
+    return CheckFailed(
+        c, absl::StrCat("file '", name, "'"),
+        absl::StrCat("digest ", actual, ", signed ", signed_file->sha256));
+  }
+  c.out() << "file: " << a.file << " has the signed SHA-256 " << actual
+          << "\nOK\n";
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status SignWrittenStateFile(Context& c, const std::string& module,
+                                  const client::GetStateDictOptions& options,
+                                  const std::string& file) {
+  MODELSTATE_ASSIGN_OR_RETURN(auto* rpc, c.Client());
+  const std::string name = FileNameOf(file);
+  MODELSTATE_ASSIGN_OR_RETURN(v1::SignStateFileResponse response,
+                              rpc->SignStateFile(module, options, name));
+  MODELSTATE_ASSIGN_OR_RETURN(std::string actual, FileSha256Hex(file));
+  if (actual != response.sha256()) {
+    return absl::AbortedError(absl::StrCat(
+        file, ": SHA-256 ", actual, " but the server signed ",
+        response.sha256(),
+        ": the module changed between the download and the signing; run "
+        "get-state --sign again"));
+  }
+  // The bundle must verify as anyone will check it: the key, the name, the
+  // digest.
+  MODELSTATE_ASSIGN_OR_RETURN(VerifierKey key,
+                              ParseVerifierKey(response.verifier_key()));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      std::vector<AttestedResource> files,
+      VerifyOmsBundle(response.bundle(), key.public_key));
+  if (files.size() != 1 || files[0].name != name || files[0].sha256 != actual) {
+    return absl::InternalError(
+        "the server's bundle does not name this file with its digest");
+  }
+  const std::string sig = file + ".sig";
+  MODELSTATE_RETURN_IF_ERROR(WriteTextFile(sig, response.bundle()));
+  if (!c.json()) {
+    c.out() << "signed " << file << " (SHA-256 " << actual << "): wrote " << sig
+            << "\nverify with: modelstatectl verify-bundle " << sig
+            << " --key '" << response.verifier_key() << "' --file " << file
+            << "\n";
+  }
+  return absl::OkStatus();
+}
 
 void AddAttestCommands(CommandSet& commands) {
   auto attest = std::make_shared<AttestArgs>();
@@ -270,6 +365,24 @@ void AddAttestCommands(CommandSet& commands) {
   v->add_option("--module", verify->module, "a module to compare");
   v->add_flag("--online", verify->online,
               "check the cited records' inclusion with the server");
+
+  auto bundle = std::make_shared<VerifyBundleArgs>();
+  CLI::App* vb = commands.Add(
+      {"verify-bundle", "check a signed file's OpenSSF Model Signing bundle",
+       "Checks the bundle's signature with --key (the log's verifier key or "
+       "a file holding it), that it is an OMS v1.0 statement whose subject "
+       "is the digest of its resources, and that --file's SHA-256 is the "
+       "one signed for its name. Exit status 1 names the first check that "
+       "failed.",
+       "modelstatectl verify-bundle mlp.safetensors.sig --key key.vkey "
+       "--file mlp.safetensors"},
+      [bundle](Context& c) { return RunVerifyBundle(c, *bundle); });
+  vb->add_option("bundle", bundle->bundle,
+                 "the bundle (get-state --sign's .sig)")
+      ->required();
+  vb->add_option("--key", bundle->key, "the log's verifier key, or its file")
+      ->required();
+  vb->add_option("--file", bundle->file, "the signed file")->required();
 }
 
 }  // namespace modelstate::cli

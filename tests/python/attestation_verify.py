@@ -4,7 +4,11 @@ saves it; Python's `cryptography` verifies the DSSE signature (PAE as the
 DSSE spec defines it) with the key the log's verifier key carries, and torch
 recomputes every subject digest from the tensors of the safetensors file
 (read here, independently of modelstate). A changed payload must not
-verify.
+verify. `get-state --sign`'s OpenSSF Model Signing bundle is checked the
+same way: its DSSE signature, the file's SHA-256 (hashlib) as its one
+resource, and the subject digest (SHA-256 over the resources' raw digests
+in name order) as OMS defines it. A load's record holds the digest of the
+bytes it brought in (SHA-256 over the entries' raw digests in key order).
 
 Usage: attestation_verify.py MODELSTATE_SERVER MODELSTATECTL
 """
@@ -39,8 +43,8 @@ def pae(payload_type: bytes, body: bytes) -> bytes:
 
 
 def public_key(verifier_key: str) -> ed25519.Ed25519PublicKey:
-    """<name>+<key ID>+<base64(0x01 || key)>"""
-    raw = base64.b64decode(verifier_key.rsplit("+", 1)[1])
+    """<name>+<key ID>+<base64(0x01 || key)>: the base64 may hold '+'."""
+    raw = base64.b64decode(verifier_key.split("+", 2)[2])
     assert raw[0] == 1, "not an Ed25519 verifier key"
     return ed25519.Ed25519PublicKey.from_public_bytes(raw[1:])
 
@@ -133,6 +137,50 @@ class AttestationTest(unittest.TestCase):
         changes = statement["predicate"]["buildDefinition"][
             "externalParameters"]["changes"]
         self.assertEqual([c["type"] for c in changes], ["move"])
+
+    def test_signed_state_file_and_load_digest(self):
+        spec = os.path.join(self.dir, "lin.json")
+        with open(spec, "w") as f:
+            json.dump({"type": "Linear", "args": [5, 3]}, f)
+        self.cli("build", spec, "--name", "py/lin", "--seed", "4")
+        st_path = os.path.join(self.dir, "lin.safetensors")
+        out = self.cli("get-state", "py/lin", "-o", st_path, "--sign")
+        with open(st_path, "rb") as f:
+            file_sha = hashlib.sha256(f.read()).hexdigest()
+        self.assertIn(file_sha, out)
+        with open(st_path + ".sig") as f:
+            bundle = json.load(f)
+        self.assertEqual(bundle["mediaType"],
+                         "application/vnd.dev.sigstore.bundle.v0.3+json")
+        envelope = bundle["dsseEnvelope"]
+        payload = base64.b64decode(envelope["payload"])
+        ptype = envelope["payloadType"].encode()
+        sig = base64.b64decode(envelope["signatures"][0]["sig"])
+        key_line = json.loads(self.cli("--json", "audit", "key"))
+        public_key(key_line["verifier_key"]).verify(sig, pae(ptype, payload))
+        statement = json.loads(payload)
+        self.assertEqual(statement["predicateType"],
+                         "https://model_signing/signature/v1.0")
+        predicate = statement["predicate"]
+        self.assertEqual(predicate["serialization"]["method"], "files")
+        self.assertEqual(predicate["resources"],
+                         [{"name": "lin.safetensors", "algorithm": "sha256",
+                           "digest": file_sha}])
+        self.assertEqual(statement["subject"][0]["digest"]["sha256"],
+                         hashlib.sha256(bytes.fromhex(file_sha)).hexdigest())
+        self.cli("verify-bundle", st_path + ".sig", "--key",
+                 key_line["verifier_key"], "--file", st_path)
+
+        # A load's record: SHA-256 over each entry's digest, in key order.
+        self.cli("load-state", "py/lin", st_path)
+        tensors = read_safetensors(st_path)
+        expected = hashlib.sha256(b"".join(
+            bytes.fromhex(tensor_digest(tensors[k]))
+            for k in sorted(tensors))).hexdigest()
+        lines = self.cli("--json", "audit", "query", "--module", "lin",
+                         "--type", "load_state_dict").splitlines()
+        details = json.loads(json.loads(lines[-1])["details_json"])
+        self.assertEqual(details["sha256"], expected)
 
 
 if __name__ == "__main__":

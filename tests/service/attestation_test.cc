@@ -272,5 +272,150 @@ TEST_F(AttestServerTest, VerifyNamesWhatFailed) {
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("module")));
 }
 
+TEST(StateDigestTest, StreamDigestSplitsEntriesAtTheirBoundaries) {
+  StateDictLayout layout;
+  layout.entries.push_back({"b", DType::kFloat32, {2}, 8});
+  layout.entries.push_back({"empty", DType::kFloat32, {0}, 0});
+  layout.entries.push_back({"a", DType::kUInt8, {3}, 3});
+  StateDictStreamDigest stream(layout);
+  const std::string bytes = "01234567xyz";
+  EXPECT_THAT(stream.StateSha256().status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("b")));
+  // Chunks that straddle the boundaries.
+  stream.Update(bytes.substr(0, 5));
+  stream.Update(bytes.substr(5, 4));
+  EXPECT_FALSE(stream.complete());
+  stream.Update(bytes.substr(9));
+  stream.Update("ignored: past the layout");
+  ASSERT_TRUE(stream.complete());
+  auto entries = stream.Entries();
+  ASSERT_THAT(entries.status(), IsOk());
+  ASSERT_EQ(entries->size(), 3u);
+  EXPECT_EQ((*entries)[0].sha256, Sha256Hex("01234567"));
+  EXPECT_EQ((*entries)[1].sha256, Sha256Hex(""));
+  EXPECT_EQ((*entries)[2].sha256, Sha256Hex("xyz"));
+  // Key order: a, b, empty.
+  auto digest = stream.StateSha256();
+  ASSERT_THAT(digest.status(), IsOk());
+  EXPECT_EQ(*digest, Sha256Hex(absl::HexStringToBytes(Sha256Hex("xyz")) +
+                               absl::HexStringToBytes(Sha256Hex("01234567")) +
+                               absl::HexStringToBytes(Sha256Hex(""))));
+}
+
+// Each load's record holds the SHA-256 of what the client sent, and the
+// attestation lists the load as a resolved dependency with that digest.
+TEST_F(AttestServerTest, LoadRecordsAndAttestationCarryTheLoadedDigest) {
+  ASSERT_THAT(client_
+                  ->BuildModule(BuildRequest("team/lin", R"({"type": "Linear",
+                                                         "args": [3, 2]})"))
+                  .status(),
+              IsOk());
+  StateDict sent;
+  sent.tensors.Set("weight", *Tensor::Full(DType::kFloat32, {2, 3}, 0.5));
+  sent.tensors.Set("bias", *Tensor::Full(DType::kFloat32, {2}, -1.0));
+  auto sent_entries = StateDictSubjects(sent, 1);
+  ASSERT_THAT(sent_entries.status(), IsOk());
+  auto expected = StateSha256(*sent_entries);
+  ASSERT_THAT(expected.status(), IsOk());
+  client::LoadStateDictOptions copy;
+  copy.chunk_bytes = 5;  // chunks across the entries' boundaries
+  ASSERT_THAT(client_->LoadStateDict("team/lin", sent, copy).status(), IsOk());
+  client::LoadStateDictOptions assign;
+  assign.load.assign = true;
+  ASSERT_THAT(client_->LoadStateDict("team/lin", sent, assign).status(),
+              IsOk());
+
+  v1::QueryAuditRequest query;
+  query.mutable_filter()->set_module("lin");
+  query.mutable_filter()->set_type("load_state_dict");
+  auto records = client_->QueryAudit(query);
+  ASSERT_THAT(records.status(), IsOk());
+  ASSERT_EQ(records->records_size(), 2);
+  for (const auto& record : records->records()) {
+    EXPECT_EQ(nlohmann::json::parse(record.details_json())["sha256"], *expected)
+        << record.details_json();
+  }
+  // The module now holds exactly what was loaded: its subjects give the
+  // same digest.
+  auto attested = client_->AttestModule("team/lin");
+  ASSERT_THAT(attested.status(), IsOk());
+  auto statement =
+      InTotoStatementFromJson(DsseFromJson(attested->envelope())->payload);
+  ASSERT_THAT(statement.status(), IsOk());
+  EXPECT_EQ(*StateSha256(statement->subjects), *expected);
+  const auto loads = nlohmann::json::parse(
+      statement->predicate_json)["buildDefinition"]["resolvedDependencies"];
+  ASSERT_EQ(loads.size(), 2u);
+  for (const auto& load : loads) {
+    EXPECT_EQ(load["digest"]["sha256"], *expected) << load.dump();
+  }
+}
+
+// get-state --sign: the server hashes the file the CLI writes without
+// seeing it (with filters and a dtype conversion too), the bundle verifies
+// with verify-bundle, and a changed file or a wrong key fails.
+TEST_F(AttestServerTest, GetStateSignWritesABundleForTheFile) {
+  ASSERT_THAT(client_
+                  ->BuildModule(BuildRequest(
+                      "team/mlp", R"({"type": "Sequential", "children": [
+        {"spec": {"type": "Linear", "args": [4, 3]}},
+        {"spec": {"type": "BatchNorm1d", "args": [3]}}]})"))
+                  .status(),
+              IsOk());
+  const std::string key = client_->AttestModule("team/mlp")->verifier_key();
+  const std::vector<std::vector<std::string>> variants = {
+      {}, {"--dtype", "float16"}, {"--prefix", "1."}, {"--glob", "*.weight"}};
+  for (const auto& extra : variants) {
+    const std::string file = Path("mlp.safetensors");
+    std::vector<std::string> args = {"get-state", "team/mlp", "-o", file,
+                                     "--sign"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    CliResult r = Cli(args);
+    ASSERT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_THAT(r.out, HasSubstr("signed " + file + " (SHA-256 " +
+                                 Sha256Hex(*ReadFile(file)) + ")"));
+    auto bundle = ReadFile(file + ".sig");
+    ASSERT_THAT(bundle.status(), IsOk());
+    auto files = VerifyOmsBundle(*bundle, ParseVerifierKey(key)->public_key);
+    ASSERT_THAT(files.status(), IsOk());
+    ASSERT_EQ(files->size(), 1u);
+    EXPECT_EQ((*files)[0].name, "mlp.safetensors");
+    EXPECT_EQ((*files)[0].sha256, Sha256Hex(*ReadFile(file)));
+    r = Cli({"verify-bundle", file + ".sig", "--key", key, "--file", file});
+    EXPECT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_THAT(r.out, HasSubstr("OK"));
+  }
+
+  // A changed file, a renamed one, another key.
+  const std::string file = Path("mlp.safetensors");
+  const std::string sig = file + ".sig";
+  std::string bytes = *ReadFile(file);
+  bytes.back() ^= 1;
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+  CliResult r = Cli({"verify-bundle", sig, "--key", key, "--file", file});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, HasSubstr("FAILED: file 'mlp.safetensors': digest"));
+  const std::string renamed = Path("other.safetensors");
+  std::filesystem::copy_file(file, renamed);
+  r = Cli({"verify-bundle", sig, "--key", key, "--file", renamed});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, HasSubstr("not among the bundle's resources"));
+  auto other = Ed25519PrivateKey::FromSeed(std::string(32, '\x09'));
+  auto other_key =
+      MakeVerifierKey("other", kNoteSignatureEd25519, other->public_key());
+  ASSERT_THAT(other_key.status(), IsOk());
+  r = Cli({"verify-bundle", sig, "--key", FormatVerifierKey(*other_key),
+           "--file", file});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, HasSubstr("FAILED: bundle"));
+
+  // Bad requests name what is wrong.
+  EXPECT_THAT(
+      client_->SignStateFile("team/mlp", {}, "a/b").status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("file_name")));
+  EXPECT_THAT(client_->SignStateFile("team/none", {}, "x").status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("team/none")));
+}
+
 }  // namespace
 }  // namespace modelstate
