@@ -80,6 +80,21 @@ std::unique_ptr<grpc::ClientContext> ModelStateClient::NewContext(
 
 namespace {
 
+v1::GetStateDictRequest GetStateDictRequestFor(
+    absl::string_view module, const GetStateDictOptions& options) {
+  v1::GetStateDictRequest request;
+  request.set_module(std::string(module));
+  request.set_key_prefix(options.key_prefix);
+  request.set_key_glob(options.key_glob);
+  request.set_metadata_only(options.metadata_only);
+  request.set_selection(options.selection);
+  request.set_chunk_bytes(options.chunk_bytes);
+  if (options.target_dtype.has_value()) {
+    request.set_target_dtype(convert::DTypeToProto(*options.target_dtype));
+  }
+  return request;
+}
+
 using Stub = v1::ModelStateService::Stub;
 template <typename Request, typename Response>
 using SyncMethod = grpc::Status (Stub::*)(grpc::ClientContext*, const Request&,
@@ -176,6 +191,24 @@ void ModelStateClient::NoteAuditSeqs(const grpc::ClientContext& context) const {
   last_audit_seqs_ = std::move(seqs);
 }
 
+absl::StatusOr<v1::AttestModuleResponse> ModelStateClient::AttestModule(
+    absl::string_view module) {
+  v1::AttestModuleRequest request;
+  request.set_module(std::string(module));
+  return Unary(*this, *stub_, &Stub::AttestModule, request, options_.timeout);
+}
+
+absl::StatusOr<v1::SignStateFileResponse> ModelStateClient::SignStateFile(
+    absl::string_view module, const GetStateDictOptions& options,
+    absl::string_view file_name) {
+  v1::SignStateFileRequest request;
+  *request.mutable_state() = GetStateDictRequestFor(module, options);
+  request.set_file_name(std::string(file_name));
+  // The server reads the whole state: a transfer's deadline.
+  return Unary(*this, *stub_, &Stub::SignStateFile, request,
+               options_.transfer_timeout);
+}
+
 absl::StatusOr<v1::GetCheckpointResponse> ModelStateClient::GetCheckpoint(
     bool fresh) {
   v1::GetCheckpointRequest request;
@@ -240,16 +273,8 @@ absl::Status AuditWatch::Finish() {
 absl::Status ModelStateClient::GetStateDict(absl::string_view module,
                                             const GetStateDictOptions& options,
                                             StateDictSink& sink) {
-  v1::GetStateDictRequest request;
-  request.set_module(std::string(module));
-  request.set_key_prefix(options.key_prefix);
-  request.set_key_glob(options.key_glob);
-  request.set_metadata_only(options.metadata_only);
-  request.set_selection(options.selection);
-  request.set_chunk_bytes(options.chunk_bytes);
-  if (options.target_dtype.has_value()) {
-    request.set_target_dtype(convert::DTypeToProto(*options.target_dtype));
-  }
+  const v1::GetStateDictRequest request =
+      GetStateDictRequestFor(module, options);
   std::unique_ptr<grpc::ClientContext> context =
       NewContext(options_.transfer_timeout);
   std::unique_ptr<grpc::ClientReader<v1::StateDictChunk>> reader =

@@ -226,6 +226,15 @@ class ModelStateClient {
       uint64_t old_size, uint64_t new_size);
   absl::StatusOr<v1::AddCosignatureResponse> AddCosignature(
       std::string checkpoint);
+  // A signed attestation of `module` (DSSE envelope JSON, the log's key,
+  // the checkpoint it cites); client/cli/attest.cc checks them.
+  absl::StatusOr<v1::AttestModuleResponse> AttestModule(
+      absl::string_view module);
+  // An OMS bundle for the safetensors file GetStateDict(module, options)
+  // into a SafetensorsSink writes, named `file_name` in the bundle.
+  absl::StatusOr<v1::SignStateFileResponse> SignStateFile(
+      absl::string_view module, const GetStateDictOptions& options,
+      absl::string_view file_name);
 
   // Streams the module's state_dict into `sink`.
   absl::Status GetStateDict(absl::string_view module,

@@ -12,21 +12,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "core/state_digest.h"
 
 namespace modelstate::client {
 
 absl::Status SafetensorsSink::Begin(const StateDictLayout& layout) {
-  std::vector<SafetensorsEntry> entries;
-  entries.reserve(layout.entries.size());
-  for (const StateDictLayoutEntry& e : layout.entries) {
-    SafetensorsEntry s;
-    s.key = e.key;
-    s.dtype = e.dtype;
-    s.shape = e.shape;
-    entries.push_back(std::move(s));
-  }
+  // The layout the server hashes for SignStateFile (core/state_digest.h).
   MODELSTATE_ASSIGN_OR_RETURN(
-      writer_, SafetensorsFileWriter::Open(path_, entries, {{"format", "pt"}}));
+      writer_, SafetensorsFileWriter::Open(path_, StateFileEntries(layout),
+                                           StateFileMetadata()));
   return absl::OkStatus();
 }
 

@@ -75,6 +75,7 @@ echo "[bench] PyTorch, same models, same thread count (1)"
 
 echo "[bench] modelstate-server against a raw gRPC service; a restart with 1 GiB"
 echo "[bench] hosted (smoke: 8 MiB) against reading its data files"
+echo "[bench] AttestModule and SignStateFile (smoke: mlp) against 1-thread SHA-256"
 "$build_dir/tests/bench/transfer_bench" \
   --server="$build_dir/server/modelstate-server" --models="$models" \
   "${transfer_args[@]}" --out="$results/transfer.json" >/dev/null

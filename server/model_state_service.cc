@@ -504,16 +504,55 @@ grpc::Status ModelStateServiceImpl::ReleaseSubscriberName(
     grpc::ServerContext* context,
     const v1::ReleaseSubscriberNameRequest* request,
     v1::ReleaseSubscriberNameResponse* response) {
-  return Serve(context, "ReleaseSubscriberName",
-               [&](const Caller& caller) -> absl::Status {
-                 MODELSTATE_ASSIGN_OR_RETURN(
-                     NameRelease release,
-                     service_->ReleaseSubscriberName(caller, request->name(),
-                                                     request->force()));
-                 response->set_owner(release.owner);
-                 response->set_disconnected(release.disconnected);
-                 return absl::OkStatus();
-               });
+  return Serve(
+      context, "ReleaseSubscriberName",
+      [&](const Caller& caller) -> absl::Status {
+        MODELSTATE_ASSIGN_OR_RETURN(
+            NameRelease release,
+            service_->ReleaseSubscriberName(caller, request->name(),
+                                            request->force()));
+        response->set_owner(release.owner);
+        response->set_disconnected(release.disconnected);
+        return absl::OkStatus();
+      },
+      response);
+}
+
+grpc::Status ModelStateServiceImpl::AttestModule(
+    grpc::ServerContext* context, const v1::AttestModuleRequest* request,
+    v1::AttestModuleResponse* response) {
+  return Serve(
+      context, "AttestModule", [&](const Caller& caller) -> absl::Status {
+        MODELSTATE_ASSIGN_OR_RETURN(
+            ModuleName name, convert::ParseModuleField(request->module()));
+        MODELSTATE_ASSIGN_OR_RETURN(ModuleAttestation attestation,
+                                    service_->AttestModule(caller, name));
+        response->set_envelope(std::move(attestation.envelope_json));
+        response->set_verifier_key(std::move(attestation.verifier_key));
+        response->set_checkpoint(std::move(attestation.checkpoint));
+        return absl::OkStatus();
+      });
+}
+
+grpc::Status ModelStateServiceImpl::SignStateFile(
+    grpc::ServerContext* context, const v1::SignStateFileRequest* request,
+    v1::SignStateFileResponse* response) {
+  return Serve(
+      context, "SignStateFile", [&](const Caller& caller) -> absl::Status {
+        MODELSTATE_ASSIGN_OR_RETURN(
+            GetStateDictArgs args,
+            convert::GetStateDictArgsFromProto(request->state()));
+        args.chunk_bytes = 0;  // does not change the file
+        MODELSTATE_ASSIGN_OR_RETURN(
+            SignedStateFile signed_file,
+            service_->SignStateFile(caller, std::move(args),
+                                    request->file_name()));
+        response->set_bundle(std::move(signed_file.bundle_json));
+        response->set_sha256(std::move(signed_file.file.sha256));
+        response->set_file_bytes(signed_file.file.bytes);
+        response->set_verifier_key(std::move(signed_file.verifier_key));
+        return absl::OkStatus();
+      });
 }
 
 }  // namespace modelstate::server

@@ -95,6 +95,12 @@ class ModelStateServiceImpl final
       grpc::ServerContext* context,
       const v1::ReleaseSubscriberNameRequest* request,
       v1::ReleaseSubscriberNameResponse* response) override;
+  grpc::Status AttestModule(grpc::ServerContext* context,
+                            const v1::AttestModuleRequest* request,
+                            v1::AttestModuleResponse* response) override;
+  grpc::Status SignStateFile(grpc::ServerContext* context,
+                             const v1::SignStateFileRequest* request,
+                             v1::SignStateFileResponse* response) override;
   grpc::Status GetCheckpoint(grpc::ServerContext* context,
                              const v1::GetCheckpointRequest* request,
                              v1::GetCheckpointResponse* response) override;

@@ -154,7 +154,8 @@ AuditRecord LoadStateDict(const OperationContext& ctx, const ModuleName& module,
                           const LoadOptions& options,
                           const StateDict& state_dict,
                           const IncompatibleKeys* keys,
-                          const absl::Status& result) {
+                          const absl::Status& result,
+                          absl::string_view sha256) {
   uint64_t bytes = 0;
   for (const auto& item : state_dict.tensors) {
     if (item.value.defined()) bytes += item.value.nbytes();
@@ -168,6 +169,7 @@ AuditRecord LoadStateDict(const OperationContext& ctx, const ModuleName& module,
     details["missing_keys"] = keys->missing_keys;
     details["unexpected_keys"] = keys->unexpected_keys;
   }
+  if (!sha256.empty()) details["sha256"] = std::string(sha256);
   return Change(AuditType::kLoadStateDict, ctx, module, std::move(details),
                 result);
 }

@@ -83,11 +83,13 @@ AuditRecord Register(const OperationContext& ctx, const ModuleName& module,
                      const RegistrationEvent* event, bool removal,
                      const absl::Status& result);
 // `keys`: the load's missing and unexpected keys, when it succeeded.
+// `sha256`: what was loaded (core/state_digest.h StateSha256), when known.
 AuditRecord LoadStateDict(const OperationContext& ctx, const ModuleName& module,
                           const LoadOptions& options,
                           const StateDict& state_dict,
                           const IncompatibleKeys* keys,
-                          const absl::Status& result);
+                          const absl::Status& result,
+                          absl::string_view sha256 = {});
 AuditRecord Move(const OperationContext& ctx, const ModuleName& module,
                  std::optional<Device> device, std::optional<DType> dtype,
                  const absl::Status& result);

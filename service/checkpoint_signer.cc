@@ -27,24 +27,27 @@ absl::Status BadCheckpoint(const absl::Status& error) {
 }  // namespace
 
 CheckpointSigner::CheckpointSigner(AuditLog* log, Ed25519NoteSigner signer,
-                                   CheckpointSignerOptions options)
-    : log_(log), signer_(std::move(signer)), options_(std::move(options)) {
+                                   CheckpointSignerOptions options,
+                                   Ed25519PrivateKey key)
+    : log_(log),
+      signer_(std::move(signer)),
+      options_(std::move(options)),
+      key_(std::move(key)) {
   verifier_key_text_ = FormatVerifierKey(signer_.verifier_key());
 }
 
 absl::StatusOr<std::unique_ptr<CheckpointSigner>> CheckpointSigner::Create(
     AuditLog* log, Ed25519PrivateKey key, CheckpointSignerOptions options) {
-  MODELSTATE_ASSIGN_OR_RETURN(
-      Ed25519NoteSigner note_signer,
-      Ed25519NoteSigner::Create(options.origin, std::move(key)));
+  MODELSTATE_ASSIGN_OR_RETURN(Ed25519NoteSigner note_signer,
+                              Ed25519NoteSigner::Create(options.origin, key));
   std::vector<CosignatureVerifier> witnesses;
   for (const VerifierKey& key : options.witnesses) {
     MODELSTATE_ASSIGN_OR_RETURN(CosignatureVerifier verifier,
                                 CosignatureVerifier::Create(key));
     witnesses.push_back(std::move(verifier));
   }
-  std::unique_ptr<CheckpointSigner> signer(
-      new CheckpointSigner(log, std::move(note_signer), std::move(options)));
+  std::unique_ptr<CheckpointSigner> signer(new CheckpointSigner(
+      log, std::move(note_signer), std::move(options), std::move(key)));
   signer->witnesses_ = std::move(witnesses);
   // The saved checkpoint counts only if this key signed it; after a key
   // rotation the next one is signed with the new key.

@@ -71,6 +71,9 @@ class CheckpointSigner {
   const std::string& origin() const { return options_.origin; }
   // The log's verifier key, "<origin>+<key ID>+<base64 key>".
   const std::string& verifier_key() const { return verifier_key_text_; }
+  // The log's private key, which also signs the server's attestations
+  // (service/attestation.h): one key for a consumer to trust.
+  const Ed25519PrivateKey& key() const { return key_; }
 
   // Signs a checkpoint of everything appended so far (made durable first)
   // unless the latest already covers it; returns the latest, as Latest().
@@ -97,7 +100,7 @@ class CheckpointSigner {
   };
 
   CheckpointSigner(AuditLog* log, Ed25519NoteSigner signer,
-                   CheckpointSignerOptions options);
+                   CheckpointSignerOptions options, Ed25519PrivateKey key);
   void Run();
   std::string LatestLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The witness cosignatures of a checkpoint of this log, all checked.
@@ -108,6 +111,7 @@ class CheckpointSigner {
   AuditLog* const log_;
   const Ed25519NoteSigner signer_;
   const CheckpointSignerOptions options_;
+  const Ed25519PrivateKey key_;
   std::string verifier_key_text_;
   std::vector<CosignatureVerifier> witnesses_;
 

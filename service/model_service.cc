@@ -269,6 +269,7 @@ absl::StatusOr<std::unique_ptr<LoadSession>> ModelService::LoadStateDict(
   session->module_ = args.module;
   session->options_ = args.options;
   const StreamLimits limits = StreamLimitsFrom(options_.limits);
+  session->digest_ = std::make_unique<StateDictStreamDigest>(args.layout);
   if (args.options.assign) {
     MODELSTATE_ASSIGN_OR_RETURN(
         session->assembler_,
@@ -285,17 +286,20 @@ absl::StatusOr<std::unique_ptr<LoadSession>> ModelService::LoadStateDict(
 LoadSession::~LoadSession() = default;
 
 absl::Status LoadSession::Append(std::string bytes) {
+  digest_->Update(bytes);
   return staged_ != nullptr ? staged_->Append(std::move(bytes))
                             : assembler_->Append(bytes);
 }
 
 absl::StatusOr<LoadResult> LoadSession::Finish() {
+  // Empty while bytes are missing: the load then fails for that.
+  const std::string sha256 = digest_->StateSha256().value_or("");
   if (staged_ != nullptr) {
-    return store_->LoadStaged(ctx_, module_, *staged_, options_);
+    return store_->LoadStaged(ctx_, module_, *staged_, options_, sha256);
   }
   absl::StatusOr<StateDict> state_dict = assembler_->Finish();
   if (!state_dict.ok()) return Fail(state_dict.status());
-  return store_->Load(ctx_, module_, *state_dict, options_);
+  return store_->Load(ctx_, module_, *state_dict, options_, sha256);
 }
 
 absl::Status LoadSession::Fail(absl::Status why) {

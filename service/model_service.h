@@ -31,6 +31,7 @@
 #include "absl/time/time.h"
 #include "core/device.h"
 #include "core/module.h"
+#include "core/state_digest.h"
 #include "core/state_stream.h"
 #include "nn/module_spec.h"
 #include "service/access_gate.h"
@@ -153,6 +154,8 @@ class LoadSession {
   LoadOptions options_;
   std::unique_ptr<StagedStateDict> staged_;        // copying loads
   std::unique_ptr<StateDictAssembler> assembler_;  // assigning loads
+  // What arrived, entry by entry: the audit record's digest.
+  std::unique_ptr<StateDictStreamDigest> digest_;
   std::unique_ptr<StreamLimiter::Slot> slot_;
 };
 
@@ -251,6 +254,25 @@ struct AuditInclusion {
   // The record's stored line (the leaf itself), when the caller may see
   // the record's namespace; "" otherwise.
   std::string record_line;
+};
+
+// AttestModule's answer.
+struct ModuleAttestation {
+  // A DSSE envelope (JSON form) over an in-toto Statement v1 with a SLSA
+  // Provenance v1 predicate (service/attestation.h), signed with the audit
+  // log's key.
+  std::string envelope_json;
+  std::string verifier_key;  // the log's, which verifies the envelope
+  std::string checkpoint;    // the signed checkpoint the statement cites
+};
+
+// SignStateFile's answer.
+struct SignedStateFile {
+  // An OpenSSF Model Signing v1.0 bundle (base/attestation.h SignOmsBundle)
+  // for the one file, signed with the audit log's key.
+  std::string bundle_json;
+  FileDigest file;           // the file's SHA-256 and size
+  std::string verifier_key;  // the log's, which verifies the bundle
 };
 
 // Thread-safe.
@@ -362,6 +384,22 @@ class ModelService {
   // Writes the refusals counted so far to the audit log (at shutdown, once
   // no call runs any more; see DenialRecorder::Stop).
   void FlushDenials() { gate_.FlushDenials(); }
+
+  // Signs what `module` is and how it came to be (service/attestation.h).
+  // Needs read and audit permission in its namespace; NOT_FOUND naming the
+  // module; FAILED_PRECONDITION without a checkpoint signer, or for a
+  // tensor on meta. In model_service_audit.cc.
+  absl::StatusOr<ModuleAttestation> AttestModule(const Caller& caller,
+                                                 const ModuleName& module);
+
+  // Signs the file `modelstatectl get-state` writes for `args` (the state
+  // file of core/state_digest.h) under the name `file_name`, hashing the
+  // state as that file without writing it. Needs what GetStateDict and
+  // AttestModule need; INVALID_ARGUMENT naming `file_name` when it is empty
+  // or has a '/' or control character. In model_service_audit.cc.
+  absl::StatusOr<SignedStateFile> SignStateFile(const Caller& caller,
+                                                GetStateDictArgs args,
+                                                absl::string_view file_name);
 
  private:
   friend class SubscriberSession;

@@ -5,8 +5,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
+#include "base/attestation.h"
+#include "base/dsse.h"
 #include "base/status_macros.h"
+#include "core/state_digest.h"
+#include "service/attestation.h"
 #include "service/audit_tree.h"
 #include "service/model_service.h"
 
@@ -95,6 +100,77 @@ absl::StatusOr<std::string> ModelService::AddCosignature(
       gate_.AllowSomewhere(caller, "AddCosignature", Permission::kWitness));
   MODELSTATE_RETURN_IF_ERROR(HasCheckpoints());
   return options_.checkpoints->AddCosignature(note);
+}
+
+absl::StatusOr<ModuleAttestation> ModelService::AttestModule(
+    const Caller& caller, const ModuleName& module) {
+  MODELSTATE_RETURN_IF_ERROR(
+      gate_.Allow(caller, "AttestModule", Permission::kRead, module));
+  MODELSTATE_RETURN_IF_ERROR(
+      gate_.Allow(caller, "AttestModule", Permission::kAudit, module));
+  MODELSTATE_RETURN_IF_ERROR(HasCheckpoints());
+  MODELSTATE_ASSIGN_OR_RETURN(StateDictSnapshot snapshot,
+                              store_->Snapshot(module, SnapshotFilter{}));
+  std::vector<AuditRecord> records;
+  AuditQuery query;
+  query.ns = module.ns;
+  query.module = module.name;
+  query.limit = AuditQuery::kMaxLimit;
+  while (true) {
+    MODELSTATE_ASSIGN_OR_RETURN(std::vector<AuditRecord> page,
+                                audit_->Query(query));
+    if (page.empty()) break;
+    query.after_seq = page.back().seq;
+    for (AuditRecord& r : page) records.push_back(std::move(r));
+  }
+  AttestationFacts facts;
+  facts.module = module.full();
+  facts.state = &snapshot.state;
+  facts.records = RecordsThatShaped(records);
+  // Signed after the records were read, so that it covers all of them.
+  MODELSTATE_ASSIGN_OR_RETURN(facts.checkpoint_note,
+                              options_.checkpoints->SignNow());
+  facts.verifier_key = options_.checkpoints->verifier_key();
+  MODELSTATE_ASSIGN_OR_RETURN(InTotoStatement statement,
+                              ModuleStatement(facts));
+  MODELSTATE_ASSIGN_OR_RETURN(std::string payload,
+                              InTotoStatementToJson(statement));
+  MODELSTATE_ASSIGN_OR_RETURN(DsseEnvelope envelope,
+                              SignDsse(kInTotoPayloadType, std::move(payload),
+                                       options_.checkpoints->key()));
+  ModuleAttestation out;
+  out.envelope_json = DsseToJson(envelope);
+  out.verifier_key = std::move(facts.verifier_key);
+  out.checkpoint = std::move(facts.checkpoint_note);
+  return out;
+}
+
+absl::StatusOr<SignedStateFile> ModelService::SignStateFile(
+    const Caller& caller, GetStateDictArgs args, absl::string_view file_name) {
+  MODELSTATE_RETURN_IF_ERROR(
+      gate_.Allow(caller, "SignStateFile", Permission::kAudit, args.module));
+  MODELSTATE_RETURN_IF_ERROR(HasCheckpoints());
+  if (file_name.empty() || file_name.size() > 255 ||
+      absl::c_any_of(file_name, [](char c) {
+        return c == '/' || static_cast<unsigned char>(c) < 0x20;
+      })) {
+    return absl::InvalidArgumentError(
+        "file_name: must be a file's name (1 to 255 bytes, no '/' or control "
+        "characters)");
+  }
+  const ModuleName module = args.module;
+  // GetStateDict's checks, snapshot and reader: the same bytes it sends.
+  MODELSTATE_ASSIGN_OR_RETURN(StateDictDownload download,
+                              GetStateDict(caller, std::move(args)));
+  SignedStateFile out;
+  MODELSTATE_ASSIGN_OR_RETURN(out.file, StateFileSha256(*download.reader));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      out.bundle_json,
+      SignOmsBundle(module.full(),
+                    {{std::string(file_name), out.file.sha256, ""}},
+                    options_.checkpoints->key()));
+  out.verifier_key = options_.checkpoints->verifier_key();
+  return out;
 }
 
 }  // namespace modelstate

@@ -762,8 +762,9 @@ absl::StatusOr<StateDictSnapshot> ModelStore::Snapshot(
 absl::StatusOr<LoadResult> ModelStore::Load(const OperationContext& ctx,
                                             const ModuleName& name,
                                             const StateDict& state_dict,
-                                            const LoadOptions& options) {
-  return LoadImpl(ctx, name, state_dict, options, nullptr);
+                                            const LoadOptions& options,
+                                            absl::string_view sha256) {
+  return LoadImpl(ctx, name, state_dict, options, nullptr, sha256);
 }
 
 absl::StatusOr<std::unique_ptr<StagedStateDict>> ModelStore::StageLoad(
@@ -826,7 +827,8 @@ absl::StatusOr<std::unique_ptr<StagedStateDict>> ModelStore::StageLoad(
 absl::StatusOr<LoadResult> ModelStore::LoadStaged(const OperationContext& ctx,
                                                   const ModuleName& name,
                                                   StagedStateDict& staged,
-                                                  LoadOptions options) {
+                                                  LoadOptions options,
+                                                  absl::string_view sha256) {
   // Deleted while its bytes came: the load is for a module that is gone,
   // and its staged file has no directory left to land in.
   if (absl::StatusOr<std::shared_ptr<Entry>> entry = Find(name); entry.ok()) {
@@ -842,7 +844,7 @@ absl::StatusOr<LoadResult> ModelStore::LoadStaged(const OperationContext& ctx,
     return RecordLoadFailure(ctx, name, options, described.status());
   }
   options.source = &staged;
-  return LoadImpl(ctx, name, *described, options, &staged);
+  return LoadImpl(ctx, name, *described, options, &staged, sha256);
 }
 
 absl::Status ModelStore::RecordLoadFailure(const OperationContext& ctx,
@@ -857,7 +859,8 @@ absl::StatusOr<LoadResult> ModelStore::LoadImpl(const OperationContext& ctx,
                                                 const ModuleName& name,
                                                 const StateDict& state_dict,
                                                 const LoadOptions& options,
-                                                StagedStateDict* staged) {
+                                                StagedStateDict* staged,
+                                                absl::string_view sha256) {
   MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
   MutexLock gate(&entry->gate);
   std::optional<ReplayHooks> replay;
@@ -866,8 +869,9 @@ absl::StatusOr<LoadResult> ModelStore::LoadImpl(const OperationContext& ctx,
     // Assigned values replace the module's tensors: they may hold more.
     if (absl::Status quota = ReserveAssigned(name, *entry, state_dict, hold);
         !quota.ok()) {
-      return Record(quota, audit_events::LoadStateDict(
-                               ctx, name, options, state_dict, nullptr, quota));
+      return Record(quota,
+                    audit_events::LoadStateDict(ctx, name, options, state_dict,
+                                                nullptr, quota, sha256));
     }
     // Installations are registrations: decide them on a dry run first.
     std::vector<RegistrationRecord> records;
@@ -915,7 +919,7 @@ absl::StatusOr<LoadResult> ModelStore::LoadImpl(const OperationContext& ctx,
   MODELSTATE_RETURN_IF_ERROR(Record(
       status, audit_events::LoadStateDict(ctx, name, options, state_dict,
                                           result.ok() ? &result->keys : nullptr,
-                                          status)));
+                                          status, sha256)));
   return result;
 }
 

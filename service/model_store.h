@@ -189,11 +189,14 @@ class ModelStore {
 
   // load_state_dict on the module. FAILED_PRECONDITION with PyTorch's text
   // when it fails (nothing changed when atomic). With options.assign the
-  // installations go through the hooks and the decider.
+  // installations go through the hooks and the decider. `sha256` (what
+  // was loaded, core/state_digest.h StateSha256) goes into the audit
+  // record when given.
   absl::StatusOr<LoadResult> Load(const OperationContext& ctx,
                                   const ModuleName& name,
                                   const StateDict& state_dict,
-                                  const LoadOptions& options);
+                                  const LoadOptions& options,
+                                  absl::string_view sha256 = {});
 
   // A load whose bytes are still to come (LoadStateDict over the wire, copy
   // mode): checks the module exists and, when atomic, that the layout fits
@@ -210,7 +213,8 @@ class ModelStore {
   absl::StatusOr<LoadResult> LoadStaged(const OperationContext& ctx,
                                         const ModuleName& name,
                                         StagedStateDict& staged,
-                                        LoadOptions options);
+                                        LoadOptions options,
+                                        absl::string_view sha256 = {});
 
   // Records a load that failed before it could be applied (its stream
   // ended early, or bytes were missing); returns `why` (or the audit
@@ -352,7 +356,8 @@ class ModelStore {
                                       const ModuleName& name,
                                       const StateDict& state_dict,
                                       const LoadOptions& options,
-                                      StagedStateDict* staged);
+                                      StagedStateDict* staged,
+                                      absl::string_view sha256);
   // Appends a "recovered" record for `note` unless the audit log has a
   // record of the change it names. Returns whether it appended one.
   absl::StatusOr<bool> RecordIfUnrecorded(const ModuleName& name,

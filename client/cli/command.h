@@ -130,6 +130,15 @@ void AddStateCommands(CommandSet& commands);     // get-state ... eval
 void AddSubscribeCommand(CommandSet& commands);  // subscribe subscribers
 void AddAuditCommand(CommandSet& commands);      // audit
 void AddServerCommands(CommandSet& commands);    // health devices ...
+void AddAttestCommands(CommandSet& commands);    // attest verify-attestation
+
+// get-state --sign (in attest.cc): the server signs the state file `file`
+// was written as (SignStateFile); the bundle goes to `<file>.sig` once the
+// file's SHA-256 is the one signed (ABORTED when the module changed in
+// between).
+absl::Status SignWrittenStateFile(Context& c, const std::string& module,
+                                  const client::GetStateDictOptions& options,
+                                  const std::string& file);
 
 }  // namespace modelstate::cli
 

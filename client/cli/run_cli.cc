@@ -115,6 +115,7 @@ int RunCli(const std::vector<std::string>& args, const Environment& env) {
   AddStateCommands(commands);
   AddSubscribeCommand(commands);
   AddAuditCommand(commands);
+  AddAttestCommands(commands);
   AddServerCommands(commands);
 
   // CLI11 takes the arguments last first.

@@ -54,6 +54,7 @@ struct GetStateArgs {
   std::optional<std::string> glob;
   std::optional<std::string> dtype;
   std::optional<uint64_t> chunk_kib;
+  bool sign = false;
 };
 
 // Remembers what went through, for the summary line.
@@ -100,6 +101,10 @@ absl::Status RunGetState(Context& c, const GetStateArgs& a) {
   absl::Duration elapsed = absl::Now() - start;
   bar.Finish();
   MODELSTATE_RETURN_IF_ERROR(status);
+  if (a.sign) {
+    MODELSTATE_RETURN_IF_ERROR(
+        SignWrittenStateFile(c, a.module, options, file));
+  }
   if (c.json()) {
     v1::StateDictHeader header;
     convert::LayoutToHeader(sink.layout(), &header);
@@ -130,6 +135,9 @@ void AddGetState(CommandSet& commands) {
   AddValue(get, "--chunk-kib", args->chunk_kib, "N",
            "bytes per message, in KiB (default: the server's, 1024)")
       ->check(NonNegativeInteger());
+  get->add_flag("--sign", args->sign,
+                "also write FILE.sig: an OpenSSF Model Signing bundle for "
+                "the file, signed by the server's audit log key");
 }
 
 // ---------------------------------------------------------------- load-state

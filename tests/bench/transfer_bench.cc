@@ -3,7 +3,10 @@
 // same chunks (and the server's peak RSS meanwhile), a ResNet-50 build
 // through remote interceptors against a bare ping-pong, and 32 concurrent
 // clients against one, and a restart with 1 GiB hosted against reading its
-// data files. modelstate-server and the raw gRPC server run as
+// data files, and AttestModule (every tensor hashed on 2 threads, then
+// signed) and SignStateFile (the state as one file, hashed on one thread)
+// against one thread of OpenSSL SHA-256 over the same bytes in this
+// process. modelstate-server and the raw gRPC server run as
 // separate processes on loopback; this process is the client of both.
 //
 //   transfer_bench --server=PATH --models=DIR --out=results.json
@@ -29,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "base/sha256.h"
 #include "client/model_state_client.h"
 #include "client/subscriber.h"
 #include "google/protobuf/util/json_util.h"
@@ -44,7 +48,7 @@ ABSL_FLAG(int, warmup, 1, "unmeasured repetitions first");
 ABSL_FLAG(bool, smoke, false, "tiny models and counts (for the test suite)");
 ABSL_FLAG(std::vector<std::string>, figures,
           std::vector<std::string>({"transfer", "hooks", "concurrency",
-                                    "restore"}),
+                                    "restore", "attest"}),
           "which figures to measure");
 // The raw gRPC server mode (this binary, started by itself).
 ABSL_FLAG(bool, serve_raw, false,
@@ -269,6 +273,44 @@ Json TransferFigures(Servers& s, const std::string& model) {
               {"server_peak_rss_load_bytes", load_peak}};
 }
 
+// The attestation RPCs of a hosted model against hashing its bytes here on
+// one thread, with nothing else (the least any digest of it costs).
+Json AttestFigures(Servers& s, const std::string& model) {
+  Build(*s.client, "bench/attest", LoadSpec(model));
+  const StateDict state = Check(s.client->GetStateDict("bench/attest"), "get");
+  uint64_t bytes = 0;
+  for (const auto& item : state.tensors) bytes += item.value.nbytes();
+  std::string sink;  // keeps the digests from being optimised away
+  auto [sha, attest] = RepeatPair(
+      [&] {
+        auto start = std::chrono::steady_clock::now();
+        for (const auto& item : state.tensors) {
+          sink = Sha256Hex(
+              absl::string_view(static_cast<const char*>(item.value.raw_data()),
+                                item.value.nbytes()));
+        }
+        return Seconds(start);
+      },
+      [&] {
+        auto start = std::chrono::steady_clock::now();
+        Check(s.client->AttestModule("bench/attest").status(), "attest");
+        return Seconds(start);
+      });
+  std::vector<double> sign = Repeat([&] {
+    auto start = std::chrono::steady_clock::now();
+    Check(s.client->SignStateFile("bench/attest", {}, "model.safetensors")
+              .status(),
+          "sign state file");
+    return Seconds(start);
+  });
+  Check(s.client->DeleteModule("bench/attest"), "delete");
+  return Json{{"model", model},
+              {"bytes", bytes},
+              {"sha256_1thread_s", Figure(sha)},
+              {"attest_s", Figure(attest)},
+              {"sign_state_file_s", Figure(sign)}};
+}
+
 Json PingPongFigures(Servers& s, int count) {
   std::vector<double> rtt =
       Check(s.raw_client->PingPong(count, count / 10), "ping-pong");
@@ -448,6 +490,9 @@ int Run() {
   if (wanted("restore")) {
     out["restore"] =
         RestoreFigures(absl::GetFlag(FLAGS_server), smoke ? 2 : 256);
+  }
+  if (wanted("attest")) {
+    out["attest"] = AttestFigures(s, smoke ? "mlp" : "gpt2");
   }
   out["reps"] = absl::GetFlag(FLAGS_reps);
   out["warmup"] = absl::GetFlag(FLAGS_warmup);

@@ -134,6 +134,16 @@ class ModelStateServiceStub(object):
                 request_serializer=modelstate_dot_v1_dot_model__state__service__pb2.ReleaseSubscriberNameRequest.SerializeToString,
                 response_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.ReleaseSubscriberNameResponse.FromString,
                 )
+        self.AttestModule = channel.unary_unary(
+                '/modelstate.v1.ModelStateService/AttestModule',
+                request_serializer=modelstate_dot_v1_dot_model__state__service__pb2.AttestModuleRequest.SerializeToString,
+                response_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.AttestModuleResponse.FromString,
+                )
+        self.SignStateFile = channel.unary_unary(
+                '/modelstate.v1.ModelStateService/SignStateFile',
+                request_serializer=modelstate_dot_v1_dot_model__state__service__pb2.SignStateFileRequest.SerializeToString,
+                response_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.SignStateFileResponse.FromString,
+                )
 
 
 class ModelStateServiceServicer(object):
@@ -378,6 +388,34 @@ class ModelStateServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AttestModule(self, request, context):
+        """A signed attestation of a module: a DSSE envelope (Ed25519, the audit
+        log's key) over an in-toto Statement v1 whose subjects are the
+        state_dict entries (SHA-256, dtype, shape) and whose predicate is SLSA
+        Provenance v1 built from the module's audit records. Needs read and
+        audit permission in the module's namespace. NOT_FOUND naming the module;
+        INVALID_ARGUMENT naming `module` when it is malformed;
+        FAILED_PRECONDITION when the server signs no checkpoints.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SignStateFile(self, request, context):
+        """Signs the safetensors file `modelstatectl get-state` writes for a
+        state_dict request (entries in stream order, __metadata__
+        {"format": "pt"}): an OpenSSF Model Signing v1.0 bundle (key-based,
+        serialization method "files", the audit log's key) whose one resource
+        is that file. The server hashes the state as that file without writing
+        it, so a client compares the bundle's digest with the file it wrote.
+        Needs read and audit permission in the module's namespace. Errors as
+        GetStateDict; INVALID_ARGUMENT naming `file_name`; FAILED_PRECONDITION
+        when the server signs no checkpoints.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ModelStateServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -500,6 +538,16 @@ def add_ModelStateServiceServicer_to_server(servicer, server):
                     servicer.ReleaseSubscriberName,
                     request_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.ReleaseSubscriberNameRequest.FromString,
                     response_serializer=modelstate_dot_v1_dot_model__state__service__pb2.ReleaseSubscriberNameResponse.SerializeToString,
+            ),
+            'AttestModule': grpc.unary_unary_rpc_method_handler(
+                    servicer.AttestModule,
+                    request_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.AttestModuleRequest.FromString,
+                    response_serializer=modelstate_dot_v1_dot_model__state__service__pb2.AttestModuleResponse.SerializeToString,
+            ),
+            'SignStateFile': grpc.unary_unary_rpc_method_handler(
+                    servicer.SignStateFile,
+                    request_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.SignStateFileRequest.FromString,
+                    response_serializer=modelstate_dot_v1_dot_model__state__service__pb2.SignStateFileResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -916,5 +964,39 @@ class ModelStateService(object):
         return grpc.experimental.unary_unary(request, target, '/modelstate.v1.ModelStateService/ReleaseSubscriberName',
             modelstate_dot_v1_dot_model__state__service__pb2.ReleaseSubscriberNameRequest.SerializeToString,
             modelstate_dot_v1_dot_model__state__service__pb2.ReleaseSubscriberNameResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def AttestModule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/modelstate.v1.ModelStateService/AttestModule',
+            modelstate_dot_v1_dot_model__state__service__pb2.AttestModuleRequest.SerializeToString,
+            modelstate_dot_v1_dot_model__state__service__pb2.AttestModuleResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def SignStateFile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/modelstate.v1.ModelStateService/SignStateFile',
+            modelstate_dot_v1_dot_model__state__service__pb2.SignStateFileRequest.SerializeToString,
+            modelstate_dot_v1_dot_model__state__service__pb2.SignStateFileResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

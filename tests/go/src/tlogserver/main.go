@@ -14,6 +14,12 @@
 //     log grows differently. The server starts (its own checkpoint file was
 //     rolled back too), but the witness must refuse: exit status 1, REFUSED
 //     and both checkpoints on stdout.
+//  4. (Before 3, on the same server.) modelstatectl attest signs a
+//     module's attestation: its DSSE signature verifies here with
+//     crypto/ed25519 over DSSE's PAE, the checkpoint it cites with
+//     note.Open, and each audit record it lists with tlog.CheckRecord
+//     against that checkpoint, the record's line fetched with
+//     modelstatectl audit prove and hashed here (a wrong leaf must fail).
 //
 // Usage: tlogserver /path/to/modelstate-server /path/to/modelstatectl
 package main
@@ -294,6 +300,137 @@ func checkCosigned(s *server, logKey string, id uint32, pub ed25519.PublicKey) {
 	fail("the served checkpoint carries no cosignature by %s", witnessName)
 }
 
+type attestedRecord struct {
+	Seq      int64  `json:"seq"`
+	Type     string `json:"type"`
+	LeafHash string `json:"leaf_hash"`
+}
+
+// attestationParts reads a DSSE envelope (checking its signature with the
+// log's key over PAE) and returns the checkpoint note and the records its
+// in-toto statement's SLSA byproducts cite.
+func attestationParts(envelopeJSON []byte, logKey string) ([]byte, []attestedRecord, error) {
+	var env struct {
+		Payload     string `json:"payload"`
+		PayloadType string `json:"payloadType"`
+		Signatures  []struct {
+			Sig string `json:"sig"`
+		} `json:"signatures"`
+	}
+	if err := json.Unmarshal(envelopeJSON, &env); err != nil {
+		return nil, nil, err
+	}
+	payload, err := base64.StdEncoding.DecodeString(env.Payload)
+	if err != nil || len(env.Signatures) != 1 {
+		return nil, nil, fmt.Errorf("malformed envelope")
+	}
+	sig, err := base64.StdEncoding.DecodeString(env.Signatures[0].Sig)
+	if err != nil {
+		return nil, nil, err
+	}
+	// <name>+<key ID>+<base64(0x01 || key)>; the base64 may hold '+'.
+	parts := strings.SplitN(logKey, "+", 3)
+	if len(parts) != 3 {
+		return nil, nil, fmt.Errorf("malformed verifier key %q", logKey)
+	}
+	raw, err := base64.StdEncoding.DecodeString(parts[2])
+	if err != nil || len(raw) != 1+ed25519.PublicKeySize || raw[0] != 1 {
+		return nil, nil, fmt.Errorf("not an Ed25519 verifier key")
+	}
+	pae := fmt.Sprintf("DSSEv1 %d %s %d %s", len(env.PayloadType), env.PayloadType, len(payload), payload)
+	if !ed25519.Verify(ed25519.PublicKey(raw[1:]), []byte(pae), sig) {
+		return nil, nil, fmt.Errorf("the DSSE signature does not verify")
+	}
+	var statement struct {
+		Predicate struct {
+			RunDetails struct {
+				Byproducts []struct {
+					Name        string `json:"name"`
+					Content     string `json:"content"`
+					Annotations struct {
+						Records []attestedRecord `json:"records"`
+					} `json:"annotations"`
+				} `json:"byproducts"`
+			} `json:"runDetails"`
+		} `json:"predicate"`
+	}
+	if err := json.Unmarshal(payload, &statement); err != nil {
+		return nil, nil, err
+	}
+	var checkpoint []byte
+	var records []attestedRecord
+	for _, b := range statement.Predicate.RunDetails.Byproducts {
+		switch b.Name {
+		case "audit-checkpoint":
+			checkpoint, err = base64.StdEncoding.DecodeString(b.Content)
+			if err != nil {
+				return nil, nil, err
+			}
+		case "audit-records":
+			records = b.Annotations.Records
+		}
+	}
+	if checkpoint == nil || len(records) == 0 {
+		return nil, nil, fmt.Errorf("no audit-checkpoint or audit-records byproduct")
+	}
+	return checkpoint, records, nil
+}
+
+// checkAttestation: step 4.
+func checkAttestation(s *server, module, logKey string) {
+	file := filepath.Join(workDir, "attestation.dsse.json")
+	if _, code := s.ctl("attest", module, "-o", file); code != 0 {
+		fail("attest %s: exit %d", module, code)
+		return
+	}
+	envelope, err := os.ReadFile(file)
+	must(err, "read attestation")
+	checkpoint, records, err := attestationParts(envelope, logKey)
+	if err != nil {
+		fail("attestation of %s: %v", module, err)
+		return
+	}
+	v, err := note.NewVerifier(logKey)
+	must(err, "log key")
+	n, err := note.Open(checkpoint, note.VerifierList(v))
+	if err != nil {
+		fail("note.Open(the attestation's checkpoint): %v", err)
+		return
+	}
+	tree, err := parseCheckpoint(n.Text)
+	if err != nil {
+		fail("the attestation's checkpoint: %v", err)
+		return
+	}
+	cpFile := filepath.Join(workDir, "attested.checkpoint")
+	must(os.WriteFile(cpFile, checkpoint, 0o644), "save checkpoint")
+	types := map[string]int{}
+	for _, r := range records {
+		var inc inclusionJSON
+		s.ctlJSON(&inc, "audit", "prove", strconv.FormatInt(r.Seq, 10),
+			"--checkpoint", cpFile, "--key", logKey)
+		leaf := tlog.RecordHash([]byte(inc.RecordLine))
+		if fmt.Sprintf("%x", leaf[:]) != r.LeafHash {
+			fail("attested record %d: its leaf hash is not that of the log's record", r.Seq)
+			continue
+		}
+		proof := tlog.RecordProof(decodeHashes(inc.Proof))
+		if err := tlog.CheckRecord(proof, tree.N, tree.Hash, r.Seq-1, leaf); err != nil {
+			fail("attested record %d: tlog.CheckRecord: %v", r.Seq, err)
+		}
+		other := leaf
+		other[0] ^= 1
+		if tlog.CheckRecord(proof, tree.N, tree.Hash, r.Seq-1, other) == nil {
+			fail("attested record %d: another leaf verifies too", r.Seq)
+		}
+		types[r.Type]++
+	}
+	if types["build"] != 1 {
+		fail("the attestation of %s lists %d build records, want 1", module, types["build"])
+	}
+	fmt.Printf("ok: the attestation of %s verifies, and its %d records are included in its checkpoint of %d records\n", module, len(records), tree.N)
+}
+
 func copyDir(from, to string) {
 	must(exec.Command("cp", "-a", from, to).Run(), "copy "+from)
 }
@@ -338,6 +475,7 @@ func main() {
 		fail("witness round: exit %d, %q", code, out)
 	}
 	checkCosigned(s, logKey, wid, wpub)
+	checkAttestation(s, "team/b", logKey)
 	s.stop()
 
 	// 3. Roll back and grow differently: the witness refuses.

@@ -1,0 +1,388 @@
+// attest (a module's signed attestation to a file) and verify-attestation:
+// the envelope's signature under the log's key, the subject digests against
+// a safetensors file or the live module, and (--online) each listed audit
+// record's inclusion under the checkpoint the statement cites. Every check
+// runs here, against the key the user holds. Also get-state --sign's half
+// (SignWrittenStateFile) and verify-bundle, which checks such a bundle
+// against a key and the file.
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "base/attestation.h"
+#include "base/checkpoint.h"
+#include "base/dsse.h"
+#include "base/merkle.h"
+#include "base/sha256.h"
+#include "base/signed_note.h"
+#include "base/status_macros.h"
+#include "client/cli/command.h"
+#include "core/safetensors.h"
+#include "core/state_digest.h"
+#include "modelstate/v1/model_state_service.pb.h"
+#include "nlohmann/json.hpp"
+
+namespace modelstate::cli {
+namespace {
+
+constexpr int kVerifyHashThreads = 2;
+
+struct AttestArgs {
+  std::string module;
+  std::string output;
+};
+
+absl::Status WriteTextFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) {
+    return absl::UnavailableError(absl::StrCat(path, ": cannot be written"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunAttest(Context& c, const AttestArgs& a) {
+  MODELSTATE_ASSIGN_OR_RETURN(auto* rpc, c.Client());
+  MODELSTATE_ASSIGN_OR_RETURN(v1::AttestModuleResponse response,
+                              rpc->AttestModule(a.module));
+  if (c.json()) return c.PrintJson(response);
+  MODELSTATE_RETURN_IF_ERROR(WriteTextFile(a.output, response.envelope()));
+  c.out() << "wrote the attestation of " << a.module << " to " << a.output
+          << "\nverify with: modelstatectl verify-attestation " << a.output
+          << " --key '" << response.verifier_key() << "'\n";
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------ verify-attestation
+
+struct VerifyArgs {
+  std::string envelope;
+  std::string key;
+  std::optional<std::string> file;
+  std::optional<std::string> module;
+  bool online = false;
+};
+
+// A failed check: shown as "FAILED: <what>: <why>", exit status 1.
+absl::Status CheckFailed(Context& c, absl::string_view what,
+                         absl::string_view why) {
+  c.out() << "FAILED: " << what << ": " << why << "\n";
+  return AlreadyShown(absl::InvalidArgumentError(what));
+}
+
+// --key: a verifier key, or a file holding one.
+absl::StatusOr<VerifierKey> KeyArgument(const std::string& key_or_file) {
+  std::string text(absl::StripAsciiWhitespace(key_or_file));
+  if (!ParseVerifierKey(text).ok()) {
+    MODELSTATE_ASSIGN_OR_RETURN(std::string file, ReadInputFile(key_or_file));
+    text = std::string(absl::StripAsciiWhitespace(file));
+  }
+  absl::StatusOr<VerifierKey> key = ParseVerifierKey(text);
+  if (!key.ok()) {
+    return UsageError(absl::StrCat("--key: ", key.status().message()));
+  }
+  return key;
+}
+
+// Compares the statement's subjects with what `state` holds, by name.
+absl::Status CompareSubjects(Context& c, const InTotoStatement& statement,
+                             const StateDict& state, absl::string_view source) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::vector<AttestedResource> actual,
+                              StateDictSubjects(state, kVerifyHashThreads));
+  std::map<std::string, const AttestedResource*> by_name;
+  for (const AttestedResource& r : actual) by_name[r.name] = &r;
+  for (const AttestedResource& s : statement.subjects) {
+    auto it = by_name.find(s.name);
+    if (it == by_name.end()) {
+      return CheckFailed(c, absl::StrCat("subject '", s.name, "'"),
+                         absl::StrCat("not in ", source));
+    }
+    if (it->second->sha256 != s.sha256) {
+      return CheckFailed(c, absl::StrCat("subject '", s.name, "'"),
+                         absl::StrCat("digest ", it->second->sha256, " in ",
+                                      source, ", attested ", s.sha256));
+    }
+    by_name.erase(it);
+  }
+  if (!by_name.empty()) {
+    return CheckFailed(c, absl::StrCat("entry '", by_name.begin()->first, "'"),
+                       absl::StrCat("in ", source, " but not attested"));
+  }
+  c.out() << "digests: " << statement.subjects.size() << " entries match "
+          << source << "\n";
+  return absl::OkStatus();
+}
+
+// The checkpoint note and the records (seq, leaf hash) the statement cites.
+struct CitedRecords {
+  std::string checkpoint_note;
+  std::vector<std::pair<uint64_t, std::string>> records;
+};
+
+absl::StatusOr<CitedRecords> Cited(const InTotoStatement& statement) {
+  nlohmann::json predicate = nlohmann::json::parse(statement.predicate_json);
+  CitedRecords out;
+  const nlohmann::json* byproducts = nullptr;
+  if (predicate.contains("runDetails") &&
+      predicate["runDetails"].contains("byproducts")) {
+    byproducts = &predicate["runDetails"]["byproducts"];
+  }
+  if (byproducts == nullptr || !byproducts->is_array()) {
+    return absl::InvalidArgumentError(
+        "predicate.runDetails.byproducts is missing");
+  }
+  for (const nlohmann::json& b : *byproducts) {
+    const std::string name = b.value("name", "");
+    if (name == "audit-checkpoint" && b.contains("content")) {
+      if (!absl::Base64Unescape(b["content"].get<std::string>(),
+                                &out.checkpoint_note)) {
+        return absl::InvalidArgumentError("audit-checkpoint: bad base64");
+      }
+    } else if (name == "audit-records") {
+      for (const nlohmann::json& r : b["annotations"]["records"]) {
+        out.records.emplace_back(r.value("seq", uint64_t{0}),
+                                 r.value("leaf_hash", ""));
+      }
+    }
+  }
+  if (out.checkpoint_note.empty()) {
+    return absl::InvalidArgumentError("no audit-checkpoint byproduct");
+  }
+  return out;
+}
+
+// Each cited record's inclusion proof, from the server, checked against
+// the cited checkpoint (whose signature is checked with `key` first).
+absl::Status CheckInclusions(Context& c, const InTotoStatement& statement,
+                             const std::string& key) {
+  absl::StatusOr<CitedRecords> cited = Cited(statement);
+  if (!cited.ok()) return CheckFailed(c, "predicate", cited.status().message());
+  MODELSTATE_ASSIGN_OR_RETURN(Ed25519NoteVerifier verifier,
+                              Ed25519NoteVerifier::Parse(key));
+  const NoteVerifier* verifiers[] = {&verifier};
+  absl::StatusOr<OpenedCheckpoint> opened =
+      OpenCheckpoint(cited->checkpoint_note, verifiers);
+  if (!opened.ok()) {
+    return CheckFailed(c, "checkpoint", opened.status().message());
+  }
+  const Checkpoint& checkpoint = opened->checkpoint;
+  MODELSTATE_ASSIGN_OR_RETURN(auto* rpc, c.Client());
+  for (const auto& [seq, leaf_hex] : cited->records) {
+    const std::string what = absl::StrCat("record ", seq);
+    absl::StatusOr<v1::GetInclusionProofResponse> proof =
+        rpc->GetInclusionProof(seq, checkpoint.size);
+    if (!proof.ok()) return CheckFailed(c, what, proof.status().message());
+    if (absl::BytesToHexString(proof->leaf_hash()) != leaf_hex) {
+      return CheckFailed(c, what, "the log holds another record at this seq");
+    }
+    std::vector<MerkleHash> path;
+    for (const std::string& h : proof->proof()) {
+      MODELSTATE_ASSIGN_OR_RETURN(path.emplace_back(),
+                                  MerkleHashFromBytes(h, "proof"));
+    }
+    MODELSTATE_ASSIGN_OR_RETURN(MerkleHash leaf,
+                                MerkleHashFromBytes(proof->leaf_hash(), what));
+    absl::Status included =
+        VerifyInclusion(leaf, seq - 1, checkpoint.size, checkpoint.root, path);
+    if (!included.ok()) return CheckFailed(c, what, included.message());
+  }
+  c.out() << "records: " << cited->records.size()
+          << " included in the checkpoint of " << checkpoint.size
+          << " records\n";
+  return absl::OkStatus();
+}
+
+absl::Status RunVerify(Context& c, const VerifyArgs& a) {
+  MODELSTATE_ASSIGN_OR_RETURN(VerifierKey key, KeyArgument(a.key));
+  MODELSTATE_ASSIGN_OR_RETURN(std::string text, ReadInputFile(a.envelope));
+  absl::StatusOr<DsseEnvelope> envelope = DsseFromJson(text);
+  if (!envelope.ok()) {
+    return CheckFailed(c, "envelope", envelope.status().message());
+  }
+  if (absl::Status s = VerifyDsse(*envelope, key.public_key); !s.ok()) {
+    return CheckFailed(c, "signature", s.message());
+  }
+  absl::StatusOr<InTotoStatement> statement =
+      InTotoStatementFromJson(envelope->payload);
+  if (!statement.ok()) {
+    return CheckFailed(c, "statement", statement.status().message());
+  }
+  if (statement->predicate_type != kSlsaProvenanceV1) {
+    return CheckFailed(c, "predicateType", statement->predicate_type);
+  }
+  c.out() << "signature: OK (" << key.name << ")\n";
+  if (a.file.has_value()) {
+    MODELSTATE_ASSIGN_OR_RETURN(StateDict state, ReadSafetensorsFile(*a.file));
+    MODELSTATE_RETURN_IF_ERROR(CompareSubjects(c, *statement, state, *a.file));
+  }
+  if (a.module.has_value()) {
+    MODELSTATE_ASSIGN_OR_RETURN(auto* rpc, c.Client());
+    MODELSTATE_ASSIGN_OR_RETURN(StateDict state, rpc->GetStateDict(*a.module));
+    MODELSTATE_RETURN_IF_ERROR(CompareSubjects(
+        c, *statement, state, absl::StrCat("module ", *a.module)));
+  }
+  if (a.online) {
+    MODELSTATE_RETURN_IF_ERROR(
+        CheckInclusions(c, *statement, FormatVerifierKey(key)));
+  }
+  c.out() << "OK\n";
+  return absl::OkStatus();
+}
+
+// ----------------------------------------- get-state --sign, verify-bundle
+
+absl::StatusOr<std::string> FileSha256Hex(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot be read"));
+  Sha256 sha;
+  std::string buffer(1 << 20, '\0');
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    sha.Update(absl::string_view(buffer.data(), in.gcount()));
+  }
+  if (in.bad()) {
+    return absl::UnavailableError(absl::StrCat(path, ": read failed"));
+  }
+  return sha.FinishHex();
+}
+
+std::string FileNameOf(const std::string& path) {
+  return std::filesystem::path(path).filename().string();
+}
+
+struct VerifyBundleArgs {
+  std::string bundle;
+  std::string key;
+  std::string file;
+};
+
+absl::Status RunVerifyBundle(Context& c, const VerifyBundleArgs& a) {
+  MODELSTATE_ASSIGN_OR_RETURN(VerifierKey key, KeyArgument(a.key));
+  MODELSTATE_ASSIGN_OR_RETURN(std::string text, ReadInputFile(a.bundle));
+  absl::StatusOr<std::vector<AttestedResource>> files =
+      VerifyOmsBundle(text, key.public_key);
+  if (!files.ok()) return CheckFailed(c, "bundle", files.status().message());
+  c.out() << "signature: OK (" << key.name << ")\n";
+  const std::string name = FileNameOf(a.file);
+  const AttestedResource* signed_file = nullptr;
+  for (const AttestedResource& f : *files) {
+    if (f.name == name) signed_file = &f;
+  }
+  if (signed_file == nullptr) {
+    return CheckFailed(c, absl::StrCat("file '", name, "'"),
+                       "not among the bundle's resources");
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(std::string actual, FileSha256Hex(a.file));
+  if (actual != signed_file->sha256) {
+    return CheckFailed(
+        c, absl::StrCat("file '", name, "'"),
+        absl::StrCat("digest ", actual, ", signed ", signed_file->sha256));
+  }
+  c.out() << "file: " << a.file << " has the signed SHA-256 " << actual
+          << "\nOK\n";
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SignWrittenStateFile(Context& c, const std::string& module,
+                                  const client::GetStateDictOptions& options,
+                                  const std::string& file) {
+  MODELSTATE_ASSIGN_OR_RETURN(auto* rpc, c.Client());
+  const std::string name = FileNameOf(file);
+  MODELSTATE_ASSIGN_OR_RETURN(v1::SignStateFileResponse response,
+                              rpc->SignStateFile(module, options, name));
+  MODELSTATE_ASSIGN_OR_RETURN(std::string actual, FileSha256Hex(file));
+  if (actual != response.sha256()) {
+    return absl::AbortedError(absl::StrCat(
+        file, ": SHA-256 ", actual, " but the server signed ",
+        response.sha256(),
+        ": the module changed between the download and the signing; run "
+        "get-state --sign again"));
+  }
+  // The bundle must verify as anyone will check it: the key, the name, the
+  // digest.
+  MODELSTATE_ASSIGN_OR_RETURN(VerifierKey key,
+                              ParseVerifierKey(response.verifier_key()));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      std::vector<AttestedResource> files,
+      VerifyOmsBundle(response.bundle(), key.public_key));
+  if (files.size() != 1 || files[0].name != name || files[0].sha256 != actual) {
+    return absl::InternalError(
+        "the server's bundle does not name this file with its digest");
+  }
+  const std::string sig = file + ".sig";
+  MODELSTATE_RETURN_IF_ERROR(WriteTextFile(sig, response.bundle()));
+  if (!c.json()) {
+    c.out() << "signed " << file << " (SHA-256 " << actual << "): wrote " << sig
+            << "\nverify with: modelstatectl verify-bundle " << sig
+            << " --key '" << response.verifier_key() << "' --file " << file
+            << "\n";
+  }
+  return absl::OkStatus();
+}
+
+void AddAttestCommands(CommandSet& commands) {
+  auto attest = std::make_shared<AttestArgs>();
+  CLI::App* a = commands.Add(
+      {"attest", "sign what a module is and how it was built",
+       "Writes a DSSE envelope (signed with the server's audit log key) over "
+       "an in-toto Statement: each state_dict entry's SHA-256, dtype and "
+       "shape, and a SLSA Provenance v1 predicate citing the audit records "
+       "that shaped the module under a signed checkpoint.",
+       "modelstatectl attest team/mlp -o mlp.dsse.json"},
+      [attest](Context& c) { return RunAttest(c, *attest); });
+  AddModuleArgument(a, attest->module);
+  a->add_option("-o,--output", attest->output, "the envelope's file")
+      ->required();
+
+  auto verify = std::make_shared<VerifyArgs>();
+  CLI::App* v = commands.Add(
+      {"verify-attestation", "check an attestation",
+       "Checks the envelope's signature with --key (the log's verifier key "
+       "or a file holding it), then the attested digests against a "
+       "safetensors file (--file) or the live module (--module), and with "
+       "--online each cited audit record's inclusion under the cited "
+       "checkpoint. Exit status 1 names the first check that failed.",
+       "modelstatectl verify-attestation mlp.dsse.json --key key.vkey "
+       "--file mlp.safetensors"},
+      [verify](Context& c) { return RunVerify(c, *verify); });
+  v->add_option("envelope", verify->envelope, "the .dsse.json file")
+      ->required();
+  v->add_option("--key", verify->key, "the log's verifier key, or its file")
+      ->required();
+  v->add_option("--file", verify->file, "a safetensors file to compare");
+  v->add_option("--module", verify->module, "a module to compare");
+  v->add_flag("--online", verify->online,
+              "check the cited records' inclusion with the server");
+
+  auto bundle = std::make_shared<VerifyBundleArgs>();
+  CLI::App* vb = commands.Add(
+      {"verify-bundle", "check a signed file's OpenSSF Model Signing bundle",
+       "Checks the bundle's signature with --key (the log's verifier key or "
+       "a file holding it), that it is an OMS v1.0 statement whose subject "
+       "is the digest of its resources, and that --file's SHA-256 is the "
+       "one signed for its name. Exit status 1 names the first check that "
+       "failed.",
+       "modelstatectl verify-bundle mlp.safetensors.sig --key key.vkey "
+       "--file mlp.safetensors"},
+      [bundle](Context& c) { return RunVerifyBundle(c, *bundle); });
+  vb->add_option("bundle", bundle->bundle,
+                 "the bundle (get-state --sign's .sig)")
+      ->required();
+  vb->add_option("--key", bundle->key, "the log's verifier key, or its file")
+      ->required();
+  vb->add_option("--file", bundle->file, "the signed file")->required();
+}
+
+}  // namespace modelstate::cli

@@ -1,0 +1,421 @@
+// Attestations: the statement formats (base/attestation), which records
+// shaped a module, and AttestModule against a real server in the test
+// process, checked with the CLI's verify-attestation: a good envelope
+// verifies against a safetensors file, the live module and the log; a bad
+// signature, a changed tensor, a record the log does not have and a
+// missing module each fail naming what failed.
+#include "base/attestation.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "base/dsse.h"
+#include "base/file_util.h"
+#include "base/sha256.h"
+#include "client/cli.h"
+#include "core/safetensors.h"
+#include "core/state_digest.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "service/attestation.h"
+#include "tests/testing/in_process_server.h"
+#include "tests/testing/requests.h"
+#include "tests/testing/status_matchers.h"
+
+namespace modelstate {
+namespace {
+
+using ::modelstate::testing::BuildRequest;
+using ::modelstate::testing::InProcessServer;
+using ::modelstate::testing::IsOk;
+using ::modelstate::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+TEST(AttestationFormatTest, StatementRoundTripsAndRejectsBadDigests) {
+  InTotoStatement s;
+  s.subjects.push_back({"w", Sha256Hex("abc"), R"({"dtype":"float32"})"});
+  s.predicate_type = std::string(kSlsaProvenanceV1);
+  s.predicate_json = R"({"buildDefinition":{}})";
+  auto json = InTotoStatementToJson(s);
+  ASSERT_THAT(json.status(), IsOk());
+  EXPECT_THAT(*json, HasSubstr(R"("_type":"https://in-toto.io/Statement/v1")"));
+  auto back = InTotoStatementFromJson(*json);
+  ASSERT_THAT(back.status(), IsOk());
+  ASSERT_EQ(back->subjects.size(), 1u);
+  EXPECT_EQ(back->subjects[0].sha256, Sha256Hex("abc"));
+  EXPECT_EQ(back->predicate_type, kSlsaProvenanceV1);
+
+  s.subjects[0].sha256 = "xyz";
+  EXPECT_THAT(
+      InTotoStatementToJson(s).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("subject[0]")));
+  EXPECT_THAT(InTotoStatementFromJson(R"({"_type":"other"})").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("_type")));
+}
+
+TEST(AttestationFormatTest, ParallelHashesEqualSerialOnes) {
+  std::vector<std::string> data = {std::string(1 << 20, 'a'), "", "b",
+                                   std::string(3000, 'c')};
+  std::vector<absl::string_view> views(data.begin(), data.end());
+  std::vector<std::string> digests = Sha256HexAll(views, 3);
+  ASSERT_EQ(digests.size(), data.size());
+  for (size_t i = 0; i < data.size(); ++i) {
+    EXPECT_EQ(digests[i], Sha256Hex(data[i])) << i;
+  }
+}
+
+TEST(AttestationFormatTest, OmsBundleVerifiesAndDetectsTampering) {
+  auto key = Ed25519PrivateKey::FromSeed(std::string(32, '\x07'));
+  ASSERT_THAT(key.status(), IsOk());
+  auto bundle = SignOmsBundle(
+      "m",
+      {{"b.safetensors", Sha256Hex("b"), ""}, {"a.json", Sha256Hex("a"), ""}},
+      *key);
+  ASSERT_THAT(bundle.status(), IsOk());
+  auto files = VerifyOmsBundle(*bundle, key->public_key());
+  ASSERT_THAT(files.status(), IsOk());
+  ASSERT_EQ(files->size(), 2u);
+  EXPECT_EQ((*files)[0].name, "a.json");  // canonical order: by name
+  // The subject is the SHA-256 over the raw digests in that order.
+  auto env =
+      DsseFromJson(nlohmann::json::parse(*bundle)["dsseEnvelope"].dump());
+  ASSERT_THAT(env.status(), IsOk());
+  auto statement = InTotoStatementFromJson(env->payload);
+  ASSERT_THAT(statement.status(), IsOk());
+  EXPECT_EQ(statement->subjects[0].sha256,
+            Sha256Hex(absl::HexStringToBytes(Sha256Hex("a")) +
+                      absl::HexStringToBytes(Sha256Hex("b"))));
+  auto other = Ed25519PrivateKey::FromSeed(std::string(32, '\x08'));
+  EXPECT_THAT(VerifyOmsBundle(*bundle, other->public_key()).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(AttestationRecordsTest, CurrentLifeWithoutFailuresOrDenials) {
+  std::vector<AuditRecord> records(6);
+  const char* types[] = {"build", "delete", "build",
+                         "move",  "denied", "load_state_dict"};
+  const char* outcomes[] = {"ok", "ok", "ok", "error", "", "ok"};
+  for (size_t i = 0; i < records.size(); ++i) {
+    records[i].seq = i + 1;
+    records[i].type = types[i];
+    records[i].outcome = outcomes[i];
+  }
+  std::vector<uint64_t> seqs;
+  for (const AuditRecord& r : RecordsThatShaped(records)) seqs.push_back(r.seq);
+  EXPECT_THAT(seqs, ElementsAre(3, 6));
+}
+
+struct CliResult {
+  int code = 0;
+  std::string out;
+  std::string err;
+};
+
+class AttestServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_THAT(server_.Start(), IsOk());
+    client_ = server_.NewClient();
+  }
+
+  CliResult Cli(std::vector<std::string> args) {
+    args.insert(args.begin(), {"--server", server_.address()});
+    std::ostringstream out, err;
+    cli::Environment env;
+    env.out = &out;
+    env.err = &err;
+    CliResult r;
+    r.code = cli::RunCli(args, env);
+    r.out = out.str();
+    r.err = err.str();
+    return r;
+  }
+  std::string Path(const std::string& name) {
+    return (server_.dir() / name).string();
+  }
+
+  InProcessServer server_;
+  std::unique_ptr<client::ModelStateClient> client_;
+};
+
+TEST_F(AttestServerTest, AttestationBindsDigestsAndRecords) {
+  ASSERT_THAT(client_
+                  ->BuildModule(BuildRequest(
+                      "team/mlp", R"({"type": "Sequential", "children": [
+        {"spec": {"type": "Linear", "args": [4, 3]}},
+        {"spec": {"type": "BatchNorm1d", "args": [3]}}]})"))
+                  .status(),
+              IsOk());
+  auto attested = client_->AttestModule("team/mlp");
+  ASSERT_THAT(attested.status(), IsOk());
+  auto key = ParseVerifierKey(attested->verifier_key());
+  ASSERT_THAT(key.status(), IsOk());
+  auto envelope = DsseFromJson(attested->envelope());
+  ASSERT_THAT(envelope.status(), IsOk());
+  ASSERT_THAT(VerifyDsse(*envelope, key->public_key), IsOk());
+  auto statement = InTotoStatementFromJson(envelope->payload);
+  ASSERT_THAT(statement.status(), IsOk());
+  EXPECT_EQ(statement->predicate_type, kSlsaProvenanceV1);
+
+  // Subjects: the state_dict in order, each the SHA-256 of its bytes.
+  auto state = client_->GetStateDict("team/mlp");
+  ASSERT_THAT(state.status(), IsOk());
+  auto expected = StateDictSubjects(*state, 1);
+  ASSERT_THAT(expected.status(), IsOk());
+  ASSERT_EQ(statement->subjects.size(), expected->size());
+  for (size_t i = 0; i < expected->size(); ++i) {
+    EXPECT_EQ(statement->subjects[i].name, (*expected)[i].name);
+    EXPECT_EQ(statement->subjects[i].sha256, (*expected)[i].sha256);
+  }
+  EXPECT_EQ(statement->subjects[0].name, "0.weight");
+  EXPECT_EQ(statement->subjects[0].annotations_json,
+            R"({"dtype":"float32","shape":[3,4]})");
+
+  // The predicate: the build's parameters and its record under the
+  // checkpoint it cites.
+  auto predicate = nlohmann::json::parse(statement->predicate_json);
+  const auto& build =
+      predicate["buildDefinition"]["externalParameters"]["build"];
+  EXPECT_EQ(build["type"], "Sequential");
+  EXPECT_EQ(build["dtype"], "float32");
+  const auto& byproducts = predicate["runDetails"]["byproducts"];
+  EXPECT_EQ(byproducts[0]["name"], std::string(kCheckpointByproduct));
+  std::string note;
+  ASSERT_TRUE(
+      absl::Base64Unescape(byproducts[0]["content"].get<std::string>(), &note));
+  EXPECT_EQ(note, attested->checkpoint());
+  const auto& records = byproducts[1]["annotations"]["records"];
+  ASSERT_FALSE(records.empty());
+  // Every registration's event and outcome, then the build itself.
+  EXPECT_EQ(records[0]["type"], "registration");
+  EXPECT_EQ(records.back()["type"], "build");
+
+  // The CLI: offline against a saved file and the live module, online
+  // against the log.
+  const std::string file = Path("mlp.safetensors");
+  const std::string dsse = Path("mlp.dsse.json");
+  ASSERT_EQ(Cli({"get-state", "team/mlp", "-o", file}).code, 0);
+  CliResult r = Cli({"attest", "team/mlp", "-o", dsse});
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = Cli({"verify-attestation", dsse, "--key", attested->verifier_key(),
+           "--file", file, "--module", "team/mlp", "--online"});
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("digests: 7 entries match " + file));
+  EXPECT_THAT(r.out, HasSubstr("included in the checkpoint"));
+}
+
+TEST_F(AttestServerTest, VerifyNamesWhatFailed) {
+  ASSERT_THAT(client_
+                  ->BuildModule(BuildRequest("team/lin", R"({"type": "Linear",
+                                                         "args": [3, 2]})"))
+                  .status(),
+              IsOk());
+  auto attested = client_->AttestModule("team/lin");
+  ASSERT_THAT(attested.status(), IsOk());
+  const std::string key = attested->verifier_key();
+  const std::string good = Path("good.dsse.json");
+  std::ofstream(good) << attested->envelope();
+
+  // A bad signature.
+  auto envelope = DsseFromJson(attested->envelope());
+  ASSERT_THAT(envelope.status(), IsOk());
+  envelope->signatures[0].sig[0] ^= 1;
+  const std::string bad_sig = Path("bad.dsse.json");
+  std::ofstream(bad_sig) << DsseToJson(*envelope);
+  CliResult r = Cli({"verify-attestation", bad_sig, "--key", key});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, HasSubstr("FAILED: signature"));
+
+  // A digest that does not match: a changed tensor.
+  const std::string file = Path("lin.safetensors");
+  StateDict changed = *client_->GetStateDict("team/lin");
+  changed.tensors.begin()->value =
+      *Tensor::Zeros(DType::kFloat32, changed.tensors.begin()->value.shape());
+  ASSERT_THAT(WriteSafetensorsFile(file, changed), IsOk());
+  r = Cli({"verify-attestation", good, "--key", key, "--file", file});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, HasSubstr("FAILED: subject 'weight'"));
+
+  // A record the log does not have, signed with the right key.
+  auto statement = InTotoStatementFromJson(envelope->payload);
+  auto predicate = nlohmann::json::parse(statement->predicate_json);
+  predicate["runDetails"]["byproducts"][1]["annotations"]["records"][0]["seq"] =
+      999999;
+  statement->predicate_json = predicate.dump();
+  auto signing_key = Ed25519PrivateKey::FromPem(
+      *ReadFile((server_.data_dir() / "audit.key").string()));
+  if (signing_key.ok()) {
+    auto forged = SignDsse(kInTotoPayloadType,
+                           *InTotoStatementToJson(*statement), *signing_key);
+    ASSERT_THAT(forged.status(), IsOk());
+    const std::string unknown = Path("unknown.dsse.json");
+    std::ofstream(unknown) << DsseToJson(*forged);
+    r = Cli({"verify-attestation", unknown, "--key", key, "--online"});
+    EXPECT_EQ(r.code, 1);
+    EXPECT_THAT(r.out, HasSubstr("FAILED: record 999999"));
+  } else {
+    ADD_FAILURE() << signing_key.status();
+  }
+
+  // A module that does not exist.
+  EXPECT_THAT(client_->AttestModule("team/none").status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("team/none")));
+  EXPECT_THAT(
+      client_->AttestModule("").status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("module")));
+}
+
+TEST(StateDigestTest, StreamDigestSplitsEntriesAtTheirBoundaries) {
+  StateDictLayout layout;
+  layout.entries.push_back({"b", DType::kFloat32, {2}, 8});
+  layout.entries.push_back({"empty", DType::kFloat32, {0}, 0});
+  layout.entries.push_back({"a", DType::kUInt8, {3}, 3});
+  StateDictStreamDigest stream(layout);
+  const std::string bytes = "01234567xyz";
+  EXPECT_THAT(stream.StateSha256().status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("b")));
+  // Chunks that straddle the boundaries.
+  stream.Update(bytes.substr(0, 5));
+  stream.Update(bytes.substr(5, 4));
+  EXPECT_FALSE(stream.complete());
+  stream.Update(bytes.substr(9));
+  stream.Update("ignored: past the layout");
+  ASSERT_TRUE(stream.complete());
+  auto entries = stream.Entries();
+  ASSERT_THAT(entries.status(), IsOk());
+  ASSERT_EQ(entries->size(), 3u);
+  EXPECT_EQ((*entries)[0].sha256, Sha256Hex("01234567"));
+  EXPECT_EQ((*entries)[1].sha256, Sha256Hex(""));
+  EXPECT_EQ((*entries)[2].sha256, Sha256Hex("xyz"));
+  // Key order: a, b, empty.
+  auto digest = stream.StateSha256();
+  ASSERT_THAT(digest.status(), IsOk());
+  EXPECT_EQ(*digest, Sha256Hex(absl::HexStringToBytes(Sha256Hex("xyz")) +
+                               absl::HexStringToBytes(Sha256Hex("01234567")) +
+                               absl::HexStringToBytes(Sha256Hex(""))));
+}
+
+// Each load's record holds the SHA-256 of what the client sent, and the
+// attestation lists the load as a resolved dependency with that digest.
+TEST_F(AttestServerTest, LoadRecordsAndAttestationCarryTheLoadedDigest) {
+  ASSERT_THAT(client_
+                  ->BuildModule(BuildRequest("team/lin", R"({"type": "Linear",
+                                                         "args": [3, 2]})"))
+                  .status(),
+              IsOk());
+  StateDict sent;
+  sent.tensors.Set("weight", *Tensor::Full(DType::kFloat32, {2, 3}, 0.5));
+  sent.tensors.Set("bias", *Tensor::Full(DType::kFloat32, {2}, -1.0));
+  auto sent_entries = StateDictSubjects(sent, 1);
+  ASSERT_THAT(sent_entries.status(), IsOk());
+  auto expected = StateSha256(*sent_entries);
+  ASSERT_THAT(expected.status(), IsOk());
+  client::LoadStateDictOptions copy;
+  copy.chunk_bytes = 5;  // chunks across the entries' boundaries
+  ASSERT_THAT(client_->LoadStateDict("team/lin", sent, copy).status(), IsOk());
+  client::LoadStateDictOptions assign;
+  assign.load.assign = true;
+  ASSERT_THAT(client_->LoadStateDict("team/lin", sent, assign).status(),
+              IsOk());
+
+  v1::QueryAuditRequest query;
+  query.mutable_filter()->set_module("lin");
+  query.mutable_filter()->set_type("load_state_dict");
+  auto records = client_->QueryAudit(query);
+  ASSERT_THAT(records.status(), IsOk());
+  ASSERT_EQ(records->records_size(), 2);
+  for (const auto& record : records->records()) {
+    EXPECT_EQ(nlohmann::json::parse(record.details_json())["sha256"], *expected)
+        << record.details_json();
+  }
+  // The module now holds exactly what was loaded: its subjects give the
+  // same digest.
+  auto attested = client_->AttestModule("team/lin");
+  ASSERT_THAT(attested.status(), IsOk());
+  auto statement =
+      InTotoStatementFromJson(DsseFromJson(attested->envelope())->payload);
+  ASSERT_THAT(statement.status(), IsOk());
+  EXPECT_EQ(*StateSha256(statement->subjects), *expected);
+  const auto loads = nlohmann::json::parse(
+      statement->predicate_json)["buildDefinition"]["resolvedDependencies"];
+  ASSERT_EQ(loads.size(), 2u);
+  for (const auto& load : loads) {
+    EXPECT_EQ(load["digest"]["sha256"], *expected) << load.dump();
+  }
+}
+
+// get-state --sign: the server hashes the file the CLI writes without
+// seeing it (with filters and a dtype conversion too), the bundle verifies
+// with verify-bundle, and a changed file or a wrong key fails.
+TEST_F(AttestServerTest, GetStateSignWritesABundleForTheFile) {
+  ASSERT_THAT(client_
+                  ->BuildModule(BuildRequest(
+                      "team/mlp", R"({"type": "Sequential", "children": [
+        {"spec": {"type": "Linear", "args": [4, 3]}},
+        {"spec": {"type": "BatchNorm1d", "args": [3]}}]})"))
+                  .status(),
+              IsOk());
+  const std::string key = client_->AttestModule("team/mlp")->verifier_key();
+  const std::vector<std::vector<std::string>> variants = {
+      {}, {"--dtype", "float16"}, {"--prefix", "1."}, {"--glob", "*.weight"}};
+  for (const auto& extra : variants) {
+    const std::string file = Path("mlp.safetensors");
+    std::vector<std::string> args = {"get-state", "team/mlp", "-o", file,
+                                     "--sign"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    CliResult r = Cli(args);
+    ASSERT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_THAT(r.out, HasSubstr("signed " + file + " (SHA-256 " +
+                                 Sha256Hex(*ReadFile(file)) + ")"));
+    auto bundle = ReadFile(file + ".sig");
+    ASSERT_THAT(bundle.status(), IsOk());
+    auto files = VerifyOmsBundle(*bundle, ParseVerifierKey(key)->public_key);
+    ASSERT_THAT(files.status(), IsOk());
+    ASSERT_EQ(files->size(), 1u);
+    EXPECT_EQ((*files)[0].name, "mlp.safetensors");
+    EXPECT_EQ((*files)[0].sha256, Sha256Hex(*ReadFile(file)));
+    r = Cli({"verify-bundle", file + ".sig", "--key", key, "--file", file});
+    EXPECT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_THAT(r.out, HasSubstr("OK"));
+  }
+
+  // A changed file, a renamed one, another key.
+  const std::string file = Path("mlp.safetensors");
+  const std::string sig = file + ".sig";
+  std::string bytes = *ReadFile(file);
+  bytes.back() ^= 1;
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+  CliResult r = Cli({"verify-bundle", sig, "--key", key, "--file", file});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, HasSubstr("FAILED: file 'mlp.safetensors': digest"));
+  const std::string renamed = Path("other.safetensors");
+  std::filesystem::copy_file(file, renamed);
+  r = Cli({"verify-bundle", sig, "--key", key, "--file", renamed});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, HasSubstr("not among the bundle's resources"));
+  auto other = Ed25519PrivateKey::FromSeed(std::string(32, '\x09'));
+  auto other_key =
+      MakeVerifierKey("other", kNoteSignatureEd25519, other->public_key());
+  ASSERT_THAT(other_key.status(), IsOk());
+  r = Cli({"verify-bundle", sig, "--key", FormatVerifierKey(*other_key),
+           "--file", file});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, HasSubstr("FAILED: bundle"));
+
+  // Bad requests name what is wrong.
+  EXPECT_THAT(
+      client_->SignStateFile("team/mlp", {}, "a/b").status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("file_name")));
+  EXPECT_THAT(client_->SignStateFile("team/none", {}, "x").status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("team/none")));
+}
+
+}  // namespace
+}  // namespace modelstate
