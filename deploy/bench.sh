@@ -9,6 +9,10 @@
 #                            tiny sizes with the binaries already built in
 #                            BUILD_DIR; the test suite runs this so that the
 #                            benchmarks and this script never rot
+#   deploy/bench.sh --built BUILD_DIR
+#                            full sizes with the binaries already built in
+#                            BUILD_DIR (an optimised build: the report names
+#                            its build type and flags); rewrites BENCHMARKS.md
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
@@ -17,6 +21,9 @@ if [ "${1:-}" = "--smoke" ]; then
   smoke=1
   build_dir=$2
   report=$3
+elif [ "${1:-}" = "--built" ]; then
+  build_dir=$(cd "$2" && pwd)
+  report=$MODELSTATE_ROOT/BENCHMARKS.md
 else
   ms_install_packages "${MODELSTATE_PACKAGES[@]}"
   build_dir=${BENCH_BUILD_DIR:-$MODELSTATE_ROOT/build-bench}
@@ -115,6 +122,10 @@ fi
   echo
   echo "- the benchmark models build bit for bit what PyTorch builds:"
   echo "  \`$(tail -n 1 "$results/check_models.txt")\`"
+  type=$(sed -n 's/^CMAKE_BUILD_TYPE:STRING=//p' "$build_dir/CMakeCache.txt")
+  flags=$(sed -n "s/^CMAKE_CXX_FLAGS_$(echo "$type" | tr a-z A-Z):STRING=//p" \
+    "$build_dir/CMakeCache.txt")
+  echo "- built as: $type ($flags)"
 } >"$results/checks.md"
 
 "$python" "$bench/make_report.py" --core "$results/core.json" \
