@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -21,6 +22,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "base/file_util.h"
+#include "base/log.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -514,6 +516,32 @@ absl::StatusOr<int> OpenForReading(const std::string& path) {
   return fd;
 }
 
+// What Query returns, found by reading the whole log: the slow path for
+// when the index has failed. A last line without its '\n' is an append in
+// progress and is skipped.
+absl::StatusOr<std::vector<AuditRecord>> ScanLog(int fd,
+                                                 const std::string& path,
+                                                 const AuditQuery& query) {
+  std::vector<AuditRecord> out;
+  const size_t limit = query.EffectiveLimit();
+  LineReader reader(fd, path, 0);
+  for (;;) {
+    bool terminated = false;
+    MODELSTATE_ASSIGN_OR_RETURN(std::optional<absl::string_view> line,
+                                reader.Next(&terminated));
+    if (!line.has_value() || !terminated) return out;
+    absl::StatusOr<AuditRecord> r = AuditLog::Parse(std::string(*line));
+    if (!r.ok()) {
+      return absl::DataLossError(absl::StrCat(
+          "audit log ", path, ": a line at byte ", reader.line_offset(),
+          " is not a record: ", r.status().message()));
+    }
+    if (r->seq <= query.after_seq || !query.Matches(*r)) continue;
+    out.push_back(*std::move(r));
+    if (out.size() == limit) return out;
+  }
+}
+
 // The lines at `where` (in seq order) parsed back into records. Adjacent
 // lines are read with one pread, in runs of at most kRunBytes.
 absl::StatusOr<std::vector<AuditRecord>> ReadRecords(
@@ -649,6 +677,7 @@ struct WholeLogRead {
   bool recovered_torn_tail = false;
   std::string tree_repair;
   std::string checkpoint_note;
+  absl::Status index_error;  // the index could not be rebuilt
 };
 
 // Reads and checks every record of the log in `fd`, rebuilds `index` from
@@ -656,9 +685,13 @@ struct WholeLogRead {
 // it (refusing a log that the last checkpoint does not cover).
 absl::StatusOr<WholeLogRead> ReadWholeLog(int fd, const std::string& path,
                                           const AuditLogOptions& options,
-                                          AuditIndex& index, AuditTree& tree) {
+                                          AuditIndex* index, AuditTree& tree) {
   WholeLogRead read;
-  MODELSTATE_RETURN_IF_ERROR(index.Clear());
+  if (index == nullptr) {
+    read.index_error = absl::UnavailableError("no index");
+  } else {
+    read.index_error = index->Clear();
+  }
   std::vector<MerkleHash> leaves;
   LineReader reader(fd, path, 0);
   MODELSTATE_ASSIGN_OR_RETURN(
@@ -666,7 +699,10 @@ absl::StatusOr<WholeLogRead> ReadWholeLog(int fd, const std::string& path,
       WalkChain(reader, [&](const AuditRecord& r, absl::string_view line,
                             uint64_t offset) {
         leaves.push_back(AuditLeafHash(line));
-        return index.Add(r, {r.seq, offset, line.size()});
+        if (read.index_error.ok()) {
+          read.index_error = index->Add(r, {r.seq, offset, line.size()});
+        }
+        return absl::OkStatus();
       }));
   ChainWalk& walk = read.walk;
   if (!walk.verification.ok) {
@@ -695,7 +731,7 @@ absl::StatusOr<WholeLogRead> ReadWholeLog(int fd, const std::string& path,
     }
     ++walk.valid_bytes;
   }
-  MODELSTATE_RETURN_IF_ERROR(index.Flush());
+  if (read.index_error.ok()) read.index_error = index->Flush();
   // Whatever an earlier process wrote may still be only in the page cache;
   // one sync here lets synced_seq start at the last record.
   MODELSTATE_RETURN_IF_ERROR(Fdatasync(fd, path));
@@ -733,6 +769,9 @@ struct AuditLog::State {
   const int fd;  // O_APPEND; flock()ed so that no second writer forks the chain
   std::string checkpoint_path;  // constant after Open
   bool opened = false;          // Open succeeded
+  // False once the index failed (it is derived data: the log goes on, and
+  // queries scan the log until the next start rebuilds the index).
+  mutable std::atomic<bool> index_ok{true};
   // The Merkle tree: leaf i is record i + 1's line. Appended under `mu`
   // right after the line is written; readable without `mu` (it is
   // thread-safe and only grows once Open is done).
@@ -851,7 +890,9 @@ AuditLog::~AuditLog() {
     if (!s.write_error.ok()) return;
     last_seq = s.last_seq;
   }
-  if (!Sync(last_seq).ok() || !s.tree->Sync().ok()) return;
+  if (!s.index_ok.load() || !Sync(last_seq).ok() || !s.tree->Sync().ok()) {
+    return;
+  }
   absl::StatusOr<AuditFileStamp> stamp = StampOf(s.fd, s.path, last_seq);
   if (stamp.ok()) (void)s.index->SaveCleanStamp(*stamp);
 }
@@ -879,12 +920,22 @@ absl::StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(
   }
   if (created) MODELSTATE_RETURN_IF_ERROR(FsyncParentDirectory(path));
 
-  MODELSTATE_ASSIGN_OR_RETURN(s.index, AuditIndex::Open(options.index_path));
+  absl::StatusOr<std::unique_ptr<AuditIndex>> index =
+      AuditIndex::Open(options.index_path);
+  if (index.ok()) {
+    s.index = *std::move(index);
+  } else {
+    log->IndexFailed(index.status());
+  }
   MODELSTATE_ASSIGN_OR_RETURN(s.tree, AuditTree::Open(options.hashes_path));
   std::string& why = log->read_whole_log_;
-  MODELSTATE_ASSIGN_OR_RETURN(
-      std::optional<ChainWalk> end,
-      TrustedEnd(fd, path, options, *s.index, *s.tree, &why));
+  std::optional<ChainWalk> end;
+  if (s.index != nullptr) {
+    MODELSTATE_ASSIGN_OR_RETURN(
+        end, TrustedEnd(fd, path, options, *s.index, *s.tree, &why));
+  } else {
+    why = "the index cannot be opened";
+  }
   if (end.has_value()) {
     MODELSTATE_ASSIGN_OR_RETURN(
         bool matches,
@@ -896,10 +947,13 @@ absl::StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(
     }
   }
   if (!end.has_value()) {
-    if (!s.index->rebuilt().empty())
+    if (s.index != nullptr && !s.index->rebuilt().empty()) {
       absl::StrAppend(&why, "; ", s.index->rebuilt());
+    }
     MODELSTATE_ASSIGN_OR_RETURN(
-        WholeLogRead read, ReadWholeLog(fd, path, options, *s.index, *s.tree));
+        WholeLogRead read,
+        ReadWholeLog(fd, path, options, s.index.get(), *s.tree));
+    if (!read.index_error.ok()) log->IndexFailed(read.index_error);
     log->recovered_torn_tail_ = read.recovered_torn_tail;
     log->tree_repair_ = std::move(read.tree_repair);
     log->opened_checkpoint_ = std::move(read.checkpoint_note);
@@ -971,12 +1025,10 @@ absl::StatusOr<uint64_t> AuditLog::Append(AuditRecord record) {
                      "); changes are refused until the server restarts"));
     return s.write_error;
   }
-  if (absl::Status indexed = s.index->Add(record, where); !indexed.ok()) {
-    // Queries would miss the record; the next Open rebuilds the index.
-    s.write_error = absl::UnavailableError(absl::StrCat(
-        "audit log ", s.path, " failed (cannot index record ", record.seq, ": ",
-        indexed.message(), "); changes are refused until the server restarts"));
-    return s.write_error;
+  if (s.index_ok.load()) {
+    if (absl::Status indexed = s.index->Add(record, where); !indexed.ok()) {
+      IndexFailed(indexed);
+    }
   }
   s.last_seq = record.seq;
   s.last_hash = record.hash;
@@ -1045,8 +1097,23 @@ uint64_t AuditLog::last_seq() const {
 
 absl::StatusOr<AuditRecord> AuditLog::Get(uint64_t seq) const {
   State& s = *state_;
-  MODELSTATE_ASSIGN_OR_RETURN(std::optional<AuditLocation> where,
-                              s.index->Locate(seq));
+  std::optional<AuditLocation> where;
+  if (s.index_ok.load()) {
+    absl::StatusOr<std::optional<AuditLocation>> found = s.index->Locate(seq);
+    if (found.ok()) {
+      where = *found;
+    } else {
+      IndexFailed(found.status());
+    }
+  }
+  if (!s.index_ok.load() && seq > 0 && seq <= last_seq()) {
+    AuditQuery one;
+    one.after_seq = seq - 1;
+    one.limit = 1;
+    MODELSTATE_ASSIGN_OR_RETURN(std::vector<AuditRecord> scanned,
+                                ScanLog(s.fd, s.path, one));
+    if (!scanned.empty()) return std::move(scanned.front());
+  }
   if (!where.has_value()) {
     return absl::NotFoundError(absl::StrCat(
         "seq ", seq, ": no such audit record (the log has ", last_seq(), ")"));
@@ -1094,22 +1161,43 @@ absl::Status AuditLog::SaveCheckpoint(absl::string_view signed_note) {
   return WriteFileAtomically(state_->checkpoint_path, signed_note);
 }
 
+absl::StatusOr<std::vector<AuditLocation>> AuditLog::FindInIndex(
+    const AuditQuery& query) const {
+  if (!state_->index_ok.load()) return absl::UnavailableError("no index");
+  absl::StatusOr<std::vector<AuditLocation>> where = state_->index->Find(query);
+  if (!where.ok()) IndexFailed(where.status());
+  return where;
+}
+
 absl::StatusOr<std::vector<AuditRecord>> AuditLog::Query(
     const AuditQuery& query) const {
   State& s = *state_;
-  MODELSTATE_ASSIGN_OR_RETURN(std::vector<AuditLocation> where,
-                              s.index->Find(query));
-  return ReadRecords(s.fd, s.path, where);
+  absl::StatusOr<std::vector<AuditLocation>> where = FindInIndex(query);
+  if (!where.ok()) return ScanLog(s.fd, s.path, query);
+  return ReadRecords(s.fd, s.path, *where);
 }
 
 absl::StatusOr<std::vector<uint64_t>> AuditLog::QuerySeqs(
     const AuditQuery& query) const {
-  MODELSTATE_ASSIGN_OR_RETURN(std::vector<AuditLocation> where,
-                              state_->index->Find(query));
   std::vector<uint64_t> seqs;
-  seqs.reserve(where.size());
-  for (const AuditLocation& w : where) seqs.push_back(w.seq);
+  absl::StatusOr<std::vector<AuditLocation>> where = FindInIndex(query);
+  if (where.ok()) {
+    for (const AuditLocation& w : *where) seqs.push_back(w.seq);
+    return seqs;
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(std::vector<AuditRecord> records,
+                              ScanLog(state_->fd, state_->path, query));
+  for (const AuditRecord& r : records) seqs.push_back(r.seq);
   return seqs;
+}
+
+void AuditLog::IndexFailed(const absl::Status& why) const {
+  if (state_->index_ok.exchange(false)) {
+    internal::LogLine(absl::StrCat(
+        "audit log ", state_->path, ": its index failed (", why.ToString(),
+        "); queries read the log itself until the next start rebuilds the "
+        "index"));
+  }
 }
 
 absl::StatusOr<std::vector<AuditRecord>> AuditLog::WaitForRecords(

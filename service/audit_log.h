@@ -52,6 +52,7 @@
 #include "base/merkle.h"
 #include "base/metrics.h"
 #include "base/sync.h"
+#include "service/audit_index.h"
 #include "service/audit_record.h"
 
 namespace modelstate {
@@ -199,6 +200,13 @@ class AuditLog {
 
  private:
   AuditLog() = default;
+  // The index's answer, or an error after which the caller scans the log.
+  absl::StatusOr<std::vector<AuditLocation>> FindInIndex(
+      const AuditQuery& query) const;
+  // Stops using the index (logged once): it is derived data, so a failed
+  // index write or read must not stop the log.
+  void IndexFailed(const absl::Status& why) const;
+
   // ... implementation-defined members ...
   struct State;
   std::unique_ptr<State> state_;
