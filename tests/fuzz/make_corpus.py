@@ -196,6 +196,8 @@ LAYERS = [
     {"type": "LocalResponseNorm", "args": [5, 1e-3, 0.5, 2]},
     {"type": "PairwiseDistance", "kwargs": {"p": 1, "keepdim": True}},
     {"type": "CosineSimilarity", "args": [0, 1e-6]},
+    {"type": "LPPool1d", "args": [2, 3], "kwargs": {"ceil_mode": True}},
+    {"type": "LPPool2d", "args": [1.5, [2, 3], 1]},
 ]
 
 CUSTOM = {

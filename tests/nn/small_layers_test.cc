@@ -1,5 +1,6 @@
 // The last torch.nn layers of issue 18 (nn/layers/activation.cc,
-// dropout.cc, pixel_shuffle.cc, normalization.cc, distance.cc): torch's
+// dropout.cc, pixel_shuffle.cc, normalization.cc, distance.cc, LPPool in
+// pooling.cc): torch's
 // constructor and forward checks with its texts, and the values that need
 // no torch to know. Values against real torch are in
 // tests/python/{layers_match_torch,forward_matches_torch}.py.
@@ -66,6 +67,9 @@ TEST(SmallLayersTest, ConstructorChecksAreTorchs) {
       {R"({"type": "LocalResponseNorm", "kwargs": {"alpha": 1}})",
        "missing 1 required positional argument: 'size'"},
       {R"({"type": "PairwiseDistance", "kwargs": {"keepdim": 1}})", "keepdim"},
+      {R"({"type": "LPPool2d", "args": [2]})",
+       "missing 1 required positional argument: 'kernel_size'"},
+      {R"({"type": "LPPool1d", "args": [2, 0]})", "kernel_size"},
       {R"({"type": "CosineSimilarity", "args": [1, 1e-8, 3]})",
        "takes from 1 to 3 positional arguments but 4 were given"},
   };
@@ -131,6 +135,13 @@ TEST(SmallLayersTest, ForwardChecksInputsWithTorchsTexts) {
        {Ones({3, 4}), Ones({1, 4})},
        "Dimension out of range (expected to be in range of [-2, 1], but got "
        "2)"},
+      {R"({"type": "LPPool2d", "args": [2, 2]})",
+       {Ones({3, 4})},
+       "non-empty 3D or 4D (batch mode) tensor expected for input, but got: "
+       "[3, 4]"},
+      {R"({"type": "LPPool1d", "args": [2, 4]})",
+       {Ones({1, 2, 3})},
+       "Output size is too small"},
       {R"({"type": "PairwiseDistance"})",
        {Ones({3, 4})},
        "PairwiseDistance.forward() takes 2 tensor arguments but 1 were given"},

@@ -281,11 +281,12 @@ class RoundTripTest(Checks):
                 self.softmax2d = nn.Softmax2d()
                 self.cos = nn.CosineSimilarity(dim=1, eps=1e-6)
                 self.dist = nn.PairwiseDistance(p=1.0, keepdim=True)
+                self.lp = nn.LPPool2d(2.0, (2, 3), stride=1)
 
             def forward(self, x):
                 y = self.glu(self.shuffle(self.lrn(self.act(self.conv(x)))))
                 y = self.softmax2d(self.body(self.drop(y)))
-                z = self.softmin(y).flatten(1)
+                z = self.lp(self.softmin(y)).flatten(1)
                 return self.cos(z, z.flip(1)), self.dist(z, z.flip(1))
 
         torch.manual_seed(7)
@@ -295,7 +296,7 @@ class RoundTripTest(Checks):
         info = remote.info().info
         types = {c.name: c.module.type for c in info.children}
         for name in ("act", "lrn", "shuffle", "glu", "drop", "softmin",
-                     "softmax2d", "cos", "dist"):
+                     "softmax2d", "cos", "dist", "lp"):
             self.assertEqual(types[name], type(getattr(model, name)).__name__)
         back = ms.pull("small/net")
         self.assertSameModule(back, model)
@@ -310,7 +311,7 @@ class RoundTripTest(Checks):
             # The server's forward: within 1e-5 of torch's.
             y = torch.randn(2, 8, 6, 5)
             for name in ("act", "lrn", "shuffle", "glu", "body",
-                         "softmax2d"):
+                         "softmax2d", "lp"):
                 out = remote.get_submodule(name)(y)
                 want = getattr(model, name)(y)
                 self.assertEqual(out.shape, want.shape)

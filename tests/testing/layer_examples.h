@@ -126,6 +126,8 @@ inline const std::map<std::string, std::string>& LayerExampleArgs() {
       {"LocalResponseNorm", "[2]"},
       {"PairwiseDistance", "[]"},
       {"CosineSimilarity", "[]"},
+      {"LPPool1d", "[2, 3]"},
+      {"LPPool2d", "[2, 3]"},
       {"Sequential", ""},
       {"ModuleList", ""},
       {"ModuleDict", ""}};

@@ -475,6 +475,11 @@ LAYERS = {layer.name: layer for layer in [
         "keepdim": _bool(v.attr("keepdim"))}, factory=False),
     Layer("CosineSimilarity", _only(("dim", _int), ("eps", _number)),
           factory=False),
+    *[Layer(f"LPPool{d}d", _only(("norm_type", _number),
+                                 ("kernel_size", _ints),
+                                 ("stride", _optional(_ints)),
+                                 ("ceil_mode", _bool)), factory=False)
+      for d in (1, 2)],
 ]}
 
 CONTAINERS = ("Sequential", "ModuleList", "ModuleDict")
