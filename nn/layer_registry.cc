@@ -29,6 +29,7 @@ constexpr FamilyFn kFamilies[] = {
     &TransformerFamily,  // TransformerEncoderLayer
     &RecurrentFamily,    // RNN, LSTM, GRU and their cells
     &DistanceFamily,     // PairwiseDistance, CosineSimilarity
+    &FoldFamily,         // Fold, Unfold
     &ContainerFamily,    // Sequential, ModuleList, ModuleDict
 };
 

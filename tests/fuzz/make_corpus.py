@@ -198,6 +198,8 @@ LAYERS = [
     {"type": "CosineSimilarity", "args": [0, 1e-6]},
     {"type": "LPPool1d", "args": [2, 3], "kwargs": {"ceil_mode": True}},
     {"type": "LPPool2d", "args": [1.5, [2, 3], 1]},
+    {"type": "Fold", "args": [[6, 5], [2, 3]], "kwargs": {"padding": 1}},
+    {"type": "Unfold", "args": [3, 2, 1, [2, 1]]},
 ]
 
 CUSTOM = {

@@ -1,6 +1,6 @@
 // The last torch.nn layers of issue 18 (nn/layers/activation.cc,
-// dropout.cc, pixel_shuffle.cc, normalization.cc, distance.cc, LPPool in
-// pooling.cc): torch's
+// dropout.cc, pixel_shuffle.cc, normalization.cc, distance.cc, fold.cc,
+// LPPool in pooling.cc): torch's
 // constructor and forward checks with its texts, and the values that need
 // no torch to know. Values against real torch are in
 // tests/python/{layers_match_torch,forward_matches_torch}.py.
@@ -70,6 +70,9 @@ TEST(SmallLayersTest, ConstructorChecksAreTorchs) {
       {R"({"type": "LPPool2d", "args": [2]})",
        "missing 1 required positional argument: 'kernel_size'"},
       {R"({"type": "LPPool1d", "args": [2, 0]})", "kernel_size"},
+      {R"({"type": "Fold", "args": [[4, 5]]})",
+       "missing 1 required positional argument: 'kernel_size'"},
+      {R"({"type": "Unfold", "args": [2.5]})", "kernel_size"},
       {R"({"type": "CosineSimilarity", "args": [1, 1e-8, 3]})",
        "takes from 1 to 3 positional arguments but 4 were given"},
   };
@@ -142,6 +145,36 @@ TEST(SmallLayersTest, ForwardChecksInputsWithTorchsTexts) {
       {R"({"type": "LPPool1d", "args": [2, 4]})",
        {Ones({1, 2, 3})},
        "Output size is too small"},
+      {R"({"type": "Unfold", "args": [5]})",
+       {Ones({1, 3, 4, 4})},
+       "Given input with spatial size (4, 4), kernel_size=(5, 5), "
+       "dilation=(1, 1), padding=(0, 0), calculated shape of the array of "
+       "sliding blocks as (0, 0), but its components must be at least one."},
+      {R"({"type": "Unfold", "args": [2], "kwargs": {"stride": 0}})",
+       {Ones({1, 3, 4, 4})},
+       "stride should be greater than zero, but got stride_height: 0 "
+       "stride_width: 0"},
+      {R"({"type": "Unfold", "args": [2], "kwargs": {"padding": -1}})",
+       {Ones({1, 3, 4, 4})},
+       "padding should be non-negative, but got pad_height: -1 pad_width: -1"},
+      {R"({"type": "Unfold", "args": [2]})",
+       {Ones({1, 1, 3, 4, 4})},
+       "Expected 3D or 4D (batch mode) tensor with possibly 0 batch size and "
+       "other non-zero dimensions for input, but got: [1, 1, 3, 4, 4]"},
+      {R"({"type": "Fold", "args": [[4, 5], 2]})",
+       {Ones({1, 6, 12})},
+       "Expected size of input's dimension 1 to be divisible by the product "
+       "of kernel_size, but got input.size(1)=6 and kernel_size=(2, 2)."},
+      {R"({"type": "Fold", "args": [[4, 5], 2]})",
+       {Ones({1, 12, 11})},
+       "Given output_size=(4, 5), kernel_size=(2, 2), dilation=(1, 1), "
+       "padding=(0, 0), stride=(1, 1), expected size of input's dimension 2 "
+       "to match the calculated number of sliding blocks 3 * 4 = 12, but got "
+       "input.size(2)=11."},
+      {R"({"type": "Fold", "args": [[4, 5], 2]})",
+       {Ones({1, 12, 12, 1})},
+       "Expected 2D or 3D (batch mode) tensor for input with possibly 0 batch "
+       "size and non-zero dimensions for input, but got: [1, 12, 12, 1]"},
       {R"({"type": "PairwiseDistance"})",
        {Ones({3, 4})},
        "PairwiseDistance.forward() takes 2 tensor arguments but 1 were given"},
@@ -180,6 +213,21 @@ TEST(SmallLayersTest, ChannelShuffleInterleavesGroups) {
       std::vector<Tensor> out,
       Forward(*built.root, {Values({1, 6, 1}, {0, 1, 2, 3, 4, 5})}));
   EXPECT_THAT(Read(out[0]), ElementsAre(0, 3, 1, 4, 2, 5));
+}
+
+TEST(SmallLayersTest, FoldSumsWhatUnfoldSpreads) {
+  // Unfold then Fold with overlapping 2x2 blocks: each pixel comes back
+  // times the number of blocks covering it (1 2 1 / 2 4 2 / 1 2 1).
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult unfold,
+                                  Build(R"({"type": "Unfold", "args": [2]})"));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult fold,
+                                  Build(R"({"type": "Fold", "args": [3, 2]})"));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::vector<Tensor> cols,
+                                  Forward(*unfold.root, {Ones({1, 1, 3, 3})}));
+  EXPECT_EQ(cols[0].shape(), (Shape{1, 4, 4}));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::vector<Tensor> back,
+                                  Forward(*fold.root, cols));
+  EXPECT_THAT(Read(back[0]), ElementsAre(1, 2, 1, 2, 4, 2, 1, 2, 1));
 }
 
 TEST(SmallLayersTest, FeatureAlphaDropoutDropsWholeChannels) {

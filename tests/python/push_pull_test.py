@@ -282,10 +282,13 @@ class RoundTripTest(Checks):
                 self.cos = nn.CosineSimilarity(dim=1, eps=1e-6)
                 self.dist = nn.PairwiseDistance(p=1.0, keepdim=True)
                 self.lp = nn.LPPool2d(2.0, (2, 3), stride=1)
+                self.unfold = nn.Unfold((2, 3), padding=1, stride=(1, 2))
+                self.fold = nn.Fold((6, 5), (2, 3), padding=1, stride=(1, 2))
 
             def forward(self, x):
                 y = self.glu(self.shuffle(self.lrn(self.act(self.conv(x)))))
                 y = self.softmax2d(self.body(self.drop(y)))
+                y = self.fold(self.unfold(y))
                 z = self.lp(self.softmin(y)).flatten(1)
                 return self.cos(z, z.flip(1)), self.dist(z, z.flip(1))
 
@@ -296,7 +299,7 @@ class RoundTripTest(Checks):
         info = remote.info().info
         types = {c.name: c.module.type for c in info.children}
         for name in ("act", "lrn", "shuffle", "glu", "drop", "softmin",
-                     "softmax2d", "cos", "dist", "lp"):
+                     "softmax2d", "cos", "dist", "lp", "fold", "unfold"):
             self.assertEqual(types[name], type(getattr(model, name)).__name__)
         back = ms.pull("small/net")
         self.assertSameModule(back, model)
@@ -311,7 +314,7 @@ class RoundTripTest(Checks):
             # The server's forward: within 1e-5 of torch's.
             y = torch.randn(2, 8, 6, 5)
             for name in ("act", "lrn", "shuffle", "glu", "body",
-                         "softmax2d", "lp"):
+                         "softmax2d", "lp", "unfold"):
                 out = remote.get_submodule(name)(y)
                 want = getattr(model, name)(y)
                 self.assertEqual(out.shape, want.shape)

@@ -128,6 +128,8 @@ inline const std::map<std::string, std::string>& LayerExampleArgs() {
       {"CosineSimilarity", "[]"},
       {"LPPool1d", "[2, 3]"},
       {"LPPool2d", "[2, 3]"},
+      {"Fold", "[[4, 5], 2]"},
+      {"Unfold", "[2]"},
       {"Sequential", ""},
       {"ModuleList", ""},
       {"ModuleDict", ""}};

@@ -480,6 +480,12 @@ LAYERS = {layer.name: layer for layer in [
                                  ("stride", _optional(_ints)),
                                  ("ceil_mode", _bool)), factory=False)
       for d in (1, 2)],
+    Layer("Unfold", _only(("kernel_size", _ints), ("dilation", _ints),
+                          ("padding", _ints), ("stride", _ints)),
+          factory=False),
+    Layer("Fold", _only(("output_size", _ints), ("kernel_size", _ints),
+                        ("dilation", _ints), ("padding", _ints),
+                        ("stride", _ints)), factory=False),
 ]}
 
 CONTAINERS = ("Sequential", "ModuleList", "ModuleDict")
