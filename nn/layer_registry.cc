@@ -22,12 +22,14 @@ constexpr FamilyFn kFamilies[] = {
     &ActivationFamily,     // ReLU, GELU, SiLU, Tanh, Sigmoid, Softmax
     &FlattenFamily,        // Flatten, Unflatten
     &PoolingFamily,        // Max/Avg/AdaptiveAvg/AdaptiveMaxPool1d/2d/3d
-    &PixelShuffleFamily,   // PixelShuffle, PixelUnshuffle
+    &PixelShuffleFamily,   // PixelShuffle, PixelUnshuffle, ChannelShuffle
     &UpsamplingFamily,     // Upsample, UpsamplingNearest2d/Bilinear2d
     &PaddingFamily,      // ZeroPad2d, ConstantPad/ReflectionPad/ReplicationPad
     &AttentionFamily,    // MultiheadAttention
     &TransformerFamily,  // TransformerEncoderLayer
     &RecurrentFamily,    // RNN, LSTM, GRU and their cells
+    &DistanceFamily,     // PairwiseDistance, CosineSimilarity
+    &FoldFamily,         // Fold, Unfold
     &ContainerFamily,    // Sequential, ModuleList, ModuleDict
 };
 

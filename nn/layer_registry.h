@@ -97,6 +97,8 @@ std::vector<LayerDef> PaddingFamily();        // padding.cc
 std::vector<LayerDef> AttentionFamily();      // attention.cc
 std::vector<LayerDef> TransformerFamily();    // transformer.cc
 std::vector<LayerDef> RecurrentFamily();      // recurrent.cc
+std::vector<LayerDef> DistanceFamily();       // distance.cc
+std::vector<LayerDef> FoldFamily();           // fold.cc
 std::vector<LayerDef> ContainerFamily();      // container.cc
 
 }  // namespace modelstate::internal

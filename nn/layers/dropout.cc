@@ -1,10 +1,11 @@
-// The dropout family: Dropout, Dropout1d/2d/3d (whole channels) and
-// AlphaDropout. In eval mode their inputs pass through untouched (Dropout1d
-// still checks its input's rank, as F.dropout1d does); in training mode
-// each element (each channel) is kept with probability 1 - p and scaled by
-// 1 / (1 - p), AlphaDropout keeping mean and variance as F.alpha_dropout
-// does. Masks come from ForwardOptions' generator: deterministic for a
-// seed, but not the masks torch draws.
+// The dropout family: Dropout, Dropout1d/2d/3d (whole channels),
+// AlphaDropout and FeatureAlphaDropout (alpha dropout of whole channels). In
+// eval mode their inputs pass through untouched (Dropout1d still checks its
+// input's rank, as F.dropout1d does); in training mode each element (each
+// channel) is kept with probability 1 - p and scaled by 1 / (1 - p),
+// AlphaDropout keeping mean and variance as F.alpha_dropout does. Masks come
+// from ForwardOptions' generator: deterministic for a seed, but not the masks
+// torch draws.
 #include "nn/layers/dropout.h"
 
 #include <algorithm>
@@ -31,8 +32,16 @@ std::shared_ptr<Module> NewDropout(double p, bool inplace) {
 namespace {
 
 constexpr const char* kDropoutVariantNames[] = {
-    "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout"};
-enum DropoutVariant { kElementwise = 0, k1d, k2d, k3d, kAlpha };
+    "Dropout",   "Dropout1d",    "Dropout2d",
+    "Dropout3d", "AlphaDropout", "FeatureAlphaDropout"};
+enum DropoutVariant {
+  kElementwise = 0,
+  k1d,
+  k2d,
+  k3d,
+  kAlphaElementwise,
+  kFeatureAlpha
+};
 
 template <int kVariant>
 absl::StatusOr<std::shared_ptr<Module>> BuildDropout(const BoundArgs& args,
@@ -101,23 +110,31 @@ absl::StatusOr<Tensor> FeatureDropoutKernel(const LayerCall& call,
 // F.alpha_dropout in training mode: a dropped element becomes -alpha' and
 // the result is scaled and shifted so that a standard normal input keeps
 // mean 0 and variance 1 (alpha' = SELU's scale * alpha).
-template <typename T>
+// F.feature_alpha_dropout (kFeature) draws once per (batch, channel) pair
+// of an input of at least 2 dims, as ATen's make_feature_noise does.
+template <typename T, bool kFeature>
 absl::StatusOr<Tensor> AlphaDropoutKernel(const LayerCall& call,
                                           const Tensor& x, DType) {
   MODELSTATE_ASSIGN_OR_RETURN(double p, AttrDouble(call.module, "p"));
-  if (p == 0) return x;
+  if (p == 0 || x.numel() == 0) return x;
   MODELSTATE_ASSIGN_OR_RETURN(Out<T> y, NewOut<T>(x.shape()));
   const T* px = Data<T>(x);
   if (p == 1) {
     std::fill(y.data, y.data + x.numel(), T(0));
     return y.tensor;
   }
+  if (kFeature && x.dim() < 2) {
+    return absl::InvalidArgumentError(
+        "Feature dropout requires at least 2 dimensions in the input");
+  }
   constexpr double kAlpha = 1.7580993408473766;
   const double a = 1.0 / std::sqrt((kAlpha * kAlpha * p + 1) * (1 - p));
-  std::vector<T> keep(x.numel(), T(1));
-  DropoutInPlace(keep.data(), x.numel(), p, call.runner.gen());
+  const int64_t draws = kFeature ? Prod(x.shape(), 0, 2) : x.numel();
+  const int64_t block = x.numel() / draws;
+  std::vector<T> keep(draws, T(1));
+  DropoutInPlace(keep.data(), draws, p, call.runner.gen());
   for (int64_t i = 0; i < x.numel(); ++i) {
-    const double noise = keep[i] != 0 ? 1.0 : 0.0;
+    const double noise = keep[i / block] != 0 ? 1.0 : 0.0;
     const double b = (noise - 1) * kAlpha * a + kAlpha * a * p;
     y.data[i] = static_cast<T>(px[i] * (noise * a) + b);
   }
@@ -135,9 +152,11 @@ absl::StatusOr<std::vector<Tensor>> DropoutForward(
   if constexpr (kVariant == kElementwise) {
     return FloatForward<&DropoutKernel<float>, &DropoutKernel<double>>(call,
                                                                        in);
-  } else if constexpr (kVariant == kAlpha) {
-    return FloatForward<&AlphaDropoutKernel<float>,
-                        &AlphaDropoutKernel<double>>(call, in);
+  } else if constexpr (kVariant == kAlphaElementwise ||
+                       kVariant == kFeatureAlpha) {
+    constexpr bool kFeature = kVariant == kFeatureAlpha;
+    return FloatForward<&AlphaDropoutKernel<float, kFeature>,
+                        &AlphaDropoutKernel<double, kFeature>>(call, in);
   } else {
     return FloatForward<&FeatureDropoutKernel<float, kVariant>,
                         &FeatureDropoutKernel<double, kVariant>>(call, in);
@@ -180,7 +199,8 @@ std::vector<LayerDef> DropoutFamily() {
       DropoutDef<k1d>("torch.nn.modules.dropout.Dropout1d"),
       DropoutDef<k2d>("torch.nn.modules.dropout.Dropout2d"),
       DropoutDef<k3d>("torch.nn.modules.dropout.Dropout3d"),
-      DropoutDef<kAlpha>("torch.nn.modules.dropout.AlphaDropout"),
+      DropoutDef<kAlphaElementwise>("torch.nn.modules.dropout.AlphaDropout"),
+      DropoutDef<kFeatureAlpha>("torch.nn.modules.dropout.FeatureAlphaDropout"),
   };
 }
 

@@ -1,11 +1,13 @@
 // The normalisation family: BatchNorm1d/2d/3d, InstanceNorm1d/2d/3d,
-// LayerNorm and GroupNorm. Construction follows torch.nn.modules.batchnorm,
+// LayerNorm, GroupNorm and LocalResponseNorm (no state; it keeps size,
+// alpha, beta and k). Construction follows torch.nn.modules.batchnorm,
 // instancenorm and normalization (affine weight = ones, bias = zeros; running
 // statistics as buffers); forward computes statistics in double and normalises
 // in the compute type, updating BatchNorm's running statistics in training
 // mode.
 #include "nn/layers/normalization.h"
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -571,6 +573,70 @@ absl::StatusOr<Tensor> GroupNormForward(const LayerCall& call, const Tensor& x,
   return y.tensor;
 }
 
+// ---------------------------------------------------------------------------
+// LocalResponseNorm.
+
+absl::StatusOr<std::shared_ptr<Module>> BuildLocalResponseNorm(
+    const BoundArgs& args, BuildContext&, const std::string&) {
+  MODELSTATE_ASSIGN_OR_RETURN(int64_t size, args.Int("size"));
+  std::shared_ptr<Module> m =
+      NewStateless("LocalResponseNorm", "normalization");
+  m->SetPlainAttribute("size", size);
+  for (const char* name : {"alpha", "beta", "k"}) {
+    MODELSTATE_ASSIGN_OR_RETURN(double value, args.Float(name));
+    m->SetPlainAttribute(name, value);
+  }
+  return m;
+}
+
+// F.local_response_norm: x / (k + alpha * mean(x^2 over the `size`
+// channels c - size/2 .. c + (size-1)/2, zeros past the ends))^beta, the
+// mean always dividing by `size` (avg_pool's count_include_pad).
+template <typename T>
+absl::StatusOr<Tensor> LocalResponseNormForward(const LayerCall& call,
+                                                const Tensor& x, DType) {
+  const Module& m = call.module;
+  MODELSTATE_ASSIGN_OR_RETURN(int64_t size, AttrInt(m, "size"));
+  MODELSTATE_ASSIGN_OR_RETURN(double alpha, AttrDouble(m, "alpha"));
+  MODELSTATE_ASSIGN_OR_RETURN(double beta, AttrDouble(m, "beta"));
+  MODELSTATE_ASSIGN_OR_RETURN(double k, AttrDouble(m, "k"));
+  if (x.dim() < 3) {
+    // torch's text, with the indentation its line continuation keeps.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Expected 3D or higher dimensionality ", std::string(25, ' '),
+        "input (got ", x.dim(), " dimensions)"));
+  }
+  if (x.numel() == 0) return x;
+  if (size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kernel size should be greater than zero, but got ",
+                     x.dim() == 3 ? "kH: " : "kT: ", size,
+                     x.dim() == 3 ? " kW: 1" : " kH: 1 kW: 1"));
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(Out<T> y, NewOut<T>(x.shape()));
+  const int64_t channels = x.shape()[1];
+  const int64_t inner = Prod(x.shape(), 2, x.dim());
+  const T* px = Data<T>(x);
+  for (int64_t n = 0; n < x.shape()[0]; ++n) {
+    const T* src = px + n * channels * inner;
+    T* dst = y.data + n * channels * inner;
+    for (int64_t c = 0; c < channels; ++c) {
+      const int64_t lo = std::max<int64_t>(0, c - size / 2);
+      const int64_t hi = std::min(channels - 1, c + (size - 1) / 2);
+      for (int64_t i = 0; i < inner; ++i) {
+        double sum = 0;
+        for (int64_t j = lo; j <= hi; ++j) {
+          const double v = src[j * inner + i];
+          sum += v * v;
+        }
+        const double div = std::pow(sum / size * alpha + k, beta);
+        dst[c * inner + i] = static_cast<T>(src[c * inner + i] / div);
+      }
+    }
+  }
+  return y.tensor;
+}
+
 }  // namespace
 
 std::vector<LayerDef> NormalizationFamily() {
@@ -645,6 +711,13 @@ std::vector<LayerDef> NormalizationFamily() {
        .build = &BuildGroupNorm,
        .forward =
            &FloatForward<&GroupNormForward<float>, &GroupNormForward<double>>},
+      {.type = "LocalResponseNorm",
+       .qualified_name = "torch.nn.modules.normalization.LocalResponseNorm",
+       .signature =
+           {{"size", {}}, {"alpha", F(1e-4)}, {"beta", F(0.75)}, {"k", F(1.0)}},
+       .build = &BuildLocalResponseNorm,
+       .forward = &FloatForward<&LocalResponseNormForward<float>,
+                                &LocalResponseNormForward<double>>},
   };
 }
 

@@ -1,7 +1,10 @@
 // The pixel-shuffle family: PixelShuffle and PixelUnshuffle
 // (torch.nn.modules.pixelshuffle). Modules without state keeping their
 // factor; forward rearranges (*, C*r*r, H, W) <-> (*, C, H*r, W*r) as
-// F.pixel_shuffle / F.pixel_unshuffle do.
+// F.pixel_shuffle / F.pixel_unshuffle do. ChannelShuffle
+// (torch.nn.modules.channelshuffle) keeps its `groups` and reorders the
+// channels (dim 1) of a (N, g*k, *) input from (g, k) to (k, g) order.
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -118,6 +121,55 @@ absl::StatusOr<Tensor> PixelShuffleForward(const LayerCall& call,
   return y.tensor;
 }
 
+absl::StatusOr<std::shared_ptr<Module>> BuildChannelShuffle(
+    const BoundArgs& args, BuildContext&, const std::string&) {
+  MODELSTATE_ASSIGN_OR_RETURN(int64_t groups, args.Int("groups"));
+  std::shared_ptr<Module> m = NewStateless("ChannelShuffle", "channelshuffle");
+  m->SetPlainAttribute("groups", groups);
+  return m;
+}
+
+// F.channel_shuffle, with ATen's checks: output channel j * g + i is input
+// channel i * k + j (k = C / g), for every batch row and position.
+template <typename T>
+absl::StatusOr<Tensor> ChannelShuffleForward(const LayerCall& call,
+                                             const Tensor& x, DType) {
+  MODELSTATE_ASSIGN_OR_RETURN(int64_t g, AttrInt(call.module, "groups"));
+  if (x.dim() <= 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("channel_shuffle expects input with > 2 dims, but got "
+                     "input with sizes ",
+                     Sizes(x.shape())));
+  }
+  if (g <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Number of groups to divide channels in must be positive. Value of "
+        "groups:",
+        g));
+  }
+  const int64_t channels = x.shape()[1];
+  if (channels % g != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Number of channels must be divisible by groups. Got ",
+                     channels, " channels and ", g, " groups."));
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(Out<T> y, NewOut<T>(x.shape()));
+  const int64_t k = channels / g;
+  const int64_t inner = Prod(x.shape(), 2, x.dim());
+  const T* px = Data<T>(x);
+  for (int64_t n = 0; n < x.shape()[0]; ++n) {
+    const T* src = px + n * channels * inner;
+    T* dst = y.data + n * channels * inner;
+    for (int64_t i = 0; i < g; ++i) {
+      for (int64_t j = 0; j < k; ++j) {
+        std::copy(src + (i * k + j) * inner, src + (i * k + j + 1) * inner,
+                  dst + (j * g + i) * inner);
+      }
+    }
+  }
+  return y.tensor;
+}
+
 }  // namespace
 
 std::vector<LayerDef> PixelShuffleFamily() {
@@ -134,6 +186,12 @@ std::vector<LayerDef> PixelShuffleFamily() {
        .build = &BuildPixelShuffle<true>,
        .forward = &FloatForward<&PixelShuffleForward<float, true>,
                                 &PixelShuffleForward<double, true>>},
+      {.type = "ChannelShuffle",
+       .qualified_name = "torch.nn.modules.channelshuffle.ChannelShuffle",
+       .signature = {{"groups", {}}},
+       .build = &BuildChannelShuffle,
+       .forward = &FloatForward<&ChannelShuffleForward<float>,
+                                &ChannelShuffleForward<double>>},
   };
 }
 

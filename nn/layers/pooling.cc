@@ -1,11 +1,11 @@
 // The pooling family: MaxPool1d/2d/3d, AvgPool1d/2d/3d,
-// AdaptiveAvgPool1d/2d/3d and AdaptiveMaxPool1d/2d/3d. Modules without
-// state (torch.nn.modules.pooling) that keep kernel_size, stride, ... as
-// torch does (as given, or AvgPool1d's one-tuples). Every rank runs as a
-// 3-d pooling whose leading window dims are 1, so one kernel per kind
-// serves all three ranks; forward follows F.max_pool{1,2,3}d (ceil_mode,
-// dilation, return_indices), F.avg_pool{1,2,3}d (count_include_pad,
-// divisor_override) and the adaptive ones.
+// AdaptiveAvgPool1d/2d/3d, AdaptiveMaxPool1d/2d/3d and LPPool1d/2d. Modules
+// without state (torch.nn.modules.pooling) that keep kernel_size, stride, ...
+// as torch does (as given, or AvgPool1d's one-tuples). Every rank runs as a 3-d
+// pooling whose leading window dims are 1, so one kernel per kind serves all
+// three ranks; forward follows F.max_pool{1,2,3}d (ceil_mode, dilation,
+// return_indices), F.avg_pool{1,2,3}d (count_include_pad, divisor_override) and
+// the adaptive ones.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -185,6 +185,11 @@ absl::StatusOr<std::vector<int64_t>> PoolStride(const Module& m, int dims,
   return AttrInts(m, "stride", dims);
 }
 
+absl::StatusOr<PoolGeometry> CheckedPoolGeometry(
+    const Tensor& x, int dims, const std::vector<int64_t>& k,
+    const std::vector<int64_t>& st, const std::vector<int64_t>& pd,
+    const std::vector<int64_t>& dl, bool with_dilation, bool ceil_mode);
+
 // Reads kernel_size, stride, padding (and dilation when `with_dilation`),
 // checks them with the input as ATen's pool shape checks do and sizes the
 // output.
@@ -200,6 +205,16 @@ absl::StatusOr<PoolGeometry> WindowGeometry(const Module& m, const Tensor& x,
   if (with_dilation) {
     MODELSTATE_ASSIGN_OR_RETURN(dl, AttrInts(m, "dilation", dims));
   }
+  return CheckedPoolGeometry(x, dims, k, st, pd, dl, with_dilation, ceil_mode);
+}
+
+// The geometry of a window pooling with these arguments, checked with the
+// input as ATen's pool shape checks do (`with_dilation`: max pooling's
+// texts).
+absl::StatusOr<PoolGeometry> CheckedPoolGeometry(
+    const Tensor& x, int dims, const std::vector<int64_t>& k,
+    const std::vector<int64_t>& st, const std::vector<int64_t>& pd,
+    const std::vector<int64_t>& dl, bool with_dilation, bool ceil_mode) {
   MODELSTATE_RETURN_IF_ERROR(CheckPoolInputRank(x, dims));
   PoolGeometry g;
   g.planes = Prod(x.shape(), 0, x.dim() - dims);
@@ -521,6 +536,58 @@ absl::StatusOr<std::vector<Tensor>> AdaptiveMaxPoolForward(
   return out.Tensors();
 }
 
+// LPPool1d/2d(norm_type, kernel_size, stride=None, ceil_mode=False):
+// every argument kept as given (stride None stays None).
+template <int kDims>
+absl::StatusOr<std::shared_ptr<Module>> BuildLPPool(const BoundArgs& args,
+                                                    BuildContext&,
+                                                    const std::string&) {
+  MODELSTATE_ASSIGN_OR_RETURN(double norm_type, args.Float("norm_type"));
+  MODELSTATE_ASSIGN_OR_RETURN(AttrValue kernel,
+                              args.IntOrTuple("kernel_size", 1));
+  AttrValue stride = std::monostate{};
+  if (!args.IsNone("stride")) {
+    MODELSTATE_ASSIGN_OR_RETURN(stride, args.IntOrTuple("stride", 1));
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(bool ceil_mode, args.Bool("ceil_mode"));
+  std::shared_ptr<Module> m =
+      NewStateless(kDims == 1 ? "LPPool1d" : "LPPool2d", "pooling");
+  m->SetPlainAttribute("norm_type", norm_type);
+  m->SetPlainAttribute("kernel_size", kernel);
+  m->SetPlainAttribute("stride", stride);
+  m->SetPlainAttribute("ceil_mode", ceil_mode);
+  return m;
+}
+
+// F.lp_pool1d/2d: (avg_pool(x^p, no padding) * window size)^(1/p), the
+// average dividing by the part of a ceil_mode window inside the input.
+template <typename T, int kDims>
+absl::StatusOr<Tensor> LPPoolForward(const LayerCall& call, const Tensor& x,
+                                     DType) {
+  const Module& m = call.module;
+  MODELSTATE_ASSIGN_OR_RETURN(double p, AttrDouble(m, "norm_type"));
+  MODELSTATE_ASSIGN_OR_RETURN(bool ceil_mode, AttrBool(m, "ceil_mode"));
+  MODELSTATE_ASSIGN_OR_RETURN(std::vector<int64_t> k,
+                              AttrInts(m, "kernel_size", kDims));
+  MODELSTATE_ASSIGN_OR_RETURN(std::vector<int64_t> st, PoolStride(m, kDims, k));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      PoolGeometry g,
+      CheckedPoolGeometry(x, kDims, k, st, std::vector<int64_t>(kDims, 0),
+                          std::vector<int64_t>(kDims, 1), false, ceil_mode));
+  std::vector<T> powered(x.numel());
+  const T* px = Data<T>(x);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    powered[i] = std::pow(px[i], static_cast<T>(p));
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(Out<T> y, NewOut<T>(PooledShape(x, g, kDims)));
+  AvgPoolKernel(powered.data(), g, true, 0, y.data);
+  const T window = static_cast<T>(Prod(Shape(k.begin(), k.end()), 0, kDims));
+  for (int64_t i = 0; i < y.tensor.numel(); ++i) {
+    y.data[i] = std::pow(y.data[i] * window, static_cast<T>(1.0 / p));
+  }
+  return y.tensor;
+}
+
 std::string PoolingName(absl::string_view type) {
   return absl::StrCat("torch.nn.modules.pooling.", type);
 }
@@ -577,6 +644,21 @@ std::vector<LayerDef> PoolingFamily() {
   AddPoolingDims<2>(defs);  // MaxPool2d and AdaptiveAvgPool2d came first.
   AddPoolingDims<1>(defs);
   AddPoolingDims<3>(defs);
+  for (int dims : {1, 2}) {
+    defs.push_back(
+        {.type = dims == 1 ? "LPPool1d" : "LPPool2d",
+         .qualified_name = dims == 1 ? "torch.nn.modules.pooling.LPPool1d"
+                                     : "torch.nn.modules.pooling.LPPool2d",
+         .signature = {{"norm_type", {}},
+                       {"kernel_size", {}},
+                       {"stride", kNone},
+                       {"ceil_mode", B(false)}},
+         .build = dims == 1 ? &BuildLPPool<1> : &BuildLPPool<2>,
+         .forward = dims == 1 ? &FloatForward<&LPPoolForward<float, 1>,
+                                              &LPPoolForward<double, 1>>
+                              : &FloatForward<&LPPoolForward<float, 2>,
+                                              &LPPoolForward<double, 2>>});
+  }
   return defs;
 }
 

@@ -176,6 +176,30 @@ LAYERS = [
      "kwargs": {"mode": "area", "recompute_scale_factor": True}},
     {"type": "UpsamplingNearest2d", "args": [4]},
     {"type": "UpsamplingBilinear2d", "kwargs": {"scale_factor": 1.5}},
+    # Issue 18's last layers: activations with arguments, feature alpha
+    # dropout, channel shuffle, local response norm and the distances.
+    {"type": "ReLU6", "kwargs": {"inplace": True}},
+    {"type": "Hardtanh", "args": [-2.0, 2.5], "kwargs": {"max_value": 3}},
+    {"type": "SELU"},
+    {"type": "CELU", "args": [0.5]},
+    {"type": "GLU", "args": [1]},
+    {"type": "LogSigmoid"},
+    {"type": "Softmin", "kwargs": {"dim": -1}},
+    {"type": "Softsign"},
+    {"type": "Softshrink", "args": [0.25]},
+    {"type": "Hardshrink", "kwargs": {"lambd": 1}},
+    {"type": "Tanhshrink"},
+    {"type": "Threshold", "args": [0.1, 20, False]},
+    {"type": "Softmax2d"},
+    {"type": "FeatureAlphaDropout", "args": [0.3]},
+    {"type": "ChannelShuffle", "args": [4]},
+    {"type": "LocalResponseNorm", "args": [5, 1e-3, 0.5, 2]},
+    {"type": "PairwiseDistance", "kwargs": {"p": 1, "keepdim": True}},
+    {"type": "CosineSimilarity", "args": [0, 1e-6]},
+    {"type": "LPPool1d", "args": [2, 3], "kwargs": {"ceil_mode": True}},
+    {"type": "LPPool2d", "args": [1.5, [2, 3], 1]},
+    {"type": "Fold", "args": [[6, 5], [2, 3]], "kwargs": {"padding": 1}},
+    {"type": "Unfold", "args": [3, 2, 1, [2, 1]]},
 ]
 
 CUSTOM = {

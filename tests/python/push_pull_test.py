@@ -255,6 +255,77 @@ class RoundTripTest(Checks):
                 self.assertEqual(out.shape, want.shape)
                 self.assertLess((out - want).abs().max().item(), 1e-5)
 
+    def test_the_last_small_layers_round_trip(self):
+        """Issue 18's last layers (activations with arguments, channel
+        shuffle, local response norm, feature alpha dropout, distances) go
+        up as library layers with their arguments as torch keeps them, come
+        back as torch's classes and compute alike, on the server too.
+        The server keeps float arguments as floats (a spec cannot tell 2
+        from 2.0), so the float arguments here are floats, as torch's
+        defaults are."""
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv2d(3, 8, 3, padding=1)
+                self.act = nn.Hardtanh(-2.0, 2.5)
+                self.lrn = nn.LocalResponseNorm(3, alpha=1e-3, k=2.0)
+                self.shuffle = nn.ChannelShuffle(4)
+                self.glu = nn.GLU(dim=1)
+                self.drop = nn.FeatureAlphaDropout(0.2)
+                self.body = nn.Sequential(
+                    nn.ReLU6(), nn.SELU(), nn.CELU(0.5), nn.LogSigmoid(),
+                    nn.Softsign(), nn.Softshrink(0.1), nn.Hardshrink(0.05),
+                    nn.Tanhshrink(), nn.Threshold(-0.5, 3.0))
+                self.softmin = nn.Softmin(dim=1)
+                self.softmax2d = nn.Softmax2d()
+                self.cos = nn.CosineSimilarity(dim=1, eps=1e-6)
+                self.dist = nn.PairwiseDistance(p=1.0, keepdim=True)
+                self.lp = nn.LPPool2d(2.0, (2, 3), stride=1)
+                self.unfold = nn.Unfold((2, 3), padding=1, stride=(1, 2))
+                self.fold = nn.Fold((6, 5), (2, 3), padding=1, stride=(1, 2))
+
+            def forward(self, x):
+                y = self.glu(self.shuffle(self.lrn(self.act(self.conv(x)))))
+                y = self.softmax2d(self.body(self.drop(y)))
+                y = self.fold(self.unfold(y))
+                z = self.lp(self.softmin(y)).flatten(1)
+                return self.cos(z, z.flip(1)), self.dist(z, z.flip(1))
+
+        torch.manual_seed(7)
+        model = torch_models.randomize(Net(), 7).eval()
+        remote = ms.push(model, "small/net")
+        self.assertEqual(remote.notes, [])
+        info = remote.info().info
+        types = {c.name: c.module.type for c in info.children}
+        for name in ("act", "lrn", "shuffle", "glu", "drop", "softmin",
+                     "softmax2d", "cos", "dist", "lp", "fold", "unfold"):
+            self.assertEqual(types[name], type(getattr(model, name)).__name__)
+        back = ms.pull("small/net")
+        self.assertSameModule(back, model)
+        for name, theirs in model.named_modules():
+            if name and type(theirs) is not nn.Sequential:
+                self.assertEqual(repr(back.get_submodule(name)), repr(theirs),
+                                 name)
+        x = torch.randn(2, 3, 6, 5)
+        with torch.no_grad():
+            for ours, theirs in zip(Net.forward(back, x), model(x)):
+                self.assertTrue(torch.equal(ours, theirs))
+            # The server's forward: within 1e-5 of torch's.
+            y = torch.randn(2, 8, 6, 5)
+            for name in ("act", "lrn", "shuffle", "glu", "body",
+                         "softmax2d", "lp", "unfold"):
+                out = remote.get_submodule(name)(y)
+                want = getattr(model, name)(y)
+                self.assertEqual(out.shape, want.shape)
+                self.assertLess((out - want).abs().max().item(), 1e-5, name)
+            a, b = torch.randn(4, 9), torch.randn(4, 9)
+            for name in ("cos", "dist"):
+                out = remote.get_submodule(name)(a, b)
+                want = getattr(model, name)(a, b)
+                self.assertEqual(out.shape, want.shape)
+                self.assertLess((out - want).abs().max().item(), 1e-5, name)
+
     def test_dtype_and_meta_in_both_directions(self):
         torch.manual_seed(2)
         gpt = torch_models.randomize(torch_models.GPT(), 3)

@@ -447,6 +447,45 @@ LAYERS = {layer.name: layer for layer in [
     Layer("TransformerDecoderLayer", _transformer_encoder_layer,
           newer={"bias": True}),
     Layer("Transformer", _transformer, newer={"bias": True}),
+    # Issue 18's last layers: float arguments are kept as given (ints stay
+    # ints), as torch keeps them.
+    Layer("ReLU6", _only(("inplace", _bool)), factory=False),
+    Layer("Hardtanh", _only(("min_val", _number), ("max_val", _number),
+                            ("inplace", _bool)), factory=False),
+    Layer("SELU", _only(("inplace", _bool)), factory=False),
+    Layer("CELU", _only(("alpha", _number), ("inplace", _bool)),
+          factory=False),
+    Layer("GLU", _only(("dim", _int)), factory=False),
+    Layer("Softmin", _only(("dim", _optional(_int))), factory=False),
+    *[Layer(name, _no_args, factory=False)
+      for name in ("LogSigmoid", "Softsign", "Tanhshrink", "Softmax2d")],
+    *[Layer(name, _only(("lambd", _number)), factory=False)
+      for name in ("Softshrink", "Hardshrink")],
+    Layer("Threshold", _only(("threshold", _number), ("value", _number),
+                             ("inplace", _bool)), factory=False),
+    Layer("FeatureAlphaDropout", _only(("p", _float), ("inplace", _bool)),
+          factory=False),
+    Layer("ChannelShuffle", _only(("groups", _int)), factory=False),
+    Layer("LocalResponseNorm", _only(("size", _int), ("alpha", _number),
+                                     ("beta", _number), ("k", _number)),
+          factory=False),
+    # torch keeps PairwiseDistance's p as `norm`.
+    Layer("PairwiseDistance", lambda v: {
+        "p": _number(v.attr("norm")), "eps": _number(v.attr("eps")),
+        "keepdim": _bool(v.attr("keepdim"))}, factory=False),
+    Layer("CosineSimilarity", _only(("dim", _int), ("eps", _number)),
+          factory=False),
+    *[Layer(f"LPPool{d}d", _only(("norm_type", _number),
+                                 ("kernel_size", _ints),
+                                 ("stride", _optional(_ints)),
+                                 ("ceil_mode", _bool)), factory=False)
+      for d in (1, 2)],
+    Layer("Unfold", _only(("kernel_size", _ints), ("dilation", _ints),
+                          ("padding", _ints), ("stride", _ints)),
+          factory=False),
+    Layer("Fold", _only(("output_size", _ints), ("kernel_size", _ints),
+                        ("dilation", _ints), ("padding", _ints),
+                        ("stride", _ints)), factory=False),
 ]}
 
 CONTAINERS = ("Sequential", "ModuleList", "ModuleDict")
