@@ -43,6 +43,22 @@ using ::modelstate::testing::TestServer;
 constexpr long kPeakOverBaselineKib = 384 << 10;
 constexpr long kSettledOverBaselineKib = 64 << 10;
 
+// Under AddressSanitizer the server's RSS measures the sanitizer, not the
+// server: freed blocks wait in a 256 MiB quarantine and shadow memory grows
+// with every address touched. The sanitized run checks everything else and
+// prints the figures; the bounds are asserted by the plain build.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kRssIsTheServers = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kRssIsTheServers = false;
+#else
+constexpr bool kRssIsTheServers = true;
+#endif
+#else
+constexpr bool kRssIsTheServers = true;
+#endif
+
 long RssKib(pid_t pid) {
   std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
   std::string line;
@@ -179,18 +195,22 @@ TEST(SoakTest, MixedLoadStaysBoundedAndMemoryReturns) {
             << peak / 1024 << " MiB, after " << settled / 1024 << " MiB\n";
   EXPECT_EQ(unexpected, 0);
   EXPECT_GT(operations, 0);
-  EXPECT_LT(peak - baseline, kPeakOverBaselineKib);
-  EXPECT_LT(settled - baseline, kSettledOverBaselineKib);
+  if (kRssIsTheServers) {
+    EXPECT_LT(peak - baseline, kPeakOverBaselineKib);
+    EXPECT_LT(settled - baseline, kSettledOverBaselineKib);
+  }
   absl::StatusOr<v1::VerifyAuditResponse> verified = connect()->VerifyAudit();
   ASSERT_THAT(verified, IsOk());
   EXPECT_TRUE(verified->ok()) << verified->problem();
-  // A restarted server holds its audit log in memory: the refused calls
-  // must not have grown it (they once took 115 MiB against 27).
+  // The refused calls must not have grown what a restarted server holds
+  // (they once took it to 115 MiB against 27).
   server.Stop();
   ASSERT_THAT(server.Start(), IsOk());
   const long restarted = RssKib(server.pid());
   std::cout << "soak: RSS after a restart " << restarted / 1024 << " MiB\n";
-  EXPECT_LT(restarted - baseline, kSettledOverBaselineKib);
+  if (kRssIsTheServers) {
+    EXPECT_LT(restarted - baseline, kSettledOverBaselineKib);
+  }
   std::filesystem::remove(tokens);
 }
 
