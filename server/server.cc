@@ -278,6 +278,9 @@ absl::Status Server::OpenState() {
                          audit_->last_seq(), " records (",
                          audit_->read_whole_log(), ")"));
   }
+  if (!audit_->read_after_crash().empty()) {
+    LogLine(absl::StrCat(options.audit_path, ": ", audit_->read_after_crash()));
+  }
   if (!audit_->tree_repair().empty()) {
     LogLine(absl::StrCat(options.audit_path, ": ", audit_->tree_repair()));
   }

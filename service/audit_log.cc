@@ -471,10 +471,17 @@ using RecordVisitor = absl::FunctionRef<absl::Status(
     const AuditRecord& record, absl::string_view line, uint64_t offset)>;
 
 // Reads the file line by line until the end or the first break, showing
-// each valid record to `visit`.
-absl::StatusOr<ChainWalk> WalkChain(LineReader& reader, RecordVisitor visit) {
+// each valid record to `visit`. The reader starts at the beginning of the
+// file, or right after the record `start` (the reader's offset is then
+// `start_offset`), whose successors are checked against it.
+absl::StatusOr<ChainWalk> WalkChain(LineReader& reader, RecordVisitor visit,
+                                    ChainEnd start = {},
+                                    uint64_t start_offset = 0) {
   ChainWalk w;
-  uint64_t line_number = 0;
+  w.end = std::move(start);
+  w.verification.records = w.end.seq;
+  w.valid_bytes = start_offset;
+  uint64_t line_number = w.end.seq;  // one line per record
   for (;;) {
     bool terminated = false;
     MODELSTATE_ASSIGN_OR_RETURN(std::optional<absl::string_view> line,
@@ -671,6 +678,42 @@ absl::StatusOr<bool> TreeMatchesCheckpoint(const AuditLogOptions& options,
   return true;
 }
 
+// Ends a walk that reached the end of the log for appending: a broken
+// chain is refused, a torn last line cut off (*recovered_torn_tail), a whole
+// last line missing its newline completed, and the file synced.
+absl::Status FinishWalk(int fd, const std::string& path, ChainWalk& walk,
+                        bool* recovered_torn_tail) {
+  if (!walk.verification.ok) {
+    if (!walk.torn_tail) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "audit log %s is broken at line %d (seq %d): %s; refusing to "
+          "continue a broken chain",
+          path, walk.verification.broken_line, walk.verification.broken_seq,
+          walk.verification.problem));
+    }
+    // A crash cut the last append short; that record was never
+    // acknowledged, so dropping it loses nothing anyone was promised.
+    if (::ftruncate(fd, static_cast<off_t>(walk.valid_bytes)) != 0) {
+      return ErrnoStatus(errno, path, "cannot truncate the torn tail");
+    }
+    *recovered_torn_tail = true;
+  } else if (walk.unterminated) {
+    // The record is whole but its newline was not written; add it, or the
+    // next record would be glued onto this line.
+    size_t written = 0;
+    absl::Status st = WriteAll(fd, "\n", path, &written);
+    if (!st.ok()) {
+      return absl::Status(
+          st.code(), absl::StrCat("cannot complete the last line of ", path,
+                                  ": ", st.message()));
+    }
+    ++walk.valid_bytes;
+  }
+  // Whatever an earlier process wrote may still be only in the page cache;
+  // one sync here lets synced_seq start at the last record.
+  return Fdatasync(fd, path);
+}
+
 // What reading the whole log found besides where its chain ends.
 struct WholeLogRead {
   ChainWalk walk;
@@ -678,6 +721,10 @@ struct WholeLogRead {
   std::string tree_repair;
   std::string checkpoint_note;
   absl::Status index_error;  // the index could not be rebuilt
+  // For a read of the tail only (ReadLogTail): the records read after
+  // record `tail_from`.
+  uint64_t tail_from = 0;
+  uint64_t tail_records = 0;
 };
 
 // Reads and checks every record of the log in `fd`, rebuilds `index` from
@@ -704,37 +751,9 @@ absl::StatusOr<WholeLogRead> ReadWholeLog(int fd, const std::string& path,
         }
         return absl::OkStatus();
       }));
-  ChainWalk& walk = read.walk;
-  if (!walk.verification.ok) {
-    if (!walk.torn_tail) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "audit log %s is broken at line %d (seq %d): %s; refusing to "
-          "continue a broken chain",
-          path, walk.verification.broken_line, walk.verification.broken_seq,
-          walk.verification.problem));
-    }
-    // A crash cut the last append short; that record was never
-    // acknowledged, so dropping it loses nothing anyone was promised.
-    if (::ftruncate(fd, static_cast<off_t>(walk.valid_bytes)) != 0) {
-      return ErrnoStatus(errno, path, "cannot truncate the torn tail");
-    }
-    read.recovered_torn_tail = true;
-  } else if (walk.unterminated) {
-    // The record is whole but its newline was not written; add it, or the
-    // next record would be glued onto this line.
-    size_t written = 0;
-    absl::Status st = WriteAll(fd, "\n", path, &written);
-    if (!st.ok()) {
-      return absl::Status(
-          st.code(), absl::StrCat("cannot complete the last line of ", path,
-                                  ": ", st.message()));
-    }
-    ++walk.valid_bytes;
-  }
+  MODELSTATE_RETURN_IF_ERROR(
+      FinishWalk(fd, path, read.walk, &read.recovered_torn_tail));
   if (read.index_error.ok()) read.index_error = index->Flush();
-  // Whatever an earlier process wrote may still be only in the page cache;
-  // one sync here lets synced_seq start at the last record.
-  MODELSTATE_RETURN_IF_ERROR(Fdatasync(fd, path));
   MODELSTATE_RETURN_IF_ERROR(ReconcileTree(
       path, options, leaves, tree, &read.tree_repair, &read.checkpoint_note));
   return read;
@@ -817,63 +836,153 @@ absl::StatusOr<AuditFileStamp> StampOf(int fd, const std::string& path,
                         static_cast<uint64_t>(st.st_ino), last_seq};
 }
 
+// Where the chain stood after record `seq` and where the next line starts,
+// from the index's location of that record, checked against the tree's
+// leaf; nullopt when the log, the index and the tree do not agree on it.
+struct Anchor {
+  ChainEnd end;
+  uint64_t next_offset = 0;
+};
+absl::StatusOr<std::optional<Anchor>> AnchorAt(int fd, const std::string& path,
+                                               AuditIndex& index,
+                                               const AuditTree& tree,
+                                               uint64_t seq) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::optional<AuditLocation> where,
+                              index.Locate(seq));
+  if (!where.has_value() || seq > tree.size()) return std::nullopt;
+  // The line and the newline after it.
+  std::string line(where->length + 1, '\0');
+  if (!PreadAll(fd, line.data(), line.size(), where->offset, path).ok() ||
+      line.back() != '\n') {
+    return std::nullopt;
+  }
+  line.pop_back();
+  absl::StatusOr<AuditRecord> record = AuditLog::Parse(line);
+  std::vector<MerkleHash> leaf(1);
+  if (!record.ok() || record->seq != seq ||
+      !tree.hashes()
+           .ReadHashes({StoredHashIndex(0, seq - 1)}, absl::MakeSpan(leaf))
+           .ok() ||
+      leaf[0] != AuditLeafHash(line)) {
+    return std::nullopt;
+  }
+  Anchor a;
+  a.end.seq = seq;
+  a.end.hash = record->hash;
+  a.end.time = record->time;
+  a.next_offset = where->offset + where->length + 1;
+  return a;
+}
+
 // Where the chain ends, from the index and the tree alone, when the log
-// was closed cleanly and nothing has touched it since; nullopt (with the
-// reason in *why) when the whole log has to be read.
+// was closed cleanly (`stamp`) and nothing has touched it since; nullopt
+// (with the reason in *why) when the whole log has to be read.
 absl::StatusOr<std::optional<ChainWalk>> TrustedEnd(
-    int fd, const std::string& path, const AuditLogOptions& options,
+    int fd, const std::string& path, const AuditFileStamp& stamp,
     AuditIndex& index, AuditTree& tree, std::string* why) {
-  MODELSTATE_ASSIGN_OR_RETURN(std::optional<AuditFileStamp> stamp,
-                              index.TakeCleanStamp());
-  if (options.hashes_path.empty() || options.index_path.empty()) {
-    *why = "the tree or the index is kept in memory";
-    return std::nullopt;
-  }
-  if (!stamp.has_value()) {
-    *why =
-        "the index holds no clean-close stamp (a first start with an "
-        "index, or a crash)";
-    return std::nullopt;
-  }
   MODELSTATE_ASSIGN_OR_RETURN(AuditFileStamp now,
-                              StampOf(fd, path, stamp->last_seq));
+                              StampOf(fd, path, stamp.last_seq));
   MODELSTATE_ASSIGN_OR_RETURN(uint64_t indexed, index.LastSeq());
-  if (now != *stamp || indexed != stamp->last_seq ||
-      tree.size() != stamp->last_seq) {
+  if (now != stamp || indexed != stamp.last_seq ||
+      tree.size() != stamp.last_seq) {
     *why = absl::StrCat(
         "the log, its index or its tree changed since the last clean close "
         "(log ",
-        now.size, " bytes, ", stamp->size, " then; ", indexed,
-        " records indexed and ", tree.size(), " in the tree, ", stamp->last_seq,
+        now.size, " bytes, ", stamp.size, " then; ", indexed,
+        " records indexed and ", tree.size(), " in the tree, ", stamp.last_seq,
         " then)");
     return std::nullopt;
   }
   ChainWalk w;
   w.valid_bytes = now.size;
-  if (stamp->last_seq == 0) return w;
-  MODELSTATE_ASSIGN_OR_RETURN(std::optional<AuditLocation> last,
-                              index.Locate(stamp->last_seq));
-  std::string line;
-  absl::StatusOr<AuditRecord> record = absl::NotFoundError("not indexed");
-  if (last.has_value()) {
-    line.resize(last->length);
-    absl::Status read =
-        PreadAll(fd, line.data(), line.size(), last->offset, path);
-    record = read.ok() ? AuditLog::Parse(line) : read;
-  }
-  std::vector<MerkleHash> leaf(1);
-  const uint64_t leaf_index = StoredHashIndex(0, stamp->last_seq - 1);
-  if (!record.ok() || record->seq != stamp->last_seq ||
-      !tree.hashes().ReadHashes({leaf_index}, absl::MakeSpan(leaf)).ok() ||
-      leaf[0] != AuditLeafHash(line)) {
+  if (stamp.last_seq == 0) return w;
+  MODELSTATE_ASSIGN_OR_RETURN(std::optional<Anchor> anchor,
+                              AnchorAt(fd, path, index, tree, stamp.last_seq));
+  if (!anchor.has_value() || anchor->next_offset != now.size) {
     *why = "the last record does not match the tree";
     return std::nullopt;
   }
-  w.end.seq = record->seq;
-  w.end.hash = record->hash;
-  w.end.time = record->time;
+  w.end = std::move(anchor->end);
   w.verification.records = w.end.seq;
   return w;
+}
+
+// After a crash: the index commits its rows in batches and the tree gets
+// each leaf right after its line is written, so both hold a prefix of the
+// log, a few thousand records short at most. The records after the last one
+// both hold are read, checked against the chain and the tree's leaves, and
+// added to whichever lacks them; the prefix is trusted as a clean close's
+// stamp would be. nullopt (with the reason in *why) when the index, the
+// tree and the log disagree: Open then reads the whole log, which names
+// what differs.
+absl::StatusOr<std::optional<WholeLogRead>> ReadLogTail(int fd,
+                                                        const std::string& path,
+                                                        AuditIndex& index,
+                                                        AuditTree& tree,
+                                                        std::string* why) {
+  MODELSTATE_ASSIGN_OR_RETURN(const uint64_t indexed, index.LastSeq());
+  const uint64_t in_tree = tree.size();
+  const uint64_t from = std::min(indexed, in_tree);
+  if (from == 0) {
+    *why =
+        "the index holds no clean-close stamp and no records (a first start "
+        "with an index, or a crash before the first batch was indexed)";
+    return std::nullopt;
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(std::optional<Anchor> anchor,
+                              AnchorAt(fd, path, index, tree, from));
+  if (!anchor.has_value()) {
+    *why = absl::StrCat("after a crash, record ", from,
+                        " does not match the index and the tree");
+    return std::nullopt;
+  }
+  WholeLogRead read;
+  std::vector<MerkleHash> new_leaves;
+  uint64_t differs = 0;  // the first record whose leaf the tree disagrees on
+  LineReader reader(fd, path, anchor->next_offset);
+  MODELSTATE_ASSIGN_OR_RETURN(
+      read.walk,
+      WalkChain(
+          reader,
+          [&](const AuditRecord& r, absl::string_view line, uint64_t offset) {
+            const MerkleHash leaf = AuditLeafHash(line);
+            if (r.seq <= in_tree) {
+              std::vector<MerkleHash> stored(1);
+              MODELSTATE_RETURN_IF_ERROR(tree.hashes().ReadHashes(
+                  {StoredHashIndex(0, r.seq - 1)}, absl::MakeSpan(stored)));
+              if (stored[0] != leaf) {
+                differs = r.seq;
+                return absl::AbortedError("the tree differs");
+              }
+            } else {
+              new_leaves.push_back(leaf);
+            }
+            if (r.seq > indexed && read.index_error.ok()) {
+              read.index_error = index.Add(r, {r.seq, offset, line.size()});
+            }
+            return absl::OkStatus();
+          },
+          std::move(anchor->end), anchor->next_offset));
+  const uint64_t last = read.walk.end.seq;
+  if (differs != 0 || last < in_tree || last < indexed) {
+    *why = differs != 0
+               ? absl::StrCat("after a crash, the tree disagrees with record ",
+                              differs)
+               : absl::StrCat("after a crash, the log ends at record ", last,
+                              " but its tree has ", in_tree,
+                              " leaves and its index ", indexed, " rows");
+    return std::nullopt;
+  }
+  MODELSTATE_RETURN_IF_ERROR(
+      FinishWalk(fd, path, read.walk, &read.recovered_torn_tail));
+  if (read.index_error.ok()) read.index_error = index.Flush();
+  for (const MerkleHash& leaf : new_leaves) {
+    MODELSTATE_RETURN_IF_ERROR(tree.Append(leaf));
+  }
+  MODELSTATE_RETURN_IF_ERROR(tree.Sync());
+  read.tail_records = last - from;
+  read.tail_from = from;
+  return read;
 }
 
 }  // namespace
@@ -930,11 +1039,30 @@ absl::StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(
   MODELSTATE_ASSIGN_OR_RETURN(s.tree, AuditTree::Open(options.hashes_path));
   std::string& why = log->read_whole_log_;
   std::optional<ChainWalk> end;
-  if (s.index != nullptr) {
-    MODELSTATE_ASSIGN_OR_RETURN(
-        end, TrustedEnd(fd, path, options, *s.index, *s.tree, &why));
-  } else {
+  if (s.index == nullptr) {
     why = "the index cannot be opened";
+  } else {
+    MODELSTATE_ASSIGN_OR_RETURN(std::optional<AuditFileStamp> stamp,
+                                s.index->TakeCleanStamp());
+    if (options.hashes_path.empty() || options.index_path.empty()) {
+      why = "the tree or the index is kept in memory";
+    } else if (stamp.has_value()) {
+      MODELSTATE_ASSIGN_OR_RETURN(
+          end, TrustedEnd(fd, path, *stamp, *s.index, *s.tree, &why));
+    } else {
+      MODELSTATE_ASSIGN_OR_RETURN(
+          std::optional<WholeLogRead> tail,
+          ReadLogTail(fd, path, *s.index, *s.tree, &why));
+      if (tail.has_value()) {
+        if (!tail->index_error.ok()) log->IndexFailed(tail->index_error);
+        log->recovered_torn_tail_ = tail->recovered_torn_tail;
+        log->read_after_crash_ = absl::StrCat(
+            "read and checked the ", tail->tail_records,
+            " records after record ", tail->tail_from,
+            ", the last one the index and the tree held after a crash");
+        end = std::move(tail->walk);
+      }
+    }
   }
   if (end.has_value()) {
     MODELSTATE_ASSIGN_OR_RETURN(
@@ -943,6 +1071,7 @@ absl::StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(
     if (!matches) {
       // The whole read names what differs.
       why = "the tree does not match the last signed checkpoint";
+      log->read_after_crash_.clear();
       end.reset();
     }
   }

@@ -138,6 +138,9 @@ class AuditLog {
   bool recovered_torn_tail() const { return recovered_torn_tail_; }
   // Why Open read the whole log ("" when the index let it read one record).
   const std::string& read_whole_log() const { return read_whole_log_; }
+  // What Open read after a crash when the index and the tree let it read
+  // only the records they lacked ("" when it did not).
+  const std::string& read_after_crash() const { return read_after_crash_; }
   // What Open repaired in the hash file ("" when nothing), for the log.
   const std::string& tree_repair() const { return tree_repair_; }
 
@@ -216,6 +219,7 @@ class AuditLog {
   std::string tree_repair_;
   std::string opened_checkpoint_;
   std::string read_whole_log_;
+  std::string read_after_crash_;
 };
 
 }  // namespace modelstate

@@ -13,8 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "base/merkle.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "service/audit_log.h"
@@ -25,6 +27,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::modelstate::testing::IsOk;
+using ::modelstate::testing::IsOkAndHolds;
 using ::modelstate::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -239,6 +242,125 @@ TEST_F(AuditIndexTest, AfterACrashTheWholeLogIsReadAgain) {
   MODELSTATE_ASSERT_OK_AND_ASSIGN(std::vector<AuditRecord> all,
                                   reopened->Query(AuditQuery{}));
   EXPECT_EQ(all.size(), 20u);
+}
+
+// A crash leaves the index a batch behind the log (its rows are committed
+// 4096 at a time) and the tree at most a leaf behind: the next start reads
+// only the records after the last one both hold.
+class AuditCrashTest : public AuditIndexTest {
+ protected:
+  static constexpr int kRecords = 5000;
+
+  // Copies the files of a log that is still open to `name`, as a SIGKILL
+  // would leave them; `edit` may change the copied log first.
+  AuditLogOptions CrashCopy(const std::string& name,
+                            absl::FunctionRef<void(std::string&)> edit) {
+    const fs::path copy = dir_ / name;
+    fs::create_directories(copy);
+    for (const char* file : {"audit.log", "audit.hashes", "audit.index",
+                             "audit.index-wal", "audit.index-shm"}) {
+      if (fs::exists(dir_ / file)) fs::copy_file(dir_ / file, copy / file);
+    }
+    std::string log = ReadAll((copy / "audit.log").string());
+    edit(log);
+    std::ofstream((copy / "audit.log").string(),
+                  std::ios::binary | std::ios::trunc)
+        << log;
+    AuditLogOptions o;
+    o.hashes_path = (copy / "audit.hashes").string();
+    o.index_path = (copy / "audit.index").string();
+    return o;
+  }
+  std::string CopyLog(const std::string& name) const {
+    return (dir_ / name / "audit.log").string();
+  }
+};
+
+TEST_F(AuditCrashTest, OnlyTheRecordsTheIndexLacksAreRead) {
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditLog> log, OpenLog());
+  Append(*log, kRecords);
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(MerkleHash root, log->TreeRoot(kRecords));
+  AuditLogOptions o = CrashCopy("crash", [](std::string&) {});
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditLog> reopened,
+                                  AuditLog::Open(CopyLog("crash"), o));
+  EXPECT_THAT(reopened->read_whole_log(), IsEmpty());
+  EXPECT_THAT(reopened->read_after_crash(),
+              HasSubstr("the 904 records after record 4096"));
+  EXPECT_FALSE(reopened->recovered_torn_tail());
+  EXPECT_EQ(reopened->last_seq(), static_cast<uint64_t>(kRecords));
+  EXPECT_THAT(reopened->TreeRoot(kRecords), IsOkAndHolds(root));
+  // The records read after the crash are indexed again.
+  AuditQuery q;
+  q.after_seq = kRecords - 10;
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::vector<AuditRecord> tail,
+                                  reopened->Query(q));
+  ASSERT_EQ(tail.size(), 10u);
+  EXPECT_EQ(tail.back().seq, static_cast<uint64_t>(kRecords));
+  // The chain goes on from the last record.
+  Append(*reopened, 1);
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(AuditRecord last, reopened->Get(kRecords));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(AuditRecord next,
+                                  reopened->Get(kRecords + 1));
+  EXPECT_EQ(next.prev, last.hash);
+  reopened.reset();
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(AuditVerification v,
+                                  AuditLog::Verify(CopyLog("crash")));
+  EXPECT_TRUE(v.ok) << v.problem;
+  EXPECT_EQ(v.records, static_cast<uint64_t>(kRecords + 1));
+}
+
+TEST_F(AuditCrashTest, ATornLastRecordIsCutOffAndTheTreeCatchesUp) {
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditLog> log, OpenLog());
+  Append(*log, kRecords);
+  // A crash between a line and its leaf: the tree is one record short of a
+  // log that ends in half a line.
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(MerkleHash root, log->TreeRoot(kRecords));
+  AuditLogOptions o = CrashCopy(
+      "torn", [](std::string& text) { text += "{\"seq\":5001,\"ti"; });
+  {
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<FileHashStore> hashes,
+                                    FileHashStore::Open(o.hashes_path));
+    ASSERT_THAT(hashes->Truncate(kRecords - 1), IsOk());
+  }
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditLog> reopened,
+                                  AuditLog::Open(CopyLog("torn"), o));
+  EXPECT_THAT(reopened->read_whole_log(), IsEmpty());
+  EXPECT_TRUE(reopened->recovered_torn_tail());
+  EXPECT_EQ(reopened->last_seq(), static_cast<uint64_t>(kRecords));
+  EXPECT_THAT(reopened->TreeRoot(kRecords), IsOkAndHolds(root));
+}
+
+TEST_F(AuditCrashTest, AnEditAfterTheIndexedRecordsIsCaught) {
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditLog> log, OpenLog());
+  Append(*log, kRecords);
+  // Record 4500 is read after the crash: its changed byte breaks the chain.
+  AuditLogOptions o = CrashCopy("edited", [](std::string& text) {
+    const size_t at = text.find("{\"i\":4499}");
+    ASSERT_NE(at, std::string::npos);
+    text[at + 5] = '8';
+  });
+  EXPECT_THAT(AuditLog::Open(CopyLog("edited"), o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("broken at line 4500")));
+}
+
+TEST_F(AuditCrashTest, ALogShorterThanItsIndexIsReadWhole) {
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditLog> log, OpenLog());
+  Append(*log, kRecords);
+  // The last 1,000 lines are gone (a file restored from an older copy):
+  // the index and the tree hold records the log does not have, so the
+  // whole log is read, the tree cut back, and the index rebuilt.
+  AuditLogOptions o = CrashCopy("short", [](std::string& text) {
+    size_t cut = text.size();
+    for (int i = 0; i < 1001; ++i) cut = text.rfind('\n', cut - 1);
+    text.resize(cut + 1);
+  });
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditLog> reopened,
+                                  AuditLog::Open(CopyLog("short"), o));
+  EXPECT_THAT(reopened->read_whole_log(),
+              HasSubstr("does not match the index and the tree"));
+  EXPECT_EQ(reopened->last_seq(), static_cast<uint64_t>(kRecords - 1000));
+  EXPECT_THAT(reopened->tree_repair(), HasSubstr("dropped the hashes of 1000"));
 }
 
 TEST_F(AuditIndexTest, AnEditWhileTheServerWasDownIsCaughtAtStart) {
