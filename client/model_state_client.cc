@@ -178,14 +178,10 @@ std::vector<uint64_t> ModelStateClient::last_audit_seqs() const {
 void ModelStateClient::NoteAuditSeqs(const grpc::ClientContext& context) const {
   std::vector<uint64_t> seqs;
   const auto& trailers = context.GetServerTrailingMetadata();
-  auto found = trailers.find("modelstate-audit-seqs");
+  auto found = trailers.find(convert::kAuditSeqsKey);
   if (found != trailers.end()) {
-    for (absl::string_view part : absl::StrSplit(
-             absl::string_view(found->second.data(), found->second.size()), ',',
-             absl::SkipEmpty())) {
-      uint64_t seq = 0;
-      if (absl::SimpleAtoi(part, &seq)) seqs.push_back(seq);
-    }
+    seqs = convert::ParseAuditSeqsTrailer(
+        absl::string_view(found->second.data(), found->second.size()));
   }
   MutexLock lock(&seqs_mu_);
   last_audit_seqs_ = std::move(seqs);

@@ -264,7 +264,9 @@ class ModelStateClient {
 
   // The sequence numbers of the audit records the last unary call on this
   // client wrote (its response's "modelstate-audit-seqs" trailing
-  // metadata), in order; empty when it wrote none.
+  // metadata), in order; empty when it wrote none. The trailer is bounded
+  // (proto/convert.h AuditSeqsTrailer): for a call that wrote thousands of
+  // interleaved records, the response's audit_seqs field has them all.
   std::vector<uint64_t> last_audit_seqs() const;
   // Takes them from a finished call's context (the unary calls do).
   void NoteAuditSeqs(const grpc::ClientContext& context) const;

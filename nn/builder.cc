@@ -261,6 +261,30 @@ absl::StatusOr<std::shared_ptr<Module>> BuildSpec(const ModuleSpec& spec,
 
 }  // namespace internal
 
+absl::string_view InitKindName(InitSpec::Kind kind) {
+  switch (kind) {
+    case InitSpec::Kind::kZeros:
+      return "zeros";
+    case InitSpec::Kind::kOnes:
+      return "ones";
+    case InitSpec::Kind::kConstant:
+      return "constant";
+    case InitSpec::Kind::kUniform:
+      return "uniform";
+    case InitSpec::Kind::kNormal:
+      return "normal";
+    case InitSpec::Kind::kKaimingUniform:
+      return "kaiming_uniform";
+    case InitSpec::Kind::kXavierUniform:
+      return "xavier_uniform";
+    case InitSpec::Kind::kXavierNormal:
+      return "xavier_normal";
+    case InitSpec::Kind::kEmpty:
+      return "empty";
+  }
+  return "unknown";
+}
+
 ModuleSpec ModuleSpec::Layer(
     std::string type, std::vector<SpecValue> args,
     std::vector<std::pair<std::string, SpecValue>> kwargs) {

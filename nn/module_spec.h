@@ -61,6 +61,9 @@ struct InitSpec {
   std::optional<uint64_t> seed;
 };
 
+// The rule's name in spec files and records: "zeros", "kaiming_uniform", ...
+absl::string_view InitKindName(InitSpec::Kind kind);
+
 // A tensor of a custom module: shape, dtype and either an init rule or
 // explicit values.
 struct TensorSpec {

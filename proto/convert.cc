@@ -8,7 +8,10 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "base/status_macros.h"
 
@@ -196,6 +199,59 @@ absl::StatusOr<StateDictLayout> HeaderToLayout(
   }
   layout.total_bytes = header.total_bytes();
   return layout;
+}
+
+std::string AuditSeqsTrailer(absl::Span<const uint64_t> seqs,
+                             size_t max_bytes) {
+  constexpr absl::string_view kMore = ",more";
+  std::string text;
+  for (size_t i = 0; i < seqs.size();) {
+    size_t j = i;
+    while (j + 1 < seqs.size() && seqs[j + 1] == seqs[j] + 1) ++j;
+    // The run as it would be appended, with its separating comma.
+    std::string run = text.empty() ? "" : ",";
+    if (j == i) {
+      absl::StrAppend(&run, seqs[i]);
+    } else {
+      absl::StrAppend(&run, seqs[i], "-", seqs[j]);
+    }
+    const bool last = j + 1 == seqs.size();
+    if (text.size() + run.size() + (last ? 0 : kMore.size()) > max_bytes) {
+      absl::StrAppend(&text, text.empty() ? "more" : kMore);
+      return text;
+    }
+    text += run;
+    i = j + 1;
+  }
+  return text;
+}
+
+std::vector<uint64_t> ParseAuditSeqsTrailer(absl::string_view text,
+                                            bool* truncated) {
+  constexpr uint64_t kMaxRun = 1'000'000;
+  std::vector<uint64_t> seqs;
+  if (truncated != nullptr) *truncated = false;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    if (part == "more") {
+      if (truncated != nullptr) *truncated = true;
+      continue;
+    }
+    std::pair<absl::string_view, absl::string_view> ends =
+        absl::StrSplit(part, absl::MaxSplits('-', 1));
+    uint64_t first = 0, last = 0;
+    if (!absl::SimpleAtoi(ends.first, &first)) continue;
+    if (ends.second.empty() && !absl::StrContains(part, '-')) {
+      last = first;
+    } else if (!absl::SimpleAtoi(ends.second, &last) || last < first ||
+               last - first >= kMaxRun) {
+      continue;
+    }
+    for (uint64_t seq = first;; ++seq) {
+      seqs.push_back(seq);
+      if (seq == last) break;
+    }
+  }
+  return seqs;
 }
 
 }  // namespace modelstate::convert

@@ -13,12 +13,15 @@
 #ifndef MODELSTATE_PROTO_CONVERT_H_
 #define MODELSTATE_PROTO_CONVERT_H_
 
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "core/registration.h"
 #include "core/state_stream.h"
 #include "core/tensor.h"
@@ -36,6 +39,20 @@ absl::Status InField(const absl::Status& status, absl::string_view field);
 // absl and gRPC share google.rpc.Code numbering.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// The trailing metadata naming the audit records a call wrote: ascending
+// runs as "FIRST-LAST", single seqs as "N", comma-separated ("12-14,20").
+// The text is at most kMaxAuditSeqsTrailerBytes (gRPC refuses large
+// metadata): runs that do not fit are left out and it ends in ",more"; a
+// mutating RPC's response field audit_seqs always has them all.
+inline constexpr char kAuditSeqsKey[] = "modelstate-audit-seqs";
+inline constexpr size_t kMaxAuditSeqsTrailerBytes = 1024;
+std::string AuditSeqsTrailer(absl::Span<const uint64_t> seqs,
+                             size_t max_bytes = kMaxAuditSeqsTrailerBytes);
+// The seqs a trailer names; *truncated says whether it ended in "more".
+// Malformed parts, and runs longer than a million, are skipped.
+std::vector<uint64_t> ParseAuditSeqsTrailer(absl::string_view text,
+                                            bool* truncated = nullptr);
 
 v1::DType DTypeToProto(DType dtype);
 // INVALID_ARGUMENT naming `field` for DTYPE_UNSPECIFIED or an unknown value.

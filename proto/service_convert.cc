@@ -81,20 +81,12 @@ absl::StatusOr<SpecValue> SpecValueFromProto(
 absl::StatusOr<InitSpec> InitFromProto(const v1::InitSpec& proto,
                                        absl::string_view field) {
   InitSpec init;
-  static constexpr std::pair<absl::string_view, InitSpec::Kind> kKinds[] = {
-      {"", InitSpec::Kind::kZeros},
-      {"zeros", InitSpec::Kind::kZeros},
-      {"ones", InitSpec::Kind::kOnes},
-      {"constant", InitSpec::Kind::kConstant},
-      {"uniform", InitSpec::Kind::kUniform},
-      {"normal", InitSpec::Kind::kNormal},
-      {"kaiming_uniform", InitSpec::Kind::kKaimingUniform},
-      {"xavier_uniform", InitSpec::Kind::kXavierUniform},
-      {"xavier_normal", InitSpec::Kind::kXavierNormal},
-      {"empty", InitSpec::Kind::kEmpty}};
-  bool known = false;
-  for (const auto& [name, kind] : kKinds) {
-    if (proto.kind() == name) {
+  // An empty kind is the default, zeros.
+  bool known = proto.kind().empty();
+  for (uint8_t k = 0;
+       !known && k <= static_cast<uint8_t>(InitSpec::Kind::kEmpty); ++k) {
+    const auto kind = static_cast<InitSpec::Kind>(k);
+    if (proto.kind() == InitKindName(kind)) {
       init.kind = kind;
       known = true;
     }

@@ -150,7 +150,8 @@ grpc::Status ModelStateServiceImpl::Serve(grpc::ServerContextBase* context,
     std::vector<uint64_t> seqs =
         service_->AuditSeqsSince(mark, caller->ctx.correlation_id);
     if (!seqs.empty()) {
-      context->AddTrailingMetadata(kAuditSeqsKey, absl::StrJoin(seqs, ","));
+      context->AddTrailingMetadata(convert::kAuditSeqsKey,
+                                   convert::AuditSeqsTrailer(seqs));
       if (response != nullptr) AddAuditSeqs(seqs, response);
     }
   }

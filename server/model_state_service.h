@@ -119,8 +119,9 @@ class ModelStateServiceImpl final
   // Authenticates the call as `rpc`, runs `body` with the caller and maps
   // what either returns to the call's status.
   // The response's trailing metadata names the audit records the call
-  // wrote (kAuditSeqsKey: "12,13,14"), and so does `response`'s
-  // audit_seqs field when a mutating RPC passes its response.
+  // wrote (convert::kAuditSeqsKey: "12-14,20", bounded in size), and so
+  // does `response`'s audit_seqs field, completely, when a mutating RPC
+  // passes its response.
   template <typename Body>
   grpc::Status Serve(grpc::ServerContextBase* context, absl::string_view rpc,
                      Body body, google::protobuf::Message* response = nullptr);
@@ -130,10 +131,6 @@ class ModelStateServiceImpl final
 
   ModelService* const service_;
 };
-
-// The trailing metadata key naming the sequence numbers of the audit
-// records a call wrote, comma-separated (absent when it wrote none).
-inline constexpr char kAuditSeqsKey[] = "modelstate-audit-seqs";
 
 // What the call presents: its peer, request id ("x-request-id"),
 // "authorization" metadata and verified client certificate CN.

@@ -54,8 +54,8 @@ AttestJson BuildDefinition(const AttestationFacts& facts) {
     AttestJson details = RecordDetails(r);
     if (r.type == "build") {
       AttestJson build = AttestJson::object();
-      for (const char* key :
-           {"type", "seed", "dtype", "device", "all_or_nothing"}) {
+      for (const char* key : {"type", "spec", "spec_sha256", "seed", "dtype",
+                              "device", "all_or_nothing"}) {
         if (details.contains(key)) build[key] = details[key];
       }
       build["seq"] = r.seq;

@@ -1,9 +1,12 @@
 #include "service/audit_events.h"
 
 #include <string>
+#include <type_traits>
 #include <utility>
+#include <variant>
 
 #include "absl/time/time.h"
+#include "base/sha256.h"
 #include "nlohmann/json.hpp"
 #include "service/subscriber_hub.h"
 
@@ -54,6 +57,99 @@ Json ValueJson(const SlotValue& v, const std::string& sha256) {
   }
   if (v.module != nullptr) return {{"module_type", v.module->type_name()}};
   return nullptr;
+}
+
+Json SpecValueJson(const SpecValue& v) {
+  return std::visit(
+      [](const auto& x) -> Json {
+        if constexpr (std::is_same_v<std::decay_t<decltype(x)>,
+                                     std::monostate>) {
+          return nullptr;
+        } else {
+          return x;
+        }
+      },
+      v);
+}
+
+Json TensorSpecJson(const TensorSpec& t) {
+  Json out = Json::object();
+  if (t.data.defined()) {
+    // The values themselves may be large: their digest stands for them.
+    const bool on_cpu = t.data.device().is_cpu();
+    out["data"] = {
+        {"dtype", std::string(DTypeName(t.data.dtype()))},
+        {"shape", t.data.shape()},
+        {"sha256", on_cpu ? Sha256Hex(absl::string_view(
+                                static_cast<const char*>(t.data.raw_data()),
+                                t.data.nbytes()))
+                          : std::string()}};
+    return out;
+  }
+  if (t.dtype.has_value()) out["dtype"] = std::string(DTypeName(*t.dtype));
+  out["shape"] = t.shape;
+  Json init = {{"kind", std::string(InitKindName(t.init.kind))},
+               {"a", t.init.a},
+               {"b", t.init.b}};
+  if (t.init.seed.has_value()) init["seed"] = *t.init.seed;
+  out["init"] = std::move(init);
+  return out;
+}
+
+Json SpecObject(const ModuleSpec& spec) {
+  Json out = {{"type", spec.type}};
+  if (!spec.ref.empty()) {
+    out["ref"] = spec.ref;
+    return out;
+  }
+  if (spec.custom) out["custom"] = true;
+  if (!spec.args.empty()) {
+    Json args = Json::array();
+    for (const SpecValue& v : spec.args) args.push_back(SpecValueJson(v));
+    out["args"] = std::move(args);
+  }
+  if (!spec.kwargs.empty()) {
+    Json kwargs = Json::object();
+    for (const auto& [name, v] : spec.kwargs) kwargs[name] = SpecValueJson(v);
+    out["kwargs"] = std::move(kwargs);
+  }
+  if (!spec.children.empty()) {
+    Json children = Json::array();
+    for (const ModuleChild& c : spec.children) {
+      children.push_back({{"name", c.name}, {"spec", SpecObject(c.spec)}});
+    }
+    out["children"] = std::move(children);
+  }
+  if (!spec.members.empty()) {
+    Json members = Json::array();
+    for (const MemberSpec& m : spec.members) {
+      Json member = {{"kind", std::string(EntryKindName(m.kind))},
+                     {"name", m.name}};
+      if (m.is_none) {
+        member["none"] = true;
+      } else if (m.kind == EntryKind::kModule) {
+        if (m.module != nullptr) member["spec"] = SpecObject(*m.module);
+      } else {
+        member["tensor"] = TensorSpecJson(m.tensor);
+        if (m.kind == EntryKind::kParameter) {
+          member["requires_grad"] = m.requires_grad;
+        } else {
+          member["persistent"] = m.persistent;
+        }
+      }
+      members.push_back(std::move(member));
+    }
+    out["members"] = std::move(members);
+  }
+  if (spec.has_extra_state) out["extra_state"] = true;
+  if (!spec.ties.empty()) {
+    Json ties = Json::array();
+    for (const TieSpec& t : spec.ties) {
+      ties.push_back({{"target", t.target}, {"source", t.source}});
+    }
+    out["ties"] = std::move(ties);
+  }
+  return out;
 }
 
 std::string DecisionName(HookResult::Kind kind) {
@@ -122,12 +218,25 @@ absl::string_view AuditTypeName(AuditType type) {
 
 namespace audit_events {
 
+std::string SpecJson(const ModuleSpec& spec) { return SpecObject(spec).dump(); }
+
+std::string SpecSha256(const ModuleSpec& spec) {
+  return Sha256Hex(SpecJson(spec));
+}
+
 AuditRecord Build(const OperationContext& ctx, const ModuleName& module,
-                  const std::string& spec_type, const BuildOptions& options,
+                  const ModuleSpec& spec, const BuildOptions& options,
                   size_t registrations, size_t blocked, bool all_or_nothing,
                   const absl::Status& result) {
+  Json recorded_spec = SpecObject(spec);
+  const std::string text = recorded_spec.dump();
+  if (text.size() > kMaxRecordedSpecBytes) {
+    recorded_spec = "omitted: larger than 64 KiB (spec_sha256 stands for it)";
+  }
   return Change(AuditType::kBuild, ctx, module,
-                {{"type", spec_type},
+                {{"type", spec.type},
+                 {"spec", std::move(recorded_spec)},
+                 {"spec_sha256", Sha256Hex(text)},
                  {"seed", options.seed},
                  {"device", options.device.ToString()},
                  {"dtype", std::string(DTypeName(options.dtype))},

@@ -72,10 +72,21 @@ absl::string_view AuditTypeName(AuditType type);
 namespace audit_events {
 
 // --- Changes to a hosted module (ModelStore) ---------------------------
+// The record holds the spec (SpecJson) when its text is at most
+// kMaxRecordedSpecBytes, and its SHA-256 (SpecSha256) always.
 AuditRecord Build(const OperationContext& ctx, const ModuleName& module,
-                  const std::string& spec_type, const BuildOptions& options,
+                  const ModuleSpec& spec, const BuildOptions& options,
                   size_t registrations, size_t blocked, bool all_or_nothing,
                   const absl::Status& result);
+inline constexpr size_t kMaxRecordedSpecBytes = 64 << 10;
+// A spec as build records and attestations show it: a JSON object with
+// the ModuleSpec's fields (empty ones left out; kwargs as an object; a
+// tensor's explicit values as {"dtype", "shape", "sha256"} of its raw
+// bytes), in its canonical text: compact, keys sorted. SpecSha256 is the
+// lowercase hex SHA-256 of that text, so a holder of the spec's record, or
+// of the same text, can check it.
+std::string SpecJson(const ModuleSpec& spec);
+std::string SpecSha256(const ModuleSpec& spec);
 // `event` is the registration decided (null when it was refused before
 // any: a quota); `removal` for RemoveEntry.
 AuditRecord Register(const OperationContext& ctx, const ModuleName& module,

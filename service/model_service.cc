@@ -329,8 +329,15 @@ absl::Status ModelService::SetTraining(const Caller& caller,
 
 absl::StatusOr<std::vector<Tensor>> ModelService::Forward(const Caller& caller,
                                                           ForwardArgs args) {
-  // Only an eval-mode call is sure to change nothing.
-  const bool read_only = args.training.has_value() && !*args.training;
+  // Only an eval-mode call may change nothing, and not one through an
+  // Embedding that renormalises (max_norm). For an unknown module or path
+  // the reader's permission is asked, and Forward says NOT_FOUND.
+  bool read_only = args.training.has_value() && !*args.training;
+  if (read_only) {
+    absl::StatusOr<bool> changes =
+        store_->ForwardMayChange(args.module, args.path, args.training);
+    read_only = !changes.ok() || !*changes;
+  }
   MODELSTATE_RETURN_IF_ERROR(gate_.Allow(
       caller, "Forward", read_only ? Permission::kRead : Permission::kWrite,
       args.module));

@@ -332,7 +332,8 @@ class ModelService {
                           ModuleVisitor describe);
   absl::Status SetTraining(const Caller& caller, const ModuleName& module,
                            bool training);
-  // Needs read permission for an eval-mode call, write otherwise.
+  // Needs read permission for an eval-mode call that changes nothing, write
+  // otherwise (training mode, or an Embedding with max_norm).
   absl::StatusOr<std::vector<Tensor>> Forward(const Caller& caller,
                                               ForwardArgs args);
 

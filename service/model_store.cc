@@ -516,8 +516,8 @@ absl::StatusOr<BuildOutcome> ModelStore::Build(const OperationContext& ctx,
   QuotaHold hold;
   if (absl::Status quota = Reserve(name, 1, needed, nullptr, hold);
       !quota.ok()) {
-    return Record(quota, audit_events::Build(ctx, name, spec.type, options, 0,
-                                             0, all_or_nothing, quota));
+    return Record(quota, audit_events::Build(ctx, name, spec, options, 0, 0,
+                                             all_or_nothing, quota));
   }
   if (needed > 0) {
     build_options.limits.max_total_bytes =
@@ -538,9 +538,9 @@ absl::StatusOr<BuildOutcome> ModelStore::Build(const OperationContext& ctx,
     }
   }
   auto recorded = [&](const absl::Status& result) {
-    return Record(result, audit_events::Build(ctx, name, spec.type, options,
-                                              finals.size(), blocked_count,
-                                              all_or_nothing, result));
+    return Record(result,
+                  audit_events::Build(ctx, name, spec, options, finals.size(),
+                                      blocked_count, all_or_nothing, result));
   };
   if (all_or_nothing && !blocked.empty()) {
     return recorded(absl::FailedPreconditionError(
@@ -975,22 +975,45 @@ absl::Status ModelStore::SetTraining(const OperationContext& ctx,
 
 namespace {
 
-// Whether module(*inputs) on `target` in mode `training` (unset: each
-// module's own) only reads the tree: no module switches or runs in training
-// mode, and no Embedding renormalises its weight (max_norm).
-bool ForwardOnlyReads(const Module& target, std::optional<bool> training) {
+// Whether module(*inputs) on `target` may write its weights whatever the
+// mode: an Embedding or EmbeddingBag with max_norm renormalises the rows it
+// looks up, in eval mode too, as PyTorch does.
+bool Renormalises(const Module& target) {
   for (const auto& [key, m] : target.NamedModules()) {
-    if (training.value_or(m->is_training()) || m->is_training()) return false;
     const AttrValue* max_norm = m->attributes().Find("max_norm");
     if (max_norm != nullptr &&
         !std::holds_alternative<std::monostate>(*max_norm)) {
-      return false;
+      return true;
     }
   }
-  return true;
+  return false;
+}
+
+// Whether module(*inputs) on `target` in mode `training` (unset: each
+// module's own) only reads the tree: no module switches or runs in training
+// mode, and nothing renormalises.
+bool ForwardOnlyReads(const Module& target, std::optional<bool> training) {
+  for (const auto& [key, m] : target.NamedModules()) {
+    if (training.value_or(m->is_training()) || m->is_training()) return false;
+  }
+  return !Renormalises(target);
 }
 
 }  // namespace
+
+absl::StatusOr<bool> ModelStore::ForwardMayChange(
+    const ModuleName& name, const std::string& path,
+    std::optional<bool> training) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
+  ReaderMutexLock lock(&entry->mu);
+  if (entry->deleted) return NoSuchModule(name);
+  MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Module> target,
+                              Submodule(*entry->root, name, "path", path));
+  for (const auto& [key, m] : target->NamedModules()) {
+    if (training.value_or(m->is_training())) return true;
+  }
+  return Renormalises(*target);
+}
 
 absl::StatusOr<std::vector<Tensor>> ModelStore::Forward(
     const OperationContext& ctx, const ModuleName& name,
@@ -1013,7 +1036,7 @@ absl::StatusOr<std::vector<Tensor>> ModelStore::Forward(
   }
   MutexLock gate(&entry->gate);
   absl::StatusOr<std::vector<Tensor>> outputs;
-  bool trained = false;
+  bool changed = false;
   absl::Status saved;
   {
     // Exclusive: a training-mode call writes buffers, and the modes are
@@ -1026,18 +1049,20 @@ absl::StatusOr<std::vector<Tensor>> ModelStore::Forward(
         Submodule(*entry->root, name, "path", path);
     if (!target.ok()) return target.status();
     std::vector<std::pair<Module*, bool>> modes;
+    changed = Renormalises(**target);
     for (const auto& [key, m] : (*target)->NamedModules()) {
       modes.emplace_back(m.get(), m->is_training());
-      trained = trained || training.value_or(m->is_training());
+      changed = changed || training.value_or(m->is_training());
     }
     if (training.has_value()) (*target)->Train(*training);
     outputs = modelstate::Forward(**target, std::move(inputs), options);
     for (auto& [m, mode] : modes) m->set_training(mode);
-    // Buffers may have changed even if a later submodule failed, as in
-    // PyTorch: save either way, before anyone reads them.
-    if (trained) saved = Persist(ctx, *entry, AuditType::kForward);
+    // Buffers (or renormalised weights) may have changed even if a later
+    // submodule failed, as in PyTorch: save either way, before anyone
+    // reads them.
+    if (changed) saved = Persist(ctx, *entry, AuditType::kForward);
   }
-  if (!trained) return outputs;
+  if (!changed) return outputs;
   absl::Status result = saved.ok() ? outputs.status() : saved;
   MODELSTATE_RETURN_IF_ERROR(
       Record(result, audit_events::Forward(ctx, name, path, result)));

@@ -233,11 +233,18 @@ class ModelStore {
   // module(*inputs) for the submodule at `path` (core/forward.h), in
   // `training` mode for this call if given (every module's own mode is
   // restored after). A training-mode call may change buffers (BatchNorm's
-  // running statistics): it is saved and recorded ("forward"); an eval call
-  // changes nothing and is not recorded; it is a reader (shared lock, no
-  // wait behind a writer's pending decisions) unless it must switch modes
-  // or renormalise an Embedding (max_norm). NOT_FOUND for an unknown module or
-  // path; Forward's errors otherwise.
+  // running statistics), and any call through an Embedding or EmbeddingBag
+  // with max_norm renormalises the weight rows it looks up (as PyTorch
+  // does, in eval mode too): such a call is saved and recorded ("forward").
+  // Any other eval call changes nothing and is not recorded; it is a reader
+  // (shared lock, no wait behind a writer's pending decisions) unless it
+  // must switch modes. NOT_FOUND for an unknown module or path; Forward's
+  // errors otherwise.
+  // Whether Forward(name, path, ..., training) may change the module (see
+  // Forward): what it needs permission for. NOT_FOUND as Forward's.
+  absl::StatusOr<bool> ForwardMayChange(const ModuleName& name,
+                                        const std::string& path,
+                                        std::optional<bool> training);
   absl::StatusOr<std::vector<Tensor>> Forward(const OperationContext& ctx,
                                               const ModuleName& name,
                                               const std::string& path,

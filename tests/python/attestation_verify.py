@@ -134,6 +134,15 @@ class AttestationTest(unittest.TestCase):
         build = statement["predicate"]["buildDefinition"][
             "externalParameters"]["build"]
         self.assertEqual(build["seed"], 3)
+        # The spec as built, arguments included; its digest is the SHA-256
+        # of its canonical text (compact, keys sorted), recomputed here.
+        self.assertEqual(build["spec"]["children"][0]["spec"],
+                         {"type": "Linear", "args": [8, 4]})
+        self.assertEqual(build["spec"]["children"][1]["spec"]["args"], [4])
+        canonical = json.dumps(build["spec"], sort_keys=True,
+                               separators=(",", ":")).encode()
+        self.assertEqual(build["spec_sha256"],
+                         hashlib.sha256(canonical).hexdigest())
         changes = statement["predicate"]["buildDefinition"][
             "externalParameters"]["changes"]
         self.assertEqual([c["type"] for c in changes], ["move"])

@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -427,6 +429,59 @@ TEST_F(AccessTest, EveryRpcIsAllowedOrDeniedByRoleAndNamespace) {
       }
     }
   }
+}
+
+// An eval-mode Forward changes nothing, except through an Embedding with
+// max_norm, which renormalises the weight rows it looks up (as PyTorch
+// does): that call needs a builder and is saved and recorded.
+TEST_F(AccessTest, AnEvalForwardThatRenormalisesNeedsABuilderAndIsRecorded) {
+  std::unique_ptr<client::ModelStateClient> root = As("root-token");
+  std::unique_ptr<client::ModelStateClient> rita = As("rita-token");
+  std::unique_ptr<client::ModelStateClient> alice = As("alice-token");
+  ASSERT_THAT(
+      root->BuildModule(BuildRequest(
+          "team-a/emb",
+          R"({"type": "Embedding", "args": [10, 4], "kwargs": {"max_norm": 0.5}})",
+          3)),
+      IsOk());
+  auto eval = [](const std::string& module, const Tensor& input) {
+    v1::ForwardRequest r;
+    r.set_module(module);
+    EXPECT_THAT(convert::TensorToProto(input, r.add_inputs()), IsOk());
+    r.set_training(false);
+    return r;
+  };
+  const Tensor indices = *Tensor::FromDoubles(DType::kInt64, {3}, {1, 2, 3});
+  const Tensor x = *Tensor::FromDoubles(DType::kFloat32, {1, 4}, {1, 2, 3, 4});
+  // A reader runs the plain module in eval mode, and not the Embedding.
+  EXPECT_THAT(rita->Forward(eval("team-a/base", x)).status(), IsOk());
+  EXPECT_THAT(rita->Forward(eval("team-a/emb", indices)).status(),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("rita")));
+  // A builder's call renormalises rows 1-3 (N(0, 1) rows of 4 are longer
+  // than 0.5), and the change is recorded.
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict before,
+                                  root->GetStateDict("team-a/emb"));
+  const size_t forwards = Records("forward", "alice").size();
+  ASSERT_THAT(alice->Forward(eval("team-a/emb", indices)).status(), IsOk());
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict after,
+                                  root->GetStateDict("team-a/emb"));
+  ASSERT_NE(before.tensors.Find("weight"), nullptr);
+  ASSERT_NE(after.tensors.Find("weight"), nullptr);
+  const float* a = before.tensors.Find("weight")->data<float>();
+  const float* b = after.tensors.Find("weight")->data<float>();
+  for (int row = 0; row < 10; ++row) {
+    double norm = 0;
+    for (int j = 0; j < 4; ++j) norm += double{b[row * 4 + j]} * b[row * 4 + j];
+    const bool looked_up = row >= 1 && row <= 3;
+    if (looked_up) {
+      EXPECT_LE(std::sqrt(norm), 0.5 + 1e-6) << "row " << row;
+    } else {
+      EXPECT_EQ(std::memcmp(a + row * 4, b + row * 4, 16), 0) << "row " << row;
+    }
+  }
+  std::vector<v1::AuditRecordProto> recorded = Records("forward", "alice");
+  ASSERT_EQ(recorded.size(), forwards + 1);
+  EXPECT_EQ(recorded.back().module(), "emb");
 }
 
 TEST_F(AccessTest, NoOrBadCredentialsAreUnauthenticatedButHealthIsOpen) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/checkpoint.h"
@@ -19,6 +20,7 @@
 #include "base/signed_note.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/convert.h"
 #include "service/audit_tree.h"
 #include "service/data_dir.h"
 #include "tests/testing/in_process_server.h"
@@ -53,6 +55,56 @@ std::vector<MerkleHash> Hashes(
     out.push_back(*MerkleHashFromBytes(h, "proof"));
   }
   return out;
+}
+
+TEST(AuditSeqsTrailerTest, RunsRoundTripAndTheTextStaysBounded) {
+  const std::vector<uint64_t> seqs = {3, 12, 13, 14, 20, 21, 40};
+  EXPECT_EQ(convert::AuditSeqsTrailer(seqs), "3,12-14,20-21,40");
+  EXPECT_THAT(convert::ParseAuditSeqsTrailer("3,12-14,20-21,40"),
+              ::testing::ElementsAreArray(seqs));
+  EXPECT_EQ(convert::AuditSeqsTrailer({}), "");
+  // A governed build writes thousands of records, interleaved with other
+  // calls' records: the text keeps to its bound and says it left runs out.
+  std::vector<uint64_t> interleaved;
+  for (uint64_t i = 0; i < 5000; ++i) interleaved.push_back(1'000'000 + 2 * i);
+  const std::string text = convert::AuditSeqsTrailer(interleaved);
+  EXPECT_LE(text.size(), convert::kMaxAuditSeqsTrailerBytes);
+  EXPECT_TRUE(absl::EndsWith(text, ",more"));
+  bool truncated = false;
+  std::vector<uint64_t> parsed =
+      convert::ParseAuditSeqsTrailer(text, &truncated);
+  EXPECT_TRUE(truncated);
+  ASSERT_FALSE(parsed.empty());
+  EXPECT_THAT(parsed,
+              ::testing::ElementsAreArray(interleaved.begin(),
+                                          interleaved.begin() + parsed.size()));
+  // Nothing malformed or huge is expanded.
+  EXPECT_THAT(convert::ParseAuditSeqsTrailer("x,5-3,1-99999999999,7,-,8-"),
+              ::testing::ElementsAre(7));
+}
+
+// A build of a thousand layers writes thousands of records: the call
+// succeeds (its trailer once exceeded gRPC's 8 KiB metadata limit), and the
+// response lists every record.
+TEST(AuditProofTest, ABuildWithThousandsOfRecordsNamesThemAll) {
+  InProcessServer server;
+  ASSERT_THAT(server.Start(), IsOk());
+  auto client = server.NewClient();
+  std::string spec = R"({"type": "Sequential", "children": [)";
+  for (int i = 0; i < 1000; ++i) {
+    absl::StrAppend(&spec, i == 0 ? "" : ",",
+                    R"({"spec": {"type": "Linear", "args": [2, 2]}})");
+  }
+  spec += "]}";
+  auto built = client->BuildModule(BuildRequest("team/wide", spec));
+  ASSERT_THAT(built.status(), IsOk());
+  EXPECT_GE(built->audit_seqs_size(), 3000);
+  const std::vector<uint64_t> from_trailer = client->last_audit_seqs();
+  ASSERT_FALSE(from_trailer.empty());
+  EXPECT_THAT(from_trailer,
+              ::testing::ElementsAreArray(
+                  built->audit_seqs().begin(),
+                  built->audit_seqs().begin() + from_trailer.size()));
 }
 
 TEST(AuditProofTest, CheckpointsAndProofsVerify) {

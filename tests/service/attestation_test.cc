@@ -24,9 +24,11 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "service/attestation.h"
+#include "service/audit_events.h"
 #include "tests/testing/in_process_server.h"
 #include "tests/testing/requests.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tensors.h"
 
 namespace modelstate {
 namespace {
@@ -95,6 +97,65 @@ TEST(AttestationFormatTest, OmsBundleVerifiesAndDetectsTampering) {
   auto other = Ed25519PrivateKey::FromSeed(std::string(32, '\x08'));
   EXPECT_THAT(VerifyOmsBundle(*bundle, other->public_key()).status(),
               StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(BuildRecordTest, TheSpecIsRecordedWithItsArgumentsAndDigest) {
+  ModuleSpec custom;
+  custom.type = "Gate";
+  custom.custom = true;
+  MemberSpec weight;
+  weight.kind = EntryKind::kParameter;
+  weight.name = "w";
+  weight.tensor.data = testing::Filled(DType::kFloat32, {2, 2}, 0.5);
+  custom.members.push_back(weight);
+  MemberSpec scale;
+  scale.kind = EntryKind::kBuffer;
+  scale.name = "scale";
+  scale.persistent = false;
+  scale.tensor.shape = {3};
+  scale.tensor.init.kind = InitSpec::Kind::kConstant;
+  scale.tensor.init.a = 2;
+  custom.members.push_back(scale);
+  ModuleSpec net = ModuleSpec::Layer("Sequential");
+  net.children.push_back(
+      {"", ModuleSpec::Layer("Linear", {int64_t{4}, int64_t{3}},
+                             {{"bias", false}})});
+  net.children.push_back({"gate", custom});
+  const nlohmann::json spec =
+      nlohmann::json::parse(audit_events::SpecJson(net));
+  EXPECT_EQ(spec["children"][0]["spec"],
+            nlohmann::json::parse(
+                R"({"type":"Linear","args":[4,3],"kwargs":{"bias":false}})"));
+  const auto& members = spec["children"][1]["spec"]["members"];
+  // Explicit values stand as the SHA-256 of their raw bytes.
+  const Tensor& w = weight.tensor.data;
+  EXPECT_EQ(members[0]["tensor"]["data"]["sha256"],
+            Sha256Hex(absl::string_view(static_cast<const char*>(w.raw_data()),
+                                        w.nbytes())));
+  EXPECT_EQ(members[1]["tensor"]["init"]["kind"], "constant");
+  EXPECT_EQ(members[1]["persistent"], false);
+
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(ModuleName name, ParseModuleName("team/net"));
+  AuditRecord record =
+      audit_events::Build(OperationContext{}, name, net, BuildOptions{}, 3, 0,
+                          false, absl::OkStatus());
+  auto details = nlohmann::json::parse(record.details_json);
+  EXPECT_EQ(details["spec"], spec);
+  EXPECT_EQ(details["spec_sha256"], audit_events::SpecSha256(net));
+  EXPECT_EQ(details["spec_sha256"], Sha256Hex(spec.dump()));
+
+  // A spec too large to hold in a record is named by its digest alone.
+  ModuleSpec wide = ModuleSpec::Layer("Sequential");
+  for (int i = 0; i < 3000; ++i) {
+    wide.children.push_back(
+        {"", ModuleSpec::Layer("Linear", {int64_t{1}, int64_t{1}})});
+  }
+  record = audit_events::Build(OperationContext{}, name, wide, BuildOptions{},
+                               0, 0, false, absl::OkStatus());
+  details = nlohmann::json::parse(record.details_json);
+  EXPECT_THAT(details["spec"].get<std::string>(), HasSubstr("omitted"));
+  EXPECT_EQ(details["spec_sha256"], audit_events::SpecSha256(wide));
+  EXPECT_LT(record.details_json.size(), 4096u);
 }
 
 TEST(AttestationRecordsTest, CurrentLifeWithoutFailuresOrDenials) {
@@ -185,6 +246,11 @@ TEST_F(AttestServerTest, AttestationBindsDigestsAndRecords) {
       predicate["buildDefinition"]["externalParameters"]["build"];
   EXPECT_EQ(build["type"], "Sequential");
   EXPECT_EQ(build["dtype"], "float32");
+  // The whole spec, arguments included, and the digest of its text.
+  EXPECT_EQ(build["spec"]["children"][0]["spec"]["args"],
+            nlohmann::json::parse("[4, 3]"));
+  EXPECT_EQ(build["spec"]["children"][1]["spec"]["type"], "BatchNorm1d");
+  EXPECT_EQ(build["spec_sha256"], Sha256Hex(build["spec"].dump()));
   const auto& byproducts = predicate["runDetails"]["byproducts"];
   EXPECT_EQ(byproducts[0]["name"], std::string(kCheckpointByproduct));
   std::string note;
