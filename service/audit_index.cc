@@ -243,14 +243,12 @@ absl::Status AuditIndex::SaveCleanStamp(const AuditFileStamp& stamp) {
   return Exec("PRAGMA wal_checkpoint(TRUNCATE); PRAGMA synchronous=OFF");
 }
 
-absl::Status AuditIndex::Add(const AuditRecord& record,
-                             const AuditLocation& where) {
-  MutexLock lock(&mu_);
+bool AuditIndex::Add(const AuditRecord& record, const AuditLocation& where) {
+  MutexLock lock(&pending_mu_);
   pending_.push_back(Row{where, absl::ToUnixNanos(record.time), record.identity,
                          record.type, record.ns, record.module, record.outcome,
                          record.correlation_id});
-  if (pending_.size() >= kBatchRows) return FlushLocked();
-  return absl::OkStatus();
+  return pending_.size() >= kBatchRows;
 }
 
 absl::Status AuditIndex::Flush() {
@@ -259,7 +257,14 @@ absl::Status AuditIndex::Flush() {
 }
 
 absl::Status AuditIndex::FlushLocked() {
-  if (pending_.empty()) return absl::OkStatus();
+  // Rows added from here on go to the next batch, after these (commits are
+  // serialised by mu_, so rows reach the table in seq order).
+  std::vector<Row> rows;
+  {
+    MutexLock lock(&pending_mu_);
+    rows.swap(pending_);
+  }
+  if (rows.empty()) return absl::OkStatus();
   MODELSTATE_RETURN_IF_ERROR(Exec("BEGIN"));
   {
     Statement insert(db_,
@@ -270,7 +275,7 @@ absl::Status AuditIndex::FlushLocked() {
       (void)Exec("ROLLBACK");
       return Error("add records");
     }
-    for (const Row& row : pending_) {
+    for (const Row& row : rows) {
       sqlite3_reset(insert.get());
       insert.Bind(1, static_cast<int64_t>(row.where.seq));
       insert.Bind(2, static_cast<int64_t>(row.where.offset));
@@ -289,14 +294,15 @@ absl::Status AuditIndex::FlushLocked() {
       }
     }
   }
-  MODELSTATE_RETURN_IF_ERROR(Exec("COMMIT"));
-  pending_.clear();
-  return absl::OkStatus();
+  return Exec("COMMIT");
 }
 
 absl::Status AuditIndex::Clear() {
   MutexLock lock(&mu_);
-  pending_.clear();
+  {
+    MutexLock batch(&pending_mu_);
+    pending_.clear();
+  }
   return Exec("DELETE FROM records");
 }
 

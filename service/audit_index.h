@@ -71,9 +71,11 @@ class AuditIndex {
   absl::Status SaveCleanStamp(const AuditFileStamp& stamp);
 
   // Adds the record at `where` (records come in seq order, one after the
-  // last). Rows wait in a batch that any read, Flush, or a full batch
-  // commits.
-  absl::Status Add(const AuditRecord& record, const AuditLocation& where);
+  // last) to the batch that any read or Flush commits. Cheap and never
+  // blocked by a commit in progress, so a log may call it under its own
+  // lock; true when a full batch waits, which the caller then commits with
+  // Flush, outside its lock.
+  [[nodiscard]] bool Add(const AuditRecord& record, const AuditLocation& where);
   absl::Status Flush();
   // Drops every row (before a rebuild from the log).
   absl::Status Clear();
@@ -100,9 +102,13 @@ class AuditIndex {
 
   const std::string path_;
   std::string rebuilt_;
+  // Taken before pending_mu_ when both are.
   Mutex mu_;
   sqlite3* const db_ ABSL_PT_GUARDED_BY(mu_);
-  std::vector<Row> pending_ ABSL_GUARDED_BY(mu_);
+  // The batch has its own lock so that Add never waits for a commit: a
+  // commit takes the batch away and writes it under mu_ alone.
+  Mutex pending_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::vector<Row> pending_ ABSL_GUARDED_BY(pending_mu_);
 };
 
 }  // namespace modelstate

@@ -746,8 +746,9 @@ absl::StatusOr<WholeLogRead> ReadWholeLog(int fd, const std::string& path,
       WalkChain(reader, [&](const AuditRecord& r, absl::string_view line,
                             uint64_t offset) {
         leaves.push_back(AuditLeafHash(line));
-        if (read.index_error.ok()) {
-          read.index_error = index->Add(r, {r.seq, offset, line.size()});
+        if (read.index_error.ok() &&
+            index->Add(r, {r.seq, offset, line.size()})) {
+          read.index_error = index->Flush();
         }
         return absl::OkStatus();
       }));
@@ -957,8 +958,9 @@ absl::StatusOr<std::optional<WholeLogRead>> ReadLogTail(int fd,
             } else {
               new_leaves.push_back(leaf);
             }
-            if (r.seq > indexed && read.index_error.ok()) {
-              read.index_error = index.Add(r, {r.seq, offset, line.size()});
+            if (r.seq > indexed && read.index_error.ok() &&
+                index.Add(r, {r.seq, offset, line.size()})) {
+              read.index_error = index.Flush();
             }
             return absl::OkStatus();
           },
@@ -1110,6 +1112,20 @@ absl::StatusOr<uint64_t> AuditLog::Append(AuditRecord record) {
   // taking the lock.
   MODELSTATE_ASSIGN_OR_RETURN(record.details_json,
                               CanonicalDetails(record.details_json));
+  bool index_batch_full = false;
+  absl::StatusOr<uint64_t> seq = Write(std::move(record), &index_batch_full);
+  // The index's commit happens here, outside the log's lock, so appends go
+  // on while SQLite writes the batch.
+  if (index_batch_full) {
+    if (absl::Status flushed = state_->index->Flush(); !flushed.ok()) {
+      IndexFailed(flushed);
+    }
+  }
+  return seq;
+}
+
+absl::StatusOr<uint64_t> AuditLog::Write(AuditRecord record,
+                                         bool* index_batch_full) {
   State& s = *state_;
   MutexLock lock(&s.mu);
   MODELSTATE_RETURN_IF_ERROR(s.write_error);
@@ -1154,11 +1170,7 @@ absl::StatusOr<uint64_t> AuditLog::Append(AuditRecord record) {
                      "); changes are refused until the server restarts"));
     return s.write_error;
   }
-  if (s.index_ok.load()) {
-    if (absl::Status indexed = s.index->Add(record, where); !indexed.ok()) {
-      IndexFailed(indexed);
-    }
-  }
+  if (s.index_ok.load()) *index_batch_full = s.index->Add(record, where);
   s.last_seq = record.seq;
   s.last_hash = record.hash;
   s.last_time = record.time;

@@ -209,6 +209,9 @@ class AuditLog {
   // Stops using the index (logged once): it is derived data, so a failed
   // index write or read must not stop the log.
   void IndexFailed(const absl::Status& why) const;
+  // Append's part under the chain's lock: writes the line and adds it to
+  // the tree and the index's batch (*index_batch_full when that is full).
+  absl::StatusOr<uint64_t> Write(AuditRecord record, bool* index_batch_full);
 
   // ... implementation-defined members ...
   struct State;
