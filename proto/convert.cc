@@ -228,7 +228,10 @@ std::string AuditSeqsTrailer(absl::Span<const uint64_t> seqs,
 
 std::vector<uint64_t> ParseAuditSeqsTrailer(absl::string_view text,
                                             bool* truncated) {
+  // A trailer names one call's records: bound what a hostile server's text
+  // can make this client hold.
   constexpr uint64_t kMaxRun = 1'000'000;
+  constexpr size_t kMaxSeqs = 1'000'000;
   std::vector<uint64_t> seqs;
   if (truncated != nullptr) *truncated = false;
   for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
@@ -245,6 +248,10 @@ std::vector<uint64_t> ParseAuditSeqsTrailer(absl::string_view text,
     } else if (!absl::SimpleAtoi(ends.second, &last) || last < first ||
                last - first >= kMaxRun) {
       continue;
+    }
+    if (seqs.size() + (last - first) >= kMaxSeqs) {
+      if (truncated != nullptr) *truncated = true;
+      break;
     }
     for (uint64_t seq = first;; ++seq) {
       seqs.push_back(seq);

@@ -373,10 +373,13 @@ int main(int argc, char** argv) {
   // paravirtualised host, where a fault costs tens of microseconds. So
   // message buffers come from malloc's heap, whose free memory stays there
   // while streams reuse it (no trimming on each free) and goes back every
-  // kTrimInterval (malloc_trim in ServeUntilSignalled). Blocks of 64 MiB
-  // and more are still mapped and unmapped on their own.
-  mallopt(M_MMAP_THRESHOLD, 64 << 20);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  // kTrimInterval (malloc_trim in ServeUntilSignalled). Blocks of 32 MiB
+  // (the largest threshold glibc accepts) and more are still mapped and
+  // unmapped on their own.
+  if (mallopt(M_MMAP_THRESHOLD, 32 << 20) != 1 ||
+      mallopt(M_TRIM_THRESHOLD, 1 << 30) != 1) {
+    LogLine("warning: malloc refused the mmap and trim thresholds");
+  }
   absl::StatusOr<ServerConfig> config = ConfigFromFlags();
   if (!config.ok()) {
     LogLine(std::string(config.status().message()));

@@ -1,5 +1,6 @@
 #include "service/audit_events.h"
 
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -96,10 +97,22 @@ Json TensorSpecJson(const TensorSpec& t) {
   return out;
 }
 
-Json SpecObject(const ModuleSpec& spec) {
+// Specs nested deeper than this many modules are recorded down to it: each
+// level adds three levels of JSON, and an audit record's details may nest
+// at most 64 (spec_sha256 still covers the whole spec).
+constexpr int kMaxRecordedSpecDepth = 16;
+constexpr int kWholeSpec = std::numeric_limits<int>::max();
+
+// The spec as SpecJson describes it, with the modules below `max_depth`
+// levels replaced by their type and an "omitted" note.
+Json SpecObject(const ModuleSpec& spec, int max_depth, int depth = 0) {
   Json out = {{"type", spec.type}};
   if (!spec.ref.empty()) {
     out["ref"] = spec.ref;
+    return out;
+  }
+  if (depth >= max_depth) {
+    out["omitted"] = "nested too deep to record";
     return out;
   }
   if (spec.custom) out["custom"] = true;
@@ -116,7 +129,8 @@ Json SpecObject(const ModuleSpec& spec) {
   if (!spec.children.empty()) {
     Json children = Json::array();
     for (const ModuleChild& c : spec.children) {
-      children.push_back({{"name", c.name}, {"spec", SpecObject(c.spec)}});
+      children.push_back({{"name", c.name},
+                          {"spec", SpecObject(c.spec, max_depth, depth + 1)}});
     }
     out["children"] = std::move(children);
   }
@@ -128,7 +142,9 @@ Json SpecObject(const ModuleSpec& spec) {
       if (m.is_none) {
         member["none"] = true;
       } else if (m.kind == EntryKind::kModule) {
-        if (m.module != nullptr) member["spec"] = SpecObject(*m.module);
+        if (m.module != nullptr) {
+          member["spec"] = SpecObject(*m.module, max_depth, depth + 1);
+        }
       } else {
         member["tensor"] = TensorSpecJson(m.tensor);
         if (m.kind == EntryKind::kParameter) {
@@ -218,7 +234,9 @@ absl::string_view AuditTypeName(AuditType type) {
 
 namespace audit_events {
 
-std::string SpecJson(const ModuleSpec& spec) { return SpecObject(spec).dump(); }
+std::string SpecJson(const ModuleSpec& spec) {
+  return SpecObject(spec, kWholeSpec).dump();
+}
 
 std::string SpecSha256(const ModuleSpec& spec) {
   return Sha256Hex(SpecJson(spec));
@@ -228,8 +246,8 @@ AuditRecord Build(const OperationContext& ctx, const ModuleName& module,
                   const ModuleSpec& spec, const BuildOptions& options,
                   size_t registrations, size_t blocked, bool all_or_nothing,
                   const absl::Status& result) {
-  Json recorded_spec = SpecObject(spec);
-  const std::string text = recorded_spec.dump();
+  const std::string text = SpecJson(spec);
+  Json recorded_spec = SpecObject(spec, kMaxRecordedSpecDepth);
   if (text.size() > kMaxRecordedSpecBytes) {
     recorded_spec = "omitted: larger than 64 KiB (spec_sha256 stands for it)";
   }

@@ -73,7 +73,9 @@ namespace audit_events {
 
 // --- Changes to a hosted module (ModelStore) ---------------------------
 // The record holds the spec (SpecJson) when its text is at most
-// kMaxRecordedSpecBytes, and its SHA-256 (SpecSha256) always.
+// kMaxRecordedSpecBytes, with modules nested more than 16 deep shown by
+// their type alone (an audit record nests at most 64 levels), and the
+// SHA-256 of the whole spec's text (SpecSha256) always.
 AuditRecord Build(const OperationContext& ctx, const ModuleName& module,
                   const ModuleSpec& spec, const BuildOptions& options,
                   size_t registrations, size_t blocked, bool all_or_nothing,

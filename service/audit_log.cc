@@ -941,38 +941,44 @@ absl::StatusOr<std::optional<WholeLogRead>> ReadLogTail(int fd,
   std::vector<MerkleHash> new_leaves;
   uint64_t differs = 0;  // the first record whose leaf the tree disagrees on
   LineReader reader(fd, path, anchor->next_offset);
-  MODELSTATE_ASSIGN_OR_RETURN(
-      read.walk,
-      WalkChain(
-          reader,
-          [&](const AuditRecord& r, absl::string_view line, uint64_t offset) {
-            const MerkleHash leaf = AuditLeafHash(line);
-            if (r.seq <= in_tree) {
-              std::vector<MerkleHash> stored(1);
-              MODELSTATE_RETURN_IF_ERROR(tree.hashes().ReadHashes(
-                  {StoredHashIndex(0, r.seq - 1)}, absl::MakeSpan(stored)));
-              if (stored[0] != leaf) {
-                differs = r.seq;
-                return absl::AbortedError("the tree differs");
-              }
-            } else {
-              new_leaves.push_back(leaf);
-            }
-            if (r.seq > indexed && read.index_error.ok() &&
-                index.Add(r, {r.seq, offset, line.size()})) {
-              read.index_error = index.Flush();
-            }
-            return absl::OkStatus();
-          },
-          std::move(anchor->end), anchor->next_offset));
+  absl::StatusOr<ChainWalk> walk = WalkChain(
+      reader,
+      [&](const AuditRecord& r, absl::string_view line, uint64_t offset) {
+        const MerkleHash leaf = AuditLeafHash(line);
+        if (r.seq <= in_tree) {
+          // A leaf that cannot be read or differs stops the walk; the whole
+          // read that follows repairs the tree.
+          std::vector<MerkleHash> stored(1);
+          if (!tree.hashes()
+                   .ReadHashes({StoredHashIndex(0, r.seq - 1)},
+                               absl::MakeSpan(stored))
+                   .ok() ||
+              stored[0] != leaf) {
+            differs = r.seq;
+            return absl::AbortedError("the tree differs");
+          }
+        } else {
+          new_leaves.push_back(leaf);
+        }
+        if (r.seq > indexed && read.index_error.ok() &&
+            index.Add(r, {r.seq, offset, line.size()})) {
+          read.index_error = index.Flush();
+        }
+        return absl::OkStatus();
+      },
+      std::move(anchor->end), anchor->next_offset);
+  if (differs != 0) {
+    *why =
+        absl::StrCat("after a crash, the tree disagrees with record ", differs);
+    return std::nullopt;
+  }
+  MODELSTATE_RETURN_IF_ERROR(walk.status());
+  read.walk = *std::move(walk);
   const uint64_t last = read.walk.end.seq;
-  if (differs != 0 || last < in_tree || last < indexed) {
-    *why = differs != 0
-               ? absl::StrCat("after a crash, the tree disagrees with record ",
-                              differs)
-               : absl::StrCat("after a crash, the log ends at record ", last,
-                              " but its tree has ", in_tree,
-                              " leaves and its index ", indexed, " rows");
+  if (last < in_tree || last < indexed) {
+    *why = absl::StrCat("after a crash, the log ends at record ", last,
+                        " but its tree has ", in_tree, " leaves and its index ",
+                        indexed, " rows");
     return std::nullopt;
   }
   MODELSTATE_RETURN_IF_ERROR(

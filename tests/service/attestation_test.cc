@@ -156,6 +156,29 @@ TEST(BuildRecordTest, TheSpecIsRecordedWithItsArgumentsAndDigest) {
   EXPECT_THAT(details["spec"].get<std::string>(), HasSubstr("omitted"));
   EXPECT_EQ(details["spec_sha256"], audit_events::SpecSha256(wide));
   EXPECT_LT(record.details_json.size(), 4096u);
+
+  // A spec nested 30 modules deep is recorded 16 deep (an audit record
+  // nests at most 64 levels of JSON); its digest covers all of it.
+  ModuleSpec deep = ModuleSpec::Layer("Linear", {int64_t{2}, int64_t{2}});
+  for (int i = 0; i < 30; ++i) {
+    ModuleSpec outer = ModuleSpec::Layer("Sequential");
+    outer.children.push_back({"", std::move(deep)});
+    deep = std::move(outer);
+  }
+  record = audit_events::Build(OperationContext{}, name, deep, BuildOptions{},
+                               0, 0, false, absl::OkStatus());
+  // The log accepts it (a record nested too deeply would be refused, after
+  // the build it describes was stored).
+  const std::string log_path = ::testing::TempDir() + "/deep_spec_audit.log";
+  std::filesystem::remove(log_path);
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditLog> log,
+                                  AuditLog::Open(log_path, AuditLogOptions{}));
+  EXPECT_THAT(log->Append(record), IsOk());
+  log.reset();
+  std::filesystem::remove(log_path);
+  details = nlohmann::json::parse(record.details_json);
+  EXPECT_EQ(details["spec_sha256"], audit_events::SpecSha256(deep));
+  EXPECT_THAT(record.details_json, HasSubstr("nested too deep to record"));
 }
 
 TEST(AttestationRecordsTest, CurrentLifeWithoutFailuresOrDenials) {

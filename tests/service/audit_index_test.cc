@@ -381,6 +381,26 @@ TEST_F(AuditCrashTest, AnEditAfterTheIndexedRecordsIsCaught) {
                        HasSubstr("broken at line 4500")));
 }
 
+TEST_F(AuditCrashTest, ATreeThatDisagreesWithTheTailIsRebuilt) {
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditLog> log, OpenLog());
+  Append(*log, kRecords);
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(MerkleHash root, log->TreeRoot(kRecords));
+  AuditLogOptions o = CrashCopy("leaf", [](std::string&) {});
+  {
+    // Record 4500's leaf hash, after the last indexed record, goes bad.
+    std::fstream hashes(o.hashes_path,
+                        std::ios::binary | std::ios::in | std::ios::out);
+    hashes.seekp(static_cast<std::streamoff>(StoredHashIndex(0, 4499) * 32));
+    hashes.write(std::string(32, 'x').data(), 32);
+  }
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditLog> reopened,
+                                  AuditLog::Open(CopyLog("leaf"), o));
+  EXPECT_THAT(reopened->read_whole_log(),
+              HasSubstr("the tree disagrees with record 4500"));
+  EXPECT_EQ(reopened->last_seq(), static_cast<uint64_t>(kRecords));
+  EXPECT_THAT(reopened->TreeRoot(kRecords), IsOkAndHolds(root));
+}
+
 TEST_F(AuditCrashTest, ALogShorterThanItsIndexIsReadWhole) {
   MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditLog> log, OpenLog());
   Append(*log, kRecords);
