@@ -76,15 +76,11 @@ Json SpecValueJson(const SpecValue& v) {
 Json TensorSpecJson(const TensorSpec& t) {
   Json out = Json::object();
   if (t.data.defined()) {
-    // The values themselves may be large: their digest stands for them.
-    const bool on_cpu = t.data.device().is_cpu();
-    out["data"] = {
-        {"dtype", std::string(DTypeName(t.data.dtype()))},
-        {"shape", t.data.shape()},
-        {"sha256", on_cpu ? Sha256Hex(absl::string_view(
-                                static_cast<const char*>(t.data.raw_data()),
-                                t.data.nbytes()))
-                          : std::string()}};
+    // The values themselves may be large: their digest stands for them
+    // (of a copy on the host when they are on a device).
+    out["data"] = {{"dtype", std::string(DTypeName(t.data.dtype()))},
+                   {"shape", t.data.shape()},
+                   {"sha256", ContentHash(t.data)}};
     return out;
   }
   if (t.dtype.has_value()) out["dtype"] = std::string(DTypeName(*t.dtype));

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -97,8 +98,10 @@ absl::StatusOr<sqlite3*> OpenDatabase(const std::string& path) {
     return error;
   }
   sqlite3_busy_timeout(db, 5000);
-  // The index is derived data: no fsync per commit (a crash is detected by
-  // the missing clean-close stamp, and the index is rebuilt).
+  // The index is derived data: no fsync per commit. A crash is detected by
+  // the missing clean-close stamp; the log's records after the last indexed
+  // one are then read and added (a process crash loses no committed batch
+  // in WAL mode; an index SQLite cannot read is made anew).
   const std::string setup = absl::StrCat(
       "PRAGMA journal_mode=WAL; PRAGMA synchronous=OFF; "
       // A small WAL: folded into the database every 1 MiB or
@@ -265,17 +268,30 @@ absl::Status AuditIndex::FlushLocked() {
     rows.swap(pending_);
   }
   if (rows.empty()) return absl::OkStatus();
+  absl::Status written = WriteRows(rows);
+  if (!written.ok()) {
+    // The rows go back in front of those added since, to be tried again:
+    // a later batch committed without them would leave a gap that the
+    // last seq cannot show.
+    MutexLock lock(&pending_mu_);
+    rows.insert(rows.end(), std::make_move_iterator(pending_.begin()),
+                std::make_move_iterator(pending_.end()));
+    pending_ = std::move(rows);
+  }
+  return written;
+}
+
+absl::Status AuditIndex::WriteRows(const std::vector<Row>& rows) {
   MODELSTATE_RETURN_IF_ERROR(Exec("BEGIN"));
+  absl::Status status;
   {
     Statement insert(db_,
                      "INSERT OR REPLACE INTO records(seq, offset, length, "
                      "time_ns, identity, type, ns, module, outcome, "
                      "correlation_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
-    if (!insert.ok()) {
-      (void)Exec("ROLLBACK");
-      return Error("add records");
-    }
-    for (const Row& row : rows) {
+    if (!insert.ok()) status = Error("add records");
+    for (size_t i = 0; status.ok() && i < rows.size(); ++i) {
+      const Row& row = rows[i];
       sqlite3_reset(insert.get());
       insert.Bind(1, static_cast<int64_t>(row.where.seq));
       insert.Bind(2, static_cast<int64_t>(row.where.offset));
@@ -288,13 +304,14 @@ absl::Status AuditIndex::FlushLocked() {
       insert.Bind(9, row.outcome);
       insert.Bind(10, row.correlation_id);
       if (sqlite3_step(insert.get()) != SQLITE_DONE) {
-        absl::Status error = Error("add records");
-        (void)Exec("ROLLBACK");
-        return error;
+        status = Error("add records");
       }
     }
   }
-  return Exec("COMMIT");
+  if (status.ok()) status = Exec("COMMIT");
+  // A failed step or commit leaves the transaction open.
+  if (!status.ok()) (void)Exec("ROLLBACK");
+  return status;
 }
 
 absl::Status AuditIndex::Clear() {

@@ -8,7 +8,8 @@
 //
 // Rows are added in batches (one SQLite transaction per batch, without
 // fsync: a crash may lose the last batches, which is why a stamp of the
-// log file is saved only at a clean close and taken away at the next open).
+// log file is saved only at a clean close and taken away at the next open;
+// after a crash, AuditLog indexes the records after the last indexed one).
 //
 // Example:
 //   MODELSTATE_ASSIGN_OR_RETURN(std::unique_ptr<AuditIndex> index,
@@ -74,7 +75,9 @@ class AuditIndex {
   // last) to the batch that any read or Flush commits. Cheap and never
   // blocked by a commit in progress, so a log may call it under its own
   // lock; true when a full batch waits, which the caller then commits with
-  // Flush, outside its lock.
+  // Flush, outside its lock. A batch whose commit fails stays, in front of
+  // the rows added since, for the next Flush: rows leave the batch only
+  // into the table, so the indexed rows are always 1..LastSeq().
   [[nodiscard]] bool Add(const AuditRecord& record, const AuditLocation& where);
   absl::Status Flush();
   // Drops every row (before a rebuild from the log).
@@ -98,6 +101,9 @@ class AuditIndex {
   AuditIndex(std::string path, sqlite3* db) : path_(std::move(path)), db_(db) {}
   absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One transaction; rolled back on any error.
+  absl::Status WriteRows(const std::vector<Row>& rows)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Error(const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;

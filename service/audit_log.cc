@@ -1091,7 +1091,8 @@ absl::StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(
         WholeLogRead read,
         ReadWholeLog(fd, path, options, s.index.get(), *s.tree));
     if (!read.index_error.ok()) log->IndexFailed(read.index_error);
-    log->recovered_torn_tail_ = read.recovered_torn_tail;
+    // A tail read that was set aside may already have cut the torn line.
+    log->recovered_torn_tail_ |= read.recovered_torn_tail;
     log->tree_repair_ = std::move(read.tree_repair);
     log->opened_checkpoint_ = std::move(read.checkpoint_note);
     end = std::move(read.walk);

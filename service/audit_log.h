@@ -98,14 +98,17 @@ class AuditLog {
   // left them (the index keeps a stamp of the file: size, mtime, inode),
   // Open reads only the last record, checks it against the tree, and checks
   // the tree against the last checkpoint: its time and memory do not grow
-  // with the log. Otherwise (first start with an index, a crash, a file
-  // touched while the server was down) it reads the whole log, checks every
-  // record of the chain and rebuilds the index; read_whole_log() says so
-  // and why. INVALID_ARGUMENT naming the file and line if the log is not a
-  // valid chain (a torn last line left by a crash is truncated away and
-  // reported through `recovered_torn_tail()` instead). No record is kept in
-  // memory: Query, Get and WaitForRecords read the file where the index
-  // points.
+  // with the log. After a crash it reads only the records after the last
+  // one that both the index and the tree hold (checked against that one's
+  // leaf, the chain and the checkpoint), and adds them to both;
+  // read_after_crash() says so. Otherwise (first start with an index, a
+  // file touched while the server was down, an index, tree and log that
+  // disagree) it reads the whole log, checks every record of the chain and
+  // rebuilds the index and the tree; read_whole_log() says so and why.
+  // INVALID_ARGUMENT naming the file and line if the log is not a valid chain
+  // (a torn last line left by a crash is truncated away and reported through
+  // `recovered_torn_tail()` instead). No record is kept in memory: Query, Get
+  // and WaitForRecords read the file where the index points.
   //
   // With options.checkpoint_path, FAILED_PRECONDITION naming both tree
   // sizes (and the first differing seq, when the hash file tells) if the

@@ -43,6 +43,43 @@ absl::StatusOr<uint64_t> FirstDifferingLeaf(absl::Span<const MerkleHash> leaves,
   return count;
 }
 
+// The first of the first `count` leaves whose stored hashes (its own and
+// those of the subtrees it completes) are not what `leaves` give; `count`
+// when all are. Reads every stored hash once, in storage order, so that a
+// damaged leaf under intact subtree hashes (which the root alone cannot
+// show) is found too.
+absl::StatusOr<uint64_t> FirstUnfaithfulLeaf(
+    absl::Span<const MerkleHash> leaves, const HashReader& reader,
+    uint64_t count) {
+  MerkleFrontier frontier;
+  std::vector<MerkleHash> expected, stored;
+  std::vector<uint64_t> indexes;
+  std::vector<size_t> group_end;  // in `expected`, after each leaf's group
+  for (uint64_t first = 0; first < count; first += kLeafBatch) {
+    const uint64_t n = std::min(kLeafBatch, count - first);
+    expected.clear();
+    group_end.clear();
+    for (uint64_t i = 0; i < n; ++i) {
+      frontier.Append(leaves[first + i], &expected);
+      group_end.push_back(expected.size());
+    }
+    const uint64_t base = StoredHashCount(first);
+    indexes.resize(expected.size());
+    stored.resize(expected.size());
+    for (size_t i = 0; i < indexes.size(); ++i) indexes[i] = base + i;
+    MODELSTATE_RETURN_IF_ERROR(
+        reader.ReadHashes(indexes, absl::MakeSpan(stored)));
+    for (size_t i = 0; i < expected.size(); ++i) {
+      if (stored[i] == expected[i]) continue;
+      const size_t leaf =
+          std::upper_bound(group_end.begin(), group_end.end(), i) -
+          group_end.begin();
+      return first + leaf;
+    }
+  }
+  return count;
+}
+
 // The first record of the checkpoint's tree that `leaves` lack or change,
 // when `old_tree` holds that tree; 0 when it cannot tell.
 uint64_t LocateDifference(absl::Span<const MerkleHash> leaves,
@@ -135,15 +172,13 @@ absl::StatusOr<std::string> AuditTree::Reconcile(
   const uint64_t stored = store_->size();
   const uint64_t common = std::min(n, stored);
   std::string repaired;
-  MODELSTATE_ASSIGN_OR_RETURN(MerkleHash root, RootHash(common, *store_));
-  if (root != RootOfLeaves(leaves.subspan(0, common))) {
-    MODELSTATE_ASSIGN_OR_RETURN(uint64_t first,
-                                FirstDifferingLeaf(leaves, *store_, common));
-    repaired = absl::StrCat(
-        "rebuilt the audit hash store: it disagreed with "
-        "the log from seq ",
-        first + 1);
-    MODELSTATE_RETURN_IF_ERROR(store_->Truncate(0));
+  MODELSTATE_ASSIGN_OR_RETURN(uint64_t first,
+                              FirstUnfaithfulLeaf(leaves, *store_, common));
+  if (first < common) {
+    repaired =
+        absl::StrCat("rebuilt the audit hash store from seq ", first + 1,
+                     ": its hashes disagreed with the log's records there");
+    MODELSTATE_RETURN_IF_ERROR(store_->Truncate(first));
   } else if (stored > n) {
     repaired = absl::StrCat("dropped the hashes of ", stored - n,
                             " records the audit log does not have");

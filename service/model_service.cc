@@ -329,20 +329,21 @@ absl::Status ModelService::SetTraining(const Caller& caller,
 
 absl::StatusOr<std::vector<Tensor>> ModelService::Forward(const Caller& caller,
                                                           ForwardArgs args) {
-  // Only an eval-mode call may change nothing, and not one through an
-  // Embedding that renormalises (max_norm). For an unknown module or path
-  // the reader's permission is asked, and Forward says NOT_FOUND.
-  bool read_only = args.training.has_value() && !*args.training;
-  if (read_only) {
-    absl::StatusOr<bool> changes =
-        store_->ForwardMayChange(args.module, args.path, args.training);
-    read_only = !changes.ok() || !*changes;
-  }
-  MODELSTATE_RETURN_IF_ERROR(gate_.Allow(
-      caller, "Forward", read_only ? Permission::kRead : Permission::kWrite,
-      args.module));
+  // An eval-mode call needs the reader's permission, and the writer's only
+  // if the store finds it will change the module (an Embedding with
+  // max_norm renormalises). For an unknown module or path the reader's
+  // permission is asked, and Forward says NOT_FOUND.
+  const bool eval = args.training.has_value() && !*args.training;
+  MODELSTATE_RETURN_IF_ERROR(
+      gate_.Allow(caller, "Forward",
+                  eval ? Permission::kRead : Permission::kWrite, args.module));
+  auto allow_change = [&]() -> absl::Status {
+    if (!eval) return absl::OkStatus();
+    return gate_.Allow(caller, "Forward", Permission::kWrite, args.module);
+  };
   return store_->Forward(caller.ctx, args.module, args.path,
-                         std::move(args.inputs), args.training, args.seed);
+                         std::move(args.inputs), args.training, args.seed,
+                         allow_change);
 }
 
 absl::StatusOr<std::unique_ptr<SubscriberSession>>

@@ -992,33 +992,31 @@ bool Renormalises(const Module& target) {
 // Whether module(*inputs) on `target` in mode `training` (unset: each
 // module's own) only reads the tree: no module switches or runs in training
 // mode, and nothing renormalises.
+// Whether a forward call through `target` changes it: a training-mode
+// submodule writes its buffers, and an Embedding with max_norm renormalises.
+bool ForwardChanges(const Module& target, std::optional<bool> training) {
+  for (const auto& [key, m] : target.NamedModules()) {
+    if (training.value_or(m->is_training())) return true;
+  }
+  return Renormalises(target);
+}
+
+// Whether a forward call through `target` may run under a reader's lock:
+// it changes nothing and switches no mode.
 bool ForwardOnlyReads(const Module& target, std::optional<bool> training) {
   for (const auto& [key, m] : target.NamedModules()) {
-    if (training.value_or(m->is_training()) || m->is_training()) return false;
+    if (m->is_training()) return false;
   }
-  return !Renormalises(target);
+  return !ForwardChanges(target, training);
 }
 
 }  // namespace
 
-absl::StatusOr<bool> ModelStore::ForwardMayChange(
-    const ModuleName& name, const std::string& path,
-    std::optional<bool> training) {
-  MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
-  ReaderMutexLock lock(&entry->mu);
-  if (entry->deleted) return NoSuchModule(name);
-  MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Module> target,
-                              Submodule(*entry->root, name, "path", path));
-  for (const auto& [key, m] : target->NamedModules()) {
-    if (training.value_or(m->is_training())) return true;
-  }
-  return Renormalises(*target);
-}
-
 absl::StatusOr<std::vector<Tensor>> ModelStore::Forward(
     const OperationContext& ctx, const ModuleName& name,
     const std::string& path, std::vector<Tensor> inputs,
-    std::optional<bool> training, uint64_t seed) {
+    std::optional<bool> training, uint64_t seed,
+    absl::FunctionRef<absl::Status()> allow_change) {
   MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
   ForwardOptions options;
   options.seed = seed;
@@ -1035,6 +1033,17 @@ absl::StatusOr<std::vector<Tensor>> ModelStore::Forward(
     }
   }
   MutexLock gate(&entry->gate);
+  bool will_change = false;
+  {
+    // Every writer holds the gate, so what this call would change cannot
+    // change before it runs: the permission asked is the one it needs.
+    ReaderMutexLock lock(&entry->mu);
+    if (entry->deleted) return NoSuchModule(name);
+    MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Module> target,
+                                Submodule(*entry->root, name, "path", path));
+    will_change = ForwardChanges(*target, training);
+  }
+  if (will_change) MODELSTATE_RETURN_IF_ERROR(allow_change());
   absl::StatusOr<std::vector<Tensor>> outputs;
   bool changed = false;
   absl::Status saved;

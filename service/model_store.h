@@ -240,17 +240,14 @@ class ModelStore {
   // (shared lock, no wait behind a writer's pending decisions) unless it
   // must switch modes. NOT_FOUND for an unknown module or path; Forward's
   // errors otherwise.
-  // Whether Forward(name, path, ..., training) may change the module (see
-  // Forward): what it needs permission for. NOT_FOUND as Forward's.
-  absl::StatusOr<bool> ForwardMayChange(const ModuleName& name,
-                                        const std::string& path,
-                                        std::optional<bool> training);
-  absl::StatusOr<std::vector<Tensor>> Forward(const OperationContext& ctx,
-                                              const ModuleName& name,
-                                              const std::string& path,
-                                              std::vector<Tensor> inputs,
-                                              std::optional<bool> training,
-                                              uint64_t seed);
+  //
+  // A call that will change the module first asks `allow_change` (the
+  // caller's write permission): its error is returned and nothing runs.
+  absl::StatusOr<std::vector<Tensor>> Forward(
+      const OperationContext& ctx, const ModuleName& name,
+      const std::string& path, std::vector<Tensor> inputs,
+      std::optional<bool> training, uint64_t seed,
+      absl::FunctionRef<absl::Status()> allow_change);
 
   // NOT_FOUND if unknown.
   absl::Status Delete(const OperationContext& ctx, const ModuleName& name);

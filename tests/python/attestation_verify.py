@@ -94,7 +94,8 @@ class AttestationTest(unittest.TestCase):
         with open(spec, "w") as f:
             json.dump({"type": "Sequential", "children": [
                 {"spec": {"type": "Linear", "args": [8, 4]}},
-                {"spec": {"type": "BatchNorm1d", "args": [4]}}]}, f)
+                {"name": "norm_\u00e9", "spec": {"type": "BatchNorm1d",
+                                                  "args": [4]}}]}, f)
         self.cli("build", spec, "--name", "py/mlp", "--seed", "3")
         self.cli("to", "py/mlp", "--dtype", "float16")
         envelope_path = os.path.join(self.dir, "mlp.dsse.json")
@@ -121,9 +122,10 @@ class AttestationTest(unittest.TestCase):
                          "https://slsa.dev/provenance/v1")
         tensors = read_safetensors(st_path)
         self.assertEqual([s["name"] for s in statement["subject"]],
-                         ["0.weight", "0.bias", "1.weight", "1.bias",
-                          "1.running_mean", "1.running_var",
-                          "1.num_batches_tracked"])
+                         ["0.weight", "0.bias"] +
+                         ["norm_\u00e9." + n for n in
+                          ["weight", "bias", "running_mean", "running_var",
+                           "num_batches_tracked"]])
         for s in statement["subject"]:
             t = tensors[s["name"]]
             self.assertEqual(s["digest"]["sha256"], tensor_digest(t),
@@ -135,12 +137,14 @@ class AttestationTest(unittest.TestCase):
             "externalParameters"]["build"]
         self.assertEqual(build["seed"], 3)
         # The spec as built, arguments included; its digest is the SHA-256
-        # of its canonical text (compact, keys sorted), recomputed here.
+        # of its canonical text (compact, keys sorted, UTF-8 unescaped: the
+        # child's name is not ASCII), recomputed here.
         self.assertEqual(build["spec"]["children"][0]["spec"],
                          {"type": "Linear", "args": [8, 4]})
         self.assertEqual(build["spec"]["children"][1]["spec"]["args"], [4])
         canonical = json.dumps(build["spec"], sort_keys=True,
-                               separators=(",", ":")).encode()
+                               separators=(",", ":"),
+                               ensure_ascii=False).encode()
         self.assertEqual(build["spec_sha256"],
                          hashlib.sha256(canonical).hexdigest())
         changes = statement["predicate"]["buildDefinition"][

@@ -4,6 +4,7 @@
 // data directory without one) makes Open read, check and re-index it all.
 #include "service/audit_index.h"
 
+#include <sqlite3.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -139,6 +140,49 @@ TEST_F(AuditIndexTest, FullBatchesAreCommittedWhileReadersQuery) {
   MODELSTATE_ASSERT_OK_AND_ASSIGN(std::vector<AuditLocation> tail,
                                   index->Find(q));
   EXPECT_THAT(SeqsOf(tail), ElementsAre(kRows - 2, kRows - 1, kRows));
+}
+
+// While another connection holds SQLite's write lock, a commit waits for
+// it (5 s) and fails: the rows it took stay for the next one, in front of
+// those added meanwhile, and adding never waited for the stuck commit.
+TEST_F(AuditIndexTest, AFailedCommitKeepsItsRowsAndNeverBlocksAdds) {
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditIndex> index,
+                                  AuditIndex::Open(Path("i.db")));
+  auto add = [&](uint64_t seq) {
+    (void)index->Add(Row("alice", "build", "a", absl::FromUnixSeconds(seq)),
+                     {seq, seq * 10, 9});
+  };
+  for (uint64_t seq = 1; seq <= 3; ++seq) add(seq);
+  ASSERT_THAT(index->Flush(), IsOk());
+  for (uint64_t seq = 4; seq <= 6; ++seq) add(seq);
+
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open(Path("i.db").c_str(), &other), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  std::atomic<bool> flushing{false};
+  absl::Status stuck;
+  std::thread commit([&] {
+    flushing = true;
+    stuck = index->Flush();
+  });
+  while (!flushing) std::this_thread::yield();
+  absl::SleepFor(absl::Milliseconds(200));  // into SQLite's busy wait
+  const absl::Time before_adds = absl::Now();
+  for (uint64_t seq = 7; seq <= 9; ++seq) add(seq);
+  const absl::Duration adding = absl::Now() - before_adds;
+  commit.join();
+  EXPECT_THAT(stuck, Not(IsOk()));
+  // Far below the 5 s the commit held its lock.
+  EXPECT_LT(adding, absl::Seconds(2));
+  ASSERT_EQ(sqlite3_exec(other, "ROLLBACK", nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(other);
+
+  EXPECT_THAT(index->LastSeq(), IsOkAndHolds(9u));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::vector<AuditLocation> all,
+                                  index->Find(AuditQuery()));
+  EXPECT_THAT(SeqsOf(all), ElementsAre(1, 2, 3, 4, 5, 6, 7, 8, 9));
 }
 
 TEST_F(AuditIndexTest, FindsByEveryFieldInSeqOrderAndPages) {

@@ -141,6 +141,42 @@ TEST_F(AuditTreeTest, HashFileSurvivesRestartAndIsRebuiltWhenDamaged) {
   EXPECT_EQ(*(*log)->TreeRoot(9), root);
 }
 
+// A damaged leaf hash under intact subtree hashes leaves every root right
+// and its neighbour's proofs wrong. A start that reads the whole log (here:
+// the index is gone) compares every stored hash and rewrites from there.
+TEST_F(AuditTreeTest, ADamagedLeafUnderIntactSubtreesIsFoundAndRewritten) {
+  {
+    auto log = OpenLog();
+    ASSERT_THAT(log.status(), IsOk());
+    AppendRecords(**log, 8);
+    ASSERT_THAT((*log)->SyncTree().status(), IsOk());
+  }
+  std::vector<MerkleHash> leaves;
+  for (const std::string& l : Lines()) leaves.push_back(HashLeaf(l));
+  ASSERT_EQ(leaves.size(), 8u);
+  {
+    // Leaf 3 (seq 3) is stored at index 3, after leaves 1, 2 and their
+    // parent.
+    std::fstream hashes(Path("audit.hashes"),
+                        std::ios::in | std::ios::out | std::ios::binary);
+    hashes.seekp(3 * 32);
+    hashes.write(std::string(32, 'x').data(), 32);
+  }
+  std::filesystem::remove(Path("audit.index"));
+  auto log = OpenLog();
+  ASSERT_THAT(log.status(), IsOk());
+  EXPECT_THAT((*log)->tree_repair(), HasSubstr("from seq 3"));
+  const MerkleHash root = RootOfLeaves(leaves);
+  EXPECT_EQ(*(*log)->TreeRoot(8), root);
+  for (uint64_t seq = 1; seq <= 8; ++seq) {
+    auto proof = (*log)->InclusionProof(seq, 8);
+    ASSERT_THAT(proof.status(), IsOk());
+    EXPECT_THAT(VerifyInclusion(leaves[seq - 1], seq - 1, 8, root, *proof),
+                IsOk())
+        << "seq " << seq;
+  }
+}
+
 TEST_F(AuditTreeTest, StartRefusesALogCutBelowTheLastCheckpoint) {
   {
     auto log = OpenLog();

@@ -4,6 +4,7 @@
 #include "service/model_store.h"
 
 #include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -558,6 +559,50 @@ TEST_F(ModelStoreTest, AStreamedLoadOfAModuleDeletedMeanwhileIsNotFound) {
   EXPECT_EQ(Records("load_state_dict").size(), 1u);
 }
 
+// The write permission is asked exactly when a call will change the
+// module: an eval call through an Embedding with max_norm, not one through
+// a Linear. Refused, it changes and records nothing.
+TEST_F(ModelStoreTest, AForwardAsksToChangeOnlyWhenItWill) {
+  MakeDurable();
+  ASSERT_THAT(Build("t/lin").status(), IsOk());
+  ASSERT_THAT(Build("t/emb", R"({"type": "Embedding", "args": [10, 4],
+                                  "kwargs": {"max_norm": 0.5}})")
+                  .status(),
+              IsOk());
+  int asked = 0;
+  auto refuse = [&] {
+    ++asked;
+    return absl::PermissionDeniedError("no writes here");
+  };
+  EXPECT_THAT(
+      store_
+          ->Forward(ctx_, Name("t/lin"), "",
+                    {Filled(DType::kFloat32, {2, 4}, 1)}, false, 0, refuse)
+          .status(),
+      IsOk());
+  EXPECT_EQ(asked, 0);
+  const StateDict before = State("t/emb");
+  const Tensor indices = *Tensor::FromDoubles(DType::kInt64, {3}, {1, 2, 3});
+  EXPECT_THAT(
+      store_->Forward(ctx_, Name("t/emb"), "", {indices}, false, 0, refuse)
+          .status(),
+      StatusIs(absl::StatusCode::kPermissionDenied, "no writes here"));
+  EXPECT_EQ(asked, 1);
+  const StateDict after = State("t/emb");
+  ASSERT_NE(after.tensors.Find("weight"), nullptr);
+  EXPECT_EQ(std::memcmp(before.tensors.Find("weight")->raw_data(),
+                        after.tensors.Find("weight")->raw_data(), 40 * 4),
+            0);
+  EXPECT_THAT(Records("forward"), ::testing::IsEmpty());
+  // Allowed, the same call renormalises and is recorded.
+  ASSERT_THAT(store_
+                  ->Forward(ctx_, Name("t/emb"), "", {indices}, false, 0,
+                            [] { return absl::OkStatus(); })
+                  .status(),
+              IsOk());
+  EXPECT_EQ(Records("forward").size(), 1u);
+}
+
 // An eval-mode forward only reads: readers (and other eval forwards) go on
 // while it runs; a training-mode one still excludes them.
 TEST_F(ModelStoreTest, AnEvalForwardIsAReader) {
@@ -573,12 +618,12 @@ TEST_F(ModelStoreTest, AnEvalForwardIsAReader) {
         return std::nullopt;
       });
   std::thread forward([&] {
-    EXPECT_THAT(
-        store_
-            ->Forward(ctx_, Name("t/m"), "",
-                      {Filled(DType::kFloat32, {2, 4}, 1)}, std::nullopt, 0)
-            .status(),
-        IsOk());
+    EXPECT_THAT(store_
+                    ->Forward(ctx_, Name("t/m"), "",
+                              {Filled(DType::kFloat32, {2, 4}, 1)},
+                              std::nullopt, 0, [] { return absl::OkStatus(); })
+                    .status(),
+                IsOk());
   });
   ASSERT_TRUE(in_forward.WaitForNotificationWithTimeout(absl::Seconds(30)));
   absl::Notification read;
