@@ -333,16 +333,22 @@ absl::StatusOr<v1::LoadStateDictResponse> ModelStateClient::LoadStateDict(
   uint64_t done = 0;
   bool open = writer->Write(message);
   absl::Status failure;
+  // One buffer for every chunk, lent to the message for its Write (which
+  // has serialised it when it returns): a fresh one each time would be
+  // fresh pages, and faulting them in cost more than reading the file.
+  std::string chunk;
   while (open) {
-    message.Clear();
-    std::string* data = message.mutable_data();
-    absl::StatusOr<size_t> n = source.Read(options.chunk_bytes, data);
+    chunk.clear();
+    absl::StatusOr<size_t> n = source.Read(options.chunk_bytes, &chunk);
     if (!n.ok()) {
       failure = n.status();
       break;
     }
     if (*n == 0) break;
+    message.Clear();
+    message.mutable_data()->swap(chunk);
     open = writer->Write(message);
+    chunk.swap(*message.mutable_data());
     done += *n;
     if (options.progress) options.progress(done, total);
   }

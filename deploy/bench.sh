@@ -39,7 +39,9 @@ fi
 
 bench=$MODELSTATE_ROOT/tests/bench
 models=$bench/models
-results=$build_dir/bench-results
+# A smoke run (the test suite's) keeps apart from a full run's results, which
+# stay to regenerate the report from.
+results=$build_dir/bench-results$([ $smoke = 1 ] && echo -smoke || true)
 mkdir -p "$results"
 # Debian's interpreter: the one with torch 1.13, grpcio and numpy.
 python=/usr/bin/python3

@@ -274,19 +274,21 @@ def forward_rows(table, forward, torch_forward):
 
 def python_rows(table, p):
     """The Python client's transfers against the C++ client's (ratio of
-    throughputs, Python / C++)."""
-    n = p["bytes"]
-    for what, py, cpp, cli in (
-            ("state_dict()", "python_get_s", "cpp_get_s", "get-state"),
-            ("load_state_dict()", "python_load_s", "cpp_load_s",
-             "load-state")):
-        ours, base = p[py]["median"], p[cpp]["median"]
-        table.add(f"Python client {what}, {n / MIB:.0f} MiB "
-                  f"({p['chunk_bytes'] // 1024} KiB chunks)",
-                  f"{fmt_s(ours)} ({rate(n, ours)})",
-                  f"C++ client (modelstatectl {cli}) {fmt_s(base)} "
-                  f"({rate(n, base)})", f"{base / ours:.2f}x", ">= 0.8x",
-                  base / ours >= 0.8)
+    throughputs, Python / C++), one pair of rows per model."""
+    for model, m in p["models"].items():
+        n = m["bytes"]
+        for what, py, cpp, cli in (
+                ("state_dict()", "python_get_s", "cpp_get_s", "get-state"),
+                ("load_state_dict()", "python_load_s", "cpp_load_s",
+                 "load-state")):
+            ours, base = m[py]["median"], m[cpp]["median"]
+            table.add(f"Python client {what}, {model} ({n / MIB:.0f} MiB, "
+                      f"{m['entries']} entries, "
+                      f"{p['chunk_bytes'] // 1024} KiB chunks)",
+                      f"{fmt_s(ours)} ({rate(n, ours)})",
+                      f"C++ client (modelstatectl {cli}) {fmt_s(base)} "
+                      f"({rate(n, base)})", f"{base / ours:.2f}x", ">= 0.8x",
+                      base / ours >= 0.8)
 
 
 def cuda_rows(table, cuda):

@@ -3,13 +3,18 @@ the same run, on the same module and server: RemoteModule.state_dict() and
 load_state_dict() against `modelstatectl get-state` / `load-state` (both
 sides keep every byte: the Python client in tensors, the CLI in a
 safetensors file on tmpfs where there is one). The two alternate, one of
-each per repetition; medians are reported.
+each per repetition; medians are reported. Three models, as their state
+differs in shape: a stack of 4 MiB Linear weights, ResNet-50 (320 entries,
+most of them small) and GPT-2 small (one 147 MiB embedding among 148
+entries), from tests/bench/models.
 
     python_transfer_bench.py --server BIN --cli BIN --out results.json
-                             [--mib 600] [--reps 5] [--warmup 1] [--smoke]
+                             [--mib 600] [--models stack,resnet50,gpt2]
+                             [--reps 5] [--warmup 1] [--smoke]
 
-Writes JSON: the bytes moved, and each figure's samples and median in
-seconds (the CLI's own timing of its transfer, which leaves out its start).
+Writes JSON: for each model, the bytes moved and each figure's samples and
+median in seconds (the CLI's own timing of its transfer, which leaves out
+its start).
 """
 
 import argparse
@@ -61,66 +66,88 @@ def summary(samples):
     return {"samples": samples, "median": statistics.median(samples)}
 
 
+def spec_of(model, mib):
+    if model == "stack":
+        return linear_stack(max(1, mib // 4))
+    with open(os.path.join(HERE, "models", model + ".json")) as f:
+        return json.load(f)
+
+
+def measure(ms, cli, address, scratch, model, spec, reps, warmup):
+    """Times both clients on `spec`, built as bench/<model>."""
+    name = "bench/" + model
+    remote = ms.build(spec, name, seed=0)
+    results = {"python_get_s": [], "cpp_get_s": [], "python_load_s": [],
+               "cpp_load_s": []}
+    for rep in range(warmup + reps):
+        # Symmetric: each side fills fresh memory right after the other
+        # side freed its copy (tensors here, a new file for the CLI).
+        py_get, state = timed(remote.state_dict)
+        py_load, _ = timed(lambda: remote.load_state_dict(state))
+        entries = len(state)
+        del state
+        file = os.path.join(scratch, f"state{rep}.safetensors")
+        cpp_get = cli_seconds(cli, address, [
+            "get-state", name, "-o", file, f"--chunk-kib={CHUNK >> 10}"])
+        cpp_load = cli_seconds(cli, address, [
+            "load-state", name, file, f"--chunk-kib={CHUNK >> 10}"])
+        os.remove(file)
+        if rep >= warmup:
+            for key, value in (("python_get_s", py_get),
+                               ("cpp_get_s", cpp_get),
+                               ("python_load_s", py_load),
+                               ("cpp_load_s", cpp_load)):
+                results[key].append(value)
+    out = {"bytes": remote.info().total_bytes, "entries": entries}
+    remote.delete()
+    out.update({key: summary(v) for key, v in results.items()})
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--server", required=True)
     parser.add_argument("--cli", required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--mib", type=int, default=600)
+    parser.add_argument("--mib", type=int, default=600,
+                        help="size of the Linear stack")
+    parser.add_argument("--models", default="stack,resnet50,gpt2")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--smoke", action="store_true",
-                        help="8 MiB (for the test suite)")
+                        help="an 8 MiB stack and the small MLP (for the "
+                             "test suite)")
     args = parser.parse_args()
     mib = 8 if args.smoke else args.mib
-    layers = max(1, mib // 4)
+    models = ["stack", "mlp"] if args.smoke else args.models.split(",")
 
     server = Server(args.server)
     scratch = tempfile.mkdtemp(
         prefix="modelstate-bench-",
         dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-    results = {"python_get_s": [], "cpp_get_s": [], "python_load_s": [],
-               "cpp_load_s": []}
+    out = {"chunk_bytes": CHUNK, "reps": args.reps, "warmup": args.warmup,
+           "models": {}}
     try:
         ms = modelstate.connect(server.address, chunk_bytes=CHUNK,
                                 progress=False)
-        remote = ms.build(linear_stack(layers), "bench/stack", seed=0)
-        nbytes = remote.info().total_bytes
-        for rep in range(args.warmup + args.reps):
-            keep = rep >= args.warmup
-            # Symmetric: each side fills fresh memory right after the other
-            # side freed its copy (tensors here, a new file for the CLI).
-            py_get, state = timed(remote.state_dict)
-            py_load, _ = timed(lambda: remote.load_state_dict(state))
-            del state
-            file = os.path.join(scratch, f"state{rep}.safetensors")
-            cpp_get = cli_seconds(args.cli, server.address, [
-                "get-state", "bench/stack", "-o", file,
-                f"--chunk-kib={CHUNK >> 10}"])
-            cpp_load = cli_seconds(args.cli, server.address, [
-                "load-state", "bench/stack", file,
-                f"--chunk-kib={CHUNK >> 10}"])
-            os.remove(file)
-            if keep:
-                for key, value in (("python_get_s", py_get),
-                                   ("cpp_get_s", cpp_get),
-                                   ("python_load_s", py_load),
-                                   ("cpp_load_s", cpp_load)):
-                    results[key].append(value)
+        for model in models:
+            out["models"][model] = measure(
+                ms, args.cli, server.address, scratch, model,
+                spec_of(model, mib), args.reps, args.warmup)
         ms.close()
     finally:
         server.stop()
         for name in os.listdir(scratch):
             os.remove(os.path.join(scratch, name))
         os.rmdir(scratch)
-    out = {"bytes": nbytes, "chunk_bytes": CHUNK, "reps": args.reps,
-           "warmup": args.warmup}
-    out.update({key: summary(v) for key, v in results.items()})
     with open(args.out, "w") as f:
         json.dump(out, f, indent=2)
-    for key in results:
-        print(f"{key}: median {out[key]['median']:.3f} s "
-              f"({nbytes / out[key]['median'] / 1e6:.0f} MB/s)")
+    for model, m in out["models"].items():
+        for key in ("python_get_s", "cpp_get_s", "python_load_s",
+                    "cpp_load_s"):
+            median = m[key]["median"]
+            print(f"{model} {key}: median {median:.3f} s "
+                  f"({m['bytes'] / median / 1e6:.0f} MB/s)")
     return 0
 
 
