@@ -79,9 +79,11 @@ class AuditTree {
   const HashReader& hashes() const { return *store_; }
 
   // Makes the tree's leaves exactly `leaves` (the log's): appends what is
-  // missing, drops hashes of records the log does not have, and rebuilds
-  // the store when it disagrees with the log. Returns what it repaired
-  // ("" when nothing), for the server's log.
+  // missing, drops hashes of records the log does not have, and rewrites
+  // the store from the first leaf whose stored hashes (its own or those of
+  // the subtrees it completes) disagree with the log: every stored hash is
+  // read once. Returns what it repaired ("" when nothing), for the
+  // server's log.
   absl::StatusOr<std::string> Reconcile(absl::Span<const MerkleHash> leaves);
 
   absl::Status Append(const MerkleHash& leaf_hash);

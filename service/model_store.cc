@@ -989,9 +989,6 @@ bool Renormalises(const Module& target) {
   return false;
 }
 
-// Whether module(*inputs) on `target` in mode `training` (unset: each
-// module's own) only reads the tree: no module switches or runs in training
-// mode, and nothing renormalises.
 // Whether a forward call through `target` changes it: a training-mode
 // submodule writes its buffers, and an Embedding with max_norm renormalises.
 bool ForwardChanges(const Module& target, std::optional<bool> training) {
@@ -1058,10 +1055,9 @@ absl::StatusOr<std::vector<Tensor>> ModelStore::Forward(
         Submodule(*entry->root, name, "path", path);
     if (!target.ok()) return target.status();
     std::vector<std::pair<Module*, bool>> modes;
-    changed = Renormalises(**target);
+    changed = ForwardChanges(**target, training);
     for (const auto& [key, m] : (*target)->NamedModules()) {
       modes.emplace_back(m.get(), m->is_training());
-      changed = changed || training.value_or(m->is_training());
     }
     if (training.has_value()) (*target)->Train(*training);
     outputs = modelstate::Forward(**target, std::move(inputs), options);
