@@ -134,6 +134,17 @@ MODELSTATE_UNARY(Forward, ForwardRequest, ForwardResponse)
 MODELSTATE_UNARY(QueryAudit, QueryAuditRequest, QueryAuditResponse)
 #undef MODELSTATE_UNARY
 
+absl::StatusOr<v1::GetClusterStatusResponse>
+ModelStateClient::GetClusterStatus() {
+  v1::ClusterService::Stub cluster(channel_);
+  std::unique_ptr<grpc::ClientContext> context = NewContext(options_.timeout);
+  v1::GetClusterStatusResponse response;
+  grpc::Status status = cluster.GetClusterStatus(
+      context.get(), v1::GetClusterStatusRequest(), &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
 absl::Status ModelStateClient::DeleteModule(absl::string_view module) {
   v1::DeleteModuleRequest request;
   request.set_module(std::string(module));

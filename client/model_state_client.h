@@ -43,6 +43,7 @@
 #include "core/module.h"
 #include "core/state_stream.h"
 #include "grpcpp/grpcpp.h"
+#include "modelstate/v1/cluster.grpc.pb.h"
 #include "modelstate/v1/model_state_service.grpc.pb.h"
 
 namespace modelstate::client {
@@ -254,6 +255,8 @@ class ModelStateClient {
 
   // grpc.health.v1 Check: OK when the server reports SERVING.
   absl::Status Health();
+  // ClusterService: members and placement (a cluster member only).
+  absl::StatusOr<v1::GetClusterStatusResponse> GetClusterStatus();
 
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
   // The raw stub and a context with this client's credentials, for what the

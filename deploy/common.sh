@@ -24,6 +24,8 @@ MODELSTATE_PACKAGES=(
   # promtool checks the metrics and alert rules; a real Prometheus scrapes
   # a test server (tests/ops/).
   prometheus
+  # A real etcd for the cluster tests (tests/cluster/).
+  etcd-server etcd-client
 )
 
 # ms_install_packages PKG...: installs whichever of PKG are not installed.

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -13,6 +14,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "proto/service_convert.h"
+#include "server/forwarding.h"
 #include "server/subscription_reactor.h"
 
 namespace modelstate::server {
@@ -136,15 +138,103 @@ void AddAuditSeqs(absl::Span<const uint64_t> seqs,
   }
 }
 
+// `call` served by the owner of `module` when that is another replica (its
+// status); nullopt when it is served here, or in a server on its own.
+template <typename Request, typename Response>
+std::optional<grpc::Status> ToOwner(
+    ClusterRouter* router, grpc::ServerContext* context,
+    absl::string_view module, Access access,
+    grpc::Status (Stub::*call)(grpc::ClientContext*, const Request&, Response*),
+    const Request& request, Response* response) {
+  if (router == nullptr) return std::nullopt;
+  absl::StatusOr<std::optional<Peer>> owner =
+      router->Route(*context, module, access);
+  if (!owner.ok()) return convert::ToGrpcStatus(owner.status());
+  if (!owner->has_value()) return std::nullopt;
+  return ForwardUnary(*router, **owner, context, call, request, response);
+}
+
+// ToOwner for a call whose answer is a stream.
+template <typename Request, typename Message>
+std::optional<grpc::Status> DownloadFromOwner(
+    ClusterRouter* router, grpc::ServerContext* context,
+    absl::string_view module,
+    std::unique_ptr<grpc::ClientReader<Message>> (Stub::*call)(
+        grpc::ClientContext*, const Request&),
+    const Request& request, grpc::ServerWriter<Message>* writer) {
+  if (router == nullptr) return std::nullopt;
+  absl::StatusOr<std::optional<Peer>> owner =
+      router->Route(*context, module, Access::kRead);
+  if (!owner.ok()) return convert::ToGrpcStatus(owner.status());
+  if (!owner->has_value()) return std::nullopt;
+  return ForwardDownload(*router, **owner, context, call, request, writer);
+}
+
 }  // namespace
+
+absl::StatusOr<Caller> ModelStateServiceImpl::Authenticate(
+    const grpc::ServerContextBase& context, absl::string_view rpc) {
+  Credentials credentials = CredentialsOf(context);
+  if (router_ != nullptr) {
+    MODELSTATE_ASSIGN_OR_RETURN(
+        credentials,
+        router_->CallerCredentials(context, std::move(credentials)));
+  }
+  return service_->Authenticate(credentials, rpc);
+}
+
+grpc::Status ModelStateServiceImpl::ListClusterModules(
+    grpc::ServerContext* context, const v1::ListModulesRequest* request,
+    v1::ListModulesResponse* response) {
+  // Each replica's page after the token, merged by name: module names are
+  // unique across the cluster and every page is sorted, so the first
+  // page_size names of the merge are the cluster's page.
+  v1::ListModulesResponse local;
+  grpc::Status status = ListLocalModules(context, request, &local);
+  if (!status.ok()) return status;
+  absl::StatusOr<std::vector<Peer>> others = router_->OtherMembers();
+  if (!others.ok()) return convert::ToGrpcStatus(others.status());
+  std::vector<v1::ModuleSummary> merged(local.modules().begin(),
+                                        local.modules().end());
+  bool more = !local.next_page_token().empty();
+  for (const Peer& peer : *others) {
+    v1::ListModulesResponse remote;
+    status = ForwardUnary(*router_, peer, context, &Stub::ListModules, *request,
+                          &remote);
+    if (!status.ok()) {
+      return grpc::Status(
+          status.error_code(),
+          absl::StrCat("replica ", peer.replica, ": ", status.error_message()));
+    }
+    merged.insert(merged.end(), remote.modules().begin(),
+                  remote.modules().end());
+    more = more || !remote.next_page_token().empty();
+  }
+  std::sort(merged.begin(), merged.end(), [](const auto& a, const auto& b) {
+    return a.module() < b.module();
+  });
+  const size_t page_size = request->page_size() > 0
+                               ? static_cast<size_t>(request->page_size())
+                               : 100;
+  if (merged.size() > page_size) {
+    merged.resize(page_size);
+    more = true;
+  }
+  for (v1::ModuleSummary& summary : merged) {
+    *response->add_modules() = std::move(summary);
+  }
+  if (more && !merged.empty()) {
+    response->set_next_page_token(response->modules().rbegin()->module());
+  }
+  return grpc::Status::OK;
+}
 
 template <typename Body>
 grpc::Status ModelStateServiceImpl::Serve(grpc::ServerContextBase* context,
                                           absl::string_view rpc, Body body,
                                           google::protobuf::Message* response) {
   const uint64_t mark = service_->AuditMark();
-  absl::StatusOr<Caller> caller =
-      service_->Authenticate(CredentialsOf(*context), rpc);
+  absl::StatusOr<Caller> caller = Authenticate(*context, rpc);
   absl::Status status = caller.ok() ? body(*caller) : caller.status();
   if (caller.ok()) {
     std::vector<uint64_t> seqs =
@@ -161,7 +251,12 @@ grpc::Status ModelStateServiceImpl::Serve(grpc::ServerContextBase* context,
 grpc::Status ModelStateServiceImpl::BuildModule(
     grpc::ServerContext* context, const v1::BuildModuleRequest* request,
     v1::BuildModuleResponse* response) {
-  return Serve(
+  if (auto forwarded =
+          ToOwner(router_, context, request->module(), Access::kBuild,
+                  &Stub::BuildModule, *request, response)) {
+    return *forwarded;
+  }
+  grpc::Status status = Serve(
       context, "BuildModule",
       [&](const Caller& caller) -> absl::Status {
         MODELSTATE_ASSIGN_OR_RETURN(
@@ -175,6 +270,13 @@ grpc::Status ModelStateServiceImpl::BuildModule(
         return absl::OkStatus();
       },
       response);
+  // Placed here for this build, which made nothing (ALREADY_EXISTS: the
+  // module was here before).
+  if (router_ != nullptr && !status.ok() &&
+      status.error_code() != grpc::StatusCode::ALREADY_EXISTS) {
+    router_->Release(request->module());
+  }
+  return status;
 }
 
 grpc::Status ModelStateServiceImpl::RegisterTensor(
@@ -182,6 +284,13 @@ grpc::Status ModelStateServiceImpl::RegisterTensor(
     EntryKind kind, v1::RegisterResponse* response) {
   const char* rpc =
       kind == EntryKind::kParameter ? "RegisterParameter" : "RegisterBuffer";
+  if (auto forwarded =
+          ToOwner(router_, context, request->module(), Access::kWrite,
+                  kind == EntryKind::kParameter ? &Stub::RegisterParameter
+                                                : &Stub::RegisterBuffer,
+                  *request, response)) {
+    return *forwarded;
+  }
   return Serve(
       context, rpc,
       [&](const Caller& caller) -> absl::Status {
@@ -213,6 +322,11 @@ grpc::Status ModelStateServiceImpl::RegisterBuffer(
 grpc::Status ModelStateServiceImpl::RegisterSubmodule(
     grpc::ServerContext* context, const v1::RegisterSubmoduleRequest* request,
     v1::RegisterResponse* response) {
+  if (auto forwarded =
+          ToOwner(router_, context, request->module(), Access::kWrite,
+                  &Stub::RegisterSubmodule, *request, response)) {
+    return *forwarded;
+  }
   return Serve(
       context, "RegisterSubmodule",
       [&](const Caller& caller) -> absl::Status {
@@ -231,6 +345,11 @@ grpc::Status ModelStateServiceImpl::RegisterSubmodule(
 grpc::Status ModelStateServiceImpl::RemoveEntry(
     grpc::ServerContext* context, const v1::RemoveEntryRequest* request,
     v1::RegisterResponse* response) {
+  if (auto forwarded =
+          ToOwner(router_, context, request->module(), Access::kWrite,
+                  &Stub::RemoveEntry, *request, response)) {
+    return *forwarded;
+  }
   return Serve(
       context, "RemoveEntry",
       [&](const Caller& caller) -> absl::Status {
@@ -247,6 +366,11 @@ grpc::Status ModelStateServiceImpl::RemoveEntry(
 grpc::Status ModelStateServiceImpl::GetModule(
     grpc::ServerContext* context, const v1::GetModuleRequest* request,
     v1::GetModuleResponse* response) {
+  if (auto forwarded =
+          ToOwner(router_, context, request->module(), Access::kRead,
+                  &Stub::GetModule, *request, response)) {
+    return *forwarded;
+  }
   return Serve(context, "GetModule", [&](const Caller& caller) -> absl::Status {
     MODELSTATE_ASSIGN_OR_RETURN(ModuleName name,
                                 convert::ParseModuleField(request->module()));
@@ -264,6 +388,15 @@ grpc::Status ModelStateServiceImpl::GetModule(
 grpc::Status ModelStateServiceImpl::ListModules(
     grpc::ServerContext* context, const v1::ListModulesRequest* request,
     v1::ListModulesResponse* response) {
+  if (router_ != nullptr && !router_->IsForwarded(*context)) {
+    return ListClusterModules(context, request, response);
+  }
+  return ListLocalModules(context, request, response);
+}
+
+grpc::Status ModelStateServiceImpl::ListLocalModules(
+    grpc::ServerContext* context, const v1::ListModulesRequest* request,
+    v1::ListModulesResponse* response) {
   return Serve(context, "ListModules",
                [&](const Caller& caller) -> absl::Status {
                  MODELSTATE_ASSIGN_OR_RETURN(
@@ -278,7 +411,12 @@ grpc::Status ModelStateServiceImpl::ListModules(
 grpc::Status ModelStateServiceImpl::DeleteModule(
     grpc::ServerContext* context, const v1::DeleteModuleRequest* request,
     v1::DeleteModuleResponse* response) {
-  return Serve(
+  if (auto forwarded =
+          ToOwner(router_, context, request->module(), Access::kWrite,
+                  &Stub::DeleteModule, *request, response)) {
+    return *forwarded;
+  }
+  grpc::Status status = Serve(
       context, "DeleteModule",
       [&](const Caller& caller) -> absl::Status {
         MODELSTATE_ASSIGN_OR_RETURN(
@@ -286,11 +424,18 @@ grpc::Status ModelStateServiceImpl::DeleteModule(
         return service_->DeleteModule(caller, name);
       },
       response);
+  if (router_ != nullptr && status.ok()) router_->Release(request->module());
+  return status;
 }
 
 grpc::Status ModelStateServiceImpl::GetStateDict(
     grpc::ServerContext* context, const v1::GetStateDictRequest* request,
     ChunkWriter* writer) {
+  if (auto forwarded =
+          DownloadFromOwner(router_, context, request->module(),
+                            &Stub::GetStateDict, *request, writer)) {
+    return *forwarded;
+  }
   return Serve(context, "GetStateDict",
                [&](const Caller& caller) -> absl::Status {
                  MODELSTATE_ASSIGN_OR_RETURN(
@@ -313,6 +458,19 @@ grpc::Status ModelStateServiceImpl::LoadStateDict(
         // Authorised and counted before it may stall on its start.
         MODELSTATE_ASSIGN_OR_RETURN(auto slot, service_->OpenLoad(caller));
         MODELSTATE_ASSIGN_OR_RETURN(v1::LoadStart start, ReadLoadStart(reader));
+        if (router_ != nullptr) {
+          // Held here while it is relayed, the slot counts the stream on
+          // this replica as well as on the owner.
+          MODELSTATE_ASSIGN_OR_RETURN(
+              std::optional<Peer> owner,
+              router_->Route(*context, start.module(), Access::kWrite));
+          if (owner.has_value()) {
+            v1::LoadStateDictRequest first;
+            *first.mutable_start() = std::move(start);
+            return convert::FromGrpcStatus(ForwardLoad(
+                *router_, *owner, context, first, reader, response));
+          }
+        }
         MODELSTATE_ASSIGN_OR_RETURN(LoadStateDictArgs args,
                                     convert::LoadStateDictArgsFromProto(start));
         MODELSTATE_ASSIGN_OR_RETURN(
@@ -330,6 +488,11 @@ grpc::Status ModelStateServiceImpl::LoadStateDict(
 grpc::Status ModelStateServiceImpl::MoveModule(
     grpc::ServerContext* context, const v1::MoveModuleRequest* request,
     v1::MoveModuleResponse* response) {
+  if (auto forwarded =
+          ToOwner(router_, context, request->module(), Access::kWrite,
+                  &Stub::MoveModule, *request, response)) {
+    return *forwarded;
+  }
   return Serve(
       context, "MoveModule",
       [&](const Caller& caller) -> absl::Status {
@@ -345,6 +508,11 @@ grpc::Status ModelStateServiceImpl::MoveModule(
 grpc::Status ModelStateServiceImpl::SetTraining(
     grpc::ServerContext* context, const v1::SetTrainingRequest* request,
     v1::SetTrainingResponse* response) {
+  if (auto forwarded =
+          ToOwner(router_, context, request->module(), Access::kWrite,
+                  &Stub::SetTraining, *request, response)) {
+    return *forwarded;
+  }
   return Serve(
       context, "SetTraining",
       [&](const Caller& caller) -> absl::Status {
@@ -358,6 +526,11 @@ grpc::Status ModelStateServiceImpl::SetTraining(
 grpc::Status ModelStateServiceImpl::Forward(grpc::ServerContext* context,
                                             const v1::ForwardRequest* request,
                                             v1::ForwardResponse* response) {
+  if (auto forwarded =
+          ToOwner(router_, context, request->module(), Access::kWrite,
+                  &Stub::Forward, *request, response)) {
+    return *forwarded;
+  }
   return Serve(
       context, "Forward",
       [&](const Caller& caller) -> absl::Status {
@@ -374,8 +547,7 @@ grpc::Status ModelStateServiceImpl::Forward(grpc::ServerContext* context,
 
 grpc::ServerBidiReactor<v1::SubscribeRequest, v1::SubscribeResponse>*
 ModelStateServiceImpl::Subscribe(grpc::CallbackServerContext* context) {
-  absl::StatusOr<Caller> caller =
-      service_->Authenticate(CredentialsOf(*context), "Subscribe");
+  absl::StatusOr<Caller> caller = Authenticate(*context, "Subscribe");
   absl::StatusOr<std::unique_ptr<SubscriberSession>> session =
       caller.ok() ? service_->OpenSubscription(*caller) : caller.status();
   return new SubscriptionReactor(std::move(session), service_->limits());
@@ -522,6 +694,11 @@ grpc::Status ModelStateServiceImpl::ReleaseSubscriberName(
 grpc::Status ModelStateServiceImpl::AttestModule(
     grpc::ServerContext* context, const v1::AttestModuleRequest* request,
     v1::AttestModuleResponse* response) {
+  if (auto forwarded =
+          ToOwner(router_, context, request->module(), Access::kRead,
+                  &Stub::AttestModule, *request, response)) {
+    return *forwarded;
+  }
   return Serve(
       context, "AttestModule", [&](const Caller& caller) -> absl::Status {
         MODELSTATE_ASSIGN_OR_RETURN(
@@ -538,6 +715,11 @@ grpc::Status ModelStateServiceImpl::AttestModule(
 grpc::Status ModelStateServiceImpl::SignStateFile(
     grpc::ServerContext* context, const v1::SignStateFileRequest* request,
     v1::SignStateFileResponse* response) {
+  if (auto forwarded =
+          ToOwner(router_, context, request->state().module(), Access::kRead,
+                  &Stub::SignStateFile, *request, response)) {
+    return *forwarded;
+  }
   return Serve(
       context, "SignStateFile", [&](const Caller& caller) -> absl::Status {
         MODELSTATE_ASSIGN_OR_RETURN(

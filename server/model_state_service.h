@@ -18,6 +18,7 @@
 #include "google/protobuf/message.h"
 #include "grpcpp/grpcpp.h"
 #include "modelstate/v1/model_state_service.grpc.pb.h"
+#include "server/cluster_router.h"
 #include "service/access_gate.h"
 #include "service/authenticator.h"
 #include "service/model_service.h"
@@ -31,8 +32,12 @@ class ModelStateServiceImpl final
     : public v1::ModelStateService::WithCallbackMethod_Subscribe<
           v1::ModelStateService::Service> {
  public:
-  // `service` is not owned and must outlive the handlers.
-  explicit ModelStateServiceImpl(ModelService* service) : service_(service) {}
+  // Neither is owned; both must outlive the handlers. `router` (null for a
+  // server on its own) sends calls about modules owned by other replicas
+  // to them and merges listings across the cluster.
+  explicit ModelStateServiceImpl(ModelService* service,
+                                 ClusterRouter* router = nullptr)
+      : service_(service), router_(router) {}
 
   grpc::Status BuildModule(grpc::ServerContext* context,
                            const v1::BuildModuleRequest* request,
@@ -129,7 +134,21 @@ class ModelStateServiceImpl final
                               const v1::RegisterTensorRequest* request,
                               EntryKind kind, v1::RegisterResponse* response);
 
+  // The caller, as the call's credentials (or a replica's forwarded
+  // identity) say.
+  absl::StatusOr<Caller> Authenticate(const grpc::ServerContextBase& context,
+                                      absl::string_view rpc);
+  // This replica's modules.
+  grpc::Status ListLocalModules(grpc::ServerContext* context,
+                                const v1::ListModulesRequest* request,
+                                v1::ListModulesResponse* response);
+  // ListModules of a cluster member asked by a client: every replica's.
+  grpc::Status ListClusterModules(grpc::ServerContext* context,
+                                  const v1::ListModulesRequest* request,
+                                  v1::ListModulesResponse* response);
+
   ModelService* const service_;
+  ClusterRouter* const router_;
 };
 
 // What the call presents: its peer, request id ("x-request-id"),

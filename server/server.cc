@@ -2,8 +2,10 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <openssl/rand.h>
 
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <string>
 #include <system_error>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -25,6 +28,8 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/server_builder.h"
+#include "server/cluster_router.h"
+#include "server/cluster_service.h"
 #include "server/metrics.h"
 #include "server/model_state_service.h"
 #include "service/audit_log.h"
@@ -247,6 +252,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   MODELSTATE_RETURN_IF_ERROR(server->Listen(std::move(security.credentials)));
   MODELSTATE_RETURN_IF_ERROR(server->ListenForHealth());
   MODELSTATE_RETURN_IF_ERROR(server->ServeMetrics());
+  MODELSTATE_RETURN_IF_ERROR(server->JoinCluster());
   return server;
 }
 
@@ -336,7 +342,71 @@ absl::Status Server::OpenState() {
   metrics_->Observe(store_.get(), hub_.get());
   service_ = std::make_unique<ModelService>(
       store_.get(), hub_.get(), audit_.get(), auth_.get(), std::move(options));
-  handlers_ = std::make_unique<ModelStateServiceImpl>(service_.get());
+  MODELSTATE_RETURN_IF_ERROR(PrepareCluster());
+  handlers_ =
+      std::make_unique<ModelStateServiceImpl>(service_.get(), router_.get());
+  if (router_ != nullptr) {
+    cluster_handlers_ =
+        std::make_unique<ClusterServiceImpl>(service_.get(), router_.get());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Server::PrepareCluster() {
+  if (config_.cluster.etcd.endpoints.empty()) return absl::OkStatus();
+  if (config_.cluster_secret_file.empty()) {
+    return absl::InvalidArgumentError(
+        "cluster_secret_file: required with --etcd_endpoints");
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(std::string secret,
+                              ReadFile(config_.cluster_secret_file));
+  // The volume id: made once, kept with the data.
+  const std::string volume_path = data_dir::ClusterVolumePath(config_.data_dir);
+  absl::StatusOr<std::string> volume = ReadFile(volume_path);
+  if (absl::IsNotFound(volume.status())) {
+    unsigned char bytes[16];
+    if (RAND_bytes(bytes, sizeof(bytes)) != 1) {
+      return absl::InternalError("no random bytes for the cluster volume id");
+    }
+    volume = absl::BytesToHexString(
+        absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
+    MODELSTATE_RETURN_IF_ERROR(WriteFileAtomically(volume_path, *volume));
+  }
+  MODELSTATE_RETURN_IF_ERROR(volume.status());
+  ClusterOptions options = config_.cluster;
+  options.volume_id = *volume;
+  std::shared_ptr<grpc::ChannelCredentials> peers =
+      grpc::InsecureChannelCredentials();
+  if (!config_.tls_cert_file.empty()) {
+    if (config_.cluster_ca_file.empty()) {
+      return absl::InvalidArgumentError(
+          "cluster_ca_file: required with --etcd_endpoints and TLS");
+    }
+    grpc::SslCredentialsOptions ssl;
+    MODELSTATE_ASSIGN_OR_RETURN(ssl.pem_root_certs,
+                                ReadFile(config_.cluster_ca_file));
+    MODELSTATE_ASSIGN_OR_RETURN(ssl.pem_cert_chain,
+                                ReadFile(config_.tls_cert_file));
+    MODELSTATE_ASSIGN_OR_RETURN(ssl.pem_private_key,
+                                ReadFile(config_.tls_key_file));
+    peers = grpc::SslCredentials(ssl);
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(
+      router_, ClusterRouter::Create(std::move(options), std::move(secret),
+                                     std::move(peers)));
+  return absl::OkStatus();
+}
+
+absl::Status Server::JoinCluster() {
+  if (router_ == nullptr) return absl::OkStatus();
+  std::vector<std::string> local;
+  for (const ModuleSummary& module :
+       store_->List("", "", std::numeric_limits<size_t>::max())) {
+    local.push_back(module.name.full());
+  }
+  MODELSTATE_RETURN_IF_ERROR(router_->Join(address_, local));
+  LogLine(absl::StrCat("joined the cluster as replica ", router_->replica(),
+                       " (", local.size(), " modules claimed)"));
   return absl::OkStatus();
 }
 
@@ -367,6 +437,9 @@ absl::Status Server::Listen(
     builder.AddListeningPort(config_.listen, credentials, &port);
   }
   builder.RegisterService(handlers_.get());
+  if (cluster_handlers_ != nullptr) {
+    builder.RegisterService(cluster_handlers_.get());
+  }
   // Every call is counted, timed and given a correlation id for the log.
   builder.experimental().SetInterceptorCreators(
       metrics_->InterceptorCreators());
@@ -531,6 +604,8 @@ void Server::Wait() {
   if (server_ == nullptr) return;
   server_->Wait();
   if (health_server_ != nullptr) health_server_->Shutdown();
+  // Its lease revoked, the replica leaves the cluster at once.
+  if (router_ != nullptr) router_->Leave();
   // The refusals counted since the last interval are recorded too.
   service_->FlushDenials();
   // The last records get their checkpoint before the server goes.

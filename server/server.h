@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "cluster/cluster_member.h"
 #include "grpcpp/grpcpp.h"
 #include "service/limits.h"
 #include "service/quota.h"
@@ -44,6 +45,8 @@ class SubscriberHub;
 
 namespace modelstate::server {
 
+class ClusterRouter;
+class ClusterServiceImpl;
 class MetricsHttpServer;
 class ModelStateServiceImpl;
 class ServerMetrics;
@@ -92,6 +95,17 @@ struct ServerConfig {
   std::string audit_witness_keys_file;
   // The log's name in its checkpoints (and its key's name).
   std::string audit_origin = "modelstate/audit";
+  // Cluster membership (server/cluster_router.h): with etcd endpoints the
+  // server joins the cluster named by them once it listens. Its replica id
+  // is cluster.replica_id; cluster.advertise_address "" is the address it
+  // listens on; cluster.volume_id is this data directory's.
+  ClusterOptions cluster;
+  // The secret replicas present to one another (a file; at least 16
+  // bytes); required with etcd endpoints.
+  std::string cluster_secret_file;
+  // The CA that signed the other replicas' TLS certificates, for servers
+  // that serve TLS: a replica calls the others with its own certificate.
+  std::string cluster_ca_file;
 };
 
 // Checks what a server must not start with, before anything starts:
@@ -143,6 +157,8 @@ class Server {
   absl::Status Listen(std::shared_ptr<grpc::ServerCredentials> credentials);
   absl::Status ListenForHealth();
   absl::Status ServeMetrics();
+  absl::Status PrepareCluster();
+  absl::Status JoinCluster();
 
   ServerConfig config_;
   // Declared in dependency order: each member is destroyed before the
@@ -155,7 +171,9 @@ class Server {
   std::unique_ptr<ModuleRepository> repository_;
   std::unique_ptr<ModelStore> store_;
   std::unique_ptr<ModelService> service_;
+  std::unique_ptr<ClusterRouter> router_;
   std::unique_ptr<ModelStateServiceImpl> handlers_;
+  std::unique_ptr<ClusterServiceImpl> cluster_handlers_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::Service> health_only_;  // health_server_'s service
   std::unique_ptr<grpc::Server> health_server_;

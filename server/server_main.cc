@@ -16,6 +16,7 @@
 #include <malloc.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -28,9 +29,12 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "base/file_util.h"
 #include "base/log.h"
 #include "base/signal_pipe.h"
 #include "base/status_macros.h"
@@ -143,6 +147,34 @@ ABSL_FLAG(std::string, audit_witness_keys, Defaults().audit_witness_keys_file,
           "cosignatures AddCosignature accepts");
 ABSL_FLAG(std::string, audit_origin, Defaults().audit_origin,
           "The audit log's name in its signed checkpoints");
+ABSL_FLAG(std::string, etcd_endpoints, "",
+          "Comma-separated etcd endpoints (host:port): join the modelstate "
+          "cluster they coordinate; empty: a server on its own");
+ABSL_FLAG(std::string, etcd_ca_file, "",
+          "CA bundle (PEM) that etcd's certificate must chain to: TLS to etcd");
+ABSL_FLAG(std::string, etcd_cert_file, "",
+          "Client certificate (PEM) to present to etcd");
+ABSL_FLAG(std::string, etcd_key_file, "", "Its private key (PEM)");
+ABSL_FLAG(std::string, etcd_user, "", "etcd user (etcd authentication)");
+ABSL_FLAG(std::string, etcd_password_file, "",
+          "File holding the etcd user's password");
+ABSL_FLAG(std::string, replica_id, "",
+          "This replica's name in the cluster (default: the host name, a "
+          "StatefulSet pod's name)");
+ABSL_FLAG(std::string, advertise_address, "",
+          "host:port where the other replicas reach this one (default: the "
+          "address it listens on)");
+ABSL_FLAG(std::string, cluster_secret_file, "",
+          "File holding the secret replicas present to one another (at least "
+          "16 bytes); required with --etcd_endpoints");
+ABSL_FLAG(std::string, cluster_ca_file, "",
+          "CA bundle (PEM) of the other replicas' TLS certificates (TLS "
+          "servers)");
+ABSL_FLAG(int64_t, cluster_lease_seconds, 10,
+          "The replica's etcd lease: how long after it stops renewing it is "
+          "still counted live");
+ABSL_FLAG(std::string, cluster_key_prefix, "/modelstate/",
+          "Every etcd key of the cluster starts with this");
 ABSL_FLAG(int, emulated_cuda_devices, 0,
           "TESTING ONLY: stand in N host-memory devices for cuda:0..N-1 "
           "(replacing real GPUs), so that device handling is tested without "
@@ -249,6 +281,40 @@ modelstate::Limits LimitsFromFlags() {
   return limits;
 }
 
+// The --etcd_* and cluster flags into `config`.
+absl::Status ClusterFromFlags(modelstate::server::ServerConfig& config) {
+  const std::string endpoints = absl::GetFlag(FLAGS_etcd_endpoints);
+  if (endpoints.empty()) return absl::OkStatus();
+  modelstate::ClusterOptions& cluster = config.cluster;
+  cluster.etcd.endpoints = absl::StrSplit(endpoints, ',', absl::SkipEmpty());
+  cluster.etcd.ca_file = absl::GetFlag(FLAGS_etcd_ca_file);
+  cluster.etcd.cert_file = absl::GetFlag(FLAGS_etcd_cert_file);
+  cluster.etcd.key_file = absl::GetFlag(FLAGS_etcd_key_file);
+  cluster.etcd.user = absl::GetFlag(FLAGS_etcd_user);
+  const std::string password_file = absl::GetFlag(FLAGS_etcd_password_file);
+  if (!password_file.empty()) {
+    absl::StatusOr<std::string> password = modelstate::ReadFile(password_file);
+    if (!password.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("etcd_password_file: ", password.status().message()));
+    }
+    cluster.etcd.password =
+        std::string(absl::StripTrailingAsciiWhitespace(*password));
+  }
+  cluster.replica_id = absl::GetFlag(FLAGS_replica_id);
+  if (cluster.replica_id.empty()) {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    cluster.replica_id = host;
+  }
+  cluster.advertise_address = absl::GetFlag(FLAGS_advertise_address);
+  cluster.lease_seconds = absl::GetFlag(FLAGS_cluster_lease_seconds);
+  cluster.key_prefix = absl::GetFlag(FLAGS_cluster_key_prefix);
+  config.cluster_secret_file = absl::GetFlag(FLAGS_cluster_secret_file);
+  config.cluster_ca_file = absl::GetFlag(FLAGS_cluster_ca_file);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ServerConfig> ConfigFromFlags() {
   MODELSTATE_RETURN_IF_ERROR(CheckLimitFlags());
   ServerConfig config;
@@ -274,6 +340,7 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
   config.audit_key_file = absl::GetFlag(FLAGS_audit_key_file);
   config.audit_witness_keys_file = absl::GetFlag(FLAGS_audit_witness_keys);
   config.audit_origin = absl::GetFlag(FLAGS_audit_origin);
+  MODELSTATE_RETURN_IF_ERROR(ClusterFromFlags(config));
   MODELSTATE_RETURN_IF_ERROR(modelstate::server::CheckServerConfig(config));
   return config;
 }

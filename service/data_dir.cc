@@ -14,6 +14,7 @@ constexpr absl::string_view kAuditHashes = "audit.hashes";
 constexpr absl::string_view kAuditIndex = "audit.index";
 constexpr absl::string_view kAuditCheckpoint = "audit.checkpoint";
 constexpr absl::string_view kAuditKey = "audit.key";
+constexpr absl::string_view kClusterVolume = "cluster.volume";
 constexpr absl::string_view kStaging = "staging";
 constexpr absl::string_view kModules = "modules";
 constexpr absl::string_view kManifest = "manifest.json";
@@ -43,6 +44,10 @@ std::string AuditCheckpointPath(absl::string_view data_dir) {
 
 std::string AuditKeyPath(absl::string_view data_dir) {
   return absl::StrCat(data_dir, "/", kAuditKey);
+}
+
+std::string ClusterVolumePath(absl::string_view data_dir) {
+  return absl::StrCat(data_dir, "/", kClusterVolume);
 }
 
 std::string StagingDir(absl::string_view data_dir) {

@@ -12,6 +12,9 @@
 //   <data_dir>/audit.key                              the log's signing key
 //                                                     when --audit_key_file
 //                                                     names no other file
+//   <data_dir>/cluster.volume                         names this data
+//                                                     directory to a
+//                                                     cluster (random id)
 //   <data_dir>/staging/                               unlinked files of
 //                                                     loads being received
 //   <data_dir>/modules/                               the ModuleRepository
@@ -41,6 +44,7 @@ std::string AuditHashesPath(absl::string_view data_dir);
 std::string AuditIndexPath(absl::string_view data_dir);
 std::string AuditCheckpointPath(absl::string_view data_dir);
 std::string AuditKeyPath(absl::string_view data_dir);
+std::string ClusterVolumePath(absl::string_view data_dir);
 std::string StagingDir(absl::string_view data_dir);
 std::string ModulesDir(absl::string_view data_dir);
 

@@ -290,6 +290,11 @@ class ModelService {
   // "denied") without valid credentials.
   absl::StatusOr<Caller> Authenticate(const Credentials& credentials,
                                       absl::string_view rpc);
+  // OK for an admin of every namespace (calls about the server or the
+  // cluster as a whole); PERMISSION_DENIED (recorded) otherwise.
+  absl::Status AllowAdmin(const Caller& caller, absl::string_view rpc) {
+    return gate_.AllowAdmin(caller, rpc);
+  }
 
   // Every method: PERMISSION_DENIED (recorded) when the caller may not, and
   // for changes UNAVAILABLE while the audit log is failing; the store's

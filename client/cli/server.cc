@@ -1,5 +1,5 @@
-// The commands about the server itself: health, devices, and hash-token
-// (what its --token_file holds for a token).
+// The commands about the server itself: health, devices, cluster status,
+// and hash-token (what its --token_file holds for a token).
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,6 +48,35 @@ absl::Status RunDevices(Context& c) {
   return absl::OkStatus();
 }
 
+absl::Status RunClusterStatus(Context& c) {
+  MODELSTATE_ASSIGN_OR_RETURN(auto* rpc, c.Client());
+  MODELSTATE_ASSIGN_OR_RETURN(v1::GetClusterStatusResponse response,
+                              rpc->GetClusterStatus());
+  if (c.json()) return c.PrintJson(response);
+  std::vector<std::vector<std::string>> members = {
+      {"REPLICA", "ADDRESS", "LEASE", "TTL", "MODULES"}};
+  for (const v1::ClusterMember& m : response.members()) {
+    members.push_back(
+        {m.replica(), m.address(), absl::StrCat(absl::Hex(m.lease_id())),
+         absl::StrCat(m.lease_ttl_seconds(), "s"), absl::StrCat(m.modules())});
+  }
+  for (const std::string& line :
+       AlignRows(members, {false, false, false, true, true})) {
+    c.out() << line << "\n";
+  }
+  c.out() << "\n";
+  std::vector<std::vector<std::string>> placements = {{"MODULE", "OWNER"}};
+  for (const v1::ModulePlacement& p : response.placements()) {
+    placements.push_back(
+        {p.module(),
+         p.owner_live() ? p.owner() : absl::StrCat(p.owner(), " (no lease)")});
+  }
+  for (const std::string& line : AlignRows(placements, {false, false})) {
+    c.out() << line << "\n";
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RunHashToken(Context& c, const std::string& file) {
   MODELSTATE_ASSIGN_OR_RETURN(std::string token, ReadInputFile(file));
   absl::string_view stripped = absl::StripAsciiWhitespace(token);
@@ -75,6 +104,23 @@ void AddServerCommands(CommandSet& commands) {
        "cuda:N` accepts these names.",
        "modelstatectl devices --json"},
       RunDevices);
+  auto action = std::make_shared<std::string>();
+  CLI::App* cluster = commands.Add(
+      {"cluster", "show a cluster's members and where each module lives",
+       "cluster status: the members of the server's cluster that hold a live "
+       "etcd lease (address, lease and seconds left on it, modules owned) "
+       "and the owner of every module; an owner without a lease is marked. "
+       "Needs the admin role; a server that is not a cluster member answers "
+       "UNIMPLEMENTED.",
+       "modelstatectl --server modelstate:50051 cluster status"},
+      [action](Context& c) -> absl::Status {
+        if (*action != "status") {
+          return UsageError(absl::StrCat("unknown cluster action '", *action,
+                                         "' (there is: status)"));
+        }
+        return RunClusterStatus(c);
+      });
+  cluster->add_option("ACTION", *action, "status")->required();
   auto file = std::make_shared<std::string>();
   CLI::App* hash = commands.Add(
       {"hash-token", "print the SHA-256 a token file's entry holds for a token",

@@ -7,7 +7,7 @@ import sys
 
 # Lower layers first; each may include only itself and the layers before it.
 # proto/, server/ and client/ sit on top and may include anything below.
-LAYERS = ["base", "core", "nn", "service"]
+LAYERS = ["base", "core", "nn", "service", "cluster"]
 TOP = ["proto", "server", "client"]
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 

@@ -1,0 +1,142 @@
+// File: cluster_member.h
+// This server's membership of a modelstate cluster, kept in etcd:
+//   <prefix>members/<replica>   {"address": ..., "lease": ...}, attached to
+//                               the replica's lease, so it disappears when
+//                               the replica stops renewing it;
+//   <prefix>owners/<ns>/<name>  the replica that owns the module; not
+//                               leased: a dead owner keeps its modules
+//                               (they answer UNAVAILABLE) until it comes
+//                               back with its volume.
+// A module is placed when it is built, on the live member that owns the
+// fewest modules (ties broken by a hash of module and replica, so that
+// replicas agree), and claimed by its owner in one transaction that also
+// requires the owner's member record: a replica whose lease has lapsed
+// cannot claim. The lease is renewed every third of its time to live; a
+// replica refuses writes (CheckLease) once it cannot be sure its lease is
+// still live, before etcd could have let it expire.
+//
+// Example:
+//   ClusterOptions options;
+//   options.etcd.endpoints = {"127.0.0.1:2379"};
+//   options.replica_id = "modelstate-0";
+//   options.advertise_address = "10.0.0.7:50051";
+//   MODELSTATE_ASSIGN_OR_RETURN(auto member,
+//                               ClusterMember::Join(options, {"team/mlp"}));
+//   MODELSTATE_ASSIGN_OR_RETURN(std::string owner,
+//                               member->ChooseOwner("team/new"));
+//   if (owner == member->replica()) {
+//     MODELSTATE_RETURN_IF_ERROR(member->Claim("team/new"));
+//   }
+#ifndef MODELSTATE_CLUSTER_CLUSTER_MEMBER_H_
+#define MODELSTATE_CLUSTER_CLUSTER_MEMBER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "base/sync.h"
+#include "cluster/etcd_client.h"
+
+namespace modelstate {
+
+struct ClusterOptions {
+  EtcdOptions etcd;
+  // This replica's name, unique in the cluster ([A-Za-z0-9_.-]).
+  std::string replica_id;
+  // host:port where the other replicas reach this one.
+  std::string advertise_address;
+  // Names this replica's data directory. A live member record with this
+  // replica id and the same volume is this replica's previous life (killed
+  // before its lease ran out), which a restart takes over; with another
+  // volume it is a second server given the same id, refused.
+  std::string volume_id;
+  // The lease's time to live: how long a replica that stopped renewing it
+  // is still counted live.
+  int64_t lease_seconds = 10;
+  // Every key the cluster keeps starts with this.
+  std::string key_prefix = "/modelstate/";
+};
+
+struct ClusterMemberInfo {
+  std::string replica;
+  std::string address;
+  int64_t lease = 0;
+};
+
+struct ModuleOwner {
+  std::string module;  // "namespace/name"
+  std::string replica;
+};
+
+// Thread-safe.
+class ClusterMember {
+ public:
+  // Registers this replica under a new lease (ALREADY_EXISTS when a live
+  // member has its replica id), claims the modules it already hosts
+  // (`local_modules`, full names; one owned by another replica is logged and
+  // left alone) and starts renewing the lease.
+  static absl::StatusOr<std::unique_ptr<ClusterMember>> Join(
+      ClusterOptions options, const std::vector<std::string>& local_modules);
+  // Stops renewing and revokes the lease: the replica leaves at once.
+  ~ClusterMember();
+
+  const std::string& replica() const { return options_.replica_id; }
+  EtcdClient& etcd() { return *etcd_; }
+
+  // The replica that owns `module`, nullopt when it is not placed.
+  absl::StatusOr<std::optional<std::string>> OwnerOf(absl::string_view module);
+  // The member record of `replica`, nullopt when it holds no live lease.
+  absl::StatusOr<std::optional<ClusterMemberInfo>> LiveMember(
+      absl::string_view replica);
+  // Every member with a live lease, by replica id.
+  absl::StatusOr<std::vector<ClusterMemberInfo>> LiveMembers();
+  // Every placed module, by name, and etcd's revision when read.
+  absl::StatusOr<std::vector<ModuleOwner>> Owners(int64_t* revision = nullptr);
+
+  // Where a new module goes: the live member owning the fewest modules.
+  absl::StatusOr<std::string> ChooseOwner(absl::string_view module);
+  // Makes this replica the owner of `module`: OK when it is (now or
+  // already); FAILED_PRECONDITION naming the owner when another replica
+  // is; UNAVAILABLE when this replica's lease has lapsed.
+  absl::Status Claim(absl::string_view module);
+  // Gives up ownership of `module` (after it was deleted here).
+  absl::Status Release(absl::string_view module);
+
+  // OK while this replica's lease is certainly live: a write checks it
+  // first, so a replica cut off from etcd (or stopped) past its lease
+  // accepts no write after it resumes until it has a live lease again.
+  absl::Status CheckLease() const;
+  // The lease currently held (0 while there is none).
+  int64_t lease() const;
+
+ private:
+  ClusterMember(ClusterOptions options, std::unique_ptr<EtcdClient> etcd);
+
+  std::string MemberKey(absl::string_view replica) const;
+  std::string OwnerKey(absl::string_view module) const;
+  // Grants a lease and writes this replica's member record under it.
+  absl::Status Register(bool first);
+  void RenewLoop();
+
+  const ClusterOptions options_;
+  const std::unique_ptr<EtcdClient> etcd_;
+  mutable Mutex mu_;
+  int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
+  // Before this the lease is live in etcd: the renewal that set it was
+  // sent before etcd restarted the lease's clock.
+  absl::Time live_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Notification stop_;
+  std::thread renewer_;
+};
+
+}  // namespace modelstate
+
+#endif  // MODELSTATE_CLUSTER_CLUSTER_MEMBER_H_

@@ -1,0 +1,304 @@
+#include "cluster/etcd_client.h"
+
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "base/file_util.h"
+#include "base/status_macros.h"
+#include "etcd/etcd_v3.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+
+namespace modelstate {
+
+namespace pb = ::etcdserverpb;
+
+struct EtcdClient::Endpoint {
+  std::string address;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<pb::KV::Stub> kv;
+  std::unique_ptr<pb::Lease::Stub> lease;
+  std::unique_ptr<pb::Auth::Stub> auth;
+};
+
+namespace {
+
+// The first key after every key that starts with `prefix`: etcd's range_end
+// for a prefix query.
+std::string PrefixEnd(absl::string_view prefix) {
+  std::string end(prefix);
+  while (!end.empty()) {
+    unsigned char last = static_cast<unsigned char>(end.back());
+    if (last < 0xff) {
+      end.back() = static_cast<char>(last + 1);
+      return end;
+    }
+    end.pop_back();
+  }
+  return std::string(1, '\0');  // every key
+}
+
+EtcdKeyValue FromProto(const pb::KeyValue& kv) {
+  EtcdKeyValue out;
+  out.key = kv.key();
+  out.value = kv.value();
+  out.create_revision = kv.create_revision();
+  out.mod_revision = kv.mod_revision();
+  out.lease = kv.lease();
+  return out;
+}
+
+// gRPC's codes are absl's, number for number.
+absl::Status FromGrpc(const grpc::Status& status) {
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      status.error_message());
+}
+
+absl::Status WithEndpoint(const absl::Status& status,
+                          absl::string_view address) {
+  if (status.ok()) return status;
+  return absl::Status(
+      status.code(), absl::StrCat("etcd at ", address, ": ", status.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(
+    EtcdOptions options) {
+  if (options.endpoints.empty()) {
+    return absl::InvalidArgumentError("etcd_endpoints: no endpoint given");
+  }
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      grpc::InsecureChannelCredentials();
+  if (!options.ca_file.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    MODELSTATE_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFile(options.ca_file));
+    if (!options.cert_file.empty()) {
+      MODELSTATE_ASSIGN_OR_RETURN(ssl.pem_cert_chain,
+                                  ReadFile(options.cert_file));
+      MODELSTATE_ASSIGN_OR_RETURN(ssl.pem_private_key,
+                                  ReadFile(options.key_file));
+    }
+    credentials = grpc::SslCredentials(ssl);
+  }
+  auto client = std::unique_ptr<EtcdClient>(new EtcdClient(options));
+  for (const std::string& address : client->options_.endpoints) {
+    if (address.empty()) {
+      return absl::InvalidArgumentError("etcd_endpoints: an empty endpoint");
+    }
+    auto endpoint = std::make_unique<Endpoint>();
+    endpoint->address = address;
+    endpoint->channel = grpc::CreateChannel(address, credentials);
+    endpoint->kv = pb::KV::NewStub(endpoint->channel);
+    endpoint->lease = pb::Lease::NewStub(endpoint->channel);
+    endpoint->auth = pb::Auth::NewStub(endpoint->channel);
+    client->endpoints_.push_back(std::move(endpoint));
+  }
+  return client;
+}
+
+EtcdClient::EtcdClient(EtcdOptions options) : options_(std::move(options)) {}
+EtcdClient::~EtcdClient() = default;
+
+absl::Status EtcdClient::Authenticate(size_t index) {
+  Endpoint& endpoint = *endpoints_[index];
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+  pb::AuthenticateRequest request;
+  request.set_name(options_.user);
+  request.set_password(options_.password);
+  pb::AuthenticateResponse response;
+  absl::Status status =
+      FromGrpc(endpoint.auth->Authenticate(&context, request, &response));
+  if (!status.ok()) return WithEndpoint(status, endpoint.address);
+  MutexLock lock(&mu_);
+  token_ = response.token();
+  return absl::OkStatus();
+}
+
+template <typename Call>
+absl::Status EtcdClient::Invoke(Call call) {
+  size_t first;
+  {
+    MutexLock lock(&mu_);
+    first = current_;
+  }
+  absl::Status status;
+  for (size_t tried = 0; tried < endpoints_.size(); ++tried) {
+    const size_t index = (first + tried) % endpoints_.size();
+    Endpoint& endpoint = *endpoints_[index];
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      std::string token;
+      {
+        MutexLock lock(&mu_);
+        token = token_;
+      }
+      if (!options_.user.empty() && token.empty()) {
+        status = Authenticate(index);
+        if (!status.ok()) break;
+        MutexLock lock(&mu_);
+        token = token_;
+      }
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+      if (!token.empty()) context.AddMetadata("token", token);
+      status = FromGrpc(call(endpoint, &context));
+      // etcd answers an expired or revoked token with this text.
+      const bool stale_token =
+          !options_.user.empty() &&
+          absl::StrContains(status.message(), "invalid auth token");
+      if (!stale_token) break;
+      MutexLock lock(&mu_);
+      token_.clear();
+    }
+    if (status.code() != absl::StatusCode::kUnavailable &&
+        status.code() != absl::StatusCode::kDeadlineExceeded) {
+      if (status.ok() && index != first) {
+        MutexLock lock(&mu_);
+        current_ = index;
+      }
+      return WithEndpoint(status, endpoint.address);
+    }
+    status = WithEndpoint(status, endpoint.address);
+  }
+  return status;
+}
+
+absl::StatusOr<std::optional<EtcdKeyValue>> EtcdClient::Get(
+    absl::string_view key) {
+  pb::RangeRequest request;
+  request.set_key(std::string(key));
+  pb::RangeResponse response;
+  MODELSTATE_RETURN_IF_ERROR(
+      Invoke([&](Endpoint& e, grpc::ClientContext* context) {
+        return e.kv->Range(context, request, &response);
+      }));
+  if (response.kvs_size() == 0) return std::nullopt;
+  return FromProto(response.kvs(0));
+}
+
+absl::StatusOr<std::vector<EtcdKeyValue>> EtcdClient::GetPrefix(
+    absl::string_view prefix, int64_t* revision) {
+  pb::RangeRequest request;
+  request.set_key(std::string(prefix));
+  request.set_range_end(PrefixEnd(prefix));
+  pb::RangeResponse response;
+  MODELSTATE_RETURN_IF_ERROR(
+      Invoke([&](Endpoint& e, grpc::ClientContext* context) {
+        return e.kv->Range(context, request, &response);
+      }));
+  std::vector<EtcdKeyValue> out;
+  out.reserve(response.kvs_size());
+  for (const pb::KeyValue& kv : response.kvs()) out.push_back(FromProto(kv));
+  if (revision != nullptr) *revision = response.header().revision();
+  return out;
+}
+
+absl::Status EtcdClient::Put(absl::string_view key, absl::string_view value,
+                             int64_t lease) {
+  pb::PutRequest request;
+  request.set_key(std::string(key));
+  request.set_value(std::string(value));
+  request.set_lease(lease);
+  pb::PutResponse response;
+  return Invoke([&](Endpoint& e, grpc::ClientContext* context) {
+    return e.kv->Put(context, request, &response);
+  });
+}
+
+absl::StatusOr<bool> EtcdClient::CreateIfAbsent(
+    absl::string_view key, absl::string_view value, int64_t lease,
+    absl::string_view required_key) {
+  pb::TxnRequest request;
+  pb::Compare* absent = request.add_compare();
+  absent->set_key(std::string(key));
+  absent->set_target(pb::Compare::CREATE);
+  absent->set_result(pb::Compare::EQUAL);
+  absent->set_create_revision(0);
+  if (!required_key.empty()) {
+    pb::Compare* present = request.add_compare();
+    present->set_key(std::string(required_key));
+    present->set_target(pb::Compare::CREATE);
+    present->set_result(pb::Compare::GREATER);
+    present->set_create_revision(0);
+  }
+  pb::PutRequest* put = request.add_success()->mutable_request_put();
+  put->set_key(std::string(key));
+  put->set_value(std::string(value));
+  put->set_lease(lease);
+  pb::TxnResponse response;
+  MODELSTATE_RETURN_IF_ERROR(
+      Invoke([&](Endpoint& e, grpc::ClientContext* context) {
+        return e.kv->Txn(context, request, &response);
+      }));
+  return response.succeeded();
+}
+
+absl::StatusOr<bool> EtcdClient::DeleteIfValue(absl::string_view key,
+                                               absl::string_view value) {
+  pb::TxnRequest request;
+  pb::Compare* same = request.add_compare();
+  same->set_key(std::string(key));
+  same->set_target(pb::Compare::VALUE);
+  same->set_result(pb::Compare::EQUAL);
+  same->set_value(std::string(value));
+  request.add_success()->mutable_request_delete_range()->set_key(
+      std::string(key));
+  pb::TxnResponse response;
+  MODELSTATE_RETURN_IF_ERROR(
+      Invoke([&](Endpoint& e, grpc::ClientContext* context) {
+        return e.kv->Txn(context, request, &response);
+      }));
+  return response.succeeded();
+}
+
+absl::StatusOr<EtcdLease> EtcdClient::GrantLease(int64_t ttl_seconds) {
+  pb::LeaseGrantRequest request;
+  request.set_ttl(ttl_seconds);
+  pb::LeaseGrantResponse response;
+  MODELSTATE_RETURN_IF_ERROR(
+      Invoke([&](Endpoint& e, grpc::ClientContext* context) {
+        return e.lease->LeaseGrant(context, request, &response);
+      }));
+  if (!response.error().empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("etcd refused a lease: ", response.error()));
+  }
+  return EtcdLease{response.id(), response.ttl()};
+}
+
+absl::StatusOr<int64_t> EtcdClient::KeepAlive(int64_t lease) {
+  pb::LeaseKeepAliveResponse response;
+  MODELSTATE_RETURN_IF_ERROR(
+      Invoke([&](Endpoint& e, grpc::ClientContext* context) {
+        auto stream = e.lease->LeaseKeepAlive(context);
+        pb::LeaseKeepAliveRequest request;
+        request.set_id(lease);
+        if (stream->Write(request)) stream->Read(&response);
+        stream->WritesDone();
+        return stream->Finish();
+      }));
+  return response.ttl() > 0 ? response.ttl() : 0;
+}
+
+absl::StatusOr<int64_t> EtcdClient::TimeToLive(int64_t lease) {
+  pb::LeaseTimeToLiveRequest request;
+  request.set_id(lease);
+  pb::LeaseTimeToLiveResponse response;
+  MODELSTATE_RETURN_IF_ERROR(
+      Invoke([&](Endpoint& e, grpc::ClientContext* context) {
+        return e.lease->LeaseTimeToLive(context, request, &response);
+      }));
+  return response.ttl();
+}
+
+absl::Status EtcdClient::RevokeLease(int64_t lease) {
+  pb::LeaseRevokeRequest request;
+  request.set_id(lease);
+  pb::LeaseRevokeResponse response;
+  return Invoke([&](Endpoint& e, grpc::ClientContext* context) {
+    return e.lease->LeaseRevoke(context, request, &response);
+  });
+}
+
+}  // namespace modelstate

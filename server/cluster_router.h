@@ -1,0 +1,124 @@
+// File: cluster_router.h
+// Where a call about a module is served when this server is a cluster
+// member (--etcd_endpoints): here, when this replica owns the module (or
+// it is being built and placement picks this replica), or at its owner,
+// to which the handler forwards the call (server/forwarding.h).
+//
+// A forwarded call carries the caller's credentials ("authorization",
+// "x-request-id", and the peer and certificate name this replica saw, in
+// x-modelstate-forwarded-peer / -cn) and the cluster secret
+// (x-modelstate-replica-secret). The owner believes a forwarded identity
+// only with the secret; without it the call is UNAUTHENTICATED, so a
+// client cannot pose as someone else by sending the headers itself. A
+// forwarded call is never forwarded again: if ownership changed on the
+// way it answers UNAVAILABLE.
+//
+// Example:
+//   MODELSTATE_ASSIGN_OR_RETURN(
+//       auto router, ClusterRouter::Create(options, secret,
+//                                          grpc::InsecureChannelCredentials()));
+//   MODELSTATE_RETURN_IF_ERROR(router->Join("10.0.0.7:50051", {"team/mlp"}));
+//   MODELSTATE_ASSIGN_OR_RETURN(std::optional<Peer> owner,
+//                               router->Route(*context, "team/mlp",
+//                                             Access::kRead));
+//   if (owner.has_value()) { /* forward to owner->channel */ }
+#ifndef MODELSTATE_SERVER_CLUSTER_ROUTER_H_
+#define MODELSTATE_SERVER_CLUSTER_ROUTER_H_
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "base/sync.h"
+#include "cluster/cluster_member.h"
+#include "grpcpp/grpcpp.h"
+#include "service/authenticator.h"
+
+namespace modelstate::server {
+
+// What a call about a module does to it.
+enum class Access {
+  kRead,   // served by the owner; not placed when absent
+  kWrite,  // served by the owner, whose lease must be live
+  kBuild,  // placed when absent, then as kWrite
+};
+
+// Another replica, ready to be called.
+struct Peer {
+  std::string replica;
+  std::shared_ptr<grpc::Channel> channel;
+};
+
+// Thread-safe.
+class ClusterRouter {
+ public:
+  // `secret`: the cluster secret (--cluster_secret_file's contents), at
+  // least 16 bytes. `peers`: how to reach the other replicas.
+  static absl::StatusOr<std::unique_ptr<ClusterRouter>> Create(
+      ClusterOptions options, std::string secret,
+      std::shared_ptr<grpc::ChannelCredentials> peers);
+
+  // Registers in etcd; until it has, module calls answer UNAVAILABLE.
+  // `advertise_address` "" keeps the options' address.
+  absl::Status Join(const std::string& advertise_address,
+                    const std::vector<std::string>& local_modules);
+  // Leaves the cluster (revokes the lease).
+  void Leave();
+
+  // Where a call about `module` (as the request spells it) is served:
+  // nullopt here, else the owner to forward to. UNAVAILABLE when the owner
+  // holds no live lease (naming it), or when this replica must serve a
+  // write but cannot confirm its own lease.
+  absl::StatusOr<std::optional<Peer>> Route(
+      const grpc::ServerContextBase& context, absl::string_view module,
+      Access access);
+  // After a local build of `module` failed without creating it, or after
+  // it was deleted here: it is no longer this replica's.
+  void Release(absl::string_view module);
+
+  // Every live member except this one (for calls that merge).
+  absl::StatusOr<std::vector<Peer>> OtherMembers();
+  // The caller's credentials, with a forwarded identity put in place when
+  // a replica forwarded the call; UNAUTHENTICATED when a forwarded
+  // identity comes without the cluster secret.
+  absl::StatusOr<Credentials> CallerCredentials(
+      const grpc::ServerContextBase& context, Credentials direct) const;
+  // Whether another replica forwarded this call (it is served here, not
+  // forwarded or merged again).
+  bool IsForwarded(const grpc::ServerContextBase& context) const;
+  // A client context for forwarding the call of `context`: its deadline
+  // and cancellation, the caller's credentials and the cluster secret.
+  std::unique_ptr<grpc::ClientContext> ForwardingContext(
+      const grpc::ServerContextBase& context) const;
+
+  const std::string& replica() const { return options_.replica_id; }
+  // nullptr until Join.
+  ClusterMember* member();
+
+ private:
+  ClusterRouter(ClusterOptions options, std::string secret,
+                std::shared_ptr<grpc::ChannelCredentials> peers)
+      : options_(std::move(options)),
+        secret_(std::move(secret)),
+        peers_(std::move(peers)) {}
+  std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address);
+  absl::StatusOr<Peer> LivePeer(const std::string& replica,
+                                absl::string_view module);
+
+  ClusterOptions options_;
+  const std::string secret_;
+  const std::shared_ptr<grpc::ChannelCredentials> peers_;
+  Mutex mu_;
+  std::unique_ptr<ClusterMember> member_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<grpc::Channel>> channels_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace modelstate::server
+
+#endif  // MODELSTATE_SERVER_CLUSTER_ROUTER_H_

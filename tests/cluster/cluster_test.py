@@ -1,0 +1,335 @@
+#!/usr/bin/env python3
+"""A modelstate cluster on a real etcd: Debian's etcd-server on loopback
+and three modelstate-server processes that join it (--etcd_endpoints).
+
+Checked through the real Python client's stubs, against every replica:
+- placement: modules built through one replica spread over the three (the
+  least-loaded member), each owned by exactly one, as etcd and
+  GetClusterStatus say;
+- forwarding: GetModule, GetStateDict (a stream), LoadStateDict (a client
+  stream), SetTraining, Forward and DeleteModule through a replica that
+  does not own the module act on the owner, bit for bit;
+- ListModules through any replica lists every replica's modules, in pages;
+- a client that sends a forwarded identity itself is refused
+  (UNAUTHENTICATED);
+- a SIGKILLed replica: its modules answer UNAVAILABLE naming it, the
+  others' answer; after its restart (same volume) its modules are back
+  with the state loaded before the kill;
+- a replica stopped (SIGSTOP) past its lease accepts no write after it
+  resumes until it holds a live lease again.
+
+Exits 77 (ctest SKIP_RETURN_CODE) when the etcd binary is absent.
+
+Usage: cluster_test.py SERVER_BINARY
+"""
+
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import grpc
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+from modelstate.v1 import cluster_pb2  # noqa: E402
+from modelstate.v1 import cluster_pb2_grpc  # noqa: E402
+from modelstate.v1 import model_state_service_pb2 as pb  # noqa: E402
+from modelstate.v1 import model_state_service_pb2_grpc as pb_grpc  # noqa: E402,E501
+import server_process  # noqa: E402
+
+SERVER_BINARY = None
+SKIP = 77
+LEASE_SECONDS = 3
+TIMEOUT = 20
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Etcd:
+    """Debian's etcd on two free loopback ports, in its own directory."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="modelstate-etcd-")
+        self.client_port, self.peer_port = free_port(), free_port()
+        self.endpoint = "127.0.0.1:%d" % self.client_port
+        self.log = open(os.path.join(self.dir, "etcd.log"), "w")
+        self.start()
+
+    def start(self):
+        client = "http://127.0.0.1:%d" % self.client_port
+        peer = "http://127.0.0.1:%d" % self.peer_port
+        self.process = subprocess.Popen(
+            ["etcd", "--name", "t", "--data-dir",
+             os.path.join(self.dir, "data"),
+             "--listen-client-urls", client, "--advertise-client-urls", client,
+             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", "t=" + peer],
+            stdout=self.log, stderr=subprocess.STDOUT,
+            preexec_fn=server_process._die_with_parent)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.client_port),
+                                              timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("etcd did not start")
+
+    def stop(self):
+        self.process.kill()
+        self.process.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class ClusterTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.etcd = Etcd()
+        cls.secret_dir = tempfile.mkdtemp(prefix="modelstate-secret-")
+        cls.secret = os.path.join(cls.secret_dir, "secret")
+        with open(cls.secret, "w") as f:
+            f.write("a-cluster-secret-of-some-length\n")
+        cls.servers = {}
+        for i in range(3):
+            replica = "r%d" % i
+            cls.servers[replica] = server_process.Server(
+                SERVER_BINARY, "--etcd_endpoints=" + cls.etcd.endpoint,
+                "--replica_id=" + replica,
+                "--cluster_secret_file=" + cls.secret,
+                "--cluster_lease_seconds=%d" % LEASE_SECONDS)
+
+    @classmethod
+    def tearDownClass(cls):
+        for server in cls.servers.values():
+            try:
+                server.process.send_signal(signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            server.stop()
+        cls.etcd.stop()
+        shutil.rmtree(cls.secret_dir, ignore_errors=True)
+
+    def stub(self, replica):
+        channel = grpc.insecure_channel(self.servers[replica].address)
+        self.addCleanup(channel.close)
+        return pb_grpc.ModelStateServiceStub(channel)
+
+    def cluster_status(self, replica="r0"):
+        channel = grpc.insecure_channel(self.servers[replica].address)
+        self.addCleanup(channel.close)
+        return cluster_pb2_grpc.ClusterServiceStub(channel).GetClusterStatus(
+            cluster_pb2.GetClusterStatusRequest(), timeout=TIMEOUT)
+
+    def owners(self):
+        return {p.module: p.owner for p in self.cluster_status().placements}
+
+    def build(self, via, module, out_features=3, seed=1):
+        request = pb.BuildModuleRequest(module=module, seed=seed)
+        request.spec.type = "Linear"
+        request.spec.args.add().number_value = 4
+        request.spec.args.add().number_value = out_features
+        return self.stub(via).BuildModule(request, timeout=TIMEOUT)
+
+    def state(self, via, module):
+        """The module's state_dict stream, as (header, bytes)."""
+        chunks = list(self.stub(via).GetStateDict(
+            pb.GetStateDictRequest(module=module), timeout=TIMEOUT))
+        return chunks[0].header, b"".join(c.data for c in chunks[1:])
+
+    def load(self, via, module, header, data):
+        def messages():
+            start = pb.LoadStateDictRequest()
+            start.start.module = module
+            start.start.header.CopyFrom(header)
+            yield start
+            for i in range(0, len(data), 7):  # many small messages
+                yield pb.LoadStateDictRequest(data=data[i:i + 7])
+        return self.stub(via).LoadStateDict(messages(), timeout=TIMEOUT)
+
+    def test_1_placement_spreads_modules_and_each_has_one_owner(self):
+        for i in range(6):
+            self.build("r0", "place/m%d" % i)
+        owners = {m: o for m, o in self.owners().items()
+                  if m.startswith("place/")}
+        self.assertEqual(len(owners), 6)
+        counts = {r: list(owners.values()).count(r) for r in self.servers}
+        self.assertEqual(counts, {"r0": 2, "r1": 2, "r2": 2}, owners)
+        status = self.cluster_status("r1")
+        self.assertEqual(status.replica, "r1")
+        self.assertEqual(sorted(m.replica for m in status.members),
+                         ["r0", "r1", "r2"])
+        for member in status.members:
+            self.assertEqual(member.address,
+                             self.servers[member.replica].address)
+            self.assertGreater(member.lease_ttl_seconds, 0)
+        # Building an existing module through any replica reaches its owner.
+        with self.assertRaises(grpc.RpcError) as e:
+            self.build("r2", "place/m0")
+        self.assertEqual(e.exception.code(), grpc.StatusCode.ALREADY_EXISTS)
+
+    def test_2_every_module_call_is_forwarded_to_the_owner(self):
+        module = "fwd/lin"
+        self.build("r0", module, seed=7)
+        owner = self.owners()[module]
+        other = next(r for r in sorted(self.servers) if r != owner)
+        # The owner's bytes, read directly, and through another replica.
+        header, data = self.state(owner, module)
+        header2, data2 = self.state(other, module)
+        self.assertEqual(data, data2)
+        self.assertEqual([e.key for e in header.entries],
+                         [e.key for e in header2.entries])
+        info = self.stub(other).GetModule(pb.GetModuleRequest(module=module),
+                                          timeout=TIMEOUT)
+        self.assertEqual(info.info.type, "Linear")
+        # A load through another replica changes the owner's state.
+        new = bytes((b + 1) % 256 for b in data)
+        response = self.load(other, module, header, new)
+        self.assertEqual(list(response.missing_keys), [])
+        self.assertTrue(response.audit_seqs, "the owner's audit records")
+        self.assertEqual(self.state(owner, module)[1], new)
+        # Unary writes and Forward.
+        self.stub(other).SetTraining(
+            pb.SetTrainingRequest(module=module, training=False),
+            timeout=TIMEOUT)
+        request = pb.ForwardRequest(module=module)
+        x = request.inputs.add()
+        x.dtype = header.entries[0].dtype
+        x.shape.extend([1, 4])
+        x.data = struct.pack("<4f", 1, 2, 3, 4)
+        direct = self.stub(owner).Forward(request, timeout=TIMEOUT)
+        forwarded = self.stub(other).Forward(request, timeout=TIMEOUT)
+        self.assertEqual(direct.outputs[0].data, forwarded.outputs[0].data)
+        # Deleted through another replica: gone everywhere, and its name
+        # free to be placed again.
+        self.stub(other).DeleteModule(pb.DeleteModuleRequest(module=module),
+                                      timeout=TIMEOUT)
+        self.assertNotIn(module, self.owners())
+        for replica in self.servers:
+            with self.assertRaises(grpc.RpcError) as e:
+                self.stub(replica).GetModule(
+                    pb.GetModuleRequest(module=module), timeout=TIMEOUT)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+
+    def test_3_list_modules_merges_every_replica(self):
+        for i in range(5):
+            self.build("r1", "list/m%d" % i)
+        self.assertEqual(len(set(o for m, o in self.owners().items()
+                                 if m.startswith("list/"))), 3)
+        for via in self.servers:
+            names, token = [], ""
+            while True:
+                page = self.stub(via).ListModules(pb.ListModulesRequest(
+                    namespace="list", page_size=2, page_token=token),
+                    timeout=TIMEOUT)
+                self.assertLessEqual(len(page.modules), 2)
+                names += [m.module for m in page.modules]
+                token = page.next_page_token
+                if not token:
+                    break
+            self.assertEqual(names, ["list/m%d" % i for i in range(5)], via)
+
+    def test_4_a_client_cannot_forward_an_identity(self):
+        self.build("r0", "forge/m")
+        stub = self.stub("r0")
+        for metadata in ([("x-modelstate-forwarded-peer", "ipv4:10.0.0.1:1")],
+                         [("x-modelstate-forwarded-cn", "admin")],
+                         [("x-modelstate-replica-secret", "guess-guess-guess"),
+                          ("x-modelstate-forwarded-peer", "ipv4:10.0.0.1:1")]):
+            with self.assertRaises(grpc.RpcError) as e:
+                stub.ListModules(pb.ListModulesRequest(), metadata=metadata,
+                                 timeout=TIMEOUT)
+            self.assertEqual(e.exception.code(),
+                             grpc.StatusCode.UNAUTHENTICATED, metadata)
+            self.assertIn("x-modelstate-forwarded-peer",
+                          e.exception.details())
+
+    def wait_until(self, what, fn, timeout=30):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if fn():
+                return
+            time.sleep(0.2)
+        self.fail("timed out waiting for " + what)
+
+    def test_5_a_killed_replica_answers_unavailable_and_comes_back(self):
+        for i in range(3):
+            self.build("r0", "kill/m%d" % i, seed=i)
+        owners = self.owners()
+        victim = owners["kill/m0"]
+        survivor = next(r for r in sorted(self.servers) if r != victim)
+        before = {m: self.state(survivor, m)[1] for m in owners
+                  if m.startswith("kill/")}
+        self.servers[victim].kill()
+        self.wait_until("the victim's lease to lapse", lambda: victim not in [
+            m.replica for m in self.cluster_status(survivor).members])
+        for module, owner in owners.items():
+            if not module.startswith("kill/"):
+                continue
+            if owner == victim:
+                with self.assertRaises(grpc.RpcError) as e:
+                    self.state(survivor, module)
+                self.assertEqual(e.exception.code(),
+                                 grpc.StatusCode.UNAVAILABLE)
+                self.assertIn("replica " + victim, e.exception.details())
+            else:
+                self.assertEqual(self.state(survivor, module)[1],
+                                 before[module])
+        # Back with its volume: everything it owned answers, unchanged.
+        self.servers[victim].start()
+        for module in before:
+            self.assertEqual(self.state(survivor, module)[1], before[module])
+
+    def test_6_a_stopped_replica_takes_no_write_after_its_lease(self):
+        self.build("r0", "stop/m")
+        owner = self.owners()["stop/m"]
+        process = self.servers[owner].process
+        process.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(LEASE_SECONDS + 2)
+        finally:
+            process.send_signal(signal.SIGCONT)
+        # The first write it sees after resuming: refused, or accepted only
+        # once it has renewed (a new lease, its record back in etcd).
+        try:
+            self.stub(owner).SetTraining(
+                pb.SetTrainingRequest(module="stop/m", training=False),
+                timeout=TIMEOUT)
+            accepted = True
+        except grpc.RpcError as e:
+            self.assertEqual(e.code(), grpc.StatusCode.UNAVAILABLE)
+            self.assertIn("lease", e.details())
+            accepted = False
+        if accepted:
+            self.assertIn(owner, [m.replica for m in
+                                  self.cluster_status(owner).members])
+        self.wait_until("the replica to be back", lambda: owner in [
+            m.replica for m in self.cluster_status("r0").members])
+        self.stub(owner).SetTraining(
+            pb.SetTrainingRequest(module="stop/m", training=True),
+            timeout=TIMEOUT)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+    if shutil.which("etcd") is None:
+        print("etcd is not installed: skipped", file=sys.stderr)
+        sys.exit(SKIP)
+    SERVER_BINARY = sys.argv.pop(1)
+    unittest.main(verbosity=2)
