@@ -16,13 +16,20 @@ Checked through the real Python client's stubs, against every replica:
   others' answer; after its restart (same volume) its modules are back
   with the state loaded before the kill;
 - a replica stopped (SIGSTOP) past its lease accepts no write after it
-  resumes until it holds a live lease again.
+  resumes until it holds a live lease again;
+- with a token file, the owner applies the caller's roles to a forwarded
+  call and audits it under the caller's identity, not the replica's;
+- a second server given a live replica's id is refused at start;
+- etcd restarted: calls about modules fail UNAVAILABLE while it is down
+  (no server fails) and work again once it is back.
 
 Exits 77 (ctest SKIP_RETURN_CODE) when the etcd binary is absent.
 
 Usage: cluster_test.py SERVER_BINARY
 """
 
+import hashlib
+import json
 import os
 import shutil
 import signal
@@ -112,10 +119,31 @@ class ClusterTest(unittest.TestCase):
                 "--replica_id=" + replica,
                 "--cluster_secret_file=" + cls.secret,
                 "--cluster_lease_seconds=%d" % LEASE_SECONDS)
+        # A second cluster on the same etcd (its own key prefix) whose
+        # servers authenticate callers.
+        cls.tokens = {"admin": "admin-token", "alice": "alice-token",
+                      "bob": "bob-token"}
+        roles = {"admin": {"admin": ["*"]},
+                 "alice": {"builder": ["team"], "reader": ["*"]},
+                 "bob": {"reader": ["*"]}}
+        cls.token_file = os.path.join(cls.secret_dir, "tokens.json")
+        with open(cls.token_file, "w") as f:
+            json.dump({"principals": [
+                {"identity": who, "roles": roles[who],
+                 "token_sha256": hashlib.sha256(t.encode()).hexdigest()}
+                for who, t in cls.tokens.items()]}, f)
+        cls.secure = {}
+        for i in range(3):
+            replica = "s%d" % i
+            cls.secure[replica] = server_process.Server(
+                SERVER_BINARY, "--etcd_endpoints=" + cls.etcd.endpoint,
+                "--replica_id=" + replica, "--cluster_key_prefix=/secure/",
+                "--cluster_secret_file=" + cls.secret,
+                "--token_file=" + cls.token_file)
 
     @classmethod
     def tearDownClass(cls):
-        for server in cls.servers.values():
+        for server in list(cls.servers.values()) + list(cls.secure.values()):
             try:
                 server.process.send_signal(signal.SIGCONT)
             except ProcessLookupError:
@@ -125,7 +153,8 @@ class ClusterTest(unittest.TestCase):
         shutil.rmtree(cls.secret_dir, ignore_errors=True)
 
     def stub(self, replica):
-        channel = grpc.insecure_channel(self.servers[replica].address)
+        server = self.servers.get(replica) or self.secure[replica]
+        channel = grpc.insecure_channel(server.address)
         self.addCleanup(channel.close)
         return pb_grpc.ModelStateServiceStub(channel)
 
@@ -138,20 +167,22 @@ class ClusterTest(unittest.TestCase):
     def owners(self):
         return {p.module: p.owner for p in self.cluster_status().placements}
 
-    def build(self, via, module, out_features=3, seed=1):
+    def build(self, via, module, out_features=3, seed=1, metadata=None):
         request = pb.BuildModuleRequest(module=module, seed=seed)
         request.spec.type = "Linear"
         request.spec.args.add().number_value = 4
         request.spec.args.add().number_value = out_features
-        return self.stub(via).BuildModule(request, timeout=TIMEOUT)
+        return self.stub(via).BuildModule(request, timeout=TIMEOUT,
+                                          metadata=metadata)
 
-    def state(self, via, module):
+    def state(self, via, module, metadata=None):
         """The module's state_dict stream, as (header, bytes)."""
         chunks = list(self.stub(via).GetStateDict(
-            pb.GetStateDictRequest(module=module), timeout=TIMEOUT))
+            pb.GetStateDictRequest(module=module), timeout=TIMEOUT,
+            metadata=metadata))
         return chunks[0].header, b"".join(c.data for c in chunks[1:])
 
-    def load(self, via, module, header, data):
+    def load(self, via, module, header, data, metadata=None):
         def messages():
             start = pb.LoadStateDictRequest()
             start.start.module = module
@@ -159,7 +190,8 @@ class ClusterTest(unittest.TestCase):
             yield start
             for i in range(0, len(data), 7):  # many small messages
                 yield pb.LoadStateDictRequest(data=data[i:i + 7])
-        return self.stub(via).LoadStateDict(messages(), timeout=TIMEOUT)
+        return self.stub(via).LoadStateDict(messages(), timeout=TIMEOUT,
+                                            metadata=metadata)
 
     def test_1_placement_spreads_modules_and_each_has_one_owner(self):
         for i in range(6):
@@ -322,6 +354,86 @@ class ClusterTest(unittest.TestCase):
         self.stub(owner).SetTraining(
             pb.SetTrainingRequest(module="stop/m", training=True),
             timeout=TIMEOUT)
+
+    def as_(self, who):
+        return [("authorization", "Bearer " + self.tokens[who])]
+
+    def test_7_the_owner_applies_the_callers_roles(self):
+        self.build("s0", "team/a", metadata=self.as_("alice"))
+        self.build("s0", "team/b", metadata=self.as_("alice"))
+        owners = {}
+        for replica in self.secure:
+            channel = grpc.insecure_channel(self.secure[replica].address)
+            self.addCleanup(channel.close)
+            status = cluster_pb2_grpc.ClusterServiceStub(
+                channel).GetClusterStatus(
+                    cluster_pb2.GetClusterStatusRequest(), timeout=TIMEOUT,
+                    metadata=self.as_("admin"))
+            owners = {p.module: p.owner for p in status.placements}
+        self.assertEqual(set(owners), {"team/a", "team/b"})
+        module = "team/a"
+        owner = owners[module]
+        other = next(r for r in sorted(self.secure) if r != owner)
+        # Only an admin may ask for the cluster's status.
+        with self.assertRaises(grpc.RpcError) as e:
+            channel = grpc.insecure_channel(self.secure[other].address)
+            self.addCleanup(channel.close)
+            cluster_pb2_grpc.ClusterServiceStub(channel).GetClusterStatus(
+                cluster_pb2.GetClusterStatusRequest(), timeout=TIMEOUT,
+                metadata=self.as_("alice"))
+        self.assertEqual(e.exception.code(), grpc.StatusCode.PERMISSION_DENIED)
+        # bob reads through another replica, but may not load or delete.
+        header, data = self.state(other, module, metadata=self.as_("bob"))
+        with self.assertRaises(grpc.RpcError) as e:
+            self.load(other, module, header, data, metadata=self.as_("bob"))
+        self.assertEqual(e.exception.code(), grpc.StatusCode.PERMISSION_DENIED)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.stub(other).DeleteModule(pb.DeleteModuleRequest(
+                module=module), timeout=TIMEOUT, metadata=self.as_("bob"))
+        self.assertEqual(e.exception.code(), grpc.StatusCode.PERMISSION_DENIED)
+        # No credentials at all: refused by the owner too.
+        with self.assertRaises(grpc.RpcError) as e:
+            self.state(other, module)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.UNAUTHENTICATED)
+        # alice's load through another replica is audited on the owner
+        # under her name.
+        response = self.load(other, module, header, data,
+                             metadata=self.as_("alice"))
+        self.assertTrue(response.audit_seqs)
+        records = self.stub(owner).QueryAudit(
+            pb.QueryAuditRequest(after_seq=response.audit_seqs[0] - 1,
+                                 limit=1),
+            timeout=TIMEOUT, metadata=self.as_("admin")).records
+        self.assertEqual(records[0].seq, response.audit_seqs[0])
+        self.assertEqual(records[0].identity, "alice")
+        self.assertEqual(records[0].namespace + "/" + records[0].module,
+                         module)
+
+    def test_8_a_second_server_with_a_live_replicas_id_is_refused(self):
+        with self.assertRaises(RuntimeError):
+            server_process.Server(
+                SERVER_BINARY, "--etcd_endpoints=" + self.etcd.endpoint,
+                "--replica_id=r0", "--cluster_secret_file=" + self.secret)
+
+    def test_9_etcd_restarted(self):
+        self.build("r0", "etcd/m")
+        before = self.state("r1", "etcd/m")[1]
+        self.etcd.process.kill()
+        self.etcd.process.wait()
+        with self.assertRaises(grpc.RpcError) as e:
+            self.state("r1", "etcd/m")
+        self.assertEqual(e.exception.code(), grpc.StatusCode.UNAVAILABLE)
+        self.assertIn("etcd", e.exception.details())
+        self.etcd.start()
+
+        def answers():
+            try:
+                return self.state("r1", "etcd/m")[1] == before
+            except grpc.RpcError:
+                return False
+        self.wait_until("the cluster to answer again", answers)
+        for replica, server in self.servers.items():
+            self.assertIsNone(server.process.poll(), replica)
 
 
 if __name__ == "__main__":
