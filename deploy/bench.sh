@@ -55,6 +55,7 @@ if [ $smoke = 1 ]; then
   forward_args=(--smoke --benchmark_min_time=0.01 --benchmark_repetitions=2)
   torch_forward_args=(--smoke --reps 2 --warmup 0)
   audit_args=(--smoke)
+  cluster_args=(--smoke)
 else
   core_args=(--benchmark_repetitions=5)
   torch_args=(--reps 5 --warmup 1 --models gpt2)
@@ -63,6 +64,7 @@ else
   torch_model=gpt2
   forward_args=(--benchmark_repetitions=5)
   torch_forward_args=(--reps 5 --warmup 1)
+  cluster_args=(--mib 256 --reps 5 --warmup 1)
   # 10^7 records: about 3 GB of log, tree and index in $TMPDIR.
   audit_args=(--records=10000000 --seconds=10 --reps=3)
 fi
@@ -107,6 +109,13 @@ echo "[bench] the audit log: appends against a plain file, proofs, restarts"
 "$build_dir/tests/bench/audit_bench" "${audit_args[@]}" \
   --out="$results/audit.json" >/dev/null
 
+# Needs Debian's etcd-server (deploy/common.sh installs it).
+echo "[bench] a cluster on etcd: calls forwarded by another replica against direct"
+"$python" "$bench/cluster_bench.py" \
+  --server="$build_dir/server/modelstate-server" \
+  --cli="$build_dir/client/modelstatectl" "${cluster_args[@]}" \
+  --out "$results/cluster.json"
+
 # Only in a CUDA build; without a GPU it measures nothing and says so.
 cuda_report=()
 if [ -x "$build_dir/tests/bench/cuda_bench" ]; then
@@ -135,7 +144,7 @@ fi
   --forward "$results/forward.json" \
   --torch-forward "$results/torch_forward.json" \
   --python-transfer "$results/python_transfer.json" \
-  --audit "$results/audit.json" \
+  --audit "$results/audit.json" --cluster "$results/cluster.json" \
   --torch-model "$torch_model" --checks "$results/checks.md" \
   "${cuda_report[@]}" --out "$report"
 echo "[bench] wrote $report"

@@ -291,6 +291,23 @@ def python_rows(table, p):
                       base / ours >= 0.8)
 
 
+def cluster_rows(table, c):
+    """Calls forwarded by a replica that does not own the module against
+    the same calls to the owner (ratio of throughputs, forwarded / direct).
+    """
+    n = c["bytes"]
+    for what, key, cli in (("GetStateDict", "get", "get-state"),
+                           ("LoadStateDict", "load", "load-state")):
+        ours = c[f"forwarded_{key}_s"]["median"]
+        base = c[f"direct_{key}_s"]["median"]
+        table.add(f"Cluster: {what} forwarded by another replica "
+                  f"({n / MIB:.0f} MiB, modelstatectl {cli}; two servers, the "
+                  f"client and etcd on one machine)",
+                  f"{fmt_s(ours)} ({rate(n, ours)})",
+                  f"the owner, directly: {fmt_s(base)} ({rate(n, base)})",
+                  f"{base / ours:.2f}x", ">= 0.8x", base / ours >= 0.8)
+
+
 def cuda_rows(table, cuda):
     """Rows from cuda_bench (absent or empty without a GPU)."""
     def gbps(run):
@@ -362,6 +379,7 @@ def main():
     parser.add_argument("--python-transfer",
                         help="optional: python_transfer_bench.py's JSON")
     parser.add_argument("--audit", help="optional: audit_bench's JSON")
+    parser.add_argument("--cluster", help="optional: cluster_bench's JSON")
     parser.add_argument("--checks")
     parser.add_argument("--torch-model", default="gpt2",
                         help="torch_bench's model that core_bench built"
@@ -386,6 +404,8 @@ def main():
                      load(args.torch_forward) if args.torch_forward else None)
     if args.audit:
         audit_rows(table, load(args.audit))
+    if args.cluster:
+        cluster_rows(table, load(args.cluster))
     if args.cuda and os.path.exists(args.cuda):
         cuda_rows(table, bench_medians(load(args.cuda)))
 

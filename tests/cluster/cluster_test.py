@@ -33,7 +33,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -52,55 +51,12 @@ from modelstate.v1 import cluster_pb2_grpc  # noqa: E402
 from modelstate.v1 import model_state_service_pb2 as pb  # noqa: E402
 from modelstate.v1 import model_state_service_pb2_grpc as pb_grpc  # noqa: E402,E501
 import server_process  # noqa: E402
+from etcd_process import Etcd  # noqa: E402
 
 SERVER_BINARY = None
 SKIP = 77
 LEASE_SECONDS = 3
 TIMEOUT = 20
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Etcd:
-    """Debian's etcd on two free loopback ports, in its own directory."""
-
-    def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="modelstate-etcd-")
-        self.client_port, self.peer_port = free_port(), free_port()
-        self.endpoint = "127.0.0.1:%d" % self.client_port
-        self.log = open(os.path.join(self.dir, "etcd.log"), "w")
-        self.start()
-
-    def start(self):
-        client = "http://127.0.0.1:%d" % self.client_port
-        peer = "http://127.0.0.1:%d" % self.peer_port
-        self.process = subprocess.Popen(
-            ["etcd", "--name", "t", "--data-dir",
-             os.path.join(self.dir, "data"),
-             "--listen-client-urls", client, "--advertise-client-urls", client,
-             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", "t=" + peer],
-            stdout=self.log, stderr=subprocess.STDOUT,
-            preexec_fn=server_process._die_with_parent)
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.client_port),
-                                              timeout=1):
-                    return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("etcd did not start")
-
-    def stop(self):
-        self.process.kill()
-        self.process.wait()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class ClusterTest(unittest.TestCase):

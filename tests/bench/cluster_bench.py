@@ -1,0 +1,120 @@
+"""Forwarding in a modelstate cluster: GetStateDict and LoadStateDict of
+one module through the replica that owns it (direct) and through another
+replica that forwards the call (forwarded), in the same run. A real etcd
+(Debian's etcd-server) and two modelstate-server processes on loopback;
+the C++ client (modelstatectl get-state / load-state, into and from a file
+on tmpfs where there is one) moves the bytes. Direct and forwarded
+alternate, one of each per repetition; medians are reported.
+
+On one machine the forwarding replica shares the cores with the owner and
+the client: these figures show what forwarding costs, not what a cluster
+of machines can carry.
+
+    cluster_bench.py --server BIN --cli BIN --out results.json
+                     [--mib 256] [--reps 5] [--warmup 1] [--smoke]
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+
+from etcd_process import Etcd  # noqa: E402
+from server_process import Server  # noqa: E402
+
+MIB = 1 << 20
+
+
+def cli_seconds(cli, address, args):
+    """Runs modelstatectl; the seconds it reports for the transfer."""
+    out = subprocess.run([cli, "--server=" + address] + args, check=True,
+                         capture_output=True, text=True).stdout
+    match = re.search(r" in ([0-9.]+) s \(", out)
+    if not match:
+        raise RuntimeError(f"modelstatectl printed no timing: {out!r}")
+    return float(match.group(1))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--server", required=True)
+    parser.add_argument("--cli", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--mib", type=int, default=256)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+    if args.smoke:
+        args.mib, args.reps, args.warmup = 8, 2, 0
+
+    etcd = Etcd()
+    scratch = tempfile.mkdtemp(
+        dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    secret = os.path.join(scratch, "secret")
+    with open(secret, "w") as f:
+        f.write("a-cluster-secret-for-the-bench\n")
+    servers = []
+    try:
+        for replica in ("owner", "forwarder"):
+            servers.append(Server(
+                args.server, "--etcd_endpoints=" + etcd.endpoint,
+                "--replica_id=" + replica, "--cluster_secret_file=" + secret))
+        owner, forwarder = servers
+        # Placement picks one of the two (least loaded, ties by hash): the
+        # status says which, and "direct" asks that one.
+        side = 1024
+        layers = max(1, args.mib * MIB // (side * side * 4))
+        spec = json.dumps({"type": "Sequential", "children": [
+            {"spec": {"type": "Linear", "args": [side, side],
+                      "kwargs": {"bias": False}}} for _ in range(layers)]})
+        spec_file = os.path.join(scratch, "spec.json")
+        with open(spec_file, "w") as f:
+            f.write(spec)
+        subprocess.run([args.cli, "--server=" + owner.address, "build",
+                        spec_file, "--name", "bench/stack"], check=True,
+                       capture_output=True)
+        status = subprocess.run(
+            [args.cli, "--server=" + owner.address, "--json", "cluster",
+             "status"], check=True, capture_output=True, text=True).stdout
+        placed = {p["module"]: p["owner"]
+                  for p in json.loads(status).get("placements", [])}
+        via = {"direct": owner, "forwarded": forwarder}
+        if placed["bench/stack"] != "owner":
+            via = {"direct": forwarder, "forwarded": owner}
+        state = os.path.join(scratch, "state.safetensors")
+        samples = {f"{how}_{what}_s": [] for how in via
+                   for what in ("get", "load")}
+        for rep in range(args.warmup + args.reps):
+            for how, server in via.items():
+                get = cli_seconds(args.cli, server.address,
+                                  ["get-state", "bench/stack", "-o", state])
+                load = cli_seconds(args.cli, server.address,
+                                   ["load-state", "bench/stack", state])
+                if rep >= args.warmup:
+                    samples[f"{how}_get_s"].append(get)
+                    samples[f"{how}_load_s"].append(load)
+        result = {"bytes": layers * side * side * 4, "reps": args.reps,
+                  "warmup": args.warmup}
+        for name, values in samples.items():
+            result[name] = {"samples": values,
+                            "median": statistics.median(values)}
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    finally:
+        for server in servers:
+            server.stop()
+        etcd.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
