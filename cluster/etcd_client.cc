@@ -108,9 +108,9 @@ absl::Status EtcdClient::Authenticate(size_t index) {
   request.set_name(options_.user);
   request.set_password(options_.password);
   pb::AuthenticateResponse response;
-  absl::Status status =
-      FromGrpc(endpoint.auth->Authenticate(&context, request, &response));
-  if (!status.ok()) return WithEndpoint(status, endpoint.address);
+  // Invoke names the endpoint in an error.
+  MODELSTATE_RETURN_IF_ERROR(
+      FromGrpc(endpoint.auth->Authenticate(&context, request, &response)));
   MutexLock lock(&mu_);
   token_ = response.token();
   return absl::OkStatus();

@@ -57,16 +57,17 @@ absl::Status ClusterRouter::Join(
 }
 
 void ClusterRouter::Leave() {
-  std::unique_ptr<ClusterMember> member;
+  std::shared_ptr<ClusterMember> member;
   {
     MutexLock lock(&mu_);
     member = std::move(member_);
   }
+  // The lease is revoked when the last user lets go.
 }
 
-ClusterMember* ClusterRouter::member() {
+std::shared_ptr<ClusterMember> ClusterRouter::member() {
   MutexLock lock(&mu_);
-  return member_.get();
+  return member_;
 }
 
 std::shared_ptr<grpc::Channel> ClusterRouter::ChannelTo(
@@ -85,7 +86,7 @@ std::shared_ptr<grpc::Channel> ClusterRouter::ChannelTo(
 
 absl::StatusOr<Peer> ClusterRouter::LivePeer(const std::string& replica,
                                              absl::string_view module) {
-  ClusterMember* self = member();
+  std::shared_ptr<ClusterMember> self = member();
   MODELSTATE_ASSIGN_OR_RETURN(std::optional<ClusterMemberInfo> info,
                               self->LiveMember(replica));
   if (!info.has_value()) {
@@ -100,7 +101,7 @@ absl::StatusOr<Peer> ClusterRouter::LivePeer(const std::string& replica,
 absl::StatusOr<std::optional<Peer>> ClusterRouter::Route(
     const grpc::ServerContextBase& context, absl::string_view module,
     Access access) {
-  ClusterMember* self = member();
+  std::shared_ptr<ClusterMember> self = member();
   if (self == nullptr) {
     return absl::UnavailableError(
         absl::StrCat("replica ", replica(), " is still joining the cluster"));
@@ -120,6 +121,8 @@ absl::StatusOr<std::optional<Peer>> ClusterRouter::Route(
       absl::Status claimed = self->Claim(full);
       if (claimed.code() != absl::StatusCode::kFailedPrecondition) {
         MODELSTATE_RETURN_IF_ERROR(claimed);
+        MutexLock lock(&mu_);
+        ++building_[full];
         return std::nullopt;
       }
       // Another replica placed it meanwhile: go where it went.
@@ -131,6 +134,10 @@ absl::StatusOr<std::optional<Peer>> ClusterRouter::Route(
   }
   if (!owner.has_value() || *owner == replica()) {
     if (access != Access::kRead) MODELSTATE_RETURN_IF_ERROR(self->CheckLease());
+    if (access == Access::kBuild) {
+      MutexLock lock(&mu_);
+      ++building_[full];
+    }
     return std::nullopt;
   }
   if (forwarded) {
@@ -142,8 +149,21 @@ absl::StatusOr<std::optional<Peer>> ClusterRouter::Route(
   return peer;
 }
 
+void ClusterRouter::BuildDone(absl::string_view module, bool hosted) {
+  absl::StatusOr<ModuleName> name = ParseModuleName(module);
+  if (!name.ok()) return;
+  {
+    MutexLock lock(&mu_);
+    auto it = building_.find(name->full());
+    if (it == building_.end()) return;
+    if (--it->second > 0) return;
+    building_.erase(it);
+  }
+  if (!hosted) Release(module);
+}
+
 void ClusterRouter::Release(absl::string_view module) {
-  ClusterMember* self = member();
+  std::shared_ptr<ClusterMember> self = member();
   absl::StatusOr<ModuleName> name = ParseModuleName(module);
   if (self == nullptr || !name.ok()) return;
   absl::Status released = self->Release(name->full());
@@ -156,7 +176,7 @@ void ClusterRouter::Release(absl::string_view module) {
 }
 
 absl::StatusOr<std::vector<Peer>> ClusterRouter::OtherMembers() {
-  ClusterMember* self = member();
+  std::shared_ptr<ClusterMember> self = member();
   if (self == nullptr) {
     return absl::UnavailableError(
         absl::StrCat("replica ", replica(), " is still joining the cluster"));

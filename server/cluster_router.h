@@ -77,8 +77,11 @@ class ClusterRouter {
   absl::StatusOr<std::optional<Peer>> Route(
       const grpc::ServerContextBase& context, absl::string_view module,
       Access access);
-  // After a local build of `module` failed without creating it, or after
-  // it was deleted here: it is no longer this replica's.
+  // After a build that Route placed here: when no other build of `module`
+  // is under way here and it is not `hosted` (the build failed), it is
+  // no longer this replica's.
+  void BuildDone(absl::string_view module, bool hosted);
+  // After `module` was deleted here: it is no longer this replica's.
   void Release(absl::string_view module);
 
   // Every live member except this one (for calls that merge).
@@ -97,8 +100,9 @@ class ClusterRouter {
       const grpc::ServerContextBase& context) const;
 
   const std::string& replica() const { return options_.replica_id; }
-  // nullptr until Join.
-  ClusterMember* member();
+  // nullptr until Join and after Leave; callers keep it alive while they
+  // use it.
+  std::shared_ptr<ClusterMember> member();
 
  private:
   ClusterRouter(ClusterOptions options, std::string secret,
@@ -114,9 +118,12 @@ class ClusterRouter {
   const std::string secret_;
   const std::shared_ptr<grpc::ChannelCredentials> peers_;
   Mutex mu_;
-  std::unique_ptr<ClusterMember> member_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<ClusterMember> member_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_
       ABSL_GUARDED_BY(mu_);
+  // Builds placed here and under way, by module: a failed one releases
+  // the module only when it is the last.
+  std::map<std::string, int> building_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace modelstate::server

@@ -57,7 +57,7 @@ grpc::Status ClusterServiceImpl::GetClusterStatus(
         Caller caller, service_->Authenticate(credentials, "GetClusterStatus"));
     MODELSTATE_RETURN_IF_ERROR(
         service_->AllowAdmin(caller, "GetClusterStatus"));
-    ClusterMember* member = router_->member();
+    std::shared_ptr<ClusterMember> member = router_->member();
     if (member == nullptr) {
       return absl::UnavailableError("this replica is still joining");
     }

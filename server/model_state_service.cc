@@ -270,11 +270,10 @@ grpc::Status ModelStateServiceImpl::BuildModule(
         return absl::OkStatus();
       },
       response);
-  // Placed here for this build, which made nothing (ALREADY_EXISTS: the
-  // module was here before).
-  if (router_ != nullptr && !status.ok() &&
-      status.error_code() != grpc::StatusCode::ALREADY_EXISTS) {
-    router_->Release(request->module());
+  if (router_ != nullptr) {
+    absl::StatusOr<ModuleName> name = ParseModuleName(request->module());
+    router_->BuildDone(request->module(),
+                       name.ok() && service_->Hosts(*name));
   }
   return status;
 }

@@ -404,7 +404,11 @@ absl::Status Server::JoinCluster() {
        store_->List("", "", std::numeric_limits<size_t>::max())) {
     local.push_back(module.name.full());
   }
-  MODELSTATE_RETURN_IF_ERROR(router_->Join(address_, local));
+  absl::Status joined = router_->Join(address_, local);
+  if (!joined.ok()) {
+    return absl::Status(joined.code(), absl::StrCat("cannot join the cluster: ",
+                                                    joined.message()));
+  }
   LogLine(absl::StrCat("joined the cluster as replica ", router_->replica(),
                        " (", local.size(), " modules claimed)"));
   return absl::OkStatus();

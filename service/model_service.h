@@ -290,6 +290,8 @@ class ModelService {
   // "denied") without valid credentials.
   absl::StatusOr<Caller> Authenticate(const Credentials& credentials,
                                       absl::string_view rpc);
+  // Whether `name` is hosted here (no caller: the cluster's bookkeeping).
+  bool Hosts(const ModuleName& name) const { return store_->Contains(name); }
   // OK for an admin of every namespace (calls about the server or the
   // cluster as a whole); PERMISSION_DENIED (recorded) otherwise.
   absl::Status AllowAdmin(const Caller& caller, absl::string_view rpc) {

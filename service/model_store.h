@@ -259,6 +259,8 @@ class ModelStore {
 
   // Number of modules.
   size_t size() const;
+  // Whether `name` is hosted.
+  bool Contains(const ModuleName& name) const { return Find(name).ok(); }
 
   // One namespace's modules and the tensor bytes they hold in memory (what
   // quotas count), with its quota: what the metrics report.

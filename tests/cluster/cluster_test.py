@@ -21,11 +21,14 @@ Checked through the real Python client's stubs, against every replica:
   call and audits it under the caller's identity, not the replica's;
 - a second server given a live replica's id is refused at start;
 - etcd restarted: calls about modules fail UNAVAILABLE while it is down
-  (no server fails) and work again once it is back.
+  (no server fails) and work again once it is back;
+- etcd with authentication on (--etcd_user, --etcd_password_file): a
+  server with the password joins, one with a wrong password does not
+  start; an endpoint list whose first endpoint is dead still works.
 
 Exits 77 (ctest SKIP_RETURN_CODE) when the etcd binary is absent.
 
-Usage: cluster_test.py SERVER_BINARY
+Usage: cluster_test.py SERVER_BINARY [unittest arguments]
 """
 
 import hashlib
@@ -392,8 +395,71 @@ class ClusterTest(unittest.TestCase):
             self.assertIsNone(server.process.poll(), replica)
 
 
+class EtcdAuthTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.etcd = Etcd()
+        cls.dir = tempfile.mkdtemp(prefix="modelstate-etcd-auth-")
+        etcdctl = ["etcdctl", "--endpoints=" + cls.etcd.endpoint]
+        env = dict(os.environ, ETCDCTL_API="3")
+        for args in (["user", "add", "root:root-password"],
+                     ["user", "add", "modelstate:member-password"],
+                     ["role", "add", "member"],
+                     ["role", "grant-permission", "member", "--prefix=true",
+                      "readwrite", "/modelstate/"],
+                     ["user", "grant-role", "modelstate", "member"],
+                     ["auth", "enable"]):
+            subprocess.run(etcdctl + args, check=True, env=env,
+                           capture_output=True)
+        cls.secret = os.path.join(cls.dir, "secret")
+        with open(cls.secret, "w") as f:
+            f.write("a-cluster-secret-of-some-length\n")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.etcd.stop()
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def password_file(self, password):
+        path = os.path.join(self.dir, password)
+        with open(path, "w") as f:
+            f.write(password + "\n")
+        return path
+
+    def test_a_member_authenticates_to_etcd(self):
+        dead = "127.0.0.1:1"
+        server = server_process.Server(
+            SERVER_BINARY,
+            "--etcd_endpoints=%s,%s" % (dead, self.etcd.endpoint),
+            "--etcd_user=modelstate",
+            "--etcd_password_file=" + self.password_file("member-password"),
+            "--replica_id=a0", "--cluster_secret_file=" + self.secret)
+        self.addCleanup(server.stop)
+        channel = grpc.insecure_channel(server.address)
+        self.addCleanup(channel.close)
+        stub = pb_grpc.ModelStateServiceStub(channel)
+        request = pb.BuildModuleRequest(module="auth/m")
+        request.spec.type = "Linear"
+        request.spec.args.add().number_value = 2
+        request.spec.args.add().number_value = 2
+        stub.BuildModule(request, timeout=TIMEOUT)
+        status = cluster_pb2_grpc.ClusterServiceStub(channel).GetClusterStatus(
+            cluster_pb2.GetClusterStatusRequest(), timeout=TIMEOUT)
+        self.assertEqual([m.replica for m in status.members], ["a0"])
+        self.assertEqual([(p.module, p.owner) for p in status.placements],
+                         [("auth/m", "a0")])
+
+    def test_a_wrong_password_keeps_the_server_from_starting(self):
+        with self.assertRaises(RuntimeError):
+            server_process.Server(
+                SERVER_BINARY, "--etcd_endpoints=" + self.etcd.endpoint,
+                "--etcd_user=modelstate",
+                "--etcd_password_file=" + self.password_file("wrong"),
+                "--replica_id=a1", "--cluster_secret_file=" + self.secret)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) < 2:
         print(__doc__, file=sys.stderr)
         sys.exit(2)
     if shutil.which("etcd") is None:
