@@ -70,6 +70,12 @@ absl::StatusOr<std::unique_ptr<ClusterMember>> ClusterMember::Join(
                       {"error", std::string(claimed.message())}}});
     }
   }
+  absl::Status published = member->PublishCheckpoint();
+  if (!published.ok()) {
+    Log(LogLevel::kWarning, "could not record the audit checkpoint",
+        {.correlation_id = "",
+         .fields = {{"error", std::string(published.message())}}});
+  }
   member->renewer_ = std::thread([m = member.get()] { m->RenewLoop(); });
   return member;
 }
@@ -94,6 +100,40 @@ std::string ClusterMember::MemberKey(absl::string_view replica) const {
 
 std::string ClusterMember::OwnerKey(absl::string_view module) const {
   return absl::StrCat(options_.key_prefix, "owners/", module);
+}
+
+std::string ClusterMember::CheckpointKey(absl::string_view replica) const {
+  return absl::StrCat(options_.key_prefix, "checkpoints/", replica);
+}
+
+absl::Status ClusterMember::PublishCheckpoint() {
+  if (!options_.audit_checkpoint) return absl::OkStatus();
+  auto [key, note] = options_.audit_checkpoint();
+  if (note.empty() || note == published_) return absl::OkStatus();
+  MODELSTATE_RETURN_IF_ERROR(etcd_->Put(
+      CheckpointKey(replica()),
+      nlohmann::json({{"verifier_key", key}, {"note", note}}).dump()));
+  published_ = std::move(note);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<RecordedCheckpoint>> ClusterMember::Checkpoints() {
+  const std::string prefix = CheckpointKey("");
+  MODELSTATE_ASSIGN_OR_RETURN(std::vector<EtcdKeyValue> kvs,
+                              etcd_->GetPrefix(prefix));
+  std::vector<RecordedCheckpoint> out;
+  for (const EtcdKeyValue& kv : kvs) {
+    nlohmann::json record = nlohmann::json::parse(kv.value, nullptr, false);
+    if (!record.is_object() || !record.contains("verifier_key") ||
+        !record["verifier_key"].is_string() || !record.contains("note") ||
+        !record["note"].is_string()) {
+      continue;
+    }
+    out.push_back({kv.key.substr(prefix.size()),
+                   record["verifier_key"].get<std::string>(),
+                   record["note"].get<std::string>()});
+  }
+  return out;
 }
 
 absl::Status ClusterMember::Register(bool first) {
@@ -142,8 +182,16 @@ void ClusterMember::RenewLoop() {
     absl::StatusOr<int64_t> ttl = etcd_->KeepAlive(lease());
     absl::Status status = ttl.status();
     if (ttl.ok() && *ttl > 0) {
-      MutexLock lock(&mu_);
-      live_until_ = sent + absl::Seconds(*ttl);
+      {
+        MutexLock lock(&mu_);
+        live_until_ = sent + absl::Seconds(*ttl);
+      }
+      absl::Status published = PublishCheckpoint();
+      if (!published.ok()) {
+        Log(LogLevel::kWarning, "could not record the audit checkpoint",
+            {.correlation_id = "",
+             .fields = {{"error", std::string(published.message())}}});
+      }
     } else if (ttl.ok()) {
       // The lease expired (this process was stopped, or cut off from etcd
       // for longer than its time to live): join again under a new one.

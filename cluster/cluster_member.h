@@ -31,6 +31,7 @@
 #define MODELSTATE_CLUSTER_CLUSTER_MEMBER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -63,12 +64,22 @@ struct ClusterOptions {
   int64_t lease_seconds = 10;
   // Every key the cluster keeps starts with this.
   std::string key_prefix = "/modelstate/";
+  // The replica's audit log as it stands: its verifier key and latest
+  // signed checkpoint, recorded in etcd at each renewal when it changed
+  // (empty: none).
+  std::function<std::pair<std::string, std::string>()> audit_checkpoint;
 };
 
 struct ClusterMemberInfo {
   std::string replica;
   std::string address;
   int64_t lease = 0;
+};
+
+struct RecordedCheckpoint {
+  std::string replica;
+  std::string verifier_key;
+  std::string note;
 };
 
 struct ModuleOwner {
@@ -100,6 +111,8 @@ class ClusterMember {
   absl::StatusOr<std::vector<ClusterMemberInfo>> LiveMembers();
   // Every placed module, by name, and etcd's revision when read.
   absl::StatusOr<std::vector<ModuleOwner>> Owners(int64_t* revision = nullptr);
+  // Every replica's recorded audit checkpoint, by replica.
+  absl::StatusOr<std::vector<RecordedCheckpoint>> Checkpoints();
 
   // Where a new module goes: the live member owning the fewest modules.
   absl::StatusOr<std::string> ChooseOwner(absl::string_view module);
@@ -122,6 +135,9 @@ class ClusterMember {
 
   std::string MemberKey(absl::string_view replica) const;
   std::string OwnerKey(absl::string_view module) const;
+  std::string CheckpointKey(absl::string_view replica) const;
+  // Records the audit log's latest checkpoint in etcd if it changed.
+  absl::Status PublishCheckpoint();
   // Grants a lease and writes this replica's member record under it.
   absl::Status Register(bool first);
   void RenewLoop();
@@ -133,6 +149,9 @@ class ClusterMember {
   // Before this the lease is live in etcd: the renewal that set it was
   // sent before etcd restarted the lease's clock.
   absl::Time live_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // What PublishCheckpoint last recorded (the renewal thread's, and Join's
+  // before it starts).
+  std::string published_;
   absl::Notification stop_;
   std::thread renewer_;
 };

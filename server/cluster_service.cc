@@ -35,6 +35,14 @@ absl::Status ClusterStatus(ClusterMember& member,
     out->set_lease_ttl_seconds(ttl);
     out->set_modules(owned[info.replica]);
   }
+  MODELSTATE_ASSIGN_OR_RETURN(std::vector<RecordedCheckpoint> checkpoints,
+                              member.Checkpoints());
+  for (RecordedCheckpoint& recorded : checkpoints) {
+    v1::ReplicaCheckpoint* out = response->add_checkpoints();
+    out->set_replica(std::move(recorded.replica));
+    out->set_verifier_key(std::move(recorded.verifier_key));
+    out->set_note(std::move(recorded.note));
+  }
   for (const ModuleOwner& owner : owners) {
     v1::ModulePlacement* out = response->add_placements();
     out->set_module(owner.module);

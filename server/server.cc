@@ -375,6 +375,9 @@ absl::Status Server::PrepareCluster() {
   MODELSTATE_RETURN_IF_ERROR(volume.status());
   ClusterOptions options = config_.cluster;
   options.volume_id = *volume;
+  options.audit_checkpoint = [signer = checkpoints_.get()] {
+    return std::make_pair(signer->verifier_key(), signer->Latest());
+  };
   std::shared_ptr<grpc::ChannelCredentials> peers =
       grpc::InsecureChannelCredentials();
   if (!config_.tls_cert_file.empty()) {

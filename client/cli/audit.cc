@@ -65,6 +65,7 @@ absl::Status ShowVerification(Context& c,
 }
 
 absl::Status Verify(Context& c, const AuditArgs& a) {
+  if (a.cluster) return VerifyCluster(c, a);
   if (a.file.has_value() && (a.key.has_value() || a.checkpoint.has_value())) {
     return VerifyFileTree(c, a);
   }
@@ -209,6 +210,9 @@ void AddAuditCommand(CommandSet& commands) {
            "verify: a copy of audit.hashes, to name the first differing seq");
   AddValue(audit, "--size", args->size, "N", "prove: the tree size")
       ->check(PositiveInteger());
+  AddFlag(audit, "--cluster", args->cluster,
+          "verify: every replica of the server's cluster, each against the "
+          "checkpoint it recorded in etcd (admin)");
   AddFlag(audit, "--fresh", args->fresh,
           "checkpoint: sign one now if records came since the latest");
   AddValue(audit, "--state", args->state, "DIR",

@@ -42,6 +42,7 @@ struct AuditArgs {
   std::optional<std::string> hashes;      // a copy of audit.hashes
   std::optional<uint64_t> size;           // prove: the tree size
   bool fresh = false;                     // checkpoint: sign one now
+  bool cluster = false;                   // verify: every replica's log
   // witness
   std::optional<std::string> state;  // its state directory
   std::optional<std::string> name;   // its key name
@@ -57,6 +58,9 @@ absl::Status RunConsistency(Context& c, const AuditArgs& a);
 // audit verify --file with --key or --checkpoint: the chain, the signature
 // and the tree against the checkpoint.
 absl::Status VerifyFileTree(Context& c, const AuditArgs& a);
+// audit verify --cluster: each replica's log against the checkpoint it
+// recorded in etcd.
+absl::Status VerifyCluster(Context& c, const AuditArgs& a);
 absl::Status RunWitness(Context& c, const AuditArgs& a);
 
 }  // namespace modelstate::cli

@@ -1,7 +1,9 @@
 // audit checkpoint | key | prove | consistency, and audit verify of a local
 // log against a signed checkpoint: every proof is checked here, against a
 // checkpoint whose signature was checked with the log's verifier key.
+#include <algorithm>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -227,6 +229,87 @@ absl::Status RunConsistency(Context& c, const AuditArgs& a) {
           << " extends the checkpoint of size " << old_size << "\n";
   PrintHashes(c, proof);
   return absl::OkStatus();
+}
+
+namespace {
+
+// One replica's log: its chain (VerifyAudit), its latest checkpoint signed
+// by the key it recorded, and a consistency proof that the latest extends
+// the recorded one. OK, or why not.
+absl::StatusOr<std::string> VerifyReplica(
+    Context& c, const v1::ReplicaCheckpoint& recorded,
+    const std::string& address) {
+  MODELSTATE_ASSIGN_OR_RETURN(Checkpoint old_cp,
+                              OpenWithKey(recorded.note(),
+                                          recorded.verifier_key()));
+  MODELSTATE_ASSIGN_OR_RETURN(std::unique_ptr<client::ModelStateClient> rpc,
+                              c.ConnectTo(address));
+  MODELSTATE_ASSIGN_OR_RETURN(v1::VerifyAuditResponse chain,
+                              rpc->VerifyAudit());
+  if (!chain.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("the chain breaks at record ", chain.broken_seq(), ": ",
+                     chain.problem()));
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(v1::GetCheckpointResponse latest,
+                              rpc->GetCheckpoint(/*fresh=*/true));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Checkpoint new_cp,
+      OpenWithKey(latest.checkpoint(), recorded.verifier_key()));
+  if (new_cp.size < old_cp.size) {
+    return absl::DataLossError(
+        absl::StrCat("its log has ", new_cp.size,
+                     " records, fewer than the checkpoint in etcd (",
+                     old_cp.size, ")"));
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(
+      v1::GetConsistencyProofResponse response,
+      rpc->GetConsistencyProof(old_cp.size, new_cp.size));
+  MODELSTATE_ASSIGN_OR_RETURN(std::vector<MerkleHash> proof,
+                              Hashes(response.proof()));
+  MODELSTATE_RETURN_IF_ERROR(VerifyConsistency(
+      old_cp.size, new_cp.size, old_cp.root, new_cp.root, proof));
+  return absl::StrCat(chain.records(), " records; the tree of size ",
+                      new_cp.size, " extends the checkpoint in etcd (size ",
+                      old_cp.size, ")");
+}
+
+}  // namespace
+
+absl::Status VerifyCluster(Context& c, const AuditArgs&) {
+  MODELSTATE_ASSIGN_OR_RETURN(auto* rpc, c.Client());
+  MODELSTATE_ASSIGN_OR_RETURN(v1::GetClusterStatusResponse status,
+                              rpc->GetClusterStatus());
+  std::map<std::string, std::string> addresses;
+  for (const v1::ClusterMember& m : status.members()) {
+    addresses[m.replica()] = m.address();
+  }
+  bool all_ok = true;
+  for (const v1::ReplicaCheckpoint& recorded : status.checkpoints()) {
+    auto address = addresses.find(recorded.replica());
+    absl::StatusOr<std::string> verified =
+        address == addresses.end()
+            ? absl::UnavailableError("no live lease: its log cannot be read")
+            : VerifyReplica(c, recorded, address->second);
+    all_ok = all_ok && verified.ok();
+    c.out() << recorded.replica() << ": "
+            << (verified.ok() ? absl::StrCat("ok: ", *verified)
+                              : absl::StrCat("FAILED: ",
+                                             verified.status().message()))
+            << "\n";
+  }
+  for (const auto& [replica, address] : addresses) {
+    const bool recorded = std::any_of(
+        status.checkpoints().begin(), status.checkpoints().end(),
+        [&](const auto& r) { return r.replica() == replica; });
+    if (!recorded) {
+      all_ok = false;
+      c.out() << replica << ": FAILED: no checkpoint recorded in etcd\n";
+    }
+  }
+  if (all_ok) return absl::OkStatus();
+  return AlreadyShown(
+      absl::DataLossError("a replica's log does not check out"));
 }
 
 absl::Status VerifyFileTree(Context& c, const AuditArgs& a) {

@@ -42,6 +42,13 @@ absl::StatusOr<client::ModelStateClient*> Context::Client() {
   return client_.get();
 }
 
+absl::StatusOr<std::unique_ptr<client::ModelStateClient>> Context::ConnectTo(
+    const std::string& address) const {
+  MODELSTATE_ASSIGN_OR_RETURN(client::ClientOptions options,
+                              ConnectionOptions(globals_, env_.default_token));
+  return client::ModelStateClient::Connect(address, std::move(options));
+}
+
 absl::Status Context::PrintJson(const google::protobuf::Message& message) {
   google::protobuf::util::JsonPrintOptions options;
   options.preserve_proto_field_names = true;

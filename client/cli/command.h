@@ -59,6 +59,10 @@ class Context {
   bool ProgressEnabled() const;
   // The client, connected on first use with the global options.
   absl::StatusOr<client::ModelStateClient*> Client();
+  // A client of another server (a cluster's replica at `address`) with the
+  // same global options.
+  absl::StatusOr<std::unique_ptr<client::ModelStateClient>> ConnectTo(
+      const std::string& address) const;
   // Prints `message` on one line in protobuf's JSON mapping, with proto
   // field names; flushes, as tail and subscribe print as things happen.
   absl::Status PrintJson(const google::protobuf::Message& message);

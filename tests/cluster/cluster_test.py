@@ -13,8 +13,10 @@ Checked through the real Python client's stubs, against every replica:
 - a client that sends a forwarded identity itself is refused
   (UNAUTHENTICATED);
 - a SIGKILLed replica: its modules answer UNAVAILABLE naming it, the
-  others' answer; after its restart (same volume) its modules are back
-  with the state loaded before the kill;
+  others' answer, and `modelstatectl audit verify --cluster` fails naming
+  it; after its restart (same volume) its modules are back with the state
+  loaded before the kill, and every replica's log checks out against the
+  checkpoint it recorded in etcd;
 - a replica stopped (SIGSTOP) past its lease accepts no write after it
   resumes until it holds a live lease again;
 - with a token file, the owner applies the caller's roles to a forwarded
@@ -28,7 +30,7 @@ Checked through the real Python client's stubs, against every replica:
 
 Exits 77 (ctest SKIP_RETURN_CODE) when the etcd binary is absent.
 
-Usage: cluster_test.py SERVER_BINARY [unittest arguments]
+Usage: cluster_test.py SERVER_BINARY CLI_BINARY [unittest arguments]
 """
 
 import hashlib
@@ -56,7 +58,7 @@ from modelstate.v1 import model_state_service_pb2_grpc as pb_grpc  # noqa: E402,
 import server_process  # noqa: E402
 from etcd_process import Etcd  # noqa: E402
 
-SERVER_BINARY = None
+SERVER_BINARY = CLI_BINARY = None
 SKIP = 77
 LEASE_SECONDS = 3
 TIMEOUT = 20
@@ -151,6 +153,11 @@ class ClusterTest(unittest.TestCase):
                 yield pb.LoadStateDictRequest(data=data[i:i + 7])
         return self.stub(via).LoadStateDict(messages(), timeout=TIMEOUT,
                                             metadata=metadata)
+
+    def cli(self, via, *args):
+        return subprocess.run(
+            [CLI_BINARY, "--server=" + self.servers[via].address] +
+            list(args), capture_output=True, text=True, timeout=60)
 
     def test_1_placement_spreads_modules_and_each_has_one_owner(self):
         for i in range(6):
@@ -280,10 +287,26 @@ class ClusterTest(unittest.TestCase):
             else:
                 self.assertEqual(self.state(survivor, module)[1],
                                  before[module])
+        down = self.cli(survivor, "audit", "verify", "--cluster")
+        self.assertEqual(down.returncode, 1, down.stdout + down.stderr)
+        self.assertIn(victim + ": FAILED: no live lease", down.stdout)
         # Back with its volume: everything it owned answers, unchanged.
         self.servers[victim].start()
         for module in before:
             self.assertEqual(self.state(survivor, module)[1], before[module])
+        # Every replica's log extends the checkpoint it recorded in etcd.
+        up = self.cli(survivor, "audit", "verify", "--cluster")
+        self.assertEqual(up.returncode, 0, up.stdout + up.stderr)
+        lines = up.stdout.splitlines()
+        self.assertEqual([line.split(":")[0] for line in lines],
+                         sorted(self.servers), up.stdout)
+        for line in lines:
+            self.assertRegex(line, r"^r\d: ok: \d+ records; the tree of "
+                             r"size \d+ extends the checkpoint in etcd")
+        status = self.cli(survivor, "cluster", "status")
+        self.assertEqual(status.returncode, 0, status.stderr)
+        for module, owner in owners.items():
+            self.assertRegex(status.stdout, module + r" +" + owner)
 
     def test_6_a_stopped_replica_takes_no_write_after_its_lease(self):
         self.build("r0", "stop/m")
@@ -459,11 +482,12 @@ class EtcdAuthTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
+    if len(sys.argv) < 3:
         print(__doc__, file=sys.stderr)
         sys.exit(2)
     if shutil.which("etcd") is None:
         print("etcd is not installed: skipped", file=sys.stderr)
         sys.exit(SKIP)
     SERVER_BINARY = sys.argv.pop(1)
+    CLI_BINARY = sys.argv.pop(1)
     unittest.main(verbosity=2)

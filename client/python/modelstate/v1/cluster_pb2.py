@@ -13,7 +13,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bmodelstate/v1/cluster.proto\x12\rmodelstate.v1\"\x19\n\x17GetClusterStatusRequest\"o\n\rClusterMember\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x10\n\x08lease_id\x18\x03 \x01(\x03\x12\x19\n\x11lease_ttl_seconds\x18\x04 \x01(\x03\x12\x0f\n\x07modules\x18\x05 \x01(\x04\"D\n\x0fModulePlacement\x12\x0e\n\x06module\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x12\n\nowner_live\x18\x03 \x01(\x08\"\xa5\x01\n\x18GetClusterStatusResponse\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12-\n\x07members\x18\x02 \x03(\x0b\x32\x1c.modelstate.v1.ClusterMember\x12\x32\n\nplacements\x18\x03 \x03(\x0b\x32\x1e.modelstate.v1.ModulePlacement\x12\x15\n\retcd_revision\x18\x04 \x01(\x03\x32u\n\x0e\x43lusterService\x12\x63\n\x10GetClusterStatus\x12&.modelstate.v1.GetClusterStatusRequest\x1a\'.modelstate.v1.GetClusterStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bmodelstate/v1/cluster.proto\x12\rmodelstate.v1\"\x19\n\x17GetClusterStatusRequest\"o\n\rClusterMember\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x10\n\x08lease_id\x18\x03 \x01(\x03\x12\x19\n\x11lease_ttl_seconds\x18\x04 \x01(\x03\x12\x0f\n\x07modules\x18\x05 \x01(\x04\"D\n\x0fModulePlacement\x12\x0e\n\x06module\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x12\n\nowner_live\x18\x03 \x01(\x08\"H\n\x11ReplicaCheckpoint\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\x14\n\x0cverifier_key\x18\x02 \x01(\t\x12\x0c\n\x04note\x18\x03 \x01(\t\"\xdc\x01\n\x18GetClusterStatusResponse\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12-\n\x07members\x18\x02 \x03(\x0b\x32\x1c.modelstate.v1.ClusterMember\x12\x32\n\nplacements\x18\x03 \x03(\x0b\x32\x1e.modelstate.v1.ModulePlacement\x12\x15\n\retcd_revision\x18\x04 \x01(\x03\x12\x35\n\x0b\x63heckpoints\x18\x05 \x03(\x0b\x32 .modelstate.v1.ReplicaCheckpoint2u\n\x0e\x43lusterService\x12\x63\n\x10GetClusterStatus\x12&.modelstate.v1.GetClusterStatusRequest\x1a\'.modelstate.v1.GetClusterStatusResponseb\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'modelstate.v1.cluster_pb2', globals())
@@ -26,8 +26,10 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _CLUSTERMEMBER._serialized_end=184
   _MODULEPLACEMENT._serialized_start=186
   _MODULEPLACEMENT._serialized_end=254
-  _GETCLUSTERSTATUSRESPONSE._serialized_start=257
-  _GETCLUSTERSTATUSRESPONSE._serialized_end=422
-  _CLUSTERSERVICE._serialized_start=424
-  _CLUSTERSERVICE._serialized_end=541
+  _REPLICACHECKPOINT._serialized_start=256
+  _REPLICACHECKPOINT._serialized_end=328
+  _GETCLUSTERSTATUSRESPONSE._serialized_start=331
+  _GETCLUSTERSTATUSRESPONSE._serialized_end=551
+  _CLUSTERSERVICE._serialized_start=553
+  _CLUSTERSERVICE._serialized_end=670
 # @@protoc_insertion_point(module_scope)
