@@ -164,15 +164,27 @@ absl::Status EtcdClient::Invoke(Call call) {
   return status;
 }
 
+template <typename Stub, typename Request, typename Response>
+absl::StatusOr<Response> EtcdClient::Unary(
+    std::unique_ptr<Stub> Endpoint::*stub,
+    grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
+                                 Response*),
+    const Request& request) {
+  Response response;
+  MODELSTATE_RETURN_IF_ERROR(
+      Invoke([&](Endpoint& e, grpc::ClientContext* context) {
+        return ((*(e.*stub)).*method)(context, request, &response);
+      }));
+  return response;
+}
+
 absl::StatusOr<std::optional<EtcdKeyValue>> EtcdClient::Get(
     absl::string_view key) {
   pb::RangeRequest request;
   request.set_key(std::string(key));
-  pb::RangeResponse response;
-  MODELSTATE_RETURN_IF_ERROR(
-      Invoke([&](Endpoint& e, grpc::ClientContext* context) {
-        return e.kv->Range(context, request, &response);
-      }));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      pb::RangeResponse response,
+      Unary(&Endpoint::kv, &pb::KV::Stub::Range, request));
   if (response.kvs_size() == 0) return std::nullopt;
   return FromProto(response.kvs(0));
 }
@@ -182,11 +194,9 @@ absl::StatusOr<std::vector<EtcdKeyValue>> EtcdClient::GetPrefix(
   pb::RangeRequest request;
   request.set_key(std::string(prefix));
   request.set_range_end(PrefixEnd(prefix));
-  pb::RangeResponse response;
-  MODELSTATE_RETURN_IF_ERROR(
-      Invoke([&](Endpoint& e, grpc::ClientContext* context) {
-        return e.kv->Range(context, request, &response);
-      }));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      pb::RangeResponse response,
+      Unary(&Endpoint::kv, &pb::KV::Stub::Range, request));
   std::vector<EtcdKeyValue> out;
   out.reserve(response.kvs_size());
   for (const pb::KeyValue& kv : response.kvs()) out.push_back(FromProto(kv));
@@ -200,10 +210,7 @@ absl::Status EtcdClient::Put(absl::string_view key, absl::string_view value,
   request.set_key(std::string(key));
   request.set_value(std::string(value));
   request.set_lease(lease);
-  pb::PutResponse response;
-  return Invoke([&](Endpoint& e, grpc::ClientContext* context) {
-    return e.kv->Put(context, request, &response);
-  });
+  return Unary(&Endpoint::kv, &pb::KV::Stub::Put, request).status();
 }
 
 absl::StatusOr<bool> EtcdClient::CreateIfAbsent(
@@ -226,11 +233,9 @@ absl::StatusOr<bool> EtcdClient::CreateIfAbsent(
   put->set_key(std::string(key));
   put->set_value(std::string(value));
   put->set_lease(lease);
-  pb::TxnResponse response;
-  MODELSTATE_RETURN_IF_ERROR(
-      Invoke([&](Endpoint& e, grpc::ClientContext* context) {
-        return e.kv->Txn(context, request, &response);
-      }));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      pb::TxnResponse response,
+      Unary(&Endpoint::kv, &pb::KV::Stub::Txn, request));
   return response.succeeded();
 }
 
@@ -244,22 +249,18 @@ absl::StatusOr<bool> EtcdClient::DeleteIfValue(absl::string_view key,
   same->set_value(std::string(value));
   request.add_success()->mutable_request_delete_range()->set_key(
       std::string(key));
-  pb::TxnResponse response;
-  MODELSTATE_RETURN_IF_ERROR(
-      Invoke([&](Endpoint& e, grpc::ClientContext* context) {
-        return e.kv->Txn(context, request, &response);
-      }));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      pb::TxnResponse response,
+      Unary(&Endpoint::kv, &pb::KV::Stub::Txn, request));
   return response.succeeded();
 }
 
 absl::StatusOr<EtcdLease> EtcdClient::GrantLease(int64_t ttl_seconds) {
   pb::LeaseGrantRequest request;
   request.set_ttl(ttl_seconds);
-  pb::LeaseGrantResponse response;
-  MODELSTATE_RETURN_IF_ERROR(
-      Invoke([&](Endpoint& e, grpc::ClientContext* context) {
-        return e.lease->LeaseGrant(context, request, &response);
-      }));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      pb::LeaseGrantResponse response,
+      Unary(&Endpoint::lease, &pb::Lease::Stub::LeaseGrant, request));
   if (!response.error().empty()) {
     return absl::UnavailableError(
         absl::StrCat("etcd refused a lease: ", response.error()));
@@ -284,21 +285,17 @@ absl::StatusOr<int64_t> EtcdClient::KeepAlive(int64_t lease) {
 absl::StatusOr<int64_t> EtcdClient::TimeToLive(int64_t lease) {
   pb::LeaseTimeToLiveRequest request;
   request.set_id(lease);
-  pb::LeaseTimeToLiveResponse response;
-  MODELSTATE_RETURN_IF_ERROR(
-      Invoke([&](Endpoint& e, grpc::ClientContext* context) {
-        return e.lease->LeaseTimeToLive(context, request, &response);
-      }));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      pb::LeaseTimeToLiveResponse response,
+      Unary(&Endpoint::lease, &pb::Lease::Stub::LeaseTimeToLive, request));
   return response.ttl();
 }
 
 absl::Status EtcdClient::RevokeLease(int64_t lease) {
   pb::LeaseRevokeRequest request;
   request.set_id(lease);
-  pb::LeaseRevokeResponse response;
-  return Invoke([&](Endpoint& e, grpc::ClientContext* context) {
-    return e.lease->LeaseRevoke(context, request, &response);
-  });
+  return Unary(&Endpoint::lease, &pb::Lease::Stub::LeaseRevoke, request)
+      .status();
 }
 
 }  // namespace modelstate

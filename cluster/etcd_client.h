@@ -27,6 +27,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "base/sync.h"
+#include "grpcpp/grpcpp.h"
 
 namespace modelstate {
 
@@ -103,6 +104,13 @@ class EtcdClient {
   // expired token authenticates again once.
   template <typename Call>
   absl::Status Invoke(Call call);
+  // Invoke of one unary call: `method` of the endpoint's `stub`.
+  template <typename Stub, typename Request, typename Response>
+  absl::StatusOr<Response> Unary(
+      std::unique_ptr<Stub> Endpoint::*stub,
+      grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
+                                   Response*),
+      const Request& request);
   absl::Status Authenticate(size_t endpoint) ABSL_LOCKS_EXCLUDED(mu_);
 
   const EtcdOptions options_;

@@ -17,7 +17,6 @@ of machines can carry.
 import argparse
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -28,19 +27,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 
 from etcd_process import Etcd  # noqa: E402
+from python_transfer_bench import cli_seconds  # noqa: E402
 from server_process import Server  # noqa: E402
 
 MIB = 1 << 20
-
-
-def cli_seconds(cli, address, args):
-    """Runs modelstatectl; the seconds it reports for the transfer."""
-    out = subprocess.run([cli, "--server=" + address] + args, check=True,
-                         capture_output=True, text=True).stdout
-    match = re.search(r" in ([0-9.]+) s \(", out)
-    if not match:
-        raise RuntimeError(f"modelstatectl printed no timing: {out!r}")
-    return float(match.group(1))
 
 
 def main():
