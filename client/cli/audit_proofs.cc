@@ -298,7 +298,8 @@ absl::Status VerifyCluster(Context& c, const AuditArgs&) {
                                              verified.status().message()))
             << "\n";
   }
-  for (const auto& [replica, address] : addresses) {
+  for (const auto& member : addresses) {
+    const std::string& replica = member.first;
     const bool recorded = std::any_of(
         status.checkpoints().begin(), status.checkpoints().end(),
         [&](const auto& r) { return r.replica() == replica; });
