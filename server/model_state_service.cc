@@ -272,8 +272,7 @@ grpc::Status ModelStateServiceImpl::BuildModule(
       response);
   if (router_ != nullptr) {
     absl::StatusOr<ModuleName> name = ParseModuleName(request->module());
-    router_->BuildDone(request->module(),
-                       name.ok() && service_->Hosts(*name));
+    router_->BuildDone(request->module(), name.ok() && service_->Hosts(*name));
   }
   return status;
 }

@@ -236,20 +236,19 @@ namespace {
 // One replica's log: its chain (VerifyAudit), its latest checkpoint signed
 // by the key it recorded, and a consistency proof that the latest extends
 // the recorded one. OK, or why not.
-absl::StatusOr<std::string> VerifyReplica(
-    Context& c, const v1::ReplicaCheckpoint& recorded,
-    const std::string& address) {
-  MODELSTATE_ASSIGN_OR_RETURN(Checkpoint old_cp,
-                              OpenWithKey(recorded.note(),
-                                          recorded.verifier_key()));
+absl::StatusOr<std::string> VerifyReplica(Context& c,
+                                          const v1::ReplicaCheckpoint& recorded,
+                                          const std::string& address) {
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Checkpoint old_cp, OpenWithKey(recorded.note(), recorded.verifier_key()));
   MODELSTATE_ASSIGN_OR_RETURN(std::unique_ptr<client::ModelStateClient> rpc,
                               c.ConnectTo(address));
   MODELSTATE_ASSIGN_OR_RETURN(v1::VerifyAuditResponse chain,
                               rpc->VerifyAudit());
   if (!chain.ok()) {
-    return absl::DataLossError(
-        absl::StrCat("the chain breaks at record ", chain.broken_seq(), ": ",
-                     chain.problem()));
+    return absl::DataLossError(absl::StrCat("the chain breaks at record ",
+                                            chain.broken_seq(), ": ",
+                                            chain.problem()));
   }
   MODELSTATE_ASSIGN_OR_RETURN(v1::GetCheckpointResponse latest,
                               rpc->GetCheckpoint(/*fresh=*/true));
@@ -257,10 +256,9 @@ absl::StatusOr<std::string> VerifyReplica(
       Checkpoint new_cp,
       OpenWithKey(latest.checkpoint(), recorded.verifier_key()));
   if (new_cp.size < old_cp.size) {
-    return absl::DataLossError(
-        absl::StrCat("its log has ", new_cp.size,
-                     " records, fewer than the checkpoint in etcd (",
-                     old_cp.size, ")"));
+    return absl::DataLossError(absl::StrCat(
+        "its log has ", new_cp.size,
+        " records, fewer than the checkpoint in etcd (", old_cp.size, ")"));
   }
   MODELSTATE_ASSIGN_OR_RETURN(
       v1::GetConsistencyProofResponse response,
@@ -293,16 +291,16 @@ absl::Status VerifyCluster(Context& c, const AuditArgs&) {
             : VerifyReplica(c, recorded, address->second);
     all_ok = all_ok && verified.ok();
     c.out() << recorded.replica() << ": "
-            << (verified.ok() ? absl::StrCat("ok: ", *verified)
-                              : absl::StrCat("FAILED: ",
-                                             verified.status().message()))
+            << (verified.ok()
+                    ? absl::StrCat("ok: ", *verified)
+                    : absl::StrCat("FAILED: ", verified.status().message()))
             << "\n";
   }
   for (const auto& member : addresses) {
     const std::string& replica = member.first;
-    const bool recorded = std::any_of(
-        status.checkpoints().begin(), status.checkpoints().end(),
-        [&](const auto& r) { return r.replica() == replica; });
+    const bool recorded =
+        std::any_of(status.checkpoints().begin(), status.checkpoints().end(),
+                    [&](const auto& r) { return r.replica() == replica; });
     if (!recorded) {
       all_ok = false;
       c.out() << replica << ": FAILED: no checkpoint recorded in etcd\n";
