@@ -548,7 +548,17 @@ ModelStateServiceImpl::Subscribe(grpc::CallbackServerContext* context) {
   absl::StatusOr<Caller> caller = Authenticate(*context, "Subscribe");
   absl::StatusOr<std::unique_ptr<SubscriberSession>> session =
       caller.ok() ? service_->OpenSubscription(*caller) : caller.status();
-  return new SubscriptionReactor(std::move(session), service_->limits());
+  if (router_ == nullptr) {
+    return new SubscriptionReactor(std::move(session), service_->limits());
+  }
+  // At the subscriber's home replica, the other replicas' events are
+  // relayed; a relayed subscription itself relays nothing.
+  std::unique_ptr<SubscriptionRelay> relay;
+  if (session.ok() && !router_->IsForwarded(*context)) {
+    relay = std::make_unique<SubscriptionRelay>(router_, context);
+  }
+  return new SubscriptionReactor(std::move(session), service_->limits(),
+                                 router_->replica(), std::move(relay));
 }
 
 grpc::Status ModelStateServiceImpl::ListSubscribers(

@@ -36,11 +36,14 @@ class SubscriptionReactor::Channel : public SubscriberChannel {
 
 SubscriptionReactor::SubscriptionReactor(
     absl::StatusOr<std::unique_ptr<SubscriberSession>> session,
-    const Limits& limits)
+    const Limits& limits, std::string replica,
+    std::unique_ptr<SubscriptionRelay> relay)
     : max_queued_events_(limits.max_queued_events),
       max_queue_bytes_(limits.max_subscriber_queue_bytes),
       max_tensor_bytes_(limits.max_tensor_bytes),
-      channel_(std::make_shared<Channel>(this)) {
+      channel_(std::make_shared<Channel>(this)),
+      replica_(std::move(replica)),
+      relay_(std::move(relay)) {
   if (!session.ok()) {
     FinishOnce(session.status());
     return;
@@ -61,7 +64,9 @@ void SubscriptionReactor::OnReadDone(bool ok) {
   if (!ok) {
     // The subscriber closed its side (or the call was cancelled). Detached
     // before the stream ends, so once the client sees the end, no request
-    // waits for or is seen by this subscriber any more.
+    // waits for or is seen by this subscriber any more (nor, once their
+    // relayed subscriptions have ended, at other replicas).
+    if (relay_ != nullptr) relay_->Stop();
     session_->Detach();
     FinishOnce(absl::OkStatus());
     return;
@@ -82,11 +87,28 @@ void SubscriptionReactor::OnReadDone(bool ok) {
       return;
     }
     attached_ = true;
-    Queued ack;
-    ack.message = std::make_unique<v1::SubscribeResponse>();
-    ack.message->mutable_ack()->set_subscriber_id(*id);
-    ack.bytes = sizeof(v1::SubscribeResponse);
-    Push(std::move(ack));
+    if (relay_ != nullptr) {
+      absl::Status relayed = relay_->Start(
+          request_.subscription(),
+          [this](std::unique_ptr<v1::SubscribeResponse> event) {
+            Queued queued;
+            queued.bytes = event->ByteSizeLong();
+            queued.message = std::move(event);
+            Push(std::move(queued));
+          },
+          [this](const absl::Status& status) { FinishOnce(status); });
+      if (!relayed.ok()) {
+        relay_->Stop();
+        session_->Detach();
+        FinishOnce(relayed);
+        return;
+      }
+    }
+    PushAck(*id);
+  } else if (request_.payload_case() == v1::SubscribeRequest::kAnswer &&
+             relay_ != nullptr &&
+             SubscriptionRelay::IsRelayed(request_.answer().event_id())) {
+    relay_->Answer(std::move(*request_.mutable_answer()));
   } else if (request_.payload_case() == v1::SubscribeRequest::kAnswer) {
     session_->Answer(
         convert::AnswerFromProto(request_.mutable_answer(), max_tensor_bytes_));
@@ -149,7 +171,7 @@ void SubscriptionReactor::Push(Queued queued) {
     } else {
       queued_bytes_ += queued.bytes;
       queue_.push_back(std::move(queued));
-      if (!writing_) {
+      if (acked_ && !writing_) {
         writing_ = true;
         ++starting_writes_;
         start = &queue_.front();
@@ -158,6 +180,26 @@ void SubscriptionReactor::Push(Queued queued) {
   }
   if (start != nullptr) StartWriteThenAnyFinish(start);
   if (finish.has_value()) Finish(*std::move(finish));
+}
+
+void SubscriptionReactor::PushAck(uint64_t subscriber_id) {
+  Queued ack;
+  ack.message = std::make_unique<v1::SubscribeResponse>();
+  ack.message->mutable_ack()->set_subscriber_id(subscriber_id);
+  ack.bytes = sizeof(v1::SubscribeResponse);
+  Queued* start = nullptr;
+  {
+    MutexLock lock(&mu_);
+    if (finished_) return;
+    acked_ = true;
+    // No write has started before the ack, so the front is free to take.
+    queued_bytes_ += ack.bytes;
+    queue_.push_front(std::move(ack));
+    writing_ = true;
+    ++starting_writes_;
+    start = &queue_.front();
+  }
+  StartWriteThenAnyFinish(start);
 }
 
 void SubscriptionReactor::OnWriteDone(bool ok) {
@@ -191,6 +233,11 @@ void SubscriptionReactor::StartWriteThenAnyFinish(Queued* queued) {
     if (!converted.ok()) {
       // The values could not be read; send the event without them.
       queued->message->mutable_event()->clear_data();
+    }
+    if (!replica_.empty()) {
+      v1::HookEventProto* event = queued->message->mutable_event();
+      event->set_replica(replica_);
+      event->set_replica_event_id(event->event_id());
     }
   }
   StartWrite(queued->message.get());
@@ -228,6 +275,7 @@ void SubscriptionReactor::FinishOnce(const absl::Status& status) {
 }
 
 void SubscriptionReactor::OnDone() {
+  if (relay_ != nullptr) relay_->Stop();  // its threads call Push
   channel_->Disconnect();
   session_.reset();  // detaches, and gives the stream slot back
   delete this;

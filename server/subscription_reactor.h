@@ -8,6 +8,12 @@
 // queue holds the hub's events, whose tensors share their bytes with the
 // modules; only the message being written holds a copy.
 //
+// On a cluster member the reactor carries a SubscriptionRelay
+// (server/subscription_relay.h): events of the other replicas join the same
+// queue, and answers to them go back through the relay. The ack is the
+// stream's first message and is sent once the relay has subscribed at every
+// live member; events that come sooner wait behind it.
+//
 // Example:
 //   return new SubscriptionReactor(service->OpenSubscription(caller),
 //                                  service->limits());
@@ -23,6 +29,7 @@
 #include "base/sync.h"
 #include "grpcpp/grpcpp.h"
 #include "modelstate/v1/model_state_service.grpc.pb.h"
+#include "server/subscription_relay.h"
 #include "service/limits.h"
 #include "service/model_service.h"
 #include "service/subscriber_hub.h"
@@ -36,10 +43,13 @@ class SubscriptionReactor
  public:
   // `session` not OK: the call ends with its status at once (a refusal,
   // already audited). Uses limits.max_queued_events,
-  // max_subscriber_queue_bytes and max_tensor_bytes.
+  // max_subscriber_queue_bytes and max_tensor_bytes. `replica` (cluster
+  // members) names this replica in every event it sends; `relay` (a
+  // subscriber's home replica) brings the other replicas' events.
   SubscriptionReactor(
       absl::StatusOr<std::unique_ptr<SubscriberSession>> session,
-      const Limits& limits);
+      const Limits& limits, std::string replica = "",
+      std::unique_ptr<SubscriptionRelay> relay = nullptr);
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
@@ -59,6 +69,8 @@ class SubscriptionReactor
     uint64_t bytes = 0;  // what it holds, as counted against the bound
   };
   void Push(Queued queued);
+  // The ack goes first, ahead of the events queued since the attach.
+  void PushAck(uint64_t subscriber_id);
   // StartWrite of `queued`'s message (built now from its event if need
   // be), then the Finish that another thread asked for meanwhile.
   void StartWriteThenAnyFinish(Queued* queued) ABSL_LOCKS_EXCLUDED(mu_);
@@ -74,9 +86,11 @@ class SubscriptionReactor
   const uint64_t max_queue_bytes_;
   const uint64_t max_tensor_bytes_;
   const std::shared_ptr<Channel> channel_;
+  const std::string replica_;
 
   // Only touched by reactions, which gRPC never runs concurrently for reads.
   std::unique_ptr<SubscriberSession> session_;  // null when refused
+  std::unique_ptr<SubscriptionRelay> relay_;    // null but at a home
   v1::SubscribeRequest request_;
   bool attached_ = false;
 
@@ -86,6 +100,8 @@ class SubscriptionReactor
   // valid until its write is done.
   std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
   uint64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // The ack is queued: writes may start.
+  bool acked_ ABSL_GUARDED_BY(mu_) = false;
   // A write is outstanding (at most one at a time).
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   // Threads that have taken a message to write and not yet returned from

@@ -12,6 +12,11 @@ Checked through the real Python client's stubs, against every replica:
 - ListModules through any replica lists every replica's modules, in pages;
 - a client that sends a forwarded identity itself is refused
   (UNAUTHENTICATED);
+- cluster-wide hooks: a subscriber connected to one replica intercepts the
+  registrations of every replica (its verdicts enforced by each owner), in
+  one event-id space, each event naming the replica that decided it; its
+  replica SIGKILLed while an owner waits for its answer is a disconnect:
+  the fail-closed policy blocks the registration at once;
 - a SIGKILLed replica: its modules answer UNAVAILABLE naming it, the
   others' answer, and `modelstatectl audit verify --cluster` fails naming
   it; after its restart (same volume) its modules are back with the state
@@ -41,7 +46,9 @@ import signal
 import struct
 import subprocess
 import sys
+import queue
 import tempfile
+import threading
 import time
 import unittest
 
@@ -54,6 +61,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "python"))
 from modelstate.v1 import cluster_pb2  # noqa: E402
 from modelstate.v1 import cluster_pb2_grpc  # noqa: E402
 from modelstate.v1 import model_state_service_pb2 as pb  # noqa: E402
+from modelstate.v1 import module_pb2  # noqa: E402
 from modelstate.v1 import model_state_service_pb2_grpc as pb_grpc  # noqa: E402,E501
 import server_process  # noqa: E402
 from etcd_process import Etcd  # noqa: E402
@@ -62,6 +70,52 @@ SERVER_BINARY = CLI_BINARY = None
 SKIP = 77
 LEASE_SECONDS = 3
 TIMEOUT = 20
+
+
+class Subscriber:
+    """A Subscribe stream read on a thread: each event is kept and answered
+    with decide(event) (None: left unanswered)."""
+
+    def __init__(self, address, subscription, decide):
+        self.channel = grpc.insecure_channel(address)
+        self.requests = queue.Queue()
+        self.requests.put(pb.SubscribeRequest(subscription=subscription))
+        self.events = []
+        self.error = None
+        self.acked = threading.Event()
+
+        def requests():
+            while True:
+                request = self.requests.get()
+                if request is None:
+                    return
+                yield request
+        self.call = pb_grpc.ModelStateServiceStub(self.channel).Subscribe(
+            requests())
+        self.thread = threading.Thread(target=self.read, args=(decide,),
+                                       daemon=True)
+        self.thread.start()
+
+    def read(self, decide):
+        try:
+            for response in self.call:
+                if response.HasField("ack"):
+                    self.acked.set()
+                    continue
+                self.events.append(response.event)
+                answer = decide(response.event)
+                if answer is not None:
+                    answer.event_id = response.event.event_id
+                    self.requests.put(pb.SubscribeRequest(answer=answer))
+        except grpc.RpcError as e:
+            self.error = e
+        self.acked.set()
+
+    def close(self):
+        self.requests.put(None)
+        self.call.cancel()
+        self.thread.join(TIMEOUT)
+        self.channel.close()
 
 
 class ClusterTest(unittest.TestCase):
@@ -179,6 +233,115 @@ class ClusterTest(unittest.TestCase):
         with self.assertRaises(grpc.RpcError) as e:
             self.build("r2", "place/m0")
         self.assertEqual(e.exception.code(), grpc.StatusCode.ALREADY_EXISTS)
+
+    def subscribe(self, replica, subscription, decide):
+        subscriber = Subscriber(self.servers[replica].address, subscription,
+                                decide)
+        self.addCleanup(subscriber.close)
+        self.assertTrue(subscriber.acked.wait(TIMEOUT))
+        self.assertIsNone(subscriber.error)
+        return subscriber
+
+    def test_10_a_subscriber_sees_every_replicas_registrations(self):
+        home = "r1"
+
+        def no_biases(event):
+            if event.name == "bias":
+                return pb.HookAnswer(verdict=pb.HookAnswer.REJECT,
+                                     reason="no biases")
+            return pb.HookAnswer(verdict=pb.HookAnswer.APPROVE)
+        subscriber = self.subscribe(home, pb.Subscription(
+            name="policy", namespaces=["hooks"], timeout_ms=20000), no_biases)
+        # Built through r0 until every replica owns one (least loaded).
+        owners = {}
+        for i in range(15):
+            module = "hooks/m%d" % i
+            response = self.build("r0", module, seed=i)
+            outcome = {r.name: r for r in response.registrations}
+            self.assertEqual(outcome["weight"].outcome, module_pb2.OUTCOME_KEEP)
+            self.assertEqual(outcome["bias"].outcome, module_pb2.OUTCOME_BLOCK)
+            self.assertIn("no biases", outcome["bias"].reason)
+            owners[module] = self.owners()[module]
+            if set(owners.values()) == set(self.servers):
+                break
+        self.assertEqual(set(owners.values()), set(self.servers))
+        events = list(subscriber.events)
+        self.assertEqual(len(events), 2 * len(owners))
+        self.assertEqual(len({e.event_id for e in events}), len(events))
+        for e in events:
+            self.assertEqual(e.replica, owners[e.namespace + "/" + e.module], e)
+            if e.replica == home:
+                self.assertEqual(e.event_id, e.replica_event_id)
+            else:
+                self.assertEqual(e.event_id >> 63, 1)
+                self.assertEqual(e.event_id & (2**40 - 1), e.replica_event_id)
+        # Each owner's audit log holds the subscriber's rejection.
+        for module, owner in owners.items():
+            ns, name = module.split("/")
+            records = self.stub(owner).QueryAudit(pb.QueryAuditRequest(
+                filter=pb.AuditFilter(namespace=ns, module=name), limit=1000),
+                timeout=TIMEOUT).records
+            text = " ".join(str(r) for r in records)
+            self.assertIn("policy", text)
+            self.assertIn("no biases", text)
+        # A replica that restarts is subscribed to again (a new relay
+        # connection), and its registrations reach the subscriber once more.
+        module, victim = next((m, o) for m, o in owners.items() if o != home)
+        self.servers[victim].kill()
+        self.servers[victim].start()
+
+        def relayed_again():
+            names = [s.subscription.name for s in self.stub(victim)
+                     .ListSubscribers(pb.ListSubscribersRequest(),
+                                      timeout=TIMEOUT).subscribers]
+            return "policy" in names
+        self.wait_until("the relay to reach the restarted replica",
+                        relayed_again)
+        seen = len(subscriber.events)
+        self.stub(home).RegisterSubmodule(pb.RegisterSubmoduleRequest(
+            module=module, name="later", none=True), timeout=TIMEOUT)
+        later = subscriber.events[seen:]
+        self.assertEqual([(e.replica, e.name) for e in later],
+                         [(victim, "later")])
+        before = {e.event_id >> 40 for e in events if e.replica == victim}
+        self.assertNotIn(later[0].event_id >> 40, before)
+
+    def test_11_a_subscribers_replica_dying_is_a_disconnect(self):
+        self.build("r0", "dying/m")
+        owner = self.owners()["dying/m"]
+        home = next(r for r in sorted(self.servers) if r != owner)
+        delivered = threading.Event()
+        self.subscribe(home, pb.Subscription(
+            name="silent", namespaces=["dying"], timeout_ms=60000,
+            failure_policy=pb.Subscription.FAIL_CLOSED),
+            lambda event: delivered.set())  # never answers
+        result = {}
+
+        def register():
+            try:
+                result["response"] = self.stub(owner).RegisterSubmodule(
+                    pb.RegisterSubmoduleRequest(module="dying/m",
+                                                name="extra", none=True),
+                    timeout=TIMEOUT)
+            except grpc.RpcError as e:
+                result["error"] = e
+        call = threading.Thread(target=register)
+        call.start()
+        self.assertTrue(delivered.wait(TIMEOUT), "the event reached the "
+                        "subscriber through its replica")
+        killed = time.time()
+        self.servers[home].kill()
+        call.join(TIMEOUT)
+        self.assertLess(time.time() - killed, 15, "far within the subscriber's "
+                        "60 s timeout")
+        self.assertNotIn("response", result)
+        self.assertEqual(result["error"].code(),
+                         grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("subscriber silent disconnected (fail-closed)",
+                      result["error"].details())
+        self.servers[home].start()
+        self.wait_until("the replica to be back", lambda: home in [
+            m.replica for m in self.cluster_status(owner).members])
 
     def test_2_every_module_call_is_forwarded_to_the_owner(self):
         module = "fwd/lin"
