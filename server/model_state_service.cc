@@ -1,8 +1,11 @@
 #include "server/model_state_service.h"
 
 #include <algorithm>
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -23,6 +26,7 @@ namespace {
 using ChunkWriter = grpc::ServerWriter<v1::StateDictChunk>;
 using LoadReader = grpc::ServerReader<v1::LoadStateDictRequest>;
 using AuditWriter = grpc::ServerWriter<v1::AuditRecordProto>;
+using AuditSink = std::function<bool(v1::AuditRecordProto& record)>;
 
 absl::Status ClientWentAway() {
   return absl::CancelledError("client went away");
@@ -87,15 +91,17 @@ absl::Status ReceiveLoadData(grpc::ServerContext* context, LoadReader* reader,
 
 // Matching records as they are appended, until the client cancels; wakes
 // up at least once a second to notice.
+// Until the call is cancelled, or `stop` (when given) is set.
 absl::Status SendAuditRecords(grpc::ServerContext* context, AuditWatch& watch,
-                              AuditWriter* writer) {
-  while (!context->IsCancelled()) {
+                              const AuditSink& write,
+                              const std::atomic<bool>* stop) {
+  while (!context->IsCancelled() && (stop == nullptr || !stop->load())) {
     MODELSTATE_ASSIGN_OR_RETURN(std::vector<AuditRecord> records,
                                 watch.Next(absl::Seconds(1)));
     for (const AuditRecord& r : records) {
       v1::AuditRecordProto out;
       convert::AuditRecordToProto(r, &out);
-      if (!writer->Write(out)) return absl::CancelledError();
+      if (!write(out)) return absl::CancelledError();
     }
   }
   return absl::CancelledError();
@@ -225,6 +231,88 @@ grpc::Status ModelStateServiceImpl::ListClusterModules(
   }
   if (more && !merged.empty()) {
     response->set_next_page_token(response->modules().rbegin()->module());
+  }
+  return grpc::Status::OK;
+}
+
+namespace {
+
+// Time order across replicas; a replica's own records are in seq order.
+absl::Time RecordTime(const v1::AuditRecordProto& record) {
+  absl::Time time = absl::InfinitePast();
+  std::string error;
+  absl::ParseTime(absl::RFC3339_full, record.time(), &time, &error);
+  return time;
+}
+
+}  // namespace
+
+grpc::Status ModelStateServiceImpl::QueryClusterAudit(
+    grpc::ServerContext* context, const v1::QueryAuditRequest* request,
+    v1::QueryAuditResponse* response) {
+  // Each replica's first `limit` records after its own after_seq, merged
+  // by time: the first `limit` of the merge are the cluster's page, and
+  // each replica's next page starts after its last record on this one.
+  absl::StatusOr<std::vector<Peer>> others = router_->OtherMembers();
+  if (!others.ok()) return convert::ToGrpcStatus(others.status());
+  struct Page {
+    std::string replica;
+    uint64_t after_seq = 0;
+    v1::QueryAuditResponse records;
+  };
+  std::vector<Page> pages(others->size() + 1);
+  for (size_t i = 0; i < pages.size(); ++i) {
+    Page& page = pages[i];
+    page.replica = i == 0 ? router_->replica() : (*others)[i - 1].replica;
+    auto after = request->after_seqs().find(page.replica);
+    if (after != request->after_seqs().end()) page.after_seq = after->second;
+    v1::QueryAuditRequest own = *request;
+    own.set_cluster(false);
+    own.clear_after_seqs();
+    own.set_after_seq(page.after_seq);
+    grpc::Status status =
+        i == 0 ? QueryAudit(context, &own, &page.records)
+               : ForwardUnary(*router_, (*others)[i - 1], context,
+                              &Stub::QueryAudit, own, &page.records);
+    if (!status.ok()) {
+      return grpc::Status(
+          status.error_code(),
+          absl::StrCat("replica ", page.replica, ": ", status.error_message()));
+    }
+  }
+  struct Entry {
+    absl::Time time;
+    size_t page;
+    v1::AuditRecordProto* record;
+  };
+  std::vector<Entry> merged;
+  bool more = false;
+  for (size_t i = 0; i < pages.size(); ++i) {
+    for (v1::AuditRecordProto& record : *pages[i].records.mutable_records()) {
+      merged.push_back({RecordTime(record), i, &record});
+    }
+    more = more || pages[i].records.next_after_seq() != 0;
+  }
+  std::stable_sort(
+      merged.begin(), merged.end(), [](const Entry& a, const Entry& b) {
+        return a.time != b.time ? a.time < b.time : a.page < b.page;
+      });
+  const size_t limit =
+      request->limit() > 0 ? static_cast<size_t>(request->limit()) : 100;
+  if (merged.size() > limit) {
+    merged.resize(limit);
+    more = true;
+  }
+  for (Entry& entry : merged) {
+    Page& page = pages[entry.page];
+    page.after_seq = entry.record->seq();
+    entry.record->set_replica(page.replica);
+    *response->add_records() = std::move(*entry.record);
+  }
+  for (const Page& page : pages) {
+    response->add_replicas(page.replica);
+    if (more)
+      (*response->mutable_next_after_seqs())[page.replica] = page.after_seq;
   }
   return grpc::Status::OK;
 }
@@ -576,6 +664,13 @@ grpc::Status ModelStateServiceImpl::ListSubscribers(
 grpc::Status ModelStateServiceImpl::QueryAudit(
     grpc::ServerContext* context, const v1::QueryAuditRequest* request,
     v1::QueryAuditResponse* response) {
+  if (request->cluster()) {
+    if (router_ == nullptr) {
+      return convert::ToGrpcStatus(absl::InvalidArgumentError(
+          "cluster: this server is not a cluster member (--etcd_endpoints)"));
+    }
+    return QueryClusterAudit(context, request, response);
+  }
   return Serve(
       context, "QueryAudit", [&](const Caller& caller) -> absl::Status {
         MODELSTATE_ASSIGN_OR_RETURN(
@@ -592,16 +687,96 @@ grpc::Status ModelStateServiceImpl::QueryAudit(
 grpc::Status ModelStateServiceImpl::WatchAudit(
     grpc::ServerContext* context, const v1::WatchAuditRequest* request,
     AuditWriter* writer) {
+  if (request->cluster()) {
+    if (router_ == nullptr) {
+      return convert::ToGrpcStatus(absl::InvalidArgumentError(
+          "cluster: this server is not a cluster member (--etcd_endpoints)"));
+    }
+    return WatchClusterAudit(context, request, writer);
+  }
+  return WatchOwnAudit(
+      context, *request,
+      [writer](v1::AuditRecordProto& record) { return writer->Write(record); },
+      nullptr);
+}
+
+grpc::Status ModelStateServiceImpl::WatchOwnAudit(
+    grpc::ServerContext* context, const v1::WatchAuditRequest& request,
+    const AuditSink& write, const std::atomic<bool>* stop) {
   return Serve(
       context, "WatchAudit", [&](const Caller& caller) -> absl::Status {
         MODELSTATE_ASSIGN_OR_RETURN(
             AuditQuery query, convert::AuditQueryFromProto(
-                                  request->filter(), request->after_seq(), 0));
+                                  request.filter(), request.after_seq(), 0));
         MODELSTATE_ASSIGN_OR_RETURN(
             std::unique_ptr<AuditWatch> watch,
             service_->WatchAudit(caller, std::move(query)));
-        return SendAuditRecords(context, *watch, writer);
+        return SendAuditRecords(context, *watch, write, stop);
       });
+}
+
+grpc::Status ModelStateServiceImpl::WatchClusterAudit(
+    grpc::ServerContext* context, const v1::WatchAuditRequest* request,
+    AuditWriter* writer) {
+  // This replica's records on this thread, each other replica's from a
+  // forwarded watch on a thread of its own; one writer, one write at a
+  // time. The first to fail stops them all.
+  absl::StatusOr<std::vector<Peer>> others = router_->OtherMembers();
+  if (!others.ok()) return convert::ToGrpcStatus(others.status());
+  Mutex mu;
+  grpc::Status failure;  // guarded by mu
+  std::atomic<bool> stop{false};
+  auto writes_as = [&](const std::string& replica) -> AuditSink {
+    return [&, replica](v1::AuditRecordProto& record) {
+      record.set_replica(replica);
+      MutexLock lock(&mu);
+      return writer->Write(record);
+    };
+  };
+  auto own = [request](const std::string& replica) {
+    v1::WatchAuditRequest own = *request;
+    own.set_cluster(false);
+    own.clear_after_seqs();
+    auto after = request->after_seqs().find(replica);
+    if (after != request->after_seqs().end()) own.set_after_seq(after->second);
+    return own;
+  };
+  std::vector<std::unique_ptr<grpc::ClientContext>> calls;
+  std::vector<std::thread> threads;
+  for (const Peer& peer : *others) {
+    calls.push_back(router_->ForwardingContext(*context));
+    threads.emplace_back([&, peer, call = calls.back().get(),
+                          remote = own(peer.replica)] {
+      Stub stub(peer.channel);
+      std::unique_ptr<grpc::ClientReader<v1::AuditRecordProto>> reader =
+          stub.WatchAudit(call, remote);
+      AuditSink write = writes_as(peer.replica);
+      v1::AuditRecordProto record;
+      bool written = true;
+      while (!stop.load() && written && reader->Read(&record)) {
+        written = write(record);
+      }
+      const bool stopped = stop.exchange(true);
+      call->TryCancel();
+      grpc::Status status = reader->Finish();
+      if (stopped || !written) return;
+      if (status.ok()) {
+        status = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                              "its audit watch ended");
+      }
+      MutexLock lock(&mu);
+      failure = grpc::Status(
+          status.error_code(),
+          absl::StrCat("replica ", peer.replica, ": ", status.error_message()));
+    });
+  }
+  grpc::Status local = WatchOwnAudit(context, own(router_->replica()),
+                                     writes_as(router_->replica()), &stop);
+  stop.store(true);
+  for (const auto& call : calls) call->TryCancel();
+  for (std::thread& thread : threads) thread.join();
+  MutexLock lock(&mu);
+  return failure.ok() ? local : failure;
 }
 
 grpc::Status ModelStateServiceImpl::VerifyAudit(

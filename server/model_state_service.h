@@ -13,6 +13,9 @@
 #ifndef MODELSTATE_SERVER_MODEL_STATE_SERVICE_H_
 #define MODELSTATE_SERVER_MODEL_STATE_SERVICE_H_
 
+#include <atomic>
+#include <functional>
+
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "google/protobuf/message.h"
@@ -146,6 +149,21 @@ class ModelStateServiceImpl final
   grpc::Status ListClusterModules(grpc::ServerContext* context,
                                   const v1::ListModulesRequest* request,
                                   v1::ListModulesResponse* response);
+  // Where a watch's records go; false when the caller has gone.
+  using AuditSink = std::function<bool(v1::AuditRecordProto& record)>;
+  // WatchAudit of this replica's own log (until cancelled, or `stop`).
+  grpc::Status WatchOwnAudit(grpc::ServerContext* context,
+                             const v1::WatchAuditRequest& request,
+                             const AuditSink& write,
+                             const std::atomic<bool>* stop);
+  // WatchAudit with `cluster`: every live replica's records, as written.
+  grpc::Status WatchClusterAudit(
+      grpc::ServerContext* context, const v1::WatchAuditRequest* request,
+      grpc::ServerWriter<v1::AuditRecordProto>* writer);
+  // QueryAudit with `cluster`: every live replica's records, merged.
+  grpc::Status QueryClusterAudit(grpc::ServerContext* context,
+                                 const v1::QueryAuditRequest* request,
+                                 v1::QueryAuditResponse* response);
 
   ModelService* const service_;
   ClusterRouter* const router_;

@@ -40,6 +40,7 @@ absl::Status PrintRecord(Context& c, const v1::AuditRecordProto& r) {
   if (c.json()) return c.PrintJson(r);
   std::string module =
       r.module().empty() ? "" : absl::StrCat(r.namespace_(), "/", r.module());
+  if (!r.replica().empty()) c.out() << r.replica() << "  ";
   c.out() << absl::StrFormat(
                  "%6d  %s  %-15s %-8s %-20s %s  %s", r.seq(), r.time(),
                  r.type(), r.outcome().empty() ? "-" : r.outcome(), module,
@@ -91,6 +92,7 @@ absl::Status Query(Context& c, const AuditArgs& a) {
   v1::QueryAuditRequest request;
   *request.mutable_filter() = Filter(a);
   request.set_after_seq(a.after.value_or(0));
+  request.set_cluster(a.cluster);
   uint64_t printed = 0;
   while (printed < limit) {
     request.set_limit(
@@ -100,6 +102,11 @@ absl::Status Query(Context& c, const AuditArgs& a) {
     for (const v1::AuditRecordProto& r : response.records()) {
       MODELSTATE_RETURN_IF_ERROR(PrintRecord(c, r));
       ++printed;
+    }
+    if (a.cluster) {
+      if (response.next_after_seqs().empty()) break;
+      *request.mutable_after_seqs() = response.next_after_seqs();
+      continue;
     }
     if (response.next_after_seq() == 0) break;
     request.set_after_seq(response.next_after_seq());
@@ -114,6 +121,7 @@ absl::Status Tail(Context& c, const AuditArgs& a) {
   v1::WatchAuditRequest request;
   *request.mutable_filter() = Filter(a);
   request.set_after_seq(a.after.value_or(0));
+  request.set_cluster(a.cluster);
   std::unique_ptr<client::AuditWatch> watch = rpc->WatchAudit(request);
   std::thread waiter([&watch] {
     WaitForSignal();
@@ -212,7 +220,9 @@ void AddAuditCommand(CommandSet& commands) {
       ->check(PositiveInteger());
   AddFlag(audit, "--cluster", args->cluster,
           "verify: every replica of the server's cluster, each against the "
-          "checkpoint it recorded in etcd (admin)");
+          "checkpoint it recorded in etcd (admin); query and tail: every live "
+          "replica's records (query: merged in time order), each line led "
+          "by its replica");
   AddFlag(audit, "--fresh", args->fresh,
           "checkpoint: sign one now if records came since the latest");
   AddValue(audit, "--state", args->state, "DIR",

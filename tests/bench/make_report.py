@@ -306,6 +306,15 @@ def cluster_rows(table, c):
                   f"{fmt_s(ours)} ({rate(n, ours)})",
                   f"the owner, directly: {fmt_s(base)} ({rate(n, base)})",
                   f"{base / ours:.2f}x", ">= 0.8x", base / ours >= 0.8)
+    if "cluster_build_s" in c:
+        ours = c["cluster_build_s"]["median"]
+        base = c["single_build_s"]["median"]
+        table.add(f"Cluster: BuildModule {c['hooks_model']} with 1 interceptor "
+                  f"connected to another replica (every event and answer "
+                  f"relayed)", fmt_s(ours),
+                  f"a single server, its interceptor connected to it: "
+                  f"{fmt_s(base)}", f"{ours / base:.2f}x", "<= 1.2x",
+                  ours / base <= 1.2)
 
 
 def cuda_rows(table, cuda):

@@ -10,6 +10,9 @@ Checked through the real Python client's stubs, against every replica:
   stream), SetTraining, Forward and DeleteModule through a replica that
   does not own the module act on the owner, bit for bit;
 - ListModules through any replica lists every replica's modules, in pages;
+- QueryAudit with `cluster` through any replica merges every replica's
+  records in time order, each naming its replica, in pages that together
+  hold each record once; `modelstatectl audit query --cluster` too;
 - a client that sends a forwarded identity itself is refused
   (UNAUTHENTICATED);
 - cluster-wide hooks: a subscriber connected to one replica intercepts the
@@ -242,7 +245,7 @@ class ClusterTest(unittest.TestCase):
         self.assertIsNone(subscriber.error)
         return subscriber
 
-    def test_10_a_subscriber_sees_every_replicas_registrations(self):
+    def test_9a_a_subscriber_sees_every_replicas_registrations(self):
         home = "r1"
 
         def no_biases(event):
@@ -306,7 +309,7 @@ class ClusterTest(unittest.TestCase):
         before = {e.event_id >> 40 for e in events if e.replica == victim}
         self.assertNotIn(later[0].event_id >> 40, before)
 
-    def test_11_a_subscribers_replica_dying_is_a_disconnect(self):
+    def test_9b_a_subscribers_replica_dying_is_a_disconnect(self):
         self.build("r0", "dying/m")
         owner = self.owners()["dying/m"]
         home = next(r for r in sorted(self.servers) if r != owner)
@@ -403,6 +406,65 @@ class ClusterTest(unittest.TestCase):
                 if not token:
                     break
             self.assertEqual(names, ["list/m%d" % i for i in range(5)], via)
+
+    def test_9c_audit_queries_merge_every_replica(self):
+        for i in range(6):
+            self.build("r0", "merged/m%d" % i, seed=i)
+        owners = self.owners()
+
+        def query(**kwargs):
+            return self.stub("r2").QueryAudit(pb.QueryAuditRequest(
+                filter=pb.AuditFilter(namespace="merged"), cluster=True,
+                **kwargs), timeout=TIMEOUT)
+        whole = query(limit=1000)
+        self.assertEqual(sorted(whole.replicas), sorted(self.servers))
+        self.assertEqual(dict(whole.next_after_seqs), {})
+        builds = [r for r in whole.records if r.type == "build"]
+        self.assertEqual(sorted(r.module for r in builds),
+                         ["m%d" % i for i in range(6)])
+        for r in whole.records:
+            self.assertEqual(r.replica, owners["merged/" + r.module], r)
+        self.assertEqual(len({r.replica for r in builds}), 3)
+        times = [r.time for r in whole.records]
+        self.assertEqual(times, sorted(times))
+        # Pages of 2: every record once, in the same order.
+        paged, after = [], {}
+        for _ in range(len(whole.records) + 1):
+            page = query(limit=2, after_seqs=after)
+            self.assertLessEqual(len(page.records), 2)
+            paged.extend(page.records)
+            if not page.next_after_seqs:
+                break
+            after = dict(page.next_after_seqs)
+        self.assertEqual([(r.replica, r.seq) for r in paged],
+                         [(r.replica, r.seq) for r in whole.records])
+        # The CLI pages through the same, each line led by its replica.
+        out = self.cli("r1", "audit", "query", "--cluster", "--namespace",
+                       "merged")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        lines = out.stdout.splitlines()
+        self.assertEqual(len(lines), len(whole.records))
+        self.assertEqual([line.split()[0] for line in lines],
+                         [r.replica for r in whole.records])
+        # `audit tail --cluster` follows every replica's log as it grows:
+        # started first, it sees builds placed on each of the three.
+        tail = subprocess.Popen(
+            [CLI_BINARY, "--server=" + self.servers["r1"].address, "audit",
+             "tail", "--cluster", "--namespace", "tailed", "--type", "build",
+             "--limit", "6"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        self.addCleanup(tail.kill)
+        for i in range(6):
+            self.build("r0", "tailed/m%d" % i, seed=i)
+        out, err = tail.communicate(timeout=TIMEOUT)
+        self.assertEqual(tail.returncode, 0, err)
+        owners = self.owners()
+        tailed = [line.split() for line in out.splitlines()]
+        self.assertEqual(len(tailed), 6, out)
+        self.assertEqual(sorted((line[0], line[5])
+                                for line in tailed),
+                         sorted((owners["tailed/m%d" % i], "tailed/m%d" % i)
+                                for i in range(6)))
 
     def test_4_a_client_cannot_forward_an_identity(self):
         self.build("r0", "forge/m")
