@@ -14,6 +14,15 @@ real binaries:
   the tokens service makes match, and the real server accepts them.
 - deploy/k8s/*.yaml: the expected kinds, a hardened StatefulSet with gRPC
   probes, and flags in the ConfigMap that modelstate-server really has.
+- deploy/k8s-cluster: the overlay as kustomize renders it (its resources,
+  the base, the strategic merge patch): three replicas whose flags are
+  real, --etcd_endpoints and etcd's --initial-cluster naming exactly the
+  etcd StatefulSet's pods, the advertised address, the cluster secret and
+  CA mounts, and NetworkPolicies that let the servers (only) reach etcd's
+  client port and each other.
+- deploy/compose-cluster.yaml: three servers and etcd; real flags, the
+  advertised addresses and etcd endpoint matching the service names,
+  distinct replica ids and ports, and the secrets service's files.
 
 The binaries come from the environment (ctest sets both):
   MODELSTATE_SERVER_BINARY  modelstate-server, for --helpfull and ldd
@@ -40,6 +49,7 @@ import yaml  # Debian: python3-yaml
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 DEPLOY = os.path.join(ROOT, "deploy")
 K8S = os.path.join(DEPLOY, "k8s")
+K8S_CLUSTER = os.path.join(DEPLOY, "k8s-cluster")
 SERVER_BINARY = os.environ.get("MODELSTATE_SERVER_BINARY", "")
 CLI_BINARY = os.environ.get("MODELSTATE_CLI_BINARY", "")
 
@@ -728,6 +738,545 @@ class KubernetesTest(unittest.TestCase):
         self.assertEqual(annotations["prometheus.io/port"], str(metrics_port))
         self.assertEqual(annotations["prometheus.io/path"], "/metrics")
         self.assertEqual(flag_value(self.flags, "log_format"), "json")
+
+
+# ----------------------------------------------------------- cluster files --
+# The merge keys of the lists that the cluster overlay's strategic merge
+# patch touches (Kubernetes' API declares them); any other list is replaced.
+MERGE_KEYS = {"containers": "name", "env": "name", "volumeMounts": "mountPath",
+              "volumes": "name", "ports": "containerPort"}
+
+
+def strategic_merge(base, patch):
+    """`patch` over `base` as a strategic merge patch applies it, for the
+    fields used here: maps merge, lists with a merge key merge item by
+    item, other lists (args) and scalars are replaced."""
+    if not (isinstance(base, dict) and isinstance(patch, dict)):
+        return patch
+    out = dict(base)
+    for key, value in patch.items():
+        if key not in out:
+            out[key] = value
+        elif key in MERGE_KEYS and isinstance(value, list):
+            merge_key = MERGE_KEYS[key]
+            merged = list(out[key])
+            index = {item[merge_key]: i for i, item in enumerate(merged)}
+            for item in value:
+                if item[merge_key] in index:
+                    i = index[item[merge_key]]
+                    merged[i] = strategic_merge(merged[i], item)
+                else:
+                    merged.append(item)
+            out[key] = merged
+        else:
+            out[key] = strategic_merge(out[key], value)
+    return out
+
+
+def kustomize(directory):
+    """The objects `kubectl apply -k directory` would apply: resources
+    (files, and directories as bases) and strategic merge patches; the
+    other transformers (images) are left out."""
+    k = yaml.safe_load(read(os.path.join(directory, "kustomization.yaml")))
+    docs = []
+    for resource in k.get("resources", []):
+        path = os.path.normpath(os.path.join(directory, resource))
+        if os.path.isdir(path):
+            # kustomize refuses a base at or above the kustomization: a
+            # "cycle" to it.
+            here = os.path.realpath(directory)
+            base = os.path.realpath(path)
+            assert not (here == base or here.startswith(base + os.sep)), \
+                "%s: base %s contains the kustomization" % (directory, resource)
+            docs += kustomize(path)
+        else:
+            docs += yaml_docs(path)
+    for entry in k.get("patches", []):
+        for patch in yaml_docs(os.path.join(directory, entry["path"])):
+            targets = [i for i, d in enumerate(docs)
+                       if (d["kind"], d["metadata"]["name"])
+                       == (patch["kind"], patch["metadata"]["name"])]
+            assert len(targets) == 1, "patch %s matches %d objects" % (
+                entry["path"], len(targets))
+            docs[targets[0]] = strategic_merge(docs[targets[0]], patch)
+    return docs
+
+
+def selects(selector, labels):
+    """Whether a label selector (matchLabels only) selects `labels`."""
+    assert set(selector) <= {"matchLabels"}, "unsupported selector %s" % selector
+    return selector.get("matchLabels", {}).items() <= labels.items()
+
+
+def ingress_allowed(policies, source, target, port):
+    """Whether NetworkPolicies (one namespace) let a pod labelled `source`
+    reach a pod labelled `target` on TCP `port`, both in that namespace.
+    Policies add up; a pod no policy selects accepts everything."""
+    selecting = [p["spec"] for p in policies
+                 if selects(p["spec"]["podSelector"], target)
+                 and "Ingress" in p["spec"].get("policyTypes", ["Ingress"])]
+    if not selecting:
+        return True
+    for spec in selecting:
+        for rule in spec.get("ingress", []):
+            ports = rule.get("ports")
+            if ports is not None and not any(
+                    p.get("protocol", "TCP") == "TCP" and p.get("port") == port
+                    for p in ports):
+                continue
+            if not rule.get("from"):
+                return True
+            for peer in rule["from"]:
+                assert set(peer) <= {"podSelector", "namespaceSelector"}, peer
+                # An empty namespaceSelector is every namespace, this one too.
+                assert peer.get("namespaceSelector", {}) == {}, peer
+                if selects(peer.get("podSelector", {}), source):
+                    return True
+    return False
+
+
+def url_host_port(url):
+    """("host", port) of http://host:port."""
+    m = re.match(r"^https?://([^:/]+):(\d+)$", url)
+    assert m, "not http://host:port: %s" % url
+    return m.group(1), int(m.group(2))
+
+
+class KubernetesClusterTest(unittest.TestCase):
+    """deploy/k8s-cluster, the overlay for three replicas and etcd."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.kustomization = yaml.safe_load(
+            read(os.path.join(K8S_CLUSTER, "kustomization.yaml")))
+        cls.docs = kustomize(K8S_CLUSTER)
+        cls.by_id = {(d["kind"], d["metadata"]["name"]): d for d in cls.docs}
+        cls.sts = cls.by_id[("StatefulSet", "modelstate")]
+        cls.pod = cls.sts["spec"]["template"]["spec"]
+        cls.container = [c for c in cls.pod["containers"] if c["name"] == "server"][0]
+        cls.mounts = {m["mountPath"]: m for m in cls.container["volumeMounts"]}
+        cls.volumes = {v["name"]: v for v in cls.pod["volumes"]}
+        cls.etcd = cls.by_id[("StatefulSet", "modelstate-etcd")]
+        cls.etcd_pod = cls.etcd["spec"]["template"]["spec"]
+        cls.etcd_container = cls.etcd_pod["containers"][0]
+        cls.etcd_args = cls.etcd_container.get("command", [])[1:] + \
+            cls.etcd_container.get("args", [])
+        cls.example_secrets = {
+            s["metadata"]["name"]: s
+            for s in yaml_docs(os.path.join(K8S_CLUSTER, "secret.yaml"))}
+        # The flags of each --flagfile, by file name, in order.
+        cls.flagfiles = {}
+        for arg in cls.container["args"]:
+            if arg.startswith("--flagfile="):
+                path = arg.split("=", 1)[1]
+                volume = cls.volumes[cls.mounts[posixpath.dirname(path)]["name"]]
+                configmap = cls.by_id[("ConfigMap", volume["configMap"]["name"])]
+                text = configmap["data"][posixpath.basename(path)]
+                cls.flagfiles[posixpath.basename(path)] = [
+                    l.strip() for l in text.splitlines()
+                    if l.strip() and not l.strip().startswith("#")]
+        cls.cluster_flags = cls.flagfiles.get("cluster.flags", [])
+        # Everything the server is given; later flags win.
+        cls.flags = [f for flags in cls.flagfiles.values() for f in flags] + \
+            [a for a in cls.container["args"] if not a.startswith("--flagfile=")]
+
+    def env(self, container):
+        return {e["name"]: e for e in container.get("env", [])}
+
+    def test_kustomization_lists_its_resources(self):
+        k = self.kustomization
+        self.assertEqual(k["kind"], "Kustomization")
+        here = os.path.realpath(K8S_CLUSTER)
+        files = set()
+        for resource in k["resources"]:
+            path = os.path.realpath(os.path.join(K8S_CLUSTER, resource))
+            if os.path.isdir(path):
+                self.assertTrue(os.path.isfile(os.path.join(path, "kustomization.yaml")),
+                                resource)
+                # kustomize refuses a base at or above the overlay ("cycle").
+                self.assertFalse(here == path or here.startswith(path + os.sep),
+                                 "base %s contains the overlay" % resource)
+            else:
+                # ...and, by default, files from outside the overlay.
+                self.assertEqual(os.path.dirname(path), here, resource)
+                files.add(os.path.basename(path))
+        self.assertIn(os.path.realpath(K8S), [os.path.realpath(os.path.join(K8S_CLUSTER, r))
+                                              for r in k["resources"]])
+        patches = set()
+        for entry in k["patches"]:
+            self.assertEqual(set(entry), {"path"}, "a strategic merge patch file")
+            self.assertTrue(os.path.isfile(os.path.join(K8S_CLUSTER, entry["path"])))
+            patches.add(entry["path"])
+        manifests = {f for f in os.listdir(K8S_CLUSTER) if f.endswith(".yaml")}
+        # Applying the placeholder Secret would overwrite the real one.
+        self.assertEqual(files, manifests - patches - {"kustomization.yaml", "secret.yaml"})
+        # kustomize refuses two objects with one kind and name.
+        ids = [(d["kind"], d["metadata"]["name"]) for d in self.docs]
+        self.assertEqual(len(ids), len(set(ids)))
+
+    def test_statefulset_runs_three_replicas(self):
+        self.assertEqual(self.sts["spec"]["replicas"], 3)
+        base = yaml_docs(os.path.join(K8S, "statefulset.yaml"))[0]
+        self.assertEqual(base["spec"]["replicas"], 1)
+        # The patch adds to the base's pod; it keeps its volumes and flags.
+        base_container = base["spec"]["template"]["spec"]["containers"][0]
+        for mount in base_container["volumeMounts"]:
+            self.assertIn(mount["mountPath"], self.mounts)
+        self.assertEqual(self.container["args"][0], base_container["args"][0])
+        self.assertEqual(list(self.flagfiles), ["server.flags", "cluster.flags"])
+
+    @unittest.skipUnless(SERVER_BINARY, "MODELSTATE_SERVER_BINARY not set")
+    def test_cluster_flags_are_server_flags(self):
+        known = server_flags()
+        self.assertIn("etcd_endpoints", known)  # the --helpfull parsing works
+        self.assertTrue(self.cluster_flags)
+        for line in self.cluster_flags:
+            self.assertTrue(line.startswith("--"), line)
+        missing = [l for l in self.cluster_flags if flag_name(l) not in known]
+        self.assertEqual(missing, [], "flags modelstate-server does not have")
+        for arg in self.container["args"]:
+            self.assertIn(flag_name(arg), known | {"flagfile"})
+
+    def etcd_service(self):
+        service = self.by_id[("Service", self.etcd["spec"]["serviceName"])]
+        self.assertEqual(service["spec"]["clusterIP"], "None")
+        # The members find each other by name before any is ready.
+        self.assertIs(service["spec"].get("publishNotReadyAddresses"), True)
+        labels = self.etcd["spec"]["template"]["metadata"]["labels"]
+        self.assertTrue(selects({"matchLabels": service["spec"]["selector"]}, labels))
+        return service["metadata"]["name"]
+
+    def etcd_port(self, name):
+        ports = {p["name"]: p["containerPort"] for p in self.etcd_container["ports"]}
+        return ports[name]
+
+    def etcd_pods(self):
+        return ["%s-%d" % (self.etcd["metadata"]["name"], i)
+                for i in range(self.etcd["spec"]["replicas"])]
+
+    def test_etcd_endpoints_name_the_etcd_pods(self):
+        service = self.etcd_service()
+        client = self.etcd_port("client")
+        self.assertEqual(port_of(flag_value(self.etcd_args, "listen-client-urls")), client)
+        endpoints = flag_value(self.cluster_flags, "etcd_endpoints").split(",")
+        self.assertEqual(endpoints,
+                         ["%s.%s:%d" % (pod, service, client) for pod in self.etcd_pods()])
+        self.assertEqual(len(endpoints), 3)
+
+    def test_etcd_initial_cluster_names_the_same_pods(self):
+        service = self.etcd_service()
+        peer = self.etcd_port("peer")
+        self.assertEqual(port_of(flag_value(self.etcd_args, "listen-peer-urls")), peer)
+        members = dict(m.split("=", 1)
+                       for m in flag_value(self.etcd_args, "initial-cluster").split(","))
+        self.assertEqual(sorted(members), self.etcd_pods())
+        for pod, url in members.items():
+            self.assertEqual(url_host_port(url), ("%s.%s" % (pod, service), peer))
+        # Each member names itself as --initial-cluster names it.
+        self.assertEqual(flag_value(self.etcd_args, "name"), "$(POD_NAME)")
+        self.assertEqual(flag_value(self.etcd_args, "initial-advertise-peer-urls"),
+                         "http://$(POD_NAME).%s:%d" % (service, peer))
+        self.assertEqual(flag_value(self.etcd_args, "advertise-client-urls"),
+                         "http://$(POD_NAME).%s:%d" % (service, self.etcd_port("client")))
+        pod_name = self.env(self.etcd_container)["POD_NAME"]
+        self.assertEqual(pod_name["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name")
+        self.assertEqual(flag_value(self.etcd_args, "initial-cluster-state"), "new")
+        # A new cluster needs its quorum before any member is ready.
+        self.assertEqual(self.etcd["spec"]["podManagementPolicy"], "Parallel")
+
+    def test_etcd_statefulset(self):
+        c, psc = self.etcd_container, self.etcd_pod["securityContext"]
+        self.assertEqual(c["image"], "quay.io/coreos/etcd:v3.4.27")
+        sc = c["securityContext"]
+        self.assertIs(sc.get("runAsNonRoot", psc.get("runAsNonRoot")), True)
+        self.assertNotEqual(sc.get("runAsUser", psc.get("runAsUser")), 0)
+        self.assertIs(sc["readOnlyRootFilesystem"], True)
+        self.assertIs(sc["allowPrivilegeEscalation"], False)
+        self.assertIn("ALL", sc["capabilities"]["drop"])
+        self.assertIn("fsGroup", psc)
+        self.assertIs(self.etcd_pod.get("automountServiceAccountToken"), False)
+        # Probes run inside the pod: the NetworkPolicy keeps 2379 from
+        # everyone but the servers, the kubelet too on some plugins.
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            self.assertEqual(c[probe]["exec"]["command"][0], "/usr/local/bin/etcdctl", probe)
+        # The data directory lies on the volume claim, below its root.
+        claims = [t["metadata"]["name"] for t in self.etcd["spec"]["volumeClaimTemplates"]]
+        data_dir = flag_value(self.etcd_args, "data-dir")
+        mount = [m for m in c["volumeMounts"]
+                 if data_dir.startswith(m["mountPath"].rstrip("/") + "/")]
+        self.assertEqual(len(mount), 1, data_dir)
+        self.assertIn(mount[0]["name"], claims)
+        for part in ("requests", "limits"):
+            self.assertLessEqual({"cpu", "memory"}, set(c["resources"][part]), part)
+
+    def test_etcd_is_not_selected_as_modelstate(self):
+        etcd_labels = self.etcd["spec"]["template"]["metadata"]["labels"]
+        ms_labels = self.sts["spec"]["template"]["metadata"]["labels"]
+        self.assertFalse(selects(self.sts["spec"]["selector"], etcd_labels))
+        self.assertFalse(selects(self.etcd["spec"]["selector"], ms_labels))
+        for d in self.docs:
+            if d["kind"] == "Service" and d["metadata"]["name"] != self.etcd_service():
+                self.assertFalse(selects({"matchLabels": d["spec"]["selector"]},
+                                         etcd_labels), d["metadata"]["name"])
+
+    def test_advertise_address_is_the_pod_name(self):
+        headless = self.by_id[("Service", self.sts["spec"]["serviceName"])]
+        self.assertEqual(headless["spec"]["clusterIP"], "None")
+        port = port_of(flag_value(self.flags, "listen"))
+        self.assertEqual(flag_value(self.container["args"], "advertise_address"),
+                         "$(POD_NAME).%s.$(POD_NAMESPACE).svc:%d"
+                         % (headless["metadata"]["name"], port))
+        env = self.env(self.container)
+        for name, field in (("POD_NAME", "metadata.name"),
+                            ("POD_NAMESPACE", "metadata.namespace")):
+            self.assertEqual(env[name]["valueFrom"]["fieldRef"]["fieldPath"], field)
+        # The kubelet leaves a $(VAR) it has no value for as it is.
+        for arg in self.container["args"]:
+            for var in re.findall(r"\$\((\w+)\)", arg):
+                self.assertIn(var, env, arg)
+        # The replica id is the default, the host name: the pod's name.
+        self.assertIsNone(flag_value(self.flags, "replica_id"))
+
+    def test_cluster_secret_is_mounted_from_its_secret(self):
+        path = flag_value(self.cluster_flags, "cluster_secret_file")
+        mount = self.mounts[posixpath.dirname(path)]
+        self.assertIs(mount.get("readOnly"), True)
+        name = self.volumes[mount["name"]]["secret"]["secretName"]
+        self.assertIn(name, self.example_secrets)
+        placeholder = self.example_secrets[name]["stringData"][posixpath.basename(path)]
+        # The server refuses a secret under 16 bytes: a placeholder applied
+        # by mistake stops the server rather than becoming the secret.
+        self.assertLess(len(placeholder.encode()), 16)
+        self.assertRegex(read(os.path.join(K8S_CLUSTER, "secret.yaml")),
+                         r"kubectl create secret generic %s\b" % re.escape(name))
+
+    def test_cluster_ca_is_the_tls_ca(self):
+        # The base's servers use TLS, so the server wants --cluster_ca_file.
+        self.assertIsNotNone(flag_value(self.flags, "tls_cert_file"))
+        path = flag_value(self.cluster_flags, "cluster_ca_file")
+        self.assertEqual(path, flag_value(self.flags, "tls_client_ca_file"))
+        volume = self.volumes[self.mounts[posixpath.dirname(path)]["name"]]
+        base_secrets = {s["metadata"]["name"]: s
+                        for s in yaml_docs(os.path.join(K8S, "secret.yaml"))}
+        secret = base_secrets[volume["secret"]["secretName"]]
+        self.assertIn(posixpath.basename(path), secret["stringData"])
+
+    def test_network_policies(self):
+        policies = [d for d in self.docs if d["kind"] == "NetworkPolicy"]
+        server = self.sts["spec"]["template"]["metadata"]["labels"]
+        etcd = self.etcd["spec"]["template"]["metadata"]["labels"]
+        client = {"modelstate-client": "true"}
+        other = {"app": "other"}
+        client_port = self.etcd_port("client")
+        peer_port = self.etcd_port("peer")
+        api_port = port_of(flag_value(self.flags, "listen"))
+        allowed = [(server, etcd, client_port), (etcd, etcd, peer_port),
+                   (server, server, api_port), (client, server, api_port)]
+        refused = [(client, etcd, client_port), (other, etcd, client_port),
+                   (etcd, etcd, client_port), (server, etcd, peer_port),
+                   (other, etcd, peer_port), (other, server, api_port),
+                   (etcd, server, api_port)]
+        for source, target, port in allowed:
+            self.assertTrue(ingress_allowed(policies, source, target, port),
+                            "%s -> %s:%d refused" % (source, target, port))
+        for source, target, port in refused:
+            self.assertFalse(ingress_allowed(policies, source, target, port),
+                             "%s -> %s:%d let in" % (source, target, port))
+        for policy in policies:
+            for rule in policy["spec"]["ingress"]:
+                self.assertIn("ports", rule, "a rule without ports opens every port")
+
+
+def compose_argv(service, image_entrypoint):
+    """The server flags a compose service runs with: the image's
+    ENTRYPOINT arguments, then its command (which replaces the CMD)."""
+    return image_entrypoint[1:] + list(service.get("command", []))
+
+
+class ComposeClusterTest(unittest.TestCase):
+    """deploy/compose-cluster.yaml, a local three-replica cluster."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.path = os.path.join(DEPLOY, "compose-cluster.yaml")
+        cls.compose = yaml.safe_load(read(cls.path))
+        cls.services = cls.compose["services"]
+        cls.single = yaml.safe_load(read(os.path.join(DEPLOY, "compose.yaml")))
+        runtime = parse_dockerfile(read(os.path.join(ROOT, "Dockerfile")))[-1]
+        cls.entrypoint = exec_form(steps(runtime, "ENTRYPOINT")[-1])
+        cls.servers = {name: compose_argv(svc, cls.entrypoint)
+                       for name, svc in cls.services.items()
+                       if any(str(a).startswith("--etcd_endpoints=")
+                              for a in svc.get("command", []))}
+
+    def made_by_secrets_service(self, service, path):
+        """`path`, as `service` sees it, is a file the secrets service makes
+        on a volume they share."""
+        directory, name = posixpath.split(path)
+        self.assertIn(directory, mounts(self.services[service]), path)
+        volume = mounts(self.services[service])[directory][0]
+        made_in = {source: target for target, (source, _)
+                   in mounts(self.services["secrets"]).items()}
+        self.assertIn(volume, made_in, "%s is not on the secrets volume" % path)
+        script = self.services["secrets"]["entrypoint"][-1]
+        self.assertRegex(script, r"(?m)^cd %s$" % re.escape(made_in[volume]))
+        self.assertRegex(script, r"(?m)(> ?|mv \S+ )%s$" % re.escape(name))
+
+    def test_services(self):
+        self.assertEqual(sorted(self.servers), ["server-1", "server-2", "server-3"])
+        self.assertLessEqual({"etcd", "secrets"}, set(self.services))
+        # Its own project: by default compose names both files' projects
+        # after their directory, and they would share volumes.
+        self.assertTrue(self.compose.get("name"))
+        self.assertNotEqual(self.compose["name"], self.single.get("name", "deploy"))
+        # The same image build as compose.yaml.
+        single = self.single["services"]["server"]
+        for name in list(self.servers) + ["secrets"]:
+            svc = self.services[name]
+            self.assertEqual(svc["build"], single["build"], name)
+            self.assertEqual(svc["image"], single["image"], name)
+        # The same etcd as the Kubernetes overlay.
+        etcd = [d for d in yaml_docs(os.path.join(K8S_CLUSTER, "etcd.yaml"))
+                if d["kind"] == "StatefulSet"][0]
+        self.assertEqual(self.services["etcd"]["image"],
+                         etcd["spec"]["template"]["spec"]["containers"][0]["image"])
+
+    def etcd_client_port(self):
+        args = self.services["etcd"]["command"]
+        port = port_of(flag_value(args, "listen-client-urls"))
+        self.assertEqual(url_host_port(flag_value(args, "advertise-client-urls")),
+                         ("etcd", port))
+        return port
+
+    def test_servers_find_etcd_and_each_other(self):
+        replica_ids, host_ports = set(), set()
+        for name, argv in self.servers.items():
+            svc = self.services[name]
+            listen = flag_value(argv, "listen")
+            self.assertEqual(listen, "0.0.0.0:50051", name)
+            # Off loopback: a token file, and --plaintext without TLS.
+            self.assertIn("--plaintext", svc["command"], name)
+            self.made_by_secrets_service(name, flag_value(argv, "token_file"))
+            self.made_by_secrets_service(name, flag_value(argv, "cluster_secret_file"))
+            self.assertEqual(flag_value(argv, "etcd_endpoints"),
+                             "etcd:%d" % self.etcd_client_port(), name)
+            # The other replicas reach it by its service name.
+            self.assertEqual(flag_value(argv, "advertise_address"),
+                             "%s:%d" % (name, port_of(listen)))
+            replica_ids.add(flag_value(argv, "replica_id"))
+            for port in svc["ports"]:
+                host, host_port, container_port = str(port).split(":")
+                self.assertEqual(host, "127.0.0.1", "plaintext beyond loopback")
+                self.assertEqual(int(container_port), port_of(listen))
+                host_ports.add(int(host_port))
+            self.assertIn("/data", mounts(svc))
+            self.assertEqual(svc["depends_on"]["secrets"]["condition"],
+                             "service_completed_successfully")
+            self.assertEqual(svc["depends_on"]["etcd"]["condition"], "service_healthy")
+            # The image's health check applies: it asks 127.0.0.1, where
+            # this server listens, and health needs no token.
+            self.assertNotIn("healthcheck", svc)
+        self.assertNotIn(None, replica_ids)
+        self.assertEqual(len(replica_ids), len(self.servers), "replica ids not distinct")
+        self.assertEqual(host_ports, {50051, 50052, 50053})
+        data = [mounts(self.services[n])["/data"][0] for n in self.servers]
+        self.assertEqual(len(set(data)), len(data), "servers share a data volume")
+
+    @unittest.skipUnless(SERVER_BINARY, "MODELSTATE_SERVER_BINARY not set")
+    def test_server_arguments_are_server_flags(self):
+        known = server_flags()
+        self.assertIn("advertise_address", known)  # the --helpfull parsing works
+        for name, argv in self.servers.items():
+            missing = [a for a in argv if flag_name(a) not in known]
+            self.assertEqual(missing, [], "%s: flags modelstate-server does not have" % name)
+
+    def test_etcd(self):
+        etcd = self.services["etcd"]
+        self.assertNotIn("ports", etcd, "only the servers need etcd")
+        self.assertEqual(etcd["entrypoint"], ["/usr/local/bin/etcd"])
+        test = etcd["healthcheck"]["test"]
+        self.assertEqual(test[:2], ["CMD", "/usr/local/bin/etcdctl"])
+        self.assertEqual(test[-2:], ["endpoint", "health"])
+        uid = etcd["user"].split(":")[0]
+        self.assertNotEqual(uid, "0")
+        # Its data directory: below a volume that the secrets service gives
+        # to etcd's user.
+        data_dir = flag_value(etcd["command"], "data-dir")
+        volume = [(target, source) for target, (source, _) in mounts(etcd).items()
+                  if data_dir.startswith(target + "/")]
+        self.assertEqual(len(volume), 1, data_dir)
+        target = {s: t for t, (s, _) in mounts(self.services["secrets"]).items()}[volume[0][1]]
+        self.assertRegex(self.services["secrets"]["entrypoint"][-1],
+                         r"(?m)^chown %s:\S+ %s$" % (uid, re.escape(target)))
+        self.assertEqual(etcd["depends_on"]["secrets"]["condition"],
+                         "service_completed_successfully")
+
+    def run_secrets_script(self, tmp):
+        """Runs the secrets service's script as compose would ($$ is
+        compose's escape for $), with each of its volumes a directory
+        under `tmp`. Returns {volume target: directory}."""
+        svc = self.services["secrets"]
+        self.assertEqual(svc["entrypoint"][:2], ["sh", "-c"])
+        self.assertEqual(svc["command"], [])
+        script = svc["entrypoint"][2]
+        self.assertNotIn("$", script.replace("$$", ""),
+                         "compose would substitute a lone $ from its environment")
+        script = script.replace("$$", "$")
+        dirs = {}
+        # Every path the script names on a volume moves to a directory here
+        # (longest first), so that it touches nothing on this machine.
+        for i, target in enumerate(sorted(mounts(svc), key=len, reverse=True)):
+            dirs[target] = os.path.join(tmp, "volume%d" % i)
+            os.makedirs(dirs[target], exist_ok=True)
+            script = script.replace(target, dirs[target])
+        for line in script.splitlines():
+            words = line.split()
+            if words[:1] in (["cd"], ["chown"], ["chmod"]):
+                for word in words[1:]:
+                    if word.startswith("/"):
+                        self.assertTrue(word.startswith(tmp + "/"), "off the volumes: " + line)
+        if os.geteuid() != 0:  # chown needs root, as in the container
+            script = re.sub(r"(?m)^chown .*$", ":", script)
+        subprocess.run(["sh", "-c", script], check=True)
+        return dirs
+
+    def test_secrets_script_makes_the_secret_and_tokens(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            dirs = self.run_secrets_script(tmp)
+            argv = self.servers["server-1"]
+            files = {}
+            for flag in ("cluster_secret_file", "token_file"):
+                directory, name = posixpath.split(flag_value(argv, flag))
+                files[flag] = os.path.join(dirs[directory], name)
+            secret = read(files["cluster_secret_file"])
+            self.run_secrets_script(tmp)  # a restart keeps them
+            self.assertEqual(read(files["cluster_secret_file"]), secret)
+            # What the server wants: at least 16 bytes once the line ends
+            # are gone.
+            self.assertGreaterEqual(len(secret.rstrip("\r\n").encode()), 16)
+            policy = json.loads(read(files["token_file"]))
+            by_identity = {p["identity"]: p for p in policy["principals"]}
+            self.assertEqual(by_identity["admin"]["roles"], {"admin": ["*"]})
+            directory = os.path.dirname(files["token_file"])
+            for identity, principal in by_identity.items():
+                token = read(os.path.join(directory, identity + ".token"))
+                self.assertRegex(token, r"^[0-9a-f]{64}$")
+                self.assertEqual(principal["token_sha256"],
+                                 hashlib.sha256(token.encode()).hexdigest())
+
+    @unittest.skipUnless(CLI_BINARY, "MODELSTATE_CLI_BINARY not set")
+    def test_usage_commands_exist(self):
+        # The modelstatectl lines of the header comment.
+        lines = [l[1:].strip() for l in read(self.path).splitlines()
+                 if re.match(r"^#\s+modelstatectl\s", l)]
+        self.assertTrue(lines)
+        commands = set()
+        for line in lines:
+            argv = shlex.split(line)[1:]
+            server = argv[argv.index("--server") + 1]
+            self.assertIn(port_of(server), {50051, 50052, 50053})
+            commands.add(CliCheck(self).check(argv))
+        self.assertIn("cluster", commands)
 
 
 if __name__ == "__main__":
