@@ -106,6 +106,47 @@ std::string ClusterMember::CheckpointKey(absl::string_view replica) const {
   return absl::StrCat(options_.key_prefix, "checkpoints/", replica);
 }
 
+std::string ClusterMember::SubscriberKey(absl::string_view name) const {
+  return absl::StrCat(options_.key_prefix, "subscribers/", name, "/",
+                      replica());
+}
+
+absl::Status ClusterMember::RecordSubscriber(const std::string& name) {
+  {
+    MutexLock lock(&mu_);
+    if (subscribers_[name]++ > 0) return absl::OkStatus();
+  }
+  absl::Status put = etcd_->Put(SubscriberKey(name), replica(), lease());
+  if (!put.ok()) ForgetSubscriber(name);
+  return put;
+}
+
+void ClusterMember::ForgetSubscriber(const std::string& name) {
+  {
+    MutexLock lock(&mu_);
+    auto it = subscribers_.find(name);
+    if (it == subscribers_.end() || --it->second > 0) return;
+    subscribers_.erase(it);
+  }
+  // Best effort: a record left behind goes with the lease.
+  (void)etcd_->DeleteIfValue(SubscriberKey(name), replica());
+}
+
+absl::StatusOr<std::vector<RecordedSubscriber>>
+ClusterMember::RecordedSubscribers() {
+  const std::string prefix = absl::StrCat(options_.key_prefix, "subscribers/");
+  MODELSTATE_ASSIGN_OR_RETURN(std::vector<EtcdKeyValue> kvs,
+                              etcd_->GetPrefix(prefix));
+  std::vector<RecordedSubscriber> out;
+  for (const EtcdKeyValue& kv : kvs) {
+    absl::string_view rest = absl::string_view(kv.key).substr(prefix.size());
+    const size_t slash = rest.rfind('/');
+    if (slash == absl::string_view::npos) continue;
+    out.push_back({std::string(rest.substr(0, slash)), kv.value});
+  }
+  return out;
+}
+
 absl::Status ClusterMember::PublishCheckpoint() {
   if (!options_.audit_checkpoint) return absl::OkStatus();
   auto [key, note] = options_.audit_checkpoint();
@@ -168,9 +209,18 @@ absl::Status ClusterMember::Register(bool first) {
     MODELSTATE_RETURN_IF_ERROR(
         etcd_->Put(MemberKey(replica()), record, lease.id));
   }
-  MutexLock lock(&mu_);
-  lease_ = lease.id;
-  live_until_ = sent + absl::Seconds(lease.ttl_seconds);
+  std::vector<std::string> subscribers;
+  {
+    MutexLock lock(&mu_);
+    lease_ = lease.id;
+    live_until_ = sent + absl::Seconds(lease.ttl_seconds);
+    for (const auto& entry : subscribers_) subscribers.push_back(entry.first);
+  }
+  // Recorded under a lease that lapsed: again under this one.
+  for (const std::string& name : subscribers) {
+    MODELSTATE_RETURN_IF_ERROR(
+        etcd_->Put(SubscriberKey(name), replica(), lease.id));
+  }
   return absl::OkStatus();
 }
 

@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -68,6 +69,9 @@ struct ClusterOptions {
   // signed checkpoint, recorded in etcd at each renewal when it changed
   // (empty: none).
   std::function<std::pair<std::string, std::string>()> audit_checkpoint;
+  // How often a subscriber's home replica looks for members that joined,
+  // to relay their events to it (server/subscription_relay.h).
+  absl::Duration relay_refresh = absl::Seconds(1);
 };
 
 struct ClusterMemberInfo {
@@ -85,6 +89,13 @@ struct RecordedCheckpoint {
 struct ModuleOwner {
   std::string module;  // "namespace/name"
   std::string replica;
+};
+
+// An intercepting subscriber and the replica it is connected to (its
+// home), which relays every other replica's events to it.
+struct RecordedSubscriber {
+  std::string name;
+  std::string home;
 };
 
 // Thread-safe.
@@ -130,12 +141,24 @@ class ClusterMember {
   // The lease currently held (0 while there is none).
   int64_t lease() const;
 
+  // An intercepting subscriber homed here, recorded under this replica's
+  // lease (at <prefix>subscribers/<name>/<replica>; again under a new lease
+  // when the old one lapsed) until it is forgotten as often as it was
+  // recorded: a replica that joins takes no write until every recorded
+  // subscriber's relay has reached it, and a home that dies takes its
+  // records with it.
+  absl::Status RecordSubscriber(const std::string& name);
+  void ForgetSubscriber(const std::string& name);
+  // Every recorded subscriber, with its home.
+  absl::StatusOr<std::vector<RecordedSubscriber>> RecordedSubscribers();
+
  private:
   ClusterMember(ClusterOptions options, std::unique_ptr<EtcdClient> etcd);
 
   std::string MemberKey(absl::string_view replica) const;
   std::string OwnerKey(absl::string_view module) const;
   std::string CheckpointKey(absl::string_view replica) const;
+  std::string SubscriberKey(absl::string_view name) const;
   // Records the audit log's latest checkpoint in etcd if it changed.
   absl::Status PublishCheckpoint();
   // Grants a lease and writes this replica's member record under it.
@@ -149,6 +172,8 @@ class ClusterMember {
   // Before this the lease is live in etcd: the renewal that set it was
   // sent before etcd restarted the lease's clock.
   absl::Time live_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Subscribers recorded here, each with how many subscriptions hold it.
+  std::map<std::string, int> subscribers_ ABSL_GUARDED_BY(mu_);
   // What PublishCheckpoint last recorded (the renewal thread's, and Join's
   // before it starts).
   std::string published_;

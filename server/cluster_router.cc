@@ -2,10 +2,12 @@
 
 #include <openssl/crypto.h>
 
+#include <algorithm>
 #include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "service/module_name.h"
@@ -118,6 +120,7 @@ absl::StatusOr<std::optional<Peer>> ClusterRouter::Route(
       MODELSTATE_ASSIGN_OR_RETURN(target, self->ChooseOwner(full));
     }
     if (target == replica()) {
+      MODELSTATE_RETURN_IF_ERROR(CheckRelays(*self));
       absl::Status claimed = self->Claim(full);
       if (claimed.code() != absl::StatusCode::kFailedPrecondition) {
         MODELSTATE_RETURN_IF_ERROR(claimed);
@@ -133,7 +136,10 @@ absl::StatusOr<std::optional<Peer>> ClusterRouter::Route(
     }
   }
   if (!owner.has_value() || *owner == replica()) {
-    if (access != Access::kRead) MODELSTATE_RETURN_IF_ERROR(self->CheckLease());
+    if (access != Access::kRead) {
+      MODELSTATE_RETURN_IF_ERROR(self->CheckLease());
+      MODELSTATE_RETURN_IF_ERROR(CheckRelays(*self));
+    }
     if (access == Access::kBuild) {
       MutexLock lock(&mu_);
       ++building_[full];
@@ -147,6 +153,35 @@ absl::StatusOr<std::optional<Peer>> ClusterRouter::Route(
   }
   MODELSTATE_ASSIGN_OR_RETURN(Peer peer, LivePeer(*owner, full));
   return peer;
+}
+
+absl::Status ClusterRouter::CheckRelays(ClusterMember& self) {
+  {
+    MutexLock lock(&mu_);
+    if (relays_arrived_ || !connected_subscribers_) return absl::OkStatus();
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(std::vector<RecordedSubscriber> recorded,
+                              self.RecordedSubscribers());
+  const std::vector<std::string> here = connected_subscribers_();
+  std::vector<std::string> missing;
+  for (const RecordedSubscriber& subscriber : recorded) {
+    if (subscriber.home != replica() &&
+        std::find(here.begin(), here.end(), subscriber.name) == here.end()) {
+      missing.push_back(absl::StrCat(subscriber.name, " (connected to ",
+                                     subscriber.home, ")"));
+    }
+  }
+  if (!missing.empty()) {
+    return absl::UnavailableError(absl::StrCat(
+        "replica ", replica(),
+        " takes no writes until the subscribers connected to other replicas "
+        "are relayed here too, so that they see its registrations; waiting "
+        "for ",
+        absl::StrJoin(missing, ", "), "; retry"));
+  }
+  MutexLock lock(&mu_);
+  relays_arrived_ = true;
+  return absl::OkStatus();
 }
 
 void ClusterRouter::BuildDone(absl::string_view module, bool hosted) {

@@ -13,6 +13,13 @@
 // forwarded call is never forwarded again: if ownership changed on the
 // way it answers UNAVAILABLE.
 //
+// A replica that has joined takes no write until every intercepting
+// subscriber recorded in etcd by another replica (its home, see
+// server/subscription_relay.h) is connected here too: until then its
+// registrations would not reach them. Writes answer UNAVAILABLE, naming
+// the subscribers it waits for, which a home relays within a second
+// (relay_refresh); a home that dies takes its records with its lease.
+//
 // Example:
 //   MODELSTATE_ASSIGN_OR_RETURN(
 //       auto router, ClusterRouter::Create(options, secret,
@@ -25,6 +32,7 @@
 #ifndef MODELSTATE_SERVER_CLUSTER_ROUTER_H_
 #define MODELSTATE_SERVER_CLUSTER_ROUTER_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -34,6 +42,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "base/sync.h"
 #include "cluster/cluster_member.h"
 #include "grpcpp/grpcpp.h"
@@ -69,6 +78,14 @@ class ClusterRouter {
                     const std::vector<std::string>& local_modules);
   // Leaves the cluster (revokes the lease).
   void Leave();
+  // The names of the subscribers connected to this replica, relayed ones
+  // included (for the write gate above). Call before Join.
+  void set_connected_subscribers(
+      std::function<std::vector<std::string>()> names) {
+    connected_subscribers_ = std::move(names);
+  }
+  // How often a subscriber's home looks for members to relay from.
+  absl::Duration relay_refresh() const { return options_.relay_refresh; }
 
   // Where a call about `module` (as the request spells it) is served:
   // nullopt here, else the owner to forward to. UNAVAILABLE when the owner
@@ -113,6 +130,8 @@ class ClusterRouter {
   std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address);
   absl::StatusOr<Peer> LivePeer(const std::string& replica,
                                 absl::string_view module);
+  // OK once every subscriber homed elsewhere is connected here.
+  absl::Status CheckRelays(ClusterMember& self);
 
   ClusterOptions options_;
   const std::string secret_;
@@ -124,6 +143,9 @@ class ClusterRouter {
   // Builds placed here and under way, by module: a failed one releases
   // the module only when it is the last.
   std::map<std::string, int> building_ ABSL_GUARDED_BY(mu_);
+  std::function<std::vector<std::string>()> connected_subscribers_;
+  // Every relay has reached this replica since it joined.
+  bool relays_arrived_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace modelstate::server

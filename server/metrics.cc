@@ -1,12 +1,18 @@
 #include "server/metrics.h"
 
 #include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -170,6 +176,40 @@ class MetricsInterceptorFactory final
 
 using Samples = metrics::CallbackFamily::Samples;
 
+// /proc/self's figures for the process_* gauges (0 where unreadable).
+double ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return static_cast<double>(resident) * sysconf(_SC_PAGESIZE);
+}
+
+double Threads() {
+  std::ifstream stat("/proc/self/stat");
+  std::string line;
+  std::getline(stat, line);
+  // Field 20, counted after the command name's closing parenthesis (the
+  // name itself may hold spaces).
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream fields(line.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 20 && fields >> field; ++i) {
+    if (i == 20) return std::strtod(field.c_str(), nullptr);
+  }
+  return 0;
+}
+
+double OpenFds() {
+  std::error_code error;
+  double count = 0;
+  for (std::filesystem::directory_iterator it("/proc/self/fd", error), end;
+       !error && it != end; it.increment(error)) {
+    ++count;
+  }
+  return count;
+}
+
 }  // namespace
 
 ServerMetrics::ServerMetrics() {
@@ -222,6 +262,19 @@ ServerMetrics::ServerMetrics() {
             {{},
              absl::ToDoubleSeconds(absl::Now() - latest_checkpoint_.value())}};
       });
+  // The usual process gauges of Prometheus' client libraries.
+  r.AddCallback("process_resident_memory_bytes",
+                "Resident memory size in bytes.", {}, []() -> Samples {
+                  return {{{}, ResidentBytes()}};
+                });
+  r.AddCallback("process_threads", "Number of OS threads in the process.", {},
+                []() -> Samples {
+                  return {{{}, Threads()}};
+                });
+  r.AddCallback("process_open_fds", "Number of open file descriptors.", {},
+                []() -> Samples {
+                  return {{{}, OpenFds()}};
+                });
 
   const google::protobuf::ServiceDescriptor* service =
       google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
@@ -284,19 +337,83 @@ ServerMetrics::InterceptorCreators() {
   return creators;
 }
 
-void ServerMetrics::Observe(const ModelStore* store, const SubscriberHub* hub) {
-  // One walk of the store per scrape feeds all four namespace families.
-  auto usage = [store](auto value) {
-    return [store, value]() -> Samples {
+namespace {
+
+using NamespaceUsage = ModelStore::NamespaceUsage;
+
+// The store's usage with at most `max_namespaces` namespaces named: the
+// rest are summed into one, "_other" (its quotas are not summed), so that
+// a server with many namespaces keeps a bounded number of series.
+std::vector<NamespaceUsage> CappedUsage(const ModelStore& store,
+                                        size_t max_namespaces) {
+  std::vector<NamespaceUsage> usage = store.Usage();
+  if (usage.size() <= max_namespaces) return usage;
+  NamespaceUsage other;
+  other.ns = "_other";
+  for (size_t i = max_namespaces; i < usage.size(); ++i) {
+    other.modules += usage[i].modules;
+    other.bytes += usage[i].bytes;
+    for (const ModelStore::DeviceUsage& d : usage[i].devices) {
+      auto it = std::find_if(other.devices.begin(), other.devices.end(),
+                             [&d](const ModelStore::DeviceUsage& o) {
+                               return o.device == d.device;
+                             });
+      if (it == other.devices.end()) {
+        ModelStore::DeviceUsage added;
+        added.device = d.device;
+        other.devices.push_back(std::move(added));
+        it = other.devices.end() - 1;
+      }
+      it->modules += d.modules;
+      it->bytes += d.bytes;
+    }
+  }
+  usage.resize(max_namespaces);
+  usage.push_back(std::move(other));
+  return usage;
+}
+
+}  // namespace
+
+std::shared_ptr<std::atomic<uint64_t>> ServerMetrics::TrackQueue(
+    const std::string& subscriber) {
+  auto bytes = std::make_shared<std::atomic<uint64_t>>(0);
+  absl::MutexLock lock(&queues_mu_);
+  // Forget the queues of streams that have ended.
+  queues_.erase(
+      std::remove_if(queues_.begin(), queues_.end(),
+                     [](const auto& queue) { return queue.second.expired(); }),
+      queues_.end());
+  queues_.emplace_back(subscriber, bytes);
+  return bytes;
+}
+
+void ServerMetrics::Observe(const ModelStore* store, const SubscriberHub* hub,
+                            size_t max_namespaces) {
+  // One walk of the store per family and scrape.
+  auto usage = [store, max_namespaces](auto value) {
+    return [store, max_namespaces, value]() -> Samples {
       Samples samples;
-      for (const ModelStore::NamespaceUsage& u : store->Usage()) {
+      for (const NamespaceUsage& u : CappedUsage(*store, max_namespaces)) {
         std::optional<double> v = value(u);
         if (v.has_value()) samples.push_back({{u.ns}, *v});
       }
       return samples;
     };
   };
-  using U = ModelStore::NamespaceUsage;
+  auto by_device = [store, max_namespaces](auto value) {
+    return [store, max_namespaces, value]() -> Samples {
+      Samples samples;
+      for (const NamespaceUsage& u : CappedUsage(*store, max_namespaces)) {
+        for (const ModelStore::DeviceUsage& d : u.devices) {
+          samples.push_back({{u.ns, d.device}, value(d)});
+        }
+      }
+      return samples;
+    };
+  };
+  using U = NamespaceUsage;
+  using D = ModelStore::DeviceUsage;
   registry_.AddCallback("modelstate_modules", "Modules hosted, by namespace.",
                         {"namespace"},
                         usage([](const U& u) -> std::optional<double> {
@@ -308,6 +425,16 @@ void ServerMetrics::Observe(const ModelStore* store, const SubscriberHub* hub) {
       {"namespace"}, usage([](const U& u) -> std::optional<double> {
         return static_cast<double>(u.bytes);
       }));
+  registry_.AddCallback(
+      "modelstate_device_modules",
+      "Modules with a tensor on the device, by namespace and device.",
+      {"namespace", "device"},
+      by_device([](const D& d) { return static_cast<double>(d.modules); }));
+  registry_.AddCallback(
+      "modelstate_device_hosted_bytes",
+      "Tensor bytes held on the device, by namespace and device.",
+      {"namespace", "device"},
+      by_device([](const D& d) { return static_cast<double>(d.bytes); }));
   registry_.AddCallback("modelstate_quota_max_modules",
                         "A namespace's module quota (absent where unlimited).",
                         {"namespace"},
@@ -330,6 +457,24 @@ void ServerMetrics::Observe(const ModelStore* store, const SubscriberHub* hub) {
         Samples samples;
         for (const SubscriberInfo& s : hub->List()) {
           samples.push_back({{s.spec.name}, static_cast<double>(s.pending)});
+        }
+        return samples;
+      });
+  registry_.AddCallback(
+      "modelstate_subscriber_queue_bytes",
+      "Bytes queued for writing on subscribers' streams (bounded by "
+      "--max_subscriber_queue_mib each), by subscriber name.",
+      {"subscriber"}, [this]() -> Samples {
+        std::map<std::string, double> by_name;
+        absl::MutexLock lock(&queues_mu_);
+        for (const auto& [name, queue] : queues_) {
+          if (std::shared_ptr<std::atomic<uint64_t>> bytes = queue.lock()) {
+            by_name[name] += static_cast<double>(bytes->load());
+          }
+        }
+        Samples samples;
+        for (const auto& [name, bytes] : by_name) {
+          samples.push_back({{name}, bytes});
         }
         return samples;
       });

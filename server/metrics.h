@@ -4,12 +4,14 @@
 // counts the bytes of its messages and the streams open; the subscriber hub
 // and the audit log observe hook round trips, hook timeouts and audit
 // append/sync latency into families made here; hosted modules and bytes,
-// quotas and subscriber queue depths are read from the store and the hub
-// when scraped. MetricsHttpServer serves them at /metrics (cpp-httplib),
-// apart from the gRPC port. The interceptor also gives each call its
-// correlation id (the client's "x-request-id", else a generated one), sends
-// it back as "x-request-id" initial metadata, and logs each call that
-// fails (base/log.h) with it.
+// quotas, usage by device and subscriber queue depths are read from the
+// store and the hub when scraped (at most a bounded number of namespaces
+// by name; the rest as one), and the queued bytes of each Subscribe stream
+// from the stream; process_* gauges from /proc/self. MetricsHttpServer serves
+// them at /metrics (cpp-httplib), apart from the gRPC port. The interceptor
+// also gives each call its correlation id (the client's "x-request-id", else a
+// generated one), sends it back as "x-request-id" initial metadata, and logs
+// each call that fails (base/log.h) with it.
 //
 // Example:
 //   ServerMetrics metrics;
@@ -30,11 +32,13 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "base/metrics.h"
 #include "grpcpp/support/server_interceptor.h"
 
@@ -73,8 +77,16 @@ class ServerMetrics {
   metrics::Registry& registry() { return registry_; }
 
   // Gauges read at scrape time from `store` and `hub` (not owned; they
-  // must outlive every scrape). Call once.
-  void Observe(const ModelStore* store, const SubscriberHub* hub);
+  // must outlive every scrape). Namespaces past the first
+  // `max_namespaces` (in name order) are summed into namespace="_other".
+  // Call once.
+  void Observe(const ModelStore* store, const SubscriberHub* hub,
+               size_t max_namespaces = 100);
+  // A Subscribe stream's queued bytes, kept up to date by the stream while
+  // it holds the result, summed by subscriber name at scrape time
+  // (modelstate_subscriber_queue_bytes).
+  std::shared_ptr<std::atomic<uint64_t>> TrackQueue(
+      const std::string& subscriber);
 
   // For SubscriberHub::set_metrics and AuditLog::set_metrics.
   metrics::Family<metrics::Histogram>& hook_round_trip() {
@@ -115,6 +127,9 @@ class ServerMetrics {
   metrics::Histogram* audit_append_;
   metrics::Histogram* audit_sync_;
   metrics::Timestamp latest_checkpoint_;
+  absl::Mutex queues_mu_;
+  std::vector<std::pair<std::string, std::weak_ptr<std::atomic<uint64_t>>>>
+      queues_ ABSL_GUARDED_BY(queues_mu_);
   // Filled in the constructor, read-only after: lookups take no lock.
   absl::flat_hash_map<std::string, std::unique_ptr<MethodMetrics>> methods_;
   std::unique_ptr<MethodMetrics> unknown_method_;

@@ -637,16 +637,19 @@ ModelStateServiceImpl::Subscribe(grpc::CallbackServerContext* context) {
   absl::StatusOr<std::unique_ptr<SubscriberSession>> session =
       caller.ok() ? service_->OpenSubscription(*caller) : caller.status();
   if (router_ == nullptr) {
-    return new SubscriptionReactor(std::move(session), service_->limits());
+    return new SubscriptionReactor(std::move(session), service_->limits(),
+                                   metrics_);
   }
   // At the subscriber's home replica, the other replicas' events are
   // relayed; a relayed subscription itself relays nothing.
   std::unique_ptr<SubscriptionRelay> relay;
   if (session.ok() && !router_->IsForwarded(*context)) {
-    relay = std::make_unique<SubscriptionRelay>(router_, context);
+    relay = std::make_unique<SubscriptionRelay>(router_, context,
+                                                router_->relay_refresh());
   }
   return new SubscriptionReactor(std::move(session), service_->limits(),
-                                 router_->replica(), std::move(relay));
+                                 metrics_, router_->replica(),
+                                 std::move(relay));
 }
 
 grpc::Status ModelStateServiceImpl::ListSubscribers(

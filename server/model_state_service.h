@@ -22,6 +22,7 @@
 #include "grpcpp/grpcpp.h"
 #include "modelstate/v1/model_state_service.grpc.pb.h"
 #include "server/cluster_router.h"
+#include "server/metrics.h"
 #include "service/access_gate.h"
 #include "service/authenticator.h"
 #include "service/model_service.h"
@@ -35,12 +36,14 @@ class ModelStateServiceImpl final
     : public v1::ModelStateService::WithCallbackMethod_Subscribe<
           v1::ModelStateService::Service> {
  public:
-  // Neither is owned; both must outlive the handlers. `router` (null for a
+  // None is owned; all must outlive the handlers. `router` (null for a
   // server on its own) sends calls about modules owned by other replicas
-  // to them and merges listings across the cluster.
+  // to them and merges listings across the cluster; `metrics` (optional)
+  // counts the bytes each Subscribe stream has queued.
   explicit ModelStateServiceImpl(ModelService* service,
-                                 ClusterRouter* router = nullptr)
-      : service_(service), router_(router) {}
+                                 ClusterRouter* router = nullptr,
+                                 ServerMetrics* metrics = nullptr)
+      : service_(service), router_(router), metrics_(metrics) {}
 
   grpc::Status BuildModule(grpc::ServerContext* context,
                            const v1::BuildModuleRequest* request,
@@ -167,6 +170,7 @@ class ModelStateServiceImpl final
 
   ModelService* const service_;
   ClusterRouter* const router_;
+  ServerMetrics* const metrics_;
 };
 
 // What the call presents: its peer, request id ("x-request-id"),

@@ -339,12 +339,12 @@ absl::Status Server::OpenState() {
                           ? ""
                           : absl::StrCat("; recorded ", restored.recovered,
                                          " changes the audit log had missed")));
-  metrics_->Observe(store_.get(), hub_.get());
+  metrics_->Observe(store_.get(), hub_.get(), config_.metrics_max_namespaces);
   service_ = std::make_unique<ModelService>(
       store_.get(), hub_.get(), audit_.get(), auth_.get(), std::move(options));
   MODELSTATE_RETURN_IF_ERROR(PrepareCluster());
-  handlers_ =
-      std::make_unique<ModelStateServiceImpl>(service_.get(), router_.get());
+  handlers_ = std::make_unique<ModelStateServiceImpl>(
+      service_.get(), router_.get(), metrics_.get());
   if (router_ != nullptr) {
     cluster_handlers_ =
         std::make_unique<ClusterServiceImpl>(service_.get(), router_.get());
@@ -397,6 +397,13 @@ absl::Status Server::PrepareCluster() {
   MODELSTATE_ASSIGN_OR_RETURN(
       router_, ClusterRouter::Create(std::move(options), std::move(secret),
                                      std::move(peers)));
+  router_->set_connected_subscribers([hub = hub_.get()] {
+    std::vector<std::string> names;
+    for (const SubscriberInfo& info : hub->List()) {
+      names.push_back(info.spec.name);
+    }
+    return names;
+  });
   return absl::OkStatus();
 }
 

@@ -87,6 +87,9 @@ struct ServerConfig {
   // Serve Prometheus metrics over HTTP at /metrics on this address
   // ("host:port", or a port alone for 127.0.0.1); "": none.
   std::string metrics_listen;
+  // Namespaces named in the per-namespace metrics (in name order); the
+  // rest are summed into namespace="_other".
+  size_t metrics_max_namespaces = 100;
   // The audit log's Ed25519 signing key (PEM), created with mode 0600 when
   // absent; "": DATA_DIR/audit.key.
   std::string audit_key_file;

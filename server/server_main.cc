@@ -136,6 +136,10 @@ ABSL_FLAG(bool, fallback_to_cpu, Defaults().fallback_to_cpu,
 ABSL_FLAG(std::string, metrics_listen, Defaults().metrics_listen,
           "Serve Prometheus metrics at http://ADDR/metrics (host:port, or a "
           "port alone for 127.0.0.1); empty: none");
+ABSL_FLAG(int64_t, metrics_max_namespaces, Defaults().metrics_max_namespaces,
+          "Namespaces named in the per-namespace metrics (the first N by "
+          "name); the rest are summed into namespace=\"_other\", so the "
+          "number of series stays bounded");
 ABSL_FLAG(std::string, log_format, "text",
           "Log lines on stderr: text, or json (one object per line with "
           "time, level, message and the request's correlation id)");
@@ -226,6 +230,9 @@ absl::Status CheckLimitFlags() {
                                      kMaxMib, "MiB"));
   MODELSTATE_RETURN_IF_ERROR(InRange(
       "max_spec_depth", absl::GetFlag(FLAGS_max_spec_depth), 1, 100000, ""));
+  MODELSTATE_RETURN_IF_ERROR(
+      InRange("metrics_max_namespaces",
+              absl::GetFlag(FLAGS_metrics_max_namespaces), 1, 100000, ""));
   MODELSTATE_RETURN_IF_ERROR(InRange("max_entries",
                                      absl::GetFlag(FLAGS_max_entries), 1,
                                      std::numeric_limits<int64_t>::max(), ""));
@@ -337,6 +344,8 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
                                      << 20;
   config.fallback_to_cpu = absl::GetFlag(FLAGS_fallback_to_cpu);
   config.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  config.metrics_max_namespaces =
+      static_cast<size_t>(absl::GetFlag(FLAGS_metrics_max_namespaces));
   config.audit_key_file = absl::GetFlag(FLAGS_audit_key_file);
   config.audit_witness_keys_file = absl::GetFlag(FLAGS_audit_witness_keys);
   config.audit_origin = absl::GetFlag(FLAGS_audit_origin);

@@ -36,12 +36,13 @@ class SubscriptionReactor::Channel : public SubscriberChannel {
 
 SubscriptionReactor::SubscriptionReactor(
     absl::StatusOr<std::unique_ptr<SubscriberSession>> session,
-    const Limits& limits, std::string replica,
+    const Limits& limits, ServerMetrics* metrics, std::string replica,
     std::unique_ptr<SubscriptionRelay> relay)
     : max_queued_events_(limits.max_queued_events),
       max_queue_bytes_(limits.max_subscriber_queue_bytes),
       max_tensor_bytes_(limits.max_tensor_bytes),
       channel_(std::make_shared<Channel>(this)),
+      metrics_(metrics),
       replica_(std::move(replica)),
       relay_(std::move(relay)) {
   if (!session.ok()) {
@@ -170,6 +171,7 @@ void SubscriptionReactor::Push(Queued queued) {
                        max_queue_bytes_, " bytes)"))));
     } else {
       queued_bytes_ += queued.bytes;
+      if (queued_gauge_ != nullptr) queued_gauge_->store(queued_bytes_);
       queue_.push_back(std::move(queued));
       if (acked_ && !writing_) {
         writing_ = true;
@@ -192,8 +194,12 @@ void SubscriptionReactor::PushAck(uint64_t subscriber_id) {
     MutexLock lock(&mu_);
     if (finished_) return;
     acked_ = true;
+    if (metrics_ != nullptr) {
+      queued_gauge_ = metrics_->TrackQueue(request_.subscription().name());
+    }
     // No write has started before the ack, so the front is free to take.
     queued_bytes_ += ack.bytes;
+    if (queued_gauge_ != nullptr) queued_gauge_->store(queued_bytes_);
     queue_.push_front(std::move(ack));
     writing_ = true;
     ++starting_writes_;
@@ -211,6 +217,7 @@ void SubscriptionReactor::OnWriteDone(bool ok) {
       // Freed below, outside the lock: it may be a large copy.
       done = std::move(queue_.front());
       queued_bytes_ -= done.bytes;
+      if (queued_gauge_ != nullptr) queued_gauge_->store(queued_bytes_);
       queue_.pop_front();
     }
     if (ok && !finished_ && !queue_.empty()) {

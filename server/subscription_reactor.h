@@ -20,6 +20,7 @@
 #ifndef MODELSTATE_SERVER_SUBSCRIPTION_REACTOR_H_
 #define MODELSTATE_SERVER_SUBSCRIPTION_REACTOR_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -29,6 +30,7 @@
 #include "base/sync.h"
 #include "grpcpp/grpcpp.h"
 #include "modelstate/v1/model_state_service.grpc.pb.h"
+#include "server/metrics.h"
 #include "server/subscription_relay.h"
 #include "service/limits.h"
 #include "service/model_service.h"
@@ -46,9 +48,11 @@ class SubscriptionReactor
   // max_subscriber_queue_bytes and max_tensor_bytes. `replica` (cluster
   // members) names this replica in every event it sends; `relay` (a
   // subscriber's home replica) brings the other replicas' events.
+  // `metrics` (optional) is told the bytes queued.
   SubscriptionReactor(
       absl::StatusOr<std::unique_ptr<SubscriberSession>> session,
-      const Limits& limits, std::string replica = "",
+      const Limits& limits, ServerMetrics* metrics = nullptr,
+      std::string replica = "",
       std::unique_ptr<SubscriptionRelay> relay = nullptr);
 
   void OnReadDone(bool ok) override;
@@ -86,6 +90,7 @@ class SubscriptionReactor
   const uint64_t max_queue_bytes_;
   const uint64_t max_tensor_bytes_;
   const std::shared_ptr<Channel> channel_;
+  ServerMetrics* const metrics_;
   const std::string replica_;
 
   // Only touched by reactions, which gRPC never runs concurrently for reads.
@@ -100,6 +105,8 @@ class SubscriptionReactor
   // valid until its write is done.
   std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
   uint64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // queued_bytes_, as the metrics see it (once attached).
+  std::shared_ptr<std::atomic<uint64_t>> queued_gauge_ ABSL_GUARDED_BY(mu_);
   // The ack is queued: writes may start.
   bool acked_ ABSL_GUARDED_BY(mu_) = false;
   // A write is outstanding (at most one at a time).

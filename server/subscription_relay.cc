@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "proto/convert.h"
 
 namespace modelstate::server {
@@ -65,6 +66,18 @@ absl::Status SubscriptionRelay::Start(const v1::Subscription& subscription,
                                       absl::Duration connect_timeout) {
   subscription_ = subscription;
   on_event_ = std::move(on_event);
+  if (subscription.mode() == v1::Subscription::MODE_UNSPECIFIED ||
+      subscription.mode() == v1::Subscription::MODE_INTERCEPT) {
+    // Recorded first: a replica that joins from here on waits for this
+    // subscriber's relay before it takes writes.
+    std::shared_ptr<ClusterMember> member = router_->member();
+    if (member == nullptr) {
+      return absl::UnavailableError(absl::StrCat(
+          "replica ", router_->replica(), " is still joining the cluster"));
+    }
+    MODELSTATE_RETURN_IF_ERROR(member->RecordSubscriber(subscription.name()));
+    recorded_in_ = std::move(member);
+  }
   std::vector<std::shared_ptr<Upstream>> opened = ConnectNew();
   const absl::Time deadline = absl::Now() + connect_timeout;
   MutexLock lock(&mu_);
@@ -226,6 +239,10 @@ void SubscriptionRelay::Stop() {
     while (!upstreams_.empty()) changed_.Wait(&mu_);
   }
   JoinEnded();
+  if (recorded_in_ != nullptr) {
+    recorded_in_->ForgetSubscriber(subscription_.name());
+    recorded_in_.reset();
+  }
 }
 
 }  // namespace modelstate::server

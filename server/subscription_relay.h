@@ -10,14 +10,16 @@
 // every relayed subscription ends, which each owner's hub takes as the
 // subscriber's disconnect: its failure policy applies.
 //
+// An interceptor is recorded in etcd under its home's lease while the relay
+// runs, so that a replica that joins takes no write before the relay has
+// reached it (server/cluster_router.h).
+//
 // One event-id space: a relayed event's id is 2^63 + (connection << 40) +
 // its id at the owner, so ids never collide with the home hub's own (below
 // 2^63) nor between connections; the event's `replica` and
 // `replica_event_id` say whose audit log decided it, under which id.
 //
-// Members that join later are subscribed to within `refresh` (1 s): a
-// registration on a member in the moment between its join and the relay
-// reaching it is not seen by the subscriber.
+// Members that join later are subscribed to within `refresh` (1 s).
 //
 // Example:
 //   auto relay = std::make_unique<SubscriptionRelay>(router, context);
@@ -108,6 +110,8 @@ class SubscriptionRelay {
   // Threads of connections that have ended, to join.
   std::vector<std::thread> ended_ ABSL_GUARDED_BY(mu_);
   std::thread refresher_;
+  // Where this interceptor is recorded (until Stop), if it is.
+  std::shared_ptr<ClusterMember> recorded_in_;
 };
 
 }  // namespace modelstate::server

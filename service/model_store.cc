@@ -1163,11 +1163,34 @@ std::vector<ModelStore::NamespaceUsage> ModelStore::Usage() const {
     ReaderMutexLock lock(&entry->mu);
     if (entry->deleted) continue;
     if (usage.empty() || usage.back().ns != entry->name.ns) {
-      usage.push_back(
-          {.ns = entry->name.ns, .quota = quotas.For(entry->name.ns)});
+      NamespaceUsage ns;
+      ns.ns = entry->name.ns;
+      ns.quota = quotas.For(entry->name.ns);
+      usage.push_back(std::move(ns));
     }
-    ++usage.back().modules;
-    usage.back().bytes += HeldBytes(*entry->root);
+    NamespaceUsage& ns = usage.back();
+    ++ns.modules;
+    ns.bytes += HeldBytes(*entry->root);
+    std::map<std::string, uint64_t> by_device;
+    auto add = [&by_device](const Tensor& t) {
+      if (t.defined()) by_device[t.device().ToString()] += HeldBytes(t);
+    };
+    for (const auto& [key, t] : entry->root->NamedParameters()) add(t);
+    for (const auto& [key, t] : entry->root->NamedBuffers()) add(t);
+    for (const auto& [device, bytes] : by_device) {
+      auto it =
+          std::lower_bound(ns.devices.begin(), ns.devices.end(), device,
+                           [](const DeviceUsage& d, const std::string& name) {
+                             return d.device < name;
+                           });
+      if (it == ns.devices.end() || it->device != device) {
+        DeviceUsage added;
+        added.device = device;
+        it = ns.devices.insert(it, std::move(added));
+      }
+      ++it->modules;
+      it->bytes += bytes;
+    }
   }
   return usage;
 }

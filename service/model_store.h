@@ -264,11 +264,17 @@ class ModelStore {
 
   // One namespace's modules and the tensor bytes they hold in memory (what
   // quotas count), with its quota: what the metrics report.
+  struct DeviceUsage {
+    std::string device;    // "cpu", "cuda:0", "meta"
+    uint64_t modules = 0;  // modules with a tensor on it
+    uint64_t bytes = 0;    // their tensor bytes held there
+  };
   struct NamespaceUsage {
     std::string ns;
     uint64_t modules = 0;
     uint64_t bytes = 0;
     NamespaceQuota quota;
+    std::vector<DeviceUsage> devices;  // in device name order
   };
   // Every namespace holding a module, in name order.
   std::vector<NamespaceUsage> Usage() const;

@@ -19,7 +19,9 @@ Checked through the real Python client's stubs, against every replica:
   registrations of every replica (its verdicts enforced by each owner), in
   one event-id space, each event naming the replica that decided it; its
   replica SIGKILLed while an owner waits for its answer is a disconnect:
-  the fail-closed policy blocks the registration at once;
+  the fail-closed policy blocks the registration at once; a replica that
+  restarts takes no write until the subscriber's relay has reached it
+  (its home held stopped meanwhile), then its registrations are governed;
 - a SIGKILLed replica: its modules answer UNAVAILABLE naming it, the
   others' answer, and `modelstatectl audit verify --cluster` fails naming
   it; after its restart (same volume) its modules are back with the state
@@ -406,6 +408,55 @@ class ClusterTest(unittest.TestCase):
                 if not token:
                     break
             self.assertEqual(names, ["list/m%d" % i for i in range(5)], via)
+
+    def test_9d_a_replica_that_joins_waits_for_the_relays(self):
+        self.build("r0", "gate/m")
+        owner = self.owners()["gate/m"]
+        home = next(r for r in sorted(self.servers) if r != owner)
+
+        def guard(event):
+            if event.name == "forbidden":
+                return pb.HookAnswer(verdict=pb.HookAnswer.REJECT,
+                                     reason="not this name")
+            return pb.HookAnswer(verdict=pb.HookAnswer.APPROVE)
+        self.subscribe(home, pb.Subscription(
+            name="gatekeeper", namespaces=["gate"], timeout_ms=20000), guard)
+
+        def register():
+            return self.stub(owner).RegisterSubmodule(
+                pb.RegisterSubmoduleRequest(module="gate/m", name="forbidden",
+                                            none=True), timeout=TIMEOUT)
+        # The owner restarts while the subscriber's home is stopped (for
+        # less than its lease, so its record stays): no relay can reach the
+        # owner, which must refuse writes rather than take them ungoverned.
+        self.servers[owner].kill()
+        stopped = time.time()
+        self.servers[home].process.send_signal(signal.SIGSTOP)
+        try:
+            self.servers[owner].start()
+            with self.assertRaises(grpc.RpcError) as e:
+                register()
+            within_lease = time.time() - stopped < LEASE_SECONDS - 0.5
+        finally:
+            self.servers[home].process.send_signal(signal.SIGCONT)
+        if within_lease:  # else the home's record may have lapsed meanwhile
+            self.assertEqual(e.exception.code(), grpc.StatusCode.UNAVAILABLE)
+            self.assertIn("gatekeeper (connected to %s)" % home,
+                          e.exception.details())
+        # Once the relay is there, the registration is the subscriber's to
+        # decide: rejected.
+
+        def governed():
+            try:
+                register()
+                self.fail("the registration went through ungoverned")
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.UNAVAILABLE:
+                    return False
+                self.assertEqual(e.code(), grpc.StatusCode.FAILED_PRECONDITION)
+                self.assertIn("not this name", e.details())
+                return True
+        self.wait_until("the relay to reach the restarted owner", governed)
 
     def test_9c_audit_queries_merge_every_replica(self):
         for i in range(6):

@@ -224,6 +224,15 @@ class PrometheusTest(unittest.TestCase):
         self.assertEqual(self.value(
             'modelstate_subscriber_queue_depth'
             '{subscriber="float32-everything"}'), 0)
+        self.assertEqual(self.value(
+            'modelstate_subscriber_queue_bytes'
+            '{subscriber="float32-everything"}'), 0)
+        self.assertEqual(self.value(
+            'modelstate_device_hosted_bytes{namespace="team",device="cpu"}'),
+            state_bytes)
+        self.assertGreater(self.value('process_resident_memory_bytes'), 1e6)
+        self.assertGreater(self.value('process_threads'), 2)
+        self.assertGreater(self.value('process_open_fds'), 3)
         self.assertGreater(self.value('modelstate_audit_append_seconds_count'),
                            0)
         self.assertGreater(self.value('modelstate_audit_sync_seconds_count'), 0)

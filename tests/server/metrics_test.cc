@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "base/log.h"
+#include "client/subscriber.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -161,6 +162,66 @@ TEST_F(MetricsTest, ReportsModulesBytesAndQuotasByNamespace) {
   EXPECT_THAT(text, Not(HasSubstr("modelstate_quota_max_modules{")));
 }
 
+TEST_F(MetricsTest, ReportsModulesAndBytesByDevice) {
+  ASSERT_THAT(client_->BuildModule(BuildRequest("dev-ns/host", kLinear)),
+              IsOk());
+  v1::BuildModuleRequest meta = BuildRequest("dev-ns/meta", kLinear);
+  meta.set_device("meta");
+  ASSERT_THAT(client_->BuildModule(meta), IsOk());
+  const std::string text = Scrape();
+  EXPECT_EQ(Sample(text,
+                   "modelstate_device_modules{namespace=\"dev-ns\","
+                   "device=\"cpu\"}"),
+            1);
+  EXPECT_EQ(Sample(text,
+                   "modelstate_device_modules{namespace=\"dev-ns\","
+                   "device=\"meta\"}"),
+            1);
+  EXPECT_EQ(Sample(text,
+                   "modelstate_device_hosted_bytes{namespace="
+                   "\"dev-ns\",device=\"cpu\"}"),
+            kLinearBytes);
+  // Meta tensors hold no bytes.
+  EXPECT_EQ(Sample(text,
+                   "modelstate_device_hosted_bytes{namespace="
+                   "\"dev-ns\",device=\"meta\"}"),
+            0);
+}
+
+TEST_F(MetricsTest, ReportsTheProcess) {
+  const std::string text = Scrape();
+  EXPECT_GT(Sample(text, "process_resident_memory_bytes"), 1 << 20);
+  // gRPC's, the metrics server's and the audit's threads at least.
+  EXPECT_GT(Sample(text, "process_threads"), 2);
+  EXPECT_GT(Sample(text, "process_open_fds"), 3);
+}
+
+TEST_F(MetricsTest, ReportsEachSubscribersQueuedBytes) {
+  v1::Subscription subscription;
+  subscription.set_name("queue-watched");
+  subscription.add_namespaces("queue-ns");
+  absl::StatusOr<std::unique_ptr<client::Subscriber>> subscriber =
+      client::Subscriber::Start(*client_, subscription,
+                                [](const v1::HookEventProto&) {
+                                  v1::HookAnswer answer;
+                                  answer.set_verdict(v1::HookAnswer::APPROVE);
+                                  return answer;
+                                });
+  ASSERT_THAT(subscriber, IsOk());
+  const std::string series =
+      "modelstate_subscriber_queue_bytes{subscriber=\"queue-watched\"}";
+  // Written out (the ack): nothing queued now.
+  EXPECT_EQ(Sample(Scrape(), series), 0);
+  ASSERT_THAT((*subscriber)->Unsubscribe(), IsOk());
+  subscriber->reset();
+  // Its stream has ended: no series.
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (Sample(Scrape(), series) != -1 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(Sample(Scrape(), series), -1);
+}
+
 TEST_F(MetricsTest, CountsBytesOfStreams) {
   ASSERT_THAT(client_->BuildModule(BuildRequest("team/streamed", kLinear)),
               IsOk());
@@ -221,6 +282,37 @@ TEST_F(MetricsTest, GeneratesARequestIdWhenTheClientSentNone) {
   EXPECT_THAT(id, MatchesRegex("[0-9a-f]{16}"));
   EXPECT_EQ(LoggedFor(id).size(), 1u);
   EXPECT_NE(MissingModule(""), id);
+}
+
+// More namespaces than --metrics_max_namespaces: the first by name are
+// named, the rest summed into "_other".
+class CappedMetricsTest : public MetricsTest {
+ protected:
+  static void SetUpTestSuite() {
+    StartServer([](server::ServerConfig& config) {
+      config.metrics_listen = "127.0.0.1:0";
+      config.metrics_max_namespaces = 2;
+    });
+  }
+  static void TearDownTestSuite() { InProcessServerTest::TearDownTestSuite(); }
+};
+
+TEST_F(CappedMetricsTest, NamespacesPastTheCapAreSummed) {
+  for (const char* module : {"a-ns/x", "b-ns/x", "c-ns/x", "d-ns/x"}) {
+    ASSERT_THAT(client_->BuildModule(BuildRequest(module, kLinear)), IsOk());
+  }
+  const std::string text = Scrape();
+  EXPECT_EQ(Sample(text, "modelstate_modules{namespace=\"a-ns\"}"), 1);
+  EXPECT_EQ(Sample(text, "modelstate_modules{namespace=\"b-ns\"}"), 1);
+  EXPECT_EQ(Sample(text, "modelstate_modules{namespace=\"_other\"}"), 2);
+  EXPECT_EQ(Sample(text, "modelstate_hosted_bytes{namespace=\"_other\"}"),
+            2 * kLinearBytes);
+  EXPECT_EQ(Sample(text,
+                   "modelstate_device_modules{namespace=\"_other\","
+                   "device=\"cpu\"}"),
+            2);
+  EXPECT_THAT(text, Not(HasSubstr("c-ns")));
+  EXPECT_THAT(text, Not(HasSubstr("d-ns")));
 }
 
 TEST(MetricsListenTest, BadAddressesFailTheStart) {
