@@ -237,6 +237,12 @@ grpc::Status ModelStateServiceImpl::ListClusterModules(
 
 namespace {
 
+// A call that asks for the cluster's view of a server on its own.
+grpc::Status NotAClusterMember() {
+  return convert::ToGrpcStatus(absl::InvalidArgumentError(
+      "cluster: this server is not a cluster member (--etcd_endpoints)"));
+}
+
 // Time order across replicas; a replica's own records are in seq order.
 absl::Time RecordTime(const v1::AuditRecordProto& record) {
   absl::Time time = absl::InfinitePast();
@@ -668,10 +674,7 @@ grpc::Status ModelStateServiceImpl::QueryAudit(
     grpc::ServerContext* context, const v1::QueryAuditRequest* request,
     v1::QueryAuditResponse* response) {
   if (request->cluster()) {
-    if (router_ == nullptr) {
-      return convert::ToGrpcStatus(absl::InvalidArgumentError(
-          "cluster: this server is not a cluster member (--etcd_endpoints)"));
-    }
+    if (router_ == nullptr) return NotAClusterMember();
     return QueryClusterAudit(context, request, response);
   }
   return Serve(
@@ -691,10 +694,7 @@ grpc::Status ModelStateServiceImpl::WatchAudit(
     grpc::ServerContext* context, const v1::WatchAuditRequest* request,
     AuditWriter* writer) {
   if (request->cluster()) {
-    if (router_ == nullptr) {
-      return convert::ToGrpcStatus(absl::InvalidArgumentError(
-          "cluster: this server is not a cluster member (--etcd_endpoints)"));
-    }
+    if (router_ == nullptr) return NotAClusterMember();
     return WatchClusterAudit(context, request, writer);
   }
   return WatchOwnAudit(

@@ -149,6 +149,19 @@ def server_flags():
     return set(re.findall(r"^\s+--([A-Za-z0-9_]+) \(", text, re.M))
 
 
+def assert_server_flags(test, flag_lines, args):
+    """Every line of a flagfile and every container argument is a flag
+    modelstate-server has."""
+    known = server_flags()
+    test.assertIn("data_dir", known)  # the --helpfull parsing works
+    for line in flag_lines:
+        test.assertTrue(line.startswith("--"), line)
+    missing = [l for l in flag_lines if flag_name(l) not in known]
+    test.assertEqual(missing, [], "flags modelstate-server does not have")
+    for arg in args:
+        test.assertIn(flag_name(arg), known | {"flagfile"})
+
+
 def flag_name(arg):
     return arg[2:].split("=", 1)[0]
 
@@ -676,14 +689,7 @@ class KubernetesTest(unittest.TestCase):
 
     @unittest.skipUnless(SERVER_BINARY, "MODELSTATE_SERVER_BINARY not set")
     def test_configmap_flags_are_server_flags(self):
-        known = server_flags()
-        self.assertIn("data_dir", known)  # the --helpfull parsing works
-        for line in self.flags:
-            self.assertTrue(line.startswith("--"), line)
-        missing = [l for l in self.flags if flag_name(l) not in known]
-        self.assertEqual(missing, [], "flags modelstate-server does not have")
-        for arg in self.container["args"]:
-            self.assertIn(flag_name(arg), known | {"flagfile"})
+        assert_server_flags(self, self.flags, self.container["args"])
 
     def test_services_select_the_pod(self):
         labels = self.sts["spec"]["template"]["metadata"]["labels"]
@@ -927,15 +933,8 @@ class KubernetesClusterTest(unittest.TestCase):
 
     @unittest.skipUnless(SERVER_BINARY, "MODELSTATE_SERVER_BINARY not set")
     def test_cluster_flags_are_server_flags(self):
-        known = server_flags()
-        self.assertIn("etcd_endpoints", known)  # the --helpfull parsing works
         self.assertTrue(self.cluster_flags)
-        for line in self.cluster_flags:
-            self.assertTrue(line.startswith("--"), line)
-        missing = [l for l in self.cluster_flags if flag_name(l) not in known]
-        self.assertEqual(missing, [], "flags modelstate-server does not have")
-        for arg in self.container["args"]:
-            self.assertIn(flag_name(arg), known | {"flagfile"})
+        assert_server_flags(self, self.cluster_flags, self.container["args"])
 
     def etcd_service(self):
         service = self.by_id[("Service", self.etcd["spec"]["serviceName"])]
