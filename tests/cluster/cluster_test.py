@@ -36,7 +36,13 @@ Checked through the real Python client's stubs, against every replica:
   (no server fails) and work again once it is back;
 - etcd with authentication on (--etcd_user, --etcd_password_file): a
   server with the password joins, one with a wrong password does not
-  start; an endpoint list whose first endpoint is dead still works.
+  start; an endpoint list whose first endpoint is dead still works;
+- TLS servers with mutual TLS (certificates made by the openssl command):
+  replicas call each other over TLS, presenting their own certificate and
+  trusting --cluster_ca_file; a module read through the replica that does
+  not own it matches the owner's bytes, a subscriber on one replica
+  rejects a registration on the other, and the owner audits the caller by
+  the client certificate's name.
 
 Exits 77 (ctest SKIP_RETURN_CODE) when the etcd binary is absent.
 
@@ -81,8 +87,8 @@ class Subscriber:
     """A Subscribe stream read on a thread: each event is kept and answered
     with decide(event) (None: left unanswered)."""
 
-    def __init__(self, address, subscription, decide):
-        self.channel = grpc.insecure_channel(address)
+    def __init__(self, channel, subscription, decide):
+        self.channel = channel
         self.requests = queue.Queue()
         self.requests.put(pb.SubscribeRequest(subscription=subscription))
         self.events = []
@@ -240,8 +246,9 @@ class ClusterTest(unittest.TestCase):
         self.assertEqual(e.exception.code(), grpc.StatusCode.ALREADY_EXISTS)
 
     def subscribe(self, replica, subscription, decide):
-        subscriber = Subscriber(self.servers[replica].address, subscription,
-                                decide)
+        subscriber = Subscriber(
+            grpc.insecure_channel(self.servers[replica].address),
+            subscription, decide)
         self.addCleanup(subscriber.close)
         self.assertTrue(subscriber.acked.wait(TIMEOUT))
         self.assertIsNone(subscriber.error)
@@ -692,6 +699,123 @@ class ClusterTest(unittest.TestCase):
         self.wait_until("the cluster to answer again", answers)
         for replica, server in self.servers.items():
             self.assertIsNone(server.process.poll(), replica)
+
+
+class TlsClusterTest(unittest.TestCase):
+    """Two TLS replicas with mutual TLS: replica-to-replica calls use TLS."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="modelstate-tls-")
+        d = cls.dir
+        with open(os.path.join(d, "replica.ext"), "w") as f:
+            f.write("subjectAltName=IP:127.0.0.1\n"
+                    "extendedKeyUsage=serverAuth,clientAuth\n")
+        with open(os.path.join(d, "client.ext"), "w") as f:
+            f.write("extendedKeyUsage=clientAuth\n")
+        ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+        subprocess.run(
+            "set -e; cd %s; "
+            "openssl req -x509 %s -keyout ca.key -out ca.pem -days 2 "
+            "-subj /CN=cluster-ca; "
+            "openssl req %s -keyout replica.key -out replica.csr "
+            "-subj /CN=replica; "
+            "openssl x509 -req -in replica.csr -CA ca.pem -CAkey ca.key "
+            "-CAcreateserial -out replica.pem -days 2 -extfile replica.ext; "
+            "openssl req %s -keyout client.key -out client.csr "
+            "-subj /CN=carol-cert; "
+            "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key "
+            "-CAcreateserial -out client.pem -days 2 -extfile client.ext"
+            % (d, ec, ec, ec), shell=True, check=True, capture_output=True)
+        with open(os.path.join(d, "tokens.json"), "w") as f:
+            json.dump({"principals": [
+                {"identity": "carol-cert", "roles": {"admin": ["*"]}}]}, f)
+        with open(os.path.join(d, "secret"), "w") as f:
+            f.write("a-cluster-secret-for-tls-replicas\n")
+        cls.etcd = Etcd()
+        files = {name: os.path.join(d, name) for name in
+                 ("ca.pem", "replica.pem", "replica.key", "tokens.json",
+                  "secret")}
+        cls.servers = {}
+        for replica in ("t0", "t1"):
+            cls.servers[replica] = server_process.Server(
+                SERVER_BINARY, "--etcd_endpoints=" + cls.etcd.endpoint,
+                "--replica_id=" + replica, "--cluster_key_prefix=/tls/",
+                "--cluster_secret_file=" + files["secret"],
+                "--tls_cert_file=" + files["replica.pem"],
+                "--tls_key_file=" + files["replica.key"],
+                "--tls_client_ca_file=" + files["ca.pem"],
+                "--cluster_ca_file=" + files["ca.pem"],
+                "--token_file=" + files["tokens.json"])
+
+    @classmethod
+    def tearDownClass(cls):
+        for server in cls.servers.values():
+            server.stop()
+        cls.etcd.stop()
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def channel(self, replica):
+        def read(name):
+            with open(os.path.join(self.dir, name), "rb") as f:
+                return f.read()
+        credentials = grpc.ssl_channel_credentials(
+            read("ca.pem"), read("client.key"), read("client.pem"))
+        channel = grpc.secure_channel(self.servers[replica].address,
+                                      credentials)
+        self.addCleanup(channel.close)
+        return channel
+
+    def stub(self, replica):
+        return pb_grpc.ModelStateServiceStub(self.channel(replica))
+
+    def test_replicas_call_each_other_over_tls(self):
+        def no_biases(event):
+            if event.name == "bias":
+                return pb.HookAnswer(verdict=pb.HookAnswer.REJECT,
+                                     reason="no biases over TLS")
+            return pb.HookAnswer(verdict=pb.HookAnswer.APPROVE)
+        # The subscriber's stream, over mutual TLS to t0.
+        subscriber = Subscriber(self.channel("t0"), pb.Subscription(
+            name="tls-policy", namespaces=["tls"]), no_biases)
+        self.addCleanup(subscriber.close)
+        self.assertTrue(subscriber.acked.wait(TIMEOUT))
+        self.assertIsNone(subscriber.error)
+        # Two builds through t0: one lands on each replica (least loaded).
+        for i in range(2):
+            module = "tls/m%d" % i
+            request = pb.BuildModuleRequest(module=module, seed=i)
+            request.spec.type = "Linear"
+            request.spec.args.add().number_value = 4
+            request.spec.args.add().number_value = 3
+            response = self.stub("t0").BuildModule(request, timeout=TIMEOUT)
+            outcome = {r.name: r for r in response.registrations}
+            self.assertEqual(outcome["bias"].outcome,
+                             module_pb2.OUTCOME_BLOCK)
+            self.assertIn("no biases over TLS", outcome["bias"].reason)
+        status = cluster_pb2_grpc.ClusterServiceStub(
+            self.channel("t0")).GetClusterStatus(
+                cluster_pb2.GetClusterStatusRequest(), timeout=TIMEOUT)
+        owners = {p.module: p.owner for p in status.placements}
+        self.assertEqual(sorted(owners.values()), ["t0", "t1"])
+        self.assertEqual({e.replica for e in subscriber.events},
+                         {"t0", "t1"})
+        for module, owner in owners.items():
+            other = "t1" if owner == "t0" else "t0"
+            direct = list(self.stub(owner).GetStateDict(
+                pb.GetStateDictRequest(module=module), timeout=TIMEOUT))
+            forwarded = list(self.stub(other).GetStateDict(
+                pb.GetStateDictRequest(module=module), timeout=TIMEOUT))
+            self.assertEqual(b"".join(c.data for c in direct),
+                             b"".join(c.data for c in forwarded))
+            # The owner audited the build under the client certificate's
+            # name, not the forwarding replica's.
+            ns, name = module.split("/")
+            records = self.stub(owner).QueryAudit(pb.QueryAuditRequest(
+                filter=pb.AuditFilter(namespace=ns, module=name,
+                                      type="build")),
+                timeout=TIMEOUT).records
+            self.assertEqual([r.identity for r in records], ["carol-cert"])
 
 
 class EtcdAuthTest(unittest.TestCase):
