@@ -56,6 +56,7 @@ if [ $smoke = 1 ]; then
   torch_forward_args=(--smoke --reps 2 --warmup 0)
   audit_args=(--smoke)
   cluster_args=(--smoke)
+  growth_args=(--smoke)
 else
   core_args=(--benchmark_repetitions=5)
   torch_args=(--reps 5 --warmup 1 --models gpt2)
@@ -65,6 +66,8 @@ else
   forward_args=(--benchmark_repetitions=5)
   torch_forward_args=(--reps 5 --warmup 1)
   cluster_args=(--mib 256 --reps 5 --warmup 1)
+  # Up to 4 GiB hosted, plus its file on tmpfs and the load's staging.
+  growth_args=(--reps 3 --warmup 1)
   # 10^7 records: about 3 GB of log, tree and index in $TMPDIR.
   audit_args=(--records=10000000 --seconds=10 --reps=3)
 fi
@@ -116,6 +119,12 @@ echo "[bench] a cluster on etcd: calls forwarded by another replica against dire
   --cli="$build_dir/client/modelstatectl" "${cluster_args[@]}" \
   --out "$results/cluster.json"
 
+echo "[bench] how transfer time grows with state size and entry count"
+"$python" "$bench/growth_bench.py" \
+  --server="$build_dir/server/modelstate-server" \
+  --cli="$build_dir/client/modelstatectl" "${growth_args[@]}" \
+  --out "$results/growth.json"
+
 # Only in a CUDA build; without a GPU it measures nothing and says so.
 cuda_report=()
 if [ -x "$build_dir/tests/bench/cuda_bench" ]; then
@@ -145,6 +154,7 @@ fi
   --torch-forward "$results/torch_forward.json" \
   --python-transfer "$results/python_transfer.json" \
   --audit "$results/audit.json" --cluster "$results/cluster.json" \
+  --growth "$results/growth.json" \
   --torch-model "$torch_model" --checks "$results/checks.md" \
   "${cuda_report[@]}" --out "$report"
 echo "[bench] wrote $report"

@@ -317,6 +317,35 @@ def cluster_rows(table, c):
                   ours / base <= 1.2)
 
 
+def growth_rows(table, g):
+    """How transfer time grows: against size (the smallest point scaled
+    linearly is the baseline) and against entry count at one size (the
+    fewest entries are the baseline; the difference per added entry is the
+    per-entry cost)."""
+    for what, key in (("GetStateDict", "get_s"), ("LoadStateDict", "load_s")):
+        first = g["size"][0]
+        per_byte = first[key] / first["bytes"]
+        for point in g["size"][1:]:
+            n, ours = point["bytes"], point[key]
+            base = per_byte * n
+            table.add(f"{what} cost by size: {n / MIB:.0f} MiB "
+                      f"({point['entries']} entries; modelstatectl)",
+                      f"{fmt_s(ours)} ({rate(n, ours)})",
+                      f"{first['bytes'] / MIB:.0f} MiB's rate, scaled: "
+                      f"{fmt_s(base)}", f"{ours / base:.2f}x", "reported",
+                      None)
+        few = g["entries"][0]
+        for point in g["entries"][1:]:
+            ours = point[key]
+            extra = (ours - few[key]) / (point["entries"] - few["entries"])
+            table.add(f"{what} cost by entries: {point['entries']:,} tensors,"
+                      f" {point['bytes'] / MIB:.0f} MiB in all (modelstatectl)",
+                      f"{fmt_s(ours)}",
+                      f"{few['entries']} tensors, same bytes: "
+                      f"{fmt_s(few[key])}; {extra * 1e6:+.1f} us per added "
+                      f"tensor", f"{ours / few[key]:.2f}x", "reported", None)
+
+
 def cuda_rows(table, cuda):
     """Rows from cuda_bench (absent or empty without a GPU)."""
     def gbps(run):
@@ -389,6 +418,7 @@ def main():
                         help="optional: python_transfer_bench.py's JSON")
     parser.add_argument("--audit", help="optional: audit_bench's JSON")
     parser.add_argument("--cluster", help="optional: cluster_bench's JSON")
+    parser.add_argument("--growth", help="optional: growth_bench's JSON")
     parser.add_argument("--checks")
     parser.add_argument("--torch-model", default="gpt2",
                         help="torch_bench's model that core_bench built"
@@ -415,6 +445,8 @@ def main():
         audit_rows(table, load(args.audit))
     if args.cluster:
         cluster_rows(table, load(args.cluster))
+    if args.growth:
+        growth_rows(table, load(args.growth))
     if args.cuda and os.path.exists(args.cuda):
         cuda_rows(table, bench_medians(load(args.cuda)))
 
