@@ -145,6 +145,21 @@ ModelStateClient::GetClusterStatus() {
   return response;
 }
 
+absl::StatusOr<v1::MoveModuleToReplicaResponse>
+ModelStateClient::MoveModuleToReplica(absl::string_view module,
+                                      absl::string_view replica) {
+  v1::ClusterService::Stub cluster(channel_);
+  std::unique_ptr<grpc::ClientContext> context = NewContext(options_.timeout);
+  v1::MoveModuleToReplicaRequest request;
+  request.set_module(std::string(module));
+  request.set_replica(std::string(replica));
+  v1::MoveModuleToReplicaResponse response;
+  grpc::Status status =
+      cluster.MoveModuleToReplica(context.get(), request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
 absl::Status ModelStateClient::DeleteModule(absl::string_view module) {
   v1::DeleteModuleRequest request;
   request.set_module(std::string(module));

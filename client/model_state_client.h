@@ -257,6 +257,9 @@ class ModelStateClient {
   absl::Status Health();
   // ClusterService: members and placement (a cluster member only).
   absl::StatusOr<v1::GetClusterStatusResponse> GetClusterStatus();
+  // ClusterService: moves `module` to the live replica `replica`.
+  absl::StatusOr<v1::MoveModuleToReplicaResponse> MoveModuleToReplica(
+      absl::string_view module, absl::string_view replica);
 
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
   // The raw stub and a context with this client's credentials, for what the

@@ -359,6 +359,26 @@ absl::Status ClusterMember::Claim(absl::string_view module) {
       absl::StrCat("module '", module, "' is owned by replica ", *owner));
 }
 
+absl::Status ClusterMember::TakeOver(absl::string_view module,
+                                     absl::string_view from) {
+  MODELSTATE_RETURN_IF_ERROR(CheckLease());
+  MODELSTATE_ASSIGN_OR_RETURN(
+      bool taken, etcd_->ReplaceIfValue(OwnerKey(module), from, replica(),
+                                        MemberKey(replica())));
+  if (taken) return absl::OkStatus();
+  MODELSTATE_ASSIGN_OR_RETURN(std::optional<std::string> owner,
+                              OwnerOf(module));
+  if (owner != from) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "module '", module, "' is no longer owned by replica ", from,
+        owner.has_value() ? absl::StrCat(" (owner: ", *owner, ")")
+                          : std::string(" (not placed)")));
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "replica ", replica(), " has no member record in etcd to take over '",
+      module, "' with"));
+}
+
 absl::Status ClusterMember::Release(absl::string_view module) {
   return etcd_->DeleteIfValue(OwnerKey(module), replica()).status();
 }

@@ -131,6 +131,11 @@ class ClusterMember {
   // already); FAILED_PRECONDITION naming the owner when another replica
   // is; UNAVAILABLE when this replica's lease has lapsed.
   absl::Status Claim(absl::string_view module);
+  // Makes this replica the owner of `module` in place of `from` (a cluster
+  // move), in one transaction that also requires this replica's member
+  // record: FAILED_PRECONDITION naming the owner when `from` no longer
+  // owns it; UNAVAILABLE when this replica's lease has lapsed.
+  absl::Status TakeOver(absl::string_view module, absl::string_view from);
   // Gives up ownership of `module` (after it was deleted here).
   absl::Status Release(absl::string_view module);
 

@@ -213,46 +213,79 @@ absl::Status EtcdClient::Put(absl::string_view key, absl::string_view value,
   return Unary(&Endpoint::kv, &pb::KV::Stub::Put, request).status();
 }
 
-absl::StatusOr<bool> EtcdClient::CreateIfAbsent(
-    absl::string_view key, absl::string_view value, int64_t lease,
-    absl::string_view required_key) {
-  pb::TxnRequest request;
+namespace {
+
+// The compares of a transaction: `key` was never created (absent), or
+// holds `value`, or exists.
+void RequireAbsent(pb::TxnRequest& request, absl::string_view key) {
   pb::Compare* absent = request.add_compare();
   absent->set_key(std::string(key));
   absent->set_target(pb::Compare::CREATE);
   absent->set_result(pb::Compare::EQUAL);
   absent->set_create_revision(0);
-  if (!required_key.empty()) {
-    pb::Compare* present = request.add_compare();
-    present->set_key(std::string(required_key));
-    present->set_target(pb::Compare::CREATE);
-    present->set_result(pb::Compare::GREATER);
-    present->set_create_revision(0);
-  }
+}
+
+void RequireValue(pb::TxnRequest& request, absl::string_view key,
+                  absl::string_view value) {
+  pb::Compare* same = request.add_compare();
+  same->set_key(std::string(key));
+  same->set_target(pb::Compare::VALUE);
+  same->set_result(pb::Compare::EQUAL);
+  same->set_value(std::string(value));
+}
+
+void RequirePresent(pb::TxnRequest& request, absl::string_view key) {
+  pb::Compare* present = request.add_compare();
+  present->set_key(std::string(key));
+  present->set_target(pb::Compare::CREATE);
+  present->set_result(pb::Compare::GREATER);
+  present->set_create_revision(0);
+}
+
+void PutOnSuccess(pb::TxnRequest& request, absl::string_view key,
+                  absl::string_view value, int64_t lease) {
   pb::PutRequest* put = request.add_success()->mutable_request_put();
   put->set_key(std::string(key));
   put->set_value(std::string(value));
   put->set_lease(lease);
+}
+
+}  // namespace
+
+absl::StatusOr<bool> EtcdClient::Transact(const pb::TxnRequest& request) {
   MODELSTATE_ASSIGN_OR_RETURN(
       pb::TxnResponse response,
       Unary(&Endpoint::kv, &pb::KV::Stub::Txn, request));
   return response.succeeded();
 }
 
+absl::StatusOr<bool> EtcdClient::CreateIfAbsent(
+    absl::string_view key, absl::string_view value, int64_t lease,
+    absl::string_view required_key) {
+  pb::TxnRequest request;
+  RequireAbsent(request, key);
+  if (!required_key.empty()) RequirePresent(request, required_key);
+  PutOnSuccess(request, key, value, lease);
+  return Transact(request);
+}
+
+absl::StatusOr<bool> EtcdClient::ReplaceIfValue(
+    absl::string_view key, absl::string_view expected, absl::string_view value,
+    absl::string_view required_key) {
+  pb::TxnRequest request;
+  RequireValue(request, key, expected);
+  RequirePresent(request, required_key);
+  PutOnSuccess(request, key, value, /*lease=*/0);
+  return Transact(request);
+}
+
 absl::StatusOr<bool> EtcdClient::DeleteIfValue(absl::string_view key,
                                                absl::string_view value) {
   pb::TxnRequest request;
-  pb::Compare* same = request.add_compare();
-  same->set_key(std::string(key));
-  same->set_target(pb::Compare::VALUE);
-  same->set_result(pb::Compare::EQUAL);
-  same->set_value(std::string(value));
+  RequireValue(request, key, value);
   request.add_success()->mutable_request_delete_range()->set_key(
       std::string(key));
-  MODELSTATE_ASSIGN_OR_RETURN(
-      pb::TxnResponse response,
-      Unary(&Endpoint::kv, &pb::KV::Stub::Txn, request));
-  return response.succeeded();
+  return Transact(request);
 }
 
 absl::StatusOr<EtcdLease> EtcdClient::GrantLease(int64_t ttl_seconds) {

@@ -29,6 +29,10 @@
 #include "base/sync.h"
 #include "grpcpp/grpcpp.h"
 
+namespace etcdserverpb {
+class TxnRequest;
+}  // namespace etcdserverpb
+
 namespace modelstate {
 
 struct EtcdOptions {
@@ -84,6 +88,12 @@ class EtcdClient {
                                       absl::string_view value,
                                       int64_t lease = 0,
                                       absl::string_view required_key = "");
+  // Sets `key` to `value` only if its value is `expected` and
+  // `required_key` exists; returns whether it did so.
+  absl::StatusOr<bool> ReplaceIfValue(absl::string_view key,
+                                      absl::string_view expected,
+                                      absl::string_view value,
+                                      absl::string_view required_key);
   // Deletes `key` only if its value is `value`; returns whether it did so.
   absl::StatusOr<bool> DeleteIfValue(absl::string_view key,
                                      absl::string_view value);
@@ -112,6 +122,8 @@ class EtcdClient {
                                    Response*),
       const Request& request);
   absl::Status Authenticate(size_t endpoint) ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs the transaction; returns whether its compares held.
+  absl::StatusOr<bool> Transact(const etcdserverpb::TxnRequest& request);
 
   const EtcdOptions options_;
   std::vector<std::unique_ptr<Endpoint>> endpoints_;

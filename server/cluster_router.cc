@@ -210,6 +210,21 @@ void ClusterRouter::Release(absl::string_view module) {
   }
 }
 
+absl::StatusOr<Peer> ClusterRouter::MemberPeer(const std::string& replica) {
+  std::shared_ptr<ClusterMember> self = member();
+  if (self == nullptr) {
+    return absl::UnavailableError(absl::StrCat(
+        "replica ", this->replica(), " is still joining the cluster"));
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(std::optional<ClusterMemberInfo> info,
+                              self->LiveMember(replica));
+  if (!info.has_value()) {
+    return absl::UnavailableError(
+        absl::StrCat("replica ", replica, " holds no live lease"));
+  }
+  return Peer{replica, ChannelTo(info->address)};
+}
+
 absl::StatusOr<std::vector<Peer>> ClusterRouter::OtherMembers() {
   std::shared_ptr<ClusterMember> self = member();
   if (self == nullptr) {

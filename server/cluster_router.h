@@ -101,6 +101,9 @@ class ClusterRouter {
   // After `module` was deleted here: it is no longer this replica's.
   void Release(absl::string_view module);
 
+  // The live member `replica`, ready to be called: UNAVAILABLE naming it
+  // when it holds no live lease.
+  absl::StatusOr<Peer> MemberPeer(const std::string& replica);
   // Every live member except this one (for calls that merge).
   absl::StatusOr<std::vector<Peer>> OtherMembers();
   // The caller's credentials, with a forwarded identity put in place when

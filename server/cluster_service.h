@@ -1,6 +1,12 @@
 // File: cluster_service.h
 // The ClusterService handlers (proto/modelstate/v1/cluster.proto): what an
-// operator asks a cluster member about membership and placement.
+// operator asks a cluster member about membership and placement, and the
+// two halves of moving a module between replicas: the owner streams the
+// module's files (as on disk: the manifest and the data files it names) to
+// the replica that is to own it, which writes them, commits, takes over
+// the ownership in etcd and then hosts the module; only then does the old
+// owner delete its copy. An answer lost after the takeover is settled by
+// etcd: the old owner deletes its copy only when etcd names the new owner.
 //
 // Example:
 //   ClusterServiceImpl cluster(&service, &router);
@@ -25,6 +31,13 @@ class ClusterServiceImpl final : public v1::ClusterService::Service {
   grpc::Status GetClusterStatus(
       grpc::ServerContext* context, const v1::GetClusterStatusRequest* request,
       v1::GetClusterStatusResponse* response) override;
+  grpc::Status MoveModuleToReplica(
+      grpc::ServerContext* context,
+      const v1::MoveModuleToReplicaRequest* request,
+      v1::MoveModuleToReplicaResponse* response) override;
+  grpc::Status ImportModule(grpc::ServerContext* context,
+                            grpc::ServerReader<v1::ImportModuleRequest>* reader,
+                            v1::ImportModuleResponse* response) override;
 
  private:
   ModelService* const service_;

@@ -224,6 +224,10 @@ absl::string_view AuditTypeName(AuditType type) {
       return "restore";
     case AuditType::kRelease:
       return "release";
+    case AuditType::kMoveOut:
+      return "move_out";
+    case AuditType::kMoveIn:
+      return "move_in";
   }
   return "unknown";
 }
@@ -321,6 +325,20 @@ AuditRecord Forward(const OperationContext& ctx, const ModuleName& module,
 AuditRecord Delete(const OperationContext& ctx, const ModuleName& module,
                    const absl::Status& result) {
   return Change(AuditType::kDelete, ctx, module, Json::object(), result);
+}
+
+AuditRecord MoveOut(const OperationContext& ctx, const ModuleName& module,
+                    const std::string& to_replica, uint64_t bytes,
+                    const absl::Status& result) {
+  return Change(AuditType::kMoveOut, ctx, module,
+                {{"to_replica", to_replica}, {"bytes", bytes}}, result);
+}
+
+AuditRecord MoveIn(const OperationContext& ctx, const ModuleName& module,
+                   const std::string& from_replica, uint64_t bytes,
+                   const absl::Status& result) {
+  return Change(AuditType::kMoveIn, ctx, module,
+                {{"from_replica", from_replica}, {"bytes", bytes}}, result);
 }
 
 AuditRecord Registration(const OperationContext& ctx, const ModuleName& module,

@@ -64,6 +64,8 @@ enum class AuditType {
   kRecovered,
   kRestore,
   kRelease,
+  kMoveOut,
+  kMoveIn,
 };
 
 // The stored name: "build", "register", "load_state_dict", ...
@@ -113,6 +115,14 @@ AuditRecord SetTraining(const OperationContext& ctx, const ModuleName& module,
 AuditRecord Forward(const OperationContext& ctx, const ModuleName& module,
                     const std::string& path, const absl::Status& result);
 AuditRecord Delete(const OperationContext& ctx, const ModuleName& module,
+                   const absl::Status& result);
+// A cluster move: the old owner's record names where the module went, the
+// new owner's where it came from; both carry the bytes of files moved.
+AuditRecord MoveOut(const OperationContext& ctx, const ModuleName& module,
+                    const std::string& to_replica, uint64_t bytes,
+                    const absl::Status& result);
+AuditRecord MoveIn(const OperationContext& ctx, const ModuleName& module,
+                   const std::string& from_replica, uint64_t bytes,
                    const absl::Status& result);
 
 // --- Remote hooks (SubscriberHub) ---------------------------------------

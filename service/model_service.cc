@@ -218,6 +218,38 @@ absl::Status ModelService::DeleteModule(const Caller& caller,
   return store_->Delete(caller.ctx, module);
 }
 
+absl::Status ModelService::MoveModuleOut(
+    const Caller& caller, const ModuleName& module,
+    const std::string& to_replica,
+    absl::FunctionRef<
+        absl::StatusOr<uint64_t>(const std::vector<std::string>& files)>
+        send) {
+  MODELSTATE_RETURN_IF_ERROR(gate_.AllowAdmin(caller, "MoveModuleToReplica"));
+  MODELSTATE_RETURN_IF_ERROR(gate_.AuditWritable());
+  return store_->MoveOut(caller.ctx, module, to_replica, send);
+}
+
+absl::StatusOr<std::string> ModelService::ReserveImportFile(
+    const Caller& caller, const ModuleName& module) {
+  MODELSTATE_RETURN_IF_ERROR(gate_.AllowAdmin(caller, "ImportModule"));
+  MODELSTATE_RETURN_IF_ERROR(gate_.AuditWritable());
+  return store_->ReserveImportFile(module);
+}
+
+absl::Status ModelService::MoveModuleIn(
+    const Caller& caller, const ModuleName& module,
+    const std::string& from_replica, absl::string_view manifest,
+    const std::map<std::string, std::string>& received, uint64_t bytes,
+    absl::FunctionRef<absl::Status()> take_ownership) {
+  if (absl::Status allowed = gate_.AllowAdmin(caller, "ImportModule");
+      !allowed.ok()) {
+    store_->AbandonImport(module, received);
+    return allowed;
+  }
+  return store_->MoveIn(caller.ctx, module, from_replica, manifest, received,
+                        bytes, take_ownership);
+}
+
 absl::StatusOr<StateDictDownload> ModelService::GetStateDict(
     const Caller& caller, GetStateDictArgs args) {
   MODELSTATE_RETURN_IF_ERROR(

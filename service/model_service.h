@@ -320,6 +320,26 @@ class ModelService {
   absl::StatusOr<ModulePage> ListModules(const Caller& caller,
                                          const ListModulesArgs& args);
   absl::Status DeleteModule(const Caller& caller, const ModuleName& module);
+  // The two halves of a cluster move (ModelStore::MoveOut, ::MoveIn), for
+  // admins only: MoveModuleToReplica's on the owner, ImportModule's on the
+  // replica that takes the module.
+  absl::Status MoveModuleOut(const Caller& caller, const ModuleName& module,
+                             const std::string& to_replica,
+                             absl::FunctionRef<absl::StatusOr<uint64_t>(
+                                 const std::vector<std::string>& files)>
+                                 send);
+  absl::StatusOr<std::string> ReserveImportFile(const Caller& caller,
+                                                const ModuleName& module);
+  void AbandonImport(const ModuleName& module,
+                     const std::map<std::string, std::string>& received) {
+    store_->AbandonImport(module, received);
+  }
+  absl::Status MoveModuleIn(const Caller& caller, const ModuleName& module,
+                            const std::string& from_replica,
+                            absl::string_view manifest,
+                            const std::map<std::string, std::string>& received,
+                            uint64_t bytes,
+                            absl::FunctionRef<absl::Status()> take_ownership);
   // RESOURCE_EXHAUSTED for a chunk above Limits::max_chunk_bytes or too many
   // open streams; INVALID_ARGUMENT for a target dtype that is not floating.
   absl::StatusOr<StateDictDownload> GetStateDict(const Caller& caller,

@@ -428,7 +428,7 @@ absl::Status ModelStore::ReserveAssigned(const ModuleName& name,
   uint64_t after = 0;
   {
     ReaderMutexLock lock(&entry.mu);
-    if (entry.deleted) return NoSuchModule(name);
+    if (entry.deleted) return Gone(entry);
     before = HeldBytes(*entry.root);
     after = before;
     StateDict current = entry.root->GetStateDict("", /*keep_vars=*/true);
@@ -614,7 +614,7 @@ absl::StatusOr<std::vector<RegistrationResult>> ModelStore::Register(
   std::string target_path = request.path;
   {
     ReaderMutexLock lock(&entry->mu);
-    if (entry->deleted) return NoSuchModule(name);
+    if (entry->deleted) return Gone(*entry);
     MODELSTATE_ASSIGN_OR_RETURN(
         target, Submodule(*entry->root, name, "path", request.path));
     if (request.existing_path.has_value()) {
@@ -714,7 +714,7 @@ absl::Status ModelStore::Read(
   MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
   ReaderMutexLock lock(&entry->mu);
   if (entry->deleted) {
-    return NoSuchModule(name);
+    return Gone(*entry);
   }
   return fn(*entry->root);
 }
@@ -806,7 +806,7 @@ absl::StatusOr<std::unique_ptr<StagedStateDict>> ModelStore::StageLoad(
   {
     ReaderMutexLock lock(&entry->mu);
     if (entry->deleted) {
-      return NoSuchModule(name);
+      return Gone(*entry);
     }
     std::vector<RegistrationRecord> unused;
     RegistrationContext check;
@@ -834,7 +834,7 @@ absl::StatusOr<LoadResult> ModelStore::LoadStaged(const OperationContext& ctx,
   if (absl::StatusOr<std::shared_ptr<Entry>> entry = Find(name); entry.ok()) {
     ReaderMutexLock lock(&(*entry)->mu);
     if ((*entry)->deleted) {
-      return RecordLoadFailure(ctx, name, options, NoSuchModule(name));
+      return RecordLoadFailure(ctx, name, options, Gone(**entry));
     }
   } else {
     return RecordLoadFailure(ctx, name, options, entry.status());
@@ -881,7 +881,7 @@ absl::StatusOr<LoadResult> ModelStore::LoadImpl(const OperationContext& ctx,
     {
       ReaderMutexLock lock(&entry->mu);
       if (entry->deleted) {
-        return NoSuchModule(name);
+        return Gone(*entry);
       }
       MODELSTATE_RETURN_IF_ERROR(
           entry->root->LoadStateDict(state_dict, options, dry).status());
@@ -895,7 +895,7 @@ absl::StatusOr<LoadResult> ModelStore::LoadImpl(const OperationContext& ctx,
     // values only once they are on disk (or never, if the save fails).
     WriterMutexLock lock(&entry->mu);
     if (entry->deleted) {
-      return NoSuchModule(name);
+      return Gone(*entry);
     }
     RegistrationContext real;
     real.hooks = replay.has_value() ? replay->registry() : nullptr;
@@ -936,7 +936,7 @@ absl::Status ModelStore::Move(const OperationContext& ctx,
   {
     ReaderMutexLock lock(&entry->mu);
     if (entry->deleted) {
-      return NoSuchModule(name);
+      return Gone(*entry);
     }
     bytes_after = HeldBytesAfterMove(*entry->root, device, dtype);
   }
@@ -949,7 +949,7 @@ absl::Status ModelStore::Move(const OperationContext& ctx,
   {
     WriterMutexLock lock(&entry->mu);
     if (entry->deleted) {
-      return NoSuchModule(name);
+      return Gone(*entry);
     }
     result = entry->root->To(device, dtype);
     if (result.ok()) result = Persist(ctx, *entry, AuditType::kMove);
@@ -965,7 +965,7 @@ absl::Status ModelStore::SetTraining(const OperationContext& ctx,
   {
     WriterMutexLock lock(&entry->mu);
     if (entry->deleted) {
-      return NoSuchModule(name);
+      return Gone(*entry);
     }
     entry->root->Train(training);
     saved = Persist(ctx, *entry, AuditType::kSetTraining);
@@ -1022,7 +1022,7 @@ absl::StatusOr<std::vector<Tensor>> ModelStore::Forward(
     // with other readers (and other eval calls) and waits for no writer's
     // pending decisions.
     ReaderMutexLock lock(&entry->mu);
-    if (entry->deleted) return NoSuchModule(name);
+    if (entry->deleted) return Gone(*entry);
     MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Module> target,
                                 Submodule(*entry->root, name, "path", path));
     if (ForwardOnlyReads(*target, training)) {
@@ -1035,7 +1035,7 @@ absl::StatusOr<std::vector<Tensor>> ModelStore::Forward(
     // Every writer holds the gate, so what this call would change cannot
     // change before it runs: the permission asked is the one it needs.
     ReaderMutexLock lock(&entry->mu);
-    if (entry->deleted) return NoSuchModule(name);
+    if (entry->deleted) return Gone(*entry);
     MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Module> target,
                                 Submodule(*entry->root, name, "path", path));
     will_change = ForwardChanges(*target, training);
@@ -1049,7 +1049,7 @@ absl::StatusOr<std::vector<Tensor>> ModelStore::Forward(
     // switched for the call.
     WriterMutexLock lock(&entry->mu);
     if (entry->deleted) {
-      return NoSuchModule(name);
+      return Gone(*entry);
     }
     absl::StatusOr<std::shared_ptr<Module>> target =
         Submodule(*entry->root, name, "path", path);
@@ -1081,7 +1081,7 @@ absl::Status ModelStore::Delete(const OperationContext& ctx,
   {
     ReaderMutexLock lock(&entry->mu);
     if (entry->deleted) {
-      return NoSuchModule(name);
+      return Gone(*entry);
     }
   }
   ModuleRepository* repo = repository();
@@ -1106,6 +1106,125 @@ absl::Status ModelStore::Delete(const OperationContext& ctx,
   // Once recorded, the deletion needs no trace on disk.
   if (recorded.ok() && repo != nullptr) repo->DropTombstone(name);
   return recorded;
+}
+
+absl::Status ModelStore::Gone(const Entry& entry) {
+  if (entry.moved_to.empty()) return NoSuchModule(entry.name);
+  return absl::UnavailableError(
+      absl::StrCat("module '", entry.name.full(), "' moved to replica ",
+                   entry.moved_to, " while the call waited; retry"));
+}
+
+absl::Status ModelStore::MoveOut(const OperationContext& ctx,
+                                 const ModuleName& name,
+                                 const std::string& to_replica,
+                                 absl::FunctionRef<absl::StatusOr<uint64_t>(
+                                     const std::vector<std::string>& files)>
+                                     send) {
+  ModuleRepository* repo = repository();
+  if (repo == nullptr) {
+    return absl::FailedPreconditionError(
+        "a module moves as its files: this server keeps no data directory");
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
+  // Writers wait here until the module is hosted elsewhere (or the move
+  // failed); the files cannot change meanwhile.
+  MutexLock gate(&entry->gate);
+  {
+    ReaderMutexLock lock(&entry->mu);
+    if (entry->deleted) return Gone(*entry);
+  }
+  auto recorded = [&](const absl::Status& result, uint64_t bytes) {
+    return Record(result,
+                  audit_events::MoveOut(ctx, name, to_replica, bytes, result));
+  };
+  absl::StatusOr<std::vector<std::string>> files = repo->CommittedFiles(name);
+  if (!files.ok()) return recorded(files.status(), 0);
+  absl::StatusOr<uint64_t> sent = send(*files);
+  if (!sent.ok()) return recorded(sent.status(), 0);
+  // Hosted there now: the copy here goes. A removal that fails leaves the
+  // files (start-up finds them and logs the module as owned elsewhere).
+  absl::Status removed = repo->Remove(name, NoteFor(ctx, AuditType::kMoveOut));
+  {
+    WriterMutexLock lock(&entry->mu);
+    entry->deleted = true;
+    entry->moved_to = to_replica;
+  }
+  {
+    MutexLock lock(&mu_);
+    entries_.erase(name.full());
+  }
+  absl::Status result = recorded(absl::OkStatus(), *sent);
+  if (result.ok() && removed.ok()) repo->DropTombstone(name);
+  return result;
+}
+
+absl::StatusOr<std::string> ModelStore::ReserveImportFile(
+    const ModuleName& name) {
+  ModuleRepository* repo = repository();
+  if (repo == nullptr) {
+    return absl::FailedPreconditionError(
+        "a module moves as its files: this server keeps no data directory");
+  }
+  if (Contains(name)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("module '", name.full(), "' is already hosted here"));
+  }
+  return repo->ReserveDataFile(name);
+}
+
+void ModelStore::AbandonImport(
+    const ModuleName& name,
+    const std::map<std::string, std::string>& received) {
+  ModuleRepository* repo = repository();
+  if (repo == nullptr) return;
+  for (const auto& [sent, path] : received) {
+    std::error_code ignored;
+    std::filesystem::remove(path, ignored);
+    repo->ReleaseDataFile(name, path);
+  }
+}
+
+absl::Status ModelStore::MoveIn(
+    const OperationContext& ctx, const ModuleName& name,
+    const std::string& from_replica, absl::string_view manifest,
+    const std::map<std::string, std::string>& received, uint64_t bytes,
+    absl::FunctionRef<absl::Status()> take_ownership) {
+  auto recorded = [&](const absl::Status& result) {
+    return Record(result,
+                  audit_events::MoveIn(ctx, name, from_replica, bytes, result));
+  };
+  ModuleRepository* repo = repository();
+  if (repo == nullptr || Contains(name)) {
+    AbandonImport(name, received);
+    return recorded(repo == nullptr
+                        ? absl::FailedPreconditionError(
+                              "this server keeps no data directory")
+                        : absl::AlreadyExistsError(absl::StrCat(
+                              "module '", name.full(), "' already exists")));
+  }
+  const ChangeNote note = NoteFor(ctx, AuditType::kMoveIn);
+  absl::StatusOr<ModuleRepository::Loaded> loaded =
+      repo->Import(name, manifest, received, note);
+  if (!loaded.ok()) return recorded(loaded.status());
+  auto undo = [&](absl::Status why) {
+    if (repo->Remove(name, note).ok()) repo->DropTombstone(name);
+    return recorded(why);
+  };
+  QuotaHold hold;
+  if (absl::Status quota =
+          Reserve(name, 1, HeldBytes(*loaded->root), nullptr, hold);
+      !quota.ok()) {
+    return undo(quota);
+  }
+  if (absl::Status taken = take_ownership(); !taken.ok()) return undo(taken);
+  auto entry = std::make_shared<Entry>(name, std::move(loaded->root));
+  {
+    MutexLock lock(&mu_);
+    entries_.emplace(name.full(), std::move(entry));
+    ReleaseLocked(hold);
+  }
+  return recorded(absl::OkStatus());
 }
 
 std::vector<ModuleSummary> ModelStore::List(absl::string_view ns,

@@ -252,6 +252,36 @@ class ModelStore {
   // NOT_FOUND if unknown.
   absl::Status Delete(const OperationContext& ctx, const ModuleName& name);
 
+  // The sending half of a cluster move (server/cluster_service.h). Holds
+  // `name`'s writers off (readers go on) while `send` passes its committed
+  // files (paths, manifest last) to `to_replica` and returns the bytes
+  // sent; once `send` says the module is hosted there (OK), deletes it
+  // here, and writers that were waiting get UNAVAILABLE naming
+  // `to_replica`. Recorded ("move_out") either way. FAILED_PRECONDITION
+  // without a repository.
+  absl::Status MoveOut(const OperationContext& ctx, const ModuleName& name,
+                       const std::string& to_replica,
+                       absl::FunctionRef<absl::StatusOr<uint64_t>(
+                           const std::vector<std::string>& files)>
+                           send);
+  // The receiving half. A path for one received data file of `name`:
+  // ALREADY_EXISTS when `name` is hosted here.
+  absl::StatusOr<std::string> ReserveImportFile(const ModuleName& name);
+  // An import that ended before MoveIn: its files go.
+  void AbandonImport(const ModuleName& name,
+                     const std::map<std::string, std::string>& received);
+  // Commits the received module (ModuleRepository::Import: `received` maps
+  // the sender's data file names to the reserved paths) within its
+  // namespace's quota, asks `take_ownership` (the cluster's record) and
+  // hosts it. Nothing of the import is left when any step fails. Recorded
+  // ("move_in", with `bytes`).
+  absl::Status MoveIn(const OperationContext& ctx, const ModuleName& name,
+                      const std::string& from_replica,
+                      absl::string_view manifest,
+                      const std::map<std::string, std::string>& received,
+                      uint64_t bytes,
+                      absl::FunctionRef<absl::Status()> take_ownership);
+
   // Modules in name order, of namespace `ns` (all if empty), starting after
   // `after` (full name; "" = from the start), at most `limit`.
   std::vector<ModuleSummary> List(absl::string_view ns, absl::string_view after,
@@ -291,7 +321,13 @@ class ModelStore {
     mutable Mutex mu ABSL_ACQUIRED_AFTER(gate);
     std::shared_ptr<Module> root ABSL_GUARDED_BY(mu);
     bool deleted ABSL_GUARDED_BY(mu) = false;
+    // Set when it was deleted by a cluster move: where it went.
+    std::string moved_to ABSL_GUARDED_BY(mu);
   };
+  // What a caller of a deleted entry gets: NOT_FOUND, or UNAVAILABLE
+  // naming the replica it moved to (a retry reaches it there).
+  static absl::Status Gone(const Entry& entry)
+      ABSL_SHARED_LOCKS_REQUIRED(entry.mu);
 
   // Modules and bytes a namespace has been promised by changes still under
   // way: counted by every quota check until the change lands or fails.

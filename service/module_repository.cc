@@ -83,8 +83,9 @@ std::string Seal(const Json& body) {
   return Json{{"body", body}, {"sha256", Sha256Hex(body.dump())}}.dump();
 }
 
-absl::StatusOr<Json> Unseal(const std::string& path) {
-  MODELSTATE_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+// `text` is the contents of `path` (a file, or what another replica sent).
+absl::StatusOr<Json> UnsealText(absl::string_view text,
+                                const std::string& path) {
   Json sealed = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!sealed.is_object() || !sealed.contains("body") ||
       !sealed.contains("sha256") || !sealed["sha256"].is_string()) {
@@ -95,6 +96,11 @@ absl::StatusOr<Json> Unseal(const std::string& path) {
     return Corrupt(path, "checksum mismatch (the file was changed or damaged)");
   }
   return std::move(sealed["body"]);
+}
+
+absl::StatusOr<Json> Unseal(const std::string& path) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  return UnsealText(text, path);
 }
 
 // Python spells floats like this; JSON has no NaN or infinities.
@@ -818,6 +824,93 @@ absl::Status ModuleRepository::Remove(const ModuleName& name,
   MODELSTATE_RETURN_IF_ERROR(FsyncParentDirectory(manifest));
   DeleteUnused(dir, nullptr);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> ModuleRepository::CommittedFiles(
+    const ModuleName& name) {
+  const std::string dir = ModuleDir(name);
+  const std::string manifest = data_dir::ManifestPath(dir);
+  MODELSTATE_ASSIGN_OR_RETURN(Json body, Unseal(manifest));
+  std::vector<std::string> paths;
+  std::set<std::string> seen;
+  try {
+    for (const Json& storage : body.at("storages")) {
+      const std::string file = storage.at("file").get<std::string>();
+      if (seen.insert(file).second) paths.push_back(FilePath(dir, file));
+    }
+  } catch (const std::exception& e) {
+    return Corrupt(manifest, absl::StrCat("malformed manifest: ", e.what()));
+  }
+  paths.push_back(manifest);
+  return paths;
+}
+
+absl::StatusOr<ModuleRepository::Loaded> ModuleRepository::Import(
+    const ModuleName& name, absl::string_view manifest,
+    const std::map<std::string, std::string>& received,
+    const ChangeNote& note) {
+  const std::string dir = ModuleDir(name);
+  const std::string path = data_dir::ManifestPath(dir);
+  // Whatever happens, the received files are no longer reserved: the
+  // manifest names them now, or nothing does and they go.
+  auto end_reservations = [&] {
+    for (const auto& [sent, here] : received) ReleaseDataFile(name, here);
+  };
+  auto fail = [&](absl::Status why) {
+    std::error_code ec;
+    fs::remove(path, ec);
+    {
+      MutexLock lock(&mu_);
+      files_.erase(name.full());
+    }
+    end_reservations();
+    DeleteUnused(dir, nullptr, /*now=*/true);
+    fs::remove(dir, ec);  // only if empty
+    return why;
+  };
+  absl::Status usable = CheckUsable(name);
+  if (!usable.ok()) {
+    end_reservations();
+    return usable;
+  }
+  if (fs::exists(path)) {
+    end_reservations();
+    return absl::AlreadyExistsError(absl::StrCat(
+        "module '", name.full(), "' already has a manifest at ", path));
+  }
+  absl::StatusOr<Json> body = UnsealText(manifest, "the sent manifest");
+  if (!body.ok()) {
+    return fail(absl::InvalidArgumentError(body.status().message()));
+  }
+  try {
+    if (body->at("module").get<std::string>() != name.full()) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          "manifest: describes module '", body->at("module").get<std::string>(),
+          "', not '", name.full(), "'")));
+    }
+    for (Json& storage : body->at("storages")) {
+      const std::string sent = storage.at("file").get<std::string>();
+      auto it = received.find(sent);
+      if (it == received.end()) {
+        return fail(absl::InvalidArgumentError(absl::StrCat(
+            "manifest: names data file '", sent, "', which was not sent")));
+      }
+      storage["file"] = fs::path(it->second).filename().string();
+    }
+    (*body)["change"] = NoteToJson(note);
+  } catch (const std::exception& e) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("manifest: malformed: ", e.what())));
+  }
+  absl::Status written = WriteFileAtomically(path, Seal(*body));
+  if (!written.ok()) return fail(written);
+  std::shared_ptr<ModuleFiles> files = FilesOf(name);
+  absl::StatusOr<Loaded> loaded =
+      LoadOne(name, /*fallback_to_cpu=*/false, *files);
+  if (!loaded.ok()) return fail(loaded.status());
+  end_reservations();
+  DeleteUnused(dir, files.get());
+  return loaded;
 }
 
 void ModuleRepository::DropTombstone(const ModuleName& name) {

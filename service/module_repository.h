@@ -99,6 +99,12 @@ class ModuleRepository {
   // manifest names it.
   void ReleaseDataFile(const ModuleName& name, const std::string& path);
 
+  // What a cluster move sends of `name`: the paths of every data file its
+  // committed manifest names, then the manifest's. Same concurrency rule as
+  // Save: nothing may save `name` until the files have been read.
+  absl::StatusOr<std::vector<std::string>> CommittedFiles(
+      const ModuleName& name);
+
   // Returns once every file queued for deletion is gone (files nothing names
   // any more are deleted on a thread of their own: unlinking a large file
   // takes a while, and nobody needs to wait for it).
@@ -147,6 +153,19 @@ class ModuleRepository {
   // process does not have is an error for that module unless
   // `fallback_to_cpu`. Call once, before any Save.
   LoadReport LoadAll(bool fallback_to_cpu = false);
+
+  // Takes in a module moved here from another replica: `manifest` is the
+  // text of its manifest there; the data files it names were written to
+  // paths ReserveDataFile gave (`received`: the sender's file name -> the
+  // path here). Commits the manifest, with `note` in place of the sender's
+  // change, and loads the module from it, every byte checked against its
+  // CRC-32C. ALREADY_EXISTS when `name` has a manifest here; INVALID_ARGUMENT
+  // when the manifest names a file not received, or another module. Ends
+  // the reservations either way; on failure nothing of the import is left.
+  absl::StatusOr<Loaded> Import(
+      const ModuleName& name, absl::string_view manifest,
+      const std::map<std::string, std::string>& received,
+      const ChangeNote& note);
 
   const std::string& dir() const { return dir_; }
 

@@ -1,5 +1,5 @@
-// The commands about the server itself: health, devices, cluster status,
-// and hash-token (what its --token_file holds for a token).
+// The commands about the server itself: health, devices, cluster status
+// and move, and hash-token (what its --token_file holds for a token).
 #include <memory>
 #include <string>
 #include <vector>
@@ -77,6 +77,21 @@ absl::Status RunClusterStatus(Context& c) {
   return absl::OkStatus();
 }
 
+absl::Status RunClusterMove(Context& c, const std::string& module,
+                            const std::string& replica) {
+  if (module.empty() || replica.empty()) {
+    return UsageError("cluster move needs MODULE and REPLICA");
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(auto* rpc, c.Client());
+  MODELSTATE_ASSIGN_OR_RETURN(v1::MoveModuleToReplicaResponse response,
+                              rpc->MoveModuleToReplica(module, replica));
+  if (c.json()) return c.PrintJson(response);
+  c.out() << "moved " << response.module() << " from "
+          << response.from_replica() << " to " << response.to_replica() << " ("
+          << HumanBytes(response.bytes()) << ")\n";
+  return absl::OkStatus();
+}
+
 absl::Status RunHashToken(Context& c, const std::string& file) {
   MODELSTATE_ASSIGN_OR_RETURN(std::string token, ReadInputFile(file));
   absl::string_view stripped = absl::StripAsciiWhitespace(token);
@@ -104,23 +119,35 @@ void AddServerCommands(CommandSet& commands) {
        "cuda:N` accepts these names.",
        "modelstatectl devices --json"},
       RunDevices);
-  auto action = std::make_shared<std::string>();
+  struct ClusterArgs {
+    std::string action, module, replica;
+  };
+  auto args = std::make_shared<ClusterArgs>();
   CLI::App* cluster = commands.Add(
-      {"cluster", "show a cluster's members and where each module lives",
+      {"cluster", "show a cluster's members and placement; move a module",
        "cluster status: the members of the server's cluster that hold a live "
        "etcd lease (address, lease and seconds left on it, modules owned) "
        "and the owner of every module; an owner without a lease is marked. "
-       "Needs the admin role; a server that is not a cluster member answers "
-       "UNIMPLEMENTED.",
-       "modelstatectl --server modelstate:50051 cluster status"},
-      [action](Context& c) -> absl::Status {
-        if (*action != "status") {
-          return UsageError(absl::StrCat("unknown cluster action '", *action,
-                                         "' (there is: status)"));
+       "cluster move MODULE REPLICA: the module's owner streams its files to "
+       "REPLICA (a live member), which takes over its ownership in etcd; "
+       "writes to it wait meanwhile, reads go on. Both need the admin role; "
+       "a server that is not a cluster member answers UNIMPLEMENTED.",
+       "modelstatectl --server modelstate:50051 cluster move team/mlp "
+       "modelstate-2"},
+      [args](Context& c) -> absl::Status {
+        if (args->action == "move") {
+          return RunClusterMove(c, args->module, args->replica);
+        }
+        if (args->action != "status" || !args->module.empty()) {
+          return UsageError(absl::StrCat("unknown cluster action '",
+                                         args->action,
+                                         "' (there are: status, move)"));
         }
         return RunClusterStatus(c);
       });
-  cluster->add_option("ACTION", *action, "status")->required();
+  cluster->add_option("ACTION", args->action, "status | move")->required();
+  cluster->add_option("MODULE", args->module, "move: the module");
+  cluster->add_option("REPLICA", args->replica, "move: the replica to own it");
   auto file = std::make_shared<std::string>();
   CLI::App* hash = commands.Add(
       {"hash-token", "print the SHA-256 a token file's entry holds for a token",

@@ -32,6 +32,13 @@ Checked through the real Python client's stubs, against every replica:
 - with a token file, the owner applies the caller's roles to a forwarded
   call and audits it under the caller's identity, not the replica's;
 - a second server given a live replica's id is refused at start;
+- cluster move (modelstatectl cluster move, through a replica that owns
+  neither end): the new owner serves the module bit for bit through every
+  replica, etcd names it, the old owner's files are gone, both audited
+  their half ("move_out", "move_in"), the new owner restarts with it and
+  every log verifies; it moves back; moving to the owner, to a replica
+  without a lease, an unplaced module, and ImportModule from a client
+  are refused;
 - etcd restarted: calls about modules fail UNAVAILABLE while it is down
   (no server fails) and work again once it is back;
 - etcd with authentication on (--etcd_user, --etcd_password_file): a
@@ -699,6 +706,100 @@ class ClusterTest(unittest.TestCase):
         self.wait_until("the cluster to answer again", answers)
         for replica, server in self.servers.items():
             self.assertIsNone(server.process.poll(), replica)
+
+
+    def audit_of(self, replica, type_, module):
+        request = pb.QueryAuditRequest(limit=100)
+        request.filter.type = type_
+        return [r for r in self.stub(replica).QueryAudit(
+            request, timeout=TIMEOUT).records
+            if r.namespace + "/" + r.module == module]
+
+    def test_9e_cluster_move_hands_a_module_to_another_replica(self):
+        module = "move/m"
+        self.build("r0", module, out_features=5, seed=7)
+        header, data = self.state("r0", module)
+        # Give it state of its own, so the move carries more than the build.
+        data = bytes(b ^ 0x5A for b in data)
+        self.load("r0", module, header, data)
+        source = self.owners()[module]
+        target, via = [r for r in sorted(self.servers) if r != source]
+        source_dir = os.path.join(self.servers[source].dir, "data",
+                                  "modules", "move", "m")
+        self.assertTrue(os.path.isdir(source_dir))
+        # Through a replica that owns neither end: passed to the owner.
+        moved = self.cli(via, "cluster", "move", module, target)
+        self.assertEqual(moved.returncode, 0, moved.stdout + moved.stderr)
+        self.assertRegex(moved.stdout, "^moved %s from %s to %s \\(" % (
+            module, source, target))
+        self.assertEqual(self.owners()[module], target)
+        for replica in self.servers:
+            self.assertEqual(self.state(replica, module)[1], data, replica)
+        # The old owner's copy is gone, files included.
+        self.wait_until("the old copy's files to go", lambda: not (
+            os.path.exists(source_dir) and os.listdir(source_dir)))
+        # Each end audited its half, naming the other.
+        out = self.audit_of(source, "move_out", module)
+        self.assertEqual(len(out), 1)
+        self.assertEqual(json.loads(out[0].details_json)["to_replica"], target)
+        into = self.audit_of(target, "move_in", module)
+        self.assertEqual(len(into), 1)
+        self.assertEqual(json.loads(into[0].details_json)["from_replica"],
+                         source)
+        self.assertEqual(json.loads(into[0].details_json)["bytes"],
+                         json.loads(out[0].details_json)["bytes"])
+        # Writes reach the new owner, through the old one too.
+        self.stub(source).SetTraining(
+            pb.SetTrainingRequest(module=module, training=False),
+            timeout=TIMEOUT)
+        # The new owner's saved state is its own: it restarts with it.
+        self.servers[target].kill()
+        self.servers[target].start()
+        self.assertEqual(self.state(via, module)[1], data)
+        up = self.cli(via, "audit", "verify", "--cluster")
+        self.assertEqual(up.returncode, 0, up.stdout + up.stderr)
+        # And it moves back.
+        back = self.cli(target, "cluster", "move", module, source, "--json")
+        self.assertEqual(back.returncode, 0, back.stdout + back.stderr)
+        self.assertEqual(json.loads(back.stdout)["to_replica"], source)
+        self.assertEqual(self.owners()[module], source)
+        self.assertEqual(self.state(target, module)[1], data)
+
+    def test_9f_cluster_move_refuses_what_it_cannot_do(self):
+        self.build("r0", "move/n")
+        owner = self.owners()["move/n"]
+        channel = grpc.insecure_channel(self.servers["r1"].address)
+        self.addCleanup(channel.close)
+        cluster = cluster_pb2_grpc.ClusterServiceStub(channel)
+
+        def move(module, replica):
+            with self.assertRaises(grpc.RpcError) as e:
+                cluster.MoveModuleToReplica(
+                    cluster_pb2.MoveModuleToReplicaRequest(
+                        module=module, replica=replica), timeout=TIMEOUT)
+            return e.exception
+        e = move("move/n", owner)
+        self.assertEqual(e.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("already on replica " + owner, e.details())
+        e = move("move/absent", "r0")
+        self.assertEqual(e.code(), grpc.StatusCode.NOT_FOUND)
+        e = move("move/n", "nobody")
+        self.assertEqual(e.code(), grpc.StatusCode.UNAVAILABLE)
+        self.assertIn("replica nobody holds no live lease", e.details())
+        e = move("move/n", "")
+        self.assertEqual(e.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("replica", e.details())
+        # The receiving half is for replicas only.
+        header = cluster_pb2.ImportModuleRequest()
+        header.header.module = "move/forged"
+        header.header.from_replica = owner
+        header.header.files.add(name="manifest.json", bytes=2)
+        with self.assertRaises(grpc.RpcError) as e:
+            cluster.ImportModule(iter([header, cluster_pb2.ImportModuleRequest(
+                data=b"{}")]), timeout=TIMEOUT)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.UNAUTHENTICATED)
+        # Nothing moved.
+        self.assertEqual(self.owners()["move/n"], owner)
 
 
 class TlsClusterTest(unittest.TestCase):

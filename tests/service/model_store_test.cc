@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -15,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "base/file_util.h"
 #include "base/status_macros.h"
 #include "core/forward_hooks.h"
 #include "core/staged_state_dict.h"
@@ -33,12 +35,15 @@ namespace modelstate {
 namespace {
 
 namespace fs = std::filesystem;
+using ::modelstate::testing::ExpectSameState;
 using ::modelstate::testing::Filled;
 using ::modelstate::testing::IsOk;
 using ::modelstate::testing::SpecFromJson;
 using ::modelstate::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::SizeIs;
 
 constexpr char kLinear[] = R"({"type": "Linear", "args": [4, 3]})";
 
@@ -637,6 +642,146 @@ TEST_F(ModelStoreTest, AnEvalForwardIsAReader) {
   forward.join();
   reader.join();
   hook.Remove();
+}
+
+// A second store, as another replica would hold it, for cluster moves.
+struct OtherReplica {
+  explicit OtherReplica(const fs::path& dir) {
+    fs::create_directories(dir);
+    audit = *AuditLog::Open((dir / "audit.log").string());
+    repository = *ModuleRepository::Open((dir / "modules").string());
+    store = std::make_unique<ModelStore>();
+    store->set_audit_log(audit.get());
+    store->set_repository(repository.get());
+  }
+  ~OtherReplica() {
+    store.reset();
+    repository.reset();
+    audit.reset();
+  }
+  std::unique_ptr<AuditLog> audit;
+  std::unique_ptr<ModuleRepository> repository;
+  std::unique_ptr<ModelStore> store;
+};
+
+// What the cluster service does with a move's files, without the wire:
+// each data file copied to a path the target reserved, then MoveIn.
+absl::StatusOr<uint64_t> SendTo(ModelStore& target, const ModuleName& name,
+                                const std::vector<std::string>& files,
+                                absl::FunctionRef<absl::Status()> take) {
+  std::map<std::string, std::string> received;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i + 1 < files.size(); ++i) {
+    MODELSTATE_ASSIGN_OR_RETURN(std::string path,
+                                target.ReserveImportFile(name));
+    fs::copy_file(files[i], path, fs::copy_options::overwrite_existing);
+    bytes += fs::file_size(path);
+    received[fs::path(files[i]).filename().string()] = path;
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(std::string manifest, ReadFile(files.back()));
+  bytes += manifest.size();
+  MODELSTATE_RETURN_IF_ERROR(target.MoveIn(OperationContext{"admin", "mv"},
+                                           name, "here", manifest, received,
+                                           bytes, take));
+  return bytes;
+}
+
+TEST_F(ModelStoreTest, AClusterMoveHandsTheModuleAndItsRecordOver) {
+  MakeDurable();
+  ASSERT_THAT(Build("t/m").status(), IsOk());
+  ASSERT_THAT(store_->Load(ctx_, Name("t/m"), Pattern(2.5f), {}).status(),
+              IsOk());
+  const StateDict before = State("t/m");
+  OtherReplica other(dir_ / "other");
+  auto ok = [] { return absl::OkStatus(); };
+  uint64_t sent = 0;
+  ASSERT_THAT(
+      store_->MoveOut(ctx_, Name("t/m"), "there",
+                      [&](const std::vector<std::string>& files)
+                          -> absl::StatusOr<uint64_t> {
+                        MODELSTATE_ASSIGN_OR_RETURN(
+                            sent, SendTo(*other.store, Name("t/m"), files, ok));
+                        return sent;
+                      }),
+      IsOk());
+  EXPECT_GT(sent, 0u);
+  EXPECT_FALSE(store_->Contains(Name("t/m")));
+  EXPECT_FALSE(fs::exists(Manifest("t/m")));
+  absl::StatusOr<StateDictSnapshot> moved =
+      other.store->Snapshot(Name("t/m"), {});
+  ASSERT_THAT(moved.status(), IsOk());
+  ExpectSameState(moved->state, before);
+  ASSERT_THAT(Records("move_out"), SizeIs(1));
+  EXPECT_EQ(
+      nlohmann::json::parse(Records("move_out")[0].details_json)["to_replica"],
+      "there");
+  AuditQuery query;
+  query.type = "move_in";
+  std::vector<AuditRecord> in = *other.audit->Query(query);
+  ASSERT_THAT(in, SizeIs(1));
+  const nlohmann::json details = nlohmann::json::parse(in[0].details_json);
+  EXPECT_EQ(details["from_replica"], "here");
+  EXPECT_EQ(details["bytes"], sent);
+  // The target's saved state names its own change: a restart takes it
+  // back without a "recovered" record or a refusal.
+  const fs::path other_dir = dir_ / "other";
+  other.store.reset();
+  other.repository = *ModuleRepository::Open((other_dir / "modules").string());
+  other.store = std::make_unique<ModelStore>();
+  other.store->set_audit_log(other.audit.get());
+  other.store->set_repository(other.repository.get());
+  ModelStore::RestoreReport report = other.store->Restore();
+  EXPECT_THAT(report.refused, IsOk());
+  EXPECT_EQ(report.modules, 1u);
+  EXPECT_EQ(report.recovered, 0u);
+  EXPECT_THAT(report.errors, IsEmpty());
+}
+
+TEST_F(ModelStoreTest, AFailedClusterMoveLeavesTheModuleWhereItWas) {
+  MakeDurable();
+  ASSERT_THAT(Build("t/m").status(), IsOk());
+  const StateDict before = State("t/m");
+  OtherReplica other(dir_ / "other");
+  const std::string other_dir =
+      data_dir::ModuleDir((dir_ / "other" / "modules").string(), Name("t/m"));
+  // The target could not take the ownership (etcd said no): nothing of
+  // the import is left there, and the module stays here, writable.
+  auto refused = [] {
+    return absl::FailedPreconditionError("owned by someone else");
+  };
+  EXPECT_THAT(store_->MoveOut(ctx_, Name("t/m"), "there",
+                              [&](const std::vector<std::string>& files) {
+                                return SendTo(*other.store, Name("t/m"), files,
+                                              refused);
+                              }),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("owned by someone else")));
+  EXPECT_FALSE(other.store->Contains(Name("t/m")));
+  other.repository->WaitForDeletions();
+  EXPECT_FALSE(fs::exists(other_dir) && !fs::is_empty(other_dir));
+  ExpectSameState(State("t/m"), before);
+  EXPECT_THAT(store_->SetTraining(ctx_, Name("t/m"), false), IsOk());
+  ASSERT_THAT(Records("move_out"), SizeIs(1));
+  EXPECT_EQ(Records("move_out")[0].outcome, "error");
+  // A sender that fails before the target hears of it: the same.
+  EXPECT_THAT(
+      store_->MoveOut(
+          ctx_, Name("t/m"), "there",
+          [](const std::vector<std::string>&) -> absl::StatusOr<uint64_t> {
+            return absl::UnavailableError("cut off");
+          }),
+      StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_TRUE(store_->Contains(Name("t/m")));
+  // A target that hosts the name already refuses the files.
+  BuildOptions no_hooks;
+  no_hooks.hooks = nullptr;
+  ASSERT_THAT(
+      other.store
+          ->Build(ctx_, Name("t/m"), SpecFromJson(kLinear), no_hooks, false)
+          .status(),
+      IsOk());
+  EXPECT_THAT(other.store->ReserveImportFile(Name("t/m")).status(),
+              StatusIs(absl::StatusCode::kAlreadyExists));
 }
 
 }  // namespace

@@ -19,6 +19,16 @@ class ClusterServiceStub(object):
                 request_serializer=modelstate_dot_v1_dot_cluster__pb2.GetClusterStatusRequest.SerializeToString,
                 response_deserializer=modelstate_dot_v1_dot_cluster__pb2.GetClusterStatusResponse.FromString,
                 )
+        self.MoveModuleToReplica = channel.unary_unary(
+                '/modelstate.v1.ClusterService/MoveModuleToReplica',
+                request_serializer=modelstate_dot_v1_dot_cluster__pb2.MoveModuleToReplicaRequest.SerializeToString,
+                response_deserializer=modelstate_dot_v1_dot_cluster__pb2.MoveModuleToReplicaResponse.FromString,
+                )
+        self.ImportModule = channel.stream_unary(
+                '/modelstate.v1.ClusterService/ImportModule',
+                request_serializer=modelstate_dot_v1_dot_cluster__pb2.ImportModuleRequest.SerializeToString,
+                response_deserializer=modelstate_dot_v1_dot_cluster__pb2.ImportModuleResponse.FromString,
+                )
 
 
 class ClusterServiceServicer(object):
@@ -33,6 +43,32 @@ class ClusterServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MoveModuleToReplica(self, request, context):
+        """Moves a module to another live replica (modelstatectl cluster move):
+        its owner streams the module's files (manifest and data, as on disk)
+        to the new owner, which saves them, takes ownership in one etcd
+        transaction and hosts the module; only then does the old owner delete
+        its copy. Writes to the module wait meanwhile; reads go on. Both
+        replicas record it in their audit logs ("move_out", "move_in"). Needs
+        the admin role; any replica accepts it and passes it to the owner.
+        FAILED_PRECONDITION when the module is already on `replica`, NOT_FOUND
+        when it is not placed, UNAVAILABLE when either replica holds no live
+        lease.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImportModule(self, request_iterator, context):
+        """The receiving half of a move, called by the module's owner (the
+        cluster secret is required: a client gets UNAUTHENTICATED). The
+        stream: one ImportModuleHeader, then every file's bytes in the
+        header's order, in chunks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -40,6 +76,16 @@ def add_ClusterServiceServicer_to_server(servicer, server):
                     servicer.GetClusterStatus,
                     request_deserializer=modelstate_dot_v1_dot_cluster__pb2.GetClusterStatusRequest.FromString,
                     response_serializer=modelstate_dot_v1_dot_cluster__pb2.GetClusterStatusResponse.SerializeToString,
+            ),
+            'MoveModuleToReplica': grpc.unary_unary_rpc_method_handler(
+                    servicer.MoveModuleToReplica,
+                    request_deserializer=modelstate_dot_v1_dot_cluster__pb2.MoveModuleToReplicaRequest.FromString,
+                    response_serializer=modelstate_dot_v1_dot_cluster__pb2.MoveModuleToReplicaResponse.SerializeToString,
+            ),
+            'ImportModule': grpc.stream_unary_rpc_method_handler(
+                    servicer.ImportModule,
+                    request_deserializer=modelstate_dot_v1_dot_cluster__pb2.ImportModuleRequest.FromString,
+                    response_serializer=modelstate_dot_v1_dot_cluster__pb2.ImportModuleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -65,5 +111,39 @@ class ClusterService(object):
         return grpc.experimental.unary_unary(request, target, '/modelstate.v1.ClusterService/GetClusterStatus',
             modelstate_dot_v1_dot_cluster__pb2.GetClusterStatusRequest.SerializeToString,
             modelstate_dot_v1_dot_cluster__pb2.GetClusterStatusResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def MoveModuleToReplica(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/modelstate.v1.ClusterService/MoveModuleToReplica',
+            modelstate_dot_v1_dot_cluster__pb2.MoveModuleToReplicaRequest.SerializeToString,
+            modelstate_dot_v1_dot_cluster__pb2.MoveModuleToReplicaResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ImportModule(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(request_iterator, target, '/modelstate.v1.ClusterService/ImportModule',
+            modelstate_dot_v1_dot_cluster__pb2.ImportModuleRequest.SerializeToString,
+            modelstate_dot_v1_dot_cluster__pb2.ImportModuleResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
