@@ -4,6 +4,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -11,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "base/status_macros.h"
@@ -315,10 +317,26 @@ grpc::Status ModelStateServiceImpl::QueryClusterAudit(
     entry.record->set_replica(page.replica);
     *response->add_records() = std::move(*entry.record);
   }
+  std::set<std::string> merged_replicas;
   for (const Page& page : pages) {
+    merged_replicas.insert(page.replica);
     response->add_replicas(page.replica);
     if (more)
       (*response->mutable_next_after_seqs())[page.replica] = page.after_seq;
+  }
+  // The replicas that have a log (they recorded its checkpoint in etcd)
+  // but no live lease: their records are not here.
+  std::shared_ptr<ClusterMember> member = router_->member();
+  absl::StatusOr<std::vector<RecordedCheckpoint>> known =
+      member == nullptr
+          ? absl::StatusOr<std::vector<RecordedCheckpoint>>(
+                absl::UnavailableError("this replica is still joining"))
+          : member->Checkpoints();
+  if (!known.ok()) return convert::ToGrpcStatus(known.status());
+  for (const RecordedCheckpoint& checkpoint : *known) {
+    if (merged_replicas.count(checkpoint.replica) == 0) {
+      response->add_missing_replicas(checkpoint.replica);
+    }
   }
   return grpc::Status::OK;
 }
@@ -722,13 +740,15 @@ grpc::Status ModelStateServiceImpl::WatchClusterAudit(
     grpc::ServerContext* context, const v1::WatchAuditRequest* request,
     AuditWriter* writer) {
   // This replica's records on this thread, each other replica's from a
-  // forwarded watch on a thread of its own; one writer, one write at a
-  // time. The first to fail stops them all.
-  absl::StatusOr<std::vector<Peer>> others = router_->OtherMembers();
-  if (!others.ok()) return convert::ToGrpcStatus(others.status());
+  // forwarded watch on a thread of its own, started for the members live
+  // now and, every relay_refresh, for members that joined since; one
+  // writer, one write at a time. The first to fail stops them all.
+  absl::StatusOr<std::vector<Peer>> first = router_->OtherMembers();
+  if (!first.ok()) return convert::ToGrpcStatus(first.status());
   Mutex mu;
   grpc::Status failure;  // guarded by mu
   std::atomic<bool> stop{false};
+  absl::Notification stopped;
   auto writes_as = [&](const std::string& replica) -> AuditSink {
     return [&, replica](v1::AuditRecordProto& record) {
       record.set_replica(replica);
@@ -744,9 +764,12 @@ grpc::Status ModelStateServiceImpl::WatchClusterAudit(
     if (after != request->after_seqs().end()) own.set_after_seq(after->second);
     return own;
   };
+  // Guarded by mu: who is watched, and how.
+  std::set<std::string> watched;
   std::vector<std::unique_ptr<grpc::ClientContext>> calls;
   std::vector<std::thread> threads;
-  for (const Peer& peer : *others) {
+  auto follow = [&](const Peer& peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (!watched.insert(peer.replica).second) return;
     calls.push_back(router_->ForwardingContext(*context));
     threads.emplace_back([&, peer, call = calls.back().get(),
                           remote = own(peer.replica)] {
@@ -759,10 +782,10 @@ grpc::Status ModelStateServiceImpl::WatchClusterAudit(
       while (!stop.load() && written && reader->Read(&record)) {
         written = write(record);
       }
-      const bool stopped = stop.exchange(true);
+      const bool was_stopped = stop.exchange(true);
       call->TryCancel();
       grpc::Status status = reader->Finish();
-      if (stopped || !written) return;
+      if (was_stopped || !written) return;
       if (status.ok()) {
         status = grpc::Status(grpc::StatusCode::UNAVAILABLE,
                               "its audit watch ended");
@@ -772,11 +795,28 @@ grpc::Status ModelStateServiceImpl::WatchClusterAudit(
           status.error_code(),
           absl::StrCat("replica ", peer.replica, ": ", status.error_message()));
     });
+  };
+  {
+    MutexLock lock(&mu);
+    for (const Peer& peer : *first) follow(peer);
   }
+  std::thread joiners([&] {
+    while (!stopped.WaitForNotificationWithTimeout(router_->relay_refresh())) {
+      absl::StatusOr<std::vector<Peer>> now = router_->OtherMembers();
+      if (!now.ok()) continue;  // etcd away: try again
+      MutexLock lock(&mu);
+      for (const Peer& peer : *now) follow(peer);
+    }
+  });
   grpc::Status local = WatchOwnAudit(context, own(router_->replica()),
                                      writes_as(router_->replica()), &stop);
   stop.store(true);
-  for (const auto& call : calls) call->TryCancel();
+  stopped.Notify();
+  joiners.join();
+  {
+    MutexLock lock(&mu);
+    for (const auto& call : calls) call->TryCancel();
+  }
   for (std::thread& thread : threads) thread.join();
   MutexLock lock(&mu);
   return failure.ok() ? local : failure;

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "base/signal_pipe.h"
 #include "base/status_macros.h"
 #include "client/cli/command.h"
@@ -94,11 +95,17 @@ absl::Status Query(Context& c, const AuditArgs& a) {
   request.set_after_seq(a.after.value_or(0));
   request.set_cluster(a.cluster);
   uint64_t printed = 0;
+  bool warned = false;
   while (printed < limit) {
     request.set_limit(
         static_cast<int32_t>(std::min<uint64_t>(limit - printed, 1000)));
     MODELSTATE_ASSIGN_OR_RETURN(v1::QueryAuditResponse response,
                                 rpc->QueryAudit(request));
+    if (!warned && !response.missing_replicas().empty()) {
+      warned = true;
+      c.err() << "warning: left out (no live lease): "
+              << absl::StrJoin(response.missing_replicas(), ", ") << "\n";
+    }
     for (const v1::AuditRecordProto& r : response.records()) {
       MODELSTATE_RETURN_IF_ERROR(PrintRecord(c, r));
       ++printed;

@@ -23,8 +23,9 @@ Checked through the real Python client's stubs, against every replica:
   restarts takes no write until the subscriber's relay has reached it
   (its home held stopped meanwhile), then its registrations are governed;
 - a SIGKILLed replica: its modules answer UNAVAILABLE naming it, the
-  others' answer, and `modelstatectl audit verify --cluster` fails naming
-  it; after its restart (same volume) its modules are back with the state
+  others' answer, `modelstatectl audit verify --cluster` fails naming
+  it, and a merged audit query names it as left out; a merged watch
+  started meanwhile follows it once it is back; after its restart (same volume) its modules are back with the state
   loaded before the kill, and every replica's log checks out against the
   checkpoint it recorded in etcd;
 - a replica stopped (SIGSTOP) past its lease accepts no write after it
@@ -580,10 +581,45 @@ class ClusterTest(unittest.TestCase):
         down = self.cli(survivor, "audit", "verify", "--cluster")
         self.assertEqual(down.returncode, 1, down.stdout + down.stderr)
         self.assertIn(victim + ": FAILED: no live lease", down.stdout)
+        # A merged query names the replica it had to leave out.
+        merged = self.stub(survivor).QueryAudit(
+            pb.QueryAuditRequest(cluster=True, limit=1), timeout=TIMEOUT)
+        self.assertNotIn(victim, merged.replicas)
+        self.assertEqual(list(merged.missing_replicas), [victim])
+        query = self.cli(survivor, "audit", "query", "--cluster", "--limit",
+                         "1")
+        self.assertEqual(query.returncode, 0, query.stderr)
+        self.assertIn("warning: left out (no live lease): " + victim,
+                      query.stderr)
+        # A merged watch started now takes the victim in once it is back.
+        watch_channel = grpc.insecure_channel(self.servers[survivor].address)
+        self.addCleanup(watch_channel.close)
+        watch = pb_grpc.ModelStateServiceStub(watch_channel).WatchAudit(
+            pb.WatchAuditRequest(cluster=True, filter=pb.AuditFilter(
+                namespace="kill", type="set_training")), timeout=60)
+        self.addCleanup(watch.cancel)
+        seen = queue.Queue()
+
+        def drain():
+            try:
+                for record in watch:
+                    seen.put(record)
+            except grpc.RpcError:
+                pass  # cancelled at the end of the test
+        threading.Thread(target=drain, daemon=True).start()
         # Back with its volume: everything it owned answers, unchanged.
         self.servers[victim].start()
         for module in before:
             self.assertEqual(self.state(survivor, module)[1], before[module])
+        self.wait_until("the watch to follow the victim", lambda: victim in [
+            m.replica for m in self.cluster_status(survivor).members])
+        time.sleep(1.5)  # the watch looks for joined members every second
+        self.stub(survivor).SetTraining(
+            pb.SetTrainingRequest(module="kill/m0", training=False),
+            timeout=TIMEOUT)
+        record = seen.get(timeout=TIMEOUT)
+        self.assertEqual((record.replica, record.module, record.type),
+                         (victim, "m0", "set_training"))
         # Every replica's log extends the checkpoint it recorded in etcd.
         up = self.cli(survivor, "audit", "verify", "--cluster")
         self.assertEqual(up.returncode, 0, up.stdout + up.stderr)
