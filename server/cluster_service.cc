@@ -92,9 +92,9 @@ absl::StatusOr<uint64_t> SendModule(ClusterRouter& router,
   std::unique_ptr<grpc::ClientWriter<v1::ImportModuleRequest>> writer =
       stub.ImportModule(call.get(), &reply);
   absl::Status read = absl::OkStatus();
-  bool open = writer->Write(header);
+  bool sending = writer->Write(header);
   v1::ImportModuleRequest chunk;
-  for (size_t i = 0; open && read.ok() && i < files.size(); ++i) {
+  for (size_t i = 0; sending && read.ok() && i < files.size(); ++i) {
     const std::string& path = files[i];
     ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (fd.get() < 0) {
@@ -102,14 +102,14 @@ absl::StatusOr<uint64_t> SendModule(ClusterRouter& router,
       break;
     }
     uint64_t left = header.header().files(static_cast<int>(i)).bytes();
-    for (uint64_t offset = 0; open && left > 0;) {
+    for (uint64_t offset = 0; sending && left > 0;) {
       const size_t n =
           static_cast<size_t>(std::min<uint64_t>(left, kMoveChunkBytes));
       std::string* data = chunk.mutable_data();
       data->resize(n);
       read = PreadAll(fd.get(), data->data(), n, offset, path);
       if (!read.ok()) break;
-      open = writer->Write(chunk);
+      sending = writer->Write(chunk);
       offset += n;
       left -= n;
     }

@@ -241,8 +241,9 @@ absl::Status ModelService::MoveModuleIn(
     const std::string& from_replica, absl::string_view manifest,
     const std::map<std::string, std::string>& received, uint64_t bytes,
     absl::FunctionRef<absl::Status()> take_ownership) {
-  if (absl::Status allowed = gate_.AllowAdmin(caller, "ImportModule");
-      !allowed.ok()) {
+  absl::Status allowed = gate_.AllowAdmin(caller, "ImportModule");
+  if (allowed.ok()) allowed = gate_.AuditWritable();
+  if (!allowed.ok()) {
     store_->AbandonImport(module, received);
     return allowed;
   }

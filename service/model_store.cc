@@ -1217,12 +1217,30 @@ absl::Status ModelStore::MoveIn(
       !quota.ok()) {
     return undo(quota);
   }
-  if (absl::Status taken = take_ownership(); !taken.ok()) return undo(taken);
+  // Hosted before the takeover, its writers held off: once the cluster
+  // names this replica the owner, a build of the name finds it here.
   auto entry = std::make_shared<Entry>(name, std::move(loaded->root));
+  MutexLock gate(&entry->gate);
   {
     MutexLock lock(&mu_);
-    entries_.emplace(name.full(), std::move(entry));
+    if (!entries_.emplace(name.full(), entry).second) {
+      // Unreachable: Import found no manifest, and every hosted module has
+      // one. The files are not touched: they may be the other module's.
+      return recorded(absl::InternalError(absl::StrCat(
+          "module '", name.full(), "' appeared here during its import")));
+    }
     ReleaseLocked(hold);
+  }
+  if (absl::Status taken = take_ownership(); !taken.ok()) {
+    {
+      WriterMutexLock lock(&entry->mu);
+      entry->deleted = true;
+    }
+    {
+      MutexLock lock(&mu_);
+      entries_.erase(name.full());
+    }
+    return undo(taken);
   }
   return recorded(absl::OkStatus());
 }
