@@ -1,21 +1,16 @@
 #include "server/cluster_service.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <filesystem>
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "base/file_util.h"
 #include "base/status_macros.h"
 #include "proto/convert.h"
 #include "proto/service_convert.h"
 #include "server/model_state_service.h"
-#include "service/data_dir.h"
+#include "service/module_transfer.h"
 
 namespace modelstate::server {
 namespace {
@@ -62,58 +57,40 @@ absl::Status ClusterStatus(ClusterMember& member,
 
 // The bytes of file a move sends per message.
 constexpr size_t kMoveChunkBytes = 1 << 20;
-// A manifest is held in memory while it is received: 1 KiB per tensor is
-// generous, so this admits a million tensors.
-constexpr uint64_t kMaxManifestBytes = uint64_t{1} << 30;
 
-// Sends `files` (paths, manifest last) over an ImportModule stream to
-// `target`, which then owns `module`; returns the bytes sent.
+// Sends `paths` (a module's files, manifest last) over an ImportModule
+// stream to `target`, which then owns `module`; returns the bytes sent.
 absl::StatusOr<uint64_t> SendModule(ClusterRouter& router,
                                     const grpc::ServerContext& context,
                                     const Peer& target,
                                     const std::string& module,
-                                    const std::vector<std::string>& files) {
+                                    const std::vector<std::string>& paths) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::vector<TransferFile> files,
+                              DescribeTransferFiles(paths));
   v1::ImportModuleRequest header;
   header.mutable_header()->set_module(module);
   header.mutable_header()->set_from_replica(router.replica());
   uint64_t total = 0;
-  for (const std::string& path : files) {
-    std::error_code ec;
-    const uint64_t size = std::filesystem::file_size(path, ec);
-    if (ec) return ErrnoStatus(ec.value(), path, "cannot read its size");
-    auto* file = header.mutable_header()->add_files();
-    file->set_name(std::filesystem::path(path).filename().string());
-    file->set_bytes(size);
-    total += size;
+  for (const TransferFile& file : files) {
+    auto* out = header.mutable_header()->add_files();
+    out->set_name(file.name);
+    out->set_bytes(file.bytes);
+    total += file.bytes;
   }
   v1::ClusterService::Stub stub(target.channel);
   std::unique_ptr<grpc::ClientContext> call = router.ForwardingContext(context);
   v1::ImportModuleResponse reply;
   std::unique_ptr<grpc::ClientWriter<v1::ImportModuleRequest>> writer =
       stub.ImportModule(call.get(), &reply);
-  absl::Status read = absl::OkStatus();
-  bool sending = writer->Write(header);
   v1::ImportModuleRequest chunk;
-  for (size_t i = 0; sending && read.ok() && i < files.size(); ++i) {
-    const std::string& path = files[i];
-    ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (fd.get() < 0) {
-      read = ErrnoStatus(errno, path, "cannot open");
-      break;
-    }
-    uint64_t left = header.header().files(static_cast<int>(i)).bytes();
-    for (uint64_t offset = 0; sending && left > 0;) {
-      const size_t n =
-          static_cast<size_t>(std::min<uint64_t>(left, kMoveChunkBytes));
-      std::string* data = chunk.mutable_data();
-      data->resize(n);
-      read = PreadAll(fd.get(), data->data(), n, offset, path);
-      if (!read.ok()) break;
-      sending = writer->Write(chunk);
-      offset += n;
-      left -= n;
-    }
-  }
+  bool sending = writer->Write(header);
+  absl::Status read =
+      ReadTransferFiles(paths, kMoveChunkBytes, [&](std::string& bytes) {
+        chunk.mutable_data()->swap(bytes);
+        sending = sending && writer->Write(chunk);
+        chunk.mutable_data()->swap(bytes);
+        return sending;
+      });
   if (!read.ok()) {
     call->TryCancel();
     (void)writer->Finish();
@@ -134,135 +111,30 @@ absl::StatusOr<uint64_t> SendModule(ClusterRouter& router,
                                                   failed.message()));
 }
 
-// An ImportModule stream's files, as the header announced them: every data
-// file goes to a reserved path of the module, the manifest into memory.
-class ReceivedFiles {
- public:
-  explicit ReceivedFiles(const v1::ImportModuleHeader& header)
-      : header_(header) {}
-
-  // Checks the header's file list and reserves a path for each data file.
-  absl::Status Open(ModelService& service, const Caller& caller,
-                    const ModuleName& module) {
-    const int count = header_.files_size();
-    if (count == 0 || header_.files(count - 1).name() != "manifest.json") {
-      return absl::InvalidArgumentError(
-          "header.files: must end with manifest.json");
-    }
-    if (header_.files(count - 1).bytes() > kMaxManifestBytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "header.files: the manifest's ", header_.files(count - 1).bytes(),
-          " bytes exceed ", kMaxManifestBytes));
-    }
-    for (int i = 0; i + 1 < count; ++i) {
-      const std::string& name = header_.files(i).name();
-      if (data_dir::DataFileNumber(name) == 0 ||
-          data_dir::DataFileName(data_dir::DataFileNumber(name)) != name ||
-          received_.count(name) > 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("header.files[", i, "].name: '", name,
-                         "' is not a data file name, or it repeats"));
-      }
-      MODELSTATE_ASSIGN_OR_RETURN(std::string path,
-                                  service.ReserveImportFile(caller, module));
-      received_[name] = path;
-      paths_.push_back(std::move(path));
-    }
-    return absl::OkStatus();
-  }
-
-  // The next bytes of the stream, in the header's file order.
-  absl::Status Append(absl::string_view data) {
-    while (!data.empty()) {
-      if (file_ == header_.files_size()) {
-        return absl::InvalidArgumentError(
-            "data: more bytes than the header's files hold");
-      }
-      const uint64_t size = header_.files(file_).bytes();
-      const size_t n =
-          static_cast<size_t>(std::min<uint64_t>(data.size(), size - offset_));
-      if (file_ + 1 == header_.files_size()) {
-        manifest_.append(data.data(), n);
-      } else {
-        MODELSTATE_RETURN_IF_ERROR(Write(data.substr(0, n)));
-      }
-      data.remove_prefix(n);
-      offset_ += n;
-      if (offset_ == size) MODELSTATE_RETURN_IF_ERROR(NextFile());
-    }
-    return absl::OkStatus();
-  }
-
-  // OK when every announced byte came; the data files are durable then.
-  absl::Status Finish() {
-    // Empty files end here (no data message marks them).
-    while (file_ < header_.files_size() &&
-           header_.files(file_).bytes() == offset_) {
-      MODELSTATE_RETURN_IF_ERROR(NextFile());
-    }
-    if (file_ < header_.files_size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data: the stream ended inside file '", header_.files(file_).name(),
-          "' (", offset_, " of ", header_.files(file_).bytes(), " bytes)"));
-    }
-    return absl::OkStatus();
-  }
-
-  uint64_t bytes() const {
-    uint64_t total = 0;
-    for (const auto& file : header_.files()) total += file.bytes();
-    return total;
-  }
-  const std::string& manifest() const { return manifest_; }
-  // The sender's data file names -> the reserved paths. Taken by whoever
-  // ends the import.
-  std::map<std::string, std::string> Take() { return std::move(received_); }
-
- private:
-  absl::Status Write(absl::string_view data) {
-    const std::string& path = paths_[static_cast<size_t>(file_)];
-    if (fd_ == nullptr) {
-      fd_ = std::make_unique<ScopedFd>(
-          ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-      if (fd_->get() < 0) return ErrnoStatus(errno, path, "cannot create");
-    }
-    return WriteAll(fd_->get(), data, path);
-  }
-  // The current file is complete: durable before the manifest names it.
-  absl::Status NextFile() {
-    if (file_ + 1 < header_.files_size()) {
-      if (fd_ == nullptr) MODELSTATE_RETURN_IF_ERROR(Write({}));
-      const std::string& path = paths_[static_cast<size_t>(file_)];
-      MODELSTATE_RETURN_IF_ERROR(Fdatasync(fd_->get(), path));
-      MODELSTATE_RETURN_IF_ERROR(fd_->Close(path));
-      fd_.reset();
-    }
-    ++file_;
-    offset_ = 0;
-    return absl::OkStatus();
-  }
-
-  const v1::ImportModuleHeader& header_;
-  std::map<std::string, std::string> received_;
-  std::vector<std::string> paths_;  // in header order
-  std::string manifest_;
-  int file_ = 0;
-  uint64_t offset_ = 0;
-  std::unique_ptr<ScopedFd> fd_;
-};
-
 }  // namespace
+
+absl::StatusOr<Caller> ClusterServiceImpl::Authenticate(
+    const grpc::ServerContext& context, absl::string_view rpc) {
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Credentials credentials,
+      router_->CallerCredentials(context, CredentialsOf(context)));
+  return service_->Authenticate(credentials, rpc);
+}
+
+absl::StatusOr<std::shared_ptr<ClusterMember>> ClusterServiceImpl::Member() {
+  std::shared_ptr<ClusterMember> member = router_->member();
+  if (member == nullptr) {
+    return absl::UnavailableError("this replica is still joining");
+  }
+  return member;
+}
 
 grpc::Status ClusterServiceImpl::MoveModuleToReplica(
     grpc::ServerContext* context, const v1::MoveModuleToReplicaRequest* request,
     v1::MoveModuleToReplicaResponse* response) {
   absl::Status status = [&]() -> absl::Status {
-    MODELSTATE_ASSIGN_OR_RETURN(
-        Credentials credentials,
-        router_->CallerCredentials(*context, CredentialsOf(*context)));
-    MODELSTATE_ASSIGN_OR_RETURN(
-        Caller caller,
-        service_->Authenticate(credentials, "MoveModuleToReplica"));
+    MODELSTATE_ASSIGN_OR_RETURN(Caller caller,
+                                Authenticate(*context, "MoveModuleToReplica"));
     MODELSTATE_RETURN_IF_ERROR(
         service_->AllowAdmin(caller, "MoveModuleToReplica"));
     MODELSTATE_ASSIGN_OR_RETURN(ModuleName name,
@@ -271,10 +143,8 @@ grpc::Status ClusterServiceImpl::MoveModuleToReplica(
     if (target.empty()) {
       return absl::InvalidArgumentError("replica: empty");
     }
-    std::shared_ptr<ClusterMember> member = router_->member();
-    if (member == nullptr) {
-      return absl::UnavailableError("this replica is still joining");
-    }
+    MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<ClusterMember> member,
+                                Member());
     MODELSTATE_ASSIGN_OR_RETURN(std::optional<std::string> owner,
                                 member->OwnerOf(name.full()));
     if (!owner.has_value()) {
@@ -318,54 +188,44 @@ grpc::Status ClusterServiceImpl::ImportModule(
     grpc::ServerContext* context,
     grpc::ServerReader<v1::ImportModuleRequest>* reader,
     v1::ImportModuleResponse* response) {
-  std::optional<ModuleName> name;
-  std::map<std::string, std::string> abandoned;
   absl::Status status = [&]() -> absl::Status {
     if (!router_->IsForwarded(*context)) {
       return absl::UnauthenticatedError(
           "ImportModule: only the replicas of this cluster call it (the "
           "cluster secret is missing)");
     }
-    MODELSTATE_ASSIGN_OR_RETURN(
-        Credentials credentials,
-        router_->CallerCredentials(*context, CredentialsOf(*context)));
-    MODELSTATE_ASSIGN_OR_RETURN(
-        Caller caller, service_->Authenticate(credentials, "ImportModule"));
-    std::shared_ptr<ClusterMember> member = router_->member();
-    if (member == nullptr) {
-      return absl::UnavailableError("this replica is still joining");
-    }
+    MODELSTATE_ASSIGN_OR_RETURN(Caller caller,
+                                Authenticate(*context, "ImportModule"));
+    MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<ClusterMember> member,
+                                Member());
     v1::ImportModuleRequest message;
     if (!reader->Read(&message) || !message.has_header()) {
       return absl::InvalidArgumentError(
           "header: the stream must open with an ImportModuleHeader");
     }
-    const v1::ImportModuleHeader header = message.header();
-    MODELSTATE_ASSIGN_OR_RETURN(name,
+    const v1::ImportModuleHeader header = std::move(*message.mutable_header());
+    MODELSTATE_ASSIGN_OR_RETURN(ModuleName name,
                                 convert::ParseModuleField(header.module()));
-    ReceivedFiles files(header);
-    absl::Status received = files.Open(*service_, caller, *name);
-    while (received.ok() && reader->Read(&message)) {
+    std::vector<TransferFile> files;
+    for (const auto& file : header.files()) {
+      files.push_back({file.name(), file.bytes()});
+    }
+    MODELSTATE_ASSIGN_OR_RETURN(
+        std::unique_ptr<ModuleImport> import,
+        ModuleImport::Begin(*service_, caller, name, header.from_replica(),
+                            std::move(files)));
+    while (reader->Read(&message)) {
       if (!message.has_data()) {
-        received = absl::InvalidArgumentError(
+        return absl::InvalidArgumentError(
             "header: sent twice; the stream carries one");
-        break;
       }
-      received = files.Append(message.data());
+      MODELSTATE_RETURN_IF_ERROR(import->Append(message.data()));
     }
-    if (received.ok()) received = files.Finish();
-    if (!received.ok()) {
-      abandoned = files.Take();
-      return received;
-    }
-    MODELSTATE_RETURN_IF_ERROR(service_->MoveModuleIn(
-        caller, *name, header.from_replica(), files.manifest(), files.Take(),
-        files.bytes(),
-        [&] { return member->TakeOver(name->full(), header.from_replica()); }));
+    MODELSTATE_RETURN_IF_ERROR(import->Commit(
+        [&] { return member->TakeOver(name.full(), header.from_replica()); }));
     response->set_replica(member->replica());
     return absl::OkStatus();
   }();
-  if (!abandoned.empty()) service_->AbandonImport(*name, abandoned);
   return convert::ToGrpcStatus(status);
 }
 
@@ -373,17 +233,12 @@ grpc::Status ClusterServiceImpl::GetClusterStatus(
     grpc::ServerContext* context, const v1::GetClusterStatusRequest*,
     v1::GetClusterStatusResponse* response) {
   absl::Status status = [&]() -> absl::Status {
-    MODELSTATE_ASSIGN_OR_RETURN(
-        Credentials credentials,
-        router_->CallerCredentials(*context, CredentialsOf(*context)));
-    MODELSTATE_ASSIGN_OR_RETURN(
-        Caller caller, service_->Authenticate(credentials, "GetClusterStatus"));
+    MODELSTATE_ASSIGN_OR_RETURN(Caller caller,
+                                Authenticate(*context, "GetClusterStatus"));
     MODELSTATE_RETURN_IF_ERROR(
         service_->AllowAdmin(caller, "GetClusterStatus"));
-    std::shared_ptr<ClusterMember> member = router_->member();
-    if (member == nullptr) {
-      return absl::UnavailableError("this replica is still joining");
-    }
+    MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<ClusterMember> member,
+                                Member());
     return ClusterStatus(*member, response);
   }();
   return convert::ToGrpcStatus(status);

@@ -40,6 +40,13 @@ class ClusterServiceImpl final : public v1::ClusterService::Service {
                             v1::ImportModuleResponse* response) override;
 
  private:
+  // The caller of `rpc`, as its credentials (or a replica's forwarded
+  // identity) say.
+  absl::StatusOr<Caller> Authenticate(const grpc::ServerContext& context,
+                                      absl::string_view rpc);
+  // This replica's membership: UNAVAILABLE while it is joining.
+  absl::StatusOr<std::shared_ptr<ClusterMember>> Member();
+
   ModelService* const service_;
   ClusterRouter* const router_;
 };

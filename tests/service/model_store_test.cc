@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -26,7 +27,9 @@
 #include "nlohmann/json.hpp"
 #include "service/audit_log.h"
 #include "service/data_dir.h"
+#include "service/model_service.h"
 #include "service/module_repository.h"
+#include "service/module_transfer.h"
 #include "tests/testing/spec_json.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tensors.h"
@@ -782,6 +785,84 @@ TEST_F(ModelStoreTest, AFailedClusterMoveLeavesTheModuleWhereItWas) {
       IsOk());
   EXPECT_THAT(other.store->ReserveImportFile(Name("t/m")).status(),
               StatusIs(absl::StatusCode::kAlreadyExists));
+}
+
+TEST_F(ModelStoreTest, AModuleImportChecksWhatItIsSentAndLeavesNothingBehind) {
+  MakeDurable();
+  ASSERT_THAT(Build("t/m").status(), IsOk());
+  const StateDict before = State("t/m");
+  OtherReplica other(dir_ / "other");
+  ModelService service(other.store.get(), /*hub=*/nullptr, other.audit.get(),
+                       /*auth=*/nullptr, ModelServiceOptions());
+  Credentials credentials;
+  credentials.peer = "ipv4:127.0.0.1:1";
+  absl::StatusOr<Caller> caller = service.Authenticate(credentials, "Import");
+  ASSERT_THAT(caller.status(), IsOk());
+  const Caller admin = *caller;
+  const ModuleName name = Name("t/m");
+  auto begin = [&](std::vector<TransferFile> files) {
+    return ModuleImport::Begin(service, admin, name, "here", std::move(files))
+        .status();
+  };
+  EXPECT_THAT(begin({}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                  HasSubstr("manifest.json")));
+  EXPECT_THAT(begin({{"manifest.json", 2}, {"data-1.safetensors", 8}}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(begin({{"../../escape", 8}, {"manifest.json", 2}}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("files[0].name: '../../escape'")));
+  EXPECT_THAT(
+      begin({{"data-1.safetensors", 8},
+             {"data-1.safetensors", 8},
+             {"manifest.json", 2}}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("repeats")));
+  EXPECT_THAT(begin({{"manifest.json", ModuleImport::kMaxManifestBytes + 1}}),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+  const std::string other_dir =
+      data_dir::ModuleDir((dir_ / "other" / "modules").string(), name);
+  auto nothing_left = [&] {
+    other.repository->WaitForDeletions();
+    return !fs::exists(other_dir) || fs::is_empty(other_dir);
+  };
+  // The module's real files, sent whole, short, or with bytes to spare.
+  const std::vector<std::string> paths = *repository_->CommittedFiles(name);
+  ASSERT_GE(paths.size(), 2u);
+  const std::vector<TransferFile> files = *DescribeTransferFiles(paths);
+  auto send = [&](std::function<absl::string_view(const std::string&)> cut)
+      -> absl::Status {
+    MODELSTATE_ASSIGN_OR_RETURN(
+        std::unique_ptr<ModuleImport> import,
+        ModuleImport::Begin(service, admin, name, "here", files));
+    absl::Status appended;
+    MODELSTATE_RETURN_IF_ERROR(
+        ReadTransferFiles(paths, 1000, [&](std::string& chunk) {
+          appended = import->Append(cut(chunk));
+          return appended.ok();
+        }));
+    MODELSTATE_RETURN_IF_ERROR(appended);
+    return import->Commit([] { return absl::OkStatus(); });
+  };
+  EXPECT_THAT(send([](const std::string& chunk) {
+                return absl::string_view(chunk).substr(0, chunk.size() / 2);
+              }),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("the stream ended inside file")));
+  EXPECT_TRUE(nothing_left());
+  std::string doubled;
+  EXPECT_THAT(send([&](const std::string& chunk) {
+                doubled = chunk + chunk;
+                return absl::string_view(doubled);
+              }),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("more bytes than the files listed hold")));
+  EXPECT_TRUE(nothing_left());
+  EXPECT_FALSE(other.store->Contains(name));
+  ASSERT_THAT(
+      send([](const std::string& chunk) { return absl::string_view(chunk); }),
+      IsOk());
+  absl::StatusOr<StateDictSnapshot> moved = other.store->Snapshot(name, {});
+  ASSERT_THAT(moved.status(), IsOk());
+  ExpectSameState(moved->state, before);
 }
 
 }  // namespace
