@@ -1093,19 +1093,23 @@ absl::Status ModelStore::Delete(const OperationContext& ctx,
       return Record(failed, audit_events::Delete(ctx, name, failed));
     }
   }
-  {
-    WriterMutexLock lock(&entry->mu);
-    entry->deleted = true;
-  }
-  {
-    MutexLock lock(&mu_);
-    entries_.erase(name.full());
-  }
+  Withdraw(*entry, "");
   absl::Status recorded = Record(
       absl::OkStatus(), audit_events::Delete(ctx, name, absl::OkStatus()));
   // Once recorded, the deletion needs no trace on disk.
   if (recorded.ok() && repo != nullptr) repo->DropTombstone(name);
   return recorded;
+}
+
+void ModelStore::Withdraw(Entry& entry, const std::string& moved_to) {
+  {
+    WriterMutexLock lock(&entry.mu);
+    entry.deleted = true;
+    entry.moved_to = moved_to;
+  }
+  MutexLock lock(&mu_);
+  auto it = entries_.find(entry.name.full());
+  if (it != entries_.end() && it->second.get() == &entry) entries_.erase(it);
 }
 
 absl::Status ModelStore::Gone(const Entry& entry) {
@@ -1145,15 +1149,7 @@ absl::Status ModelStore::MoveOut(const OperationContext& ctx,
   // Hosted there now: the copy here goes. A removal that fails leaves the
   // files (start-up finds them and logs the module as owned elsewhere).
   absl::Status removed = repo->Remove(name, NoteFor(ctx, AuditType::kMoveOut));
-  {
-    WriterMutexLock lock(&entry->mu);
-    entry->deleted = true;
-    entry->moved_to = to_replica;
-  }
-  {
-    MutexLock lock(&mu_);
-    entries_.erase(name.full());
-  }
+  Withdraw(*entry, to_replica);
   absl::Status result = recorded(absl::OkStatus(), *sent);
   if (result.ok() && removed.ok()) repo->DropTombstone(name);
   return result;
@@ -1232,14 +1228,7 @@ absl::Status ModelStore::MoveIn(
     ReleaseLocked(hold);
   }
   if (absl::Status taken = take_ownership(); !taken.ok()) {
-    {
-      WriterMutexLock lock(&entry->mu);
-      entry->deleted = true;
-    }
-    {
-      MutexLock lock(&mu_);
-      entries_.erase(name.full());
-    }
+    Withdraw(*entry, "");
     return undo(taken);
   }
   return recorded(absl::OkStatus());
@@ -1307,7 +1296,6 @@ std::vector<ModelStore::NamespaceUsage> ModelStore::Usage() const {
     }
     NamespaceUsage& ns = usage.back();
     ++ns.modules;
-    ns.bytes += HeldBytes(*entry->root);
     std::map<std::string, uint64_t> by_device;
     auto add = [&by_device](const Tensor& t) {
       if (t.defined()) by_device[t.device().ToString()] += HeldBytes(t);
@@ -1327,6 +1315,7 @@ std::vector<ModelStore::NamespaceUsage> ModelStore::Usage() const {
       }
       ++it->modules;
       it->bytes += bytes;
+      ns.bytes += bytes;
     }
   }
   return usage;

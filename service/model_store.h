@@ -324,6 +324,11 @@ class ModelStore {
     // Set when it was deleted by a cluster move: where it went.
     std::string moved_to ABSL_GUARDED_BY(mu);
   };
+  // Takes `entry` out of the store (deleted, or moved to `moved_to`):
+  // callers that hold it see it gone. REQUIRES: the caller holds
+  // entry.gate, and neither entry.mu nor mu_.
+  void Withdraw(Entry& entry, const std::string& moved_to)
+      ABSL_LOCKS_EXCLUDED(mu_, entry.mu);
   // What a caller of a deleted entry gets: NOT_FOUND, or UNAVAILABLE
   // naming the replica it moved to (a retry reaches it there).
   static absl::Status Gone(const Entry& entry)
