@@ -59,7 +59,7 @@ if [ $smoke = 1 ]; then
   growth_args=(--smoke)
 else
   core_args=(--benchmark_repetitions=5)
-  torch_args=(--reps 5 --warmup 1 --models gpt2)
+  torch_args=(--reps 5 --warmup 1 --models gpt2,resnet50)
   transfer_args=(--reps 9 --warmup 2)
   python_transfer_args=(--mib 600 --reps 5 --warmup 1)
   torch_model=gpt2

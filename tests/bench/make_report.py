@@ -115,10 +115,23 @@ def transfer_rows(table, t):
               "chunks)", f"{fmt_s(get)} ({rate(n, get)})",
               f"raw gRPC download {fmt_s(down)} ({rate(n, down)})",
               f"{down / get:.2f}x", ">= 0.9x", down / get >= 0.9)
-    table.add(f"LoadStateDict, {x['model']}, same chunks",
+    table.add(f"LoadStateDict, {x['model']}, same chunks (durable: "
+              "answered once on disk)",
               f"{fmt_s(load_s)} ({rate(n, load_s)})",
               f"raw gRPC upload {fmt_s(up)} ({rate(n, up)})",
-              f"{up / load_s:.2f}x", ">= 0.85x", up / load_s >= 0.85)
+              f"{up / load_s:.2f}x", "(breakdown)", None)
+    # A durable load can go no faster than the slower of its two halves:
+    # the bytes' journey, and their write and sync on the same disk.
+    if "raw_durable_write_s" in x:
+        disk = x["raw_durable_write_s"]["median"]
+        bound = max(up, disk)
+        which = "upload" if up >= disk else "durable write"
+        table.add(f"LoadStateDict, {x['model']}, against the slower of "
+                  "upload and disk",
+                  f"{fmt_s(load_s)} ({rate(n, load_s)})",
+                  f"raw durable write (write, early writeback, fdatasync) {fmt_s(disk)} "
+                  f"({rate(n, disk)}); the bound: {which}",
+                  f"{bound / load_s:.2f}x", ">= 0.9x", bound / load_s >= 0.9)
     hosted = x["hosted_bytes"]
     limit = 1.1 * hosted + 64 * MIB
     for what in ("get", "load"):
@@ -166,7 +179,7 @@ def attest_rows(table, t):
               f"{sha / sign:.2f}x", "reported", None)
 
 
-def hook_rows(table, t):
+def hook_rows(table, t, torch_results):
     h = t["hooks"]
     p50 = t["ping_pong"]["p50_us"]
     regs = h["registrations"]
@@ -185,6 +198,18 @@ def hook_rows(table, t):
     table.add(f"BuildModule {h['model']}, 4 interceptors", fmt_s(b4),
               f"1 interceptor {fmt_s(b1)}", f"{b4 / b1:.2f}x", "<= 1.5x",
               b4 / b1 <= 1.5)
+    # A durable build: PyTorch's construction of the same model plus the
+    # least its bytes' write and sync cost on this disk.
+    theirs = torch_results["models"].get(h["model"])
+    if theirs and "raw_durable_write_s" in h:
+        construct = theirs["construct"]["median_s"]
+        disk = h["raw_durable_write_s"]["median"]
+        bound = construct + disk
+        table.add(f"BuildModule {h['model']}, no hooks (durable: answered "
+                  f"once on disk, {h['bytes'] / MIB:.0f} MiB)", fmt_s(b0),
+                  f"PyTorch construction {fmt_s(construct)} + raw durable "
+                  f"write {fmt_s(disk)} = {fmt_s(bound)}",
+                  f"{b0 / bound:.2f}x", "<= 1.2x", b0 / bound <= 1.2)
 
 
 def core_rows(table, core, torch_results, model):
@@ -434,7 +459,7 @@ def main():
     transfer = load(args.transfer)
     table = Table()
     transfer_rows(table, transfer)
-    hook_rows(table, transfer)
+    hook_rows(table, transfer, torch_results)
     core_rows(table, core, torch_results, args.torch_model)
     concurrency_rows(table, transfer)
     if args.python_transfer:

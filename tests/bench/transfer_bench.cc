@@ -14,7 +14,9 @@
 //
 // Writes JSON: every figure's samples and median (seconds, microseconds
 // or bytes, as named).
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -32,6 +34,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "base/file_util.h"
 #include "base/sha256.h"
 #include "client/model_state_client.h"
 #include "client/subscriber.h"
@@ -126,6 +129,40 @@ std::pair<std::vector<double>, std::vector<double>> RepeatPair(A baseline,
 double Seconds(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
       .count();
+}
+
+// The least a durable load of `bytes` costs on the data directory's disk:
+// one new file written in `chunk`-sized pieces, its writeback started every
+// 32 MiB so that the disk works while the writes go on, then fdatasync
+// (what a LoadStateDict must have done before it answers). Returns the
+// seconds.
+double RawDurableWrite(const std::filesystem::path& dir, uint64_t bytes,
+                       uint32_t chunk) {
+  const std::string path = (dir / "raw-durable-write.bin").string();
+  const std::string piece(chunk, '\x5a');
+  auto start = std::chrono::steady_clock::now();
+  const int fd =
+      open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) Fail(path, absl::ErrnoToStatus(errno, "open"));
+  constexpr uint64_t kWriteback = 32 << 20;
+  uint64_t written_back = 0;
+  for (uint64_t done = 0; done < bytes;) {
+    const size_t n =
+        static_cast<size_t>(std::min<uint64_t>(chunk, bytes - done));
+    Check(WriteAll(fd, absl::string_view(piece.data(), n), path), "write");
+    done += n;
+    if (done - written_back >= kWriteback) {
+      sync_file_range(fd, static_cast<off64_t>(written_back),
+                      static_cast<off64_t>(done - written_back),
+                      SYNC_FILE_RANGE_WRITE);
+      written_back = done;
+    }
+  }
+  Check(Fdatasync(fd, path), "fdatasync");
+  const double seconds = Seconds(start);
+  close(fd);
+  unlink(path.c_str());
+  return seconds;
 }
 
 // `count` x Linear(1024, 1024) in a Sequential: 4 MiB each.
@@ -245,8 +282,15 @@ Json TransferFigures(Servers& s, const std::string& model) {
         return seconds;
       });
   uint64_t load_peak = 0;
+  // The durable write runs beside the raw upload, so that all three see the
+  // same moments of the machine; the load's target is the slower of them.
+  std::vector<double> raw_durable;
   auto [raw_up, load] = RepeatPair(
-      [&] { return Check(s.raw_client->Upload(bytes, kChunk), "raw up"); },
+      [&] {
+        raw_durable.push_back(
+            RawDurableWrite(s.modelstate.data_dir(), bytes, kChunk));
+        return Check(s.raw_client->Upload(bytes, kChunk), "raw up");
+      },
       [&] {
         ResetPeakRss(pid);
         client::LoadStateDictOptions options;
@@ -268,6 +312,10 @@ Json TransferFigures(Servers& s, const std::string& model) {
               {"raw_download_s", Figure(raw_down)},
               {"get_state_dict_s", Figure(get)},
               {"raw_upload_s", Figure(raw_up)},
+              {"raw_durable_write_s",
+               Figure(std::vector<double>(
+                   raw_durable.end() - static_cast<ptrdiff_t>(raw_up.size()),
+                   raw_durable.end()))},
               {"load_state_dict_s", Figure(load)},
               {"server_peak_rss_get_bytes", get_peak},
               {"server_peak_rss_load_bytes", load_peak}};
@@ -327,6 +375,17 @@ Json HookFigures(Servers& s, const std::string& model, double ping_p50_us) {
   Json out{{"model", model}};
   int registrations = 0;
   int round = 0;
+  // A build's durable half: its bytes written and synced, as a build must
+  // before it answers (the target adds PyTorch's construction to it).
+  Build(*s.client, "bench/hooks-size", spec);
+  v1::GetModuleRequest describe;
+  describe.set_module("bench/hooks-size");
+  const uint64_t bytes =
+      Check(s.client->GetModule(describe), "describe").total_bytes();
+  Check(s.client->DeleteModule("bench/hooks-size"), "delete");
+  out["bytes"] = bytes;
+  out["raw_durable_write_s"] = Figure(Repeat(
+      [&] { return RawDurableWrite(s.modelstate.data_dir(), bytes, kChunk); }));
   for (int interceptors : {0, 1, 4}) {
     std::vector<std::unique_ptr<ModelStateClient>> clients;
     std::vector<std::unique_ptr<client::Subscriber>> subscribers;
