@@ -6,8 +6,10 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -50,6 +52,80 @@ constexpr size_t kHugePage = size_t{2} << 20;
 constexpr size_t kHugePageThreshold = size_t{4} << 20;
 constexpr size_t kPage = 4096;
 
+// Faults in fresh huge-page mappings on a thread of its own, one huge page
+// at a time, ahead of the code that fills them. The kernel zeroes every new
+// page when it is first touched, and on a model built from scratch that
+// zeroing is about half the work: done here, it runs beside the
+// initialisation (random numbers, conversions, copies) on another core
+// instead of inside its page faults. Populating never changes a page's
+// contents, so racing with the filling code is harmless; a mapping is
+// forgotten (and its population stopped) before it is unmapped or shrunk.
+class Prefaulter {
+ public:
+  void Add(void* data, size_t nbytes) {
+    MutexLock lock(&mu_);
+    if (!started_) {
+      started_ = true;
+      std::thread([this] { Run(); }).detach();
+    }
+    queue_.push_back({static_cast<char*>(data), nbytes});
+    changed_.SignalAll();
+  }
+
+  // Returns once nobody populates `data` any more.
+  void Forget(void* data) {
+    MutexLock lock(&mu_);
+    for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+      if (it->data == data) {
+        queue_.erase(it);
+        break;
+      }
+    }
+    while (busy_ == data) {
+      cancel_ = true;
+      changed_.Wait(&mu_);
+    }
+  }
+
+ private:
+  struct Range {
+    char* data;
+    size_t nbytes;
+  };
+
+  void Run() {
+    MutexLock lock(&mu_);
+    while (true) {
+      while (queue_.empty()) changed_.Wait(&mu_);
+      Range r = queue_.front();
+      queue_.pop_front();
+      busy_ = r.data;
+      cancel_ = false;
+      for (size_t done = 0; done < r.nbytes && !cancel_;) {
+        const size_t n = std::min(kHugePage, r.nbytes - done);
+        mu_.Unlock();
+        madvise(r.data + done, n, MADV_POPULATE_WRITE);
+        mu_.Lock();
+        done += n;
+      }
+      busy_ = nullptr;
+      changed_.SignalAll();
+    }
+  }
+
+  Mutex mu_;
+  CondVar changed_;
+  std::deque<Range> queue_ ABSL_GUARDED_BY(mu_);
+  void* busy_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool cancel_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+Prefaulter& Prefaults() {
+  static auto* prefaulter = new Prefaulter();
+  return *prefaulter;
+}
+
 // `nbytes` of fresh zero pages, or nullptr.
 void* MapAnonymous(size_t nbytes) {
   const bool huge = nbytes >= kHugePageThreshold;
@@ -66,6 +142,7 @@ void* MapAnonymous(size_t nbytes) {
   if (start + length > end)
     munmap(reinterpret_cast<void*>(end), start + length - end);
   madvise(reinterpret_cast<void*>(aligned), nbytes, MADV_HUGEPAGE);
+  Prefaults().Add(reinterpret_cast<void*>(aligned), nbytes);
   return reinterpret_cast<void*>(aligned);
 }
 
@@ -166,6 +243,7 @@ void Storage::ShrinkTo(size_t nbytes) {
   if (owner_ != Owner::kMmap || nbytes == 0) return;
   // Shrinking in place never moves the mapping; the pages past the new end
   // go back to the system.
+  Prefaults().Forget(data_);
   if (mremap(data_, mapped_bytes_, nbytes, 0) != MAP_FAILED) {
     mapped_bytes_ = PageRound(nbytes);
   }
@@ -246,6 +324,7 @@ Storage::~Storage() {
       std::free(data_);
       break;
     case Owner::kMmap:
+      Prefaults().Forget(data_);
       if (reusable_) {
         Cache().Put(data_, mapped_bytes_);
       } else {

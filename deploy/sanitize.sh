@@ -34,13 +34,14 @@ case "$kind" in
     # The multi-threaded core, in process: the subscriber hub (events,
     # answers, timeouts and disconnects from many threads), the hook
     # registries, the module repository (its deletion thread) and the
-    # forward kernels' parallel loops, and device_test (the read-ahead
-    # thread streaming device-resident state_dicts). The tests that start the server
+    # forward kernels' parallel loops, device_test (the read-ahead
+    # thread streaming device-resident state_dicts) and tensor_test (the
+    # thread that faults in fresh storages). The tests that start the server
     # process are left out: Debian's gRPC and Abseil are not built with
     # TSan, which then reports their internal synchronisation as races and
     # defers the server's SIGTERM until its threads run instrumented code.
     targets=(subscriber_hub_test hooks_test module_repository_test merkle_test
-             forward_test device_test)
+             forward_test device_test tensor_test)
     cmake --build "$dir" -j"$(nproc)" --target "${targets[@]}"
     # Ignore the intercepted calls (memcpy, epoll, ...) that uninstrumented
     # libraries make themselves, one entry per library the tests load;

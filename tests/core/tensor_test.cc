@@ -1,12 +1,19 @@
 #include "core/tensor.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/sha256.h"
 #include "core/device.h"
@@ -270,6 +277,84 @@ TEST(StorageTest, ReuseCacheKeepsAtMostEightMappingsAnd64MiB) {
   EXPECT_EQ(ScopedStorageReuse::CachedBytes(), size_t{64} << 20);
   ScopedStorageReuse::ReleaseCached();
   EXPECT_EQ(ScopedStorageReuse::CachedBytes(), 0u);
+}
+
+// Pages of [data, data + nbytes) in memory, by mincore.
+size_t ResidentPages(const void* data, size_t nbytes) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> resident((nbytes + page - 1) / page);
+  if (mincore(const_cast<void*>(data), nbytes, resident.data()) != 0) return 0;
+  size_t count = 0;
+  for (unsigned char r : resident) count += r & 1;
+  return count;
+}
+
+// Polls `done` for up to 30 s.
+template <typename Fn>
+bool Eventually(Fn done) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+uint64_t RssBytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (absl::StartsWith(line, "VmRSS:")) {
+      return std::stoull(line.substr(6)) * 1024;
+    }
+  }
+  return 0;
+}
+
+TEST(StorageTest, FreshLargeMappingsAreFaultedInBeforeAnyoneTouchesThem) {
+  constexpr size_t kSize = size_t{32} << 20;
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(auto s,
+                                  Storage::Allocate(kSize, Device::Cpu()));
+  const size_t pages = kSize / static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  // Nobody here touches the bytes: a thread of the core faults them in.
+  EXPECT_TRUE(Eventually([&] {
+    return ResidentPages(s->data(), kSize) == pages;
+  })) << ResidentPages(s->data(), kSize)
+      << " of " << pages << " resident";
+  const char* bytes = static_cast<const char*>(s->data());
+  for (size_t i = 0; i < kSize; i += 4096) ASSERT_EQ(bytes[i], 0) << i;
+}
+
+TEST(StorageTest, FaultingInNeverChangesBytesAndStopsForFreedMappings) {
+  // Filled while being faulted in: every byte written stays written.
+  constexpr size_t kSize = size_t{64} << 20;
+  for (int round = 1; round <= 4; ++round) {
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(auto s,
+                                    Storage::Allocate(kSize, Device::Cpu()));
+    std::memset(s->data(), round, kSize);
+    ASSERT_TRUE(Eventually([&] {
+      return ResidentPages(s->data(), kSize) ==
+             kSize / static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    }));
+    const char* bytes = static_cast<const char*>(s->data());
+    for (size_t i = 0; i < kSize; i += 512) ASSERT_EQ(bytes[i], round) << i;
+  }
+  // Freed or shrunk while being faulted in: the pages go back at once and
+  // nothing is faulted into a mapping that is gone.
+  const uint64_t before = RssBytes();
+  for (int i = 0; i < 16; ++i) {
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(
+        auto freed, Storage::Allocate(size_t{256} << 20, Device::Cpu()));
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(auto shrunk,
+                                    Storage::Allocate(kSize, Device::Cpu()));
+    shrunk->ShrinkTo(size_t{1} << 20);
+    std::memset(shrunk->data(), 1, size_t{1} << 20);
+    freed.reset();
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_LT(RssBytes(), before + (uint64_t{64} << 20))
+      << "before " << before << ", after " << RssBytes();
 }
 
 }  // namespace
