@@ -525,9 +525,21 @@ absl::StatusOr<BuildOutcome> ModelStore::Build(const OperationContext& ctx,
   }
   MODELSTATE_ASSIGN_OR_RETURN(BuildResult built,
                               BuildModule(spec, build_options));
+  // The built bytes go to disk while the registrations are decided (hooks,
+  // their events' digests, audit records): a build's two slowest steps,
+  // independent until a decision changes a tensor. If the write cannot
+  // start, Save writes the bytes itself and reports why.
+  std::unique_ptr<Prewrite> prewrite;
+  if (ModuleRepository* repo = repository();
+      repo != nullptr && options.device.has_storage()) {
+    if (auto started = repo->StartPrewrite(name, built.root); started.ok()) {
+      prewrite = *std::move(started);
+    }
+  }
   OperationContext seeded = ctx;
   seeded.seed = options.seed;
   std::vector<HookDecision> finals = Decide(seeded, name, built.records);
+  if (prewrite != nullptr) prewrite->Wait();
   MODELSTATE_RETURN_IF_ERROR(ApplyFinalDecisions(built.records, finals));
   size_t blocked_count = 0;
   std::vector<std::string> blocked;
@@ -568,7 +580,10 @@ absl::StatusOr<BuildOutcome> ModelStore::Build(const OperationContext& ctx,
   if (result.ok()) {
     {
       WriterMutexLock lock(&entry->mu);
-      result = Persist(ctx, *entry, AuditType::kBuild);
+      result = Persist(ctx, *entry, AuditType::kBuild,
+                       prewrite != nullptr ? prewrite->Unchanged()
+                                           : std::vector<PrewrittenBytes>());
+      if (result.ok() && prewrite != nullptr) prewrite->Keep();
       if (!result.ok()) entry->deleted = true;
     }
     if (!result.ok()) {

@@ -683,6 +683,66 @@ absl::StatusOr<std::string> ModuleRepository::ReserveDataFile(
   return FilePath(ModuleDir(name), file);
 }
 
+absl::StatusOr<std::unique_ptr<Prewrite>> ModuleRepository::StartPrewrite(
+    const ModuleName& name, std::shared_ptr<const Module> root) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::string path, ReserveDataFile(name));
+  std::unique_ptr<Prewrite> prewrite(new Prewrite());
+  prewrite->repo_ = this;
+  prewrite->name_ = name;
+  prewrite->path_ = std::move(path);
+  Prewrite* self = prewrite.get();
+  prewrite->thread_ = std::thread([self, root = std::move(root)] {
+    // A failure only costs the overlap: Save writes the bytes itself.
+    self->ok_ = self->Write(*root).ok();
+  });
+  return prewrite;
+}
+
+absl::Status Prewrite::Write(const Module& root) {
+  const std::vector<TreeEncoder::StorageUse> uses =
+      TreeEncoder(root).storages();
+  std::vector<SafetensorsEntry> layout;
+  for (size_t i = 0; i < uses.size(); ++i) {
+    layout.push_back({absl::StrCat("s", i), uses[i].dtype, uses[i].shape});
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFileWriter> writer,
+                              SafetensorsFileWriter::Open(path_, layout));
+  const std::string file = fs::path(path_).filename().string();
+  for (size_t i = 0; i < uses.size(); ++i) {
+    // Read before the bytes: a change after it shows as a new version.
+    versions_.push_back(uses[i].storage->version());
+    MODELSTATE_ASSIGN_OR_RETURN(Tensor host, HostTensor(uses[i]));
+    written_.push_back({uses[i].storage, uses[i].dtype, file,
+                        absl::StrCat("s", i), Crc32c(BytesOf(host))});
+    MODELSTATE_RETURN_IF_ERROR(writer->Append(BytesOf(host)));
+  }
+  return writer->Finish();
+}
+
+void Prewrite::Wait() {
+  if (thread_.joinable()) thread_.join();
+}
+
+std::vector<PrewrittenBytes> Prewrite::Unchanged() const {
+  std::vector<PrewrittenBytes> unchanged;
+  if (!ok_) return unchanged;
+  for (size_t i = 0; i < written_.size(); ++i) {
+    if (written_[i].storage->version() == versions_[i]) {
+      unchanged.push_back(written_[i]);
+    }
+  }
+  return unchanged;
+}
+
+Prewrite::~Prewrite() {
+  Wait();
+  if (!keep_) {
+    std::error_code ignored;
+    fs::remove(path_, ignored);
+  }
+  repo_->ReleaseDataFile(name_, path_);
+}
+
 absl::Status ModuleRepository::Save(
     const ModuleName& name, const Module& root, const ChangeNote& note,
     const std::vector<PrewrittenBytes>& prewritten) {

@@ -75,6 +75,49 @@ struct PrewrittenBytes {
   uint32_t crc32c = 0;
 };
 
+class ModuleRepository;
+
+// The bytes of a tree not saved yet, being written into a new data file of
+// its module on a thread of their own (ModuleRepository::StartPrewrite), so
+// that a build's durable write runs while its registrations are decided
+// instead of after. Save adopts what did not change since; the file goes
+// unless Keep() is called once a Save that adopted it succeeded.
+//
+//   MODELSTATE_ASSIGN_OR_RETURN(auto prewrite, repo->StartPrewrite(name,
+//   *root));
+//   ... decide; nothing changes the tree ...
+//   prewrite->Wait();
+//   ... apply the decisions ...
+//   if (repo->Save(name, *root, note, prewrite->Unchanged()).ok()) {
+//     prewrite->Keep();
+//   }
+class Prewrite {
+ public:
+  ~Prewrite();
+  // Waits until the bytes are written (the tree may change from then on).
+  void Wait();
+  // After Wait: the bytes written whose storage has not changed since, for
+  // Save. Empty when the write failed: Save then writes every byte itself
+  // (and reports the disk's error if it fails again).
+  std::vector<PrewrittenBytes> Unchanged() const;
+  void Keep() { keep_ = true; }
+
+ private:
+  friend class ModuleRepository;
+  Prewrite() = default;
+  // The thread's work; its result goes to written_ and versions_.
+  absl::Status Write(const Module& root);
+
+  ModuleRepository* repo_ = nullptr;
+  ModuleName name_;
+  std::string path_;
+  std::thread thread_;
+  std::vector<PrewrittenBytes> written_;
+  std::vector<uint64_t> versions_;  // each storage's version when written
+  bool ok_ = false;
+  bool keep_ = false;
+};
+
 // Thread-safe. Saves and removals of one module must not run concurrently
 // (the ModelStore's per-module gate ensures it); different modules may.
 class ModuleRepository {
@@ -98,6 +141,13 @@ class ModuleRepository {
   // Ends a reservation: from now on the file is deleted unless a saved
   // manifest names it.
   void ReleaseDataFile(const ModuleName& name, const std::string& path);
+
+  // Starts writing every storage of `root`, a tree that `name` does not
+  // hold yet, into a new data file of `name` (see Prewrite). `root` must
+  // not change until Prewrite::Wait returns. Same errors as
+  // ReserveDataFile.
+  absl::StatusOr<std::unique_ptr<Prewrite>> StartPrewrite(
+      const ModuleName& name, std::shared_ptr<const Module> root);
 
   // What a cluster move sends of `name`: the paths of every data file its
   // committed manifest names, then the manifest's. Same concurrency rule as

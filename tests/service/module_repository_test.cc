@@ -323,6 +323,67 @@ TEST_F(ModuleRepositoryTest, SavesOnlyWhatChangedAndDeletesUnusedFiles) {
   EXPECT_EQ(report.modules[0].note.type, "move");
 }
 
+TEST_F(ModuleRepositoryTest, APrewriteIsAdoptedExceptWhatChangedAfterIt) {
+  std::shared_ptr<Module> m = Build(R"({"type": "Sequential", "children": [
+      {"spec": {"type": "Linear", "args": [64, 64]}},
+      {"spec": {"type": "Linear", "args": [64, 64]}}]})");
+  const ModuleName name = Name("pre/m");
+  absl::StatusOr<std::unique_ptr<Prewrite>> prewrite =
+      repo_->StartPrewrite(name, m);
+  ASSERT_THAT(prewrite, IsOk());
+  (*prewrite)->Wait();
+  ASSERT_THAT(DataFiles("pre/m"), ElementsAre("data-1.safetensors"));
+  // Decisions changed two tensors after the bytes were written: one got
+  // new bytes (a replacement, or a write while the prewrite still viewed
+  // the old ones), the other was written in place by its sole owner (a new
+  // version of the same storage). Neither is adopted; the two others are.
+  StateDict change;
+  change.tensors.Set("1.bias", Filled(DType::kFloat32, {64}, 2.0));
+  ASSERT_THAT(m->LoadStateDict(change, {.strict = false}), IsOk());
+  std::shared_ptr<Storage> in_place;
+  for (const auto& [key, t] : m->NamedParameters()) {
+    if (key == "0.bias") in_place = t.storage();
+  }
+  ASSERT_NE(in_place, nullptr);
+  in_place->MarkWritten();
+  std::vector<PrewrittenBytes> unchanged = (*prewrite)->Unchanged();
+  EXPECT_THAT(unchanged, SizeIs(3));  // 1.bias's old storage is unused now
+  ASSERT_THAT(repo_->Save(name, *m, Note("build"), unchanged), IsOk());
+  (*prewrite)->Keep();
+  prewrite->reset();
+  // Save wrote only the two changed tensors, into a file of their own.
+  ASSERT_THAT(DataFiles("pre/m"),
+              ElementsAre("data-1.safetensors", "data-2.safetensors"));
+  absl::StatusOr<SafetensorsHeader> second = ReadSafetensorsHeader(
+      (ModuleDir("pre/m") / "data-2.safetensors").string());
+  ASSERT_THAT(second, IsOk());
+  ASSERT_THAT(second->entries, SizeIs(2));
+  EXPECT_THAT(second->entries[0].shape, ElementsAre(64));
+  EXPECT_THAT(second->entries[1].shape, ElementsAre(64));
+
+  ModuleRepository::LoadReport report = Reload();
+  ASSERT_THAT(report.errors, IsEmpty());
+  ASSERT_THAT(report.modules, SizeIs(1));
+  ExpectSameTree(*m, *report.modules[0].root);
+}
+
+TEST_F(ModuleRepositoryTest, AnAbandonedPrewriteLeavesNothing) {
+  std::shared_ptr<Module> m =
+      Build(R"({"type": "Linear", "args": [256, 256]})");
+  const ModuleName name = Name("pre/gone");
+  {
+    absl::StatusOr<std::unique_ptr<Prewrite>> prewrite =
+        repo_->StartPrewrite(name, m);
+    ASSERT_THAT(prewrite, IsOk());
+    // Dropped without Wait, as a build refused while its bytes are written.
+  }
+  repo_->WaitForDeletions();
+  EXPECT_FALSE(fs::exists(ModuleDir("pre/gone")));
+  ModuleRepository::LoadReport report = Reload();
+  EXPECT_THAT(report.errors, IsEmpty());
+  EXPECT_THAT(report.modules, IsEmpty());
+}
+
 TEST_F(ModuleRepositoryTest, ManySmallChangesKeepFewFilesAndLittleDeadData) {
   std::shared_ptr<Module> m = Build(R"({"type": "Sequential", "children": [
       {"spec": {"type": "Linear", "args": [32, 32]}},
