@@ -35,10 +35,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "base/file_util.h"
@@ -47,6 +44,7 @@
 #include "nlohmann/json.hpp"
 #include "service/audit_log.h"
 #include "service/checkpoint_signer.h"
+#include "tests/testing/proc_status.h"
 
 ABSL_FLAG(bool, smoke, false, "tiny sizes, for the test suite");
 ABSL_FLAG(int64_t, records, 10'000'000,
@@ -97,20 +95,6 @@ void Check(const absl::Status& s, const char* what) {
     std::cerr << "audit_bench: " << what << ": " << s << std::endl;
     std::exit(1);
   }
-}
-
-uint64_t ProcStatusKib(const char* field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (absl::StartsWith(line, field)) {
-      std::vector<std::string> parts =
-          absl::StrSplit(line, ' ', absl::SkipWhitespace());
-      uint64_t kib = 0;
-      if (parts.size() >= 2 && absl::SimpleAtoi(parts[1], &kib)) return kib;
-    }
-  }
-  return 0;
 }
 
 // Appends/s of the real log (tree, index, checkpoint each second).
@@ -273,13 +257,13 @@ int AppendAndCrash(const std::string& dir) {
 }
 
 int Reopen(const std::string& dir, const std::string& out) {
-  const uint64_t before_kib = ProcStatusKib("VmRSS:");
+  const uint64_t before_kib = testing::ProcStatusBytes(0, "VmRSS") / 1024;
   const absl::Time start = absl::Now();
   absl::StatusOr<std::unique_ptr<AuditLog>> log =
       AuditLog::Open(dir + "/audit.log", OptionsIn(dir));
   Check(log.status(), "reopen");
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  const uint64_t after_kib = ProcStatusKib("VmHWM:");
+  const uint64_t after_kib = testing::ProcStatusBytes(0, "VmHWM") / 1024;
   nlohmann::json j = {{"open_s", seconds},
                       {"rss_growth_bytes", (after_kib - before_kib) * 1024},
                       {"records", (*log)->last_seq()},

@@ -26,6 +26,7 @@
 #include "modelstate/v1/module.pb.h"
 #include "nn/module_spec.h"
 #include "proto/service_convert.h"
+#include "tests/testing/proc_status.h"
 
 namespace modelstate::bench {
 namespace {
@@ -182,17 +183,6 @@ BENCHMARK(BM_F16cLoopBaseline)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // --- 10^12 parameters on meta ----------------------------------------------
 
-uint64_t PeakRssBytes() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (absl::StartsWith(line, "VmHWM:")) {
-      return std::stoull(line.substr(6)) * 1024;
-    }
-  }
-  return 0;
-}
-
 // 1000 x Linear(31623, 31623): 1.0000e12 parameters (10^6 in smoke runs).
 ModuleSpec TrillionSpec() {
   const int64_t width = g_smoke ? 1000 : 31623;
@@ -211,7 +201,7 @@ void BM_MetaTrillion(benchmark::State& state) {
   const ModuleSpec spec = TrillionSpec();
   // Peak RSS of this benchmark alone.
   std::ofstream("/proc/self/clear_refs") << "5";
-  const uint64_t before = PeakRssBytes();
+  const uint64_t before = testing::ProcStatusBytes(0, "VmHWM");
   double params = 0;
   for (auto _ : state) {
     std::shared_ptr<Module> m = Build(spec, 0, Device::Meta());
@@ -225,7 +215,7 @@ void BM_MetaTrillion(benchmark::State& state) {
   }
   state.counters["params"] = params;
   state.counters["peak_rss_mib"] =
-      static_cast<double>(PeakRssBytes()) / (1 << 20);
+      static_cast<double>(testing::ProcStatusBytes(0, "VmHWM")) / (1 << 20);
   state.counters["rss_before_mib"] = static_cast<double>(before) / (1 << 20);
 }
 BENCHMARK(BM_MetaTrillion)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -41,6 +41,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
 #include "raw_grpc.h"
+#include "tests/testing/proc_status.h"
 #include "tests/testing/server_process.h"
 
 ABSL_FLAG(std::string, server, "", "modelstate-server binary");
@@ -65,6 +66,7 @@ namespace {
 
 using Json = nlohmann::json;
 using client::ModelStateClient;
+using testing::ProcStatusBytes;
 
 constexpr uint32_t kChunk = 1 << 20;
 
@@ -230,17 +232,6 @@ class CountingSink : public client::StateDictSink {
 };
 
 // /proc/<pid>/status fields, in bytes.
-uint64_t ProcStatusBytes(pid_t pid, const std::string& field) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(field + ":", 0) == 0) {
-      return std::stoull(line.substr(field.size() + 1)) * 1024;
-    }
-  }
-  return 0;
-}
-
 // Resets the process's peak RSS (VmHWM) to its current RSS.
 void ResetPeakRss(pid_t pid) {
   std::ofstream(absl::StrCat("/proc/", pid, "/clear_refs")) << "5";

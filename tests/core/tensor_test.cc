@@ -6,20 +6,19 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/sha256.h"
 #include "core/device.h"
 #include "core/dtype.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/proc_status.h"
 #include "tests/testing/status_matchers.h"
 
 namespace modelstate {
@@ -27,6 +26,7 @@ namespace {
 
 using ::modelstate::testing::IsOk;
 using ::modelstate::testing::IsOkAndHolds;
+using ::modelstate::testing::ProcStatusBytes;
 using ::modelstate::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -301,17 +301,6 @@ bool Eventually(Fn done) {
   return true;
 }
 
-uint64_t RssBytes() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (absl::StartsWith(line, "VmRSS:")) {
-      return std::stoull(line.substr(6)) * 1024;
-    }
-  }
-  return 0;
-}
-
 TEST(StorageTest, FreshLargeMappingsAreFaultedInBeforeAnyoneTouchesThem) {
   constexpr size_t kSize = size_t{32} << 20;
   MODELSTATE_ASSERT_OK_AND_ASSIGN(auto s,
@@ -342,7 +331,7 @@ TEST(StorageTest, FaultingInNeverChangesBytesAndStopsForFreedMappings) {
   }
   // Freed or shrunk while being faulted in: the pages go back at once and
   // nothing is faulted into a mapping that is gone.
-  const uint64_t before = RssBytes();
+  const uint64_t before = ProcStatusBytes(0, "VmRSS");
   for (int i = 0; i < 16; ++i) {
     MODELSTATE_ASSERT_OK_AND_ASSIGN(
         auto freed, Storage::Allocate(size_t{256} << 20, Device::Cpu()));
@@ -353,8 +342,8 @@ TEST(StorageTest, FaultingInNeverChangesBytesAndStopsForFreedMappings) {
     freed.reset();
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  EXPECT_LT(RssBytes(), before + (uint64_t{64} << 20))
-      << "before " << before << ", after " << RssBytes();
+  EXPECT_LT(ProcStatusBytes(0, "VmRSS"), before + (uint64_t{64} << 20))
+      << "before " << before << ", after " << ProcStatusBytes(0, "VmRSS");
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include "base/sha256.h"
 #include "client/model_state_client.h"
 #include "gtest/gtest.h"
+#include "tests/testing/proc_status.h"
 #include "tests/testing/requests.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tensors.h"
@@ -34,6 +35,7 @@ namespace {
 
 using ::modelstate::testing::BuildRequest;
 using ::modelstate::testing::IsOk;
+using ::modelstate::testing::ProcStatusBytes;
 using ::modelstate::testing::TestServer;
 
 // The bounds the test asserts (README "Limits"): the load holds at most a
@@ -58,15 +60,6 @@ constexpr bool kRssIsTheServers = true;
 #else
 constexpr bool kRssIsTheServers = true;
 #endif
-
-long RssKib(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
-  }
-  return 0;
-}
 
 int SoakSeconds() {
   const char* env = std::getenv("SOAK_SECONDS");
@@ -100,7 +93,10 @@ TEST(SoakTest, MixedLoadStaysBoundedAndMemoryReturns) {
     ASSERT_THAT(c->DeleteModule("soak/warm"), IsOk());
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  const long baseline = RssKib(server.pid());
+  auto rss_kib = [&] {
+    return static_cast<long>(ProcStatusBytes(server.pid(), "VmRSS") / 1024);
+  };
+  const long baseline = rss_kib();
   std::atomic<bool> stop{false};
   std::atomic<long> peak{baseline};
   std::atomic<int> unexpected{0};
@@ -112,7 +108,7 @@ TEST(SoakTest, MixedLoadStaysBoundedAndMemoryReturns) {
   std::vector<std::thread> threads;
   threads.emplace_back([&] {
     while (!stop) {
-      long rss = RssKib(server.pid());
+      long rss = rss_kib();
       long seen = peak.load();
       while (rss > seen && !peak.compare_exchange_weak(seen, rss)) {
       }
@@ -185,10 +181,10 @@ TEST(SoakTest, MixedLoadStaysBoundedAndMemoryReturns) {
   stop = true;
   for (std::thread& t : threads) t.join();
   // The clients are gone: memory returns near the baseline.
-  long settled = RssKib(server.pid());
+  long settled = rss_kib();
   for (int i = 0; i < 50 && settled > baseline + kSettledOverBaselineKib; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    settled = RssKib(server.pid());
+    settled = rss_kib();
   }
   std::cout << "soak: " << SoakSeconds() << " s, " << operations
             << " operations; RSS baseline " << baseline / 1024 << " MiB, peak "
@@ -206,7 +202,7 @@ TEST(SoakTest, MixedLoadStaysBoundedAndMemoryReturns) {
   // (they once took it to 115 MiB against 27).
   server.Stop();
   ASSERT_THAT(server.Start(), IsOk());
-  const long restarted = RssKib(server.pid());
+  const long restarted = rss_kib();
   std::cout << "soak: RSS after a restart " << restarted / 1024 << " MiB\n";
   if (kRssIsTheServers) {
     EXPECT_LT(restarted - baseline, kSettledOverBaselineKib);
