@@ -83,8 +83,8 @@ class ModuleRepository;
 // instead of after. Save adopts what did not change since; the file goes
 // unless Keep() is called once a Save that adopted it succeeded.
 //
-//   MODELSTATE_ASSIGN_OR_RETURN(auto prewrite, repo->StartPrewrite(name,
-//   *root));
+//   MODELSTATE_ASSIGN_OR_RETURN(auto prewrite,
+//                               repo->StartPrewrite(name, root));
 //   ... decide; nothing changes the tree ...
 //   prewrite->Wait();
 //   ... apply the decisions ...
