@@ -26,6 +26,28 @@ ScopedFd::~ScopedFd() {
   if (fd_ >= 0) close(fd_);
 }
 
+ScopedFd& ScopedFd::operator=(ScopedFd&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+absl::Status PwriteAll(int fd, absl::string_view bytes, uint64_t offset,
+                       const std::string& path) {
+  while (!bytes.empty()) {
+    const ssize_t n =
+        pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus(errno, path, "write failed");
+    bytes.remove_prefix(static_cast<size_t>(n));
+    offset += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ScopedFd::Close(const std::string& path) {
   int fd = fd_;
   fd_ = -1;

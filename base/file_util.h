@@ -35,6 +35,10 @@ absl::StatusOr<std::string> ReadToEnd(int fd, const std::string& path);
 // fdatasync, retried when interrupted.
 absl::Status Fdatasync(int fd, const std::string& path);
 
+// Writes all of `bytes` at `offset`, retrying interrupted and short writes.
+absl::Status PwriteAll(int fd, absl::string_view bytes, uint64_t offset,
+                       const std::string& path);
+
 // Reads exactly `size` bytes at `offset`; DATA_LOSS if the file is shorter.
 absl::Status PreadAll(int fd, char* out, uint64_t size, uint64_t offset,
                       const std::string& path);
@@ -55,10 +59,12 @@ std::string TempPathFor(const std::string& path);
 // Closes a file descriptor on destruction.
 class ScopedFd {
  public:
-  explicit ScopedFd(int fd) : fd_(fd) {}
+  explicit ScopedFd(int fd = -1) : fd_(fd) {}
   ~ScopedFd();
   ScopedFd(const ScopedFd&) = delete;
   ScopedFd& operator=(const ScopedFd&) = delete;
+  ScopedFd(ScopedFd&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  ScopedFd& operator=(ScopedFd&& other) noexcept;
   int get() const { return fd_; }
   // Closes now and reports close()'s error (delayed write errors).
   absl::Status Close(const std::string& path);

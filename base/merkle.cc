@@ -498,21 +498,6 @@ constexpr uint64_t kHashBytes = sizeof(MerkleHash);
 // leaves than this.
 constexpr uint64_t kRecoveryWindow = 256;
 
-absl::Status PwriteAll(int fd, absl::string_view bytes, uint64_t offset,
-                       const std::string& path) {
-  while (!bytes.empty()) {
-    ssize_t n =
-        pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(offset));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoStatus(errno, path, "write failed");
-    }
-    bytes.remove_prefix(static_cast<size_t>(n));
-    offset += static_cast<uint64_t>(n);
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<FileHashStore>> FileHashStore::Open(

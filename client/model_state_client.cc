@@ -2,14 +2,18 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "base/shared_memory.h"
 #include "base/status_macros.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "proto/convert.h"
@@ -31,6 +35,13 @@ absl::Status MemorySink::Append(absl::string_view bytes) {
 absl::Status MemorySink::Finish() {
   MODELSTATE_ASSIGN_OR_RETURN(result_, assembler_->Finish());
   return absl::OkStatus();
+}
+
+absl::StatusOr<size_t> StateDictSource::ReadInto(size_t max_bytes, char* out) {
+  std::string piece;
+  MODELSTATE_ASSIGN_OR_RETURN(size_t n, Read(max_bytes, &piece));
+  std::memcpy(out, piece.data(), n);
+  return n;
 }
 
 absl::StatusOr<std::unique_ptr<MemorySource>> MemorySource::Create(
@@ -292,11 +303,86 @@ absl::Status AuditWatch::Finish() {
   return *finished_;
 }
 
+// One transfer's hold on the client's ring; frees it when destroyed.
+class ModelStateClient::RingUse {
+ public:
+  RingUse(ModelStateClient& client, SharedRing& ring, std::string token)
+      : client_(client), ring_(ring), token_(std::move(token)) {
+    ring_.set_consumed(0);
+  }
+  ~RingUse() {
+    MutexLock lock(&client_.ring_mu_);
+    client_.ring_busy_ = false;
+    // The server no longer knows the token (it restarted): the next
+    // transfer registers the ring again.
+    if (forgotten_) client_.ring_registration_ = RingRegistration();
+  }
+  SharedRing& ring() const { return ring_; }
+  const std::string& token() const { return token_; }
+  // Notes a call's status, in case it says the token is unknown.
+  const absl::Status& Note(const absl::Status& status) {
+    forgotten_ = absl::IsInvalidArgument(status) &&
+                 absl::StrContains(status.message(), "no ring is registered");
+    return status;
+  }
+
+ private:
+  ModelStateClient& client_;
+  SharedRing& ring_;
+  const std::string token_;
+  bool forgotten_ = false;
+};
+
+std::unique_ptr<ModelStateClient::RingUse> ModelStateClient::UseRing() {
+  MutexLock lock(&ring_mu_);
+  if (ring_busy_) return nullptr;
+  if (!ring_asked_) {
+    const char* env = std::getenv("MODELSTATE_SHARED_MEMORY");
+    if (!options_.shared_memory ||
+        (env != nullptr && std::string(env) == "0")) {
+      ring_asked_ = true;
+      return nullptr;
+    }
+    // Within the transfer's own deadline: a stalled server fails the
+    // transfer as it would without the question.
+    absl::StatusOr<v1::GetSharedMemoryInfoResponse> info =
+        Unary(*this, *stub_, &Stub::GetSharedMemoryInfo,
+              v1::GetSharedMemoryInfoRequest(),
+              std::min(options_.timeout, options_.transfer_timeout));
+    if (!info.ok()) return nullptr;  // asked again by the next transfer
+    ring_asked_ = true;
+    if (info->socket_path().empty() || info->boot_id().empty() ||
+        info->boot_id() != BootId()) {
+      return nullptr;
+    }
+    absl::StatusOr<std::unique_ptr<SharedRing>> ring =
+        SharedRing::Create(options_.ring_slots, options_.ring_slot_bytes);
+    if (!ring.ok()) return nullptr;
+    ring_ = *std::move(ring);
+    ring_socket_ = info->socket_path();
+  }
+  if (ring_ == nullptr) return nullptr;
+  if (ring_registration_.token.empty()) {
+    absl::StatusOr<RingRegistration> registration =
+        RegisterRing(ring_socket_, *ring_);
+    if (!registration.ok()) {
+      // Not reachable from here (another container, another user), or the
+      // server holds all the rings it will: data messages from now on.
+      ring_.reset();
+      return nullptr;
+    }
+    ring_registration_ = *std::move(registration);
+  }
+  ring_busy_ = true;
+  return std::make_unique<RingUse>(*this, *ring_, ring_registration_.token);
+}
+
 absl::Status ModelStateClient::GetStateDict(absl::string_view module,
                                             const GetStateDictOptions& options,
                                             StateDictSink& sink) {
-  const v1::GetStateDictRequest request =
-      GetStateDictRequestFor(module, options);
+  v1::GetStateDictRequest request = GetStateDictRequestFor(module, options);
+  std::unique_ptr<RingUse> ring = options.metadata_only ? nullptr : UseRing();
+  if (ring != nullptr) request.set_shared_memory_ring(ring->token());
   std::unique_ptr<grpc::ClientContext> context =
       NewContext(options_.transfer_timeout);
   std::unique_ptr<grpc::ClientReader<v1::StateDictChunk>> reader =
@@ -305,6 +391,7 @@ absl::Status ModelStateClient::GetStateDict(absl::string_view module,
   absl::Status failure;
   uint64_t done = 0;
   uint64_t total = 0;
+  uint64_t ring_chunks = 0;
   bool began = false;
   while (failure.ok() && reader->Read(&chunk)) {
     if (chunk.payload_case() == v1::StateDictChunk::kHeader && !began) {
@@ -317,6 +404,14 @@ absl::Status ModelStateClient::GetStateDict(absl::string_view module,
       failure = sink.Append(chunk.data());
       done += chunk.data().size();
       if (options.progress) options.progress(done, total);
+    } else if (chunk.payload_case() == v1::StateDictChunk::kRingBytes &&
+               began && ring != nullptr && chunk.ring_bytes() > 0 &&
+               chunk.ring_bytes() <= ring->ring().slot_bytes()) {
+      failure = sink.Append(absl::string_view(ring->ring().slot(ring_chunks),
+                                              chunk.ring_bytes()));
+      ring->ring().set_consumed(++ring_chunks);
+      done += chunk.ring_bytes();
+      if (options.progress) options.progress(done, total);
     } else {
       failure =
           absl::InternalError("server sent a malformed state_dict stream");
@@ -327,7 +422,16 @@ absl::Status ModelStateClient::GetStateDict(absl::string_view module,
     reader->Finish().IgnoreError();
     return failure;
   }
-  MODELSTATE_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
+  absl::Status status = FromGrpcStatus(reader->Finish());
+  if (ring != nullptr && !ring->Note(status).ok() && !began) {
+    // A ring the server forgot: once more, registering it again.
+    ring.reset();
+    if (absl::IsInvalidArgument(status) &&
+        absl::StrContains(status.message(), "no ring is registered")) {
+      return GetStateDict(module, options, sink);
+    }
+  }
+  MODELSTATE_RETURN_IF_ERROR(status);
   if (!began) return absl::InternalError("server sent no state_dict header");
   if (options.metadata_only) return absl::OkStatus();
   return sink.Finish();
@@ -356,6 +460,8 @@ absl::StatusOr<v1::LoadStateDictResponse> ModelStateClient::LoadStateDict(
   start->mutable_options()->set_assign(options.load.assign);
   convert::LayoutToHeader(source.layout(), start->mutable_header());
   uint64_t total = source.layout().total_bytes;
+  std::unique_ptr<RingUse> ring = total > 0 ? UseRing() : nullptr;
+  if (ring != nullptr) start->set_shared_memory_ring(ring->token());
   uint64_t done = 0;
   bool open = writer->Write(message);
   absl::Status failure;
@@ -363,18 +469,31 @@ absl::StatusOr<v1::LoadStateDictResponse> ModelStateClient::LoadStateDict(
   // has serialised it when it returns): a fresh one each time would be
   // fresh pages, and faulting them in cost more than reading the file.
   std::string chunk;
-  while (open) {
-    chunk.clear();
-    absl::StatusOr<size_t> n = source.Read(options.chunk_bytes, &chunk);
+  for (uint64_t index = 0; open; ++index) {
+    message.Clear();
+    absl::StatusOr<size_t> n;
+    if (ring != nullptr) {
+      SharedRing& r = ring->ring();
+      if (!r.WaitForSlot(index, absl::Seconds(10), [] { return false; })) {
+        failure = absl::DeadlineExceededError(
+            "shared memory: the server freed no ring slot within 10s");
+        break;
+      }
+      n = source.ReadInto(std::min(r.slot_bytes(), total - done),
+                          r.slot(index));
+      if (n.ok()) message.set_ring_bytes(static_cast<uint32_t>(*n));
+    } else {
+      chunk.clear();
+      n = source.Read(options.chunk_bytes, &chunk);
+      if (n.ok()) message.mutable_data()->swap(chunk);
+    }
     if (!n.ok()) {
       failure = n.status();
       break;
     }
     if (*n == 0) break;
-    message.Clear();
-    message.mutable_data()->swap(chunk);
     open = writer->Write(message);
-    chunk.swap(*message.mutable_data());
+    if (ring == nullptr) chunk.swap(*message.mutable_data());
     done += *n;
     if (options.progress) options.progress(done, total);
   }
@@ -386,7 +505,9 @@ absl::StatusOr<v1::LoadStateDictResponse> ModelStateClient::LoadStateDict(
     return failure;
   }
   writer->WritesDone();
-  MODELSTATE_RETURN_IF_ERROR(FromGrpcStatus(writer->Finish()));
+  absl::Status status = FromGrpcStatus(writer->Finish());
+  if (ring != nullptr) ring->Note(status);
+  MODELSTATE_RETURN_IF_ERROR(status);
   return response;
 }
 
@@ -396,6 +517,12 @@ absl::StatusOr<v1::LoadStateDictResponse> ModelStateClient::LoadStateDict(
   MODELSTATE_ASSIGN_OR_RETURN(std::unique_ptr<MemorySource> source,
                               MemorySource::Create(state_dict));
   return LoadStateDict(module, *source, options);
+}
+
+absl::StatusOr<v1::GetSharedMemoryInfoResponse>
+ModelStateClient::GetSharedMemoryInfo() {
+  return Unary(*this, *stub_, &Stub::GetSharedMemoryInfo,
+               v1::GetSharedMemoryInfoRequest(), options_.timeout);
 }
 
 absl::Status ModelStateClient::Health() {

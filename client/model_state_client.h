@@ -39,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "base/shared_memory.h"
 #include "base/sync.h"
 #include "core/module.h"
 #include "core/state_stream.h"
@@ -58,6 +59,15 @@ struct ClientOptions {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   // Sent as "authorization: Bearer <token>" when not empty.
   std::string bearer_token;
+  // State_dicts travel through a shared-memory ring (base/shared_memory.h;
+  // `ring_slots` x `ring_slot_bytes`, made on the first transfer) when the
+  // server runs on this host and offers it (GetSharedMemoryInfo), as data
+  // messages otherwise. The environment variable MODELSTATE_SHARED_MEMORY=0
+  // turns it off as well. One transfer at a time uses the ring; others
+  // that overlap it use data messages.
+  bool shared_memory = true;
+  uint32_t ring_slots = 4;
+  uint64_t ring_slot_bytes = 8 << 20;
 };
 
 // Called as bytes move: (bytes done, bytes in total).
@@ -80,6 +90,8 @@ class StateDictSource {
   virtual const StateDictLayout& layout() const = 0;
   // Appends up to `max_bytes` to `out`; returns how many (0 at the end).
   virtual absl::StatusOr<size_t> Read(size_t max_bytes, std::string* out) = 0;
+  // Like Read, into `out`, which has room for `max_bytes` (a ring slot).
+  virtual absl::StatusOr<size_t> ReadInto(size_t max_bytes, char* out);
 };
 
 // Collects a state_dict in memory.
@@ -104,6 +116,9 @@ class MemorySource : public StateDictSource {
   const StateDictLayout& layout() const override { return reader_->layout(); }
   absl::StatusOr<size_t> Read(size_t max_bytes, std::string* out) override {
     return reader_->Read(max_bytes, out);
+  }
+  absl::StatusOr<size_t> ReadInto(size_t max_bytes, char* out) override {
+    return reader_->ReadInto(max_bytes, out);
   }
 
  private:
@@ -190,6 +205,7 @@ class ModelStateClient {
       const v1::ListModulesRequest& request);
   absl::StatusOr<v1::ListDevicesResponse> ListDevices(
       const v1::ListDevicesRequest& request = {});
+  absl::StatusOr<v1::GetSharedMemoryInfoResponse> GetSharedMemoryInfo();
   absl::Status DeleteModule(absl::string_view module);
   absl::StatusOr<v1::MoveModuleResponse> MoveModule(
       const v1::MoveModuleRequest& request);
@@ -281,6 +297,19 @@ class ModelStateClient {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::ModelStateService::Stub> stub_;
   const ClientOptions options_;
+  // This client's ring, registered, while one transfer uses it; null when
+  // the server is elsewhere, offers none, or another transfer has it.
+  class RingUse;
+  std::unique_ptr<RingUse> UseRing();
+  // Set up by the first transfer (under ring_mu_); ring_busy_ while one
+  // transfer uses the ring.
+  Mutex ring_mu_;
+  bool ring_asked_ ABSL_GUARDED_BY(ring_mu_) = false;
+  bool ring_busy_ ABSL_GUARDED_BY(ring_mu_) = false;
+  std::string ring_socket_ ABSL_GUARDED_BY(ring_mu_);
+  std::unique_ptr<SharedRing> ring_ ABSL_GUARDED_BY(ring_mu_);
+  // Open while the server keeps the ring: closed with the client.
+  RingRegistration ring_registration_ ABSL_GUARDED_BY(ring_mu_);
   mutable Mutex seqs_mu_;
   mutable std::vector<uint64_t> last_audit_seqs_ ABSL_GUARDED_BY(seqs_mu_);
 };

@@ -82,6 +82,19 @@ void StateDictReader::PrefetchNextDeviceEntry() {
 
 absl::StatusOr<size_t> StateDictReader::Read(size_t max_bytes,
                                              std::string* out) {
+  return ReadWith(
+      max_bytes, [out](const char* bytes, size_t n) { out->append(bytes, n); });
+}
+
+absl::StatusOr<size_t> StateDictReader::ReadInto(size_t max_bytes, char* out) {
+  return ReadWith(max_bytes, [&out](const char* bytes, size_t n) {
+    std::memcpy(out, bytes, n);
+    out += n;
+  });
+}
+
+template <typename Emit>
+absl::StatusOr<size_t> StateDictReader::ReadWith(size_t max_bytes, Emit emit) {
   size_t produced = 0;
   while (produced < max_bytes && entry_ < tensors_.size()) {
     const StateDictLayoutEntry& e = layout_.entries[entry_];
@@ -108,7 +121,7 @@ absl::StatusOr<size_t> StateDictReader::Read(size_t max_bytes,
         src = bytes.data();
         n = bytes.size();
       }
-      out->append(src, n);
+      emit(src, n);
     } else {
       // Convert the whole elements covering [entry_offset_, +n) through a
       // small buffer, so that a chunk may end in the middle of an element.
@@ -130,7 +143,7 @@ absl::StatusOr<size_t> StateDictReader::Read(size_t max_bytes,
       std::string converted((last - first) * out_es, '\0');
       ConvertElements(src, t.dtype(), converted.data(), e.dtype,
                       static_cast<int64_t>(last - first));
-      out->append(converted.data() + (entry_offset_ - first * out_es), n);
+      emit(converted.data() + (entry_offset_ - first * out_es), n);
     }
     entry_offset_ += n;
     produced += n;

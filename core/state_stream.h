@@ -87,12 +87,17 @@ class StateDictReader {
   // (0 once everything was read). FAILED_PRECONDITION for an entry on meta
   // (it has no bytes).
   absl::StatusOr<size_t> Read(size_t max_bytes, std::string* out);
+  // Like Read, into `out`, which has room for `max_bytes`.
+  absl::StatusOr<size_t> ReadInto(size_t max_bytes, char* out);
 
   // Bytes still to come.
   uint64_t remaining() const { return layout_.total_bytes - position_; }
 
  private:
   StateDictReader() = default;
+  // Read's work; `emit(bytes, n)` takes each piece in order.
+  template <typename Emit>
+  absl::StatusOr<size_t> ReadWith(size_t max_bytes, Emit emit);
 
   // Starts downloading the next entry on an accelerator, if any, while the
   // caller sends what was read.
@@ -127,7 +132,6 @@ class StateDictAssembler {
   // Consumes the next bytes of the stream. INVALID_ARGUMENT when more bytes
   // arrive than the layout declares.
   absl::Status Append(absl::string_view bytes);
-
   // The StateDict, once exactly total_bytes arrived; INVALID_ARGUMENT saying
   // how many bytes are missing otherwise.
   absl::StatusOr<StateDict> Finish();

@@ -242,6 +242,12 @@ ServerMetrics::ServerMetrics() {
       "Times an interceptor left its oldest event unanswered past its "
       "timeout (the events it held fail with it), by subscriber name.",
       {"subscriber"});
+  shared_memory_bytes_ = &r.AddCounter(
+      "modelstate_shared_memory_bytes_total",
+      "State_dict bytes exchanged with same-host clients through shared "
+      "memory instead of gRPC messages, by direction (get: GetStateDict, "
+      "load: LoadStateDict).",
+      {"direction"});
   audit_append_ = &r.AddHistogram("modelstate_audit_append_seconds",
                                   "Time to append one audit record.", {},
                                   metrics::LatencyBuckets())

@@ -93,6 +93,10 @@ class ServerMetrics {
     return *hook_round_trip_;
   }
   metrics::Family<metrics::Counter>& hook_timeouts() { return *hook_timeouts_; }
+  // modelstate_shared_memory_bytes_total{direction="get"|"load"}.
+  metrics::Counter& shared_memory_bytes(absl::string_view direction) {
+    return shared_memory_bytes_->Labels({std::string(direction)});
+  }
   metrics::Histogram& audit_append() { return *audit_append_; }
   metrics::Histogram& audit_sync() { return *audit_sync_; }
   // Set by the checkpoint signer whenever the latest signed checkpoint
@@ -124,6 +128,7 @@ class ServerMetrics {
   metrics::Family<metrics::Gauge>* open_streams_;
   metrics::Family<metrics::Histogram>* hook_round_trip_;
   metrics::Family<metrics::Counter>* hook_timeouts_;
+  metrics::Family<metrics::Counter>* shared_memory_bytes_;
   metrics::Histogram* audit_append_;
   metrics::Histogram* audit_sync_;
   metrics::Timestamp latest_checkpoint_;

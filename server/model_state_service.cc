@@ -15,6 +15,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "base/shared_memory.h"
 #include "base/status_macros.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
@@ -57,6 +58,70 @@ absl::Status SendStateDict(grpc::ServerContext* context,
   return absl::OkStatus();
 }
 
+// How long one side of a ring transfer waits for the other to free a slot.
+constexpr absl::Duration kRingWait = absl::Seconds(10);
+
+absl::Status RingStalled() {
+  return absl::DeadlineExceededError(
+      absl::StrCat("shared_memory_ring: the client freed no slot within ",
+                   absl::FormatDuration(kRingWait)));
+}
+
+// The header, then the bytes through `ring`, a slot at a time, each
+// announced by a ring_bytes message once it is written.
+absl::Status SendStateDictThroughRing(grpc::ServerContext* context,
+                                      StateDictDownload& download,
+                                      SharedRing& ring, ChunkWriter* writer) {
+  StateDictReader& reader = *download.reader;
+  v1::StateDictChunk message;
+  convert::LayoutToHeader(reader.layout(), message.mutable_header());
+  if (!writer->Write(message)) return ClientWentAway();
+  for (uint64_t chunk = 0; reader.remaining() > 0; ++chunk) {
+    if (!ring.WaitForSlot(chunk, kRingWait,
+                          [&] { return context->IsCancelled(); })) {
+      return context->IsCancelled() ? ClientWentAway() : RingStalled();
+    }
+    MODELSTATE_ASSIGN_OR_RETURN(
+        size_t n, reader.ReadInto(ring.slot_bytes(), ring.slot(chunk)));
+    if (n == 0) break;
+    message.Clear();
+    message.set_ring_bytes(static_cast<uint32_t>(n));
+    if (!writer->Write(message)) return ClientWentAway();
+  }
+  return absl::OkStatus();
+}
+
+// The ring_bytes messages that follow the start: each chunk copied out of
+// `ring` into `session`, then its slot freed.
+absl::Status ReceiveLoadThroughRing(grpc::ServerContext* context,
+                                    LoadReader* reader, SharedRing& ring,
+                                    LoadSession& session) {
+  v1::LoadStateDictRequest message;
+  for (uint64_t chunk = 0; reader->Read(&message); ++chunk) {
+    if (message.payload_case() != v1::LoadStateDictRequest::kRingBytes) {
+      return absl::InvalidArgumentError(
+          "data: only ring_bytes messages may follow a start with a "
+          "shared_memory_ring");
+    }
+    const uint64_t n = message.ring_bytes();
+    if (n == 0 || n > ring.slot_bytes()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ring_bytes: ", n, "; from 1 to the slot size (",
+                       ring.slot_bytes(), ") may be announced"));
+    }
+    // Copied before use, so that a client writing the slot meanwhile
+    // changes only what it loads, never what the audit digest says of it;
+    // the slot is free for the client's next chunk as soon as it is copied.
+    std::string bytes(ring.slot(chunk), n);
+    ring.set_consumed(chunk + 1);
+    MODELSTATE_RETURN_IF_ERROR(session.Append(std::move(bytes)));
+  }
+  if (context->IsCancelled()) {
+    return absl::CancelledError("client cancelled; nothing loaded");
+  }
+  return absl::OkStatus();
+}
+
 // A load stream's first message, which must be its start.
 absl::StatusOr<v1::LoadStart> ReadLoadStart(LoadReader* reader) {
   v1::LoadStateDictRequest message;
@@ -78,6 +143,10 @@ absl::Status ReceiveLoadData(grpc::ServerContext* context, LoadReader* reader,
                              LoadSession& session) {
   v1::LoadStateDictRequest message;
   while (reader->Read(&message)) {
+    if (message.payload_case() == v1::LoadStateDictRequest::kRingBytes) {
+      return absl::InvalidArgumentError(
+          "ring_bytes: the start named no shared_memory_ring");
+    }
     if (message.payload_case() != v1::LoadStateDictRequest::kData) {
       return absl::InvalidArgumentError(
           "data: only data messages may follow the start message");
@@ -546,17 +615,26 @@ grpc::Status ModelStateServiceImpl::GetStateDict(
                             &Stub::GetStateDict, *request, writer)) {
     return *forwarded;
   }
-  return Serve(context, "GetStateDict",
-               [&](const Caller& caller) -> absl::Status {
-                 MODELSTATE_ASSIGN_OR_RETURN(
-                     GetStateDictArgs args,
-                     convert::GetStateDictArgsFromProto(*request));
-                 MODELSTATE_ASSIGN_OR_RETURN(
-                     StateDictDownload download,
-                     service_->GetStateDict(caller, std::move(args)));
-                 return SendStateDict(context, download,
-                                      request->metadata_only(), writer);
-               });
+  return Serve(
+      context, "GetStateDict", [&](const Caller& caller) -> absl::Status {
+        MODELSTATE_ASSIGN_OR_RETURN(
+            GetStateDictArgs args,
+            convert::GetStateDictArgsFromProto(*request));
+        MODELSTATE_ASSIGN_OR_RETURN(
+            StateDictDownload download,
+            service_->GetStateDict(caller, std::move(args)));
+        if (request->shared_memory_ring().empty() || request->metadata_only()) {
+          return SendStateDict(context, download, request->metadata_only(),
+                               writer);
+        }
+        MODELSTATE_ASSIGN_OR_RETURN(
+            SharedMemoryExchange::Lease lease,
+            LendRing(request->shared_memory_ring(), "shared_memory_ring"));
+        MODELSTATE_RETURN_IF_ERROR(
+            SendStateDictThroughRing(context, download, lease.ring(), writer));
+        CountSharedBytes("get", download.reader->layout().total_bytes);
+        return absl::OkStatus();
+      });
 }
 
 grpc::Status ModelStateServiceImpl::LoadStateDict(
@@ -583,10 +661,21 @@ grpc::Status ModelStateServiceImpl::LoadStateDict(
         }
         MODELSTATE_ASSIGN_OR_RETURN(LoadStateDictArgs args,
                                     convert::LoadStateDictArgsFromProto(start));
+        const uint64_t total_bytes = args.layout.total_bytes;
         MODELSTATE_ASSIGN_OR_RETURN(
             std::unique_ptr<LoadSession> session,
             service_->LoadStateDict(caller, std::move(args), std::move(slot)));
-        absl::Status received = ReceiveLoadData(context, reader, *session);
+        absl::Status received;
+        if (start.shared_memory_ring().empty()) {
+          received = ReceiveLoadData(context, reader, *session);
+        } else {
+          absl::StatusOr<SharedMemoryExchange::Lease> lease =
+              LendRing(start.shared_memory_ring(), "start.shared_memory_ring");
+          received = lease.ok() ? ReceiveLoadThroughRing(
+                                      context, reader, lease->ring(), *session)
+                                : lease.status();
+          if (received.ok()) CountSharedBytes("load", total_bytes);
+        }
         if (!received.ok()) return session->Fail(std::move(received));
         MODELSTATE_ASSIGN_OR_RETURN(LoadResult result, session->Finish());
         convert::LoadResultToProto(result, response);
@@ -897,6 +986,35 @@ grpc::Status ModelStateServiceImpl::ListDevices(
         convert::DevicesToProto(service_->ListDevices(caller), response);
         return absl::OkStatus();
       });
+}
+
+absl::StatusOr<SharedMemoryExchange::Lease> ModelStateServiceImpl::LendRing(
+    absl::string_view token, absl::string_view field) {
+  if (shared_memory_ == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": this server offers no shared memory"));
+  }
+  return shared_memory_->Lend(token, field);
+}
+
+void ModelStateServiceImpl::CountSharedBytes(absl::string_view direction,
+                                             uint64_t bytes) {
+  if (metrics_ != nullptr) {
+    metrics_->shared_memory_bytes(direction).Increment(bytes);
+  }
+}
+
+grpc::Status ModelStateServiceImpl::GetSharedMemoryInfo(
+    grpc::ServerContext* context, const v1::GetSharedMemoryInfoRequest*,
+    v1::GetSharedMemoryInfoResponse* response) {
+  return Serve(context, "GetSharedMemoryInfo",
+               [&](const Caller&) -> absl::Status {
+                 if (shared_memory_ != nullptr) {
+                   response->set_socket_path(shared_memory_->socket_path());
+                 }
+                 response->set_boot_id(BootId());
+                 return absl::OkStatus();
+               });
 }
 
 grpc::Status ModelStateServiceImpl::ReleaseSubscriberName(

@@ -23,6 +23,7 @@
 #include "modelstate/v1/model_state_service.grpc.pb.h"
 #include "server/cluster_router.h"
 #include "server/metrics.h"
+#include "server/shared_memory_exchange.h"
 #include "service/access_gate.h"
 #include "service/authenticator.h"
 #include "service/model_service.h"
@@ -40,10 +41,16 @@ class ModelStateServiceImpl final
   // server on its own) sends calls about modules owned by other replicas
   // to them and merges listings across the cluster; `metrics` (optional)
   // counts the bytes each Subscribe stream has queued.
+  // `shared_memory` (optional) is where same-host clients exchange memfds
+  // with GetStateDict and LoadStateDict.
   explicit ModelStateServiceImpl(ModelService* service,
                                  ClusterRouter* router = nullptr,
-                                 ServerMetrics* metrics = nullptr)
-      : service_(service), router_(router), metrics_(metrics) {}
+                                 ServerMetrics* metrics = nullptr,
+                                 SharedMemoryExchange* shared_memory = nullptr)
+      : service_(service),
+        router_(router),
+        metrics_(metrics),
+        shared_memory_(shared_memory) {}
 
   grpc::Status BuildModule(grpc::ServerContext* context,
                            const v1::BuildModuleRequest* request,
@@ -99,6 +106,10 @@ class ModelStateServiceImpl final
   grpc::Status VerifyAudit(grpc::ServerContext* context,
                            const v1::VerifyAuditRequest* request,
                            v1::VerifyAuditResponse* response) override;
+  grpc::Status GetSharedMemoryInfo(
+      grpc::ServerContext* context,
+      const v1::GetSharedMemoryInfoRequest* request,
+      v1::GetSharedMemoryInfoResponse* response) override;
   grpc::Status ListDevices(grpc::ServerContext* context,
                            const v1::ListDevicesRequest* request,
                            v1::ListDevicesResponse* response) override;
@@ -140,6 +151,12 @@ class ModelStateServiceImpl final
                               const v1::RegisterTensorRequest* request,
                               EntryKind kind, v1::RegisterResponse* response);
 
+  // The ring registered under `token` (shared memory), lent to this call.
+  absl::StatusOr<SharedMemoryExchange::Lease> LendRing(absl::string_view token,
+                                                       absl::string_view field);
+  // modelstate_shared_memory_bytes_total.
+  void CountSharedBytes(absl::string_view direction, uint64_t bytes);
+
   // The caller, as the call's credentials (or a replica's forwarded
   // identity) say.
   absl::StatusOr<Caller> Authenticate(const grpc::ServerContextBase& context,
@@ -171,6 +188,7 @@ class ModelStateServiceImpl final
   ModelService* const service_;
   ClusterRouter* const router_;
   ServerMetrics* const metrics_;
+  SharedMemoryExchange* const shared_memory_;
 };
 
 // What the call presents: its peer, request id ("x-request-id"),

@@ -343,12 +343,38 @@ absl::Status Server::OpenState() {
   service_ = std::make_unique<ModelService>(
       store_.get(), hub_.get(), audit_.get(), auth_.get(), std::move(options));
   MODELSTATE_RETURN_IF_ERROR(PrepareCluster());
+  MODELSTATE_RETURN_IF_ERROR(OpenSharedMemory());
   handlers_ = std::make_unique<ModelStateServiceImpl>(
-      service_.get(), router_.get(), metrics_.get());
+      service_.get(), router_.get(), metrics_.get(), shared_memory_.get());
   if (router_ != nullptr) {
     cluster_handlers_ =
         std::make_unique<ClusterServiceImpl>(service_.get(), router_.get());
   }
+  return absl::OkStatus();
+}
+
+absl::Status Server::OpenSharedMemory() {
+  if (!config_.shared_memory || router_ != nullptr) return absl::OkStatus();
+  const bool chosen = !config_.shm_socket.empty();
+  absl::StatusOr<std::unique_ptr<SharedMemoryExchange>> exchange =
+      SharedMemoryExchange::Start(
+          {.socket_path =
+               chosen ? config_.shm_socket
+                      : data_dir::SharedMemorySocketPath(config_.data_dir)});
+  if (!exchange.ok() && chosen) {
+    return StartError("cannot open the shared memory socket: ",
+                      exchange.status());
+  }
+  if (!exchange.ok()) {
+    // The default place may not suit (a path too long for a socket): the
+    // server serves without it, as with --shared_memory=false.
+    LogLine(absl::StrCat("no shared memory transfers: ",
+                         exchange.status().message()));
+    return absl::OkStatus();
+  }
+  shared_memory_ = *std::move(exchange);
+  LogLine(absl::StrCat("same-host clients may exchange state through ",
+                       shared_memory_->socket_path()));
   return absl::OkStatus();
 }
 

@@ -40,6 +40,7 @@ class CheckpointSigner;
 class ModelService;
 class ModelStore;
 class ModuleRepository;
+class SharedMemoryExchange;
 class SubscriberHub;
 }  // namespace modelstate
 
@@ -109,6 +110,12 @@ struct ServerConfig {
   // The CA that signed the other replicas' TLS certificates, for servers
   // that serve TLS: a replica calls the others with its own certificate.
   std::string cluster_ca_file;
+  // Same-host clients may exchange state_dict bytes as memfds over a Unix
+  // socket (server/shared_memory_exchange.h), at `shm_socket` ("":
+  // DATA_DIR/shm.sock). Off for a cluster member, whose calls may be
+  // forwarded to another host.
+  bool shared_memory = true;
+  std::string shm_socket;
 };
 
 // Checks what a server must not start with, before anything starts:
@@ -161,6 +168,7 @@ class Server {
   absl::Status ListenForHealth();
   absl::Status ServeMetrics();
   absl::Status PrepareCluster();
+  absl::Status OpenSharedMemory();
   absl::Status JoinCluster();
 
   ServerConfig config_;
@@ -175,6 +183,7 @@ class Server {
   std::unique_ptr<ModelStore> store_;
   std::unique_ptr<ModelService> service_;
   std::unique_ptr<ClusterRouter> router_;
+  std::unique_ptr<SharedMemoryExchange> shared_memory_;
   std::unique_ptr<ModelStateServiceImpl> handlers_;
   std::unique_ptr<ClusterServiceImpl> cluster_handlers_;
   std::unique_ptr<grpc::Server> server_;

@@ -179,6 +179,11 @@ ABSL_FLAG(int64_t, cluster_lease_seconds, 10,
           "still counted live");
 ABSL_FLAG(std::string, cluster_key_prefix, "/modelstate/",
           "Every etcd key of the cluster starts with this");
+ABSL_FLAG(bool, shared_memory, Defaults().shared_memory,
+          "Let clients on this host exchange state_dict bytes as memfds over "
+          "a Unix socket instead of gRPC messages (off for cluster members)");
+ABSL_FLAG(std::string, shm_socket, Defaults().shm_socket,
+          "The Unix socket of --shared_memory (\"\": DATA_DIR/shm.sock)");
 ABSL_FLAG(int, emulated_cuda_devices, 0,
           "TESTING ONLY: stand in N host-memory devices for cuda:0..N-1 "
           "(replacing real GPUs), so that device handling is tested without "
@@ -327,6 +332,8 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
   ServerConfig config;
   config.listen = absl::GetFlag(FLAGS_listen);
   config.data_dir = absl::GetFlag(FLAGS_data_dir);
+  config.shared_memory = absl::GetFlag(FLAGS_shared_memory);
+  config.shm_socket = absl::GetFlag(FLAGS_shm_socket);
   config.stream_window_kib = absl::GetFlag(FLAGS_stream_window_kib);
   config.worker_threads = absl::GetFlag(FLAGS_worker_threads);
   config.shutdown_grace_seconds = absl::GetFlag(FLAGS_shutdown_grace_seconds);

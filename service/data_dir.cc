@@ -26,6 +26,10 @@ constexpr absl::string_view kTempInfix = ".tmp.";
 
 }  // namespace
 
+std::string SharedMemorySocketPath(absl::string_view data_dir) {
+  return absl::StrCat(data_dir, "/shm.sock");
+}
+
 std::string AuditLogPath(absl::string_view data_dir) {
   return absl::StrCat(data_dir, "/", kAuditLog);
 }

@@ -47,6 +47,7 @@ std::string AuditKeyPath(absl::string_view data_dir);
 std::string ClusterVolumePath(absl::string_view data_dir);
 std::string StagingDir(absl::string_view data_dir);
 std::string ModulesDir(absl::string_view data_dir);
+std::string SharedMemorySocketPath(absl::string_view data_dir);
 
 // Under the modules directory.
 std::string NamespaceDir(absl::string_view modules_dir, absl::string_view ns);

@@ -82,6 +82,9 @@ void AddGlobalOptions(CLI::App& app, GlobalOptions& options) {
            "the client certificate's private key (PEM)");
   AddValue(&app, "--token-file", options.token_file, "FILE",
            "send the bearer token in FILE (default: $MODELSTATE_TOKEN)");
+  AddFlag(&app, "--no-shared-memory", options.no_shared_memory,
+          "send and receive state_dicts as gRPC messages even when the "
+          "server is on this host (also: MODELSTATE_SHARED_MEMORY=0)");
   // Last in the help, as in most tools; the commands made after this copy
   // it.
   app.set_help_flag("-h,--help", "print help and exit");
@@ -92,6 +95,7 @@ absl::StatusOr<client::ClientOptions> ConnectionOptions(
   client::ClientOptions client;
   client.timeout = absl::Seconds(options.timeout_seconds);
   client.transfer_timeout = absl::Seconds(options.transfer_timeout_seconds);
+  client.shared_memory = !options.no_shared_memory;
   if (options.tls_cert.has_value() != options.tls_key.has_value()) {
     return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
   }

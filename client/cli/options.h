@@ -41,6 +41,8 @@ struct GlobalOptions {
   std::optional<std::string> tls_cert;
   std::optional<std::string> tls_key;
   std::optional<std::string> token_file;
+  // Transfers through shared memory when the server is on this host.
+  bool no_shared_memory = false;
 };
 
 // Adds the global options to `app` (the root; commands reach them by

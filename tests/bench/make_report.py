@@ -143,6 +143,36 @@ def transfer_rows(table, t):
                   "<= 1.0x", peak <= limit)
 
 
+def shared_memory_rows(table, t):
+    m = t.get("shared_memory")
+    if m is None:
+        return
+    n = m["bytes"]
+    get = m["get_shared_s"]["median"]
+    fresh = m["memcpy_fresh_s"]["median"]
+    warm = m["memcpy_warm_s"]["median"]
+    grpc_get = m["get_grpc_s"]["median"]
+    table.add(f"GetStateDict through the shared-memory ring, {m['model']} "
+              f"({n / MIB:.0f} MiB) into new tensors",
+              f"{fmt_s(get)} ({rate(n, get)})",
+              f"memcpy into fresh memory {fmt_s(fresh)} ({rate(n, fresh)})",
+              f"{fresh / get:.2f}x", ">= 0.8x", fresh / get >= 0.8)
+    table.add("GetStateDict through the ring, against memcpy into memory "
+              "already faulted in", f"{fmt_s(get)}",
+              f"memcpy {fmt_s(warm)} ({rate(n, warm)})",
+              f"{warm / get:.2f}x", "(breakdown)", None)
+    table.add("GetStateDict through the ring, against the same call as "
+              "gRPC messages", f"{fmt_s(get)}",
+              f"gRPC {fmt_s(grpc_get)} ({rate(n, grpc_get)})",
+              f"{grpc_get / get:.2f}x", "(breakdown)", None)
+    load_s = m["load_shared_s"]["median"]
+    grpc_load = m["load_grpc_s"]["median"]
+    table.add("LoadStateDict (durable) through the ring, against the same "
+              "call as gRPC messages", f"{fmt_s(load_s)} ({rate(n, load_s)})",
+              f"gRPC {fmt_s(grpc_load)} ({rate(n, grpc_load)})",
+              f"{grpc_load / load_s:.2f}x", "(breakdown)", None)
+
+
 def restore_rows(table, t):
     r = t.get("restore")
     if r is None:
@@ -462,6 +492,7 @@ def main():
     hook_rows(table, transfer, torch_results)
     core_rows(table, core, torch_results, args.torch_model)
     concurrency_rows(table, transfer)
+    shared_memory_rows(table, transfer)
     if args.python_transfer:
         python_rows(table, load(args.python_transfer))
     restore_rows(table, transfer)

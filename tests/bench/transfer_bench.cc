@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -38,6 +39,7 @@
 #include "base/sha256.h"
 #include "client/model_state_client.h"
 #include "client/subscriber.h"
+#include "core/storage.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
 #include "raw_grpc.h"
@@ -52,7 +54,7 @@ ABSL_FLAG(int, warmup, 1, "unmeasured repetitions first");
 ABSL_FLAG(bool, smoke, false, "tiny models and counts (for the test suite)");
 ABSL_FLAG(std::vector<std::string>, figures,
           std::vector<std::string>({"transfer", "hooks", "concurrency",
-                                    "restore", "attest"}),
+                                    "restore", "attest", "shared_memory"}),
           "which figures to measure");
 // The raw gRPC server mode (this binary, started by itself).
 ABSL_FLAG(bool, serve_raw, false,
@@ -202,15 +204,19 @@ v1::BuildModuleResponse Build(ModelStateClient& client, const std::string& name,
 
 // A client on a connection of its own (gRPC would otherwise share one TCP
 // connection among channels to the same address).
-std::unique_ptr<ModelStateClient> OwnConnection(const std::string& address) {
+// Its transfers use gRPC messages unless `shared_memory`.
+std::unique_ptr<ModelStateClient> OwnConnection(const std::string& address,
+                                                bool shared_memory = false) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
+  client::ClientOptions options;
+  options.shared_memory = shared_memory;
   return std::make_unique<ModelStateClient>(
       grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
                                 args),
-      client::ClientOptions{});
+      options);
 }
 
 // Receives a state_dict and keeps nothing: the same client-side work as
@@ -310,6 +316,65 @@ Json TransferFigures(Servers& s, const std::string& model) {
               {"load_state_dict_s", Figure(load)},
               {"server_peak_rss_get_bytes", get_peak},
               {"server_peak_rss_load_bytes", load_peak}};
+}
+
+// The same-host path: GetStateDict into a StateDict through the shared
+// memory ring against a memcpy of the same bytes into fresh memory (what
+// any receive into new tensors costs at least) and into memory already
+// faulted in, and against the same fetch as gRPC messages; LoadStateDict
+// both ways.
+Json SharedMemoryFigures(Servers& s, const std::string& model) {
+  Build(*s.client, "bench/shm", LoadSpec(model));
+  const std::unique_ptr<ModelStateClient> shared =
+      OwnConnection(s.modelstate.address(), /*shared_memory=*/true);
+  const StateDict state = Check(s.client->GetStateDict("bench/shm"), "fetch");
+  uint64_t bytes = 0;
+  for (const auto& item : state.tensors) bytes += item.value.nbytes();
+  const std::string source(bytes, '\x5a');
+  std::string warm(bytes, '\0');
+  auto [memcpy_fresh, get_shared] = RepeatPair(
+      [&] {
+        auto start = std::chrono::steady_clock::now();
+        auto fresh = Check(Storage::Allocate(bytes, Device::Cpu()), "alloc");
+        std::memcpy(fresh->data(), source.data(), bytes);
+        return Seconds(start);
+      },
+      [&] {
+        auto start = std::chrono::steady_clock::now();
+        StateDict got = Check(shared->GetStateDict("bench/shm"), "get shm");
+        return Seconds(start);
+      });
+  auto [memcpy_warm, get_grpc] = RepeatPair(
+      [&] {
+        auto start = std::chrono::steady_clock::now();
+        std::memcpy(warm.data(), source.data(), bytes);
+        return Seconds(start);
+      },
+      [&] {
+        auto start = std::chrono::steady_clock::now();
+        StateDict got = Check(s.client->GetStateDict("bench/shm"), "get grpc");
+        return Seconds(start);
+      });
+  auto [load_grpc, load_shared] = RepeatPair(
+      [&] {
+        auto start = std::chrono::steady_clock::now();
+        Check(s.client->LoadStateDict("bench/shm", state).status(), "load");
+        return Seconds(start);
+      },
+      [&] {
+        auto start = std::chrono::steady_clock::now();
+        Check(shared->LoadStateDict("bench/shm", state).status(), "load shm");
+        return Seconds(start);
+      });
+  Check(s.client->DeleteModule("bench/shm"), "delete");
+  return Json{{"model", model},
+              {"bytes", bytes},
+              {"memcpy_fresh_s", Figure(memcpy_fresh)},
+              {"memcpy_warm_s", Figure(memcpy_warm)},
+              {"get_shared_s", Figure(get_shared)},
+              {"get_grpc_s", Figure(get_grpc)},
+              {"load_shared_s", Figure(load_shared)},
+              {"load_grpc_s", Figure(load_grpc)}};
 }
 
 // The attestation RPCs of a hosted model against hashing its bytes here on
@@ -552,6 +617,9 @@ int Run() {
   }
   if (wanted("attest")) {
     out["attest"] = AttestFigures(s, smoke ? "mlp" : "gpt2");
+  }
+  if (wanted("shared_memory")) {
+    out["shared_memory"] = SharedMemoryFigures(s, smoke ? "mlp" : "gpt2");
   }
   out["reps"] = absl::GetFlag(FLAGS_reps);
   out["warmup"] = absl::GetFlag(FLAGS_warmup);

@@ -134,6 +134,10 @@ class PrometheusTest(unittest.TestCase):
                 {"spec": {"type": "Linear", "args": [32, 4]}}]}, f)
         state = os.path.join(cls.tmp, "mlp.safetensors")
         cls.cli("build", spec, "--name", "team/mlp", "--seed", "0")
+        # Each way once as gRPC messages, once through the shared-memory
+        # ring (the CLI's default on the server's host).
+        cls.cli("--no-shared-memory", "get-state", "team/mlp", "-o", state)
+        cls.cli("--no-shared-memory", "load-state", "team/mlp", state)
         cls.cli("get-state", "team/mlp", "-o", state)
         cls.cli("load-state", "team/mlp", state)
         cls.cli("describe", "team/mlp")
@@ -213,6 +217,10 @@ class PrometheusTest(unittest.TestCase):
         self.assertGreater(self.value(
             'modelstate_rpc_received_bytes_total{method="LoadStateDict"}'),
             state_bytes)
+        for direction in ("get", "load"):
+            self.assertEqual(self.value(
+                'modelstate_shared_memory_bytes_total{direction="%s"}'
+                % direction), state_bytes)
         self.assertEqual(self.value(
             'modelstate_open_streams{method="Subscribe"}'), 1)
         self.assertEqual(self.value('modelstate_modules{namespace="team"}'), 1)

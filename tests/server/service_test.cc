@@ -256,6 +256,10 @@ TEST_F(ServiceTest, LargeModelStreamsInOneMebibyteChunks) {
   }
   json += "]}";
   ASSERT_THAT(client_->BuildModule(BuildRequest("big/stack", json, 3)), IsOk());
+  // As gRPC messages (shared_memory_test covers the ring's chunks).
+  client::ClientOptions messages;
+  messages.shared_memory = false;
+  client_ = server_->NewClient(messages);
   int chunks = 0;
   uint64_t last_done = 0;
   client::GetStateDictOptions options;

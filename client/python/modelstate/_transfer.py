@@ -4,17 +4,22 @@ GetStateDict's data messages are parsed by hand: each message's payload is
 a slice of the bytes gRPC hands over, copied once into the tensor that owns
 it (no protobuf object per chunk, no per-element work). LoadStateDict's data
 messages are framed by hand from memoryviews of the tensors' own bytes, so
-each byte is copied once into the message gRPC sends. Transfers that take
-longer than a second show progress (see Progress).
+each byte is copied once into the message gRPC sends. On the server's host
+both go through the client's shared-memory ring instead when the server
+offers it (_shm): the stream then carries the header and one small
+`ring_bytes` message per chunk, and each byte is copied once between the
+tensors and the ring. Transfers that take longer than a second show
+progress (see Progress).
 """
 
 import sys
+import threading
 import time
 
 import grpc
 
-from . import _tensors
-from ._errors import from_rpc_error
+from . import _shm, _tensors
+from ._errors import ModelStateError, from_rpc_error
 from .v1 import model_state_service_pb2 as pb
 
 try:  # optional: a progress bar for long transfers
@@ -116,41 +121,97 @@ def _encode_varint(value):
 
 
 def _chunk_fields(raw):
-    """(header bytes or None, data memoryview or None) of one serialized
-    StateDictChunk, skipping unknown fields as protobuf does."""
+    """(header, data, ring_bytes) of one serialized StateDictChunk: header
+    and data as memoryviews, ring_bytes as an int, each None when absent
+    (the last of the oneof wins, unknown fields are skipped, as protobuf
+    does)."""
     view = memoryview(raw)
-    header = data = None
+    fields = [None, None, None]
     pos, end = 0, len(view)
     while pos < end:
         key, pos = _varint(view, pos)
         field, wire = key >> 3, key & 7
         if wire == 2:
             length, pos = _varint(view, pos)
-            value = view[pos:pos + length]
+            if field in (1, 2):
+                fields = [None, None, None]
+                fields[field - 1] = view[pos:pos + length]
             pos += length
-            if field == 1:
-                header = value
-            elif field == 2:
-                data = value
         elif wire == 0:
-            _, pos = _varint(view, pos)
+            value, pos = _varint(view, pos)
+            if field == 3:
+                fields = [None, None, value]
         elif wire in (1, 5):
             pos += 8 if wire == 1 else 4
         else:
             raise ValueError(f"unexpected wire type {wire} in a "
                              f"StateDictChunk")
-    return header, data
+    return tuple(fields)
+
+
+def _with_ring(client, wanted, through, plain):
+    """through(ring) with the client's ring held when `wanted` and one is
+    free, plain() otherwise."""
+    ring = _shm.take(client) if wanted else None
+    if ring is None:
+        return plain()
+    try:
+        return _through_ring(client, ring, through, plain)
+    finally:
+        _shm.release(ring)
+
+
+def _through_ring(client, ring, call, plain):
+    """call(ring) with the ring's `consumed` set to 0; once more after
+    registering the ring again when the server no longer knows its token
+    (idle for 10 minutes, or restarted); plain() when the server's side of
+    the ring is still held by an earlier call, or the ring cannot be
+    registered again. Raises grpc.RpcError as the calls do."""
+    for attempt in (1, 2):
+        ring.consumed = 0
+        _shm.calls += 1
+        try:
+            return call(ring)
+        except grpc.RpcError as error:
+            if _shm.names_ring(error, grpc.StatusCode.FAILED_PRECONDITION):
+                break
+            if attempt == 2 or not _shm.names_ring(
+                    error, grpc.StatusCode.INVALID_ARGUMENT):
+                raise
+            if not _shm.register(client, ring):
+                break
+    return plain()
 
 
 # -------------------------------------------------------------- pull ------
 def fetch(client, request, label, progress=None):
     """Streams GetStateDict: (header, [raw byte buffer per entry]). The
-    buffers come from _tensors.empty_bytes and are handed to the tensors."""
-    call = client._get_state_dict
+    buffers come from _tensors.empty_bytes and are handed to the tensors.
+    Through the client's shared-memory ring where the server offers one
+    and no other transfer of this client holds it; data messages
+    otherwise."""
+    def plain():
+        return _fetch(client, request, label, progress, None)
+
+    def through(ring):
+        fast = pb.GetStateDictRequest()
+        fast.CopyFrom(request)
+        fast.shared_memory_ring = ring.token
+        return _fetch(client, fast, label, progress, ring)
+
     try:
-        stream = call(request, timeout=client._transfer_timeout,
-                      metadata=client._metadata)
-        header_bytes, _ = _chunk_fields(next(stream))
+        return _with_ring(client, not request.metadata_only, through, plain)
+    except grpc.RpcError as error:
+        raise from_rpc_error(error) from None
+
+
+def _fetch(client, request, label, progress, ring):
+    """One GetStateDict call; `ring` is the _shm.Ring the request names
+    (None when it names none). Raises grpc.RpcError as the call does."""
+    stream = client._get_state_dict(request, timeout=client._transfer_timeout,
+                                    metadata=client._metadata)
+    try:
+        header_bytes, _, _ = _chunk_fields(next(stream))
         if header_bytes is None:
             raise ValueError("the stream did not start with a header")
         header = pb.StateDictHeader.FromString(bytes(header_bytes))
@@ -158,43 +219,79 @@ def fetch(client, request, label, progress=None):
             for _ in stream:  # nothing follows the header
                 pass
             return header, []
-        return header, _receive(stream, header, label,
-                                Progress(progress if progress is not None
-                                         else client.progress,
-                                         header.total_bytes, label))
-    except grpc.RpcError as error:
-        raise from_rpc_error(error) from None
+        sink = _Sink(header, label)
+        bar = Progress(progress if progress is not None else client.progress,
+                       header.total_bytes, label)
+        try:
+            _receive(stream, sink, ring, bar)
+        finally:
+            bar.close()
+        if sink.done != header.total_bytes:
+            raise ValueError(f"{label}: the stream ended after {sink.done} "
+                             f"of {header.total_bytes} bytes")
+        return header, sink.buffers
+    except grpc.RpcError:
+        raise
+    except BaseException:
+        stream.cancel()  # a stream left open would hold the server's bytes
+        raise
 
 
-def _receive(stream, header, label, progress):
-    lengths = [e.byte_length for e in header.entries]
-    buffers = [_tensors.empty_bytes(n) for n in lengths]
-    views = [_tensors.writable_view(b) for b in buffers]
-    index, offset, done = 0, 0, 0
-    try:
-        for raw in stream:
-            _, data = _chunk_fields(raw)
-            if data is None:
-                continue
-            pos, size = 0, len(data)
-            while pos < size:
-                while index < len(lengths) and offset == lengths[index]:
-                    index, offset = index + 1, 0
-                if index == len(lengths):
-                    raise ValueError(f"{label}: the server sent more bytes "
-                                     "than its header announced")
-                take = min(size - pos, lengths[index] - offset)
-                views[index][offset:offset + take] = data[pos:pos + take]
-                offset += take
-                pos += take
-            done += size
-            progress.update(done)
-    finally:
-        progress.close()
-    if done != header.total_bytes:
-        raise ValueError(f"{label}: the stream ended after {done} of "
-                         f"{header.total_bytes} bytes")
-    return buffers
+def _receive(stream, sink, ring, progress):
+    """Fills `sink` from the messages after the header: data messages, or
+    ring_bytes messages announcing the ring's slots in turn (each copied
+    out, then counted in `consumed` so that the server may refill it).
+    Reads the stream to its end, so that its status is the call's."""
+    chunks = 0
+    for raw in stream:
+        _, data, ring_bytes = _chunk_fields(raw)
+        if ring_bytes is not None:
+            if ring is None:
+                raise ValueError(f"{sink.label}: the server sent ring_bytes "
+                                 "without a shared-memory ring asked for")
+            if not 1 <= ring_bytes <= ring.slot_bytes:
+                raise ValueError(f"{sink.label}: the server announced "
+                                 f"{ring_bytes} bytes in a ring slot of "
+                                 f"{ring.slot_bytes}")
+            sink.write(ring.slot(chunks)[:ring_bytes])
+            chunks += 1
+            ring.consumed = chunks
+            _shm.chunks_in += 1
+        elif data is not None:
+            sink.write(data)
+        else:
+            continue
+        progress.update(sink.done)
+
+
+class _Sink:
+    """The per-entry byte buffers of one GetStateDict, filled in order."""
+
+    def __init__(self, header, label):
+        self.buffers = [_tensors.empty_bytes(e.byte_length)
+                        for e in header.entries]
+        self._views = [_tensors.writable_view(b) for b in self.buffers]
+        self.label = label
+        self.done = 0
+        self._index = self._offset = 0
+
+    def write(self, data):
+        """Appends the bytes of the memoryview `data`; entries may span
+        messages and messages entries."""
+        pos = 0
+        while pos < len(data):
+            while self._index < len(self._views) and \
+                    self._offset == len(self._views[self._index]):
+                self._index, self._offset = self._index + 1, 0
+            if self._index == len(self._views):
+                raise ValueError(f"{self.label}: the server sent more bytes "
+                                 "than its header announced")
+            space = self._views[self._index]
+            take = min(len(space) - self._offset, len(data) - pos)
+            space[self._offset:self._offset + take] = data[pos:pos + take]
+            self._offset += take
+            self.done += take
+            pos += take
 
 
 # -------------------------------------------------------------- push ------
@@ -225,21 +322,105 @@ def _data_messages(sources, chunk, progress):
         progress.update(done + size)
 
 
+class _RingFeed:
+    """The ring_bytes messages of one LoadStateDict: the sources' bytes
+    cut into slot-sized chunks, each written into its slot of `ring` once
+    the server has read what the slot held before. gRPC draws the messages
+    on a thread of its own; stop() makes sure that thread writes nothing
+    more to the ring once the call is over. A failure (a stalled server, a
+    source that raises) ends the messages early and is kept in `error`."""
+
+    def __init__(self, ring, sources, progress):
+        self._ring = ring
+        self._sources = sources
+        self._progress = progress
+        self._busy = threading.Lock()  # held while the ring is written
+        self._stopped = False
+        self.error = None
+
+    def messages(self):
+        ring, i, fill, done = self._ring, 0, 0, 0
+        try:
+            for source in self._sources:
+                view = source()
+                while view:
+                    take = self._copy(i, fill, view)
+                    if take is None:
+                        return
+                    fill += take
+                    view = view[take:]
+                    if fill == ring.slot_bytes:
+                        _shm.chunks_out += 1
+                        yield b"\x18" + _encode_varint(fill)
+                        i, done, fill = i + 1, done + fill, 0
+                        self._progress.update(done)
+            if fill:
+                _shm.chunks_out += 1
+                yield b"\x18" + _encode_varint(fill)
+                self._progress.update(done + fill)
+        except Exception as error:  # noqa: BLE001 - handed to the caller
+            self.error = error
+
+    def _copy(self, i, fill, view):
+        """Copies the start of `view` into chunk i's slot from `fill` on:
+        how many bytes, or None once stopped."""
+        with self._busy:
+            if self._stopped or (fill == 0 and not self._ring.wait_free(
+                    i, lambda: self._stopped)):
+                return None
+            slot = self._ring.slot(i)
+            take = min(len(view), len(slot) - fill)
+            slot[fill:fill + take] = view[:take]
+            return take
+
+    def stop(self):
+        self._stopped = True
+        with self._busy:  # a copy under way ends first
+            pass
+
+
 def send(client, start, sources, label, progress=None):
     """Streams LoadStateDict: `start` (a LoadStart), then the bytes of
-    `sources` (see _data_messages). Returns the LoadStateDictResponse."""
+    `sources` (see _data_messages): through the client's shared-memory
+    ring where the server offers one and no other transfer of this client
+    holds it, as data messages otherwise. Returns the
+    LoadStateDictResponse."""
     bar = Progress(progress if progress is not None else client.progress,
                    start.header.total_bytes, label)
 
-    def requests():
-        yield pb.LoadStateDictRequest(start=start).SerializeToString()
-        yield from _data_messages(sources, client._chunk_bytes, bar)
+    def plain():
+        start.ClearField("shared_memory_ring")
+        return client._load_state_dict(
+            _requests(start, _data_messages(sources, client._chunk_bytes,
+                                            bar)),
+            timeout=client._transfer_timeout, metadata=client._metadata)
+
+    def through(ring):
+        start.shared_memory_ring = ring.token
+        feed = _RingFeed(ring, sources, bar)
+        try:
+            return client._load_state_dict(
+                _requests(start, feed.messages()),
+                timeout=client._transfer_timeout, metadata=client._metadata)
+        except grpc.RpcError:
+            if feed.error is None:
+                raise
+        finally:
+            feed.stop()
+        if isinstance(feed.error, _shm.Stalled):
+            raise ModelStateError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                  f"{label}: {feed.error}")
+        raise feed.error
 
     try:
-        return client._load_state_dict(requests(),
-                                       timeout=client._transfer_timeout,
-                                       metadata=client._metadata)
+        return _with_ring(client, start.header.total_bytes > 0, through,
+                          plain)
     except grpc.RpcError as error:
         raise from_rpc_error(error) from None
     finally:
         bar.close()
+
+
+def _requests(start, messages):
+    yield pb.LoadStateDictRequest(start=start).SerializeToString()
+    yield from messages

@@ -1,12 +1,13 @@
 """The connection to a modelstate server: build, push and pull modules,
 list and open hosted ones, and register remote hooks."""
 
+import threading
 import uuid
 
 import grpc
 import grpc.experimental
 
-from . import _tensors, _transfer
+from . import _shm, _tensors, _transfer
 from ._errors import from_rpc_error
 from ._hooks import HookHandle
 from ._remote import RemoteModule, spec_proto
@@ -17,11 +18,21 @@ _MiB = 1 << 20
 
 
 class Client:
-    """A connection to a modelstate server (see connect())."""
+    """A connection to a modelstate server (see connect()).
+
+    On the server's own host, state_dict transfers (state_dict(),
+    load_state_dict(), push(), pull()) pass their bytes through a ring of
+    shared memory (32 MiB, made on the first transfer, handed to the server
+    over its Unix-domain socket once, and reused until close()) instead of
+    gRPC messages, when the server offers it: the same results, each byte
+    copied once instead of streamed. One transfer at a time uses the ring;
+    another thread's transfer meanwhile goes over gRPC. shared_memory=False,
+    or the environment variable MODELSTATE_SHARED_MEMORY=0, keeps every byte
+    on gRPC."""
 
     def __init__(self, target, *, timeout=30.0, transfer_timeout=1800.0,
                  chunk_bytes=_MiB, metadata=(), credentials=None,
-                 progress="auto"):
+                 progress="auto", shared_memory=True):
         if not isinstance(chunk_bytes, int) or chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes: expected a positive int, got "
                              f"{chunk_bytes!r}")
@@ -50,9 +61,14 @@ class Client:
         # How transfers report progress unless a call says otherwise: see
         # connect().
         self.progress = progress
+        self._shared_memory = _shm.wanted(shared_memory)
+        self._shm_path = None  # not asked yet: see _shm.socket_path
+        self._shm_ring = None  # made on the first transfer: see _shm.take
+        self._shm_setup = threading.Lock()
 
     def close(self):
         self._channel.close()
+        _shm.close(self)
 
     def __enter__(self):
         return self
@@ -176,7 +192,10 @@ def connect(target="127.0.0.1:50051", **options):
     for TLS), progress (how transfers longer than a second report: "auto",
     the default, draws a tqdm bar when stderr is a terminal and tqdm is
     installed; True always shows one; False none; a callable is called as
-    progress(done_bytes, total_bytes) during every transfer)."""
+    progress(done_bytes, total_bytes) during every transfer), shared_memory
+    (True, the default: state_dict bytes go through a ring of shared memory
+    when the server is on this host and offers it; False, or the
+    environment variable MODELSTATE_SHARED_MEMORY=0: always over gRPC)."""
     return Client(target, **options)
 
 

@@ -144,6 +144,11 @@ class ModelStateServiceStub(object):
                 request_serializer=modelstate_dot_v1_dot_model__state__service__pb2.SignStateFileRequest.SerializeToString,
                 response_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.SignStateFileResponse.FromString,
                 )
+        self.GetSharedMemoryInfo = channel.unary_unary(
+                '/modelstate.v1.ModelStateService/GetSharedMemoryInfo',
+                request_serializer=modelstate_dot_v1_dot_model__state__service__pb2.GetSharedMemoryInfoRequest.SerializeToString,
+                response_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.GetSharedMemoryInfoResponse.FromString,
+                )
 
 
 class ModelStateServiceServicer(object):
@@ -416,6 +421,16 @@ class ModelStateServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetSharedMemoryInfo(self, request, context):
+        """Where a client on this server's host may move state_dict bytes through
+        a shared-memory ring instead of data messages (see SharedMemoryRing).
+        Any authenticated caller; socket_path is empty when the server offers
+        no shared memory.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ModelStateServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -548,6 +563,11 @@ def add_ModelStateServiceServicer_to_server(servicer, server):
                     servicer.SignStateFile,
                     request_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.SignStateFileRequest.FromString,
                     response_serializer=modelstate_dot_v1_dot_model__state__service__pb2.SignStateFileResponse.SerializeToString,
+            ),
+            'GetSharedMemoryInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSharedMemoryInfo,
+                    request_deserializer=modelstate_dot_v1_dot_model__state__service__pb2.GetSharedMemoryInfoRequest.FromString,
+                    response_serializer=modelstate_dot_v1_dot_model__state__service__pb2.GetSharedMemoryInfoResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -998,5 +1018,22 @@ class ModelStateService(object):
         return grpc.experimental.unary_unary(request, target, '/modelstate.v1.ModelStateService/SignStateFile',
             modelstate_dot_v1_dot_model__state__service__pb2.SignStateFileRequest.SerializeToString,
             modelstate_dot_v1_dot_model__state__service__pb2.SignStateFileResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def GetSharedMemoryInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/modelstate.v1.ModelStateService/GetSharedMemoryInfo',
+            modelstate_dot_v1_dot_model__state__service__pb2.GetSharedMemoryInfoRequest.SerializeToString,
+            modelstate_dot_v1_dot_model__state__service__pb2.GetSharedMemoryInfoResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

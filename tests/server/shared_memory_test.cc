@@ -1,0 +1,404 @@
+// The same-host shared-memory path against an in-process server: the C++
+// client finds it, moves state_dicts through memfds with the same results
+// as gRPC messages (tensors over the mapping itself, private to the
+// client), and every misuse of the socket or the tokens is refused with a
+// clear error; the opt-outs and a server without it fall back to messages.
+#include "base/shared_memory.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/model_state_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "proto/convert.h"
+#include "server/shared_memory_exchange.h"
+#include "tests/testing/in_process_server.h"
+#include "tests/testing/requests.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/tensors.h"
+
+namespace modelstate::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Linear(256, 256) and a BatchNorm1d: aligned weights big enough to be
+// viewed in place, small vectors that are copied, and buffers.
+constexpr char kSpec[] = R"({"type": "Sequential", "children": [
+  {"spec": {"type": "Linear", "args": [256, 256]}},
+  {"spec": {"type": "BatchNorm1d", "args": [256]}}]})";
+
+// A ring of two one-page slots: a small module's transfer wraps around it
+// many times.
+client::ClientOptions SmallRing() {
+  client::ClientOptions options;
+  options.ring_slots = 2;
+  options.ring_slot_bytes = 4096;
+  return options;
+}
+
+// Sends `request` ('R' and what follows) with `fd` to the socket at
+// `path`: the answer's text, or "ok" for a registration.
+std::string RawRegister(const std::string& path, const std::string& request,
+                        int fd) {
+  absl::StatusOr<ScopedFd> socket = ConnectUnixSocket(path, absl::Seconds(5));
+  if (!socket.ok()) return socket.status().ToString();
+  if (!SendWithFd(socket->get(), request, fd).ok()) return "send failed";
+  char code = 1;
+  ScopedFd ignored;
+  absl::StatusOr<size_t> n = ReceiveWithFd(socket->get(), &code, 1, &ignored);
+  if (!n.ok() || *n == 0) return "no answer";
+  // A registration keeps the connection open: read only the token.
+  std::string rest(code == 0 ? kRingTokenBytes : 4096, '\0');
+  n = ReceiveWithFd(socket->get(), rest.data(), rest.size(), &ignored);
+  if (!n.ok()) return "no answer";
+  return code == 0 ? "ok" : rest.substr(0, *n);
+}
+
+class SharedMemoryTest : public InProcessServerTest {
+ protected:
+  static void SetUpTestSuite() {
+    StartServer([](server::ServerConfig& config) {
+      config.metrics_listen = "127.0.0.1:0";
+    });
+  }
+
+  void SetUp() override {
+    InProcessServerTest::SetUp();
+    module_ = absl::StrCat("shm/m", counter_++);
+    ASSERT_THAT(client_->BuildModule(BuildRequest(module_, kSpec, 7)), IsOk());
+  }
+
+  // modelstate_shared_memory_bytes_total{direction}, or 0 before any.
+  double SharedBytes(const std::string& direction) {
+    const std::string address = server_->server().metrics_address();
+    const size_t colon = address.rfind(':');
+    httplib::Client http(address.substr(0, colon),
+                         std::stoi(address.substr(colon + 1)));
+    httplib::Result result = http.Get("/metrics");
+    EXPECT_TRUE(result);
+    if (!result) return -1;
+    const std::string key =
+        absl::StrCat("\nmodelstate_shared_memory_bytes_total{direction=\"",
+                     direction, "\"} ");
+    const size_t at = result->body.find(key);
+    return at == std::string::npos
+               ? 0
+               : std::stod(result->body.substr(at + key.size()));
+  }
+
+  // A LoadStateDict start for `module_` with `state`'s header.
+  v1::LoadStateDictRequest Start(const StateDict& state) {
+    absl::StatusOr<std::unique_ptr<client::MemorySource>> source =
+        client::MemorySource::Create(state);
+    EXPECT_THAT(source.status(), IsOk());
+    v1::LoadStateDictRequest message;
+    message.mutable_start()->set_module(module_);
+    convert::LayoutToHeader((*source)->layout(),
+                            message.mutable_start()->mutable_header());
+    return message;
+  }
+
+  // Sends `messages` as one LoadStateDict call on the raw stub.
+  absl::Status RawLoad(const std::vector<v1::LoadStateDictRequest>& messages) {
+    auto context = client_->NewContext(absl::Seconds(30));
+    v1::LoadStateDictResponse response;
+    auto writer = client_->stub().LoadStateDict(context.get(), &response);
+    for (const auto& m : messages) writer->Write(m);
+    writer->WritesDone();
+    return convert::FromGrpcStatus(writer->Finish());
+  }
+
+  // A client that moves every byte as gRPC messages.
+  std::unique_ptr<client::ModelStateClient> MessagesClient() {
+    client::ClientOptions off;
+    off.shared_memory = false;
+    return server_->NewClient(off);
+  }
+
+  std::string SocketPath() {
+    return (server_->data_dir() / "shm.sock").string();
+  }
+
+  void ExpectUnchanged() {
+    absl::StatusOr<StateDict> now = client_->GetStateDict(module_);
+    ASSERT_THAT(now.status(), IsOk());
+    ExpectSameState(*now, LocalBuild(kSpec, 7)->GetStateDict());
+  }
+
+  static inline int counter_ = 0;
+  std::string module_;
+};
+
+TEST_F(SharedMemoryTest, InfoNamesTheSocketAndThisHost) {
+  absl::StatusOr<v1::GetSharedMemoryInfoResponse> info =
+      client_->GetSharedMemoryInfo();
+  ASSERT_THAT(info.status(), IsOk());
+  EXPECT_EQ(info->socket_path(), SocketPath());
+  EXPECT_EQ(info->boot_id(), BootId());
+  EXPECT_FALSE(info->boot_id().empty());
+  // The socket is the server user's alone, like the rest of the data dir.
+  EXPECT_EQ(
+      std::filesystem::status(SocketPath()).permissions(),
+      std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+}
+
+TEST_F(SharedMemoryTest, GetStateDictThroughTheRingMatchesMessages) {
+  const StateDict want = LocalBuild(kSpec, 7)->GetStateDict();
+  const uint64_t total = (256 * 256 + 256 + 4 * 256) * 4 + 8;
+  for (const client::ClientOptions& options :
+       {client::ClientOptions(), SmallRing()}) {
+    const double before = SharedBytes("get");
+    auto shared = server_->NewClient(options);
+    std::vector<uint64_t> progress;
+    client::GetStateDictOptions get;
+    get.progress = [&](uint64_t done, uint64_t) { progress.push_back(done); };
+    client::MemorySink sink;
+    ASSERT_THAT(shared->GetStateDict(module_, get, sink), IsOk());
+    ExpectSameState(sink.state_dict(), want);
+    EXPECT_EQ(SharedBytes("get") - before, total);
+    // One progress report per chunk: a slot's worth at a time.
+    EXPECT_EQ(progress.size(),
+              (total + options.ring_slot_bytes - 1) / options.ring_slot_bytes);
+    EXPECT_EQ(progress.back(), total);
+    // The ring is reused: a second fetch on the same client.
+    absl::StatusOr<StateDict> again = shared->GetStateDict(module_);
+    ASSERT_THAT(again.status(), IsOk());
+    ExpectSameState(*again, want);
+  }
+  absl::StatusOr<StateDict> messages = MessagesClient()->GetStateDict(module_);
+  ASSERT_THAT(messages.status(), IsOk());
+  ExpectSameState(*messages, want);
+}
+
+TEST_F(SharedMemoryTest, LoadStateDictThroughTheRing) {
+  for (const client::ClientOptions& options :
+       {client::ClientOptions(), SmallRing()}) {
+    StateDict state = LocalBuild(kSpec, 99)->GetStateDict();
+    const double before = SharedBytes("load");
+    absl::StatusOr<v1::LoadStateDictResponse> loaded =
+        server_->NewClient(options)->LoadStateDict(module_, state);
+    ASSERT_THAT(loaded.status(), IsOk());
+    EXPECT_EQ(loaded->repr(), "<All keys matched successfully>");
+    EXPECT_GT(SharedBytes("load"), before);
+    absl::StatusOr<StateDict> back = MessagesClient()->GetStateDict(module_);
+    ASSERT_THAT(back.status(), IsOk());
+    ExpectSameState(*back, state);
+  }
+}
+
+TEST_F(SharedMemoryTest, StrictErrorsAreTheSameAsWithMessages) {
+  StateDict state = LocalBuild(kSpec, 1)->GetStateDict();
+  state.tensors.Erase("1.running_var");
+  state.tensors.Set("extra", Filled(DType::kFloat32, {1024}, 1.0));
+  // Not atomic, so that the bytes travel before the load fails.
+  client::LoadStateDictOptions partial;
+  partial.load.atomic = false;
+  const double before = SharedBytes("load");
+  absl::StatusOr<v1::LoadStateDictResponse> shared =
+      client_->LoadStateDict(module_, state, partial);
+  absl::StatusOr<v1::LoadStateDictResponse> messages =
+      MessagesClient()->LoadStateDict(module_, state, partial);
+  ASSERT_FALSE(shared.ok());
+  EXPECT_GT(SharedBytes("load"), before);  // the bytes went through the ring
+  EXPECT_EQ(shared.status(), messages.status());
+  EXPECT_THAT(shared.status().message(),
+              HasSubstr("Missing key(s) in state_dict: \"1.running_var\""));
+}
+
+TEST_F(SharedMemoryTest, OptOutsUseMessages) {
+  const double get = SharedBytes("get");
+  const double load = SharedBytes("load");
+  ASSERT_THAT(MessagesClient()->GetStateDict(module_).status(), IsOk());
+  setenv("MODELSTATE_SHARED_MEMORY", "0", 1);
+  auto by_env = server_->NewClient();
+  absl::StatusOr<StateDict> state = by_env->GetStateDict(module_);
+  ASSERT_THAT(state.status(), IsOk());
+  ASSERT_THAT(by_env->LoadStateDict(module_, *state).status(), IsOk());
+  unsetenv("MODELSTATE_SHARED_MEMORY");
+  EXPECT_EQ(SharedBytes("get"), get);
+  EXPECT_EQ(SharedBytes("load"), load);
+}
+
+TEST_F(SharedMemoryTest, UnknownRingsAreRefused) {
+  v1::GetStateDictRequest get;
+  get.set_module(module_);
+  get.set_shared_memory_ring(std::string(16, 'x'));
+  auto context = client_->NewContext(absl::Seconds(30));
+  auto reader = client_->stub().GetStateDict(context.get(), get);
+  v1::StateDictChunk chunk;
+  EXPECT_FALSE(reader->Read(&chunk));
+  EXPECT_THAT(convert::FromGrpcStatus(reader->Finish()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("shared_memory_ring: no ring is registered")));
+  v1::LoadStateDictRequest start = Start(LocalBuild(kSpec, 3)->GetStateDict());
+  start.mutable_start()->set_shared_memory_ring(std::string(16, 'x'));
+  EXPECT_THAT(RawLoad({start}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("start.shared_memory_ring: no ring")));
+  ExpectUnchanged();
+}
+
+TEST_F(SharedMemoryTest, StrayMessagesAreRefused) {
+  StateDict state = LocalBuild(kSpec, 3)->GetStateDict();
+  v1::LoadStateDictRequest ring_bytes;
+  ring_bytes.set_ring_bytes(4096);
+  EXPECT_THAT(RawLoad({Start(state), ring_bytes}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("ring_bytes: the start named no "
+                                 "shared_memory_ring")));
+  absl::StatusOr<std::unique_ptr<SharedRing>> ring =
+      SharedRing::Create(2, 4096);
+  ASSERT_THAT(ring.status(), IsOk());
+  absl::StatusOr<RingRegistration> registration =
+      RegisterRing(SocketPath(), **ring);
+  ASSERT_THAT(registration.status(), IsOk());
+  v1::LoadStateDictRequest start = Start(state);
+  start.mutable_start()->set_shared_memory_ring(registration->token);
+  v1::LoadStateDictRequest data;
+  data.set_data("abcd");
+  EXPECT_THAT(RawLoad({start, data}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("data:")));
+  ring_bytes.set_ring_bytes(4097);
+  EXPECT_THAT(RawLoad({start, ring_bytes}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("ring_bytes: 4097; from 1 to the slot size")));
+  ExpectUnchanged();
+}
+
+TEST_F(SharedMemoryTest, ARingServesOneCallAtATime) {
+  absl::StatusOr<std::unique_ptr<SharedRing>> ring =
+      SharedRing::Create(2, 4096);
+  ASSERT_THAT(ring.status(), IsOk());
+  absl::StatusOr<RingRegistration> registration =
+      RegisterRing(SocketPath(), **ring);
+  ASSERT_THAT(registration.status(), IsOk());
+  (*ring)->set_consumed(0);
+  v1::GetStateDictRequest get;
+  get.set_module(module_);
+  get.set_shared_memory_ring(registration->token);
+  // The first call fills both slots, then waits for a consumer that never
+  // comes; the second is refused meanwhile.
+  auto first_context = client_->NewContext(absl::Seconds(30));
+  auto first = client_->stub().GetStateDict(first_context.get(), get);
+  v1::StateDictChunk chunk;
+  ASSERT_TRUE(first->Read(&chunk));
+  ASSERT_TRUE(chunk.has_header());
+  ASSERT_TRUE(first->Read(&chunk));
+  EXPECT_EQ(chunk.ring_bytes(), 4096u);
+  auto second_context = client_->NewContext(absl::Seconds(30));
+  auto second = client_->stub().GetStateDict(second_context.get(), get);
+  EXPECT_FALSE(second->Read(&chunk));
+  EXPECT_THAT(convert::FromGrpcStatus(second->Finish()),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("another call is using this ring")));
+  first_context->TryCancel();
+  while (first->Read(&chunk)) {
+  }
+  EXPECT_EQ(first->Finish().error_code(), grpc::StatusCode::CANCELLED);
+}
+
+TEST_F(SharedMemoryTest, ARingLastsAsLongAsItsRegistration) {
+  absl::StatusOr<std::unique_ptr<SharedRing>> ring =
+      SharedRing::Create(2, 4096);
+  ASSERT_THAT(ring.status(), IsOk());
+  absl::StatusOr<RingRegistration> registration =
+      RegisterRing(SocketPath(), **ring);
+  ASSERT_THAT(registration.status(), IsOk());
+  v1::LoadStateDictRequest start = Start(LocalBuild(kSpec, 3)->GetStateDict());
+  start.mutable_start()->set_shared_memory_ring(registration->token);
+  v1::LoadStateDictRequest nothing;  // fails after the ring was lent
+  nothing.set_data("x");
+  EXPECT_THAT(RawLoad({start, nothing}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("data:")));
+  // The client closes the connection (or exits): the server lets go.
+  ASSERT_THAT(registration->connection.Close("registration"), IsOk());
+  absl::Status refused;
+  for (int i = 0; i < 100; ++i) {
+    refused = RawLoad({start, nothing});
+    if (absl::StrContains(refused.message(), "no ring is registered")) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kInvalidArgument,
+                                HasSubstr("start.shared_memory_ring: no ring "
+                                          "is registered")));
+}
+
+TEST_F(SharedMemoryTest, BadRingsAreRefusedAtRegistration) {
+  const std::string request = absl::StrCat("R", EncodeU32(2), EncodeU32(4096));
+  ScopedFd unsealed(memfd_create("unsealed", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  ASSERT_EQ(ftruncate(unsealed.get(), 4096 * 3), 0);
+  EXPECT_THAT(RawRegister(SocketPath(), request, unsealed.get()),
+              HasSubstr("must be sealed against growing and shrinking"));
+  ASSERT_EQ(fcntl(unsealed.get(), F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK), 0);
+  EXPECT_EQ(RawRegister(SocketPath(), request, unsealed.get()), "ok");
+  EXPECT_THAT(RawRegister(SocketPath(),
+                          absl::StrCat("R", EncodeU32(2), EncodeU32(8192)),
+                          unsealed.get()),
+              HasSubstr("must hold 4096 + slots * slot_bytes"));
+  EXPECT_THAT(RawRegister(SocketPath(),
+                          absl::StrCat("R", EncodeU32(1), EncodeU32(8192)),
+                          unsealed.get()),
+              HasSubstr("1 slots"));
+  EXPECT_THAT(
+      RawRegister(SocketPath(), absl::StrCat("R", EncodeU32(2), EncodeU32(100)),
+                  unsealed.get()),
+      HasSubstr("a multiple of 4096"));
+  EXPECT_THAT(RawRegister(SocketPath(), request, -1),
+              HasSubstr("must carry the ring's memfd"));
+  ScopedFd plain(open((server_->data_dir() / "audit.log").c_str(), O_RDONLY));
+  EXPECT_THAT(RawRegister(SocketPath(), request, plain.get()),
+              HasSubstr("not a memfd"));
+  EXPECT_THAT(RawRegister(SocketPath(), "Q", -1), HasSubstr("unknown request"));
+  ScopedFd write_sealed(
+      memfd_create("write-sealed", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  ASSERT_EQ(ftruncate(write_sealed.get(), 4096 * 3), 0);
+  ASSERT_EQ(fcntl(write_sealed.get(), F_ADD_SEALS,
+                  F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_WRITE),
+            0);
+  EXPECT_THAT(RawRegister(SocketPath(), request, write_sealed.get()),
+              HasSubstr("must not be sealed against writes"));
+}
+
+TEST(SharedMemoryServerTest, OffMeansMessages) {
+  InProcessServer server(
+      [](server::ServerConfig& config) { config.shared_memory = false; });
+  ASSERT_THAT(server.Start(), IsOk());
+  auto client = server.NewClient();
+  absl::StatusOr<v1::GetSharedMemoryInfoResponse> info =
+      client->GetSharedMemoryInfo();
+  ASSERT_THAT(info.status(), IsOk());
+  EXPECT_EQ(info->socket_path(), "");
+  EXPECT_FALSE(std::filesystem::exists(server.data_dir() / "shm.sock"));
+  ASSERT_THAT(client->BuildModule(BuildRequest("m", kSpec, 2)), IsOk());
+  absl::StatusOr<StateDict> state = client->GetStateDict("m");
+  ASSERT_THAT(state.status(), IsOk());
+  ExpectSameState(*state, LocalBuild(kSpec, 2)->GetStateDict());
+  ASSERT_THAT(client->LoadStateDict("m", *state).status(), IsOk());
+}
+
+TEST(SharedMemoryServerTest, AnExplicitSocketThatCannotBeBoundStopsTheStart) {
+  InProcessServer server([](server::ServerConfig& config) {
+    config.shm_socket = "/nonexistent-dir/shm.sock";
+  });
+  absl::Status started = server.Start();
+  EXPECT_FALSE(started.ok());
+  EXPECT_THAT(started.message(),
+              HasSubstr("cannot open the shared memory socket"));
+}
+
+}  // namespace
+}  // namespace modelstate::testing
