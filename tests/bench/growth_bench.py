@@ -30,6 +30,14 @@ from server_process import Server  # noqa: E402
 MIB = 1 << 20
 
 
+
+def transport():
+    """How the clients moved the bytes: through the server's shared-memory
+    ring (their default on its host) unless MODELSTATE_SHARED_MEMORY=0."""
+    if os.environ.get("MODELSTATE_SHARED_MEMORY") == "0":
+        return "gRPC messages"
+    return "the shared-memory ring"
+
 def flat_spec(entries, total_bytes):
     """A custom module of `entries` float32 parameters, `total_bytes` in
     all (uniform init: real bytes, not zero pages)."""
@@ -103,6 +111,7 @@ def main():
                             args.reps, args.warmup)
             point.update({"bytes": entries_mib * MIB, "entries": entries})
             result["entries"].append(point)
+        result["transport"] = transport()
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
     finally:

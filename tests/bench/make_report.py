@@ -341,8 +341,8 @@ def python_rows(table, p):
                  "load-state")):
             ours, base = m[py]["median"], m[cpp]["median"]
             table.add(f"Python client {what}, {model} ({n / MIB:.0f} MiB, "
-                      f"{m['entries']} entries, "
-                      f"{p['chunk_bytes'] // 1024} KiB chunks)",
+                      f"{m['entries']} entries, both clients through "
+                      f"{p.get('transport', 'gRPC messages')})",
                       f"{fmt_s(ours)} ({rate(n, ours)})",
                       f"C++ client (modelstatectl {cli}) {fmt_s(base)} "
                       f"({rate(n, base)})", f"{base / ours:.2f}x", ">= 0.8x",
@@ -387,7 +387,8 @@ def growth_rows(table, g):
             n, ours = point["bytes"], point[key]
             base = per_byte * n
             table.add(f"{what} cost by size: {n / MIB:.0f} MiB "
-                      f"({point['entries']} entries; modelstatectl)",
+                      f"({point['entries']} entries; modelstatectl, "
+                      f"{g.get('transport', 'gRPC messages')})",
                       f"{fmt_s(ours)} ({rate(n, ours)})",
                       f"{first['bytes'] / MIB:.0f} MiB's rate, scaled: "
                       f"{fmt_s(base)}", f"{ours / base:.2f}x", "reported",
@@ -397,7 +398,8 @@ def growth_rows(table, g):
             ours = point[key]
             extra = (ours - few[key]) / (point["entries"] - few["entries"])
             table.add(f"{what} cost by entries: {point['entries']:,} tensors,"
-                      f" {point['bytes'] / MIB:.0f} MiB in all (modelstatectl)",
+                      f" {point['bytes'] / MIB:.0f} MiB in all (modelstatectl, "
+                      f"{g.get('transport', 'gRPC messages')})",
                       f"{fmt_s(ours)}",
                       f"{few['entries']} tensors, same bytes: "
                       f"{fmt_s(few[key])}; {extra * 1e6:+.1f} us per added "

@@ -38,6 +38,14 @@ MIB = 1 << 20
 CHUNK = MIB  # the server's default; both clients use it
 
 
+
+def transport():
+    """How the clients moved the bytes: through the server's shared-memory
+    ring (their default on its host) unless MODELSTATE_SHARED_MEMORY=0."""
+    if os.environ.get("MODELSTATE_SHARED_MEMORY") == "0":
+        return "gRPC messages"
+    return "the shared-memory ring"
+
 def linear_stack(layers):
     """Sequential of `layers` x Linear(1024, 1024, bias=False): 4 MiB each."""
     layer = {"type": "Linear", "args": [1024, 1024],
@@ -140,6 +148,7 @@ def main():
         for name in os.listdir(scratch):
             os.remove(os.path.join(scratch, name))
         os.rmdir(scratch)
+    out["transport"] = transport()
     with open(args.out, "w") as f:
         json.dump(out, f, indent=2)
     for model, m in out["models"].items():
