@@ -319,6 +319,7 @@ class ModelStateClient::RingUse {
   }
   SharedRing& ring() const { return ring_; }
   const std::string& token() const { return token_; }
+  bool forgotten() const { return forgotten_; }
   // Notes a call's status, in case it says the token is unknown.
   const absl::Status& Note(const absl::Status& status) {
     forgotten_ = absl::IsInvalidArgument(status) &&
@@ -380,6 +381,13 @@ std::unique_ptr<ModelStateClient::RingUse> ModelStateClient::UseRing() {
 absl::Status ModelStateClient::GetStateDict(absl::string_view module,
                                             const GetStateDictOptions& options,
                                             StateDictSink& sink) {
+  return Fetch(module, options, sink, /*may_register_again=*/true);
+}
+
+absl::Status ModelStateClient::Fetch(absl::string_view module,
+                                     const GetStateDictOptions& options,
+                                     StateDictSink& sink,
+                                     bool may_register_again) {
   v1::GetStateDictRequest request = GetStateDictRequestFor(module, options);
   std::unique_ptr<RingUse> ring = options.metadata_only ? nullptr : UseRing();
   if (ring != nullptr) request.set_shared_memory_ring(ring->token());
@@ -423,13 +431,12 @@ absl::Status ModelStateClient::GetStateDict(absl::string_view module,
     return failure;
   }
   absl::Status status = FromGrpcStatus(reader->Finish());
-  if (ring != nullptr && !ring->Note(status).ok() && !began) {
-    // A ring the server forgot: once more, registering it again.
+  if (ring != nullptr && !ring->Note(status).ok() && !began &&
+      may_register_again && ring->forgotten()) {
+    // A ring the server forgot (it restarted): once more, registering it
+    // again.
     ring.reset();
-    if (absl::IsInvalidArgument(status) &&
-        absl::StrContains(status.message(), "no ring is registered")) {
-      return GetStateDict(module, options, sink);
-    }
+    return Fetch(module, options, sink, /*may_register_again=*/false);
   }
   MODELSTATE_RETURN_IF_ERROR(status);
   if (!began) return absl::InternalError("server sent no state_dict header");

@@ -301,6 +301,11 @@ class ModelStateClient {
   // the server is elsewhere, offers none, or another transfer has it.
   class RingUse;
   std::unique_ptr<RingUse> UseRing();
+  // GetStateDict, which registers the ring again and retries once when the
+  // server no longer knows it and `may_register_again`.
+  absl::Status Fetch(absl::string_view module,
+                     const GetStateDictOptions& options, StateDictSink& sink,
+                     bool may_register_again);
   // Set up by the first transfer (under ring_mu_); ring_busy_ while one
   // transfer uses the ring.
   Mutex ring_mu_;

@@ -129,6 +129,25 @@ class SharedMemoryTest : public InProcessServerTest {
     return server_->NewClient(off);
   }
 
+  // A ring of two one-page slots, registered on the server's socket.
+  struct Registered {
+    std::unique_ptr<SharedRing> ring;
+    RingRegistration registration;
+  };
+  Registered RegisterSmallRing() {
+    Registered out;
+    absl::StatusOr<std::unique_ptr<SharedRing>> ring =
+        SharedRing::Create(2, 4096);
+    EXPECT_THAT(ring.status(), IsOk());
+    if (!ring.ok()) return out;
+    out.ring = *std::move(ring);
+    absl::StatusOr<RingRegistration> registration =
+        RegisterRing(SocketPath(), *out.ring);
+    EXPECT_THAT(registration.status(), IsOk());
+    if (registration.ok()) out.registration = *std::move(registration);
+    return out;
+  }
+
   std::string SocketPath() {
     return (server_->data_dir() / "shm.sock").string();
   }
@@ -260,14 +279,10 @@ TEST_F(SharedMemoryTest, StrayMessagesAreRefused) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("ring_bytes: the start named no "
                                  "shared_memory_ring")));
-  absl::StatusOr<std::unique_ptr<SharedRing>> ring =
-      SharedRing::Create(2, 4096);
-  ASSERT_THAT(ring.status(), IsOk());
-  absl::StatusOr<RingRegistration> registration =
-      RegisterRing(SocketPath(), **ring);
-  ASSERT_THAT(registration.status(), IsOk());
+  Registered registered = RegisterSmallRing();
+  ASSERT_FALSE(registered.registration.token.empty());
   v1::LoadStateDictRequest start = Start(state);
-  start.mutable_start()->set_shared_memory_ring(registration->token);
+  start.mutable_start()->set_shared_memory_ring(registered.registration.token);
   v1::LoadStateDictRequest data;
   data.set_data("abcd");
   EXPECT_THAT(RawLoad({start, data}),
@@ -280,16 +295,12 @@ TEST_F(SharedMemoryTest, StrayMessagesAreRefused) {
 }
 
 TEST_F(SharedMemoryTest, ARingServesOneCallAtATime) {
-  absl::StatusOr<std::unique_ptr<SharedRing>> ring =
-      SharedRing::Create(2, 4096);
-  ASSERT_THAT(ring.status(), IsOk());
-  absl::StatusOr<RingRegistration> registration =
-      RegisterRing(SocketPath(), **ring);
-  ASSERT_THAT(registration.status(), IsOk());
-  (*ring)->set_consumed(0);
+  Registered registered = RegisterSmallRing();
+  ASSERT_FALSE(registered.registration.token.empty());
+  registered.ring->set_consumed(0);
   v1::GetStateDictRequest get;
   get.set_module(module_);
-  get.set_shared_memory_ring(registration->token);
+  get.set_shared_memory_ring(registered.registration.token);
   // The first call fills both slots, then waits for a consumer that never
   // comes; the second is refused meanwhile.
   auto first_context = client_->NewContext(absl::Seconds(30));
@@ -312,20 +323,16 @@ TEST_F(SharedMemoryTest, ARingServesOneCallAtATime) {
 }
 
 TEST_F(SharedMemoryTest, ARingLastsAsLongAsItsRegistration) {
-  absl::StatusOr<std::unique_ptr<SharedRing>> ring =
-      SharedRing::Create(2, 4096);
-  ASSERT_THAT(ring.status(), IsOk());
-  absl::StatusOr<RingRegistration> registration =
-      RegisterRing(SocketPath(), **ring);
-  ASSERT_THAT(registration.status(), IsOk());
+  Registered registered = RegisterSmallRing();
+  ASSERT_FALSE(registered.registration.token.empty());
   v1::LoadStateDictRequest start = Start(LocalBuild(kSpec, 3)->GetStateDict());
-  start.mutable_start()->set_shared_memory_ring(registration->token);
+  start.mutable_start()->set_shared_memory_ring(registered.registration.token);
   v1::LoadStateDictRequest nothing;  // fails after the ring was lent
   nothing.set_data("x");
   EXPECT_THAT(RawLoad({start, nothing}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("data:")));
   // The client closes the connection (or exits): the server lets go.
-  ASSERT_THAT(registration->connection.Close("registration"), IsOk());
+  ASSERT_THAT(registered.registration.connection.Close("registration"), IsOk());
   absl::Status refused;
   for (int i = 0; i < 100; ++i) {
     refused = RawLoad({start, nothing});
