@@ -1305,4 +1305,14 @@ absl::Status ApplyFinalDecisions(absl::Span<const RegistrationRecord> records,
   return absl::OkStatus();
 }
 
+absl::Status CheckHeldBytes(const Module& module) {
+  for (const auto& [key, t] : module.NamedParameters()) {
+    MODELSTATE_RETURN_IF_ERROR(CheckTensorBytes(key, t));
+  }
+  for (const auto& [key, t] : module.NamedBuffers()) {
+    MODELSTATE_RETURN_IF_ERROR(CheckTensorBytes(key, t));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace modelstate

@@ -386,6 +386,11 @@ absl::StatusOr<SlotValue> CheckReplacement(const RegistrationEvent& event,
 absl::Status ApplyFinalDecisions(absl::Span<const RegistrationRecord> records,
                                  absl::Span<const HookDecision> finals);
 
+// Checks every byte `module`'s tree holds that was mapped from a file
+// (Storage::CheckIntegrity), for a call about to read them all (a forward,
+// a to(), hashes): DATA_LOSS naming the first damaged tensor by its key.
+absl::Status CheckHeldBytes(const Module& module);
+
 }  // namespace modelstate
 
 #endif  // MODELSTATE_CORE_MODULE_H_

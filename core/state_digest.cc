@@ -20,6 +20,7 @@ absl::StatusOr<std::vector<AttestedResource>> StateDictSubjects(
   std::vector<absl::string_view> bytes;
   for (const auto& item : state.tensors) {
     Tensor t = item.value;
+    MODELSTATE_RETURN_IF_ERROR(CheckTensorBytes(item.key, t));
     if (t.defined() && !t.device().is_cpu()) {
       if (t.device().is_meta()) {
         return absl::FailedPreconditionError(

@@ -109,6 +109,10 @@ absl::StatusOr<size_t> StateDictReader::ReadWith(size_t max_bytes, Emit emit) {
           "state_dict entry '", e.key,
           "' is on the meta device and has no data; ask for metadata only"));
     }
+    if (entry_offset_ == 0) {
+      // A file's bytes are checked before the first of them is served.
+      MODELSTATE_RETURN_IF_ERROR(CheckTensorBytes(e.key, t));
+    }
     const bool on_host = t.device().is_cpu();
     const char* data = static_cast<const char*>(t.raw_data());
     size_t n = static_cast<size_t>(

@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/crc32c.h"
 #include "base/status_macros.h"
 #include "base/sync.h"
 #if MODELSTATE_WITH_CUDA
@@ -310,6 +312,50 @@ absl::StatusOr<std::shared_ptr<Storage>> Storage::Allocate(size_t nbytes,
       new Storage(*p, nbytes, device, Owner::kBackend));
 }
 
+std::shared_ptr<Storage> Storage::MapFileBytes(
+    std::shared_ptr<const MappedFile> file, size_t offset, size_t nbytes,
+    uint32_t crc32c, std::string origin) {
+  const char* data = file->bytes().data() + offset;
+  std::shared_ptr<Storage> storage(new Storage(const_cast<char*>(data), nbytes,
+                                               Device::Cpu(), Owner::kFile));
+  storage->file_ = std::move(file);
+  storage->crc32c_ = crc32c;
+  storage->origin_ = std::move(origin);
+  return storage;
+}
+
+namespace {
+std::atomic<uint64_t> damaged_storages{0};
+}  // namespace
+
+absl::Status Storage::CheckIntegrity(bool again) const {
+  if (owner_ != Owner::kFile) return absl::OkStatus();
+  uint8_t known = integrity_.load(std::memory_order_acquire);
+  if (known == kUnchecked || (again && known == kIntact)) {
+    const uint32_t crc =
+        Crc32c(absl::string_view(static_cast<const char*>(data_), nbytes_));
+    if (crc == crc32c_) {
+      // Two checks may race; a damaged verdict is never undone.
+      uint8_t expected = known;
+      integrity_.compare_exchange_strong(expected, kIntact);
+    } else if (integrity_.exchange(kDamaged) != kDamaged) {
+      damaged_storages.fetch_add(1);
+    }
+    known = integrity_.load(std::memory_order_acquire);
+  }
+  if (known != kDamaged) return absl::OkStatus();
+  return absl::DataLossError(absl::StrFormat(
+      "%s is damaged on disk: its %d bytes do not match their CRC-32C "
+      "0x%08x; they are not served",
+      origin_, nbytes_, crc32c_));
+}
+
+bool Storage::damaged() const {
+  return integrity_.load(std::memory_order_acquire) == kDamaged;
+}
+
+uint64_t Storage::DamagedCount() { return damaged_storages.load(); }
+
 std::shared_ptr<Storage> Storage::AdoptString(std::string bytes) {
   std::shared_ptr<Storage> storage(
       new Storage(nullptr, bytes.size(), Device::Cpu(), Owner::kString));
@@ -332,6 +378,7 @@ Storage::~Storage() {
       }
       break;
     case Owner::kString:
+    case Owner::kFile:
       break;
     case Owner::kBackend:
       if (const DeviceBackend* backend = FindDeviceBackend(device_.type)) {

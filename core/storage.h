@@ -10,6 +10,7 @@
 #ifndef MODELSTATE_CORE_STORAGE_H_
 #define MODELSTATE_CORE_STORAGE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -18,6 +19,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/mapped_file.h"
 #include "core/device.h"
 #include "core/dtype.h"
 
@@ -107,6 +109,17 @@ class Storage {
   // Takes ownership of `bytes` as CPU storage without copying them.
   static std::shared_ptr<Storage> AdoptString(std::string bytes);
 
+  // CPU storage that views `nbytes` bytes of `file` at `offset` (REQUIRES:
+  // within the file) without reading them: the bytes a durable module
+  // saved, hosted from the page cache rather than from this process's
+  // memory. Read-only: a writer gets fresh storage instead (see
+  // Tensor::MutableDataForOverwrite). The bytes are trusted only once
+  // CheckIntegrity found their CRC-32C to be `crc32c`; `origin` says where
+  // they are, for its error ("module 'a/b', data-1.safetensors entry 's0'").
+  static std::shared_ptr<Storage> MapFileBytes(
+      std::shared_ptr<const MappedFile> file, size_t offset, size_t nbytes,
+      uint32_t crc32c, std::string origin);
+
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   ~Storage();
@@ -123,6 +136,20 @@ class Storage {
   uint64_t version() const { return version_; }
   void MarkWritten();
 
+  // Whether the bytes are a file's, mapped read-only (MapFileBytes).
+  bool read_only() const { return owner_ == Owner::kFile; }
+
+  // For file bytes: checks them against their CRC-32C the first time they
+  // are needed (every time when `again`, as a scrub does), so that damage
+  // on disk is found before any byte is served. DATA_LOSS naming the origin
+  // once the bytes do not match; from then on the storage stays damaged.
+  // OK for every other storage, and thread-safe.
+  absl::Status CheckIntegrity(bool again = false) const;
+  // Whether CheckIntegrity has ever found these bytes damaged.
+  bool damaged() const;
+  // How many storages CheckIntegrity has found damaged in this process.
+  static uint64_t DamagedCount();
+
   // Keeps only the first `nbytes` bytes (REQUIRES: nbytes <= nbytes()),
   // giving the rest of a mapped storage back to the system. Only the
   // storage's sole owner may call it (an in-place narrowing conversion).
@@ -130,7 +157,9 @@ class Storage {
 
  private:
   friend class ScopedStorageReuse;
-  enum class Owner { kMalloc, kMmap, kString, kBackend };
+  enum class Owner { kMalloc, kMmap, kString, kBackend, kFile };
+  // What CheckIntegrity knows of file bytes.
+  enum Integrity : uint8_t { kUnchecked, kIntact, kDamaged };
   Storage(void* data, size_t nbytes, Device device, Owner owner);
 
   void* data_;
@@ -140,6 +169,12 @@ class Storage {
   Owner owner_;
   std::string owned_string_;  // Holds the bytes when owner_ == kString.
   uint64_t version_;
+  // Owner::kFile: the mapping viewed, what the bytes' CRC-32C must be, where
+  // they came from, and what the check found.
+  std::shared_ptr<const MappedFile> file_;
+  uint32_t crc32c_ = 0;
+  std::string origin_;
+  mutable std::atomic<uint8_t> integrity_{kUnchecked};
   // Owner::kMmap: on release, offer the mapping to the reuse cache instead of
   // unmapping it (set for storages allocated under ScopedStorageReuse).
   bool reusable_ = false;

@@ -186,8 +186,9 @@ absl::StatusOr<void*> Tensor::MutableDataForOverwrite() {
   if (impl_->storage == nullptr) return nullptr;
   // Another tensor object (a detached snapshot, a state_dict being streamed)
   // still views these bytes: give this object fresh bytes instead of
-  // changing what the other one sees.
-  if (impl_->storage.use_count() > 1) {
+  // changing what the other one sees. A file's mapped bytes are never
+  // written either (Storage::MapFileBytes).
+  if (impl_->storage.use_count() > 1 || impl_->storage->read_only()) {
     MODELSTATE_ASSIGN_OR_RETURN(
         impl_->storage,
         Storage::Allocate(impl_->storage->nbytes(), impl_->device));
@@ -257,7 +258,7 @@ absl::StatusOr<Tensor> Tensor::To(const Device& device, DType dtype) const {
 
 bool Tensor::CanConvertInPlace(DType dtype) const {
   return defined() && device().is_cpu() && impl_->storage != nullptr &&
-         impl_->storage.use_count() == 1 &&
+         impl_->storage.use_count() == 1 && !impl_->storage->read_only() &&
          ElementSize(dtype) <= ElementSize(this->dtype());
 }
 
@@ -339,6 +340,15 @@ std::string ContentHash(const Tensor& tensor) {
   }
   return Sha256Hex(absl::string_view(
       static_cast<const char*>(tensor.raw_data()), tensor.nbytes()));
+}
+
+absl::Status CheckTensorBytes(absl::string_view key, const Tensor& tensor) {
+  if (!tensor.defined() || tensor.storage() == nullptr) {
+    return absl::OkStatus();
+  }
+  absl::Status intact = tensor.storage()->CheckIntegrity();
+  if (intact.ok()) return intact;
+  return absl::DataLossError(absl::StrCat("'", key, "': ", intact.message()));
 }
 
 }  // namespace modelstate

@@ -112,7 +112,7 @@ class Tensor {
 
   // Write access for code that overwrites every byte: gives this tensor
   // object storage no other tensor object shares (fresh, uninitialised
-  // storage if the current one is shared). nullptr on meta.
+  // storage if the current one is shared or read-only). nullptr on meta.
   absl::StatusOr<void*> MutableDataForOverwrite();
 
   // Copies `src`'s values into this tensor in place, converting the dtype
@@ -141,7 +141,8 @@ class Tensor {
   // Whether no other handle shares this tensor object.
   bool IsSoleHandle() const { return impl_.use_count() == 1; }
   // Whether ConvertInPlace(dtype) can be used: a CPU tensor whose storage
-  // no other tensor object shares, and a dtype no wider than its own.
+  // no other tensor object shares and is not a file's (read-only), and a
+  // dtype no wider than its own.
   bool CanConvertInPlace(DType dtype) const;
   // Converts to `dtype` within the tensor's own storage, which then shrinks
   // to the new size: no second buffer, no new pages to fault in. Every
@@ -184,6 +185,10 @@ bool TensorsEqual(const Tensor& a, const Tensor& b);
 
 // SHA-256 of the tensor's bytes as lowercase hex ("" on meta).
 std::string ContentHash(const Tensor& tensor);
+
+// Storage::CheckIntegrity of the tensor's bytes (OK when it has none), its
+// DATA_LOSS naming the tensor as `key`: "'fc.weight': module 'a/b', ...".
+absl::Status CheckTensorBytes(absl::string_view key, const Tensor& tensor);
 
 }  // namespace modelstate
 

@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "base/log.h"
 #include "base/status_macros.h"
+#include "core/storage.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message_lite.h"
 #include "grpcpp/support/interceptor.h"
@@ -248,6 +249,24 @@ ServerMetrics::ServerMetrics() {
       "memory instead of gRPC messages, by direction (get: GetStateDict, "
       "load: LoadStateDict).",
       {"direction"});
+  scrub_passes_ = &r.AddCounter("modelstate_scrub_passes_total",
+                                "Whole scrub passes over the hosted bytes "
+                                "mapped from data files (--scrub_interval).",
+                                {})
+                       .Labels({});
+  scrub_bytes_ = &r.AddCounter("modelstate_scrub_bytes_total",
+                               "Bytes the scrub read and checked against "
+                               "their CRC-32C.",
+                               {})
+                      .Labels({});
+  r.AddCallback(
+      "modelstate_damaged_storages",
+      "Storages whose bytes on disk were found not to match their CRC-32C "
+      "(by a read or by the scrub) since the server started; they are "
+      "never served.",
+      {}, []() -> Samples {
+        return {{{}, static_cast<double>(Storage::DamagedCount())}};
+      });
   audit_append_ = &r.AddHistogram("modelstate_audit_append_seconds",
                                   "Time to append one audit record.", {},
                                   metrics::LatencyBuckets())

@@ -97,6 +97,11 @@ class ServerMetrics {
   metrics::Counter& shared_memory_bytes(absl::string_view direction) {
     return shared_memory_bytes_->Labels({std::string(direction)});
   }
+  // modelstate_scrub_passes_total and modelstate_scrub_bytes_total.
+  void CountScrubPass(uint64_t bytes) {
+    scrub_passes_->Increment();
+    scrub_bytes_->Increment(bytes);
+  }
   metrics::Histogram& audit_append() { return *audit_append_; }
   metrics::Histogram& audit_sync() { return *audit_sync_; }
   // Set by the checkpoint signer whenever the latest signed checkpoint
@@ -129,6 +134,8 @@ class ServerMetrics {
   metrics::Family<metrics::Histogram>* hook_round_trip_;
   metrics::Family<metrics::Counter>* hook_timeouts_;
   metrics::Family<metrics::Counter>* shared_memory_bytes_;
+  metrics::Counter* scrub_passes_;
+  metrics::Counter* scrub_bytes_;
   metrics::Histogram* audit_append_;
   metrics::Histogram* audit_sync_;
   metrics::Timestamp latest_checkpoint_;

@@ -554,7 +554,8 @@ grpc::Status ModelStateServiceImpl::GetModule(
     MODELSTATE_ASSIGN_OR_RETURN(ModuleName name,
                                 convert::ParseModuleField(request->module()));
     MODELSTATE_RETURN_IF_ERROR(service_->GetModule(
-        caller, name, request->path(), [&](const Module& module) {
+        caller, name, request->path(), request->with_hashes(),
+        [&](const Module& module) {
           convert::ModuleInfoToProto(module, request->with_hashes(),
                                      response->mutable_info());
           response->set_total_bytes(module.TotalBytes());

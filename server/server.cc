@@ -39,6 +39,7 @@
 #include "service/model_service.h"
 #include "service/model_store.h"
 #include "service/module_repository.h"
+#include "service/scrubber.h"
 #include "service/subscriber_hub.h"
 
 namespace modelstate::server {
@@ -132,6 +133,12 @@ absl::Status Refuse(absl::string_view what, const absl::Status& error) {
 
 absl::StatusOr<Security> PrepareSecurity(const ServerConfig& config) {
   Security security;
+  if (config.scrub_interval < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--scrub_interval must not be negative (0 turns the "
+                     "scrub off), not ",
+                     absl::FormatDuration(config.scrub_interval)));
+  }
   // Unauthenticated plain HTTP: checked with the other exposure rules.
   MODELSTATE_RETURN_IF_ERROR(CheckMetricsListen(config.metrics_listen));
   MODELSTATE_ASSIGN_OR_RETURN(security.credentials, ServerCredentials(config));
@@ -340,6 +347,24 @@ absl::Status Server::OpenState() {
                           : absl::StrCat("; recorded ", restored.recovered,
                                          " changes the audit log had missed")));
   metrics_->Observe(store_.get(), hub_.get(), config_.metrics_max_namespaces);
+  if (config_.scrub_interval > absl::ZeroDuration()) {
+    ServerMetrics* metrics = metrics_.get();
+    scrubber_ = std::make_unique<Scrubber>(
+        store_.get(), config_.scrub_interval,
+        [metrics](const ModelStore::ScrubReport& report) {
+          metrics->CountScrubPass(report.bytes);
+          for (const absl::Status& damaged : report.damaged) {
+            LogLine(absl::StrCat("scrub: ", damaged.ToString()));
+          }
+          if (report.newly_damaged > 0) {
+            LogLine(absl::StrFormat(
+                "scrub: %d of %d storages (%d bytes, %d modules) newly found "
+                "damaged; reads of them fail with DATA_LOSS",
+                report.newly_damaged, report.storages, report.bytes,
+                report.modules));
+          }
+        });
+  }
   service_ = std::make_unique<ModelService>(
       store_.get(), hub_.get(), audit_.get(), auth_.get(), std::move(options));
   MODELSTATE_RETURN_IF_ERROR(PrepareCluster());

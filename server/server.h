@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "cluster/cluster_member.h"
 #include "grpcpp/grpcpp.h"
 #include "service/limits.h"
@@ -40,6 +41,7 @@ class CheckpointSigner;
 class ModelService;
 class ModelStore;
 class ModuleRepository;
+class Scrubber;
 class SharedMemoryExchange;
 class SubscriberHub;
 }  // namespace modelstate
@@ -116,6 +118,10 @@ struct ServerConfig {
   // forwarded to another host.
   bool shared_memory = true;
   std::string shm_socket;
+  // How often the scrub reads every hosted byte mapped from the data
+  // directory and checks it against its CRC-32C (service/scrubber.h);
+  // zero turns it off.
+  absl::Duration scrub_interval = absl::Hours(24);
 };
 
 // Checks what a server must not start with, before anything starts:
@@ -181,6 +187,7 @@ class Server {
   std::unique_ptr<SubscriberHub> hub_;
   std::unique_ptr<ModuleRepository> repository_;
   std::unique_ptr<ModelStore> store_;
+  std::unique_ptr<Scrubber> scrubber_;
   std::unique_ptr<ModelService> service_;
   std::unique_ptr<ClusterRouter> router_;
   std::unique_ptr<SharedMemoryExchange> shared_memory_;

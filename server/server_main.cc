@@ -184,6 +184,11 @@ ABSL_FLAG(bool, shared_memory, Defaults().shared_memory,
           "a Unix socket instead of gRPC messages (off for cluster members)");
 ABSL_FLAG(std::string, shm_socket, Defaults().shm_socket,
           "The Unix socket of --shared_memory (\"\": DATA_DIR/shm.sock)");
+ABSL_FLAG(absl::Duration, scrub_interval, Defaults().scrub_interval,
+          "How often to read every hosted byte mapped from the data "
+          "directory and check it against its CRC-32C (\"24h\", \"30m\"; "
+          "0 turns the scrub off). Damage found is logged, counted in "
+          "modelstate_damaged_storages, and never served");
 ABSL_FLAG(int, emulated_cuda_devices, 0,
           "TESTING ONLY: stand in N host-memory devices for cuda:0..N-1 "
           "(replacing real GPUs), so that device handling is tested without "
@@ -334,6 +339,7 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
   config.data_dir = absl::GetFlag(FLAGS_data_dir);
   config.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   config.shm_socket = absl::GetFlag(FLAGS_shm_socket);
+  config.scrub_interval = absl::GetFlag(FLAGS_scrub_interval);
   config.stream_window_kib = absl::GetFlag(FLAGS_stream_window_kib);
   config.worker_threads = absl::GetFlag(FLAGS_worker_threads);
   config.shutdown_grace_seconds = absl::GetFlag(FLAGS_shutdown_grace_seconds);

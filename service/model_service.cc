@@ -155,7 +155,7 @@ absl::StatusOr<std::vector<RegistrationResult>> ModelService::RemoveEntry(
 
 absl::Status ModelService::GetModule(const Caller& caller,
                                      const ModuleName& module,
-                                     const std::string& path,
+                                     const std::string& path, bool reads_bytes,
                                      ModuleVisitor describe) {
   MODELSTATE_RETURN_IF_ERROR(
       gate_.Allow(caller, "GetModule", Permission::kRead, module));
@@ -166,6 +166,7 @@ absl::Status ModelService::GetModule(const Caller& caller,
                                               module.full(),
                                               "': ", sub.status().message()));
     }
+    if (reads_bytes) MODELSTATE_RETURN_IF_ERROR(CheckHeldBytes(**sub));
     describe(**sub);
     return absl::OkStatus();
   });

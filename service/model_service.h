@@ -310,9 +310,12 @@ class ModelService {
       const Caller& caller, RegisterSubmoduleArgs args);
   absl::StatusOr<std::vector<RegistrationResult>> RemoveEntry(
       const Caller& caller, const RemoveEntryArgs& args);
-  // Describes the submodule at `path`: NOT_FOUND naming the path.
+  // Describes the submodule at `path`: NOT_FOUND naming the path. When
+  // `describe` reads the bytes (`reads_bytes`: hashes), they are checked
+  // first (core/module.h CheckHeldBytes).
   absl::Status GetModule(const Caller& caller, const ModuleName& module,
-                         const std::string& path, ModuleVisitor describe);
+                         const std::string& path, bool reads_bytes,
+                         ModuleVisitor describe);
   // The devices this server has.
   std::vector<Device> ServerDevices() const;
   // INVALID_ARGUMENT naming the field for a bad namespace, page size or

@@ -966,7 +966,8 @@ absl::Status ModelStore::Move(const OperationContext& ctx,
     if (entry->deleted) {
       return Gone(*entry);
     }
-    result = entry->root->To(device, dtype);
+    result = CheckHeldBytes(*entry->root);
+    if (result.ok()) result = entry->root->To(device, dtype);
     if (result.ok()) result = Persist(ctx, *entry, AuditType::kMove);
   }
   return recorded(result);
@@ -989,6 +990,22 @@ absl::Status ModelStore::SetTraining(const OperationContext& ctx,
 }
 
 namespace {
+
+// The tensors `root` holds (parameters, then buffers, persistent or not),
+// each storage once, by key.
+std::vector<std::pair<std::string, Tensor>> HeldTensors(const Module& root) {
+  std::vector<std::pair<std::string, Tensor>> held = root.NamedParameters();
+  for (auto& item : root.NamedBuffers()) held.push_back(std::move(item));
+  absl::flat_hash_set<const Storage*> seen;
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (auto& [key, t] : held) {
+    if (t.defined() && t.storage() != nullptr &&
+        seen.insert(t.storage().get()).second) {
+      out.emplace_back(std::move(key), std::move(t));
+    }
+  }
+  return out;
+}
 
 // Whether module(*inputs) on `target` may write its weights whatever the
 // mode: an Embedding or EmbeddingBag with max_norm renormalises the rows it
@@ -1041,6 +1058,7 @@ absl::StatusOr<std::vector<Tensor>> ModelStore::Forward(
     MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Module> target,
                                 Submodule(*entry->root, name, "path", path));
     if (ForwardOnlyReads(*target, training)) {
+      MODELSTATE_RETURN_IF_ERROR(CheckHeldBytes(*target));
       return modelstate::Forward(*target, std::move(inputs), options);
     }
   }
@@ -1074,6 +1092,8 @@ absl::StatusOr<std::vector<Tensor>> ModelStore::Forward(
     for (const auto& [key, m] : (*target)->NamedModules()) {
       modes.emplace_back(m.get(), m->is_training());
     }
+    absl::Status intact = CheckHeldBytes(**target);
+    if (!intact.ok()) return intact;
     if (training.has_value()) (*target)->Train(*training);
     outputs = modelstate::Forward(**target, std::move(inputs), options);
     for (auto& [m, mode] : modes) m->set_training(mode);
@@ -1288,6 +1308,42 @@ std::vector<ModuleSummary> ModelStore::List(absl::string_view ns,
 size_t ModelStore::size() const {
   MutexLock lock(&mu_);
   return entries_.size();
+}
+
+ModelStore::ScrubReport ModelStore::Scrub(
+    absl::FunctionRef<bool()> stopping) const {
+  std::vector<std::shared_ptr<Entry>> entries;
+  {
+    MutexLock lock(&mu_);
+    for (const auto& [key, entry] : entries_) entries.push_back(entry);
+  }
+  ScrubReport report;
+  for (const std::shared_ptr<Entry>& entry : entries) {
+    // The storages are held while their bytes are read, not the module:
+    // a writer replaces a storage rather than writing into a mapped one.
+    std::vector<std::pair<std::string, Tensor>> mapped;
+    {
+      ReaderMutexLock lock(&entry->mu);
+      if (entry->deleted) continue;
+      for (auto& [key, t] : HeldTensors(*entry->root)) {
+        if (t.storage()->read_only()) mapped.emplace_back(key, t);
+      }
+    }
+    ++report.modules;
+    for (const auto& [key, t] : mapped) {
+      if (stopping()) return report;
+      ++report.storages;
+      report.bytes += t.storage()->nbytes();
+      const bool was_damaged = t.storage()->damaged();
+      absl::Status intact = t.storage()->CheckIntegrity(/*again=*/true);
+      if (!intact.ok()) {
+        report.damaged.push_back(absl::DataLossError(
+            absl::StrCat("'", key, "': ", intact.message())));
+        if (!was_damaged) ++report.newly_damaged;
+      }
+    }
+  }
+  return report;
 }
 
 std::vector<ModelStore::NamespaceUsage> ModelStore::Usage() const {

@@ -309,6 +309,23 @@ class ModelStore {
   // Every namespace holding a module, in name order.
   std::vector<NamespaceUsage> Usage() const;
 
+  // What one scrub pass found (see Scrub).
+  struct ScrubReport {
+    uint64_t modules = 0;   // modules visited
+    uint64_t storages = 0;  // mapped storages checked
+    uint64_t bytes = 0;     // their bytes
+    // One DATA_LOSS per damaged storage ("'fc.weight': module 'a/b', ...").
+    std::vector<absl::Status> damaged;
+    uint64_t newly_damaged = 0;  // of those, found damaged by this pass
+  };
+  // Reads every byte the hosted modules map from their data files and
+  // checks it against its CRC-32C again (Storage::CheckIntegrity), one
+  // storage at a time and without holding any module's lock while reading:
+  // damage found is reported here and by every later read of those bytes
+  // (DATA_LOSS), so they are never served. Stops early once `stopping`
+  // says so. Thread-safe.
+  ScrubReport Scrub(absl::FunctionRef<bool()> stopping) const;
+
  private:
   // One hosted module.
   struct Entry {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <set>
@@ -17,6 +18,7 @@
 #include "absl/strings/strip.h"
 #include "base/crc32c.h"
 #include "base/file_util.h"
+#include "base/mapped_file.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
 #include "core/safetensors.h"
@@ -282,13 +284,17 @@ std::vector<std::string> UnusedFiles(
 // well-formed but impossible content.
 class TreeDecoder {
  public:
-  TreeDecoder(std::string dir, std::string manifest_path, bool fallback_to_cpu)
+  // `module` names the tree in errors; with `verify_now` every byte is
+  // checked against its CRC while decoding, not when first needed.
+  TreeDecoder(std::string dir, std::string manifest_path, std::string module,
+              bool fallback_to_cpu, bool verify_now)
       : dir_(std::move(dir)),
         path_(std::move(manifest_path)),
-        fallback_to_cpu_(fallback_to_cpu) {}
+        module_(std::move(module)),
+        fallback_to_cpu_(fallback_to_cpu),
+        verify_now_(verify_now) {}
 
-  // Reads the storages (checking each against its CRC), then the tensors,
-  // then the modules.
+  // Maps the storages, then builds the tensors, then the modules.
   absl::StatusOr<std::shared_ptr<Module>> Decode(const Json& body) {
     MODELSTATE_RETURN_IF_ERROR(ReadStorages(body.at("storages")));
     for (const Json& t : body.at("tensors")) {
@@ -350,19 +356,29 @@ class TreeDecoder {
     return absl::OkStatus();
   }
 
+  // Maps the data file and views each record's bytes in place: nothing is
+  // read, so a restart costs the same whatever the bytes hosted. Their CRCs
+  // are checked when the bytes are first needed (Storage::CheckIntegrity)
+  // or here already with `verify_now_`. Bytes not aligned for their dtype
+  // (a staged load's packed layout can leave them so) are read instead.
   absl::Status ReadDataFile(const std::string& file,
                             const std::vector<StorageRecord>& records) {
     const std::string path = FilePath(dir_, file);
-    absl::StatusOr<SafetensorsHeader> header = ReadSafetensorsHeader(path);
-    if (!header.ok()) {
+    absl::StatusOr<std::shared_ptr<const MappedFile>> mapped =
+        MappedFile::Open(path);
+    if (!mapped.ok()) {
       return absl::DataLossError(
-          absl::StrCat(header.status().message(), " (named by ", path_, ")"));
+          absl::StrCat(mapped.status().message(), " (named by ", path_, ")"));
+    }
+    const absl::string_view contents = (*mapped)->bytes();
+    absl::StatusOr<SafetensorsHeader> header =
+        ParseSafetensorsHeader(contents, contents.size());
+    if (!header.ok()) {
+      return absl::DataLossError(absl::StrCat(
+          path, ": ", header.status().message(), " (named by ", path_, ")"));
     }
     absl::flat_hash_map<std::string, const SafetensorsEntry*> entries;
     for (const SafetensorsEntry& e : header->entries) entries[e.key] = &e;
-    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ErrnoStatus(errno, path, "open failed");
-    ScopedFd closer(fd);
     for (const StorageRecord& r : records) {
       auto it = entries.find(r.key);
       if (it == entries.end() || it->second->dtype != r.dtype ||
@@ -372,22 +388,35 @@ class TreeDecoder {
             absl::StrCat("has no tensor '", r.key, "' of ", DTypeName(r.dtype),
                          ShapeToString(r.shape), " (named by ", path_, ")"));
       }
-      MODELSTATE_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(r.dtype, r.shape));
-      MODELSTATE_ASSIGN_OR_RETURN(void* data, t.MutableDataForOverwrite());
-      absl::Status read =
-          PreadAll(fd, static_cast<char*>(data), t.nbytes(),
-                   header->data_start + it->second->begin, path);
-      if (!read.ok()) return absl::DataLossError(read.message());
-      uint32_t crc = Crc32c(BytesOf(t));
-      if (crc != r.crc32c) {
-        return Corrupt(
-            path, absl::StrCat("tensor '", r.key, "' is damaged (CRC-32C ", crc,
-                               ", expected ", r.crc32c, ")"));
+      const uint64_t offset = header->data_start + it->second->begin;
+      const uint64_t nbytes = it->second->end - it->second->begin;
+      std::shared_ptr<Storage> storage;
+      if (nbytes > 0 &&
+          offset % std::min<size_t>(ElementSize(r.dtype), 8) == 0) {
+        storage =
+            Storage::MapFileBytes(*mapped, offset, nbytes, r.crc32c,
+                                  absl::StrCat("module '", module_, "', ", path,
+                                               " entry '", r.key, "'"));
+      } else {
+        MODELSTATE_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(r.dtype, r.shape));
+        if (nbytes > 0) {
+          MODELSTATE_ASSIGN_OR_RETURN(void* data, t.MutableDataForOverwrite());
+          std::memcpy(data, contents.data() + offset, nbytes);
+        }
+        if (uint32_t crc = Crc32c(BytesOf(t)); crc != r.crc32c) {
+          return Corrupt(
+              path, absl::StrCat("tensor '", r.key, "' is damaged (CRC-32C ",
+                                 crc, ", expected ", r.crc32c, ")"));
+        }
+        storage = t.storage();
       }
-      stored_.push_back(
-          {VersionKey(*t.storage(), r.dtype), file, r.key, r.crc32c});
-      bytes_ += t.nbytes();
-      storages_[r.index] = t.storage();
+      if (verify_now_) {
+        absl::Status intact = storage->CheckIntegrity();
+        if (!intact.ok()) return intact;
+      }
+      stored_.push_back({VersionKey(*storage, r.dtype), file, r.key, r.crc32c});
+      bytes_ += nbytes;
+      storages_[r.index] = std::move(storage);
     }
     return absl::OkStatus();
   }
@@ -413,7 +442,9 @@ class TreeDecoder {
       if (!device.is_cpu() && bytes->device() != device) {
         absl::Status available = CheckDeviceAvailable(device);
         if (available.ok()) {
-          // The storage moves once, so tensors sharing it stay tied.
+          // The storage moves once, so tensors sharing it stay tied; its
+          // bytes are read now, so they are checked now.
+          MODELSTATE_RETURN_IF_ERROR(bytes->CheckIntegrity());
           MODELSTATE_ASSIGN_OR_RETURN(
               std::shared_ptr<Storage> moved,
               Storage::Allocate(bytes->nbytes(), device));
@@ -535,7 +566,9 @@ class TreeDecoder {
 
   const std::string dir_;
   const std::string path_;
+  const std::string module_;
   const bool fallback_to_cpu_;
+  const bool verify_now_;
   std::vector<std::shared_ptr<Storage>> storages_;
   std::vector<Tensor> tensors_;
   std::vector<std::shared_ptr<Module>> modules_;
@@ -804,6 +837,9 @@ absl::Status ModuleRepository::Save(
     MODELSTATE_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFileWriter> writer,
                                 SafetensorsFileWriter::Open(path, layout));
     for (size_t i : to_write) {
+      // Mapped bytes rewritten into a new file (a compaction) get a new
+      // CRC there: damage must be caught before it is sealed in.
+      MODELSTATE_RETURN_IF_ERROR(uses[i].storage->CheckIntegrity());
       MODELSTATE_ASSIGN_OR_RETURN(Tensor host, HostTensor(uses[i]));
       where[i] = {file, absl::StrCat("s", i), Crc32c(BytesOf(host))};
       MODELSTATE_RETURN_IF_ERROR(writer->Append(BytesOf(host)));
@@ -847,7 +883,7 @@ absl::StatusOr<std::shared_ptr<Module>> ModuleRepository::Reload(
   // until the reload succeeded.
   ModuleFiles read;
   absl::StatusOr<Loaded> loaded =
-      LoadOne(name, /*fallback_to_cpu=*/false, read);
+      LoadOne(name, /*fallback_to_cpu=*/false, /*verify_now=*/true, read);
   if (!loaded.ok()) {
     MutexLock lock(&mu_);
     damaged_.insert(name.full());
@@ -966,7 +1002,7 @@ absl::StatusOr<ModuleRepository::Loaded> ModuleRepository::Import(
   if (!written.ok()) return fail(written);
   std::shared_ptr<ModuleFiles> files = FilesOf(name);
   absl::StatusOr<Loaded> loaded =
-      LoadOne(name, /*fallback_to_cpu=*/false, *files);
+      LoadOne(name, /*fallback_to_cpu=*/false, /*verify_now=*/true, *files);
   if (!loaded.ok()) return fail(loaded.status());
   end_reservations();
   DeleteUnused(dir, files.get());
@@ -979,11 +1015,12 @@ void ModuleRepository::DropTombstone(const ModuleName& name) {
 }
 
 absl::StatusOr<ModuleRepository::Loaded> ModuleRepository::LoadOne(
-    const ModuleName& name, bool fallback_to_cpu, ModuleFiles& files) {
+    const ModuleName& name, bool fallback_to_cpu, bool verify_now,
+    ModuleFiles& files) {
   const std::string dir = ModuleDir(name);
   const std::string path = data_dir::ManifestPath(dir);
   MODELSTATE_ASSIGN_OR_RETURN(Json body, Unseal(path));
-  TreeDecoder decoder(dir, path, fallback_to_cpu);
+  TreeDecoder decoder(dir, path, name.full(), fallback_to_cpu, verify_now);
   Loaded loaded;
   loaded.name = name;
   try {
@@ -1005,9 +1042,11 @@ absl::StatusOr<ModuleRepository::Loaded> ModuleRepository::LoadOne(
   for (const TreeDecoder::Stored& stored : decoder.stored()) {
     files.by_version[stored.version_key] = {stored.file, stored.key,
                                             stored.crc32c};
-    std::error_code ec;
-    files.file_bytes[stored.file] =
-        fs::file_size(FilePath(dir, stored.file), ec);
+    if (files.file_bytes.count(stored.file) == 0) {
+      std::error_code ec;
+      files.file_bytes[stored.file] =
+          fs::file_size(FilePath(dir, stored.file), ec);
+    }
   }
   return loaded;
 }
@@ -1066,7 +1105,8 @@ ModuleRepository::LoadReport ModuleRepository::LoadAll(bool fallback_to_cpu) {
       continue;
     }
     auto files = std::make_shared<ModuleFiles>();
-    absl::StatusOr<Loaded> loaded = LoadOne(name, fallback_to_cpu, *files);
+    absl::StatusOr<Loaded> loaded =
+        LoadOne(name, fallback_to_cpu, /*verify_now=*/false, *files);
     if (!loaded.ok()) {
       report.errors.push_back(loaded.status());
       MutexLock lock(&mu_);

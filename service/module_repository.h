@@ -13,6 +13,15 @@
 // it carries the SHA-256 of its own body, so a damaged manifest is caught
 // too.
 //
+// A restart maps the data files instead of reading them (Storage::
+// MapFileBytes): the bytes are served from the page cache, so a server can
+// host more than its memory and restarts in the time its manifests take to
+// parse, whatever the bytes hosted. Each storage's CRC-32C is checked the
+// first time its bytes are needed (a GetStateDict, a forward, a to(), a
+// digest) and again by the scrub (service/scrubber.h); damaged bytes are
+// never served, and the error (DATA_LOSS) names the module, the key and the
+// file.
+//
 // Save() writes only storages whose bytes changed since the last save (a
 // storage's write version says so) into one new data file, then replaces the
 // manifest: temporary file, fsync, rename, directory fsync. The manifest's
@@ -198,8 +207,10 @@ class ModuleRepository {
     // those modules' files are left as they are.
     std::vector<absl::Status> errors;
   };
-  // Reads every saved module, and clears what crashed saves and removals
-  // left behind. Tensors come back on their saved device; a device this
+  // Reads every saved module's manifest and maps its data files (their
+  // bytes are checked later: see above), and clears what crashed saves and
+  // removals left behind. Tensors come back on their saved device (read,
+  // and so checked, now when that is not the cpu); a device this
   // process does not have is an error for that module unless
   // `fallback_to_cpu`. Call once, before any Save.
   LoadReport LoadAll(bool fallback_to_cpu = false);
@@ -246,8 +257,10 @@ class ModuleRepository {
   // The module's file record, created from the directory's contents the
   // first time.
   std::shared_ptr<ModuleFiles> FilesOf(const ModuleName& name);
+  // `verify_now`: check every byte's CRC while loading (an import), not
+  // when first needed (a restart, which must not read what it hosts).
   absl::StatusOr<Loaded> LoadOne(const ModuleName& name, bool fallback_to_cpu,
-                                 ModuleFiles& files);
+                                 bool verify_now, ModuleFiles& files);
 
   // Deletes the data and temporary files in `dir` that `files` (nullptr:
   // nothing) neither names nor reserves: queued, or at once when `now`.

@@ -101,6 +101,10 @@ def fmt_s(value):
     return f"{value * 1e3:.1f} ms" if abs(value) < 10 else f"{value:.2f} s"
 
 
+def signed_s(value):
+    return ("+" if value >= 0 else "-") + fmt_s(abs(value))
+
+
 def rate(num_bytes, secs):
     return f"{num_bytes / secs / 1e9:.2f} GB/s"
 
@@ -180,12 +184,29 @@ def restore_rows(table, t):
     n = r["hosted_bytes"]
     restart = r["restart_s"]["median"]
     read = r["read_files_s"]["median"]
-    table.add(f"restart with {n / MIB:.0f} MiB hosted (start to serving, "
-              "every byte read and CRC-checked)",
-              f"{fmt_s(restart)} ({rate(n, restart)})",
+    table.add(f"restart with {n / MIB:.0f} MiB hosted (start to serving; "
+              "data files mapped, bytes checked when first read)",
+              fmt_s(restart),
               f"reading the {r['file_bytes'] / MIB:.0f} MiB of data files "
               f"{fmt_s(read)} ({rate(r['file_bytes'], read)})",
               f"{read / restart:.2f}x", "reported", None)
+    empty = r.get("empty")
+    big = r.get("eight_times")
+    if empty is None or big is None:
+        return
+    base = empty["restart_s"]["median"]
+    table.add(f"restart with {n / MIB:.0f} MiB hosted, against nothing "
+              f"hosted ({r['layers'] * 2} tensors: manifest parsing and "
+              "mapping)", fmt_s(restart), f"nothing hosted {fmt_s(base)}",
+              signed_s(restart - base), "(breakdown)", None)
+    m = big["hosted_bytes"]
+    grown = big["restart_s"]["median"]
+    table.add(f"restart with {m / MIB:.0f} MiB hosted, against "
+              f"{n / MIB:.0f} MiB in as many tensors",
+              fmt_s(grown), f"{n / MIB:.0f} MiB {fmt_s(restart)}",
+              signed_s(grown - restart),
+              "<= +100 ms (restart time independent of bytes hosted)",
+              grown - restart <= 0.1)
 
 
 def attest_rows(table, t):

@@ -170,14 +170,15 @@ double RawDurableWrite(const std::filesystem::path& dir, uint64_t bytes,
 }
 
 // `count` x Linear(1024, 1024) in a Sequential: 4 MiB each.
-v1::ModuleSpec LinearStack(int count) {
+// `count` x Linear(1024, out_features).
+v1::ModuleSpec LinearStack(int count, int out_features = 1024) {
   v1::ModuleSpec spec;
   spec.set_type("Sequential");
   for (int i = 0; i < count; ++i) {
     v1::ModuleSpec* layer = spec.add_children()->mutable_spec();
     layer->set_type("Linear");
     layer->add_args()->set_number_value(1024);
-    layer->add_args()->set_number_value(1024);
+    layer->add_args()->set_number_value(out_features);
   }
   return spec;
 }
@@ -545,38 +546,59 @@ uint64_t ReadEveryFile(const std::filesystem::path& dir) {
   return total;
 }
 
-// How long a restarted server takes until it serves, with `count` x 4 MiB
-// hosted (256: 1 GiB), against reading the same files (both from the page
-// cache: the figure is the server's own work, not the disk's).
-Json RestoreFigures(const std::string& server, int count) {
+// How long a restarted server takes until it serves (start to the ready
+// file), with one module of `count` Linear layers of `out_features` x 1024
+// float32 hosted. `read_files`: also time reading every data file once, as
+// the baseline of what a restart that reads its bytes would cost (both from
+// the page cache: the figure is the server's own work, not the disk's).
+Json RestartFigures(const std::string& server, int count, int out_features,
+                    bool read_files) {
   testing::ServerProcess own(server, {});
   Check(own.Start(), "start the restore server");
-  {
+  if (count > 0) {
     std::unique_ptr<ModelStateClient> client = OwnConnection(own.address());
-    Build(*client, "bench/restore", LinearStack(count));
+    Build(*client, "bench/restore", LinearStack(count, out_features));
   }  // an idle connection would hold the server's shutdown
   own.Stop(SIGTERM);
   const std::filesystem::path modules = own.data_dir() / "modules";
-  uint64_t file_bytes = 0;
-  auto [read, restart] = RepeatPair(
-      [&] {
-        auto start = std::chrono::steady_clock::now();
-        file_bytes = ReadEveryFile(modules);
-        return Seconds(start);
-      },
-      [&] {
-        auto start = std::chrono::steady_clock::now();
-        Check(own.Start(), "restart");
-        double seconds = Seconds(start);
-        own.Stop(SIGTERM);
-        return seconds;
-      });
-  return Json{{"modules", 1},
-              {"file_bytes", file_bytes},
-              // Each Linear(1024, 1024): weight and bias, float32.
-              {"hosted_bytes", static_cast<uint64_t>(count) * 1024 * 1025 * 4},
-              {"read_files_s", Figure(read)},
-              {"restart_s", Figure(restart)}};
+  auto restart = [&] {
+    auto start = std::chrono::steady_clock::now();
+    Check(own.Start(), "restart");
+    double seconds = Seconds(start);
+    own.Stop(SIGTERM);
+    return seconds;
+  };
+  Json out{
+      {"layers", count},
+      // Each Linear: weight and bias, float32.
+      {"hosted_bytes", static_cast<uint64_t>(count) * out_features * 1025 * 4}};
+  if (read_files) {
+    uint64_t file_bytes = 0;
+    auto [read, restarted] = RepeatPair(
+        [&] {
+          auto start = std::chrono::steady_clock::now();
+          file_bytes = ReadEveryFile(modules);
+          return Seconds(start);
+        },
+        restart);
+    out["file_bytes"] = file_bytes;
+    out["read_files_s"] = Figure(read);
+    out["restart_s"] = Figure(restarted);
+  } else {
+    out["restart_s"] = Figure(Repeat(restart));
+  }
+  return out;
+}
+
+// Restarts with 1 GiB and with 8 GiB hosted, in the same number of tensors
+// (so the same manifest work), and with nothing hosted: with the data files
+// mapped instead of read, the bytes hosted should not show.
+Json RestoreFigures(const std::string& server, bool smoke) {
+  const int layers = smoke ? 2 : 256;
+  Json out = RestartFigures(server, layers, 1024, /*read_files=*/true);
+  out["empty"] = RestartFigures(server, 0, 1024, false);
+  out["eight_times"] = RestartFigures(server, layers, 8 * 1024, false);
+  return out;
 }
 
 int Run() {
@@ -612,8 +634,7 @@ int Run() {
         ConcurrencyFigures(s, smoke ? "mlp" : "linear16", smoke ? 4 : 32);
   }
   if (wanted("restore")) {
-    out["restore"] =
-        RestoreFigures(absl::GetFlag(FLAGS_server), smoke ? 2 : 256);
+    out["restore"] = RestoreFigures(absl::GetFlag(FLAGS_server), smoke);
   }
   if (wanted("attest")) {
     out["attest"] = AttestFigures(s, smoke ? "mlp" : "gpt2");

@@ -74,7 +74,8 @@ class PrometheusTest(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="modelstate-prom-")
         cls.server = server_process.Server(
-            SERVER_BINARY, "--metrics_listen=127.0.0.1:0", "--log_format=json")
+            SERVER_BINARY, "--metrics_listen=127.0.0.1:0", "--log_format=json",
+            "--scrub_interval=1s")
         cls.metrics_address = wait_for("the metrics address", cls.find_metrics)
         cls.subscriber = None
         cls.prometheus = None
@@ -238,6 +239,11 @@ class PrometheusTest(unittest.TestCase):
         self.assertEqual(self.value(
             'modelstate_device_hosted_bytes{namespace="team",device="cpu"}'),
             state_bytes)
+        # The scrub runs each second; nothing hosted here is mapped from a
+        # data file yet (nothing restarted), so it finds nothing to read.
+        self.assertEqual(self.value('modelstate_damaged_storages'), 0)
+        self.assertEqual(self.value('modelstate_scrub_bytes_total'), 0)
+        self.assertGreaterEqual(self.value('modelstate_scrub_passes_total'), 0)
         self.assertGreater(self.value('process_resident_memory_bytes'), 1e6)
         self.assertGreater(self.value('process_threads'), 2)
         self.assertGreater(self.value('process_open_fds'), 3)
@@ -260,8 +266,8 @@ class PrometheusTest(unittest.TestCase):
         found = wait_for("the alert rules", rules, timeout=30)
         self.assertEqual(sorted(found), [
             "ModelstateAuditSyncSlow", "ModelstateCheckpointStale",
-            "ModelstateHookTimeouts", "ModelstateQuotaNearlyFull",
-            "ModelstateServerDown"])
+            "ModelstateDataLoss", "ModelstateHookTimeouts",
+            "ModelstateQuotaNearlyFull", "ModelstateServerDown"])
         for name, rule in found.items():
             self.assertEqual(rule["health"], "ok", (name, rule))
 

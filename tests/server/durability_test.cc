@@ -19,8 +19,10 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
+#include "proto/convert.h"
 #include "tests/testing/file_size_limit.h"
 #include "tests/testing/golden_models.h"
+#include "tests/testing/proc_status.h"
 #include "tests/testing/requests.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tensors.h"
@@ -39,6 +41,7 @@ using ::modelstate::testing::LiftFileSizeLimit;
 using ::modelstate::testing::LimitFileSize;
 using ::modelstate::testing::LocalBuild;
 using ::modelstate::testing::ParseJson;
+using ::modelstate::testing::ProcStatusBytes;
 using ::modelstate::testing::StatusIs;
 using ::modelstate::testing::TestServer;
 using ::testing::AllOf;
@@ -347,7 +350,91 @@ void FlipBitNearEnd(const fs::path& path) {
   f.write(&c, 1);
 }
 
-TEST_F(DurabilityTest, ADamagedModuleIsNamedAtStartAndTheOthersLoad) {
+// Each tensor's SHA-256, by key.
+std::map<std::string, std::string> Hashes(const StateDict& state) {
+  std::map<std::string, std::string> out;
+  for (const auto& item : state.tensors) {
+    out[item.key] = ContentHash(item.value);
+  }
+  return out;
+}
+
+TEST_F(DurabilityTest, ARestartedServerHostsMoreThanItsMemoryLimit) {
+  // 256 MiB hosted in four modules.
+  constexpr uint64_t kMiB = 1 << 20;
+  constexpr int kModules = 4;
+  constexpr uint64_t kHosted = kModules * (4096 * 4096 + 4096) * 4ull;
+  std::map<std::string, std::map<std::string, std::string>> want;
+  for (int i = 0; i < kModules; ++i) {
+    const std::string name = absl::StrCat("big/m", i);
+    ASSERT_THAT(client_->BuildModule(BuildRequest(
+                    name, R"({"type": "Linear", "args": [4096, 4096]})", i)),
+                IsOk());
+    absl::StatusOr<StateDict> state = client_->GetStateDict(name);
+    ASSERT_THAT(state, IsOk());
+    want[name] = Hashes(*state);
+  }
+  // The server's own memory with everything served once, without a
+  // limit: threads, buffers and the allocator's arenas included.
+  StopGracefully();
+  Restart();
+  for (const auto& [name, hashes] : want) {
+    ASSERT_THAT(client_->GetStateDict(name), IsOk());
+  }
+  const uint64_t own = ProcStatusBytes(server_.pid(), "VmData");
+  ASSERT_GT(own, 0u);
+  StopGracefully();
+  // Far less than the hosted bytes on top: a restart that read them into
+  // memory could not even start.
+  const uint64_t limit = own + 64 * kMiB;
+  server_.set_max_data_bytes(limit);
+  Restart();
+  EXPECT_THAT(server_.Log(), HasSubstr("restored 4 modules"));
+  for (const auto& [name, hashes] : want) {
+    absl::StatusOr<StateDict> state = client_->GetStateDict(name);
+    ASSERT_THAT(state, IsOk()) << name;
+    EXPECT_EQ(Hashes(*state), hashes) << name;
+  }
+  EXPECT_LT(ProcStatusBytes(server_.pid(), "VmData"), limit);
+  // What it holds of the bytes is the page cache's, not its own.
+  EXPECT_LT(ProcStatusBytes(server_.pid(), "RssAnon"), kHosted / 2);
+  server_.set_max_data_bytes(0);
+}
+
+TEST_F(DurabilityTest, TheScrubFindsDamageAndItIsNeverServedAgain) {
+  ASSERT_THAT(client_->BuildModule(BuildRequest(
+                  "s/m", R"({"type": "Linear", "args": [64, 16]})", 5)),
+              IsOk());
+  ASSERT_THAT(client_->BuildModule(BuildRequest(
+                  "s/other", R"({"type": "Linear", "args": [8, 8]})", 6)),
+              IsOk());
+  StopGracefully();
+  server_.set_flags({"--scrub_interval=200ms"});
+  Restart();
+  // Served and found intact...
+  absl::StatusOr<StateDict> before = client_->GetStateDict("s/m");
+  ASSERT_THAT(before, IsOk());
+  // ...then damaged on disk under the running server.
+  FlipBitNearEnd(ModuleDir(server_, "s", "m") / "data-1.safetensors");
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline &&
+         server_.Log().find("newly found damaged") == std::string::npos) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_THAT(server_.Log(),
+              AllOf(HasSubstr("scrub: DATA_LOSS: 'weight': module 's/m'"),
+                    HasSubstr("s/m/data-1.safetensors"),
+                    HasSubstr("scrub: 1 of 4 storages")));
+  EXPECT_THAT(
+      client_->GetStateDict("s/m"),
+      StatusIs(absl::StatusCode::kDataLoss,
+               AllOf(HasSubstr("'weight'"), HasSubstr("module 's/m'"))));
+  EXPECT_THAT(client_->GetStateDict("s/other"), IsOk());
+  server_.set_flags({});
+}
+
+TEST_F(DurabilityTest, DamageIsNamedAtStartOrOnTheReadThatMeetsIt) {
   // Built first, d/bad gets the data file data-1.safetensors.
   ASSERT_THAT(client_->BuildModule(BuildRequest(
                   "d/bad", R"({"type": "Linear", "args": [16, 16]})", 2)),
@@ -365,38 +452,78 @@ TEST_F(DurabilityTest, ADamagedModuleIsNamedAtStartAndTheOthersLoad) {
   absl::StatusOr<StateDict> good = client_->GetStateDict("d/good");
   ASSERT_THAT(good, IsOk());
   StopGracefully();
-  // A data file cut in half, and a manifest cut short.
+  // A data file cut in half, and a manifest cut short: both are seen at
+  // start-up, which reads every manifest and data file header.
   const fs::path short_data =
       ModuleDir(server_, "d", "short") / "data-3.safetensors";
   fs::resize_file(short_data, fs::file_size(short_data) / 2);
   const fs::path cut_manifest =
       ModuleDir(server_, "d", "cut") / "manifest.json";
   fs::resize_file(cut_manifest, fs::file_size(cut_manifest) - 10);
-  // One flipped bit inside the weight.
+  // One flipped bit inside the weight: start-up reads no tensor bytes, so
+  // the read that meets it finds it.
   FlipBitNearEnd(ModuleDir(server_, "d", "bad") / "data-1.safetensors");
   Restart();
   EXPECT_THAT(server_.Log(),
               AllOf(HasSubstr("not restored: DATA_LOSS: "),
-                    HasSubstr("d/bad/data-1.safetensors: tensor 's0' is "
-                              "damaged"),
                     HasSubstr("d/short/data-3.safetensors"),
                     HasSubstr("d/cut/manifest.json: not a sealed JSON file"),
-                    HasSubstr("restored 1 modules")));
+                    HasSubstr("restored 2 modules")));
   absl::StatusOr<StateDict> good_after = client_->GetStateDict("d/good");
   ASSERT_THAT(good_after, IsOk());
   ExpectSameState(*good_after, *good);
+  const auto names_the_damage =
+      AllOf(HasSubstr("'weight'"), HasSubstr("module 'd/bad'"),
+            HasSubstr("d/bad/data-1.safetensors"), HasSubstr("CRC-32C"));
   EXPECT_THAT(client_->GetStateDict("d/bad"),
-              StatusIs(absl::StatusCode::kNotFound));
-  // The damaged files are kept for repair, not overwritten.
+              StatusIs(absl::StatusCode::kDataLoss, names_the_damage));
+  // What is intact is still served.
+  client::GetStateDictOptions only_bias;
+  only_bias.key_prefix = "bias";
+  absl::StatusOr<StateDict> bias = client_->GetStateDict("d/bad", only_bias);
+  ASSERT_THAT(bias, IsOk());
+  EXPECT_EQ(bias->tensors.size(), 1u);
+  v1::ForwardRequest forward;
+  forward.set_module("d/bad");
+  ASSERT_THAT(convert::TensorToProto(Filled(DType::kFloat32, {1, 16}, 1),
+                                     forward.add_inputs()),
+              IsOk());
+  EXPECT_THAT(client_->Forward(forward),
+              StatusIs(absl::StatusCode::kDataLoss, names_the_damage));
+  v1::MoveModuleRequest move;
+  move.set_module("d/bad");
+  move.set_dtype("float64");
+  EXPECT_THAT(client_->MoveModule(move),
+              StatusIs(absl::StatusCode::kDataLoss, names_the_damage));
+  v1::GetModuleRequest describe;
+  describe.set_module("d/bad");
+  EXPECT_THAT(client_->GetModule(describe), IsOk());
+  describe.set_with_hashes(true);
+  EXPECT_THAT(client_->GetModule(describe),
+              StatusIs(absl::StatusCode::kDataLoss, names_the_damage));
+  // A load replaces the damaged bytes: served again, and after a restart.
+  ASSERT_THAT(client_->LoadStateDict("d/bad", *good), IsOk());
+  absl::StatusOr<StateDict> repaired = client_->GetStateDict("d/bad");
+  ASSERT_THAT(repaired, IsOk());
+  ExpectSameState(*repaired, *good);
+  StopGracefully();
+  Restart();
+  repaired = client_->GetStateDict("d/bad");
+  ASSERT_THAT(repaired, IsOk());
+  ExpectSameState(*repaired, *good);
+  // The files of a module that could not be loaded are kept for repair,
+  // not overwritten.
   EXPECT_THAT(client_->BuildModule(BuildRequest(
-                  "d/bad", R"({"type": "Linear", "args": [1, 1]})")),
+                  "d/short", R"({"type": "Linear", "args": [1, 1]})")),
               StatusIs(absl::StatusCode::kFailedPrecondition,
-                       AllOf(HasSubstr("d/bad"),
+                       AllOf(HasSubstr("d/short"),
                              HasSubstr("could not be loaded at start-up"))));
+  // Two restarts, each recording the two modules it could not load.
   std::vector<v1::AuditRecordProto> restore = AuditRecords(*client_, "restore");
-  ASSERT_THAT(restore, SizeIs(3));
+  ASSERT_THAT(restore, SizeIs(4));
   EXPECT_EQ(restore[0].outcome(), "error");
-  EXPECT_THAT(restore[0].details_json(), HasSubstr("d/bad/data-1.safetensors"));
+  EXPECT_THAT(restore[0].details_json() + restore[1].details_json(),
+              HasSubstr("d/short/data-3.safetensors"));
   EXPECT_TRUE(VerifyAudit(*client_).ok());
 }
 

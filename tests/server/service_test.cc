@@ -1242,6 +1242,8 @@ TEST(ServerLifecycleTest, RefusesOutOfRangeFlagsWithExitCodeTwo) {
             "--log_format must be text or json, got 'xml'"},
            {{"--metrics_listen=localhost:http"},
             "--metrics_listen: cannot parse 'localhost:http'"},
+           {{"--scrub_interval=-1s"},
+            "--scrub_interval must not be negative (0 turns the scrub off)"},
        }) {
     SCOPED_TRACE(c.flags.front());
     std::vector<std::string> argv = {

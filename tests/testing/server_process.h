@@ -79,6 +79,10 @@ class ServerProcess {
         struct rlimit limit = {max_file_bytes_, max_file_bytes_};
         setrlimit(RLIMIT_FSIZE, &limit);
       }
+      if (max_data_bytes_ > 0) {
+        struct rlimit limit = {max_data_bytes_, max_data_bytes_};
+        setrlimit(RLIMIT_DATA, &limit);
+      }
       execv(argv[0], argv.data());
       _exit(127);
     }
@@ -122,6 +126,10 @@ class ServerProcess {
   // Files the server writes may not grow beyond `bytes` (RLIMIT_FSIZE, set
   // in the child before exec; 0: no limit). Takes effect at the next Start.
   void set_max_file_bytes(rlim_t bytes) { max_file_bytes_ = bytes; }
+  // The server's private writable memory (heap, anonymous mappings, thread
+  // stacks) may not exceed `bytes` (RLIMIT_DATA; 0: no limit); files it
+  // maps read-only do not count. Takes effect at the next Start.
+  void set_max_data_bytes(rlim_t bytes) { max_data_bytes_ = bytes; }
 
   bool running() const { return pid_ > 0; }
   pid_t pid() const { return pid_; }
@@ -147,6 +155,7 @@ class ServerProcess {
   std::string binary_;
   std::vector<std::string> flags_;
   bool pass_data_dir_;
+  rlim_t max_data_bytes_ = 0;
   rlim_t max_file_bytes_ = 0;
   std::filesystem::path dir_;
   std::string address_;
