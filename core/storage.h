@@ -151,8 +151,10 @@ class Storage {
   static uint64_t DamagedCount();
 
   // Keeps only the first `nbytes` bytes (REQUIRES: nbytes <= nbytes()),
-  // giving the rest of a mapped storage back to the system. Only the
-  // storage's sole owner may call it (an in-place narrowing conversion).
+  // giving the rest of a mapped storage back to the system on a thread of
+  // its own, so that the caller does not wait for the pages to be freed.
+  // Only the storage's sole owner may call it (an in-place narrowing
+  // conversion).
   void ShrinkTo(size_t nbytes);
 
  private:

@@ -205,15 +205,18 @@ v1::BuildModuleResponse Build(ModelStateClient& client, const std::string& name,
 
 // A client on a connection of its own (gRPC would otherwise share one TCP
 // connection among channels to the same address).
-// Its transfers use gRPC messages unless `shared_memory`.
-std::unique_ptr<ModelStateClient> OwnConnection(const std::string& address,
-                                                bool shared_memory = false) {
+// Its transfers use gRPC messages unless `shared_memory`; its other calls
+// have `timeout` as their deadline.
+std::unique_ptr<ModelStateClient> OwnConnection(
+    const std::string& address, bool shared_memory = false,
+    absl::Duration timeout = client::ClientOptions().timeout) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
   client::ClientOptions options;
   options.shared_memory = shared_memory;
+  options.timeout = timeout;
   return std::make_unique<ModelStateClient>(
       grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
                                 args),
@@ -556,7 +559,9 @@ Json RestartFigures(const std::string& server, int count, int out_features,
   testing::ServerProcess own(server, {});
   Check(own.Start(), "start the restore server");
   if (count > 0) {
-    std::unique_ptr<ModelStateClient> client = OwnConnection(own.address());
+    // Building and saving 8 GiB takes minutes on a small machine.
+    std::unique_ptr<ModelStateClient> client =
+        OwnConnection(own.address(), false, absl::Minutes(30));
     Build(*client, "bench/restore", LinearStack(count, out_features));
   }  // an idle connection would hold the server's shutdown
   own.Stop(SIGTERM);
