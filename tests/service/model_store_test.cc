@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -43,6 +44,7 @@ using ::modelstate::testing::Filled;
 using ::modelstate::testing::IsOk;
 using ::modelstate::testing::SpecFromJson;
 using ::modelstate::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -738,6 +740,90 @@ TEST_F(ModelStoreTest, AClusterMoveHandsTheModuleAndItsRecordOver) {
   EXPECT_EQ(report.modules, 1u);
   EXPECT_EQ(report.recovered, 0u);
   EXPECT_THAT(report.errors, IsEmpty());
+}
+
+// Flips one byte `from_end` bytes before the end of every data file of
+// `name` (a Linear's bias is its file's last tensor).
+void DamageDataFiles(const fs::path& modules, const ModuleName& name,
+                     int from_end) {
+  for (const auto& f :
+       fs::directory_iterator(data_dir::ModuleDir(modules.string(), name))) {
+    if (f.path().extension() != ".safetensors") continue;
+    std::fstream io(f.path(), std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(-from_end, std::ios::end);
+    char c;
+    io.read(&c, 1);
+    c ^= 0x10;
+    io.seekp(-from_end, std::ios::end);
+    io.write(&c, 1);
+  }
+}
+
+TEST_F(ModelStoreTest, TheScrubChecksEveryMappedByteAndReportsDamageOnce) {
+  MakeDurable();
+  ASSERT_THAT(Build("t/a").status(), IsOk());
+  ASSERT_THAT(Build("t/b").status(), IsOk());
+  auto never = [] { return false; };
+  // Nothing is mapped before a restart: built bytes are the process's own.
+  ModelStore::ScrubReport report = store_->Scrub(never);
+  EXPECT_EQ(report.modules, 2u);
+  EXPECT_EQ(report.storages, 0u);
+  store_ = std::make_unique<ModelStore>();
+  repository_ = *ModuleRepository::Open((dir_ / "modules").string());
+  store_->set_audit_log(audit_.get());
+  store_->set_repository(repository_.get());
+  ASSERT_EQ(store_->Restore().modules, 2u);
+  report = store_->Scrub(never);
+  EXPECT_EQ(report.modules, 2u);
+  EXPECT_EQ(report.storages, 4u);
+  EXPECT_EQ(report.bytes, 2u * (12 + 3) * 4);
+  EXPECT_THAT(report.damaged, IsEmpty());
+  // Damage under the running store: the next pass finds it, names it, and
+  // every read refuses it from then on; later passes report it again, as
+  // not new.
+  DamageDataFiles(dir_ / "modules", Name("t/b"), 2);
+  report = store_->Scrub(never);
+  ASSERT_THAT(report.damaged, SizeIs(1));
+  EXPECT_EQ(report.newly_damaged, 1u);
+  EXPECT_THAT(report.damaged[0],
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("'bias'"), HasSubstr("module 't/b'"))));
+  absl::StatusOr<StateDictSnapshot> snapshot =
+      store_->Snapshot(Name("t/b"), {});
+  ASSERT_THAT(snapshot.status(), IsOk());
+  absl::StatusOr<std::unique_ptr<StateDictReader>> reader =
+      StateDictReader::Create(snapshot->state, std::nullopt);
+  ASSERT_THAT(reader.status(), IsOk());
+  std::string bytes;
+  EXPECT_THAT((*reader)->Read(1 << 20, &bytes).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("'bias'")));
+  report = store_->Scrub(never);
+  EXPECT_THAT(report.damaged, SizeIs(1));
+  EXPECT_EQ(report.newly_damaged, 0u);
+  // A load replaces the damaged bytes: nothing mapped is left of them.
+  ASSERT_THAT(store_->Load(ctx_, Name("t/b"), Pattern(1.5f), {}).status(),
+              IsOk());
+  report = store_->Scrub(never);
+  EXPECT_THAT(report.damaged, IsEmpty());
+  EXPECT_EQ(report.storages, 2u);
+  // A pass told to stop checks nothing more.
+  EXPECT_EQ(store_->Scrub([] { return true; }).storages, 0u);
+}
+
+TEST_F(ModelStoreTest, AClusterMoveOfDamagedBytesIsRefusedByTheTarget) {
+  MakeDurable();
+  ASSERT_THAT(Build("t/m").status(), IsOk());
+  DamageDataFiles(dir_ / "modules", Name("t/m"), 2);
+  OtherReplica other(dir_ / "other");
+  auto ok = [] { return absl::OkStatus(); };
+  EXPECT_THAT(store_->MoveOut(ctx_, Name("t/m"), "there",
+                              [&](const std::vector<std::string>& files) {
+                                return SendTo(*other.store, Name("t/m"), files,
+                                              ok);
+                              }),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("'s1'")));
+  EXPECT_TRUE(store_->Contains(Name("t/m")));
+  EXPECT_FALSE(other.store->Contains(Name("t/m")));
 }
 
 TEST_F(ModelStoreTest, AFailedClusterMoveLeavesTheModuleWhereItWas) {
