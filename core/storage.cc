@@ -367,6 +367,16 @@ std::shared_ptr<Storage> Storage::MapFileBytes(
   return storage;
 }
 
+std::shared_ptr<Storage> Storage::MapSavedBytes(
+    const Storage& saved, std::shared_ptr<const MappedFile> file, size_t offset,
+    uint32_t crc32c, std::string origin) {
+  std::shared_ptr<Storage> view = MapFileBytes(
+      std::move(file), offset, saved.nbytes(), crc32c, std::move(origin));
+  view->version_ = saved.version_;
+  view->integrity_.store(kIntact, std::memory_order_release);
+  return view;
+}
+
 namespace {
 std::atomic<uint64_t> damaged_storages{0};
 }  // namespace

@@ -120,6 +120,15 @@ class Storage {
       std::shared_ptr<const MappedFile> file, size_t offset, size_t nbytes,
       uint32_t crc32c, std::string origin);
 
+  // A file view standing in for `saved` (CPU, same size): its bytes were
+  // just written at `offset` in `file` and synced (a durable save), so the
+  // view keeps `saved`'s version and is trusted intact until a scrub reads
+  // it again. Whoever still holds `saved` keeps its memory; the module's
+  // tensors switch to the view, and their memory goes back to the system.
+  static std::shared_ptr<Storage> MapSavedBytes(
+      const Storage& saved, std::shared_ptr<const MappedFile> file,
+      size_t offset, uint32_t crc32c, std::string origin);
+
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   ~Storage();

@@ -322,6 +322,7 @@ absl::Status Server::OpenState() {
                       repository.status());
   }
   repository_ = *std::move(repository);
+  repository_->set_map_saved_bytes(config_.map_saved_bytes);
   store_ = std::make_unique<ModelStore>();
   store_->set_decider(hub_.get());
   store_->set_audit_log(audit_.get());

@@ -122,6 +122,9 @@ struct ServerConfig {
   // directory and checks it against its CRC-32C (service/scrubber.h);
   // zero turns it off.
   absl::Duration scrub_interval = absl::Hours(24);
+  // After each save, host the saved bytes from the data files instead of
+  // process memory (ModuleRepository::set_map_saved_bytes).
+  bool map_saved_bytes = false;
 };
 
 // Checks what a server must not start with, before anything starts:

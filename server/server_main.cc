@@ -189,6 +189,10 @@ ABSL_FLAG(absl::Duration, scrub_interval, Defaults().scrub_interval,
           "directory and check it against its CRC-32C (\"24h\", \"30m\"; "
           "0 turns the scrub off). Damage found is logged, counted in "
           "modelstate_damaged_storages, and never served");
+ABSL_FLAG(bool, map_saved_bytes, Defaults().map_saved_bytes,
+          "After each save, host the saved tensor bytes from the data files "
+          "(mapped, as a restart does) instead of process memory, so that "
+          "memory bounds only the module being changed, not all hosted");
 ABSL_FLAG(int, emulated_cuda_devices, 0,
           "TESTING ONLY: stand in N host-memory devices for cuda:0..N-1 "
           "(replacing real GPUs), so that device handling is tested without "
@@ -340,6 +344,7 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
   config.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   config.shm_socket = absl::GetFlag(FLAGS_shm_socket);
   config.scrub_interval = absl::GetFlag(FLAGS_scrub_interval);
+  config.map_saved_bytes = absl::GetFlag(FLAGS_map_saved_bytes);
   config.stream_window_kib = absl::GetFlag(FLAGS_stream_window_kib);
   config.worker_threads = absl::GetFlag(FLAGS_worker_threads);
   config.shutdown_grace_seconds = absl::GetFlag(FLAGS_shutdown_grace_seconds);

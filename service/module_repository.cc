@@ -8,6 +8,8 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <map>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -134,7 +136,8 @@ class TreeEncoder {
   struct StorageUse {
     std::shared_ptr<Storage> storage;
     DType dtype;
-    Shape shape;  // of the first tensor seen on it
+    Shape shape;                  // of the first tensor seen on it
+    std::vector<Tensor> tensors;  // every tensor object on it
   };
 
   explicit TreeEncoder(const Module& root) {
@@ -164,7 +167,10 @@ class TreeEncoder {
       auto key = std::make_pair(t.storage().get(), t.dtype());
       auto [sit, new_storage] =
           storage_index_.try_emplace(key, storages_.size());
-      if (new_storage) storages_.push_back({t.storage(), t.dtype(), t.shape()});
+      if (new_storage) {
+        storages_.push_back({t.storage(), t.dtype(), t.shape(), {}});
+      }
+      storages_[sit->second].tensors.push_back(t);
       storage = sit->second;
     }
     tensors_.push_back(Json{{"dtype", std::string(DTypeName(t.dtype()))},
@@ -257,6 +263,64 @@ absl::StatusOr<Tensor> HostTensor(const TreeEncoder::StorageUse& use) {
 
 absl::string_view BytesOf(const Tensor& t) {
   return absl::string_view(static_cast<const char*>(t.raw_data()), t.nbytes());
+}
+
+// After a committed save: every CPU storage of the tree switches to a view
+// of its bytes in the data file that now holds them (Storage::
+// MapSavedBytes), so that they live in the page cache rather than in this
+// process's memory. A storage seen with two dtypes keeps its memory (two
+// views would untie them), and so does a file that cannot be mapped: the
+// save stands either way. `where[i]` (file, key, crc32c) is uses[i]'s.
+template <typename Where>
+void MapSavedBytes(const std::string& dir, const ModuleName& name,
+                   const std::vector<TreeEncoder::StorageUse>& uses,
+                   const std::vector<Where>& where) {
+  absl::flat_hash_map<const Storage*, int> uses_of;
+  for (const TreeEncoder::StorageUse& use : uses) ++uses_of[use.storage.get()];
+  struct Mapped {
+    std::shared_ptr<const MappedFile> file;
+    absl::flat_hash_map<std::string, uint64_t> offsets;  // key -> offset
+  };
+  std::map<std::string, std::optional<Mapped>> files;
+  for (size_t i = 0; i < uses.size(); ++i) {
+    const Storage& saved = *uses[i].storage;
+    if (!saved.device().is_cpu() || saved.read_only() || saved.nbytes() == 0 ||
+        uses_of[&saved] != 1) {
+      continue;
+    }
+    auto [it, added] = files.try_emplace(where[i].file);
+    if (added) {
+      const std::string path = FilePath(dir, where[i].file);
+      absl::StatusOr<std::shared_ptr<const MappedFile>> file =
+          MappedFile::Open(path);
+      if (!file.ok()) continue;
+      absl::StatusOr<SafetensorsHeader> header =
+          ParseSafetensorsHeader((*file)->bytes(), (*file)->bytes().size());
+      if (!header.ok()) continue;
+      Mapped mapped{*std::move(file), {}};
+      for (const SafetensorsEntry& e : header->entries) {
+        if (e.end - e.begin == 0) continue;
+        mapped.offsets[e.key] = header->data_start + e.begin;
+      }
+      it->second = std::move(mapped);
+    }
+    if (!it->second.has_value()) continue;
+    auto offset = it->second->offsets.find(where[i].key);
+    if (offset == it->second->offsets.end() ||
+        offset->second % std::min<size_t>(ElementSize(uses[i].dtype), 8) != 0) {
+      continue;
+    }
+    std::shared_ptr<Storage> view = Storage::MapSavedBytes(
+        saved, it->second->file, offset->second, where[i].crc32c,
+        absl::StrCat("module '", name.full(), "', ",
+                     FilePath(dir, where[i].file), " entry '", where[i].key,
+                     "'"));
+    for (Tensor t : uses[i].tensors) {
+      absl::StatusOr<Tensor> on_view =
+          Tensor::FromStorage(t.dtype(), t.shape(), view);
+      if (on_view.ok()) t.SetData(*on_view);
+    }
+  }
 }
 
 // The data files of `dir` not in `keep` and not reserved, and temporary
@@ -873,6 +937,7 @@ absl::Status ModuleRepository::Save(
   }
   files->file_bytes = std::move(file_bytes);
   DeleteUnused(dir, files.get());
+  if (map_saved_bytes_) MapSavedBytes(dir, name, uses, where);
   return absl::OkStatus();
 }
 

@@ -136,9 +136,11 @@ class ModuleRepository {
       std::string dir);
 
   // Makes `root` the durable state of `name`; returns once it is on disk.
-  // `root` must not change during the call. FAILED_PRECONDITION for a module
-  // whose files could not be loaded at start-up (they are kept for repair,
-  // never overwritten); other errors name the file.
+  // `root` must not change during the call (with set_map_saved_bytes, its
+  // tensors switch to views of the saved bytes at the end, same values).
+  // FAILED_PRECONDITION for a module whose files could not be loaded at
+  // start-up (they are kept for repair, never overwritten); other errors name
+  // the file.
   absl::Status Save(const ModuleName& name, const Module& root,
                     const ChangeNote& note,
                     const std::vector<PrewrittenBytes>& prewritten = {});
@@ -230,6 +232,15 @@ class ModuleRepository {
 
   const std::string& dir() const { return dir_; }
 
+  // With `on`, every save ends by switching the saved tree's CPU tensors to
+  // views of the data files that now hold their bytes (as a restart would
+  // map them), so that bytes built or loaded since the start live in the
+  // page cache, not in this process's memory, and a server never needs
+  // more memory than the module it is changing. Off by default: reads from
+  // the page cache take 4 KiB page faults where process memory has huge
+  // pages. Call before any Save.
+  void set_map_saved_bytes(bool on) { map_saved_bytes_ = on; }
+
  private:
   explicit ModuleRepository(std::string dir);
 
@@ -274,6 +285,7 @@ class ModuleRepository {
   void DeleteQueued();
 
   const std::string dir_;
+  bool map_saved_bytes_ = false;
   Mutex mu_;
   CondVar deletions_changed_;
   std::deque<std::string> deletions_ ABSL_GUARDED_BY(mu_);

@@ -401,6 +401,47 @@ TEST_F(DurabilityTest, ARestartedServerHostsMoreThanItsMemoryLimit) {
   server_.set_max_data_bytes(0);
 }
 
+TEST_F(DurabilityTest, MappedSavesHostMoreThanTheMemoryLimitWithoutRestarts) {
+  constexpr uint64_t kMiB = 1 << 20;
+  // The server's own memory once it has built and served a small module.
+  StopGracefully();
+  server_.set_flags({"--map_saved_bytes"});
+  Restart();
+  ASSERT_THAT(client_->BuildModule(BuildRequest(
+                  "warm/up", R"({"type": "Linear", "args": [64, 64]})")),
+              IsOk());
+  ASSERT_THAT(client_->GetStateDict("warm/up"), IsOk());
+  const uint64_t own = ProcStatusBytes(server_.pid(), "VmData");
+  ASSERT_GT(own, 0u);
+  StopGracefully();
+  // Room for one 64 MiB module being built, not for the 256 MiB of four:
+  // each build's bytes leave process memory once saved.
+  server_.set_max_data_bytes(own + 160 * kMiB);
+  Restart();
+  std::map<std::string, std::map<std::string, std::string>> served;
+  for (int i = 0; i < 4; ++i) {
+    const std::string name = absl::StrCat("big/m", i);
+    ASSERT_THAT(client_->BuildModule(BuildRequest(
+                    name, R"({"type": "Linear", "args": [4096, 4096]})", i)),
+                IsOk())
+        << name;
+    absl::StatusOr<StateDict> state = client_->GetStateDict(name);
+    ASSERT_THAT(state, IsOk()) << name;
+    served[name] = Hashes(*state);
+  }
+  EXPECT_LT(ProcStatusBytes(server_.pid(), "RssAnon"), 128 * kMiB);
+  // A restart serves the same bytes.
+  StopGracefully();
+  server_.set_max_data_bytes(0);
+  Restart();
+  for (const auto& [name, hashes] : served) {
+    absl::StatusOr<StateDict> state = client_->GetStateDict(name);
+    ASSERT_THAT(state, IsOk()) << name;
+    EXPECT_EQ(Hashes(*state), hashes) << name;
+  }
+  server_.set_flags({});
+}
+
 TEST_F(DurabilityTest, TheScrubFindsDamageAndItIsNeverServedAgain) {
   ASSERT_THAT(client_->BuildModule(BuildRequest(
                   "s/m", R"({"type": "Linear", "args": [64, 16]})", 5)),

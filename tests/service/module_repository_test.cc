@@ -446,6 +446,44 @@ TEST_F(ModuleRepositoryTest, LeftoversOfInterruptedWritesAreCleanedUp) {
               ElementsAre("data-1.safetensors", "data-10.safetensors"));
 }
 
+TEST_F(ModuleRepositoryTest, MappedSavesSwitchTheTreeToItsFiles) {
+  repo_->set_map_saved_bytes(true);
+  std::shared_ptr<Module> m = Build(R"({"type": "Linear", "args": [8, 8]})");
+  const Tensor weight = *m->parameters().Find("weight");
+  // A reader's snapshot keeps the memory it views.
+  const Tensor snapshot = weight.Detach();
+  const StateDict before = m->GetStateDict();
+  std::vector<Tensor> copies;
+  for (const auto& item : before.tensors) copies.push_back(*item.value.Clone());
+  ASSERT_THAT(repo_->Save(Name("map/m"), *m, Note("build")), IsOk());
+  for (const auto& [key, t] : m->NamedParameters()) {
+    EXPECT_TRUE(t.storage()->read_only()) << key;
+    EXPECT_THAT(t.storage()->CheckIntegrity(), IsOk()) << key;
+  }
+  EXPECT_TRUE(weight.is_same(*m->parameters().Find("weight")));
+  EXPECT_FALSE(snapshot.storage()->read_only());
+  size_t i = 0;
+  for (const auto& item : m->GetStateDict().tensors) {
+    EXPECT_TRUE(TensorsEqual(item.value, copies[i++])) << item.key;
+  }
+  // The views keep the saved versions: saving again writes nothing.
+  ASSERT_THAT(repo_->Save(Name("map/m"), *m, Note("again")), IsOk());
+  EXPECT_THAT(DataFiles("map/m"), ElementsAre("data-1.safetensors"));
+  // A change writes fresh memory, saved and then viewed in its new file.
+  StateDict change;
+  change.tensors.Set("bias", Filled(DType::kFloat32, {8}, 3));
+  ASSERT_THAT(m->LoadStateDict(change, {.strict = false}), IsOk());
+  EXPECT_FALSE(m->parameters().Find("bias")->storage()->read_only());
+  ASSERT_THAT(repo_->Save(Name("map/m"), *m, Note("load")), IsOk());
+  EXPECT_TRUE(m->parameters().Find("bias")->storage()->read_only());
+  EXPECT_THAT(DataFiles("map/m"),
+              ElementsAre("data-1.safetensors", "data-2.safetensors"));
+  ModuleRepository::LoadReport report = Reload();
+  const ModuleRepository::Loaded* loaded = FindLoaded(report, "map/m");
+  ASSERT_NE(loaded, nullptr);
+  ExpectSameTree(*m, *loaded->root);
+}
+
 class DamagedFileTest : public ModuleRepositoryTest {
  protected:
   void SetUp() override {
