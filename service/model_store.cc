@@ -1321,21 +1321,22 @@ ModelStore::ScrubReport ModelStore::Scrub(
   for (const std::shared_ptr<Entry>& entry : entries) {
     // The storages are held while their bytes are read, not the module:
     // a writer replaces a storage rather than writing into a mapped one.
-    std::vector<std::pair<std::string, Tensor>> mapped;
+    // (Not the tensors: a writer may swap a tensor's storage meanwhile.)
+    std::vector<std::pair<std::string, std::shared_ptr<const Storage>>> mapped;
     {
       ReaderMutexLock lock(&entry->mu);
       if (entry->deleted) continue;
       for (auto& [key, t] : HeldTensors(*entry->root)) {
-        if (t.storage()->read_only()) mapped.emplace_back(key, t);
+        if (t.storage()->read_only()) mapped.emplace_back(key, t.storage());
       }
     }
     ++report.modules;
-    for (const auto& [key, t] : mapped) {
+    for (const auto& [key, storage] : mapped) {
       if (stopping()) return report;
       ++report.storages;
-      report.bytes += t.storage()->nbytes();
-      const bool was_damaged = t.storage()->damaged();
-      absl::Status intact = t.storage()->CheckIntegrity(/*again=*/true);
+      report.bytes += storage->nbytes();
+      const bool was_damaged = storage->damaged();
+      absl::Status intact = storage->CheckIntegrity(/*again=*/true);
       if (!intact.ok()) {
         report.damaged.push_back(absl::DataLossError(
             absl::StrCat("'", key, "': ", intact.message())));
