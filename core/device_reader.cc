@@ -21,28 +21,34 @@ uint64_t DeviceReader::WindowBegin(uint64_t offset) const {
   return offset / window_bytes_ * window_bytes_;
 }
 
-absl::StatusOr<DeviceReader::Window> DeviceReader::Download(
-    const Tensor& tensor, uint64_t begin) const {
-  Window window;
+absl::Status DeviceReader::Download(const Tensor& tensor, uint64_t begin,
+                                    Window& window) const {
+  window.data = nullptr;  // Matches no read until the bytes are in.
+  if (window.bytes == nullptr) window.bytes.reset(new char[window_bytes_]);
+  window.size = static_cast<size_t>(
+      std::min<uint64_t>(window_bytes_, tensor.nbytes() - begin));
+  MODELSTATE_RETURN_IF_ERROR(CopyBytes(
+      Device::Cpu(), window.bytes.get(), tensor.device(),
+      static_cast<const char*>(tensor.raw_data()) + begin, window.size));
   window.data = tensor.raw_data();
   window.begin = begin;
-  window.bytes.resize(static_cast<size_t>(
-      std::min<uint64_t>(window_bytes_, tensor.nbytes() - begin)));
-  MODELSTATE_RETURN_IF_ERROR(
-      CopyBytes(Device::Cpu(), window.bytes.data(), tensor.device(),
-                static_cast<const char*>(tensor.raw_data()) + begin,
-                window.bytes.size()));
-  return window;
+  return absl::OkStatus();
 }
 
 void DeviceReader::Prefetch(const Tensor& tensor, uint64_t offset) {
   if (next_.valid() || offset >= tensor.nbytes()) return;
   next_data_ = tensor.raw_data();
   next_begin_ = WindowBegin(offset);
+  Window window;
+  window.bytes = std::move(spare_);
   // The lambda holds its own reference to the tensor's storage.
-  next_ = std::async(std::launch::async, [this, tensor, begin = next_begin_] {
-    return Download(tensor, begin);
-  });
+  next_ = std::async(
+      std::launch::async,
+      [this, tensor, begin = next_begin_,
+       window = std::move(window)]() mutable -> absl::StatusOr<Window> {
+        MODELSTATE_RETURN_IF_ERROR(Download(tensor, begin, window));
+        return std::move(window);
+      });
 }
 
 absl::StatusOr<absl::string_view> DeviceReader::Read(const Tensor& tensor,
@@ -50,25 +56,28 @@ absl::StatusOr<absl::string_view> DeviceReader::Read(const Tensor& tensor,
                                                      size_t wanted) {
   const uint64_t begin = WindowBegin(offset);
   const bool have = current_.data == tensor.raw_data() &&
-                    current_.begin == begin && !current_.bytes.empty();
+                    current_.begin == begin && current_.size > 0;
   if (!have) {
     if (next_.valid()) {
       absl::StatusOr<Window> next = next_.get();
       if (next_data_ == tensor.raw_data() && next_begin_ == begin) {
         if (!next.ok()) return next.status();
+        spare_ = std::move(current_.bytes);
         current_ = *std::move(next);
+      } else if (next.ok()) {
+        spare_ = std::move(next->bytes);
       }
     }
     if (current_.data != tensor.raw_data() || current_.begin != begin) {
-      MODELSTATE_ASSIGN_OR_RETURN(current_, Download(tensor, begin));
+      MODELSTATE_RETURN_IF_ERROR(Download(tensor, begin, current_));
     }
     // Read-ahead: the rest of this tensor downloads while this window is
     // consumed.
     Prefetch(tensor, begin + window_bytes_);
   }
   const size_t skip = static_cast<size_t>(offset - begin);
-  return absl::string_view(current_.bytes)
-      .substr(skip, std::min(wanted, current_.bytes.size() - skip));
+  return absl::string_view(current_.bytes.get() + skip,
+                           std::min(wanted, current_.size - skip));
 }
 
 }  // namespace modelstate

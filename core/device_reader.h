@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <future>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -30,7 +31,9 @@ namespace modelstate {
 // Thread-compatible. Tensors passed in must stay unchanged while read.
 class DeviceReader {
  public:
-  static constexpr size_t kDefaultWindowBytes = size_t{8} << 20;
+  // Large enough for a transfer to use several staging threads; a reader
+  // holds two windows.
+  static constexpr size_t kDefaultWindowBytes = size_t{16} << 20;
 
   // `window_bytes` is rounded up to a multiple of 8, so windows hold whole
   // elements of any dtype.
@@ -51,17 +54,24 @@ class DeviceReader {
   void Prefetch(const Tensor& tensor, uint64_t offset);
 
  private:
+  // The buffers are window_bytes_ long and reused from window to window,
+  // so that a stream's host memory is allocated and faulted in once.
   struct Window {
     const void* data = nullptr;  // The tensor's device address.
     uint64_t begin = 0;
-    std::string bytes;
+    size_t size = 0;
+    std::unique_ptr<char[]> bytes;
   };
 
   uint64_t WindowBegin(uint64_t offset) const;
-  absl::StatusOr<Window> Download(const Tensor& tensor, uint64_t begin) const;
+  // Downloads the window at `begin` of `tensor` into `window`'s buffer
+  // (allocated if it has none).
+  absl::Status Download(const Tensor& tensor, uint64_t begin,
+                        Window& window) const;
 
   size_t window_bytes_;
   Window current_;
+  std::unique_ptr<char[]> spare_;  // For the next prefetch.
   // The download in flight, if valid().
   std::future<absl::StatusOr<Window>> next_;
   const void* next_data_ = nullptr;

@@ -250,8 +250,23 @@ absl::Status StagedStateDict::CopyInto(const std::string& key, Tensor& target) {
         absl::StrCat("The size of tensor a (", count,
                      ") must match the size of tensor b (", available, ")"));
   }
+  if (e->dtype == target.dtype()) {
+    // Read straight into the target (an accelerator's: into its staging
+    // buffers), with no host copy between.
+    MODELSTATE_ASSIGN_OR_RETURN(void* dst, target.MutableDataForOverwrite());
+    MODELSTATE_RETURN_IF_ERROR(
+        FillBytes(target.device(), dst, count * in_size,
+                  [&](void* piece, size_t piece_offset, size_t length) {
+                    return ReadData(static_cast<char*>(piece), length,
+                                    offset + piece_offset);
+                  }));
+    if (finished_ && count == available) {
+      copied_.push_back({target.storage(), e->dtype, e->key, crcs_[index]});
+    }
+    return absl::OkStatus();
+  }
   if (!target.device().is_cpu()) {
-    // An accelerator takes a host copy of its elements in one transfer.
+    // An accelerator converts a host copy of its elements in one transfer.
     MODELSTATE_ASSIGN_OR_RETURN(Tensor host,
                                 Tensor::Empty(e->dtype, target.shape()));
     MODELSTATE_ASSIGN_OR_RETURN(void* data, host.MutableDataForOverwrite());
@@ -262,13 +277,6 @@ absl::Status StagedStateDict::CopyInto(const std::string& key, Tensor& target) {
   MODELSTATE_ASSIGN_OR_RETURN(void* dst, target.MutableDataForOverwrite());
   char* out = static_cast<char*>(dst);
   const size_t out_size = ElementSize(target.dtype());
-  if (e->dtype == target.dtype()) {
-    MODELSTATE_RETURN_IF_ERROR(ReadData(out, count * in_size, offset));
-    if (finished_ && count == available) {
-      copied_.push_back({target.storage(), e->dtype, e->key, crcs_[index]});
-    }
-    return absl::OkStatus();
-  }
   // Different dtypes: read a piece, convert it, next piece.
   const uint64_t per_chunk =
       std::max<uint64_t>(1, kConversionChunkBytes / in_size);

@@ -553,4 +553,25 @@ absl::Status CopyElements(const Device& dst_device, void* dst, DType dst_dtype,
                          converted->data(), converted->nbytes());
 }
 
+absl::Status FillBytes(
+    const Device& device, void* dst, size_t nbytes,
+    absl::FunctionRef<absl::Status(void* piece, size_t offset, size_t length)>
+        fill) {
+  if (nbytes == 0 || device.is_meta()) return absl::OkStatus();
+  if (device.is_cpu()) return fill(dst, 0, nbytes);
+  MODELSTATE_ASSIGN_OR_RETURN(const DeviceBackend* b, BackendOf(device));
+  Mutex mu;
+  absl::Status first_error;
+  MODELSTATE_RETURN_IF_ERROR(
+      b->Upload(device.index, dst, nbytes,
+                [&](void* staging, size_t offset, size_t length) {
+                  absl::Status status = fill(staging, offset, length);
+                  if (status.ok()) return;
+                  MutexLock lock(&mu);
+                  if (first_error.ok()) first_error = std::move(status);
+                }));
+  MutexLock lock(&mu);
+  return first_error;
+}
+
 }  // namespace modelstate

@@ -62,14 +62,16 @@ class DeviceBackend {
   virtual void Free(int32_t index, void* ptr) const = 0;
   // Writes `nbytes` at device address `dst`, piece by piece: `fill` writes
   // each piece into a (pinned) staging buffer, which is then copied to the
-  // device while the next piece is filled. Pieces come in order; each but
-  // the last is a multiple of kStagingGranule bytes. Synchronous: returns
-  // once the bytes are on the device.
+  // device while the next piece is filled. Each piece but the last is a
+  // multiple of kStagingGranule bytes. Pieces may come in any order and
+  // from several threads at once, so `fill` must write only its own piece.
+  // Synchronous: returns once the bytes are on the device.
   virtual absl::Status Upload(int32_t index, void* dst, size_t nbytes,
                               StagingFill fill) const = 0;
   // Reads `nbytes` at device address `src` piece by piece into staging
-  // buffers and hands each to `drain`, in order, while the next piece is
-  // copied. Same piece sizes as Upload. Synchronous.
+  // buffers and hands each to `drain` while the next pieces are copied. Same
+  // piece sizes, and like Upload's, in any order from several threads at
+  // once. Synchronous.
   virtual absl::Status Download(int32_t index, const void* src, size_t nbytes,
                                 StagingDrain drain) const = 0;
   // Copies `nbytes` within or between devices of this type. Synchronous.
@@ -228,6 +230,16 @@ absl::Status CopyBytes(const Device& dst_device, void* dst,
 absl::Status CopyElements(const Device& dst_device, void* dst, DType dst_dtype,
                           const Device& src_device, const void* src,
                           DType src_dtype, int64_t count);
+
+// Writes `nbytes` at `dst` on `device` (cpu too) with bytes that `fill`
+// produces piece by piece straight into the staging buffers, e.g. read from
+// a file, so that they need no host copy of their own first. `fill` may run
+// for several pieces at once on several threads (each writes only its own
+// piece); the first error it returns is returned.
+absl::Status FillBytes(
+    const Device& device, void* dst, size_t nbytes,
+    absl::FunctionRef<absl::Status(void* piece, size_t offset, size_t length)>
+        fill);
 
 }  // namespace modelstate
 

@@ -4,16 +4,20 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "base/status_macros.h"
@@ -23,14 +27,21 @@
 namespace modelstate::cuda {
 namespace {
 
-// Pinned staging: kSlots buffers of kSlotBytes per transfer lane, so one
-// buffer is filled (or drained) by the CPU while the others are in flight.
-constexpr int kSlots = 4;
+// Pinned staging: each transfer worker owns a lane of kSlots buffers of
+// kSlotBytes, so it fills (or drains) one while the other is in flight. A
+// copy engine moves a slot in a fraction of the time the CPU takes to fill
+// it, so the CPU copies set the pace: large transfers split their pieces
+// among several workers (the caller and up to staging_threads - 1 more).
+constexpr int kSlots = 2;
 constexpr size_t kSlotBytes = size_t{4} << 20;
 static_assert(kSlotBytes % DeviceBackend::kStagingGranule == 0);
-// Idle lanes kept per device for the next transfer (pinned memory is slow
-// to allocate); more concurrent transfers allocate temporary lanes.
-constexpr size_t kMaxIdleLanes = 4;
+// Each worker gets a piece at least: a thread starts in tens of
+// microseconds, a piece takes hundreds to fill.
+constexpr size_t kMinPiecesPerWorker = 1;
+// Without a stated number: as many staging threads as this, or the
+// machine's hardware threads if fewer (measured on an H200 host: 8 reach
+// the PCIe link's rate; see BENCHMARKS.md).
+constexpr int kDefaultStagingThreads = 8;
 
 absl::Status CudaError(cudaError_t error, absl::string_view what) {
   if (error == cudaSuccess) return absl::OkStatus();
@@ -92,8 +103,46 @@ absl::StatusOr<std::unique_ptr<Lane>> NewLane() {
   return lane;
 }
 
+// Hands out the pieces of one transfer to its workers, lowest first, and
+// keeps the first error; after one, no more pieces are handed out.
+class PieceCursor {
+ public:
+  explicit PieceCursor(size_t pieces) : pieces_(pieces) {}
+
+  std::optional<size_t> Next() {
+    if (failed_.load(std::memory_order_acquire)) return std::nullopt;
+    const size_t piece = next_.fetch_add(1, std::memory_order_relaxed);
+    if (piece >= pieces_) return std::nullopt;
+    return piece;
+  }
+  void Fail(absl::Status status) {
+    MutexLock lock(&mu_);
+    if (first_error_.ok()) first_error_ = std::move(status);
+    failed_.store(true, std::memory_order_release);
+  }
+  absl::Status status() const {
+    MutexLock lock(&mu_);
+    return first_error_;
+  }
+
+ private:
+  const size_t pieces_;
+  std::atomic<size_t> next_{0};
+  std::atomic<bool> failed_{false};
+  mutable Mutex mu_;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+};
+
 class CudaBackend : public DeviceBackend {
  public:
+  explicit CudaBackend(int staging_threads)
+      : staging_threads_(
+            staging_threads > 0
+                ? staging_threads
+                : std::clamp(
+                      static_cast<int>(std::thread::hardware_concurrency()), 1,
+                      kDefaultStagingThreads)) {}
+
   DeviceType type() const override { return DeviceType::kCuda; }
 
   int DeviceCount() const override {
@@ -150,69 +199,59 @@ class CudaBackend : public DeviceBackend {
 
   absl::Status Upload(int32_t index, void* dst, size_t nbytes,
                       StagingFill fill) const override {
-    ScopedDevice device(index);
-    MODELSTATE_RETURN_IF_ERROR(device.status());
-    MODELSTATE_ASSIGN_OR_RETURN(std::unique_ptr<Lane> lane, AcquireLane(index));
-    absl::Status status = absl::OkStatus();
-    int piece = 0;
-    for (size_t offset = 0; offset < nbytes && status.ok();
-         offset += kSlotBytes, ++piece) {
-      const int slot = piece % kSlots;
-      const size_t length = std::min(kSlotBytes, nbytes - offset);
-      // The slot's previous copy must be done before it is refilled.
-      if (piece >= kSlots) {
-        status = CudaError(cudaEventSynchronize(lane->done[slot]), "upload");
-        if (!status.ok()) break;
-      }
-      fill(lane->slot(slot), offset, length);
-      status = CudaError(
-          cudaMemcpyAsync(static_cast<char*>(dst) + offset, lane->slot(slot),
-                          length, cudaMemcpyHostToDevice, lane->stream),
-          "upload");
-      if (status.ok()) {
-        status = CudaError(cudaEventRecord(lane->done[slot], lane->stream),
-                           "upload");
-      }
-    }
-    const absl::Status synced =
-        CudaError(cudaStreamSynchronize(lane->stream), "upload");
-    ReleaseLane(index, std::move(lane), synced.ok());
-    return status.ok() ? synced : status;
+    return RunWorkers(
+        index, nbytes, [&](Lane& lane, PieceCursor& cursor) -> absl::Status {
+          int used = 0;
+          while (std::optional<size_t> piece = cursor.Next()) {
+            const int slot = used++ % kSlots;
+            // The slot's previous copy must be done before it is refilled.
+            if (used > kSlots) {
+              CUDA_RETURN_IF_ERROR(cudaEventSynchronize(lane.done[slot]));
+            }
+            const size_t offset = *piece * kSlotBytes;
+            const size_t length = std::min(kSlotBytes, nbytes - offset);
+            fill(lane.slot(slot), offset, length);
+            CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+                static_cast<char*>(dst) + offset, lane.slot(slot), length,
+                cudaMemcpyHostToDevice, lane.stream));
+            CUDA_RETURN_IF_ERROR(cudaEventRecord(lane.done[slot], lane.stream));
+          }
+          return absl::OkStatus();
+        });
   }
 
   absl::Status Download(int32_t index, const void* src, size_t nbytes,
                         StagingDrain drain) const override {
-    ScopedDevice device(index);
-    MODELSTATE_RETURN_IF_ERROR(device.status());
-    MODELSTATE_ASSIGN_OR_RETURN(std::unique_ptr<Lane> lane, AcquireLane(index));
-    const size_t pieces = (nbytes + kSlotBytes - 1) / kSlotBytes;
-    auto enqueue = [&](size_t piece) -> absl::Status {
-      const int slot = static_cast<int>(piece % kSlots);
-      const size_t offset = piece * kSlotBytes;
-      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-          lane->slot(slot), static_cast<const char*>(src) + offset,
-          std::min(kSlotBytes, nbytes - offset), cudaMemcpyDeviceToHost,
-          lane->stream));
-      return CudaError(cudaEventRecord(lane->done[slot], lane->stream),
-                       "download");
-    };
-    absl::Status status = absl::OkStatus();
-    for (size_t piece = 0;
-         piece < std::min<size_t>(pieces, kSlots) && status.ok(); ++piece) {
-      status = enqueue(piece);
-    }
-    for (size_t piece = 0; piece < pieces && status.ok(); ++piece) {
-      const int slot = static_cast<int>(piece % kSlots);
-      status = CudaError(cudaEventSynchronize(lane->done[slot]), "download");
-      if (!status.ok()) break;
-      const size_t offset = piece * kSlotBytes;
-      drain(lane->slot(slot), offset, std::min(kSlotBytes, nbytes - offset));
-      if (piece + kSlots < pieces) status = enqueue(piece + kSlots);
-    }
-    const absl::Status synced =
-        CudaError(cudaStreamSynchronize(lane->stream), "download");
-    ReleaseLane(index, std::move(lane), synced.ok());
-    return status.ok() ? synced : status;
+    return RunWorkers(
+        index, nbytes, [&](Lane& lane, PieceCursor& cursor) -> absl::Status {
+          // Up to kSlots pieces in flight; the oldest (`head`) is drained
+          // while the others copy.
+          std::array<size_t, kSlots> piece_in{};
+          int head = 0;
+          int queued = 0;
+          while (true) {
+            for (; queued < kSlots; ++queued) {
+              std::optional<size_t> piece = cursor.Next();
+              if (!piece) break;
+              const int slot = (head + queued) % kSlots;
+              const size_t offset = *piece * kSlotBytes;
+              CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+                  lane.slot(slot), static_cast<const char*>(src) + offset,
+                  std::min(kSlotBytes, nbytes - offset), cudaMemcpyDeviceToHost,
+                  lane.stream));
+              CUDA_RETURN_IF_ERROR(
+                  cudaEventRecord(lane.done[slot], lane.stream));
+              piece_in[slot] = *piece;
+            }
+            if (queued == 0) return absl::OkStatus();
+            CUDA_RETURN_IF_ERROR(cudaEventSynchronize(lane.done[head]));
+            const size_t offset = piece_in[head] * kSlotBytes;
+            drain(lane.slot(head), offset,
+                  std::min(kSlotBytes, nbytes - offset));
+            head = (head + 1) % kSlots;
+            --queued;
+          }
+        });
   }
 
   absl::Status CopyOnDevice(int32_t dst_index, void* dst, int32_t src_index,
@@ -271,6 +310,41 @@ class CudaBackend : public DeviceBackend {
     return std::make_pair(uint64_t{free_bytes}, uint64_t{total_bytes});
   }
 
+  // The workers of one transfer: the calling thread and up to
+  // staging_threads_ - 1 more, each with its own lane and `index` as its
+  // current device, moving the pieces of `nbytes` that `cursor` hands out.
+  // Returns once every worker's copies are done, with the first error.
+  absl::Status RunWorkers(
+      int32_t index, size_t nbytes,
+      absl::FunctionRef<absl::Status(Lane&, PieceCursor&)> work) const {
+    const size_t pieces = (nbytes + kSlotBytes - 1) / kSlotBytes;
+    const size_t workers = std::clamp<size_t>(
+        pieces / kMinPiecesPerWorker, 1, static_cast<size_t>(staging_threads_));
+    PieceCursor cursor(pieces);
+    auto run = [&] {
+      ScopedDevice device(index);
+      absl::Status status = device.status();
+      if (status.ok()) {
+        absl::StatusOr<std::unique_ptr<Lane>> lane = AcquireLane(index);
+        status = lane.status();
+        if (status.ok()) {
+          status = work(**lane, cursor);
+          const absl::Status synced = CudaError(
+              cudaStreamSynchronize((*lane)->stream), "staging copies");
+          ReleaseLane(index, *std::move(lane), synced.ok());
+          if (status.ok()) status = synced;
+        }
+      }
+      if (!status.ok()) cursor.Fail(std::move(status));
+    };
+    std::vector<std::thread> helpers;
+    helpers.reserve(workers - 1);
+    for (size_t i = 1; i < workers; ++i) helpers.emplace_back(run);
+    run();
+    for (std::thread& helper : helpers) helper.join();
+    return cursor.status();
+  }
+
   absl::StatusOr<std::unique_ptr<Lane>> AcquireLane(int32_t index) const {
     {
       MutexLock lock(&lanes_mu_);
@@ -289,9 +363,14 @@ class CudaBackend : public DeviceBackend {
     if (!healthy) return;  // Destroyed: its stream may be broken.
     MutexLock lock(&lanes_mu_);
     std::vector<std::unique_ptr<Lane>>& idle = idle_lanes_[index];
-    if (idle.size() < kMaxIdleLanes) idle.push_back(std::move(lane));
+    // As many as one transfer's workers use; concurrent transfers beyond
+    // that allocate lanes of their own and free them afterwards.
+    if (idle.size() < static_cast<size_t>(staging_threads_)) {
+      idle.push_back(std::move(lane));
+    }
   }
 
+  const int staging_threads_;
   mutable std::once_flag probe_once_;
   mutable int count_ = 0;
   mutable std::string reason_;
@@ -302,8 +381,8 @@ class CudaBackend : public DeviceBackend {
 
 }  // namespace
 
-std::unique_ptr<DeviceBackend> MakeCudaBackend() {
-  return std::make_unique<CudaBackend>();
+std::unique_ptr<DeviceBackend> MakeCudaBackend(int staging_threads) {
+  return std::make_unique<CudaBackend>(staging_threads);
 }
 
 }  // namespace modelstate::cuda

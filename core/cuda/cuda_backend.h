@@ -1,6 +1,7 @@
 // File: cuda/cuda_backend.h
 // The CUDA device backend: cudaMalloc'd storage per GPU, host <-> device
-// transfers pipelined through pinned staging buffers, device <-> device and
+// transfers pipelined through pinned staging buffers (filled by several
+// threads for large transfers), device <-> device and
 // peer copies, and dtype conversion kernels. Only in builds with
 // MODELSTATE_WITH_CUDA; storage.cc installs it for DeviceType::kCuda. On a
 // machine without a GPU it reports 0 devices and says why.
@@ -13,7 +14,10 @@
 
 namespace modelstate::cuda {
 
-std::unique_ptr<DeviceBackend> MakeCudaBackend();
+// `staging_threads`: at most this many threads (the caller's included) fill
+// or drain the pinned staging buffers of one large host <-> device transfer;
+// 0 means up to 8, fewer on a machine with fewer hardware threads.
+std::unique_ptr<DeviceBackend> MakeCudaBackend(int staging_threads = 0);
 
 }  // namespace modelstate::cuda
 

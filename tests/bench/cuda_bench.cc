@@ -3,6 +3,13 @@
 //     (the baseline: what the PCIe link gives);
 //   BM_ToH2D / BM_ToD2H: Tensor::To between cpu and cuda:0, same bytes
 //     (pageable host tensor, through the backend's pinned staging);
+//   BM_PinThenCopyH2D: the alternative to staging, pinning the pageable
+//     buffer for the copy (cudaHostRegister, cudaMemcpy, unregister);
+//   BM_NewHostTensor: a new host tensor of the same bytes, written once (the
+//     page faults that a download into a new tensor pays on top);
+//   BM_StagedUpload|Download/threads:N: the backend's staged copies alone,
+//     between a pageable host buffer already faulted in and cuda:0, with at
+//     most N staging threads (how the CPU side scales);
 //   BM_StreamStateDict/cpu|cuda: a state_dict of the same tensors read as
 //     GetStateDict does (StateDictReader, 1 MiB chunks), from cpu and from
 //     cuda:0.
@@ -20,6 +27,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
+#include "core/cuda/cuda_backend.h"
 #include "core/device.h"
 #include "core/module.h"
 #include "core/state_stream.h"
@@ -90,6 +98,75 @@ void BM_ToD2H(benchmark::State& state) {
   SetBytes(state, gpu->nbytes());
 }
 
+// Bytes() through a backend of at most `threads` staging threads, between a
+// pageable host buffer (faulted in beforehand) and cuda:0.
+void BM_Staged(benchmark::State& state, bool upload, int threads) {
+  const std::unique_ptr<modelstate::DeviceBackend> backend =
+      modelstate::cuda::MakeCudaBackend(threads);
+  const size_t n = Bytes();
+  std::string host(n, '\1');
+  absl::StatusOr<void*> device = backend->Allocate(0, n);
+  if (!device.ok()) {
+    state.SkipWithError(device.status().ToString().c_str());
+    return;
+  }
+  for (auto _ : state) {
+    const absl::Status status =
+        upload ? backend->Upload(
+                     0, *device, n,
+                     [&](void* staging, size_t offset, size_t length) {
+                       std::memcpy(staging, host.data() + offset, length);
+                     })
+               : backend->Download(
+                     0, *device, n,
+                     [&](const void* staging, size_t offset, size_t length) {
+                       std::memcpy(host.data() + offset, staging, length);
+                     });
+    if (!status.ok()) state.SkipWithError(status.ToString().c_str());
+  }
+  SetBytes(state, n);
+  backend->Free(0, *device);
+}
+
+void BM_PinThenCopyH2D(benchmark::State& state) {
+  const size_t n = Bytes();
+  std::string host(n, '\1');
+  void* device = nullptr;
+  if (cudaMalloc(&device, n) != cudaSuccess) {
+    state.SkipWithError("cannot allocate");
+    return;
+  }
+  for (auto _ : state) {
+    if (cudaHostRegister(host.data(), n, cudaHostRegisterDefault) !=
+            cudaSuccess ||
+        cudaMemcpy(device, host.data(), n, cudaMemcpyHostToDevice) !=
+            cudaSuccess ||
+        cudaHostUnregister(host.data()) != cudaSuccess) {
+      state.SkipWithError("cudaHostRegister path failed");
+      break;
+    }
+  }
+  SetBytes(state, n);
+  cudaFree(device);
+}
+
+void BM_NewHostTensor(benchmark::State& state) {
+  const size_t n = Bytes();
+  for (auto _ : state) {
+    absl::StatusOr<Tensor> t = Tensor::Empty(
+        DType::kFloat32, {static_cast<int64_t>(n / 4)}, Device::Cpu());
+    absl::StatusOr<void*> data =
+        t.ok() ? t->MutableDataForOverwrite() : absl::StatusOr<void*>(nullptr);
+    if (!data.ok() || *data == nullptr) {
+      state.SkipWithError("cannot allocate");
+      break;
+    }
+    std::memset(*data, 1, n);
+    benchmark::DoNotOptimize(*data);
+  }
+  SetBytes(state, n);
+}
+
 // 16 tensors of Bytes() / 16 on `device`, streamed in 1 MiB chunks.
 void BM_StreamStateDict(benchmark::State& state, Device device) {
   StateDict sd;
@@ -137,6 +214,11 @@ int main(int argc, char** argv) {
                                 : cuda->UnavailableReason().c_str());
     return 0;
   }
+  int driver = 0;
+  cudaDriverGetVersion(&driver);
+  benchmark::AddCustomContext("gpu", cuda->DeviceName(0));
+  benchmark::AddCustomContext(
+      "cuda_driver", absl::StrCat(driver / 1000, ".", driver % 1000 / 10));
   benchmark::RegisterBenchmark("BM_RawPinnedH2D", BM_RawPinnedCopy,
                                cudaMemcpyHostToDevice)
       ->UseRealTime();
@@ -145,6 +227,20 @@ int main(int argc, char** argv) {
                                cudaMemcpyDeviceToHost)
       ->UseRealTime();
   benchmark::RegisterBenchmark("BM_ToD2H", BM_ToD2H)->UseRealTime();
+  benchmark::RegisterBenchmark("BM_PinThenCopyH2D", BM_PinThenCopyH2D)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark("BM_NewHostTensor", BM_NewHostTensor)
+      ->UseRealTime();
+  for (int threads : {1, 2, 4, 8, 16}) {
+    for (bool upload : {true, false}) {
+      benchmark::RegisterBenchmark(
+          absl::StrCat(upload ? "BM_StagedUpload" : "BM_StagedDownload",
+                       "/threads:", threads)
+              .c_str(),
+          BM_Staged, upload, threads)
+          ->UseRealTime();
+    }
+  }
   benchmark::RegisterBenchmark("BM_StreamStateDict/cpu", BM_StreamStateDict,
                                modelstate::Device::Cpu())
       ->UseRealTime();

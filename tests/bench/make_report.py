@@ -428,27 +428,84 @@ def growth_rows(table, g):
                       f"tensor", f"{ours / few[key]:.2f}x", "reported", None)
 
 
-def cuda_rows(table, cuda):
-    """Rows from cuda_bench (absent or empty without a GPU)."""
-    def gbps(run):
-        return run["bytes_per_second"] / 1e9
-    for ours_name, base_name, what in (
-            ("BM_ToH2D", "BM_RawPinnedH2D", "host -> device"),
-            ("BM_ToD2H", "BM_RawPinnedD2H", "device -> host")):
-        ours, base = cuda.get(ours_name), cuda.get(base_name)
-        if ours and base:
-            ratio = gbps(ours) / gbps(base)
-            table.add(f"Tensor.to(), {what}", f"{gbps(ours):.2f} GB/s",
-                      f"raw pinned cudaMemcpy {gbps(base):.2f} GB/s",
-                      f"{ratio:.2f}x", ">= 0.9x", ratio >= 0.9)
-    gpu, cpu = cuda.get("BM_StreamStateDict/cuda"), cuda.get(
-        "BM_StreamStateDict/cpu")
-    if gpu and cpu:
-        ratio = gbps(gpu) / gbps(cpu)
+def cuda_section(results):
+    """BENCHMARKS.md's CUDA section from cuda_bench's JSON: its own table,
+    since a GPU host may not be the machine of the main run; every ratio
+    against a baseline of the same cuda_bench run. None without figures."""
+    cuda = bench_medians(results)
+    if "BM_RawPinnedH2D" not in cuda:
+        return None
+    context = results.get("context", {})
+
+    def gbps(name):
+        return cuda[name]["bytes_per_second"] / 1e9
+
+    table = Table()
+    link = {"up": gbps("BM_RawPinnedH2D"), "down": gbps("BM_RawPinnedD2H")}
+    mib = cuda["BM_RawPinnedH2D"]["bytes_per_second"] * seconds(
+        cuda["BM_RawPinnedH2D"]) / 2**20
+    sweep = sorted(
+        (int(name.split(":")[1]), name) for name in cuda
+        if name.startswith("BM_StagedUpload/threads:"))
+    for ours, direction, what in (
+            ("BM_ToH2D", "up", "host -> device"),
+            ("BM_ToD2H", "down", "device -> host, into a new tensor")):
+        if ours in cuda:
+            ratio = gbps(ours) / link[direction]
+            table.add(f"Tensor.to(), {what} ({mib:.0f} MiB)",
+                      f"{gbps(ours):.2f} GB/s",
+                      f"raw cudaMemcpy from/to pinned memory "
+                      f"{link[direction]:.2f} GB/s", f"{ratio:.2f}x",
+                      ">= 0.9x", ratio >= 0.9)
+    for prefix, direction in (("BM_StagedUpload", "up"),
+                              ("BM_StagedDownload", "down")):
+        rates = ", ".join(
+            f"{n}: {gbps(f'{prefix}/threads:{n}'):.1f}" for n, _ in sweep
+            if f"{prefix}/threads:{n}" in cuda)
+        best = max(gbps(f"{prefix}/threads:{n}") for n, _ in sweep)
+        what = "host -> device" if direction == "up" else "device -> host"
+        table.add(f"  staged copies alone, {what}, by staging threads (GB/s; "
+                  "host memory already faulted in)",
+                  rates, f"raw {link[direction]:.2f} GB/s",
+                  f"best {best / link[direction]:.2f}x", "(breakdown)", None)
+    if "BM_PinThenCopyH2D" in cuda:
+        table.add("  the alternative to staging: pin the buffer for the "
+                  "copy (cudaHostRegister, cudaMemcpy, unregister)",
+                  f"{gbps('BM_PinThenCopyH2D'):.2f} GB/s",
+                  f"Tensor.to() {gbps('BM_ToH2D'):.2f} GB/s",
+                  f"{gbps('BM_PinThenCopyH2D') / gbps('BM_ToH2D'):.2f}x",
+                  "(breakdown)", None)
+    if "BM_NewHostTensor" in cuda and "BM_ToD2H" in cuda:
+        fresh, down = seconds(cuda["BM_NewHostTensor"]), seconds(
+            cuda["BM_ToD2H"])
+        table.add("  for scale: one thread writing a new host tensor of the "
+                  "same bytes (its page faults; a download spreads them over "
+                  "its staging threads)", fmt_s(fresh),
+                  f"Tensor.to() device -> host {fmt_s(down)}",
+                  f"{fresh / down:.2f}x", "(breakdown)", None)
+    if "BM_StreamStateDict/cuda" in cuda:
+        ratio = gbps("BM_StreamStateDict/cuda") / gbps(
+            "BM_StreamStateDict/cpu")
         table.add("state_dict stream from a GPU module (1 MiB chunks)",
-                  f"{gbps(gpu):.2f} GB/s", f"same module on cpu "
-                  f"{gbps(cpu):.2f} GB/s", f"{ratio:.2f}x", ">= 0.85x",
-                  ratio >= 0.85)
+                  f"{gbps('BM_StreamStateDict/cuda'):.2f} GB/s",
+                  f"same module on cpu "
+                  f"{gbps('BM_StreamStateDict/cpu'):.2f} GB/s",
+                  f"{ratio:.2f}x", ">= 0.85x", ratio >= 0.85)
+    missed = [r[0].strip() for r in table.rows if r[5] == "**no**"]
+    return "\n".join([
+        "## CUDA",
+        "",
+        f"- GPU: {context.get('gpu', 'unnamed')}, CUDA driver "
+        f"{context.get('cuda_driver', '?')}; host: "
+        f"{context.get('num_cpus', '?')} CPUs",
+        f"- measured: {context.get('date', '?')} by `cuda_bench` on that "
+        "host (medians of its repetitions; baselines from the same run)",
+        "",
+        table.markdown(),
+        "CUDA targets missed: " + ("; ".join(missed) if missed else "none")
+        + ".",
+        "",
+    ])
 
 
 def audit_rows(table, a):
@@ -495,7 +552,8 @@ def main():
     parser.add_argument("--transfer", required=True)
     parser.add_argument("--forward")
     parser.add_argument("--torch-forward")
-    parser.add_argument("--cuda", help="optional: cuda_bench's JSON")
+    parser.add_argument("--cuda", help="optional: cuda_bench's JSON (from "
+                        "this machine or a GPU host)")
     parser.add_argument("--python-transfer",
                         help="optional: python_transfer_bench.py's JSON")
     parser.add_argument("--audit", help="optional: audit_bench's JSON")
@@ -530,8 +588,6 @@ def main():
         cluster_rows(table, load(args.cluster))
     if args.growth:
         growth_rows(table, load(args.growth))
-    if args.cuda and os.path.exists(args.cuda):
-        cuda_rows(table, bench_medians(load(args.cuda)))
 
     reps = core.get("BM_LoadStateDictCopy", {}).get("repetitions", 1)
     lines = [
@@ -558,6 +614,10 @@ def main():
     lines.append("Targets missed in this run: " +
                  ("; ".join(missed) if missed else "none") + ".")
     lines.append("")
+    if args.cuda and os.path.exists(args.cuda):
+        section = cuda_section(load(args.cuda))
+        if section:
+            lines.append(section)
     if args.checks:
         with open(args.checks) as f:
             lines.append(f.read().rstrip() + "\n")

@@ -5,11 +5,13 @@
 // and the errors for devices that are not there.
 #include "core/device.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -157,12 +159,68 @@ TEST_F(EmulatedDeviceTest, DeviceReaderServesAnyRangeAcrossWindows) {
   }
 }
 
+// A reader moved to another tensor while a window of the first is being
+// read ahead, and back, serves each tensor's own bytes (its buffers are
+// reused from window to window and tensor to tensor).
+TEST_F(EmulatedDeviceTest, DeviceReaderSwitchesTensorsMidStream) {
+  const Tensor a = RandomTensor(DType::kUInt8, 10000, 1);
+  const Tensor b = RandomTensor(DType::kUInt8, 10000, 2);
+  absl::StatusOr<Tensor> on_a = a.To(Device::Cuda(0), DType::kUInt8);
+  absl::StatusOr<Tensor> on_b = b.To(Device::Cuda(1), DType::kUInt8);
+  ASSERT_TRUE(on_a.ok() && on_b.ok());
+  DeviceReader reader(4096);
+  for (const auto& [t, host, offset] :
+       {std::tuple(&*on_a, &a, size_t{0}), std::tuple(&*on_b, &b, size_t{5000}),
+        std::tuple(&*on_a, &a, size_t{4100}), std::tuple(&*on_a, &a, size_t{0}),
+        std::tuple(&*on_b, &b, size_t{9999}),
+        std::tuple(&*on_b, &b, size_t{0})}) {
+    absl::StatusOr<absl::string_view> got = reader.Read(*t, offset, 3000);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, RawBytes(*host).substr(offset, got->size()));
+    EXPECT_EQ(got->size(),
+              std::min<size_t>({3000, 4096 - offset % 4096, 10000 - offset}));
+  }
+}
+
+// FillBytes writes a device's bytes straight from its staging pieces, any
+// piece's error is the result, and on cpu it is one fill of everything.
+TEST_F(EmulatedDeviceTest, FillBytesFillsThePiecesAndReportsAFailure) {
+  const Tensor host = RandomTensor(DType::kUInt8, 200000, 9);
+  const std::string want = RawBytes(host);
+  for (Device device : {Device::Cuda(0), Device::Cpu()}) {
+    absl::StatusOr<Tensor> t = Tensor::Empty(DType::kUInt8, {200000}, device);
+    ASSERT_TRUE(t.ok());
+    absl::StatusOr<void*> dst = t->MutableDataForOverwrite();
+    ASSERT_TRUE(dst.ok());
+    int pieces = 0;
+    MODELSTATE_EXPECT_OK(
+        FillBytes(device, *dst, want.size(),
+                  [&](void* piece, size_t offset, size_t length) {
+                    ++pieces;
+                    std::memcpy(piece, want.data() + offset, length);
+                    return absl::OkStatus();
+                  }));
+    EXPECT_EQ(HostBytes(*t), want);
+    EXPECT_EQ(pieces, device.is_cpu() ? 1 : (200000 + 40967) / 40968);
+    EXPECT_THAT(FillBytes(device, *dst, want.size(),
+                          [&](void*, size_t offset, size_t) {
+                            return offset > 0
+                                       ? absl::DataLossError("piece lost")
+                                       : absl::OkStatus();
+                          }),
+                StatusIs(device.is_cpu() ? absl::StatusCode::kOk
+                                         : absl::StatusCode::kDataLoss,
+                         device.is_cpu() ? "" : "piece lost"));
+  }
+}
+
 // A state_dict streamed from the device equals the same one streamed from
 // cpu, for any chunk size and with a target dtype (converted per element
-// across the read-ahead windows, which hold 8 MiB: the big entry spans two).
+// across the read-ahead windows, which hold 16 MiB: the big entry spans two).
 TEST_F(EmulatedDeviceTest, StateDictStreamsFromTheDeviceLikeFromCpu) {
+  static_assert(DeviceReader::kDefaultWindowBytes < 4500001 * 4);
   StateDict on_cpu;
-  on_cpu.tensors.Set("big", RandomTensor(DType::kFloat32, 2500001, 3));
+  on_cpu.tensors.Set("big", RandomTensor(DType::kFloat32, 4500001, 3));
   on_cpu.tensors.Set("half", RandomTensor(DType::kFloat16, 1001, 4));
   on_cpu.tensors.Set("count", RandomTensor(DType::kInt64, 3, 5));
   on_cpu.tensors.Set("empty", RandomTensor(DType::kFloat64, 0, 6));

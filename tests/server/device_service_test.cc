@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/sha256.h"
 #include "client/model_state_client.h"
+#include "core/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -206,6 +207,38 @@ TEST_F(DeviceServiceTest, LoadStateDictIntoACudaModuleIsAtomic) {
   MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict after,
                                   client_->GetStateDict("dev/load"));
   ExpectSameState(after, other->GetStateDict());
+}
+
+// A streamed load into a module on a device goes from the received file
+// straight into the device, and that file, already on disk, becomes the
+// module's data: nothing is downloaded again to be written a second time.
+TEST_F(DeviceServiceTest, ALoadIntoACudaModuleKeepsTheReceivedFileAsItsData) {
+  BuildMlp("dev/adopt");
+  ASSERT_THAT(Move("dev/adopt", "cuda:0").status(), IsOk());
+  const StateDict other = LocalBuild(kMlp, 42)->GetStateDict();
+  ASSERT_THAT(client_->LoadStateDict("dev/adopt", other).status(), IsOk());
+  std::vector<std::string> keys;
+  for (const auto& f : std::filesystem::directory_iterator(
+           server_.data_dir() / "modules" / "dev" / "adopt")) {
+    if (f.path().extension() != ".safetensors") continue;
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(SafetensorsHeader header,
+                                    ReadSafetensorsHeader(f.path().string()));
+    for (const SafetensorsEntry& e : header.entries) keys.push_back(e.key);
+  }
+  std::vector<std::string> want;
+  for (const auto& item : other.tensors) want.push_back(item.key);
+  // The received file's own keys, not a save's "s0", "s1", ...
+  EXPECT_THAT(keys, ::testing::UnorderedElementsAreArray(want));
+  EXPECT_THAT(Devices("dev/adopt"), ::testing::Each("cuda:0"));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict now,
+                                  client_->GetStateDict("dev/adopt"));
+  ExpectSameState(now, other);
+  // And it is what a restart reads back onto the device.
+  Restart({"--emulated_cuda_devices=2"});
+  EXPECT_THAT(Devices("dev/adopt"), ::testing::Each("cuda:0"));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict restored,
+                                  client_->GetStateDict("dev/adopt"));
+  ExpectSameState(restored, other);
 }
 
 TEST_F(DeviceServiceTest, AHookCanMoveAnEntryToADevice) {
