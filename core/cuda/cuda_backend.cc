@@ -39,8 +39,8 @@ static_assert(kSlotBytes % DeviceBackend::kStagingGranule == 0);
 // microseconds, a piece takes hundreds to fill.
 constexpr size_t kMinPiecesPerWorker = 1;
 // Without a stated number: as many staging threads as this, or the
-// machine's hardware threads if fewer (measured on an H200 host: 8 reach
-// the PCIe link's rate; see BENCHMARKS.md).
+// machine's hardware threads if fewer. On an H200's 16-CPU host, 8 threads
+// staged 44.7 GB/s of the link's 55 and 16 no more (BENCHMARKS.md, CUDA).
 constexpr int kDefaultStagingThreads = 8;
 
 absl::Status CudaError(cudaError_t error, absl::string_view what) {
