@@ -8,16 +8,22 @@
 //    norm_first, batch_first) in eval mode on 1 x 1024 tokens with a causal
 //    mask (GPT-2's block is pre-norm; its GELU is the tanh approximation,
 //    TransformerEncoderLayer's is exact). torch_forward_bench.py times the
-//    same block in PyTorch.
+//    same block in PyTorch;
+//  - the same block with its weights mapped from a data file, as a server
+//    hosts them after a restart or with --map_saved_bytes (page-cache pages
+//    rather than the huge pages of its own storages), against the block
+//    with its weights in memory.
 //
 //   forward_bench [--smoke] [--threads=N] [Google Benchmark flags]
 //
 // --threads sets OpenBLAS's threads (and the kernels' own) for both sides;
 // 0 (the default) keeps OpenBLAS's default (all cores).
 #include <cblas.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <memory>
@@ -28,6 +34,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "base/mapped_file.h"
 #include "benchmark/benchmark.h"
 #include "core/module.h"
 #include "nn/forward.h"
@@ -120,7 +128,47 @@ BENCHMARK(BM_RawSgemm)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
-void BM_Gpt2Block(benchmark::State& state) {
+// Writes every tensor of `m` to one file (64-byte aligned, as the server's
+// data files align them), maps it, and switches the tensors to views of it.
+void MapWeightsFromAFile(Module& m) {
+  const std::string path =
+      absl::StrCat(getenv("TMPDIR") != nullptr ? getenv("TMPDIR") : "/tmp",
+                   "/forward_bench_weights.", getpid());
+  StateDict sd = m.GetStateDict("", /*keep_vars=*/true);
+  std::vector<size_t> offsets;
+  {
+    std::ofstream out(path, std::ios::binary);
+    size_t offset = 0;
+    for (const auto& item : sd.tensors) {
+      offset = (offset + 63) / 64 * 64;
+      out.seekp(static_cast<std::streamoff>(offset));
+      out.write(static_cast<const char*>(item.value.raw_data()),
+                static_cast<std::streamsize>(item.value.nbytes()));
+      offsets.push_back(offset);
+      offset += item.value.nbytes();
+    }
+  }
+  std::shared_ptr<const MappedFile> file =
+      Check(MappedFile::Open(path), "map " + path);
+  unlink(path.c_str());  // The mapping outlives the name.
+  size_t i = 0;
+  for (const auto& item : sd.tensors) {
+    Tensor t = item.value;
+    std::shared_ptr<Storage> view =
+        Storage::MapSavedBytes(*t.storage(), file, offsets[i++], 0, path);
+    t.SetData(Check(Tensor::FromStorage(t.dtype(), t.shape(), view), "view"));
+  }
+  for (const auto& item : m.GetStateDict("", /*keep_vars=*/true).tensors) {
+    if (!item.value.storage()->read_only()) {
+      std::cerr << "forward_bench: " << item.key << " is not mapped\n";
+      std::exit(1);
+    }
+  }
+}
+
+// The GPT-2-small block, its weights in memory or (`mapped`) mapped from a
+// file written with them, as ModuleRepository hosts saved bytes.
+void Gpt2Block(benchmark::State& state, bool mapped) {
   const int64_t d = g_smoke ? 64 : 768, heads = g_smoke ? 4 : 12, ffn = 4 * d,
                 seq = g_smoke ? 16 : 1024;
   ModuleSpec spec = ModuleSpec::Layer("TransformerEncoderLayer", {d, heads},
@@ -129,6 +177,7 @@ void BM_Gpt2Block(benchmark::State& state) {
                                        {"batch_first", true},
                                        {"norm_first", true}});
   std::shared_ptr<Module> m = BuildLayer(spec);
+  if (mapped) MapWeightsFromAFile(*m);
   Tensor x = Random({1, seq, d}, 3);
   std::vector<double> causal(static_cast<size_t>(seq * seq), 0.0);
   for (int64_t i = 0; i < seq; ++i) {
@@ -149,7 +198,14 @@ void BM_Gpt2Block(benchmark::State& state) {
   state.counters["tokens/s"] = benchmark::Counter(
       static_cast<double>(seq), benchmark::Counter::kIsIterationInvariantRate);
 }
+void BM_Gpt2Block(benchmark::State& state) { Gpt2Block(state, false); }
+void BM_Gpt2BlockMappedWeights(benchmark::State& state) {
+  Gpt2Block(state, true);
+}
 BENCHMARK(BM_Gpt2Block)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Gpt2BlockMappedWeights)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 }  // namespace
 }  // namespace modelstate::bench

@@ -351,6 +351,13 @@ def forward_rows(table, forward, torch_forward):
                   f"PyTorch {torch_forward['torch_version']}, "
                   f"{torch_forward['threads']} thread(s): {fmt_s(theirs)}",
                   f"{ours / theirs:.2f}x", "<= 1.0x", ours <= theirs)
+    mapped = forward.get("BM_Gpt2BlockMappedWeights")
+    if block and mapped:
+        ours, theirs = seconds(mapped), seconds(block)
+        table.add("  the same block, its weights mapped from a data file (as "
+                  "after a restart, or with --map_saved_bytes)", fmt_s(ours),
+                  f"weights in the process's own memory {fmt_s(theirs)}",
+                  f"{ours / theirs:.2f}x", "(breakdown)", None)
 
 
 def python_rows(table, p):
