@@ -250,6 +250,9 @@ absl::Status StagedStateDict::CopyInto(const std::string& key, Tensor& target) {
         absl::StrCat("The size of tensor a (", count,
                      ") must match the size of tensor b (", available, ")"));
   }
+  // A tensor without storage (meta) takes no bytes, and it is no copy of
+  // the file's entry.
+  if (!target.device().has_storage()) return absl::OkStatus();
   if (e->dtype == target.dtype()) {
     // Read straight into the target (an accelerator's: into its staging
     // buffers), with no host copy between.

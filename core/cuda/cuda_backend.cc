@@ -35,9 +35,6 @@ namespace {
 constexpr int kSlots = 2;
 constexpr size_t kSlotBytes = size_t{4} << 20;
 static_assert(kSlotBytes % DeviceBackend::kStagingGranule == 0);
-// Each worker gets a piece at least: a thread starts in tens of
-// microseconds, a piece takes hundreds to fill.
-constexpr size_t kMinPiecesPerWorker = 1;
 // Without a stated number: as many staging threads as this, or the
 // machine's hardware threads if fewer. On an H200's 16-CPU host, 8 threads
 // staged 44.7 GB/s of the link's 55 and 16 no more (BENCHMARKS.md, CUDA).
@@ -318,8 +315,10 @@ class CudaBackend : public DeviceBackend {
       int32_t index, size_t nbytes,
       absl::FunctionRef<absl::Status(Lane&, PieceCursor&)> work) const {
     const size_t pieces = (nbytes + kSlotBytes - 1) / kSlotBytes;
-    const size_t workers = std::clamp<size_t>(
-        pieces / kMinPiecesPerWorker, 1, static_cast<size_t>(staging_threads_));
+    // Up to one worker per piece: a thread starts in tens of microseconds,
+    // a piece takes hundreds to fill.
+    const size_t workers =
+        std::clamp<size_t>(pieces, 1, static_cast<size_t>(staging_threads_));
     PieceCursor cursor(pieces);
     auto run = [&] {
       ScopedDevice device(index);
