@@ -1,9 +1,12 @@
 #include "base/shared_memory.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -175,6 +178,159 @@ bool SharedRing::WaitForSlot(uint64_t chunk, absl::Duration timeout,
     absl::SleepFor(absl::Microseconds(20));
   }
   return true;
+}
+
+namespace {
+// The header page: `consumed` at 0, the direct table's answer at 8.
+constexpr size_t kDirectTableOffset = 8;
+}  // namespace
+
+uint64_t SharedRing::direct_table() const {
+  return __atomic_load_n(
+      reinterpret_cast<const uint64_t*>(region_.data() + kDirectTableOffset),
+      __ATOMIC_ACQUIRE);
+}
+
+void SharedRing::ResetDirectTable() {
+  __atomic_store_n(
+      reinterpret_cast<uint64_t*>(region_.data() + kDirectTableOffset), 0,
+      __ATOMIC_RELEASE);
+}
+
+void SharedRing::DeclineDirectTable() {
+  __atomic_store_n(
+      reinterpret_cast<uint64_t*>(region_.data() + kDirectTableOffset),
+      kDirectTableDeclined, __ATOMIC_RELEASE);
+}
+
+bool SharedRing::OfferDirectTable(const std::vector<DirectTarget>& targets) {
+  if (targets.empty() ||
+      targets.size() > uint64_t{slots_} * slot_bytes_ / sizeof(DirectTarget)) {
+    DeclineDirectTable();
+    return false;
+  }
+  char* out = region_.data() + kRingHeaderBytes;
+  for (const DirectTarget& target : targets) {
+    // Little endian, as `consumed`.
+    std::memcpy(out, &target.address, 8);
+    std::memcpy(out + 8, &target.length, 8);
+    out += sizeof(DirectTarget);
+  }
+  __atomic_store_n(
+      reinterpret_cast<uint64_t*>(region_.data() + kDirectTableOffset),
+      uint64_t{targets.size()}, __ATOMIC_RELEASE);
+  return true;
+}
+
+absl::StatusOr<std::optional<std::vector<DirectTarget>>>
+SharedRing::AwaitDirectTable(absl::Duration timeout,
+                             absl::FunctionRef<bool()> cancelled,
+                             absl::string_view field) const {
+  const absl::Time deadline = absl::Now() + timeout;
+  uint64_t count = direct_table();
+  while (count == 0) {
+    if (cancelled()) return absl::CancelledError("client cancelled");
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(field, ": the client wrote no direct table within ",
+                       absl::FormatDuration(timeout)));
+    }
+    absl::SleepFor(absl::Microseconds(20));
+    count = direct_table();
+  }
+  if (count == kDirectTableDeclined) return std::nullopt;
+  const uint64_t room = uint64_t{slots_} * slot_bytes_ / sizeof(DirectTarget);
+  if (count > room) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": a direct table of ", count,
+                     " entries; the ring's slots hold at most ", room));
+  }
+  std::vector<DirectTarget> targets(count);
+  const char* in = region_.data() + kRingHeaderBytes;
+  for (DirectTarget& target : targets) {
+    std::memcpy(&target.address, in, 8);
+    std::memcpy(&target.length, in + 8, 8);
+    in += sizeof(DirectTarget);
+  }
+  return targets;
+}
+
+absl::StatusOr<std::unique_ptr<PeerMemory>> PeerMemory::OfConnection(
+    int socket) {
+  ucred credentials{};
+  socklen_t size = sizeof(credentials);
+  if (getsockopt(socket, SOL_SOCKET, SO_PEERCRED, &credentials, &size) != 0) {
+    return SocketError(errno, "SO_PEERCRED");
+  }
+  if (credentials.pid <= 0) {
+    return absl::UnavailableError(
+        "shared memory socket: the peer's process is not visible here");
+  }
+  // A pidfd pins the identity: once the peer exits it turns readable, so a
+  // recycled pid is never written to.
+  ScopedFd pidfd(static_cast<int>(syscall(SYS_pidfd_open, credentials.pid, 0)));
+  if (pidfd.get() < 0) return SocketError(errno, "pidfd_open");
+  auto peer = std::unique_ptr<PeerMemory>(
+      new PeerMemory(credentials.pid, std::move(pidfd)));
+  // The pid was read when the peer connected; it is still that process if
+  // it has not exited since (checked after the pidfd was opened).
+  pollfd hangup{socket, POLLRDHUP, 0};
+  if (poll(&hangup, 1, 0) > 0 && (hangup.revents & (POLLRDHUP | POLLHUP))) {
+    return absl::UnavailableError("shared memory socket: the peer went away");
+  }
+  MODELSTATE_RETURN_IF_ERROR(peer->CheckAlive());
+  return peer;
+}
+
+absl::Status PeerMemory::CheckAlive() const {
+  pollfd exited{pidfd_.get(), POLLIN, 0};
+  if (poll(&exited, 1, 0) != 0) {
+    return absl::UnavailableError("the client's process exited");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PeerMemory::Failure(int error, absl::string_view what) const {
+  switch (error) {
+    case EPERM:
+    case ENOSYS:
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": this process may not write the client's memory: ",
+          std::strerror(error)));
+    case ESRCH:
+      return absl::UnavailableError("the client's process exited");
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": not the client's memory: ", std::strerror(error)));
+  }
+}
+
+absl::Status PeerMemory::Probe(uint64_t address) const {
+  char byte = 0;
+  iovec local{&byte, 1};
+  iovec remote{reinterpret_cast<void*>(address), 1};
+  if (process_vm_readv(pid_, &local, 1, &remote, 1, 0) != 1) {
+    return Failure(errno, "direct table");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PeerMemory::Write(absl::string_view bytes,
+                               uint64_t address) const {
+  while (!bytes.empty()) {
+    iovec local{const_cast<char*>(bytes.data()), bytes.size()};
+    iovec remote{reinterpret_cast<void*>(address), bytes.size()};
+    const ssize_t n = process_vm_writev(pid_, &local, 1, &remote, 1, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Failure(errno, "direct table");
+    }
+    // A partial write stops at a page the peer does not have.
+    if (n == 0) return Failure(EFAULT, "direct table");
+    bytes.remove_prefix(static_cast<size_t>(n));
+    address += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<RingRegistration> RegisterRing(const std::string& socket_path,

@@ -10,6 +10,11 @@
 // memfd and socket primitives, and the client's half of the registration. The
 // server's half is server/shared_memory_exchange.h.
 //
+// A GetStateDict may skip the ring's extra copy: the client lists, in the
+// ring, where each entry's bytes go in its own memory (a direct table),
+// and the server writes them there itself (process_vm_writev, through
+// PeerMemory), the one copy a receive into new tensors needs.
+//
 // Example (a client):
 //   MODELSTATE_ASSIGN_OR_RETURN(std::unique_ptr<SharedRing> ring,
 //                               SharedRing::Create(4, 8 << 20));
@@ -24,7 +29,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
@@ -46,6 +53,16 @@ inline constexpr uint32_t kMinRingSlots = 2;
 inline constexpr uint32_t kMaxRingSlots = 64;
 inline constexpr uint64_t kMaxRingSlotBytes = uint64_t{64} << 20;
 inline constexpr uint64_t kMaxRingBytes = uint64_t{256} << 20;
+
+// A direct table answer meaning "send through the ring slots instead".
+inline constexpr uint64_t kDirectTableDeclined = ~uint64_t{0};
+
+// One entry of a direct table: where the entry's bytes go in the client's
+// memory, and how many there are (the header's byte_length).
+struct DirectTarget {
+  uint64_t address = 0;
+  uint64_t length = 0;
+};
 
 // A mapping, unmapped on destruction. Movable.
 class MappedRegion {
@@ -99,6 +116,26 @@ class SharedRing {
   bool WaitForSlot(uint64_t chunk, absl::Duration timeout,
                    absl::FunctionRef<bool()> cancelled) const;
 
+  // The direct table's answer (acquire): 0 while the client has not
+  // answered, kDirectTableDeclined, or the number of DirectTargets it wrote
+  // from the first slot on.
+  uint64_t direct_table() const;
+  // The client's side: writes `targets` and answers with their number
+  // (release), or answers kDirectTableDeclined when they do not fit in the
+  // slots (false then).
+  bool OfferDirectTable(const std::vector<DirectTarget>& targets);
+  void DeclineDirectTable();
+  // The server's side: waits for the answer as WaitForSlot does; the
+  // targets (copied out of the ring, so that the client cannot change them
+  // after they are checked), or nullopt when the client declined.
+  // DEADLINE_EXCEEDED / CANCELLED when no answer came; INVALID_ARGUMENT
+  // naming `field` for an answer larger than the slots.
+  absl::StatusOr<std::optional<std::vector<DirectTarget>>> AwaitDirectTable(
+      absl::Duration timeout, absl::FunctionRef<bool()> cancelled,
+      absl::string_view field) const;
+  // Both: 0 again, before a call that may use a table.
+  void ResetDirectTable();
+
  private:
   SharedRing(ScopedFd fd, MappedRegion region, uint32_t slots,
              uint64_t slot_bytes)
@@ -111,6 +148,36 @@ class SharedRing {
   MappedRegion region_;
   uint32_t slots_;
   uint64_t slot_bytes_;
+};
+
+// A process on this host whose memory this one may write (the peer of a
+// Unix-domain connection, found by SO_PEERCRED), as a debugger could: the
+// kernel allows it for a process of the same user that has not forbidden
+// it (Yama's ptrace_scope 0, or a client that named this process with
+// PR_SET_PTRACER), and refuses otherwise. Thread-compatible.
+class PeerMemory {
+ public:
+  // The connection's peer: UNAVAILABLE when the kernel does not name it
+  // (a peer in a PID namespace this process cannot see) or it is gone.
+  static absl::StatusOr<std::unique_ptr<PeerMemory>> OfConnection(int socket);
+
+  // Whether this process may write the peer's memory at `address`: reads
+  // one byte there. FAILED_PRECONDITION when the kernel refuses (the caller
+  // then sends the bytes another way), UNAVAILABLE when the peer exited,
+  // INVALID_ARGUMENT when the address is not the peer's memory.
+  absl::Status Probe(uint64_t address) const;
+  // Writes `bytes` at `address` in the peer; the same errors as Probe.
+  absl::Status Write(absl::string_view bytes, uint64_t address) const;
+  // UNAVAILABLE once the peer has exited (its pid could then name another
+  // process).
+  absl::Status CheckAlive() const;
+
+ private:
+  PeerMemory(int pid, ScopedFd pidfd) : pid_(pid), pidfd_(std::move(pidfd)) {}
+  absl::Status Failure(int error, absl::string_view what) const;
+
+  const int pid_;
+  const ScopedFd pidfd_;  // readable once the peer exits
 };
 
 // A ring registered on the server's socket: the token calls name, and the

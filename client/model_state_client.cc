@@ -32,6 +32,19 @@ absl::Status MemorySink::Append(absl::string_view bytes) {
   return assembler_->Append(bytes);
 }
 
+std::vector<absl::Span<char>> MemorySink::Destinations() {
+  if (assembler_ == nullptr) return {};
+  absl::StatusOr<std::vector<absl::Span<char>>> where = assembler_->PlaceAll();
+  return where.ok() ? *std::move(where) : std::vector<absl::Span<char>>();
+}
+
+absl::Status MemorySink::Placed(uint64_t n) { return assembler_->Placed(n); }
+
+absl::Status StateDictSink::Placed(uint64_t) {
+  return absl::InternalError(
+      "server wrote into memory this sink did not offer");
+}
+
 absl::Status MemorySink::Finish() {
   MODELSTATE_ASSIGN_OR_RETURN(result_, assembler_->Finish());
   return absl::OkStatus();
@@ -309,6 +322,7 @@ class ModelStateClient::RingUse {
   RingUse(ModelStateClient& client, SharedRing& ring, std::string token)
       : client_(client), ring_(ring), token_(std::move(token)) {
     ring_.set_consumed(0);
+    ring_.ResetDirectTable();
   }
   ~RingUse() {
     MutexLock lock(&client_.ring_mu_);
@@ -391,6 +405,9 @@ absl::Status ModelStateClient::Fetch(absl::string_view module,
   v1::GetStateDictRequest request = GetStateDictRequestFor(module, options);
   std::unique_ptr<RingUse> ring = options.metadata_only ? nullptr : UseRing();
   if (ring != nullptr) request.set_shared_memory_ring(ring->token());
+  const bool direct = ring != nullptr && options_.shared_memory_direct;
+  request.set_shared_memory_direct(direct);
+  bool offered = false;  // the server may write into sink.Destinations()
   std::unique_ptr<grpc::ClientContext> context =
       NewContext(options_.transfer_timeout);
   std::unique_ptr<grpc::ClientReader<v1::StateDictChunk>> reader =
@@ -408,6 +425,8 @@ absl::Status ModelStateClient::Fetch(absl::string_view module,
       failure = layout.ok() ? sink.Begin(*layout) : layout.status();
       total = layout.ok() ? layout->total_bytes : 0;
       began = true;
+      if (direct && failure.ok())
+        offered = OfferDestinations(ring->ring(), sink);
     } else if (chunk.payload_case() == v1::StateDictChunk::kData && began) {
       failure = sink.Append(chunk.data());
       done += chunk.data().size();
@@ -419,6 +438,11 @@ absl::Status ModelStateClient::Fetch(absl::string_view module,
                                               chunk.ring_bytes()));
       ring->ring().set_consumed(++ring_chunks);
       done += chunk.ring_bytes();
+      if (options.progress) options.progress(done, total);
+    } else if (chunk.payload_case() == v1::StateDictChunk::kDirectBytes &&
+               offered) {
+      failure = sink.Placed(chunk.direct_bytes());
+      done += chunk.direct_bytes();
       if (options.progress) options.progress(done, total);
     } else {
       failure =
@@ -442,6 +466,15 @@ absl::Status ModelStateClient::Fetch(absl::string_view module,
   if (!began) return absl::InternalError("server sent no state_dict header");
   if (options.metadata_only) return absl::OkStatus();
   return sink.Finish();
+}
+
+bool ModelStateClient::OfferDestinations(SharedRing& ring,
+                                         StateDictSink& sink) {
+  std::vector<DirectTarget> table;
+  for (absl::Span<char> where : sink.Destinations()) {
+    table.push_back({reinterpret_cast<uintptr_t>(where.data()), where.size()});
+  }
+  return ring.OfferDirectTable(table);
 }
 
 absl::StatusOr<StateDict> ModelStateClient::GetStateDict(

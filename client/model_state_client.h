@@ -39,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "base/shared_memory.h"
 #include "base/sync.h"
 #include "core/module.h"
@@ -66,6 +67,12 @@ struct ClientOptions {
   // turns it off as well. One transfer at a time uses the ring; others
   // that overlap it use data messages.
   bool shared_memory = true;
+  // With the ring, a GetStateDict into memory (MemorySink) lets the server
+  // write the bytes straight into the new tensors, one copy instead of the
+  // ring's two; it falls back to the ring's slots where the kernel does not
+  // let the server write this process's memory (another user, Yama's
+  // ptrace_scope above 0 without PR_SET_PTRACER naming the server).
+  bool shared_memory_direct = true;
   uint32_t ring_slots = 4;
   uint64_t ring_slot_bytes = 8 << 20;
 };
@@ -74,13 +81,20 @@ struct ClientOptions {
 using ProgressFn = std::function<void(uint64_t, uint64_t)>;
 
 // Receives a streamed state_dict: Begin once, Append the bytes in order,
-// then Finish.
+// then Finish. A sink that keeps the bytes in memory of its own may offer
+// it (Destinations) to a server on this host, which then writes there
+// itself and reports each stretch with Placed instead of Append.
 class StateDictSink {
  public:
   virtual ~StateDictSink() = default;
   virtual absl::Status Begin(const StateDictLayout& layout) = 0;
   virtual absl::Status Append(absl::string_view bytes) = 0;
   virtual absl::Status Finish() = 0;
+  // After Begin: where each entry's bytes go, in layout order; empty (the
+  // default) when the sink has no such memory.
+  virtual std::vector<absl::Span<char>> Destinations() { return {}; }
+  // The next `n` bytes are in Destinations() already.
+  virtual absl::Status Placed(uint64_t n);
 };
 
 // Provides a state_dict to stream.
@@ -100,6 +114,8 @@ class MemorySink : public StateDictSink {
   absl::Status Begin(const StateDictLayout& layout) override;
   absl::Status Append(absl::string_view bytes) override;
   absl::Status Finish() override;
+  std::vector<absl::Span<char>> Destinations() override;
+  absl::Status Placed(uint64_t n) override;
   // The result, after Finish.
   StateDict& state_dict() { return result_; }
 
@@ -301,6 +317,9 @@ class ModelStateClient {
   // the server is elsewhere, offers none, or another transfer has it.
   class RingUse;
   std::unique_ptr<RingUse> UseRing();
+  // Writes the sink's Destinations into the ring as its direct table, or
+  // declines there (false) when it has none or they do not fit.
+  static bool OfferDestinations(SharedRing& ring, StateDictSink& sink);
   // GetStateDict, which registers the ring again and retries once when the
   // server no longer knows it and `may_register_again`.
   absl::Status Fetch(absl::string_view module,

@@ -82,15 +82,37 @@ void StateDictReader::PrefetchNextDeviceEntry() {
 
 absl::StatusOr<size_t> StateDictReader::Read(size_t max_bytes,
                                              std::string* out) {
-  return ReadWith(
-      max_bytes, [out](const char* bytes, size_t n) { out->append(bytes, n); });
+  return ReadWith(max_bytes, [out](const char* bytes, size_t n) {
+    out->append(bytes, n);
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<size_t> StateDictReader::ReadInto(size_t max_bytes, char* out) {
   return ReadWith(max_bytes, [&out](const char* bytes, size_t n) {
     std::memcpy(out, bytes, n);
     out += n;
+    return absl::OkStatus();
   });
+}
+
+absl::StatusOr<size_t> StateDictReader::ReadTo(
+    size_t max_bytes,
+    absl::FunctionRef<absl::Status(absl::string_view piece)> take) {
+  return ReadWith(max_bytes, [take](const char* bytes, size_t n) {
+    return take(absl::string_view(bytes, n));
+  });
+}
+
+std::pair<size_t, uint64_t> StateDictReader::NextByte() const {
+  size_t entry = entry_;
+  uint64_t offset = entry_offset_;
+  while (entry < layout_.entries.size() &&
+         offset == layout_.entries[entry].nbytes) {
+    ++entry;
+    offset = 0;
+  }
+  return {entry, offset};
 }
 
 template <typename Emit>
@@ -125,7 +147,7 @@ absl::StatusOr<size_t> StateDictReader::ReadWith(size_t max_bytes, Emit emit) {
         src = bytes.data();
         n = bytes.size();
       }
-      emit(src, n);
+      MODELSTATE_RETURN_IF_ERROR(emit(src, n));
     } else {
       // Convert the whole elements covering [entry_offset_, +n) through a
       // small buffer, so that a chunk may end in the middle of an element.
@@ -147,7 +169,8 @@ absl::StatusOr<size_t> StateDictReader::ReadWith(size_t max_bytes, Emit emit) {
       std::string converted((last - first) * out_es, '\0');
       ConvertElements(src, t.dtype(), converted.data(), e.dtype,
                       static_cast<int64_t>(last - first));
-      emit(converted.data() + (entry_offset_ - first * out_es), n);
+      MODELSTATE_RETURN_IF_ERROR(
+          emit(converted.data() + (entry_offset_ - first * out_es), n));
     }
     entry_offset_ += n;
     produced += n;
@@ -231,7 +254,11 @@ absl::StatusOr<std::unique_ptr<StateDictAssembler>> StateDictAssembler::Create(
 
 absl::Status StateDictAssembler::StartEntry() {
   const StateDictLayoutEntry& e = layout_.entries[entry_];
-  MODELSTATE_ASSIGN_OR_RETURN(current_, Tensor::Empty(e.dtype, e.shape));
+  if (placed_.empty()) {
+    MODELSTATE_ASSIGN_OR_RETURN(current_, Tensor::Empty(e.dtype, e.shape));
+  } else {
+    current_ = std::move(placed_[entry_]);
+  }
   MODELSTATE_ASSIGN_OR_RETURN(void* data, current_.MutableDataForOverwrite());
   current_data_ = static_cast<char*>(data);
   entry_offset_ = 0;
@@ -239,22 +266,59 @@ absl::Status StateDictAssembler::StartEntry() {
 }
 
 absl::Status StateDictAssembler::Append(absl::string_view bytes) {
-  if (bytes.size() > layout_.total_bytes - received_) {
+  return Consume(bytes.data(), bytes.size());
+}
+
+absl::StatusOr<std::vector<absl::Span<char>>> StateDictAssembler::PlaceAll() {
+  if (received_ > 0 || current_.defined() || !placed_.empty()) {
+    return absl::FailedPreconditionError(
+        "PlaceAll: bytes were received already");
+  }
+  std::vector<absl::Span<char>> where;
+  where.reserve(layout_.entries.size());
+  // Kept only when every entry has its tensor: on failure, Append still
+  // makes them one at a time.
+  std::vector<Tensor> placed;
+  placed.reserve(layout_.entries.size());
+  const ScopedBatchedPrefault batch;
+  for (const StateDictLayoutEntry& e : layout_.entries) {
+    MODELSTATE_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(e.dtype, e.shape));
+    MODELSTATE_ASSIGN_OR_RETURN(void* data, t.MutableDataForOverwrite());
+    where.emplace_back(static_cast<char*>(data), e.nbytes);
+    placed.push_back(std::move(t));
+  }
+  placed_ = std::move(placed);
+  return where;
+}
+
+absl::Status StateDictAssembler::Placed(uint64_t n) {
+  if (placed_.empty() && n > 0) {
+    return absl::FailedPreconditionError(
+        "Placed: no entry's memory was handed out (PlaceAll)");
+  }
+  return Consume(nullptr, n);
+}
+
+absl::Status StateDictAssembler::Consume(const char* bytes, uint64_t size) {
+  if (size > layout_.total_bytes - received_) {
     return absl::InvalidArgumentError(
         absl::StrCat("data: received more than the ", layout_.total_bytes,
                      " bytes the header declares"));
   }
-  while (!bytes.empty() ||
+  while (size > 0 ||
          (entry_ < layout_.entries.size() &&
           layout_.entries[entry_].nbytes == 0 && !current_.defined())) {
     if (!current_.defined()) MODELSTATE_RETURN_IF_ERROR(StartEntry());
     const StateDictLayoutEntry& e = layout_.entries[entry_];
-    size_t n = static_cast<size_t>(
-        std::min<uint64_t>(bytes.size(), e.nbytes - entry_offset_));
-    if (n > 0) std::memcpy(current_data_ + entry_offset_, bytes.data(), n);
+    size_t n =
+        static_cast<size_t>(std::min<uint64_t>(size, e.nbytes - entry_offset_));
+    if (n > 0 && bytes != nullptr) {
+      std::memcpy(current_data_ + entry_offset_, bytes, n);
+      bytes += n;
+    }
     entry_offset_ += n;
     received_ += n;
-    bytes.remove_prefix(n);
+    size -= n;
     if (entry_offset_ == e.nbytes) {
       result_.tensors.Set(e.key, std::move(current_));
       current_ = Tensor();

@@ -33,9 +33,11 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "core/device_reader.h"
 #include "core/hooks.h"
 #include "core/module.h"
@@ -89,6 +91,15 @@ class StateDictReader {
   absl::StatusOr<size_t> Read(size_t max_bytes, std::string* out);
   // Like Read, into `out`, which has room for `max_bytes`.
   absl::StatusOr<size_t> ReadInto(size_t max_bytes, char* out);
+  // Like Read, handing each piece to `take` instead (never across entries;
+  // valid only during the call). A piece `take` fails is not read: its
+  // error is returned.
+  absl::StatusOr<size_t> ReadTo(
+      size_t max_bytes,
+      absl::FunctionRef<absl::Status(absl::string_view piece)> take);
+  // The entry the next byte belongs to, and how far into it (skipping
+  // entries with no bytes); meaningless once remaining() is 0.
+  std::pair<size_t, uint64_t> NextByte() const;
 
   // Bytes still to come.
   uint64_t remaining() const { return layout_.total_bytes - position_; }
@@ -132,6 +143,13 @@ class StateDictAssembler {
   // Consumes the next bytes of the stream. INVALID_ARGUMENT when more bytes
   // arrive than the layout declares.
   absl::Status Append(absl::string_view bytes);
+  // Before the first Append: makes every entry's tensor now and says where
+  // each one's bytes go, in layout order, for a writer that puts them there
+  // itself (see Placed). FAILED_PRECONDITION once bytes arrived.
+  absl::StatusOr<std::vector<absl::Span<char>>> PlaceAll();
+  // The next `n` bytes of the stream were written where PlaceAll said.
+  // FAILED_PRECONDITION without PlaceAll; INVALID_ARGUMENT as Append.
+  absl::Status Placed(uint64_t n);
   // The StateDict, once exactly total_bytes arrived; INVALID_ARGUMENT saying
   // how many bytes are missing otherwise.
   absl::StatusOr<StateDict> Finish();
@@ -141,6 +159,9 @@ class StateDictAssembler {
  private:
   StateDictAssembler() = default;
   absl::Status StartEntry();
+  // Append's and Placed's work: `bytes` copied in, or taken as written when
+  // null.
+  absl::Status Consume(const char* bytes, uint64_t n);
 
   StateDictLayout layout_;
   StateDict result_;
@@ -149,6 +170,8 @@ class StateDictAssembler {
   uint64_t received_ = 0;
   Tensor current_;
   char* current_data_ = nullptr;
+  // PlaceAll's tensors, taken in turn by StartEntry.
+  std::vector<Tensor> placed_;
 };
 
 // The layout of a snapshot (no target dtype).

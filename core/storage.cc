@@ -170,6 +170,11 @@ Unmapper& Unmaps() {
 }
 
 // `nbytes` of fresh zero pages, or nullptr.
+// The mappings made under a ScopedBatchedPrefault on this thread, to be
+// faulted in when the outermost one ends; null outside any.
+thread_local std::vector<std::pair<void*, size_t>>* batched_prefaults = nullptr;
+thread_local int batched_prefault_scopes = 0;
+
 void* MapAnonymous(size_t nbytes) {
   const bool huge = nbytes >= kHugePageThreshold;
   const size_t length = huge ? nbytes + kHugePage : nbytes;
@@ -185,7 +190,11 @@ void* MapAnonymous(size_t nbytes) {
   if (start + length > end)
     munmap(reinterpret_cast<void*>(end), start + length - end);
   madvise(reinterpret_cast<void*>(aligned), nbytes, MADV_HUGEPAGE);
-  Prefaults().Add(reinterpret_cast<void*>(aligned), nbytes);
+  if (batched_prefaults != nullptr) {
+    batched_prefaults->push_back({reinterpret_cast<void*>(aligned), nbytes});
+  } else {
+    Prefaults().Add(reinterpret_cast<void*>(aligned), nbytes);
+  }
   return reinterpret_cast<void*>(aligned);
 }
 
@@ -296,6 +305,19 @@ void Storage::ShrinkTo(size_t nbytes) {
 
 ScopedStorageReuse::ScopedStorageReuse() { ++reuse_scopes; }
 ScopedStorageReuse::~ScopedStorageReuse() { --reuse_scopes; }
+
+ScopedBatchedPrefault::ScopedBatchedPrefault() {
+  if (batched_prefault_scopes++ == 0) {
+    batched_prefaults = new std::vector<std::pair<void*, size_t>>();
+  }
+}
+
+ScopedBatchedPrefault::~ScopedBatchedPrefault() {
+  if (--batched_prefault_scopes > 0) return;
+  std::unique_ptr<std::vector<std::pair<void*, size_t>>> ranges(
+      std::exchange(batched_prefaults, nullptr));
+  for (const auto& [data, nbytes] : *ranges) Prefaults().Add(data, nbytes);
+}
 void ScopedStorageReuse::ReleaseCached() { Cache().Clear(); }
 size_t ScopedStorageReuse::CachedBytes() { return Cache().bytes(); }
 
@@ -423,6 +445,13 @@ Storage::~Storage() {
       std::free(data_);
       break;
     case Owner::kMmap:
+      if (batched_prefaults != nullptr) {
+        // Not to be faulted in once unmapped (the range could be another
+        // mapping's by then).
+        std::erase_if(*batched_prefaults, [this](const auto& range) {
+          return range.first == data_;
+        });
+      }
       Prefaults().Forget(data_);
       if (reusable_) {
         Cache().Put(data_, mapped_bytes_);

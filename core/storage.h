@@ -216,6 +216,20 @@ class ScopedStorageReuse {
   static size_t CachedBytes();
 };
 
+// While one is alive on a thread, the large CPU storages that thread
+// allocates are faulted in (on the background thread that does it) only
+// when the last one ends, all together. Making many mappings while the
+// first ones are being faulted in waits for the faulting at every mapping
+// (both need the process's memory map); a receive that makes every
+// entry's tensor at once (StateDictAssembler::PlaceAll) uses it. Nests.
+class ScopedBatchedPrefault {
+ public:
+  ScopedBatchedPrefault();
+  ~ScopedBatchedPrefault();
+  ScopedBatchedPrefault(const ScopedBatchedPrefault&) = delete;
+  ScopedBatchedPrefault& operator=(const ScopedBatchedPrefault&) = delete;
+};
+
 // Copies `nbytes` between two storages' memory on any devices.
 absl::Status CopyBytes(const Device& dst_device, void* dst,
                        const Device& src_device, const void* src,

@@ -67,15 +67,92 @@ absl::Status RingStalled() {
                    absl::FormatDuration(kRingWait)));
 }
 
-// The header, then the bytes through `ring`, a slot at a time, each
-// announced by a ring_bytes message once it is written.
+// Each stretch of the stream written where the client's direct `table`
+// says, in `peer`'s memory, and announced by a direct_bytes message.
+absl::Status SendStateDictDirect(grpc::ServerContext* context,
+                                 StateDictReader& reader,
+                                 const std::vector<DirectTarget>& table,
+                                 const PeerMemory& peer, ChunkWriter* writer) {
+  // Big enough that announcing a stretch costs nothing, small enough that
+  // progress and a cancelled call are seen within tens of milliseconds.
+  constexpr size_t kStretchBytes = 64 << 20;
+  const std::vector<StateDictLayoutEntry>& entries = reader.layout().entries;
+  v1::StateDictChunk message;
+  while (reader.remaining() > 0) {
+    if (context->IsCancelled()) return ClientWentAway();
+    MODELSTATE_RETURN_IF_ERROR(peer.CheckAlive());
+    MODELSTATE_ASSIGN_OR_RETURN(
+        size_t n, reader.ReadTo(kStretchBytes, [&](absl::string_view piece) {
+          const auto [entry, offset] = reader.NextByte();
+          absl::Status written =
+              peer.Write(piece, table[entry].address + offset);
+          if (written.ok()) return written;
+          return absl::Status(
+              written.code(),
+              absl::StrCat("shared_memory_direct: entry '", entries[entry].key,
+                           "': ", written.message()));
+        }));
+    message.set_direct_bytes(n);
+    if (!writer->Write(message)) return ClientWentAway();
+  }
+  return absl::OkStatus();
+}
+
+// Whether the client's direct `table` may be written: one target per entry,
+// each as long as its entry, and the kernel lets this process write there
+// (FAILED_PRECONDITION when it does not: the slots then).
+absl::Status CheckDirectTable(const StateDictLayout& layout,
+                              const std::vector<DirectTarget>& table,
+                              const PeerMemory& peer) {
+  if (table.size() != layout.entries.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shared_memory_direct: the direct table has ", table.size(),
+        " entries; the header has ", layout.entries.size()));
+  }
+  const DirectTarget* first = nullptr;
+  for (size_t i = 0; i < table.size(); ++i) {
+    const DirectTarget& target = table[i];
+    if (target.length != layout.entries[i].nbytes ||
+        target.address > ~uint64_t{0} - target.length) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shared_memory_direct: entry '", layout.entries[i].key,
+                       "' has ", target.length, " bytes at ", target.address,
+                       "; the header says ", layout.entries[i].nbytes));
+    }
+    if (first == nullptr && target.length > 0) first = &target;
+  }
+  return first == nullptr ? absl::OkStatus() : peer.Probe(first->address);
+}
+
+// The header, then the bytes: straight into the client's memory when it
+// offered a direct table (`direct`) and may be written, otherwise through
+// `ring`, a slot at a time, each announced by a ring_bytes message once it
+// is written.
 absl::Status SendStateDictThroughRing(grpc::ServerContext* context,
                                       StateDictDownload& download,
-                                      SharedRing& ring, ChunkWriter* writer) {
+                                      const SharedMemoryExchange::Lease& lease,
+                                      bool direct, ChunkWriter* writer) {
   StateDictReader& reader = *download.reader;
+  SharedRing& ring = lease.ring();
   v1::StateDictChunk message;
   convert::LayoutToHeader(reader.layout(), message.mutable_header());
   if (!writer->Write(message)) return ClientWentAway();
+  if (direct) {
+    MODELSTATE_ASSIGN_OR_RETURN(
+        std::optional<std::vector<DirectTarget>> table,
+        ring.AwaitDirectTable(
+            kRingWait, [&] { return context->IsCancelled(); },
+            "shared_memory_direct"));
+    if (table.has_value() && lease.peer() != nullptr) {
+      absl::Status writable =
+          CheckDirectTable(reader.layout(), *table, *lease.peer());
+      if (writable.ok()) {
+        return SendStateDictDirect(context, reader, *table, *lease.peer(),
+                                   writer);
+      }
+      if (!absl::IsFailedPrecondition(writable)) return writable;
+    }
+  }
   for (uint64_t chunk = 0; reader.remaining() > 0; ++chunk) {
     if (!ring.WaitForSlot(chunk, kRingWait,
                           [&] { return context->IsCancelled(); })) {
@@ -631,8 +708,8 @@ grpc::Status ModelStateServiceImpl::GetStateDict(
         MODELSTATE_ASSIGN_OR_RETURN(
             SharedMemoryExchange::Lease lease,
             LendRing(request->shared_memory_ring(), "shared_memory_ring"));
-        MODELSTATE_RETURN_IF_ERROR(
-            SendStateDictThroughRing(context, download, lease.ring(), writer));
+        MODELSTATE_RETURN_IF_ERROR(SendStateDictThroughRing(
+            context, download, lease, request->shared_memory_direct(), writer));
         CountSharedBytes("get", download.reader->layout().total_bytes);
         return absl::OkStatus();
       });

@@ -386,7 +386,8 @@ absl::Status Server::OpenSharedMemory() {
       SharedMemoryExchange::Start(
           {.socket_path =
                chosen ? config_.shm_socket
-                      : data_dir::SharedMemorySocketPath(config_.data_dir)});
+                      : data_dir::SharedMemorySocketPath(config_.data_dir),
+           .direct_writes = config_.shared_memory_direct});
   if (!exchange.ok() && chosen) {
     return StartError("cannot open the shared memory socket: ",
                       exchange.status());

@@ -118,6 +118,11 @@ struct ServerConfig {
   // forwarded to another host.
   bool shared_memory = true;
   std::string shm_socket;
+  // With shared memory, a GetStateDict may write the bytes straight into
+  // the memory of a client that offers it (base/shared_memory.h's direct
+  // table), where the kernel lets this process; off: through the ring's
+  // slots only.
+  bool shared_memory_direct = true;
   // How often the scrub reads every hosted byte mapped from the data
   // directory and checks it against its CRC-32C (service/scrubber.h);
   // zero turns it off.

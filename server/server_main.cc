@@ -182,6 +182,10 @@ ABSL_FLAG(std::string, cluster_key_prefix, "/modelstate/",
 ABSL_FLAG(bool, shared_memory, Defaults().shared_memory,
           "Let clients on this host exchange state_dict bytes as memfds over "
           "a Unix socket instead of gRPC messages (off for cluster members)");
+ABSL_FLAG(bool, shared_memory_direct, Defaults().shared_memory_direct,
+          "With --shared_memory, write a GetStateDict's bytes straight into "
+          "the memory of a client that offers it (one copy, not the ring's "
+          "two), where the kernel allows it (process_vm_writev)");
 ABSL_FLAG(std::string, shm_socket, Defaults().shm_socket,
           "The Unix socket of --shared_memory (\"\": DATA_DIR/shm.sock)");
 ABSL_FLAG(absl::Duration, scrub_interval, Defaults().scrub_interval,
@@ -343,6 +347,7 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
   config.data_dir = absl::GetFlag(FLAGS_data_dir);
   config.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   config.shm_socket = absl::GetFlag(FLAGS_shm_socket);
+  config.shared_memory_direct = absl::GetFlag(FLAGS_shared_memory_direct);
   config.scrub_interval = absl::GetFlag(FLAGS_scrub_interval);
   config.map_saved_bytes = absl::GetFlag(FLAGS_map_saved_bytes);
   config.stream_window_kib = absl::GetFlag(FLAGS_stream_window_kib);

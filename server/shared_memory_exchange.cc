@@ -152,6 +152,10 @@ void SharedMemoryExchange::Register(uint32_t slots, uint32_t slot_bytes,
     return refuse("no random bytes for a token");
   }
   const uint64_t bytes = kRingHeaderBytes + uint64_t{slots} * slot_bytes;
+  // Unknown (another PID namespace, an old kernel): the ring's slots only.
+  absl::StatusOr<std::unique_ptr<PeerMemory>> peer =
+      options_.direct_writes ? PeerMemory::OfConnection(connection.get())
+                             : absl::UnavailableError("direct writes are off");
   MutexLock lock(&mu_);
   if (rings_.size() >= options_.max_rings ||
       ring_bytes_ + bytes > options_.max_ring_bytes) {
@@ -168,7 +172,10 @@ void SharedMemoryExchange::Register(uint32_t slots, uint32_t slot_bytes,
     return;
   }
   ring_bytes_ += bytes;
-  rings_[token] = {*std::move(ring), std::move(connection), bytes, false};
+  rings_[token] = {
+      *std::move(ring),
+      peer.ok() ? std::shared_ptr<const PeerMemory>(*std::move(peer)) : nullptr,
+      std::move(connection), bytes, false};
 }
 
 void SharedMemoryExchange::Forget(const std::string& token) {
@@ -195,7 +202,7 @@ absl::StatusOr<SharedMemoryExchange::Lease> SharedMemoryExchange::Lend(
         absl::StrCat(field, ": another call is using this ring"));
   }
   it->second.lent = true;
-  return Lease(this, it->first, it->second.ring);
+  return Lease(this, it->first, it->second.ring, it->second.peer);
 }
 
 void SharedMemoryExchange::GiveBack(const std::string& token) {

@@ -43,6 +43,9 @@ class SharedMemoryExchange {
     std::string socket_path;
     size_t max_rings = 64;
     uint64_t max_ring_bytes = uint64_t{1} << 30;
+    // Whether a lease names the registering process (Lease::peer), so that
+    // a call may write into its memory.
+    bool direct_writes = true;
   };
 
   // Binds the socket (replacing a stale one at the path) and starts
@@ -62,21 +65,28 @@ class SharedMemoryExchange {
     Lease(Lease&& other) noexcept
         : exchange_(std::exchange(other.exchange_, nullptr)),
           token_(std::move(other.token_)),
-          ring_(std::move(other.ring_)) {}
+          ring_(std::move(other.ring_)),
+          peer_(std::move(other.peer_)) {}
     Lease& operator=(Lease&&) = delete;
     ~Lease();
     SharedRing& ring() const { return *ring_; }
+    // The process that registered the ring, for direct writes; null when
+    // the kernel did not name it.
+    const PeerMemory* peer() const { return peer_.get(); }
 
    private:
     friend class SharedMemoryExchange;
     Lease(SharedMemoryExchange* exchange, std::string token,
-          std::shared_ptr<SharedRing> ring)
+          std::shared_ptr<SharedRing> ring,
+          std::shared_ptr<const PeerMemory> peer)
         : exchange_(exchange),
           token_(std::move(token)),
-          ring_(std::move(ring)) {}
+          ring_(std::move(ring)),
+          peer_(std::move(peer)) {}
     SharedMemoryExchange* exchange_;
     std::string token_;
     std::shared_ptr<SharedRing> ring_;
+    std::shared_ptr<const PeerMemory> peer_;
   };
   // The ring registered under `token`: INVALID_ARGUMENT naming `field` for
   // a token unknown (or whose registration ended: register again),
@@ -86,6 +96,7 @@ class SharedMemoryExchange {
  private:
   struct Registered {
     std::shared_ptr<SharedRing> ring;
+    std::shared_ptr<const PeerMemory> peer;  // null: unknown
     ScopedFd connection;  // the registration's: its end forgets the ring
     uint64_t bytes = 0;
     bool lent = false;

@@ -6,13 +6,18 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -114,6 +119,105 @@ TEST(SharedRingTest, AProducerWaitsForAFullRingAndGivesUp) {
   (*ring)->set_consumed(1);
   EXPECT_TRUE(
       (*ring)->WaitForSlot(2, absl::ZeroDuration(), [] { return false; }));
+}
+
+TEST(SharedRingTest, ADirectTableGoesThroughTheRing) {
+  absl::StatusOr<std::unique_ptr<SharedRing>> ring =
+      SharedRing::Create(2, 4096);
+  ASSERT_TRUE(ring.ok());
+  SharedRing& r = **ring;
+  r.ResetDirectTable();
+  EXPECT_EQ(r.direct_table(), 0u);
+  // No answer yet: the server's wait ends (its caller's deadline, or the
+  // call's end).
+  EXPECT_EQ(r.AwaitDirectTable(
+                 absl::Milliseconds(20), [] { return false; }, "f")
+                .status()
+                .code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(r.AwaitDirectTable(
+                 absl::Seconds(10), [] { return true; }, "f")
+                .status()
+                .code(),
+            absl::StatusCode::kCancelled);
+  const std::vector<DirectTarget> table = {{0x1000, 12}, {0, 0}, {~0ull, 7}};
+  std::thread client([&] {
+    absl::SleepFor(absl::Milliseconds(5));
+    EXPECT_TRUE(r.OfferDirectTable(table));
+  });
+  absl::StatusOr<std::optional<std::vector<DirectTarget>>> got =
+      r.AwaitDirectTable(
+          absl::Seconds(10), [] { return false; }, "f");
+  client.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(got->has_value());
+  ASSERT_EQ((*got)->size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ((**got)[i].address, table[i].address);
+    EXPECT_EQ((**got)[i].length, table[i].length);
+  }
+  // A table the slots cannot hold (512 targets here) is declined.
+  r.ResetDirectTable();
+  EXPECT_FALSE(r.OfferDirectTable(std::vector<DirectTarget>(513)));
+  EXPECT_EQ(r.direct_table(), kDirectTableDeclined);
+  got = r.AwaitDirectTable(
+      absl::Seconds(1), [] { return false; }, "f");
+  ASSERT_TRUE(got.ok());
+  EXPECT_FALSE(got->has_value());
+  EXPECT_TRUE(r.OfferDirectTable(std::vector<DirectTarget>(512)));
+}
+
+// The peer of a socket pair is this process: its own memory, written as a
+// server writes a client's.
+TEST(PeerMemoryTest, WritesThePeersMemoryAndNothingElse) {
+  int pair[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
+  ScopedFd a(pair[0]);
+  ScopedFd b(pair[1]);
+  absl::StatusOr<std::unique_ptr<PeerMemory>> peer =
+      PeerMemory::OfConnection(a.get());
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  std::string target(100000, '\0');
+  const std::string bytes(99999, 'q');
+  const uint64_t at = reinterpret_cast<uintptr_t>(target.data()) + 1;
+  ASSERT_TRUE((*peer)->Probe(at).ok());
+  ASSERT_TRUE((*peer)->Write(bytes, at).ok());
+  EXPECT_TRUE(target == std::string(1, '\0') + bytes);
+  EXPECT_TRUE((*peer)->CheckAlive().ok());
+  // The first page of an address space is never mapped.
+  EXPECT_THAT((*peer)->Probe(64).message(), HasSubstr("not the client's"));
+  EXPECT_EQ((*peer)->Write("x", 64).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PeerMemoryTest, APeerThatExitedIsNotWritten) {
+  const std::string path = ::testing::TempDir() + "/peer.sock";
+  unlink(path.c_str());
+  ScopedFd listener(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::strncpy(address.sun_path, path.c_str(), sizeof(address.sun_path) - 1);
+  ASSERT_EQ(bind(listener.get(), reinterpret_cast<sockaddr*>(&address),
+                 sizeof(address)),
+            0);
+  ASSERT_EQ(listen(listener.get(), 1), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    absl::StatusOr<ScopedFd> c = ConnectUnixSocket(path, absl::Seconds(5));
+    _exit(c.ok() ? 0 : 1);
+  }
+  ScopedFd connection(accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  ASSERT_GE(connection.get(), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  // Gone before it could be named, or named and then gone.
+  absl::StatusOr<std::unique_ptr<PeerMemory>> peer =
+      PeerMemory::OfConnection(connection.get());
+  if (peer.ok()) {
+    EXPECT_EQ((*peer)->CheckAlive().code(), absl::StatusCode::kUnavailable);
+  } else {
+    EXPECT_EQ(peer.status().code(), absl::StatusCode::kUnavailable);
+  }
+  unlink(path.c_str());
 }
 
 }  // namespace

@@ -209,12 +209,12 @@ v1::BuildModuleResponse Build(ModelStateClient& client, const std::string& name,
 // have `timeout` as their deadline.
 std::unique_ptr<ModelStateClient> OwnConnection(
     const std::string& address, bool shared_memory = false,
-    absl::Duration timeout = client::ClientOptions().timeout) {
+    absl::Duration timeout = client::ClientOptions().timeout,
+    client::ClientOptions options = {}) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
-  client::ClientOptions options;
   options.shared_memory = shared_memory;
   options.timeout = timeout;
   return std::make_unique<ModelStateClient>(
@@ -359,6 +359,18 @@ Json SharedMemoryFigures(Servers& s, const std::string& model) {
         StateDict got = Check(s.client->GetStateDict("bench/shm"), "get grpc");
         return Seconds(start);
       });
+  // The ring's slots alone (no direct table): two copies, the second while
+  // the first goes on.
+  client::ClientOptions slots_only;
+  slots_only.shared_memory_direct = false;
+  const std::unique_ptr<ModelStateClient> slots =
+      OwnConnection(s.modelstate.address(), /*shared_memory=*/true,
+                    client::ClientOptions().timeout, slots_only);
+  const std::vector<double> get_slots = Repeat([&] {
+    auto start = std::chrono::steady_clock::now();
+    StateDict got = Check(slots->GetStateDict("bench/shm"), "get slots");
+    return Seconds(start);
+  });
   auto [load_grpc, load_shared] = RepeatPair(
       [&] {
         auto start = std::chrono::steady_clock::now();
@@ -376,6 +388,7 @@ Json SharedMemoryFigures(Servers& s, const std::string& model) {
               {"memcpy_fresh_s", Figure(memcpy_fresh)},
               {"memcpy_warm_s", Figure(memcpy_warm)},
               {"get_shared_s", Figure(get_shared)},
+              {"get_slots_s", Figure(get_slots)},
               {"get_grpc_s", Figure(get_grpc)},
               {"load_shared_s", Figure(load_shared)},
               {"load_grpc_s", Figure(load_grpc)}};

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -89,6 +90,93 @@ TEST(StateStreamTest, ConvertsFloatingEntriesOnTheFly) {
   EXPECT_THAT(
       StateDictReader::Create(sd, DType::kInt8),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("floating")));
+}
+
+// A writer that puts the bytes where PlaceAll said (as a server on the
+// same host does), alternating with ordinary Appends, gets the same state.
+TEST(StateStreamTest, PlacedBytesMixWithAppendedOnes) {
+  StateDict sd = Sample();
+  for (std::optional<DType> target :
+       {std::optional<DType>(), std::optional<DType>(DType::kFloat16)}) {
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(auto reader,
+                                    StateDictReader::Create(sd, target));
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(
+        auto assembler, StateDictAssembler::Create(reader->layout(), {}));
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(std::vector<absl::Span<char>> where,
+                                    assembler->PlaceAll());
+    ASSERT_EQ(where.size(), reader->layout().entries.size());
+    for (int round = 0; reader->remaining() > 0; ++round) {
+      if (round % 2 == 0) {
+        std::string chunk;
+        MODELSTATE_ASSERT_OK_AND_ASSIGN(size_t n, reader->Read(13, &chunk));
+        ASSERT_THAT(assembler->Append(chunk), IsOk());
+        ASSERT_EQ(n, chunk.size());
+        continue;
+      }
+      MODELSTATE_ASSERT_OK_AND_ASSIGN(
+          size_t n, reader->ReadTo(29, [&](absl::string_view piece) {
+            const auto [entry, offset] = reader->NextByte();
+            EXPECT_LE(offset + piece.size(), where[entry].size());
+            std::memcpy(where[entry].data() + offset, piece.data(),
+                        piece.size());
+            return absl::OkStatus();
+          }));
+      ASSERT_THAT(assembler->Placed(n), IsOk());
+    }
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict back, assembler->Finish());
+    ASSERT_EQ(back.tensors.Keys(), sd.tensors.Keys());
+    for (const auto& item : sd.tensors) {
+      MODELSTATE_ASSERT_OK_AND_ASSIGN(
+          Tensor want, item.value.To(Device::Cpu(),
+                                     target.has_value() &&
+                                             IsFloatingPoint(item.value.dtype())
+                                         ? *target
+                                         : item.value.dtype()));
+      EXPECT_TRUE(TensorsEqual(*back.tensors.Find(item.key), want)) << item.key;
+    }
+  }
+}
+
+TEST(StateStreamTest, APieceTheTakerRefusesIsNotRead) {
+  StateDict sd = Sample();
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(auto reader,
+                                  StateDictReader::Create(sd, std::nullopt));
+  const uint64_t total = reader->remaining();
+  int calls = 0;
+  EXPECT_THAT(reader->ReadTo(1 << 20,
+                             [&](absl::string_view) {
+                               return ++calls == 2
+                                          ? absl::DataLossError("refused")
+                                          : absl::OkStatus();
+                             }),
+              StatusIs(absl::StatusCode::kDataLoss, "refused"));
+  // The first entry with bytes was taken, the second was not.
+  const std::vector<StateDictLayoutEntry>& entries = reader->layout().entries;
+  std::vector<size_t> with_bytes;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (entries[i].nbytes > 0) with_bytes.push_back(i);
+  }
+  ASSERT_GE(with_bytes.size(), 2u);
+  EXPECT_EQ(reader->remaining(), total - entries[with_bytes[0]].nbytes);
+  EXPECT_EQ(reader->NextByte(),
+            (std::pair<size_t, uint64_t>(with_bytes[1], 0)));
+}
+
+TEST(StateStreamTest, PlacingNeedsPlaceAllFirst) {
+  StateDictLayout layout = LayoutOf(Sample());
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(auto a,
+                                  StateDictAssembler::Create(layout, {}));
+  EXPECT_THAT(a->Placed(4), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                     HasSubstr("PlaceAll")));
+  ASSERT_THAT(a->Append(std::string(4, 'x')), IsOk());
+  EXPECT_THAT(a->PlaceAll(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                      HasSubstr("received already")));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(auto b,
+                                  StateDictAssembler::Create(layout, {}));
+  ASSERT_THAT(b->PlaceAll().status(), IsOk());
+  EXPECT_THAT(
+      b->Placed(layout.total_bytes + 1),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("more than")));
 }
 
 TEST(StateStreamTest, TruncatedAndOverlongStreamsAreRejected) {

@@ -50,6 +50,36 @@ client::ClientOptions SmallRing() {
   return options;
 }
 
+// The default ring, its slots only (no direct table).
+client::ClientOptions SlotsOnly(client::ClientOptions options = {}) {
+  options.shared_memory_direct = false;
+  return options;
+}
+
+// A MemorySink that counts how its bytes arrived: copied in by Append, or
+// written by the server where Destinations said (Placed).
+class CountingMemorySink : public client::MemorySink {
+ public:
+  explicit CountingMemorySink(bool offer = true) : offer_(offer) {}
+  absl::Status Append(absl::string_view bytes) override {
+    appended += bytes.size();
+    return MemorySink::Append(bytes);
+  }
+  std::vector<absl::Span<char>> Destinations() override {
+    if (!offer_) return {};
+    return MemorySink::Destinations();
+  }
+  absl::Status Placed(uint64_t n) override {
+    placed += n;
+    return MemorySink::Placed(n);
+  }
+  uint64_t appended = 0;
+  uint64_t placed = 0;
+
+ private:
+  const bool offer_;
+};
+
 // Sends `request` ('R' and what follows) with `fd` to the socket at
 // `path`: the answer's text, or "ok" for a registration.
 std::string RawRegister(const std::string& path, const std::string& request,
@@ -179,7 +209,7 @@ TEST_F(SharedMemoryTest, GetStateDictThroughTheRingMatchesMessages) {
   const StateDict want = LocalBuild(kSpec, 7)->GetStateDict();
   const uint64_t total = (256 * 256 + 256 + 4 * 256) * 4 + 8;
   for (const client::ClientOptions& options :
-       {client::ClientOptions(), SmallRing()}) {
+       {SlotsOnly(), SlotsOnly(SmallRing())}) {
     const double before = SharedBytes("get");
     auto shared = server_->NewClient(options);
     std::vector<uint64_t> progress;
@@ -201,6 +231,133 @@ TEST_F(SharedMemoryTest, GetStateDictThroughTheRingMatchesMessages) {
   absl::StatusOr<StateDict> messages = MessagesClient()->GetStateDict(module_);
   ASSERT_THAT(messages.status(), IsOk());
   ExpectSameState(*messages, want);
+}
+
+TEST_F(SharedMemoryTest, GetStateDictWritesStraightIntoTheNewTensors) {
+  const StateDict want = LocalBuild(kSpec, 7)->GetStateDict();
+  const uint64_t total = (256 * 256 + 256 + 4 * 256) * 4 + 8;
+  for (const client::ClientOptions& options :
+       {client::ClientOptions(), SmallRing()}) {
+    const double before = SharedBytes("get");
+    auto shared = server_->NewClient(options);
+    std::vector<uint64_t> progress;
+    client::GetStateDictOptions get;
+    get.progress = [&](uint64_t done, uint64_t) { progress.push_back(done); };
+    CountingMemorySink sink;
+    ASSERT_THAT(shared->GetStateDict(module_, get, sink), IsOk());
+    ExpectSameState(sink.state_dict(), want);
+    EXPECT_EQ(sink.placed, total);
+    EXPECT_EQ(sink.appended, 0u);
+    EXPECT_EQ(SharedBytes("get") - before, total);
+    ASSERT_FALSE(progress.empty());
+    EXPECT_EQ(progress.back(), total);
+    // Converted on the fly, and a filtered selection, land the same way.
+    client::GetStateDictOptions half;
+    half.target_dtype = DType::kFloat16;
+    half.key_prefix = "1.";
+    CountingMemorySink converted;
+    ASSERT_THAT(shared->GetStateDict(module_, half, converted), IsOk());
+    EXPECT_GT(converted.placed, 0u);
+    absl::StatusOr<StateDict> by_messages =
+        MessagesClient()->GetStateDict(module_, half);
+    ASSERT_THAT(by_messages.status(), IsOk());
+    ExpectSameState(converted.state_dict(), *by_messages);
+  }
+}
+
+TEST_F(SharedMemoryTest, DirectWritesFallBackToTheSlots) {
+  const StateDict want = LocalBuild(kSpec, 7)->GetStateDict();
+  const uint64_t total = (256 * 256 + 256 + 4 * 256) * 4 + 8;
+  // The client's opt-out, and a sink with no memory to offer.
+  CountingMemorySink opted_out;
+  ASSERT_THAT(
+      server_->NewClient(SlotsOnly())->GetStateDict(module_, {}, opted_out),
+      IsOk());
+  CountingMemorySink declined(/*offer=*/false);
+  ASSERT_THAT(server_->NewClient()->GetStateDict(module_, {}, declined),
+              IsOk());
+  for (CountingMemorySink* sink : {&opted_out, &declined}) {
+    ExpectSameState(sink->state_dict(), want);
+    EXPECT_EQ(sink->appended, total);
+    EXPECT_EQ(sink->placed, 0u);
+  }
+  // A server that writes into no client's memory.
+  InProcessServer server([](server::ServerConfig& config) {
+    config.shared_memory_direct = false;
+  });
+  ASSERT_THAT(server.Start(), IsOk());
+  auto client = server.NewClient();
+  ASSERT_THAT(client->BuildModule(BuildRequest("m", kSpec, 7)), IsOk());
+  CountingMemorySink offered;
+  ASSERT_THAT(client->GetStateDict("m", {}, offered), IsOk());
+  ExpectSameState(offered.state_dict(), want);
+  EXPECT_EQ(offered.appended, total);
+  EXPECT_EQ(offered.placed, 0u);
+}
+
+TEST_F(SharedMemoryTest, BadDirectTablesAreRefused) {
+  Registered registered = RegisterSmallRing();
+  ASSERT_FALSE(registered.registration.token.empty());
+  SharedRing& ring = *registered.ring;
+  std::vector<char> memory(256 * 256 * 4);
+  // Answers the header with `table` (its size, or `count` when not 0);
+  // the call's status.
+  auto fetch = [&](const std::vector<DirectTarget>& table, uint64_t count) {
+    ring.set_consumed(0);
+    ring.ResetDirectTable();
+    v1::GetStateDictRequest get;
+    get.set_module(module_);
+    get.set_shared_memory_ring(registered.registration.token);
+    get.set_shared_memory_direct(true);
+    auto context = client_->NewContext(absl::Seconds(30));
+    auto reader = client_->stub().GetStateDict(context.get(), get);
+    v1::StateDictChunk chunk;
+    EXPECT_TRUE(reader->Read(&chunk));
+    EXPECT_TRUE(chunk.has_header());
+    EXPECT_TRUE(ring.OfferDirectTable(table));
+    if (count != 0) {
+      // The answer word is the memfd's bytes 8 to 15.
+      MappedRegion view(
+          mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, ring.fd(), 0),
+          4096);
+      __atomic_store_n(reinterpret_cast<uint64_t*>(view.data() + 8), count,
+                       __ATOMIC_RELEASE);
+    }
+    while (reader->Read(&chunk)) {
+    }
+    return convert::FromGrpcStatus(reader->Finish());
+  };
+  const StateDict state = LocalBuild(kSpec, 7)->GetStateDict();
+  std::vector<DirectTarget> right;
+  for (const auto& item : state.tensors) {
+    right.push_back(
+        {reinterpret_cast<uintptr_t>(memory.data()), item.value.nbytes()});
+  }
+  EXPECT_THAT(fetch({right[0]}, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("shared_memory_direct: the direct table has "
+                                 "1 entries; the header has 7")));
+  std::vector<DirectTarget> short_bias = right;
+  short_bias[1].length = 4;
+  EXPECT_THAT(fetch(short_bias, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("entry '0.bias' has 4 bytes at")));
+  EXPECT_THAT(fetch(right, 1000000),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("a direct table of 1000000 entries; the "
+                                 "ring's slots hold at most 512")));
+  // Memory this process does not have (the first page is never mapped).
+  std::vector<DirectTarget> nowhere = right;
+  for (DirectTarget& target : nowhere) target.address = 64;
+  EXPECT_THAT(fetch(nowhere, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("not the client's memory")));
+  // Each entry written over the same bytes: the last one's are there.
+  ASSERT_THAT(fetch(right, 0), IsOk());
+  const Tensor* last = state.tensors.Find("1.num_batches_tracked");
+  ASSERT_NE(last, nullptr);
+  EXPECT_EQ(std::memcmp(memory.data(), last->raw_data(), last->nbytes()), 0);
+  ExpectUnchanged();
 }
 
 TEST_F(SharedMemoryTest, LoadStateDictThroughTheRing) {
