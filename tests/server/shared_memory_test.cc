@@ -7,6 +7,10 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -29,6 +33,7 @@
 #include "tests/testing/requests.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tensors.h"
+#include "tests/testing/test_server.h"
 
 namespace modelstate::testing {
 namespace {
@@ -535,6 +540,52 @@ TEST_F(SharedMemoryTest, BadRingsAreRefusedAtRegistration) {
             0);
   EXPECT_THAT(RawRegister(SocketPath(), request, write_sealed.get()),
               HasSubstr("must not be sealed against writes"));
+}
+
+// Whether a child of this process may write this process's memory (what
+// a server started by the test does to its client): the kernel's answer
+// here, so that the test expects what this machine allows.
+bool ChildMayWriteParent() {
+  static char target = 0;
+  const pid_t parent = getpid();
+  const pid_t child = fork();
+  if (child == 0) {
+    char one = 1;
+    iovec local{&one, 1};
+    iovec remote{&target, 1};
+    _exit(process_vm_writev(parent, &local, 1, &remote, 1, 0) == 1 ? 0 : 1);
+  }
+  int status = 1;
+  waitpid(child, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+// A server in a process of its own: it writes the client's tensors itself
+// where the kernel lets it, and sends through the slots where it does not
+// (the client not dumpable, the server without CAP_SYS_PTRACE).
+TEST(SharedMemoryProcessTest, DirectWritesCrossProcessesOrFallBack) {
+  const StateDict want = LocalBuild(kSpec, 5)->GetStateDict();
+  const uint64_t total = (256 * 256 + 256 + 4 * 256) * 4 + 8;
+  const bool allowed = ChildMayWriteParent();
+  for (bool refused : {false, true}) {
+    SCOPED_TRACE(refused ? "refused" : "as the kernel allows");
+    TestServer server;
+    server.set_without_ptrace(refused);
+    ASSERT_THAT(server.Start(), IsOk());
+    auto client = server.NewClient();
+    ASSERT_THAT(client->BuildModule(BuildRequest("m", kSpec, 5)), IsOk());
+    if (refused) {
+      ASSERT_EQ(prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), 0);
+    }
+    CountingMemorySink sink;
+    const absl::Status got = client->GetStateDict("m", {}, sink);
+    if (refused) prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+    ASSERT_THAT(got, IsOk());
+    ExpectSameState(sink.state_dict(), want);
+    const bool direct = allowed && !refused;
+    EXPECT_EQ(sink.placed, direct ? total : 0u);
+    EXPECT_EQ(sink.appended, direct ? 0u : total);
+  }
 }
 
 TEST(SharedMemoryServerTest, OffMeansMessages) {

@@ -12,7 +12,9 @@
 #define MODELSTATE_TESTS_TESTING_SERVER_PROCESS_H_
 
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -83,6 +85,9 @@ class ServerProcess {
         struct rlimit limit = {max_data_bytes_, max_data_bytes_};
         setrlimit(RLIMIT_DATA, &limit);
       }
+      // Root keeps only the capabilities of its bounding set across exec;
+      // anyone else never had this one.
+      if (without_ptrace_) prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0);
       execv(argv[0], argv.data());
       _exit(127);
     }
@@ -130,6 +135,10 @@ class ServerProcess {
   // stacks) may not exceed `bytes` (RLIMIT_DATA; 0: no limit); files it
   // maps read-only do not count. Takes effect at the next Start.
   void set_max_data_bytes(rlim_t bytes) { max_data_bytes_ = bytes; }
+  // The server may not write (or read) other processes' memory unless the
+  // kernel allows it without CAP_SYS_PTRACE, which it runs without. Takes
+  // effect at the next Start.
+  void set_without_ptrace(bool without) { without_ptrace_ = without; }
 
   bool running() const { return pid_ > 0; }
   pid_t pid() const { return pid_; }
@@ -156,6 +165,7 @@ class ServerProcess {
   std::vector<std::string> flags_;
   bool pass_data_dir_;
   rlim_t max_data_bytes_ = 0;
+  bool without_ptrace_ = false;
   rlim_t max_file_bytes_ = 0;
   std::filesystem::path dir_;
   std::string address_;
