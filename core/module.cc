@@ -1145,6 +1145,7 @@ struct ModuleInternals {
   // Runs a conversion plan: parameters keep their object (data swapped in
   // place); buffers are replaced by the converted tensor object.
   static void ApplyConversions(std::vector<PlannedConversion>& plan) {
+    const ScopedDeferredUnmap unmap_after_all;
     for (PlannedConversion& c : plan) {
       if (c.in_place) {
         // Checked when planned; nothing since could share the storage.

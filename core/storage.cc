@@ -169,11 +169,38 @@ Unmapper& Unmaps() {
   return *unmapper;
 }
 
+// Page ranges a scope on this thread holds back from a background worker
+// until its outermost instance ends (ScopedBatchedPrefault,
+// ScopedDeferredUnmap).
+class HeldRanges {
+ public:
+  void Enter() { ++depth_; }
+  // The ranges to hand over: all of them when the outermost scope ends.
+  std::vector<std::pair<void*, size_t>> Leave() {
+    if (--depth_ > 0) return {};
+    return std::exchange(ranges_, {});
+  }
+  // Whether a scope is open (the range is held then).
+  bool Hold(void* data, size_t nbytes) {
+    if (depth_ == 0) return false;
+    ranges_.push_back({data, nbytes});
+    return true;
+  }
+  void Drop(void* data) {
+    std::erase_if(ranges_,
+                  [data](const auto& range) { return range.first == data; });
+  }
+
+ private:
+  int depth_ = 0;
+  std::vector<std::pair<void*, size_t>> ranges_;
+};
+
+// Mappings to fault in, and storage tails to give back.
+thread_local HeldRanges held_prefaults;
+thread_local HeldRanges held_unmaps;
+
 // `nbytes` of fresh zero pages, or nullptr.
-// The mappings made under a ScopedBatchedPrefault on this thread, to be
-// faulted in when the outermost one ends; null outside any.
-thread_local std::vector<std::pair<void*, size_t>>* batched_prefaults = nullptr;
-thread_local int batched_prefault_scopes = 0;
 
 void* MapAnonymous(size_t nbytes) {
   const bool huge = nbytes >= kHugePageThreshold;
@@ -190,9 +217,7 @@ void* MapAnonymous(size_t nbytes) {
   if (start + length > end)
     munmap(reinterpret_cast<void*>(end), start + length - end);
   madvise(reinterpret_cast<void*>(aligned), nbytes, MADV_HUGEPAGE);
-  if (batched_prefaults != nullptr) {
-    batched_prefaults->push_back({reinterpret_cast<void*>(aligned), nbytes});
-  } else {
+  if (!held_prefaults.Hold(reinterpret_cast<void*>(aligned), nbytes)) {
     Prefaults().Add(reinterpret_cast<void*>(aligned), nbytes);
   }
   return reinterpret_cast<void*>(aligned);
@@ -295,10 +320,14 @@ void Storage::ShrinkTo(size_t nbytes) {
   if (owner_ != Owner::kMmap || nbytes == 0) return;
   // The mapping stays where it is; the pages past the new end go back to
   // the system, soon.
+  held_prefaults.Drop(data_);
   Prefaults().Forget(data_);
   const size_t keep = PageRound(nbytes);
   if (keep < mapped_bytes_) {
-    Unmaps().Add(static_cast<char*>(data_) + keep, mapped_bytes_ - keep);
+    char* tail = static_cast<char*>(data_) + keep;
+    if (!held_unmaps.Hold(tail, mapped_bytes_ - keep)) {
+      Unmaps().Add(tail, mapped_bytes_ - keep);
+    }
     mapped_bytes_ = keep;
   }
 }
@@ -306,18 +335,22 @@ void Storage::ShrinkTo(size_t nbytes) {
 ScopedStorageReuse::ScopedStorageReuse() { ++reuse_scopes; }
 ScopedStorageReuse::~ScopedStorageReuse() { --reuse_scopes; }
 
-ScopedBatchedPrefault::ScopedBatchedPrefault() {
-  if (batched_prefault_scopes++ == 0) {
-    batched_prefaults = new std::vector<std::pair<void*, size_t>>();
+ScopedBatchedPrefault::ScopedBatchedPrefault() { held_prefaults.Enter(); }
+
+ScopedBatchedPrefault::~ScopedBatchedPrefault() {
+  for (const auto& [data, nbytes] : held_prefaults.Leave()) {
+    Prefaults().Add(data, nbytes);
   }
 }
 
-ScopedBatchedPrefault::~ScopedBatchedPrefault() {
-  if (--batched_prefault_scopes > 0) return;
-  std::unique_ptr<std::vector<std::pair<void*, size_t>>> ranges(
-      std::exchange(batched_prefaults, nullptr));
-  for (const auto& [data, nbytes] : *ranges) Prefaults().Add(data, nbytes);
+ScopedDeferredUnmap::ScopedDeferredUnmap() { held_unmaps.Enter(); }
+
+ScopedDeferredUnmap::~ScopedDeferredUnmap() {
+  for (const auto& [data, nbytes] : held_unmaps.Leave()) {
+    Unmaps().Add(data, nbytes);
+  }
 }
+
 void ScopedStorageReuse::ReleaseCached() { Cache().Clear(); }
 size_t ScopedStorageReuse::CachedBytes() { return Cache().bytes(); }
 
@@ -445,13 +478,9 @@ Storage::~Storage() {
       std::free(data_);
       break;
     case Owner::kMmap:
-      if (batched_prefaults != nullptr) {
-        // Not to be faulted in once unmapped (the range could be another
-        // mapping's by then).
-        std::erase_if(*batched_prefaults, [this](const auto& range) {
-          return range.first == data_;
-        });
-      }
+      // Not to be faulted in once unmapped (the range could be another
+      // mapping's by then).
+      held_prefaults.Drop(data_);
       Prefaults().Forget(data_);
       if (reusable_) {
         Cache().Put(data_, mapped_bytes_);

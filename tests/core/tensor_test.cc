@@ -346,6 +346,62 @@ TEST(StorageTest, FaultingInNeverChangesBytesAndStopsForFreedMappings) {
       << "before " << before << ", after " << ProcStatusBytes(0, "VmRSS");
 }
 
+// Whether any page of [data, data + nbytes) is mapped: mincore fails with
+// ENOMEM for a range with unmapped pages.
+bool Mapped(const void* data, size_t nbytes) {
+  std::vector<unsigned char> resident(nbytes / 4096 + 1);
+  return mincore(const_cast<void*>(data), nbytes, resident.data()) == 0;
+}
+
+TEST(StorageTest, TailsGivenUpInADeferredUnmapScopeGoBackWhenItEnds) {
+  constexpr size_t kSize = size_t{32} << 20;
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(auto s,
+                                  Storage::Allocate(kSize, Device::Cpu()));
+  const char* tail = static_cast<const char*>(s->data()) + kSize / 2;
+  {
+    const ScopedDeferredUnmap outer;
+    {
+      const ScopedDeferredUnmap inner;  // nested: the outer one decides
+      s->ShrinkTo(kSize / 2);
+    }
+    // Long enough for the background unmapper to have done it, had it been
+    // handed the tail.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_TRUE(Mapped(tail, kSize / 2));
+    EXPECT_EQ(s->nbytes(), kSize / 2);
+  }
+  EXPECT_TRUE(Eventually([&] { return !Mapped(tail, kSize / 2); }));
+  std::memset(s->data(), 7, kSize / 2);  // the kept half stays usable
+  // Outside any scope, a tail goes back on its own.
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(auto t,
+                                  Storage::Allocate(kSize, Device::Cpu()));
+  t->ShrinkTo(kSize / 4);
+  const char* t_tail = static_cast<const char*>(t->data()) + kSize / 4;
+  EXPECT_TRUE(Eventually([&] { return !Mapped(t_tail, kSize / 4 * 3); }));
+}
+
+// Storages made in a batched-prefault scope are faulted in once it ends;
+// one freed inside it is not (its range could be another mapping's).
+TEST(StorageTest, BatchedPrefaultsStartWhenTheScopeEnds) {
+  constexpr size_t kSize = size_t{32} << 20;
+  const size_t pages = kSize / static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  std::shared_ptr<Storage> kept;
+  {
+    const ScopedBatchedPrefault batch;
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(kept,
+                                    Storage::Allocate(kSize, Device::Cpu()));
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(auto freed,
+                                    Storage::Allocate(kSize, Device::Cpu()));
+    freed.reset();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_EQ(ResidentPages(kept->data(), kSize), 0u);
+  }
+  EXPECT_TRUE(Eventually([&] {
+    return ResidentPages(kept->data(), kSize) == pages;
+  })) << ResidentPages(kept->data(), kSize)
+      << " of " << pages;
+}
+
 }  // namespace
 }  // namespace modelstate
 
