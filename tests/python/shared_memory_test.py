@@ -45,10 +45,13 @@ PAGE = 4096
 
 
 def setUpModule():
-    global server, plain, ms, ms_grpc
+    global server, plain, ms, ms_slots, ms_grpc
     server = server_process.Server(SERVER)
     plain = server_process.Server(SERVER, "--shared_memory=false")
     ms = modelstate.connect(server.address, progress=False)
+    # Its state_dicts through the ring's slots, not written in directly.
+    ms_slots = modelstate.connect(server.address, progress=False,
+                                  shared_memory_direct=False)
     ms_grpc = modelstate.connect(server.address, progress=False,
                                  shared_memory=False)
 
@@ -56,6 +59,7 @@ def setUpModule():
 def tearDownModule():
     ms.close()
     ms_grpc.close()
+    ms_slots.close()
     server.stop()
     plain.stop()
 
@@ -118,7 +122,7 @@ def ring_uses():
     counts = collections.Counter()
     discover, connected = _shm._discover, _shm._connected
     before = (_shm.registrations, _shm.chunks_in, _shm.chunks_out,
-              _shm.calls)
+              _shm.calls, _shm.direct_in, _shm.direct_stretches)
 
     def counted_discover(client):
         counts["info"] += 1
@@ -137,6 +141,11 @@ def ring_uses():
         counts["chunks_in"] = _shm.chunks_in - before[1]
         counts["chunks_out"] = _shm.chunks_out - before[2]
         counts["calls"] = _shm.calls - before[3]
+        counts["direct_in"] = _shm.direct_in - before[4]
+        # Messages that brought bytes in, through the slots or written
+        # straight into the tensors.
+        counts["fetched"] = counts["chunks_in"] + \
+            _shm.direct_stretches - before[5]
 
 
 def socket_exchange(path, message, fds=()):
@@ -197,7 +206,7 @@ class InfoTest(unittest.TestCase):
         self.assertEqual(counts["info"], 1)
         self.assertEqual(counts["connects"], 1)
         self.assertEqual(counts["registrations"], 1)
-        self.assertGreaterEqual(counts["chunks_in"], 3)
+        self.assertGreaterEqual(counts["fetched"], 3)
         self.assertGreaterEqual(counts["chunks_out"], 1)
 
     def test_the_ring_is_one_mapping_for_the_clients_life(self):
@@ -232,12 +241,12 @@ class Checks(unittest.TestCase):
     def assertUntouched(self, counts):
         """No GetSharedMemoryInfo, no socket, no ring."""
         self.assertEqual([counts[k] for k in (
-            "info", "connects", "registrations", "calls", "chunks_in",
+            "info", "connects", "registrations", "calls", "fetched",
             "chunks_out")], [0] * 6)
 
     def assertNoRing(self, counts):
         self.assertEqual([counts[k] for k in (
-            "calls", "chunks_in", "chunks_out")], [0] * 3)
+            "calls", "fetched", "chunks_out")], [0] * 3)
 
     def transfers(self, client, name):
         """A push, a state_dict, a load and a pull through `client`."""
@@ -266,7 +275,7 @@ class TransferTest(Checks):
     def test_state_dict_is_the_same_bits_either_way(self):
         with ring_uses() as counts:
             fast = ms.module("shm/mlp").state_dict()
-        self.assertGreaterEqual(counts["chunks_in"], 1)
+        self.assertGreaterEqual(counts["fetched"], 1)
         with ring_uses() as counts:
             slow = ms_grpc.module("shm/mlp").state_dict()
         self.assertUntouched(counts)
@@ -281,7 +290,7 @@ class TransferTest(Checks):
             buffers = dict(remote.named_buffers())
             bn = remote.get_submodule("3").state_dict()
             half = remote.state_dict(dtype=torch.float16)
-        self.assertGreaterEqual(counts["chunks_in"], 4)
+        self.assertGreaterEqual(counts["fetched"], 4)
         for name, p in self.local.named_parameters():
             self.assertTrue(same_bits(params[name], p), name)
             self.assertTrue(params[name].requires_grad)
@@ -294,7 +303,7 @@ class TransferTest(Checks):
     def test_pull_is_the_same_module(self):
         with ring_uses() as counts:
             pulled = ms.pull("shm/mlp")
-        self.assertGreaterEqual(counts["chunks_in"], 1)
+        self.assertGreaterEqual(counts["fetched"], 1)
         self.assertIs(type(pulled), nn.Sequential)
         self.assertSameState(pulled.state_dict(), self.local.state_dict())
         self.assertSameState(ms_grpc.pull("shm/mlp").state_dict(),
@@ -352,7 +361,7 @@ class TransferTest(Checks):
         with ring_uses() as counts:
             ms.module("shm/mlp").state_dict(
                 progress=lambda done, total: calls.append((done, total)))
-        self.assertGreaterEqual(counts["chunks_in"], 1)
+        self.assertGreaterEqual(counts["fetched"], 1)
         total = calls[-1][1]
         self.assertEqual(calls[-1], (total, total))
         self.assertGreater(total, 6 << 20)
@@ -385,15 +394,31 @@ class WrapAroundTest(Checks):
 
     def test_state_dict_wraps_around(self):
         with ring_uses() as counts:
-            got = ms.module("wrap/big").state_dict()
+            got = ms_slots.module("wrap/big").state_dict()
         self.assertGreater(counts["chunks_in"], 2 * _shm.SLOTS)
+        self.assertEqual(counts["direct_in"], 0)
         self.assertSameState(got, self.local.state_dict())
+
+    def test_state_dict_written_straight_into_the_tensors(self):
+        """The server writes every byte where the direct table says: no
+        slot is used, and the tensors own the memory it wrote."""
+        with ring_uses() as counts:
+            got = ms.module("wrap/big").state_dict()
+            half = ms.module("wrap/big").state_dict(dtype=torch.float16)
+        self.assertEqual(counts["chunks_in"], 0)
+        half_total = sum(
+            t.numel() * (2 if t.is_floating_point() else t.element_size())
+            for t in self.local.state_dict().values())
+        self.assertEqual(counts["direct_in"], self.total + half_total)
+        self.assertSameState(got, self.local.state_dict())
+        self.assertSameState(half, ms_grpc.module("wrap/big").state_dict(
+            dtype=torch.float16))
 
     def test_pull_and_load_wrap_around(self):
         new = big_model(21)
         with ring_uses() as counts:
             ms.module("wrap/big").load_state_dict(new.state_dict())
-            pulled = ms.pull("wrap/big")
+            pulled = ms_slots.pull("wrap/big")
         self.assertGreater(counts["chunks_out"], 2 * _shm.SLOTS)
         self.assertGreater(counts["chunks_in"], 2 * _shm.SLOTS)
         self.assertSameState(pulled.state_dict(), new.state_dict())
@@ -440,7 +465,7 @@ class WrapAroundTest(Checks):
             for t in threads:
                 t.join()
         self.assertEqual(errors, [])
-        self.assertGreater(counts["chunks_in"], 0)
+        self.assertGreater(counts["fetched"], 0)
         for got in results:
             self.assertSameState(got, self.local.state_dict())
 
@@ -459,7 +484,7 @@ class RegisterAgainTest(Checks):
             with ring_uses() as counts:
                 got = client.module("again/token").state_dict()
             self.assertEqual(counts["registrations"], 1)
-            self.assertGreaterEqual(counts["chunks_in"], 1)
+            self.assertGreaterEqual(counts["fetched"], 1)
             self.assertEqual(counts["calls"], 2)  # refused, then done again
             self.assertNotEqual(ring.token, b"\x5a" * 16)
             self.assertSameState(got, local.state_dict())
@@ -498,7 +523,7 @@ class RegisterAgainTest(Checks):
                 got = remote.state_dict()
             self.assertEqual(counts["registrations"], 1)
             self.assertGreaterEqual(counts["chunks_out"], 1)
-            self.assertGreaterEqual(counts["chunks_in"], 1)
+            self.assertGreaterEqual(counts["fetched"], 1)
             self.assertSameState(got, model(33).state_dict())
         finally:
             client.close()
@@ -631,7 +656,7 @@ class FallbackTest(Checks):
                 finally:
                     held.cancel()
             self.assertEqual(counts["calls"], 1)
-            self.assertEqual(counts["chunks_in"], 0)
+            self.assertEqual(counts["fetched"], 0)
             self.assertSameState(got, local.state_dict())
         finally:
             client.close()
@@ -656,7 +681,7 @@ class FallbackTest(Checks):
             self.assertSameState(got, local.state_dict())
             with ring_uses() as counts:
                 got = client.module("fallback/held").state_dict()
-            self.assertGreaterEqual(counts["chunks_in"], 1)
+            self.assertGreaterEqual(counts["fetched"], 1)
             self.assertSameState(got, model(15).state_dict())
         finally:
             client.close()

@@ -11,13 +11,21 @@ pages are made once and reused by every transfer, and each byte is copied
 once by each side. The first 8 bytes of the memfd count the chunks the
 consumer has finished. The wire format is that of
 proto/modelstate/v1/model_state_service.proto (SharedMemoryRing).
+
+A GetStateDict may skip the ring's copy: the client lists in the ring
+where each entry's bytes go in its own memory (a direct table: bytes 8 to
+15 hold its answer), and the server writes them there itself, announcing
+each stretch with a `direct_bytes` message; it uses the slots instead where
+the kernel does not let it write this process's memory.
 """
 
 import ctypes
 import fcntl
 import mmap
 import os
+import platform
 import socket
+import struct
 import threading
 import time
 
@@ -33,6 +41,12 @@ HEADER_BYTES = 4096
 _SEALS = fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK
 # How long a producer waits for its consumer to free a slot.
 WAIT_S = 10.0
+# The direct table's answer meaning "through the slots instead".
+DIRECT_DECLINED = (1 << 64) - 1
+# The table is written, then its count: the server must not see the count
+# before the entries. Python has no store barrier; x86-64 never reorders a
+# store with earlier ones, so elsewhere the client uses the slots.
+DIRECT_SAFE = platform.machine() in ("x86_64", "AMD64")
 
 # What this process moved through rings: the tests read these to tell that
 # a transfer took the shared-memory path.
@@ -40,6 +54,8 @@ registrations = 0  # rings registered (again, after a server forgot one)
 calls = 0          # calls that named a ring
 chunks_in = 0      # ring chunks received (GetStateDict)
 chunks_out = 0     # ring chunks handed to gRPC (LoadStateDict)
+direct_in = 0      # bytes the server wrote straight into this process
+direct_stretches = 0  # the direct_bytes messages announcing them
 
 
 class Unreachable(OSError):
@@ -143,6 +159,7 @@ class Ring:
         # One aligned 8-byte load or store (struct would go byte by byte):
         # the other side never sees half a count.
         self._consumed = ctypes.c_uint64.__ctype_le__.from_buffer(self._map)
+        self._direct = ctypes.c_uint64.__ctype_le__.from_buffer(self._map, 8)
 
     def register(self, path, timeout):
         """Hands the memfd to the server's socket at `path`; keeps the
@@ -185,6 +202,25 @@ class Ring:
     def consumed(self, n):
         self._consumed.value = n
 
+    def reset_direct(self):
+        """No direct table answered yet, before a call that may ask."""
+        self._direct.value = 0
+
+    def offer_direct(self, targets):
+        """Writes the direct table, (address, length) per header entry, and
+        answers with its size; or declines (False) when it is empty or does
+        not fit in the slots."""
+        if not targets or len(targets) > self.slots * self.slot_bytes // 16:
+            self._direct.value = DIRECT_DECLINED
+            return False
+        flat = [n for target in targets for n in target]
+        struct.pack_into(f"<{len(flat)}Q", self._map, HEADER_BYTES, *flat)
+        self._direct.value = len(targets)
+        return True
+
+    def decline_direct(self):
+        self._direct.value = DIRECT_DECLINED
+
     def wait_free(self, i, stopped):
         """Waits until chunk `i` may be written (consumed >= i + 1 - slots).
         False when `stopped()` turns true first; Stalled after WAIT_S."""
@@ -216,6 +252,7 @@ class Ring:
         if self._fd < 0:
             return
         self._consumed = None
+        self._direct = None
         self._view.release()
         try:
             self._map.close()

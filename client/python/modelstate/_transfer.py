@@ -121,12 +121,12 @@ def _encode_varint(value):
 
 
 def _chunk_fields(raw):
-    """(header, data, ring_bytes) of one serialized StateDictChunk: header
-    and data as memoryviews, ring_bytes as an int, each None when absent
-    (the last of the oneof wins, unknown fields are skipped, as protobuf
-    does)."""
+    """(header, data, ring_bytes, direct_bytes) of one serialized
+    StateDictChunk: header and data as memoryviews, the others as ints, each
+    None when absent (the last of the oneof wins, unknown fields are
+    skipped, as protobuf does)."""
     view = memoryview(raw)
-    fields = [None, None, None]
+    fields = [None, None, None, None]
     pos, end = 0, len(view)
     while pos < end:
         key, pos = _varint(view, pos)
@@ -134,13 +134,14 @@ def _chunk_fields(raw):
         if wire == 2:
             length, pos = _varint(view, pos)
             if field in (1, 2):
-                fields = [None, None, None]
+                fields = [None, None, None, None]
                 fields[field - 1] = view[pos:pos + length]
             pos += length
         elif wire == 0:
             value, pos = _varint(view, pos)
-            if field == 3:
-                fields = [None, None, value]
+            if field in (3, 4):
+                fields = [None, None, None, None]
+                fields[field - 1] = value
         elif wire in (1, 5):
             pos += 8 if wire == 1 else 4
         else:
@@ -169,6 +170,7 @@ def _through_ring(client, ring, call, plain):
     registered again. Raises grpc.RpcError as the calls do."""
     for attempt in (1, 2):
         ring.consumed = 0
+        ring.reset_direct()
         _shm.calls += 1
         try:
             return call(ring)
@@ -197,6 +199,8 @@ def fetch(client, request, label, progress=None):
         fast = pb.GetStateDictRequest()
         fast.CopyFrom(request)
         fast.shared_memory_ring = ring.token
+        fast.shared_memory_direct = _shm.DIRECT_SAFE and \
+            client._shared_memory_direct
         return _fetch(client, fast, label, progress, ring)
 
     try:
@@ -211,7 +215,7 @@ def _fetch(client, request, label, progress, ring):
     stream = client._get_state_dict(request, timeout=client._transfer_timeout,
                                     metadata=client._metadata)
     try:
-        header_bytes, _, _ = _chunk_fields(next(stream))
+        header_bytes = _chunk_fields(next(stream))[0]
         if header_bytes is None:
             raise ValueError("the stream did not start with a header")
         header = pb.StateDictHeader.FromString(bytes(header_bytes))
@@ -220,6 +224,8 @@ def _fetch(client, request, label, progress, ring):
                 pass
             return header, []
         sink = _Sink(header, label)
+        if request.shared_memory_direct:
+            sink.direct = ring.offer_direct(sink.targets())
         bar = Progress(progress if progress is not None else client.progress,
                        header.total_bytes, label)
         try:
@@ -244,8 +250,15 @@ def _receive(stream, sink, ring, progress):
     Reads the stream to its end, so that its status is the call's."""
     chunks = 0
     for raw in stream:
-        _, data, ring_bytes = _chunk_fields(raw)
-        if ring_bytes is not None:
+        _, data, ring_bytes, direct_bytes = _chunk_fields(raw)
+        if direct_bytes is not None:
+            if not sink.direct:
+                raise ValueError(f"{sink.label}: the server sent "
+                                 "direct_bytes without a direct table")
+            sink.placed(direct_bytes)
+            _shm.direct_in += direct_bytes
+            _shm.direct_stretches += 1
+        elif ring_bytes is not None:
             if ring is None:
                 raise ValueError(f"{sink.label}: the server sent ring_bytes "
                                  "without a shared-memory ring asked for")
@@ -273,13 +286,27 @@ class _Sink:
         self._views = [_tensors.writable_view(b) for b in self.buffers]
         self.label = label
         self.done = 0
+        self.direct = False  # whether the server may write the buffers
         self._index = self._offset = 0
+
+    def targets(self):
+        """(address, length) of every buffer, for a direct table."""
+        return [(_tensors.address(b), len(v))
+                for b, v in zip(self.buffers, self._views)]
 
     def write(self, data):
         """Appends the bytes of the memoryview `data`; entries may span
         messages and messages entries."""
+        self._advance(len(data), data)
+
+    def placed(self, n):
+        """The next `n` bytes are in the buffers already (the server wrote
+        them where targets() said)."""
+        self._advance(n, None)
+
+    def _advance(self, n, data):
         pos = 0
-        while pos < len(data):
+        while pos < n:
             while self._index < len(self._views) and \
                     self._offset == len(self._views[self._index]):
                 self._index, self._offset = self._index + 1, 0
@@ -287,8 +314,9 @@ class _Sink:
                 raise ValueError(f"{self.label}: the server sent more bytes "
                                  "than its header announced")
             space = self._views[self._index]
-            take = min(len(space) - self._offset, len(data) - pos)
-            space[self._offset:self._offset + take] = data[pos:pos + take]
+            take = min(len(space) - self._offset, n - pos)
+            if data is not None:
+                space[self._offset:self._offset + take] = data[pos:pos + take]
             self._offset += take
             self.done += take
             pos += take

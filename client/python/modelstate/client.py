@@ -28,11 +28,14 @@ class Client:
     copied once instead of streamed. One transfer at a time uses the ring;
     another thread's transfer meanwhile goes over gRPC. shared_memory=False,
     or the environment variable MODELSTATE_SHARED_MEMORY=0, keeps every byte
-    on gRPC."""
+    on gRPC. A state_dict()/pull() lets the server write the bytes straight
+    into the new tensors where the kernel allows it (one copy instead of
+    two); shared_memory_direct=False keeps them in the ring's slots."""
 
     def __init__(self, target, *, timeout=30.0, transfer_timeout=1800.0,
                  chunk_bytes=_MiB, metadata=(), credentials=None,
-                 progress="auto", shared_memory=True):
+                 progress="auto", shared_memory=True,
+                 shared_memory_direct=True):
         if not isinstance(chunk_bytes, int) or chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes: expected a positive int, got "
                              f"{chunk_bytes!r}")
@@ -62,6 +65,7 @@ class Client:
         # connect().
         self.progress = progress
         self._shared_memory = _shm.wanted(shared_memory)
+        self._shared_memory_direct = bool(shared_memory_direct)
         self._shm_path = None  # not asked yet: see _shm.socket_path
         self._shm_ring = None  # made on the first transfer: see _shm.take
         self._shm_setup = threading.Lock()
@@ -195,7 +199,10 @@ def connect(target="127.0.0.1:50051", **options):
     progress(done_bytes, total_bytes) during every transfer), shared_memory
     (True, the default: state_dict bytes go through a ring of shared memory
     when the server is on this host and offers it; False, or the
-    environment variable MODELSTATE_SHARED_MEMORY=0: always over gRPC)."""
+    environment variable MODELSTATE_SHARED_MEMORY=0: always over gRPC),
+    shared_memory_direct (True, the default: a state_dict() or pull() through
+    shared memory lets the server write the bytes straight into the new
+    tensors where the kernel allows it; False: through the ring's slots)."""
     return Client(target, **options)
 
 
