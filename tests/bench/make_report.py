@@ -185,6 +185,24 @@ def shared_memory_rows(table, t):
               f"{grpc_load / load_s:.2f}x", "(breakdown)", None)
 
 
+def mapped_rows(table, t):
+    """--map_saved_bytes against hosting in memory: informational rows
+    that say whether it could be the default."""
+    m = t.get("mapped")
+    if m is None:
+        return
+    n = m["bytes"]
+    for label, key in (("durable LoadStateDict", "load"),
+                       ("to(float16) and back to float32", "half_and_back"),
+                       ("GetStateDict", "get")):
+        mapped = m[f"{key}_mapped_s"]["median"]
+        memory = m[f"{key}_memory_s"]["median"]
+        table.add(f"--map_saved_bytes: {label}, {m['model']} "
+                  f"({n / MIB:.0f} MiB), hosted from the data files",
+                  fmt_s(mapped), f"hosted in memory {fmt_s(memory)}",
+                  f"{memory / mapped:.2f}x", "(decides the default)", None)
+
+
 def restore_rows(table, t):
     r = t.get("restore")
     if r is None:
@@ -591,6 +609,7 @@ def main():
     core_rows(table, core, torch_results, args.torch_model)
     concurrency_rows(table, transfer)
     shared_memory_rows(table, transfer)
+    mapped_rows(table, transfer)
     if args.python_transfer:
         python_rows(table, load(args.python_transfer))
     restore_rows(table, transfer)

@@ -54,7 +54,8 @@ ABSL_FLAG(int, warmup, 1, "unmeasured repetitions first");
 ABSL_FLAG(bool, smoke, false, "tiny models and counts (for the test suite)");
 ABSL_FLAG(std::vector<std::string>, figures,
           std::vector<std::string>({"transfer", "hooks", "concurrency",
-                                    "restore", "attest", "shared_memory"}),
+                                    "restore", "attest", "shared_memory",
+                                    "mapped"}),
           "which figures to measure");
 // The raw gRPC server mode (this binary, started by itself).
 ABSL_FLAG(bool, serve_raw, false,
@@ -608,6 +609,66 @@ Json RestartFigures(const std::string& server, int count, int out_features,
   return out;
 }
 
+// What --map_saved_bytes costs the calls that write hosted tensors: the
+// same durable LoadStateDict, to(float16) and back, and GetStateDict on a
+// server that hosts its saved bytes from the data files, against one that
+// keeps them in memory (both started here, the module built on each). A
+// write into a mapped tensor gets fresh memory where one in memory is
+// overwritten in place; reads come from the page cache.
+Json MappedFigures(const std::string& server, const std::string& model) {
+  testing::ServerProcess mapped(server, {"--map_saved_bytes"});
+  testing::ServerProcess memory(server, {});
+  Check(mapped.Start(), "start the --map_saved_bytes server");
+  Check(memory.Start(), "start the in-memory server");
+  const std::unique_ptr<ModelStateClient> on_file =
+      OwnConnection(mapped.address());
+  const std::unique_ptr<ModelStateClient> in_memory =
+      OwnConnection(memory.address());
+  const v1::ModuleSpec spec = LoadSpec(model);
+  for (ModelStateClient* c : {on_file.get(), in_memory.get()}) {
+    Build(*c, "bench/mapped", spec);
+  }
+  const StateDict state =
+      Check(in_memory->GetStateDict("bench/mapped"), "fetch");
+  uint64_t bytes = 0;
+  for (const auto& item : state.tensors) bytes += item.value.nbytes();
+  auto load = [&](ModelStateClient& c) {
+    auto start = std::chrono::steady_clock::now();
+    Check(c.LoadStateDict("bench/mapped", state).status(), "load");
+    return Seconds(start);
+  };
+  auto half_and_back = [&](ModelStateClient& c) {
+    v1::MoveModuleRequest move;
+    move.set_module("bench/mapped");
+    auto start = std::chrono::steady_clock::now();
+    move.set_dtype("float16");
+    Check(c.MoveModule(move).status(), "to(float16)");
+    move.set_dtype("float32");
+    Check(c.MoveModule(move).status(), "to(float32)");
+    return Seconds(start);
+  };
+  auto get = [&](ModelStateClient& c) {
+    auto start = std::chrono::steady_clock::now();
+    StateDict got = Check(c.GetStateDict("bench/mapped"), "get");
+    return Seconds(start);
+  };
+  auto [load_memory, load_mapped] = RepeatPair([&] { return load(*in_memory); },
+                                               [&] { return load(*on_file); });
+  auto [move_memory, move_mapped] =
+      RepeatPair([&] { return half_and_back(*in_memory); },
+                 [&] { return half_and_back(*on_file); });
+  auto [get_memory, get_mapped] = RepeatPair([&] { return get(*in_memory); },
+                                             [&] { return get(*on_file); });
+  return Json{{"model", model},
+              {"bytes", bytes},
+              {"load_memory_s", Figure(load_memory)},
+              {"load_mapped_s", Figure(load_mapped)},
+              {"half_and_back_memory_s", Figure(move_memory)},
+              {"half_and_back_mapped_s", Figure(move_mapped)},
+              {"get_memory_s", Figure(get_memory)},
+              {"get_mapped_s", Figure(get_mapped)}};
+}
+
 // Restarts with 1 GiB and with 8 GiB hosted, in the same number of tensors
 // (so the same manifest work), and with nothing hosted: with the data files
 // mapped instead of read, the bytes hosted should not show.
@@ -659,6 +720,10 @@ int Run() {
   }
   if (wanted("shared_memory")) {
     out["shared_memory"] = SharedMemoryFigures(s, smoke ? "mlp" : "gpt2");
+  }
+  if (wanted("mapped")) {
+    out["mapped"] =
+        MappedFigures(absl::GetFlag(FLAGS_server), smoke ? "mlp" : "gpt2");
   }
   out["reps"] = absl::GetFlag(FLAGS_reps);
   out["warmup"] = absl::GetFlag(FLAGS_warmup);
