@@ -1,6 +1,7 @@
 #include "base/shared_memory.h"
 
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -15,6 +16,9 @@
 #include <fstream>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
@@ -181,26 +185,31 @@ bool SharedRing::WaitForSlot(uint64_t chunk, absl::Duration timeout,
 }
 
 namespace {
-// The header page: `consumed` at 0, the direct table's answer at 8.
-constexpr size_t kDirectTableOffset = 8;
+// The direct table's words in the header page (see SharedRing).
+constexpr size_t kAnswerOffset = 8;
+constexpr size_t kWritingOffset = 16;
+constexpr size_t kStoppedOffset = 24;
+constexpr size_t kCallOffset = 32;
 }  // namespace
 
-uint64_t SharedRing::direct_table() const {
-  return __atomic_load_n(
-      reinterpret_cast<const uint64_t*>(region_.data() + kDirectTableOffset),
-      __ATOMIC_ACQUIRE);
+uint64_t* SharedRing::word(size_t offset) const {
+  return reinterpret_cast<uint64_t*>(region_.data() + offset);
 }
 
-void SharedRing::ResetDirectTable() {
-  __atomic_store_n(
-      reinterpret_cast<uint64_t*>(region_.data() + kDirectTableOffset), 0,
-      __ATOMIC_RELEASE);
+uint64_t SharedRing::direct_table() const {
+  return __atomic_load_n(word(kAnswerOffset), __ATOMIC_ACQUIRE);
+}
+
+uint64_t SharedRing::BeginDirectCall() {
+  __atomic_store_n(word(kAnswerOffset), 0, __ATOMIC_RELEASE);
+  const uint64_t call =
+      __atomic_load_n(word(kCallOffset), __ATOMIC_ACQUIRE) + 1;
+  __atomic_store_n(word(kCallOffset), call, __ATOMIC_RELEASE);
+  return call;
 }
 
 void SharedRing::DeclineDirectTable() {
-  __atomic_store_n(
-      reinterpret_cast<uint64_t*>(region_.data() + kDirectTableOffset),
-      kDirectTableDeclined, __ATOMIC_RELEASE);
+  __atomic_store_n(word(kAnswerOffset), kDirectTableDeclined, __ATOMIC_RELEASE);
 }
 
 bool SharedRing::OfferDirectTable(const std::vector<DirectTarget>& targets) {
@@ -216,14 +225,27 @@ bool SharedRing::OfferDirectTable(const std::vector<DirectTarget>& targets) {
     std::memcpy(out + 8, &target.length, 8);
     out += sizeof(DirectTarget);
   }
-  __atomic_store_n(
-      reinterpret_cast<uint64_t*>(region_.data() + kDirectTableOffset),
-      uint64_t{targets.size()}, __ATOMIC_RELEASE);
+  __atomic_store_n(word(kAnswerOffset), uint64_t{targets.size()},
+                   __ATOMIC_RELEASE);
   return true;
 }
 
-absl::StatusOr<std::optional<std::vector<DirectTarget>>>
-SharedRing::AwaitDirectTable(absl::Duration timeout,
+bool SharedRing::StopDirectWrites(uint64_t call, absl::Duration timeout) {
+  // With BeginDirectWrite, Dekker's handshake: each side stores its word,
+  // then reads the other's (both sequentially consistent), so that either
+  // the server sees the stop before it writes or the client sees it
+  // writing and waits.
+  __atomic_store_n(word(kStoppedOffset), call, __ATOMIC_SEQ_CST);
+  const absl::Time deadline = absl::Now() + timeout;
+  while (__atomic_load_n(word(kWritingOffset), __ATOMIC_SEQ_CST) != 0) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Microseconds(20));
+  }
+  return true;
+}
+
+absl::StatusOr<std::optional<SharedRing::DirectTable>>
+SharedRing::AwaitDirectTable(uint64_t entries, absl::Duration timeout,
                              absl::FunctionRef<bool()> cancelled,
                              absl::string_view field) const {
   const absl::Time deadline = absl::Now() + timeout;
@@ -239,41 +261,128 @@ SharedRing::AwaitDirectTable(absl::Duration timeout,
     count = direct_table();
   }
   if (count == kDirectTableDeclined) return std::nullopt;
+  if (count != entries) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": the direct table has ", count,
+                     " entries; the header has ", entries));
+  }
   const uint64_t room = uint64_t{slots_} * slot_bytes_ / sizeof(DirectTarget);
   if (count > room) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": a direct table of ", count,
                      " entries; the ring's slots hold at most ", room));
   }
-  std::vector<DirectTarget> targets(count);
+  DirectTable table;
+  table.call = __atomic_load_n(word(kCallOffset), __ATOMIC_ACQUIRE);
+  table.targets.resize(count);
   const char* in = region_.data() + kRingHeaderBytes;
-  for (DirectTarget& target : targets) {
+  for (DirectTarget& target : table.targets) {
     std::memcpy(&target.address, in, 8);
     std::memcpy(&target.length, in + 8, 8);
     in += sizeof(DirectTarget);
   }
-  return targets;
+  return table;
 }
+
+bool SharedRing::BeginDirectWrite(uint64_t call) {
+  __atomic_store_n(word(kWritingOffset), 1, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(word(kStoppedOffset), __ATOMIC_SEQ_CST) >= call) {
+    EndDirectWrite();
+    return false;
+  }
+  return true;
+}
+
+void SharedRing::EndDirectWrite() {
+  __atomic_store_n(word(kWritingOffset), 0, __ATOMIC_RELEASE);
+}
+
+namespace {
+
+// getsockopt(SO_PEERPIDFD): a pidfd of the process that connected, taken
+// when it connected (Linux 6.5 and later).
+constexpr int kPeerPidfd = 77;
+
+// The pid a pidfd refers to (its fdinfo's "Pid:" line); -1 once exited.
+int PidOfPidfd(int pidfd) {
+  std::ifstream in(absl::StrCat("/proc/self/fdinfo/", pidfd));
+  std::string line;
+  while (std::getline(in, line)) {
+    absl::string_view rest = line;
+    int pid = 0;
+    if (absl::ConsumePrefix(&rest, "Pid:") &&
+        absl::SimpleAtoi(absl::StripAsciiWhitespace(rest), &pid)) {
+      return pid;
+    }
+  }
+  return 0;
+}
+
+// While alive, this thread acts without CAP_SYS_PTRACE (capabilities are
+// per thread; the permitted set keeps it, so it comes back after): the
+// kernel then lets it write another process's memory only where a debugger
+// of the same user could, never a process that became privileged (a setuid
+// program, not dumpable) after it registered its ring.
+class ScopedWithoutPtrace {
+ public:
+  ScopedWithoutPtrace() {
+    if (syscall(SYS_capget, &header_, data_) != 0) return;
+    constexpr uint32_t bit = 1u << (CAP_SYS_PTRACE % 32);
+    __user_cap_data_struct* word = &data_[CAP_SYS_PTRACE / 32];
+    if ((word->effective & bit) == 0) return;
+    __user_cap_data_struct lowered[2] = {data_[0], data_[1]};
+    lowered[CAP_SYS_PTRACE / 32].effective &= ~bit;
+    dropped_ = syscall(SYS_capset, &header_, lowered) == 0;
+  }
+  ~ScopedWithoutPtrace() {
+    if (dropped_) syscall(SYS_capset, &header_, data_);
+  }
+  ScopedWithoutPtrace(const ScopedWithoutPtrace&) = delete;
+  ScopedWithoutPtrace& operator=(const ScopedWithoutPtrace&) = delete;
+
+ private:
+  __user_cap_header_struct header_{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data_[2] = {};
+  bool dropped_ = false;
+};
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<PeerMemory>> PeerMemory::OfConnection(
     int socket) {
-  ucred credentials{};
-  socklen_t size = sizeof(credentials);
-  if (getsockopt(socket, SOL_SOCKET, SO_PEERCRED, &credentials, &size) != 0) {
-    return SocketError(errno, "SO_PEERCRED");
+  // The peer's identity, pinned by a pidfd: once it exits the pidfd turns
+  // readable, so a recycled pid is never written. SO_PEERPIDFD pins the
+  // very process that connected; older kernels get the pid it had then and
+  // open a pidfd now, checking that the connection is still open (a
+  // process that exited in between cannot be confused with a newcomer of
+  // another user: the kernel checks the user at every write).
+  ScopedFd pidfd;
+  int pid = 0;
+  int raw_pidfd = -1;
+  socklen_t size = sizeof(raw_pidfd);
+  if (getsockopt(socket, SOL_SOCKET, kPeerPidfd, &raw_pidfd, &size) == 0 &&
+      raw_pidfd >= 0) {
+    pidfd = ScopedFd(raw_pidfd);
+    pid = PidOfPidfd(pidfd.get());
+  } else {
+    ucred credentials{};
+    size = sizeof(credentials);
+    if (getsockopt(socket, SOL_SOCKET, SO_PEERCRED, &credentials, &size) != 0) {
+      return SocketError(errno, "SO_PEERCRED");
+    }
+    pid = credentials.pid;
+    if (pid > 0) {
+      pidfd = ScopedFd(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
+      if (pidfd.get() < 0) return SocketError(errno, "pidfd_open");
+    }
   }
-  if (credentials.pid <= 0) {
+  if (pid <= 0) {
     return absl::UnavailableError(
-        "shared memory socket: the peer's process is not visible here");
+        "shared memory socket: the peer's process is not visible here, or "
+        "is gone");
   }
-  // A pidfd pins the identity: once the peer exits it turns readable, so a
-  // recycled pid is never written to.
-  ScopedFd pidfd(static_cast<int>(syscall(SYS_pidfd_open, credentials.pid, 0)));
-  if (pidfd.get() < 0) return SocketError(errno, "pidfd_open");
-  auto peer = std::unique_ptr<PeerMemory>(
-      new PeerMemory(credentials.pid, std::move(pidfd)));
-  // The pid was read when the peer connected; it is still that process if
-  // it has not exited since (checked after the pidfd was opened).
+  auto peer =
+      std::unique_ptr<PeerMemory>(new PeerMemory(pid, std::move(pidfd)));
   pollfd hangup{socket, POLLRDHUP, 0};
   if (poll(&hangup, 1, 0) > 0 && (hangup.revents & (POLLRDHUP | POLLHUP))) {
     return absl::UnavailableError("shared memory socket: the peer went away");
@@ -285,48 +394,54 @@ absl::StatusOr<std::unique_ptr<PeerMemory>> PeerMemory::OfConnection(
 absl::Status PeerMemory::CheckAlive() const {
   pollfd exited{pidfd_.get(), POLLIN, 0};
   if (poll(&exited, 1, 0) != 0) {
-    return absl::UnavailableError("the client's process exited");
+    return absl::UnavailableError(
+        "shared_memory_direct: the client's process exited");
   }
   return absl::OkStatus();
 }
 
-absl::Status PeerMemory::Failure(int error, absl::string_view what) const {
+absl::Status PeerMemory::Failure(int error) const {
   switch (error) {
     case EPERM:
     case ENOSYS:
       return absl::FailedPreconditionError(absl::StrCat(
-          what, ": this process may not write the client's memory: ",
+          "shared_memory_direct: the kernel does not let the server write "
+          "the client's memory: ",
           std::strerror(error)));
     case ESRCH:
-      return absl::UnavailableError("the client's process exited");
+      return absl::UnavailableError(
+          "shared_memory_direct: the client's process exited");
     default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": not the client's memory: ", std::strerror(error)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("shared_memory_direct: not the client's memory: ",
+                       std::strerror(error)));
   }
 }
 
 absl::Status PeerMemory::Probe(uint64_t address) const {
+  const ScopedWithoutPtrace as_any_debugger;
   char byte = 0;
   iovec local{&byte, 1};
   iovec remote{reinterpret_cast<void*>(address), 1};
   if (process_vm_readv(pid_, &local, 1, &remote, 1, 0) != 1) {
-    return Failure(errno, "direct table");
+    return Failure(errno);
   }
   return absl::OkStatus();
 }
 
 absl::Status PeerMemory::Write(absl::string_view bytes,
                                uint64_t address) const {
+  const ScopedWithoutPtrace as_any_debugger;
   while (!bytes.empty()) {
     iovec local{const_cast<char*>(bytes.data()), bytes.size()};
     iovec remote{reinterpret_cast<void*>(address), bytes.size()};
     const ssize_t n = process_vm_writev(pid_, &local, 1, &remote, 1, 0);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return Failure(errno, "direct table");
+      return Failure(errno);
     }
     // A partial write stops at a page the peer does not have.
-    if (n == 0) return Failure(EFAULT, "direct table");
+    if (n == 0) return Failure(EFAULT);
     bytes.remove_prefix(static_cast<size_t>(n));
     address += static_cast<uint64_t>(n);
   }

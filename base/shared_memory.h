@@ -116,25 +116,45 @@ class SharedRing {
   bool WaitForSlot(uint64_t chunk, absl::Duration timeout,
                    absl::FunctionRef<bool()> cancelled) const;
 
-  // The direct table's answer (acquire): 0 while the client has not
-  // answered, kDirectTableDeclined, or the number of DirectTargets it wrote
-  // from the first slot on.
-  uint64_t direct_table() const;
-  // The client's side: writes `targets` and answers with their number
-  // (release), or answers kDirectTableDeclined when they do not fit in the
+  // The direct table. The header page holds its words: the answer at 8
+  // (0 while the client has not answered, kDirectTableDeclined, or the
+  // number of DirectTargets written from the first slot on), the server's
+  // "writing" flag at 16, the last call the client stopped at 24 and the
+  // client's current call at 32; all little endian.
+  uint64_t direct_table() const;  // the answer (acquire)
+
+  // The client's side. Before a call that may use a table: no answer yet,
+  // and the call's number (one more than the last).
+  uint64_t BeginDirectCall();
+  // Writes `targets` and answers with their number (release), or answers
+  // kDirectTableDeclined when there are none or they do not fit in the
   // slots (false then).
   bool OfferDirectTable(const std::vector<DirectTarget>& targets);
   void DeclineDirectTable();
-  // The server's side: waits for the answer as WaitForSlot does; the
-  // targets (copied out of the ring, so that the client cannot change them
-  // after they are checked), or nullopt when the client declined.
-  // DEADLINE_EXCEEDED / CANCELLED when no answer came; INVALID_ARGUMENT
-  // naming `field` for an answer larger than the slots.
-  absl::StatusOr<std::optional<std::vector<DirectTarget>>> AwaitDirectTable(
-      absl::Duration timeout, absl::FunctionRef<bool()> cancelled,
-      absl::string_view field) const;
-  // Both: 0 again, before a call that may use a table.
-  void ResetDirectTable();
+  // For a call that ends before the server said it wrote everything (an
+  // error, a deadline, a cancellation): tells the server to write nothing
+  // more for `call` and waits until no write is in progress. Only then may
+  // the memory the table named be freed. False when the server was still
+  // writing after `timeout` (that memory must then be kept forever).
+  bool StopDirectWrites(uint64_t call, absl::Duration timeout);
+
+  // The server's side. A table and the call it belongs to.
+  struct DirectTable {
+    std::vector<DirectTarget> targets;
+    uint64_t call = 0;
+  };
+  // Waits for the answer as WaitForSlot does; the table (copied out of the
+  // ring, so that the client cannot change it after it is checked), or
+  // nullopt when the client declined. DEADLINE_EXCEEDED / CANCELLED when no
+  // answer came; INVALID_ARGUMENT naming `field` for a table of other than
+  // `entries` targets.
+  absl::StatusOr<std::optional<DirectTable>> AwaitDirectTable(
+      uint64_t entries, absl::Duration timeout,
+      absl::FunctionRef<bool()> cancelled, absl::string_view field) const;
+  // Around every write into the client's memory: false (and nothing may be
+  // written) once the client stopped `call`.
+  bool BeginDirectWrite(uint64_t call);
+  void EndDirectWrite();
 
  private:
   SharedRing(ScopedFd fd, MappedRegion region, uint32_t slots,
@@ -144,6 +164,9 @@ class SharedRing {
         slots_(slots),
         slot_bytes_(slot_bytes) {}
 
+  // A word of the header page, read and written atomically.
+  uint64_t* word(size_t offset) const;
+
   ScopedFd fd_;
   MappedRegion region_;
   uint32_t slots_;
@@ -151,10 +174,13 @@ class SharedRing {
 };
 
 // A process on this host whose memory this one may write (the peer of a
-// Unix-domain connection, found by SO_PEERCRED), as a debugger could: the
-// kernel allows it for a process of the same user that has not forbidden
-// it (Yama's ptrace_scope 0, or a client that named this process with
-// PR_SET_PTRACER), and refuses otherwise. Thread-compatible.
+// Unix-domain connection, pinned by a pidfd), as a debugger of the same
+// user could: the kernel allows it for a dumpable process of this
+// process's user that has not forbidden it (Yama's ptrace_scope 0, or a
+// client that named this process with PR_SET_PTRACER), and refuses
+// otherwise. Writes go without CAP_SYS_PTRACE even in a server that has
+// it, so that a client that became privileged (exec of a setuid program)
+// is never written. Thread-compatible.
 class PeerMemory {
  public:
   // The connection's peer: UNAVAILABLE when the kernel does not name it
@@ -174,7 +200,7 @@ class PeerMemory {
 
  private:
   PeerMemory(int pid, ScopedFd pidfd) : pid_(pid), pidfd_(std::move(pidfd)) {}
-  absl::Status Failure(int error, absl::string_view what) const;
+  absl::Status Failure(int error) const;
 
   const int pid_;
   const ScopedFd pidfd_;  // readable once the peer exits

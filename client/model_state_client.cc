@@ -1,5 +1,7 @@
 #include "client/model_state_client.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -39,6 +41,11 @@ std::vector<absl::Span<char>> MemorySink::Destinations() {
 }
 
 absl::Status MemorySink::Placed(uint64_t n) { return assembler_->Placed(n); }
+
+void MemorySink::Abandon() {
+  // Leaked on purpose: a late write lands in memory nobody else uses.
+  new std::unique_ptr<StateDictAssembler>(std::move(assembler_));
+}
 
 absl::Status StateDictSink::Placed(uint64_t) {
   return absl::InternalError(
@@ -322,7 +329,7 @@ class ModelStateClient::RingUse {
   RingUse(ModelStateClient& client, SharedRing& ring, std::string token)
       : client_(client), ring_(ring), token_(std::move(token)) {
     ring_.set_consumed(0);
-    ring_.ResetDirectTable();
+    direct_call_ = ring_.BeginDirectCall();
   }
   ~RingUse() {
     MutexLock lock(&client_.ring_mu_);
@@ -333,6 +340,7 @@ class ModelStateClient::RingUse {
   }
   SharedRing& ring() const { return ring_; }
   const std::string& token() const { return token_; }
+  uint64_t direct_call() const { return direct_call_; }
   bool forgotten() const { return forgotten_; }
   // Notes a call's status, in case it says the token is unknown.
   const absl::Status& Note(const absl::Status& status) {
@@ -345,6 +353,7 @@ class ModelStateClient::RingUse {
   ModelStateClient& client_;
   SharedRing& ring_;
   const std::string token_;
+  uint64_t direct_call_ = 0;
   bool forgotten_ = false;
 };
 
@@ -374,7 +383,16 @@ std::unique_ptr<ModelStateClient::RingUse> ModelStateClient::UseRing() {
         SharedRing::Create(options_.ring_slots, options_.ring_slot_bytes);
     if (!ring.ok()) return nullptr;
     ring_ = *std::move(ring);
+    ring_pid_ = getpid();
     ring_socket_ = info->socket_path();
+  }
+  if (ring_ != nullptr && ring_pid_ != getpid()) {
+    // A child of fork: the ring and its registration are the parent's.
+    ring_registration_ = RingRegistration();
+    absl::StatusOr<std::unique_ptr<SharedRing>> ring =
+        SharedRing::Create(options_.ring_slots, options_.ring_slot_bytes);
+    ring_ = ring.ok() ? *std::move(ring) : nullptr;
+    ring_pid_ = getpid();
   }
   if (ring_ == nullptr) return nullptr;
   if (ring_registration_.token.empty()) {
@@ -449,12 +467,23 @@ absl::Status ModelStateClient::Fetch(absl::string_view module,
           absl::InternalError("server sent a malformed state_dict stream");
     }
   }
+  // A call that ends before the server said it wrote everything: the
+  // server must be done writing into the sink's memory before the caller
+  // may free it.
+  auto stop_direct_writes = [&] {
+    if (offered && !ring->ring().StopDirectWrites(ring->direct_call(),
+                                                  absl::Seconds(10))) {
+      sink.Abandon();
+    }
+  };
   if (!failure.ok()) {
     context->TryCancel();
     reader->Finish().IgnoreError();
+    stop_direct_writes();
     return failure;
   }
   absl::Status status = FromGrpcStatus(reader->Finish());
+  if (!status.ok()) stop_direct_writes();
   if (ring != nullptr && !ring->Note(status).ok() && !began &&
       may_register_again && ring->forgotten()) {
     // A ring the server forgot (it restarted): once more, registering it

@@ -95,6 +95,9 @@ class StateDictSink {
   virtual std::vector<absl::Span<char>> Destinations() { return {}; }
   // The next `n` bytes are in Destinations() already.
   virtual absl::Status Placed(uint64_t n);
+  // The server may still write into Destinations() (it did not stop when
+  // asked): the sink must keep that memory for the rest of the process.
+  virtual void Abandon() {}
 };
 
 // Provides a state_dict to stream.
@@ -116,6 +119,7 @@ class MemorySink : public StateDictSink {
   absl::Status Finish() override;
   std::vector<absl::Span<char>> Destinations() override;
   absl::Status Placed(uint64_t n) override;
+  void Abandon() override;
   // The result, after Finish.
   StateDict& state_dict() { return result_; }
 
@@ -332,6 +336,9 @@ class ModelStateClient {
   bool ring_busy_ ABSL_GUARDED_BY(ring_mu_) = false;
   std::string ring_socket_ ABSL_GUARDED_BY(ring_mu_);
   std::unique_ptr<SharedRing> ring_ ABSL_GUARDED_BY(ring_mu_);
+  // The process that made ring_: a child of fork makes a ring of its own
+  // (the server would write the parent's memory through the parent's).
+  int ring_pid_ ABSL_GUARDED_BY(ring_mu_) = 0;
   // Open while the server keeps the ring: closed with the client.
   RingRegistration ring_registration_ ABSL_GUARDED_BY(ring_mu_);
   mutable Mutex seqs_mu_;

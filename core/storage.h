@@ -222,6 +222,9 @@ class ScopedStorageReuse {
 // first ones are being faulted in waits for the faulting at every mapping
 // (both need the process's memory map); a receive that makes every
 // entry's tensor at once (StateDictAssembler::PlaceAll) uses it. Nests.
+// A storage made in the scope may be freed on this thread at any time, but
+// on another thread only after the scope ends (the held ranges are this
+// thread's).
 class ScopedBatchedPrefault {
  public:
   ScopedBatchedPrefault();

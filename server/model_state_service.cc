@@ -70,13 +70,24 @@ absl::Status RingStalled() {
 // Each stretch of the stream written where the client's direct `table`
 // says, in `peer`'s memory, and announced by a direct_bytes message.
 absl::Status SendStateDictDirect(grpc::ServerContext* context,
-                                 StateDictReader& reader,
-                                 const std::vector<DirectTarget>& table,
+                                 StateDictReader& reader, SharedRing& ring,
+                                 const SharedRing::DirectTable& table,
                                  const PeerMemory& peer, ChunkWriter* writer) {
   // Big enough that announcing a stretch costs nothing, small enough that
   // progress and a cancelled call are seen within tens of milliseconds.
   constexpr size_t kStretchBytes = 64 << 20;
+  // A client that stops the call waits for at most one piece's write.
+  constexpr size_t kPieceBytes = 4 << 20;
   const std::vector<StateDictLayoutEntry>& entries = reader.layout().entries;
+  auto write = [&](absl::string_view bytes, uint64_t address) {
+    if (!ring.BeginDirectWrite(table.call)) {
+      return absl::CancelledError(
+          "shared_memory_direct: the client stopped the call");
+    }
+    absl::Status written = peer.Write(bytes, address);
+    ring.EndDirectWrite();
+    return written;
+  };
   v1::StateDictChunk message;
   while (reader.remaining() > 0) {
     if (context->IsCancelled()) return ClientWentAway();
@@ -84,13 +95,17 @@ absl::Status SendStateDictDirect(grpc::ServerContext* context,
     MODELSTATE_ASSIGN_OR_RETURN(
         size_t n, reader.ReadTo(kStretchBytes, [&](absl::string_view piece) {
           const auto [entry, offset] = reader.NextByte();
-          absl::Status written =
-              peer.Write(piece, table[entry].address + offset);
-          if (written.ok()) return written;
-          return absl::Status(
-              written.code(),
-              absl::StrCat("shared_memory_direct: entry '", entries[entry].key,
-                           "': ", written.message()));
+          for (size_t done = 0; done < piece.size(); done += kPieceBytes) {
+            absl::Status written =
+                write(piece.substr(done, kPieceBytes),
+                      table.targets[entry].address + offset + done);
+            if (!written.ok()) {
+              return absl::Status(written.code(),
+                                  absl::StrCat(written.message(), " (entry '",
+                                               entries[entry].key, "')"));
+            }
+          }
+          return absl::OkStatus();
         }));
     message.set_direct_bytes(n);
     if (!writer->Write(message)) return ClientWentAway();
@@ -98,17 +113,12 @@ absl::Status SendStateDictDirect(grpc::ServerContext* context,
   return absl::OkStatus();
 }
 
-// Whether the client's direct `table` may be written: one target per entry,
-// each as long as its entry, and the kernel lets this process write there
+// Whether the client's direct `table` may be written: each target as long
+// as its entry, and the kernel lets this process write there
 // (FAILED_PRECONDITION when it does not: the slots then).
 absl::Status CheckDirectTable(const StateDictLayout& layout,
                               const std::vector<DirectTarget>& table,
                               const PeerMemory& peer) {
-  if (table.size() != layout.entries.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shared_memory_direct: the direct table has ", table.size(),
-        " entries; the header has ", layout.entries.size()));
-  }
   const DirectTarget* first = nullptr;
   for (size_t i = 0; i < table.size(); ++i) {
     const DirectTarget& target = table[i];
@@ -139,15 +149,15 @@ absl::Status SendStateDictThroughRing(grpc::ServerContext* context,
   if (!writer->Write(message)) return ClientWentAway();
   if (direct) {
     MODELSTATE_ASSIGN_OR_RETURN(
-        std::optional<std::vector<DirectTarget>> table,
+        std::optional<SharedRing::DirectTable> table,
         ring.AwaitDirectTable(
-            kRingWait, [&] { return context->IsCancelled(); },
-            "shared_memory_direct"));
+            reader.layout().entries.size(), kRingWait,
+            [&] { return context->IsCancelled(); }, "shared_memory_direct"));
     if (table.has_value() && lease.peer() != nullptr) {
       absl::Status writable =
-          CheckDirectTable(reader.layout(), *table, *lease.peer());
+          CheckDirectTable(reader.layout(), table->targets, *lease.peer());
       if (writable.ok()) {
-        return SendStateDictDirect(context, reader, *table, *lease.peer(),
+        return SendStateDictDirect(context, reader, ring, *table, *lease.peer(),
                                    writer);
       }
       if (!absl::IsFailedPrecondition(writable)) return writable;

@@ -126,17 +126,18 @@ TEST(SharedRingTest, ADirectTableGoesThroughTheRing) {
       SharedRing::Create(2, 4096);
   ASSERT_TRUE(ring.ok());
   SharedRing& r = **ring;
-  r.ResetDirectTable();
+  const uint64_t call = r.BeginDirectCall();
+  EXPECT_EQ(r.BeginDirectCall(), call + 1);  // each call a new number
   EXPECT_EQ(r.direct_table(), 0u);
   // No answer yet: the server's wait ends (its caller's deadline, or the
   // call's end).
   EXPECT_EQ(r.AwaitDirectTable(
-                 absl::Milliseconds(20), [] { return false; }, "f")
+                 3, absl::Milliseconds(20), [] { return false; }, "f")
                 .status()
                 .code(),
             absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(r.AwaitDirectTable(
-                 absl::Seconds(10), [] { return true; }, "f")
+                 3, absl::Seconds(10), [] { return true; }, "f")
                 .status()
                 .code(),
             absl::StatusCode::kCancelled);
@@ -145,26 +146,72 @@ TEST(SharedRingTest, ADirectTableGoesThroughTheRing) {
     absl::SleepFor(absl::Milliseconds(5));
     EXPECT_TRUE(r.OfferDirectTable(table));
   });
-  absl::StatusOr<std::optional<std::vector<DirectTarget>>> got =
+  absl::StatusOr<std::optional<SharedRing::DirectTable>> got =
       r.AwaitDirectTable(
-          absl::Seconds(10), [] { return false; }, "f");
+          3, absl::Seconds(10), [] { return false; }, "f");
   client.join();
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_TRUE(got->has_value());
-  ASSERT_EQ((*got)->size(), 3u);
+  EXPECT_EQ((*got)->call, call + 1);
+  ASSERT_EQ((*got)->targets.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
-    EXPECT_EQ((**got)[i].address, table[i].address);
-    EXPECT_EQ((**got)[i].length, table[i].length);
+    EXPECT_EQ((*got)->targets[i].address, table[i].address);
+    EXPECT_EQ((*got)->targets[i].length, table[i].length);
   }
-  // A table the slots cannot hold (512 targets here) is declined.
-  r.ResetDirectTable();
+  // The count must be the header's.
+  EXPECT_THAT(r.AwaitDirectTable(
+                   4, absl::Seconds(1), [] { return false; }, "f")
+                  .status()
+                  .message(),
+              HasSubstr("f: the direct table has 3 entries; the header has 4"));
+  // A table the slots cannot hold (512 targets here) is declined by the
+  // client, and refused by the server if a client answers one anyway.
+  r.BeginDirectCall();
   EXPECT_FALSE(r.OfferDirectTable(std::vector<DirectTarget>(513)));
   EXPECT_EQ(r.direct_table(), kDirectTableDeclined);
   got = r.AwaitDirectTable(
-      absl::Seconds(1), [] { return false; }, "f");
+      513, absl::Seconds(1), [] { return false; }, "f");
   ASSERT_TRUE(got.ok());
   EXPECT_FALSE(got->has_value());
+  MappedRegion view(
+      mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, r.fd(), 0), 4096);
+  __atomic_store_n(reinterpret_cast<uint64_t*>(view.data() + 8), 513,
+                   __ATOMIC_RELEASE);
+  EXPECT_THAT(
+      r.AwaitDirectTable(
+           513, absl::Seconds(1), [] { return false; }, "f")
+          .status()
+          .message(),
+      HasSubstr("f: a direct table of 513 entries; the ring's slots hold at "
+                "most 512"));
   EXPECT_TRUE(r.OfferDirectTable(std::vector<DirectTarget>(512)));
+}
+
+// The server writes only between BeginDirectWrite and EndDirectWrite, and
+// never once the client stopped the call; a client that stops waits for a
+// write in progress.
+TEST(SharedRingTest, AStoppedCallIsWrittenNoMore) {
+  absl::StatusOr<std::unique_ptr<SharedRing>> ring =
+      SharedRing::Create(2, 4096);
+  ASSERT_TRUE(ring.ok());
+  SharedRing& r = **ring;
+  const uint64_t call = r.BeginDirectCall();
+  ASSERT_TRUE(r.BeginDirectWrite(call));
+  // A write in progress: the stop waits for it, up to its limit.
+  EXPECT_FALSE(r.StopDirectWrites(call, absl::Milliseconds(50)));
+  std::thread server([&] {
+    absl::SleepFor(absl::Milliseconds(20));
+    r.EndDirectWrite();
+  });
+  EXPECT_TRUE(r.StopDirectWrites(call, absl::Seconds(10)));
+  server.join();
+  EXPECT_FALSE(r.BeginDirectWrite(call));
+  // The next call is not stopped by the last one's stop.
+  const uint64_t next = r.BeginDirectCall();
+  ASSERT_TRUE(r.BeginDirectWrite(next));
+  r.EndDirectWrite();
+  // Nor is a stale writer of the stopped call let through by it.
+  EXPECT_FALSE(r.BeginDirectWrite(call));
 }
 
 // The peer of a socket pair is this process: its own memory, written as a

@@ -156,9 +156,13 @@ def shared_memory_rows(table, t):
     fresh = m["memcpy_fresh_s"]["median"]
     warm = m["memcpy_warm_s"]["median"]
     grpc_get = m["get_grpc_s"]["median"]
+    placed = m.get("direct_placed_bytes")
+    how = ("the server writes them where the kernel lets it: one copy"
+           if placed is None else "the server writes them: one copy"
+           if placed == n else
+           "through the ring's slots: the kernel refused direct writes")
     table.add(f"GetStateDict through shared memory, {m['model']} "
-              f"({n / MIB:.0f} MiB) into new tensors (the server writes "
-              f"them: one copy)",
+              f"({n / MIB:.0f} MiB) into new tensors ({how})",
               f"{fmt_s(get)} ({rate(n, get)})",
               f"memcpy into fresh memory {fmt_s(fresh)} ({rate(n, fresh)})",
               f"{fresh / get:.2f}x", ">= 0.8x", fresh / get >= 0.8)

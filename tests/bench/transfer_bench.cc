@@ -360,6 +360,17 @@ Json SharedMemoryFigures(Servers& s, const std::string& model) {
         StateDict got = Check(s.client->GetStateDict("bench/shm"), "get grpc");
         return Seconds(start);
       });
+  // Whether the server wrote the bytes in itself (direct table) or they
+  // came through the slots (the kernel refused): the report says which.
+  class PlacedCountingSink : public client::MemorySink {
+   public:
+    absl::Status Placed(uint64_t n) override {
+      placed += n;
+      return MemorySink::Placed(n);
+    }
+    uint64_t placed = 0;
+  } placed_sink;
+  Check(shared->GetStateDict("bench/shm", {}, placed_sink), "get placed");
   // The ring's slots alone (no direct table): two copies, the second while
   // the first goes on.
   client::ClientOptions slots_only;
@@ -390,6 +401,7 @@ Json SharedMemoryFigures(Servers& s, const std::string& model) {
               {"memcpy_warm_s", Figure(memcpy_warm)},
               {"get_shared_s", Figure(get_shared)},
               {"get_slots_s", Figure(get_slots)},
+              {"direct_placed_bytes", placed_sink.placed},
               {"get_grpc_s", Figure(get_grpc)},
               {"load_shared_s", Figure(load_shared)},
               {"load_grpc_s", Figure(load_grpc)}};

@@ -346,8 +346,8 @@ TEST(StorageTest, FaultingInNeverChangesBytesAndStopsForFreedMappings) {
       << "before " << before << ", after " << ProcStatusBytes(0, "VmRSS");
 }
 
-// Whether any page of [data, data + nbytes) is mapped: mincore fails with
-// ENOMEM for a range with unmapped pages.
+// Whether every page of [data, data + nbytes) is mapped: mincore fails
+// with ENOMEM for a range with any unmapped page.
 bool Mapped(const void* data, size_t nbytes) {
   std::vector<unsigned char> resident(nbytes / 4096 + 1);
   return mincore(const_cast<void*>(data), nbytes, resident.data()) == 0;

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -309,7 +310,7 @@ TEST_F(SharedMemoryTest, BadDirectTablesAreRefused) {
   // the call's status.
   auto fetch = [&](const std::vector<DirectTarget>& table, uint64_t count) {
     ring.set_consumed(0);
-    ring.ResetDirectTable();
+    ring.BeginDirectCall();
     v1::GetStateDictRequest get;
     get.set_module(module_);
     get.set_shared_memory_ring(registered.registration.token);
@@ -349,8 +350,21 @@ TEST_F(SharedMemoryTest, BadDirectTablesAreRefused) {
                        HasSubstr("entry '0.bias' has 4 bytes at")));
   EXPECT_THAT(fetch(right, 1000000),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("a direct table of 1000000 entries; the "
-                                 "ring's slots hold at most 512")));
+                       HasSubstr("shared_memory_direct: the direct table has "
+                                 "1000000 entries; the header has 7")));
+  // The address range may not wrap around.
+  std::vector<DirectTarget> wrapping = right;
+  wrapping[0].address = ~uint64_t{0} - 16;
+  EXPECT_THAT(fetch(wrapping, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("entry '0.weight' has 262144 bytes at")));
+  // Memory that goes missing part-way: the entry is named.
+  std::vector<DirectTarget> gone = right;
+  gone[1].address = 64;
+  EXPECT_THAT(fetch(gone, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("not the client's memory: Bad address "
+                                 "(entry '0.bias')")));
   // Memory this process does not have (the first page is never mapped).
   std::vector<DirectTarget> nowhere = right;
   for (DirectTarget& target : nowhere) target.address = 64;
@@ -363,6 +377,49 @@ TEST_F(SharedMemoryTest, BadDirectTablesAreRefused) {
   ASSERT_NE(last, nullptr);
   EXPECT_EQ(std::memcmp(memory.data(), last->raw_data(), last->nbytes()), 0);
   ExpectUnchanged();
+}
+
+// A client that stops a call (its deadline, a failure of its own) must
+// know that nothing more is written where its table said before it frees
+// that memory.
+TEST_F(SharedMemoryTest, AStoppedDirectCallWritesNothingMore) {
+  const std::string module = module_ + "-big";
+  ASSERT_THAT(client_->BuildModule(BuildRequest(
+                  module, R"({"type": "Linear", "args": [4096, 4096]})", 3)),
+              IsOk());
+  Registered registered = RegisterSmallRing();
+  ASSERT_FALSE(registered.registration.token.empty());
+  SharedRing& ring = *registered.ring;
+  ring.set_consumed(0);
+  const uint64_t call = ring.BeginDirectCall();
+  std::vector<char> weight(size_t{4096} * 4096 * 4);
+  std::vector<char> bias(4096 * 4);
+  v1::GetStateDictRequest get;
+  get.set_module(module);
+  get.set_shared_memory_ring(registered.registration.token);
+  get.set_shared_memory_direct(true);
+  auto context = client_->NewContext(absl::Seconds(30));
+  auto reader = client_->stub().GetStateDict(context.get(), get);
+  v1::StateDictChunk chunk;
+  ASSERT_TRUE(reader->Read(&chunk));
+  ASSERT_TRUE(chunk.has_header());
+  ASSERT_TRUE(ring.OfferDirectTable(
+      {{reinterpret_cast<uintptr_t>(weight.data()), weight.size()},
+       {reinterpret_cast<uintptr_t>(bias.data()), bias.size()}}));
+  ASSERT_TRUE(ring.StopDirectWrites(call, absl::Seconds(10)));
+  // From here on the memory is the client's alone.
+  std::memset(weight.data(), 0x5a, weight.size());
+  std::memset(bias.data(), 0x5a, bias.size());
+  while (reader->Read(&chunk)) {
+  }
+  EXPECT_THAT(convert::FromGrpcStatus(reader->Finish()),
+              StatusIs(absl::StatusCode::kCancelled,
+                       HasSubstr("shared_memory_direct: the client stopped "
+                                 "the call")));
+  EXPECT_TRUE(std::all_of(weight.begin(), weight.end(),
+                          [](char c) { return c == 0x5a; }));
+  EXPECT_TRUE(
+      std::all_of(bias.begin(), bias.end(), [](char c) { return c == 0x5a; }));
 }
 
 TEST_F(SharedMemoryTest, LoadStateDictThroughTheRing) {

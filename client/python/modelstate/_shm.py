@@ -56,6 +56,9 @@ chunks_in = 0      # ring chunks received (GetStateDict)
 chunks_out = 0     # ring chunks handed to gRPC (LoadStateDict)
 direct_in = 0      # bytes the server wrote straight into this process
 direct_stretches = 0  # the direct_bytes messages announcing them
+# Buffers a server kept writing into after their call ended (it did not
+# stop when asked): kept for the life of the process.
+abandoned = []
 
 
 class Unreachable(OSError):
@@ -159,7 +162,15 @@ class Ring:
         # One aligned 8-byte load or store (struct would go byte by byte):
         # the other side never sees half a count.
         self._consumed = ctypes.c_uint64.__ctype_le__.from_buffer(self._map)
+        # The direct table's words: its answer, the server's "writing" flag,
+        # the last call this client stopped, and its current call.
         self._direct = ctypes.c_uint64.__ctype_le__.from_buffer(self._map, 8)
+        self._writing = ctypes.c_uint64.__ctype_le__.from_buffer(self._map,
+                                                                 16)
+        self._stopped = ctypes.c_uint64.__ctype_le__.from_buffer(self._map,
+                                                                 24)
+        self._call = ctypes.c_uint64.__ctype_le__.from_buffer(self._map, 32)
+        self.direct_call = 0
 
     def register(self, path, timeout):
         """Hands the memfd to the server's socket at `path`; keeps the
@@ -202,9 +213,31 @@ class Ring:
     def consumed(self, n):
         self._consumed.value = n
 
-    def reset_direct(self):
-        """No direct table answered yet, before a call that may ask."""
+    def begin_direct_call(self):
+        """Before a call that may offer a direct table: no answer yet, and
+        the call's number (one more than the last), kept in direct_call."""
         self._direct.value = 0
+        self.direct_call = self._call.value + 1
+        self._call.value = self.direct_call
+        return self.direct_call
+
+    def stop_direct(self, call):
+        """For a call that ends before the server said it wrote
+        everything: tells the server to write nothing more for `call`, then
+        waits until no write is in progress (only then may the memory the
+        table named be freed). False when the server still wrote after
+        WAIT_S: that memory must be kept for good."""
+        self._stopped.value = call
+        # The store must be seen before `writing` is read (the server
+        # stores `writing`, then reads this word). Python has no fence; a
+        # sleep is a trip through the kernel's scheduler, which is one.
+        time.sleep(0.001)
+        deadline = time.monotonic() + WAIT_S
+        while self._writing.value != 0:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(20e-6)
+        return True
 
     def offer_direct(self, targets):
         """Writes the direct table, (address, length) per header entry, and
@@ -252,7 +285,7 @@ class Ring:
         if self._fd < 0:
             return
         self._consumed = None
-        self._direct = None
+        self._direct = self._writing = self._stopped = self._call = None
         self._view.release()
         try:
             self._map.close()

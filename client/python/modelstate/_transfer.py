@@ -170,7 +170,7 @@ def _through_ring(client, ring, call, plain):
     registered again. Raises grpc.RpcError as the calls do."""
     for attempt in (1, 2):
         ring.consumed = 0
-        ring.reset_direct()
+        ring.begin_direct_call()
         _shm.calls += 1
         try:
             return call(ring)
@@ -214,6 +214,7 @@ def _fetch(client, request, label, progress, ring):
     (None when it names none). Raises grpc.RpcError as the call does."""
     stream = client._get_state_dict(request, timeout=client._transfer_timeout,
                                     metadata=client._metadata)
+    sink = None
     try:
         header_bytes = _chunk_fields(next(stream))[0]
         if header_bytes is None:
@@ -236,10 +237,12 @@ def _fetch(client, request, label, progress, ring):
             raise ValueError(f"{label}: the stream ended after {sink.done} "
                              f"of {header.total_bytes} bytes")
         return header, sink.buffers
-    except grpc.RpcError:
-        raise
-    except BaseException:
-        stream.cancel()  # a stream left open would hold the server's bytes
+    except BaseException as error:
+        if not isinstance(error, grpc.RpcError):
+            stream.cancel()  # a stream left open would hold the server's bytes
+        if sink is not None and sink.direct and \
+                not ring.stop_direct(ring.direct_call):
+            _shm.abandoned.append(sink.buffers)
         raise
 
 
