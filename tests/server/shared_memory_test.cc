@@ -184,6 +184,17 @@ class SharedMemoryTest : public InProcessServerTest {
     return out;
   }
 
+  // A GetStateDict of `module` through the ring registered as `token`,
+  // offering a direct table.
+  static v1::GetStateDictRequest DirectGet(const std::string& module,
+                                           const std::string& token) {
+    v1::GetStateDictRequest get;
+    get.set_module(module);
+    get.set_shared_memory_ring(token);
+    get.set_shared_memory_direct(true);
+    return get;
+  }
+
   std::string SocketPath() {
     return (server_->data_dir() / "shm.sock").string();
   }
@@ -311,12 +322,9 @@ TEST_F(SharedMemoryTest, BadDirectTablesAreRefused) {
   auto fetch = [&](const std::vector<DirectTarget>& table, uint64_t count) {
     ring.set_consumed(0);
     ring.BeginDirectCall();
-    v1::GetStateDictRequest get;
-    get.set_module(module_);
-    get.set_shared_memory_ring(registered.registration.token);
-    get.set_shared_memory_direct(true);
     auto context = client_->NewContext(absl::Seconds(30));
-    auto reader = client_->stub().GetStateDict(context.get(), get);
+    auto reader = client_->stub().GetStateDict(
+        context.get(), DirectGet(module_, registered.registration.token));
     v1::StateDictChunk chunk;
     EXPECT_TRUE(reader->Read(&chunk));
     EXPECT_TRUE(chunk.has_header());
@@ -394,12 +402,9 @@ TEST_F(SharedMemoryTest, AStoppedDirectCallWritesNothingMore) {
   const uint64_t call = ring.BeginDirectCall();
   std::vector<char> weight(size_t{4096} * 4096 * 4);
   std::vector<char> bias(4096 * 4);
-  v1::GetStateDictRequest get;
-  get.set_module(module);
-  get.set_shared_memory_ring(registered.registration.token);
-  get.set_shared_memory_direct(true);
   auto context = client_->NewContext(absl::Seconds(30));
-  auto reader = client_->stub().GetStateDict(context.get(), get);
+  auto reader = client_->stub().GetStateDict(
+      context.get(), DirectGet(module, registered.registration.token));
   v1::StateDictChunk chunk;
   ASSERT_TRUE(reader->Read(&chunk));
   ASSERT_TRUE(chunk.has_header());
