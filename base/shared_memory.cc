@@ -303,7 +303,8 @@ namespace {
 // when it connected (Linux 6.5 and later).
 constexpr int kPeerPidfd = 77;
 
-// The pid a pidfd refers to (its fdinfo's "Pid:" line); -1 once exited.
+// The pid a pidfd refers to (its fdinfo's "Pid:" line): -1 once the process
+// exited, 0 when it is in no PID namespace this process sees.
 int PidOfPidfd(int pidfd) {
   std::ifstream in(absl::StrCat("/proc/self/fdinfo/", pidfd));
   std::string line;
