@@ -89,9 +89,10 @@ absl::StatusOr<std::unique_ptr<StagedStateDict>> StagedStateDict::CreateFile(
 StagedStateDict::~StagedStateDict() {
   {
     MutexLock lock(&mu_);
-    queue_.clear();  // abandoned: nothing more to write
+    abandoned_ = true;  // nothing more to write or observe
+    changed_.SignalAll();
   }
-  StopWriter().IgnoreError();
+  Drain().IgnoreError();
   if (fd_ >= 0) close(fd_);
   // A finished file nobody adopted; an unfinished one is the writer's.
   if (finished_ && !path_.empty() && !keep_) unlink(path_.c_str());
@@ -100,7 +101,22 @@ StagedStateDict::~StagedStateDict() {
 }
 
 void StagedStateDict::StartWriter() {
-  writer_thread_ = std::thread([this] { WriteQueued(); });
+  writer_thread_ = std::thread([this] { ConsumeQueued(kWriter); });
+}
+
+absl::Status StagedStateDict::Observe(
+    std::function<void(absl::string_view)> observe) {
+  {
+    MutexLock lock(&mu_);
+    if (observed_ || received_ != 0 || stopping_) {
+      return absl::FailedPreconditionError(
+          "an observer is set once, before the first bytes");
+    }
+    observed_ = true;
+  }
+  observe_ = std::move(observe);
+  observer_thread_ = std::thread([this] { ConsumeQueued(kObserver); });
+  return absl::OkStatus();
 }
 
 absl::Status StagedStateDict::Append(std::string bytes) {
@@ -109,8 +125,8 @@ absl::Status StagedStateDict::Append(std::string bytes) {
         absl::StrCat("data: received more than the ", layout_.total_bytes,
                      " bytes the header declares"));
   }
-  received_ += bytes.size();
   MutexLock lock(&mu_);
+  received_ += bytes.size();
   while (write_status_.ok() && queued_bytes_ >= kMaxQueuedBytes) {
     changed_.Wait(&mu_);
   }
@@ -121,34 +137,53 @@ absl::Status StagedStateDict::Append(std::string bytes) {
   return absl::OkStatus();
 }
 
-void StagedStateDict::WriteQueued() {
+void StagedStateDict::ConsumeQueued(Consumer who) {
   while (true) {
-    std::string piece;
+    const std::string* piece = nullptr;
     {
       MutexLock lock(&mu_);
-      while (queue_.empty() && !stopping_) changed_.Wait(&mu_);
-      if (queue_.empty()) return;  // stopping, and everything written
-      piece = std::move(queue_.front());
-      queue_.pop_front();
+      while (consumed_[who] == queue_.size() && !stopping_ && !abandoned_ &&
+             write_status_.ok()) {
+        changed_.Wait(&mu_);
+      }
+      if (abandoned_ || !write_status_.ok() ||
+          consumed_[who] == queue_.size()) {
+        return;
+      }
+      piece = &queue_[consumed_[who]];
     }
-    absl::Status written = WritePiece(piece);
+    absl::Status done;
+    if (who == kWriter) {
+      done = WritePiece(*piece);
+    } else {
+      observe_(*piece);
+    }
     MutexLock lock(&mu_);
-    queued_bytes_ -= piece.size();
-    if (!written.ok() && write_status_.ok()) {
-      write_status_ = StagingFailed(written);
-      queue_.clear();
-    }
+    ++consumed_[who];
+    if (!done.ok() && write_status_.ok()) write_status_ = StagingFailed(done);
+    DropConsumedPieces();
     changed_.SignalAll();
   }
 }
 
-absl::Status StagedStateDict::StopWriter() {
+void StagedStateDict::DropConsumedPieces() {
+  while (!queue_.empty() && consumed_[kWriter] > 0 &&
+         (!observed_ || consumed_[kObserver] > 0)) {
+    queued_bytes_ -= queue_.front().size();
+    queue_.pop_front();
+    --consumed_[kWriter];
+    if (observed_) --consumed_[kObserver];
+  }
+}
+
+absl::Status StagedStateDict::Drain() {
   {
     MutexLock lock(&mu_);
     stopping_ = true;
     changed_.SignalAll();
   }
   if (writer_thread_.joinable()) writer_thread_.join();
+  if (observer_thread_.joinable()) observer_thread_.join();
   MutexLock lock(&mu_);
   return write_status_;
 }
@@ -194,7 +229,7 @@ absl::StatusOr<StateDict> StagedStateDict::Finish() {
         absl::StrCat("the stream ended after ", received_, " of ",
                      layout_.total_bytes, " data bytes"));
   }
-  MODELSTATE_RETURN_IF_ERROR(StopWriter());
+  MODELSTATE_RETURN_IF_ERROR(Drain());
   if (writer_ != nullptr && !finished_) {
     if (absl::Status done = writer_->Finish(); !done.ok()) {
       return StagingFailed(done);

@@ -47,7 +47,8 @@ namespace modelstate {
 
 // Thread-compatible. Appended bytes are written by a thread of the
 // object's own, so that receiving the next bytes and writing the last ones
-// overlap; at most a few MiB wait between the two.
+// overlap; at most a few MiB wait between the two. An observer (Observe)
+// sees the same bytes on a third thread, beside the writer.
 class StagedStateDict : public LoadSource {
  public:
   // Both validate `layout` (ValidateLayout). An anonymous file in `dir`
@@ -67,6 +68,18 @@ class StagedStateDict : public LoadSource {
   // INVALID_ARGUMENT when more bytes arrive than the layout declares; an
   // earlier write's error otherwise.
   absl::Status Append(std::string bytes);
+
+  // Also hands every appended piece, in order, to `observe` on a thread of
+  // its own, beside the writer: hashing the stream (LoadStateDict's audit
+  // digest) then costs the receiving thread nothing. Once, before the
+  // first Append (FAILED_PRECONDITION otherwise). `observe` must stay
+  // valid until Drain() returned or this object is destroyed.
+  absl::Status Observe(std::function<void(absl::string_view)> observe);
+
+  // Waits until every appended piece is written and observed and stops the
+  // threads (no Append after it); the first write error, if any. Finish()
+  // drains too.
+  absl::Status Drain();
 
   // Once exactly total_bytes arrived (and, for a file, once it is durable):
   // Describe(). INVALID_ARGUMENT saying how many bytes are missing
@@ -100,13 +113,16 @@ class StagedStateDict : public LoadSource {
 
  private:
   explicit StagedStateDict(StateDictLayout layout);
+  // Who works through the queue, each at its own pace.
+  enum Consumer { kWriter = 0, kObserver = 1 };
   void StartWriter();
-  // The writer thread: writes queued pieces until told to stop.
-  void WriteQueued();
+  // A consumer's thread: takes each queued piece in order until the queue
+  // is drained and stopping, a write failed, or the object is abandoned.
+  void ConsumeQueued(Consumer who);
   // Writes one piece to the file (and its entries' CRCs).
   absl::Status WritePiece(absl::string_view bytes);
-  // Waits for the queue to drain and stops the writer; its status.
-  absl::Status StopWriter();
+  // Frees the pieces at the queue's front that every consumer is done with.
+  void DropConsumedPieces() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const StateDictLayoutEntry* Find(const std::string& key, size_t* index,
                                    uint64_t* offset) const;
   // Reads `n` bytes of the data section at `offset` into `out`.
@@ -131,11 +147,20 @@ class StagedStateDict : public LoadSource {
 
   Mutex mu_;
   CondVar changed_;
+  // Pieces some consumer still needs. References to them stay valid while
+  // others are pushed and popped (a deque's), so each consumer reads its
+  // piece without the lock; none is popped before every consumer passed it.
   std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);
   uint64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // How many of queue_'s pieces each consumer is done with.
+  size_t consumed_[2] ABSL_GUARDED_BY(mu_) = {0, 0};
+  bool observed_ ABSL_GUARDED_BY(mu_) = false;  // an observer was set
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool abandoned_ ABSL_GUARDED_BY(mu_) = false;  // destroyed unfinished
   absl::Status write_status_ ABSL_GUARDED_BY(mu_);
+  std::function<void(absl::string_view)> observe_;  // its thread's only
   std::thread writer_thread_;
+  std::thread observer_thread_;
 };
 
 }  // namespace modelstate

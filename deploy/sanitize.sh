@@ -36,13 +36,16 @@ case "$kind" in
     # registries, the module repository (its deletion thread) and the
     # forward kernels' parallel loops, device_test (the read-ahead
     # thread streaming device-resident state_dicts), tensor_test (the
-    # thread that faults in fresh storages) and shared_ring_test (a
-    # producer and a consumer on one shared-memory ring). The tests that start the server
+    # thread that faults in fresh storages), shared_ring_test (a
+    # producer and a consumer on one shared-memory ring) and
+    # state_stream_test (a staged load's writer and observer threads
+    # sharing its queue). The tests that start the server
     # process are left out: Debian's gRPC and Abseil are not built with
     # TSan, which then reports their internal synchronisation as races and
     # defers the server's SIGTERM until its threads run instrumented code.
     targets=(subscriber_hub_test hooks_test module_repository_test merkle_test
-             forward_test device_test tensor_test shared_ring_test)
+             forward_test device_test tensor_test shared_ring_test
+             state_stream_test)
     cmake --build "$dir" -j"$(nproc)" --target "${targets[@]}"
     # Ignore the intercepted calls (memcpy, epoll, ...) that uninstrumented
     # libraries make themselves, one entry per library the tests load;

@@ -152,10 +152,12 @@ class LoadSession {
   OperationContext ctx_;
   ModuleName module_;
   LoadOptions options_;
+  // What arrived, entry by entry: the audit record's digest. Declared
+  // before staged_, whose observer thread updates it, so that it outlives
+  // that thread.
+  std::unique_ptr<StateDictStreamDigest> digest_;
   std::unique_ptr<StagedStateDict> staged_;        // copying loads
   std::unique_ptr<StateDictAssembler> assembler_;  // assigning loads
-  // What arrived, entry by entry: the audit record's digest.
-  std::unique_ptr<StateDictStreamDigest> digest_;
   std::unique_ptr<StreamLimiter::Slot> slot_;
 };
 

@@ -130,12 +130,28 @@ def transfer_rows(table, t):
         disk = x["raw_durable_write_s"]["median"]
         bound = max(up, disk)
         which = "upload" if up >= disk else "durable write"
+        samples = x["raw_durable_write_s"]["samples"]
         table.add(f"LoadStateDict, {x['model']}, against the slower of "
                   "upload and disk",
                   f"{fmt_s(load_s)} ({rate(n, load_s)})",
                   f"raw durable write (write, early writeback, fdatasync) {fmt_s(disk)} "
-                  f"({rate(n, disk)}); the bound: {which}",
+                  f"({rate(n, disk)}; from {fmt_s(min(samples))} to "
+                  f"{fmt_s(max(samples))}); the bound: {which}",
                   f"{bound / load_s:.2f}x", ">= 0.9x", bound / load_s >= 0.9)
+    # The CPU a load takes (server and client together) spread over the
+    # machine's cores: a third bound, the one a machine of few cores meets
+    # before its disk or its loopback.
+    if "load_server_cpu_s" in x:
+        server = x["load_server_cpu_s"]["median"]
+        client = x["load_client_cpu_s"]["median"]
+        cores = x["cores"]
+        floor = (server + client) / cores
+        table.add(f"LoadStateDict, {x['model']}, against the CPU it takes "
+                  "on this machine's cores",
+                  fmt_s(load_s),
+                  f"server {fmt_s(server)} + client {fmt_s(client)} of CPU "
+                  f"over {cores} cores = {fmt_s(floor)}",
+                  f"{floor / load_s:.2f}x", "(breakdown)", None)
     hosted = x["hosted_bytes"]
     limit = 1.1 * hosted + 64 * MIB
     for what in ("get", "load"):

@@ -15,6 +15,7 @@
 // Writes JSON: every figure's samples and median (seconds, microseconds
 // or bytes, as named).
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -69,6 +70,7 @@ namespace {
 
 using Json = nlohmann::json;
 using client::ModelStateClient;
+using testing::ProcessCpuSeconds;
 using testing::ProcStatusBytes;
 
 constexpr uint32_t kChunk = 1 << 20;
@@ -96,6 +98,24 @@ double Median(std::vector<double> v) {
 
 Json Figure(const std::vector<double>& samples) {
   return Json{{"median", Median(samples)}, {"samples", samples}};
+}
+
+// The last `n` of `samples`: those of the measured repetitions, when the
+// warmup's were collected too.
+std::vector<double> Last(const std::vector<double>& samples, size_t n) {
+  return std::vector<double>(
+      samples.end() - static_cast<ptrdiff_t>(std::min(n, samples.size())),
+      samples.end());
+}
+
+// The cores this process may run on (its affinity), which a cgroup's CPU
+// quota may still cut.
+int CoresAvailable() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) {
+    return static_cast<int>(std::thread::hardware_concurrency());
+  }
+  return CPU_COUNT(&set);
 }
 
 // Runs `once` warmup + reps times; returns the measured results.
@@ -284,6 +304,10 @@ Json TransferFigures(Servers& s, const std::string& model) {
         return seconds;
       });
   uint64_t load_peak = 0;
+  // The CPU each load takes, in the server and in this client: on a machine
+  // of few cores, their sum over the cores bounds the load as well.
+  std::vector<double> load_server_cpu;
+  std::vector<double> load_client_cpu;
   // The durable write runs beside the raw upload, so that all three see the
   // same moments of the machine; the load's target is the slower of them.
   std::vector<double> raw_durable;
@@ -297,11 +321,15 @@ Json TransferFigures(Servers& s, const std::string& model) {
         ResetPeakRss(pid);
         client::LoadStateDictOptions options;
         options.chunk_bytes = kChunk;
+        const double server_cpu = ProcessCpuSeconds(pid);
+        const double client_cpu = ProcessCpuSeconds(0);
         auto start = std::chrono::steady_clock::now();
         Check(
             s.client->LoadStateDict("bench/transfer", state, options).status(),
             "load");
         double seconds = Seconds(start);
+        load_server_cpu.push_back(ProcessCpuSeconds(pid) - server_cpu);
+        load_client_cpu.push_back(ProcessCpuSeconds(0) - client_cpu);
         load_peak = std::max(load_peak, ProcStatusBytes(pid, "VmHWM"));
         return seconds;
       });
@@ -314,11 +342,11 @@ Json TransferFigures(Servers& s, const std::string& model) {
               {"raw_download_s", Figure(raw_down)},
               {"get_state_dict_s", Figure(get)},
               {"raw_upload_s", Figure(raw_up)},
-              {"raw_durable_write_s",
-               Figure(std::vector<double>(
-                   raw_durable.end() - static_cast<ptrdiff_t>(raw_up.size()),
-                   raw_durable.end()))},
+              {"raw_durable_write_s", Figure(Last(raw_durable, raw_up.size()))},
               {"load_state_dict_s", Figure(load)},
+              {"load_server_cpu_s", Figure(Last(load_server_cpu, load.size()))},
+              {"load_client_cpu_s", Figure(Last(load_client_cpu, load.size()))},
+              {"cores", CoresAvailable()},
               {"server_peak_rss_get_bytes", get_peak},
               {"server_peak_rss_load_bytes", load_peak}};
 }

@@ -2,10 +2,13 @@
 
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/staged_state_dict.h"
@@ -374,6 +377,86 @@ TEST_F(StagedStateDictTest, ErrorsAreTheInMemoryOnes) {
       StagedStateDict::CreateAnonymous((*reader)->layout(), StreamLimits{},
                                        (dir_ / "missing").string()),
       StatusIs(absl::StatusCode::kNotFound, HasSubstr("missing")));
+}
+
+// The observer sees exactly the stream, in order, on its own thread, and
+// the staged bytes are what they would be without it.
+TEST_F(StagedStateDictTest, ObserverSeesTheWholeStreamInOrder) {
+  const StateDict sd = SampleModule(3, DType::kFloat32)->GetStateDict();
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(auto reader,
+                                  StateDictReader::Create(sd, std::nullopt));
+  std::string stream;
+  std::string chunk;
+  while (true) {
+    chunk.clear();
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(size_t n, reader->Read(777, &chunk));
+    if (n == 0) break;
+    stream += chunk;
+  }
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      auto staged, StagedStateDict::CreateAnonymous(
+                       reader->layout(), StreamLimits{}, dir_.string()));
+  std::string seen;
+  const std::thread::id appending = std::this_thread::get_id();
+  std::atomic<bool> on_appending_thread{false};
+  ASSERT_THAT(staged->Observe([&](absl::string_view bytes) {
+    if (std::this_thread::get_id() == appending) on_appending_thread = true;
+    seen.append(bytes.data(), bytes.size());
+  }),
+              IsOk());
+  EXPECT_THAT(staged->Observe([](absl::string_view) {}),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("set once, before the first bytes")));
+  std::mt19937 rng(11);
+  for (size_t at = 0; at < stream.size();) {
+    const size_t n = std::min<size_t>(1 + rng() % 5000, stream.size() - at);
+    ASSERT_THAT(staged->Append(stream.substr(at, n)), IsOk());
+    at += n;
+  }
+  ASSERT_THAT(staged->Drain(), IsOk());
+  EXPECT_EQ(seen.size(), stream.size());
+  EXPECT_TRUE(seen == stream);
+  EXPECT_FALSE(on_appending_thread);
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict described, staged->Finish());
+  std::shared_ptr<Module> got = SampleModule(9, DType::kFloat32);
+  LoadOptions options;
+  options.source = staged.get();
+  ASSERT_THAT(got->LoadStateDict(described, options), IsOk());
+  for (const auto& item : sd.tensors) {
+    EXPECT_TRUE(
+        TensorsEqual(*got->GetStateDict().tensors.Find(item.key), item.value))
+        << item.key;
+  }
+  // After bytes arrived, an observer would miss them.
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      auto late, StagedStateDict::CreateAnonymous(
+                     reader->layout(), StreamLimits{}, dir_.string()));
+  ASSERT_THAT(late->Append("abc"), IsOk());
+  EXPECT_THAT(late->Observe([](absl::string_view) {}),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+// A load that is abandoned (the client went away) does not wait for a
+// slow observer to work through what was queued.
+TEST_F(StagedStateDictTest, AbandonedStreamStopsItsObserver) {
+  const StateDict sd = SampleModule(3, DType::kFloat32)->GetStateDict();
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(auto reader,
+                                  StateDictReader::Create(sd, std::nullopt));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      auto staged, StagedStateDict::CreateAnonymous(
+                       reader->layout(), StreamLimits{}, dir_.string()));
+  std::atomic<int> observed{0};
+  ASSERT_THAT(staged->Observe([&](absl::string_view) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ++observed;
+  }),
+              IsOk());
+  constexpr int kPieces = 100;
+  for (int i = 0; i < kPieces; ++i) ASSERT_THAT(staged->Append("x"), IsOk());
+  staged.reset();
+  // 100 pieces would take the observer 2 s; it stopped after its current
+  // one.
+  EXPECT_LT(observed.load(), kPieces / 2);
 }
 
 }  // namespace
