@@ -43,10 +43,15 @@ _SEALS = fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK
 WAIT_S = 10.0
 # The direct table's answer meaning "through the slots instead".
 DIRECT_DECLINED = (1 << 64) - 1
-# The table is written, then its count: the server must not see the count
-# before the entries. Python has no store barrier; x86-64 never reorders a
-# store with earlier ones, so elsewhere the client uses the slots.
-DIRECT_SAFE = platform.machine() in ("x86_64", "AMD64")
+# Python has no memory barrier, and two of the client's stores must not
+# become visible before the accesses that precede them: a direct table's
+# count after its entries, and a received slot's `consumed` after the loads
+# that copied it out (or the server would refill the slot under them).
+# x86-64 never reorders a store with earlier loads or stores; elsewhere
+# (aarch64 may do both) GetStateDict uses data messages. LoadStateDict's
+# producer side needs no barrier: it writes a slot only after it read the
+# `consumed` that frees it, a dependency every CPU keeps in order.
+STORES_IN_ORDER = platform.machine() in ("x86_64", "AMD64")
 
 # What this process moved through rings: the tests read these to tell that
 # a transfer took the shared-memory path.

@@ -189,9 +189,9 @@ def _through_ring(client, ring, call, plain):
 def fetch(client, request, label, progress=None):
     """Streams GetStateDict: (header, [raw byte buffer per entry]). The
     buffers come from _tensors.empty_bytes and are handed to the tensors.
-    Through the client's shared-memory ring where the server offers one
-    and no other transfer of this client holds it; data messages
-    otherwise."""
+    Through the client's shared-memory ring where the server offers one, no
+    other transfer of this client holds it and the CPU is x86-64; data
+    messages otherwise."""
     def plain():
         return _fetch(client, request, label, progress, None)
 
@@ -199,12 +199,14 @@ def fetch(client, request, label, progress=None):
         fast = pb.GetStateDictRequest()
         fast.CopyFrom(request)
         fast.shared_memory_ring = ring.token
-        fast.shared_memory_direct = _shm.DIRECT_SAFE and \
-            client._shared_memory_direct
+        fast.shared_memory_direct = client._shared_memory_direct
         return _fetch(client, fast, label, progress, ring)
 
     try:
-        return _with_ring(client, not request.metadata_only, through, plain)
+        # Received through the ring only where the CPU keeps the client's
+        # stores after its reads (_shm.STORES_IN_ORDER).
+        return _with_ring(client, _shm.STORES_IN_ORDER and
+                          not request.metadata_only, through, plain)
     except grpc.RpcError as error:
         raise from_rpc_error(error) from None
 
