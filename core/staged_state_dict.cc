@@ -108,11 +108,11 @@ absl::Status StagedStateDict::Observe(
     std::function<void(absl::string_view)> observe) {
   {
     MutexLock lock(&mu_);
-    if (observed_ || received_ != 0 || stopping_) {
+    if (has_observer_ || received_ != 0 || stopping_) {
       return absl::FailedPreconditionError(
           "an observer is set once, before the first bytes");
     }
-    observed_ = true;
+    has_observer_ = true;
   }
   observe_ = std::move(observe);
   observer_thread_ = std::thread([this] { ConsumeQueued(kObserver); });
@@ -168,11 +168,11 @@ void StagedStateDict::ConsumeQueued(Consumer who) {
 
 void StagedStateDict::DropConsumedPieces() {
   while (!queue_.empty() && consumed_[kWriter] > 0 &&
-         (!observed_ || consumed_[kObserver] > 0)) {
+         (!has_observer_ || consumed_[kObserver] > 0)) {
     queued_bytes_ -= queue_.front().size();
     queue_.pop_front();
     --consumed_[kWriter];
-    if (observed_) --consumed_[kObserver];
+    if (has_observer_) --consumed_[kObserver];
   }
 }
 

@@ -154,7 +154,7 @@ class StagedStateDict : public LoadSource {
   uint64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // How many of queue_'s pieces each consumer is done with.
   size_t consumed_[2] ABSL_GUARDED_BY(mu_) = {0, 0};
-  bool observed_ ABSL_GUARDED_BY(mu_) = false;  // an observer was set
+  bool has_observer_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool abandoned_ ABSL_GUARDED_BY(mu_) = false;  // destroyed unfinished
   absl::Status write_status_ ABSL_GUARDED_BY(mu_);

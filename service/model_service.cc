@@ -313,8 +313,8 @@ absl::StatusOr<std::unique_ptr<LoadSession>> ModelService::LoadStateDict(
         session->staged_,
         store_->StageLoad(caller.ctx, args.module, std::move(args.layout),
                           limits, args.options, options_.staging_dir));
-    // Hashed beside the staging writer, not on the receiving thread: SHA-256
-    // (about 1.8 GB/s) would otherwise bound the whole load.
+    // Hashed beside the staging writer, not on the receiving thread:
+    // SHA-256 (about 1.8 GB/s) would otherwise slow every receive.
     MODELSTATE_RETURN_IF_ERROR(session->staged_->Observe(
         [digest = session->digest_.get()](absl::string_view bytes) {
           digest->Update(bytes);
