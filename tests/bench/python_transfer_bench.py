@@ -2,7 +2,8 @@
 the same run, on the same module and server: RemoteModule.state_dict() and
 load_state_dict() against `modelstatectl get-state` / `load-state` (both
 sides keep every byte: the Python client in tensors, the CLI in a
-safetensors file on tmpfs where there is one). The two alternate, one of
+safetensors file on tmpfs where there is one; the server's data directory
+is there too). The two alternate, one of
 each per repetition; medians are reported. Three models, as their state
 differs in shape: a stack of 4 MiB Linear weights, ResNet-50 (320 entries,
 most of them small) and GPT-2 small (one 147 MiB embedding among 148
@@ -129,10 +130,13 @@ def main():
     mib = 8 if args.smoke else args.mib
     models = ["stack", "mlp"] if args.smoke else args.models.split(",")
 
-    server = Server(args.server)
-    scratch = tempfile.mkdtemp(
-        prefix="modelstate-bench-",
-        dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    # The server's data directory and the CLI's files on tmpfs where there
+    # is one: the figures compare the two clients, and a disk's swings
+    # (this machine's durable write of 622 MiB takes 0.3 s or 1.7 s, as
+    # ext4 reuses blocks or takes new ones) would only add noise to both.
+    tmpfs = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    server = Server(args.server, root=tmpfs)
+    scratch = tempfile.mkdtemp(prefix="modelstate-bench-", dir=tmpfs)
     out = {"chunk_bytes": CHUNK, "reps": args.reps, "warmup": args.warmup,
            "models": {}}
     try:
@@ -149,6 +153,7 @@ def main():
             os.remove(os.path.join(scratch, name))
         os.rmdir(scratch)
     out["transport"] = transport()
+    out["server_data_dir"] = "tmpfs" if tmpfs else "disk"
     with open(args.out, "w") as f:
         json.dump(out, f, indent=2)
     for model, m in out["models"].items():

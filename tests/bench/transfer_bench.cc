@@ -1,16 +1,17 @@
 // The service benchmarks, each next to its baseline measured in the same
 // run: state_dict transfers against raw gRPC moving the same bytes in the
 // same chunks (and the server's peak RSS meanwhile), a ResNet-50 build
-// through remote interceptors against a bare ping-pong, and 32 concurrent
-// clients against one, and a restart with 1 GiB hosted against reading its
-// data files, and AttestModule (every tensor hashed on 2 threads, then
-// signed) and SignStateFile (the state as one file, hashed on one thread)
-// against one thread of OpenSSL SHA-256 over the same bytes in this
-// process. modelstate-server and the raw gRPC server run as
-// separate processes on loopback; this process is the client of both.
+// through remote interceptors against a bare ping-pong, 32 concurrent
+// clients against one client fetching as much in a row, a restart with
+// 1 GiB hosted against reading its data files, and AttestModule (every
+// tensor hashed on 2 threads, then signed) and SignStateFile (the state as
+// one file, hashed on one thread) against one thread of OpenSSL SHA-256
+// over the same bytes in this process. modelstate-server and the raw gRPC
+// server run as separate processes on loopback; this process is the client of
+// both.
 //
 //   transfer_bench --server=PATH --models=DIR --out=results.json
-//                  [--reps=5] [--warmup=1] [--smoke]
+//                  [--reps=5] [--warmup=1] [--clients=32] [--smoke]
 //
 // Writes JSON: every figure's samples and median (seconds, microseconds
 // or bytes, as named).
@@ -53,6 +54,7 @@ ABSL_FLAG(std::string, models, "", "directory of the benchmark model specs");
 ABSL_FLAG(std::string, out, "transfer_bench.json", "where the JSON goes");
 ABSL_FLAG(int, reps, 5, "measured repetitions of each figure");
 ABSL_FLAG(int, warmup, 1, "unmeasured repetitions first");
+ABSL_FLAG(int, clients, 32, "concurrency: how many clients fetch at once");
 ABSL_FLAG(bool, smoke, false, "tiny models and counts (for the test suite)");
 ABSL_FLAG(std::vector<std::string>, figures,
           std::vector<std::string>({"transfer", "hooks", "concurrency",
@@ -555,6 +557,10 @@ Json HookFigures(Servers& s, const std::string& model, double ping_p50_us) {
   return out;
 }
 
+// `clients` connections fetch the module at once, against one connection
+// fetching it `clients` times in a row: the same bytes, so that the two
+// figures span the same stretch of a noisy machine, alternated. Also the
+// CPU per fetch of the server and of this process (where the clients run).
 Json ConcurrencyFigures(Servers& s, const std::string& model, int clients) {
   Build(*s.client, "bench/shared", LoadSpec(model));
   std::vector<std::unique_ptr<ModelStateClient>> connections;
@@ -572,38 +578,69 @@ Json ConcurrencyFigures(Servers& s, const std::string& model, int clients) {
     if (received != nullptr) *received = sink.bytes();
     return status;
   };
-  std::vector<double> single = Repeat([&] {
+  const pid_t pid = s.modelstate.pid();
+  // Runs `fetches`; the seconds and CPU seconds of each kind per fetch.
+  struct PerFetch {
+    std::vector<double> seconds, server_cpu, client_cpu;
+  };
+  auto timed = [&](PerFetch& out, auto fetches) {
+    const double server_cpu = ProcessCpuSeconds(pid);
+    const double client_cpu = ProcessCpuSeconds(0);
     auto start = std::chrono::steady_clock::now();
-    Check(fetch(*connections[0], &bytes), "single fetch");
-    return Seconds(start);
-  });
+    fetches();
+    const double seconds = Seconds(start);
+    out.seconds.push_back(seconds / clients);
+    out.server_cpu.push_back((ProcessCpuSeconds(pid) - server_cpu) / clients);
+    out.client_cpu.push_back((ProcessCpuSeconds(0) - client_cpu) / clients);
+    return seconds;
+  };
+  PerFetch one, all;
   int errors = 0;
   std::string first_error;
-  std::vector<double> all = Repeat([&] {
-    std::vector<absl::Status> results(clients);
-    std::vector<std::thread> threads;
-    auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < clients; ++i) {
-      threads.emplace_back(
-          [&, i] { results[i] = fetch(*connections[i], nullptr); });
-    }
-    for (auto& t : threads) t.join();
-    double seconds = Seconds(start);
-    for (const absl::Status& r : results) {
-      if (r.ok()) continue;
-      std::cerr << "transfer_bench: a concurrent fetch failed: " << r << "\n";
-      if (errors++ == 0) first_error = r.ToString();
-    }
-    return seconds;
-  });
+  const std::vector<double> together =
+      RepeatPair(
+          [&] {
+            return timed(one, [&] {
+              for (int i = 0; i < clients; ++i) {
+                Check(fetch(*connections[0], &bytes), "single fetch");
+              }
+            });
+          },
+          [&] {
+            std::vector<absl::Status> results(clients);
+            const double seconds = timed(all, [&] {
+              std::vector<std::thread> threads;
+              for (int i = 0; i < clients; ++i) {
+                threads.emplace_back(
+                    [&, i] { results[i] = fetch(*connections[i], nullptr); });
+              }
+              for (auto& t : threads) t.join();
+            });
+            for (const absl::Status& r : results) {
+              if (r.ok()) continue;
+              std::cerr << "transfer_bench: a concurrent fetch failed: " << r
+                        << "\n";
+              if (errors++ == 0) first_error = r.ToString();
+            }
+            return seconds;
+          })
+          .second;
   Check(s.client->DeleteModule("bench/shared"), "delete");
-  return Json{{"model", model},
-              {"bytes_per_client", bytes},
-              {"clients", clients},
-              {"single_client_s", Figure(single)},
-              {"all_clients_s", Figure(all)},
-              {"errors", errors},
-              {"first_error", first_error}};
+  const size_t reps = together.size();
+  return Json{
+      {"model", model},
+      {"bytes_per_client", bytes},
+      {"clients", clients},
+      // One fetch's share of the single client's run.
+      {"single_client_s", Figure(Last(one.seconds, reps))},
+      {"all_clients_s", Figure(together)},
+      {"single_server_cpu_s", Figure(Last(one.server_cpu, reps))},
+      {"single_client_cpu_s", Figure(Last(one.client_cpu, reps))},
+      {"all_server_cpu_per_fetch_s", Figure(Last(all.server_cpu, reps))},
+      {"all_client_cpu_per_fetch_s", Figure(Last(all.client_cpu, reps))},
+      {"cores", CoresAvailable()},
+      {"errors", errors},
+      {"first_error", first_error}};
 }
 
 // Reads every file under `dir` once (the bytes a restore must read and
@@ -768,7 +805,8 @@ int Run() {
   }
   if (wanted("concurrency")) {
     out["concurrency"] =
-        ConcurrencyFigures(s, smoke ? "mlp" : "linear16", smoke ? 4 : 32);
+        ConcurrencyFigures(s, smoke ? "mlp" : "linear16",
+                           smoke ? 4 : absl::GetFlag(FLAGS_clients));
   }
   if (wanted("restore")) {
     out["restore"] = RestoreFigures(absl::GetFlag(FLAGS_server), smoke);

@@ -21,10 +21,12 @@ def _die_with_parent():
 class Server:
     """modelstate-server (the binary at `binary`) on 127.0.0.1."""
 
-    def __init__(self, binary, *flags):
+    def __init__(self, binary, *flags, root=None):
+        """`root`: the directory its own (data, log) goes under; the
+        system's temporary directory by default."""
         self.binary = binary
         self.flags = list(flags)
-        self.dir = tempfile.mkdtemp(prefix="modelstate-py-")
+        self.dir = tempfile.mkdtemp(prefix="modelstate-py-", dir=root)
         self.log = open(os.path.join(self.dir, "server.log"), "w")
         self.address = None
         self.start()
