@@ -3,11 +3,10 @@ the same run, on the same module and server: RemoteModule.state_dict() and
 load_state_dict() against `modelstatectl get-state` / `load-state` (both
 sides keep every byte: the Python client in tensors, the CLI in a
 safetensors file on tmpfs where there is one; the server's data directory
-is there too). The two alternate, one of
-each per repetition; medians are reported. Three models, as their state
-differs in shape: a stack of 4 MiB Linear weights, ResNet-50 (320 entries,
-most of them small) and GPT-2 small (one 147 MiB embedding among 148
-entries), from tests/bench/models.
+is there too). The two alternate, one of each per repetition; medians are
+reported. Three models, as their state differs in shape: a stack of 4 MiB
+Linear weights, ResNet-50 (320 entries, most of them small) and GPT-2 small
+(one 147 MiB embedding among 148 entries), from tests/bench/models.
 
     python_transfer_bench.py --server BIN --cli BIN --out results.json
                              [--mib 600] [--models stack,resnet50,gpt2]
