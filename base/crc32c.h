@@ -2,7 +2,8 @@
 // CRC-32C (Castagnoli, the iSCSI polynomial), the checksum the data
 // directory keeps for every stored tensor so that a flipped byte on disk is
 // reported at start-up instead of served. Uses the SSE4.2 crc32 instruction
-// when the CPU has it (chosen at run time), a table otherwise.
+// when the CPU has it (chosen at run time), three chains of it at once over
+// large inputs; a table otherwise.
 //
 // Example:
 //   uint32_t crc = Crc32c("123456789");          // 0xe3069283
@@ -26,6 +27,9 @@ inline uint32_t Crc32c(absl::string_view bytes) {
 namespace internal {
 // The portable path, exposed so tests can check both paths agree.
 uint32_t Crc32cExtendPortable(uint32_t previous, absl::string_view bytes);
+// One chain of the instruction (the portable path without it): what
+// Crc32cExtend did before it ran three, for tests and the benchmark.
+uint32_t Crc32cExtendOneStream(uint32_t previous, absl::string_view bytes);
 // Whether Crc32cExtend uses the SSE4.2 instruction on this CPU.
 bool Crc32cUsesHardware();
 }  // namespace internal

@@ -2,7 +2,9 @@
 // run: building the GPT-2 shape with PyTorch's default init (the PyTorch
 // side is torch_bench.py), load_state_dict's copy against memcpy of the same
 // bytes, to(float16) against the bare F16C conversion loop over the same
-// elements, and a 10^12-parameter spec built on the meta device.
+// elements, CRC-32C (the data directory's checksum) three instruction
+// chains at once against one, and a 10^12-parameter spec built on the meta
+// device.
 //
 //   core_bench --models=DIR [--smoke] [Google Benchmark flags]
 //
@@ -19,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/crc32c.h"
 #include "benchmark/benchmark.h"
 #include "core/dtype.h"
 #include "core/module.h"
@@ -180,6 +183,37 @@ void BM_F16cLoopBaseline(benchmark::State& state) {
   state.SetItemsProcessed(elements * state.iterations());
 }
 BENCHMARK(BM_F16cLoopBaseline)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// --- CRC-32C: three instruction chains against one -----------------------
+
+// Over 1 MiB (a piece just received, in cache) and 256 MiB (a stored
+// tensor read from memory; 16 MiB in smoke runs).
+int64_t CrcBytes(const benchmark::State& state) {
+  return state.range(0) == 0 ? int64_t{1} << 20
+                             : (g_smoke ? int64_t{16} : int64_t{256}) << 20;
+}
+
+template <uint32_t (*Crc)(uint32_t, absl::string_view)>
+void RunCrc(benchmark::State& state) {
+  std::string bytes(static_cast<size_t>(CrcBytes(state)), '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    bytes[i] = static_cast<char>(i * 131 + (i >> 11));
+  }
+  uint32_t crc = 0;
+  for (auto _ : state) {
+    crc = Crc(crc, bytes);
+    benchmark::DoNotOptimize(crc);
+  }
+  state.SetBytesProcessed(CrcBytes(state) * state.iterations());
+}
+
+void BM_Crc32c(benchmark::State& state) { RunCrc<Crc32cExtend>(state); }
+BENCHMARK(BM_Crc32c)->Arg(0)->Arg(1)->UseRealTime();
+
+void BM_Crc32cOneChainBaseline(benchmark::State& state) {
+  RunCrc<internal::Crc32cExtendOneStream>(state);
+}
+BENCHMARK(BM_Crc32cOneChainBaseline)->Arg(0)->Arg(1)->UseRealTime();
 
 // --- 10^12 parameters on meta ----------------------------------------------
 

@@ -354,6 +354,15 @@ def core_rows(table, core, torch_results, model):
                   f"({f16c['items_per_second'] / 1e9:.2f} Gelem/s)",
                   f"{base / ours:.2f}x", ">= 0.9x (issue 20)",
                   base / ours >= 0.9)
+    for arg, where in (("0", "1 MiB in cache"), ("1", "a large buffer")):
+        crc = core.get(f"BM_Crc32c/{arg}")
+        one = core.get(f"BM_Crc32cOneChainBaseline/{arg}")
+        if crc and one:
+            ours, base = crc["bytes_per_second"], one["bytes_per_second"]
+            table.add(f"core: CRC-32C of {where} (three crc32 chains)",
+                      f"{ours / 1e9:.1f} GB/s",
+                      f"one crc32 chain {base / 1e9:.1f} GB/s",
+                      f"{ours / base:.2f}x", "(breakdown)", None)
     meta = core.get("BM_MetaTrillion")
     if meta:
         secs, rss = seconds(meta), meta["peak_rss_mib"]

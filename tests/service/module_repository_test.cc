@@ -9,7 +9,6 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "base/crc32c.h"
 #include "base/file_util.h"
 #include "base/sha256.h"
 #include "core/safetensors.h"
@@ -703,26 +702,6 @@ TEST_F(ModuleRepositoryTest, AModuleBuiltAgainAfterRemovalIsKept) {
   EXPECT_THAT(report.removed, SizeIs(1));
   ASSERT_THAT(report.modules, SizeIs(1));
   ExpectSameTree(*second, *report.modules[0].root);
-}
-
-TEST(Crc32cTest, MatchesTheStandardCheckValueOnBothPaths) {
-  // The CRC-32C check value (RFC 3720, B.4 lists more).
-  EXPECT_EQ(Crc32c("123456789"), 0xe3069283u);
-  EXPECT_EQ(Crc32c(""), 0u);
-  EXPECT_EQ(Crc32c(std::string(32, '\0')), 0x8a9136aau);
-  EXPECT_EQ(Crc32c(std::string(32, '\xff')), 0x62a8ab43u);
-  std::string text;
-  for (int i = 0; i < 1000; ++i) text.push_back(static_cast<char>(i * 7 + 3));
-  for (size_t split : {0, 1, 7, 8, 9, 500, 999, 1000}) {
-    absl::string_view a = absl::string_view(text).substr(0, split);
-    absl::string_view b = absl::string_view(text).substr(split);
-    // Unaligned starts and odd lengths on both paths.
-    EXPECT_EQ(Crc32cExtend(Crc32c(a), b), Crc32c(text)) << split;
-    EXPECT_EQ(
-        internal::Crc32cExtendPortable(internal::Crc32cExtendPortable(0, a), b),
-        Crc32c(text))
-        << split;
-  }
 }
 
 }  // namespace
