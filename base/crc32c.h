@@ -1,9 +1,9 @@
 // File: crc32c.h
 // CRC-32C (Castagnoli, the iSCSI polynomial), the checksum the data
 // directory keeps for every stored tensor so that a flipped byte on disk is
-// reported at start-up instead of served. Uses the SSE4.2 crc32 instruction
-// when the CPU has it (chosen at run time), three chains of it at once over
-// large inputs; a table otherwise.
+// reported by the read or scrub that meets it instead of served. Uses the
+// SSE4.2 crc32 instruction when the CPU has it (chosen at run time), three
+// chains of it at once over large inputs; a table otherwise.
 //
 // Example:
 //   uint32_t crc = Crc32c("123456789");          // 0xe3069283
