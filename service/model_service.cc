@@ -445,8 +445,10 @@ void SubscriberSession::Answer(SubscriberAnswer answer) {
 }
 
 void SubscriberSession::Detach() {
-  // Detached before the stream ends, so once the client sees the end, no
-  // request waits for or is seen by this subscriber any more.
+  // Detached, and its stream slot given back, before the stream ends: once
+  // the client sees the end, no request waits for or is seen by this
+  // subscriber any more, and the caller may open another stream at once.
+  slot_.reset();
   if (subscriber_id_ == 0) return;
   service_->hub_->Detach(subscriber_id_, caller_.ctx);
   subscriber_id_ = 0;

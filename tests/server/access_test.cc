@@ -431,6 +431,39 @@ TEST_F(AccessTest, EveryRpcIsAllowedOrDeniedByRoleAndNamespace) {
   }
 }
 
+// A subscriber that unsubscribes gives its stream slot back before it sees
+// its stream end, so its caller may subscribe again at once, even with the
+// other slots of max_streams_per_identity (3) taken.
+TEST_F(AccessTest, AnEndedSubscriptionFreesItsStreamSlotBeforeItEnds) {
+  std::unique_ptr<client::ModelStateClient> root = As("root-token");
+  auto approve = [](const v1::HookEventProto& e) {
+    v1::HookAnswer a;
+    a.set_event_id(e.event_id());
+    return a;
+  };
+  auto start = [&](const std::string& name) {
+    v1::Subscription s;
+    s.set_name(name);
+    return client::Subscriber::Start(*root, s, approve);
+  };
+  absl::StatusOr<std::unique_ptr<client::Subscriber>> held1 = start("held1");
+  absl::StatusOr<std::unique_ptr<client::Subscriber>> held2 = start("held2");
+  ASSERT_THAT(held1, IsOk());
+  ASSERT_THAT(held2, IsOk());
+  for (int i = 0; i < 30; ++i) {
+    absl::StatusOr<std::unique_ptr<client::Subscriber>> third =
+        start(absl::StrCat("again", i));
+    ASSERT_THAT(third, IsOk()) << "round " << i;
+    ASSERT_THAT((*third)->Unsubscribe(), IsOk()) << "round " << i;
+  }
+  // The slots are still counted: a fourth stream beside three is refused.
+  absl::StatusOr<std::unique_ptr<client::Subscriber>> held3 = start("held3");
+  ASSERT_THAT(held3, IsOk());
+  EXPECT_THAT(start("fourth").status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("max_streams_per_identity (3)")));
+}
+
 // An eval-mode Forward changes nothing, except through an Embedding with
 // max_norm, which renormalises the weight rows it looks up (as PyTorch
 // does): that call needs a builder and is saved and recorded.
