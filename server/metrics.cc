@@ -308,7 +308,8 @@ ServerMetrics::ServerMetrics() {
     const std::string& name = service->method(i)->name();
     AddMethod(absl::StrCat(kServicePrefix, name), name, true);
   }
-  // Served by gRPC itself: health checks and reflection.
+  // The other services: health checks (health_service.h) and gRPC's
+  // reflection.
   for (const char* other :
        {"grpc.health.v1.Health/Check", "grpc.health.v1.Health/Watch",
         "grpc.reflection.v1alpha.ServerReflection/"

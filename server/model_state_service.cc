@@ -832,25 +832,33 @@ grpc::Status ModelStateServiceImpl::Forward(grpc::ServerContext* context,
       response);
 }
 
-grpc::ServerBidiReactor<v1::SubscribeRequest, v1::SubscribeResponse>*
-ModelStateServiceImpl::Subscribe(grpc::CallbackServerContext* context) {
-  absl::StatusOr<Caller> caller = Authenticate(*context, "Subscribe");
-  absl::StatusOr<std::unique_ptr<SubscriberSession>> session =
-      caller.ok() ? service_->OpenSubscription(*caller) : caller.status();
-  if (router_ == nullptr) {
-    return new SubscriptionReactor(std::move(session), service_->limits(),
-                                   metrics_);
-  }
-  // At the subscriber's home replica, the other replicas' events are
-  // relayed; a relayed subscription itself relays nothing.
-  std::unique_ptr<SubscriptionRelay> relay;
-  if (session.ok() && !router_->IsForwarded(*context)) {
-    relay = std::make_unique<SubscriptionRelay>(router_, context,
-                                                router_->relay_refresh());
-  }
-  return new SubscriptionReactor(std::move(session), service_->limits(),
-                                 metrics_, router_->replica(),
-                                 std::move(relay));
+void ModelStateServiceImpl::ServeSubscriptions(AsyncCallQueue* queue) {
+  using Reactor = AsyncBidiReactor<v1::SubscribeRequest, v1::SubscribeResponse>;
+  ServeStreams<Reactor>(
+      queue,
+      [this](Reactor::Call* call, grpc::ServerCompletionQueue* cq, void* tag) {
+        RequestSubscribe(call->context(), call->responder(), cq, cq, tag);
+      },
+      [this](Reactor::Call* call) -> Reactor* {
+        grpc::ServerContext* context = call->context();
+        absl::StatusOr<Caller> caller = Authenticate(*context, "Subscribe");
+        absl::StatusOr<std::unique_ptr<SubscriberSession>> session =
+            caller.ok() ? service_->OpenSubscription(*caller) : caller.status();
+        if (router_ == nullptr) {
+          return new SubscriptionReactor(call, std::move(session),
+                                         service_->limits(), metrics_);
+        }
+        // At the subscriber's home replica, the other replicas' events are
+        // relayed; a relayed subscription itself relays nothing.
+        std::unique_ptr<SubscriptionRelay> relay;
+        if (session.ok() && !router_->IsForwarded(*context)) {
+          relay = std::make_unique<SubscriptionRelay>(router_, context,
+                                                      router_->relay_refresh());
+        }
+        return new SubscriptionReactor(call, std::move(session),
+                                       service_->limits(), metrics_,
+                                       router_->replica(), std::move(relay));
+      });
 }
 
 grpc::Status ModelStateServiceImpl::ListSubscribers(

@@ -21,6 +21,7 @@
 #include "google/protobuf/message.h"
 #include "grpcpp/grpcpp.h"
 #include "modelstate/v1/model_state_service.grpc.pb.h"
+#include "server/async_calls.h"
 #include "server/cluster_router.h"
 #include "server/metrics.h"
 #include "server/shared_memory_exchange.h"
@@ -30,11 +31,12 @@
 
 namespace modelstate::server {
 
-// Thread-safe (handlers run concurrently on gRPC's threads). Subscribe is a
-// callback reactor (a subscriber must not tie up a thread); the other
+// Thread-safe (handlers run concurrently on gRPC's threads). Subscribe is
+// served by reactors on an AsyncCallQueue (a subscriber must not tie up a
+// thread; server/async_calls.h says why not gRPC's callback API); the other
 // methods are synchronous, since they may wait for subscribers' decisions.
 class ModelStateServiceImpl final
-    : public v1::ModelStateService::WithCallbackMethod_Subscribe<
+    : public v1::ModelStateService::WithAsyncMethod_Subscribe<
           v1::ModelStateService::Service> {
  public:
   // None is owned; all must outlive the handlers. `router` (null for a
@@ -92,8 +94,9 @@ class ModelStateServiceImpl final
   grpc::Status Forward(grpc::ServerContext* context,
                        const v1::ForwardRequest* request,
                        v1::ForwardResponse* response) override;
-  grpc::ServerBidiReactor<v1::SubscribeRequest, v1::SubscribeResponse>*
-  Subscribe(grpc::CallbackServerContext* context) override;
+  // Once the server is built: Subscribe calls are served on `queue` from
+  // now.
+  void ServeSubscriptions(AsyncCallQueue* queue);
   grpc::Status ListSubscribers(grpc::ServerContext* context,
                                const v1::ListSubscribersRequest* request,
                                v1::ListSubscribersResponse* response) override;

@@ -23,13 +23,12 @@
 #include "base/file_util.h"
 #include "base/log.h"
 #include "base/status_macros.h"
-#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/ext/health_check_service_server_builder_option.h"
-#include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/server_builder.h"
 #include "server/cluster_router.h"
 #include "server/cluster_service.h"
+#include "server/health_service.h"
 #include "server/metrics.h"
 #include "server/model_state_service.h"
 #include "service/audit_log.h"
@@ -46,6 +45,11 @@ namespace modelstate::server {
 namespace {
 
 using internal::LogLine;
+
+// Threads that run the reactions of Subscribe and health Watch streams
+// (short: a queue push, a proto conversion), as many as gRPC's callback
+// API would have used on a small machine.
+constexpr int kStreamThreads = 2;
 
 // An IP literal in 127.0.0.0/8, ::1 (or ::ffff:127.x.y.z), or "localhost":
 // reachable from this machine only. Any other name (127.example.com) may
@@ -479,8 +483,12 @@ absl::Status Server::JoinCluster() {
 
 absl::Status Server::Listen(
     std::shared_ptr<grpc::ServerCredentials> credentials) {
-  grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
+  // Ours, not gRPC's (health_service.h says why).
+  builder.SetOption(
+      std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));
+  health_ = std::make_unique<HealthService>();
+  builder.RegisterService(health_.get());
   // A second server on the same port must fail, not share connections.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // In range (checked by modelstate-server): fits an int.
@@ -510,11 +518,15 @@ absl::Status Server::Listen(
   // Every call is counted, timed and given a correlation id for the log.
   builder.experimental().SetInterceptorCreators(
       metrics_->InterceptorCreators());
+  calls_ = std::make_unique<AsyncCallQueue>(builder);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || (!config_.listen.empty() && port == 0)) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", config_.listen));
   }
+  calls_->Start(kStreamThreads);
+  handlers_->ServeSubscriptions(calls_.get());
+  health_->ServeWatches(calls_.get());
   if (config_.listen.empty()) {
     LogLine("modelstate-server serving in-process only (no listen address)");
     return absl::OkStatus();
@@ -548,53 +560,6 @@ class NoReflection : public grpc::ServerBuilderOption {
   }
 };
 
-// grpc.health.v1 alone, for the health-only port: the default health
-// service is left out there, since gRPC adds it only to a server that has
-// other services (it would have come with reflection, which describes the
-// whole service to anyone). Serving until `down` is set.
-class HealthOnly : public grpc::health::v1::Health::Service {
- public:
-  explicit HealthOnly(const std::atomic<bool>* down) : down_(down) {}
-
-  grpc::Status Check(grpc::ServerContext*,
-                     const grpc::health::v1::HealthCheckRequest* request,
-                     grpc::health::v1::HealthCheckResponse* response) override {
-    if (!request->service().empty()) {
-      return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown service");
-    }
-    response->set_status(Status());
-    return grpc::Status::OK;
-  }
-  grpc::Status Watch(grpc::ServerContext* context,
-                     const grpc::health::v1::HealthCheckRequest* request,
-                     grpc::ServerWriter<grpc::health::v1::HealthCheckResponse>*
-                         writer) override {
-    grpc::health::v1::HealthCheckResponse response;
-    if (!request->service().empty()) {
-      response.set_status(
-          grpc::health::v1::HealthCheckResponse::SERVICE_UNKNOWN);
-      writer->Write(response);
-      return grpc::Status::OK;
-    }
-    response.set_status(Status());
-    if (!writer->Write(response)) return grpc::Status::OK;
-    // Until the status turns (shutdown) or the watcher goes.
-    while (!down_->load() && !context->IsCancelled()) {
-      absl::SleepFor(absl::Milliseconds(100));
-    }
-    response.set_status(Status());
-    writer->Write(response);
-    return grpc::Status::OK;
-  }
-
- private:
-  grpc::health::v1::HealthCheckResponse::ServingStatus Status() const {
-    return down_->load() ? grpc::health::v1::HealthCheckResponse::NOT_SERVING
-                         : grpc::health::v1::HealthCheckResponse::SERVING;
-  }
-  const std::atomic<bool>* down_;
-};
-
 }  // namespace
 
 absl::Status Server::ListenForHealth() {
@@ -605,16 +570,19 @@ absl::Status Server::ListenForHealth() {
   builder.SetOption(
       std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));
   builder.SetOption(std::make_unique<NoReflection>());
-  health_only_ = std::make_unique<HealthOnly>(&shut_down_);
+  health_only_ = std::make_unique<HealthService>();
   builder.RegisterService(health_only_.get());
   int port = 0;
   builder.AddListeningPort(config_.health_listen,
                            grpc::InsecureServerCredentials(), &port);
+  health_calls_ = std::make_unique<AsyncCallQueue>(builder);
   health_server_ = builder.BuildAndStart();
   if (health_server_ == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat(
         "cannot listen on --health_listen ", config_.health_listen));
   }
+  health_calls_->Start(1);
+  health_only_->ServeWatches(health_calls_.get());
   LogLine(absl::StrCat("health checks (only) on ", config_.health_listen));
   return absl::OkStatus();
 }
@@ -661,7 +629,8 @@ void Server::Reload(absl::string_view why) {
 
 void Server::Shutdown() {
   if (server_ == nullptr || shut_down_.exchange(true)) return;
-  server_->GetHealthCheckService()->Shutdown();
+  health_->Shutdown();
+  if (health_only_ != nullptr) health_only_->Shutdown();
   hub_->CloseAll(absl::UnavailableError("server shutting down"));
   server_->Shutdown(absl::ToChronoTime(
       absl::Now() + absl::Seconds(config_.shutdown_grace_seconds)));
@@ -670,7 +639,11 @@ void Server::Shutdown() {
 void Server::Wait() {
   if (server_ == nullptr) return;
   server_->Wait();
-  if (health_server_ != nullptr) health_server_->Shutdown();
+  calls_->Shutdown();  // after the server's
+  if (health_server_ != nullptr) {
+    health_server_->Shutdown();
+    health_calls_->Shutdown();
+  }
   // Its lease revoked, the replica leaves the cluster at once.
   if (router_ != nullptr) router_->Leave();
   // The refusals counted since the last interval are recorded too.

@@ -49,7 +49,9 @@ class SubscriberHub;
 namespace modelstate::server {
 
 class ClusterRouter;
+class AsyncCallQueue;
 class ClusterServiceImpl;
+class HealthService;
 class MetricsHttpServer;
 class ModelStateServiceImpl;
 class ServerMetrics;
@@ -201,8 +203,12 @@ class Server {
   std::unique_ptr<SharedMemoryExchange> shared_memory_;
   std::unique_ptr<ModelStateServiceImpl> handlers_;
   std::unique_ptr<ClusterServiceImpl> cluster_handlers_;
+  std::unique_ptr<HealthService> health_;
+  // Declared before the servers that use them, so destroyed after.
+  std::unique_ptr<AsyncCallQueue> calls_;  // server_'s streams
   std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<grpc::Service> health_only_;  // health_server_'s service
+  std::unique_ptr<HealthService> health_only_;  // health_server_'s service
+  std::unique_ptr<AsyncCallQueue> health_calls_;
   std::unique_ptr<grpc::Server> health_server_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
   std::string address_;

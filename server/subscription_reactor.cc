@@ -35,10 +35,11 @@ class SubscriptionReactor::Channel : public SubscriberChannel {
 };
 
 SubscriptionReactor::SubscriptionReactor(
-    absl::StatusOr<std::unique_ptr<SubscriberSession>> session,
+    Call* call, absl::StatusOr<std::unique_ptr<SubscriberSession>> session,
     const Limits& limits, ServerMetrics* metrics, std::string replica,
     std::unique_ptr<SubscriptionRelay> relay)
-    : max_queued_events_(limits.max_queued_events),
+    : AsyncBidiReactor<v1::SubscribeRequest, v1::SubscribeResponse>(call),
+      max_queued_events_(limits.max_queued_events),
       max_queue_bytes_(limits.max_subscriber_queue_bytes),
       max_tensor_bytes_(limits.max_tensor_bytes),
       channel_(std::make_shared<Channel>(this)),

@@ -1,5 +1,5 @@
 // File: subscription_reactor.h
-// One Subscribe stream: a gRPC callback reactor that attaches the
+// One Subscribe stream: a reactor (server/async_calls.h) that attaches the
 // subscriber through its SubscriberSession (service/model_service.h, which
 // admits it and talks to the hub), forwards its answers, and writes the
 // hub's events to the stream, one write in flight at a time, from a queue
@@ -15,7 +15,7 @@
 // live member; events that come sooner wait behind it.
 //
 // Example:
-//   return new SubscriptionReactor(service->OpenSubscription(caller),
+//   return new SubscriptionReactor(call, service->OpenSubscription(caller),
 //                                  service->limits());
 #ifndef MODELSTATE_SERVER_SUBSCRIPTION_REACTOR_H_
 #define MODELSTATE_SERVER_SUBSCRIPTION_REACTOR_H_
@@ -30,6 +30,7 @@
 #include "base/sync.h"
 #include "grpcpp/grpcpp.h"
 #include "modelstate/v1/model_state_service.grpc.pb.h"
+#include "server/async_calls.h"
 #include "server/metrics.h"
 #include "server/subscription_relay.h"
 #include "service/limits.h"
@@ -38,19 +39,18 @@
 
 namespace modelstate::server {
 
-// Deletes itself when the RPC is done (gRPC's reactor contract).
+// Deletes itself when the RPC is done (OnDone).
 class SubscriptionReactor
-    : public grpc::ServerBidiReactor<v1::SubscribeRequest,
-                                     v1::SubscribeResponse> {
+    : public AsyncBidiReactor<v1::SubscribeRequest, v1::SubscribeResponse> {
  public:
-  // `session` not OK: the call ends with its status at once (a refusal,
-  // already audited). Uses limits.max_queued_events,
+  // Serves `call`. `session` not OK: the call ends with its status at once (a
+  // refusal, already audited). Uses limits.max_queued_events,
   // max_subscriber_queue_bytes and max_tensor_bytes. `replica` (cluster
   // members) names this replica in every event it sends; `relay` (a
   // subscriber's home replica) brings the other replicas' events.
   // `metrics` (optional) is told the bytes queued.
   SubscriptionReactor(
-      absl::StatusOr<std::unique_ptr<SubscriberSession>> session,
+      Call* call, absl::StatusOr<std::unique_ptr<SubscriberSession>> session,
       const Limits& limits, ServerMetrics* metrics = nullptr,
       std::string replica = "",
       std::unique_ptr<SubscriptionRelay> relay = nullptr);

@@ -426,6 +426,18 @@ def concurrency_rows(table, t):
               f"{floor / together:.2f}x", "(breakdown)", None)
 
 
+def idle_latency_rows(table, t):
+    i = t.get("idle_latency")
+    if not i:
+        return
+    idle, busy = i["idle"], i["back_to_back"]
+    table.add(f"p99 of {i['calls']} small GetStateDicts, each after an idle "
+              f"gap of 0 to 300 ms (max {fmt_s(idle['max_s'])})",
+              fmt_s(idle["p99_s"]),
+              f"the same back to back: p99 {fmt_s(busy['p99_s'])}",
+              f"{idle['p99_s'] / busy['p99_s']:.2f}x", "(breakdown)", None)
+
+
 def forward_rows(table, forward, torch_forward):
     for name, run in sorted(forward.items()):
         if not name.startswith("BM_LinearForward/"):
@@ -681,6 +693,7 @@ def main():
     hook_rows(table, transfer, torch_results)
     core_rows(table, core, torch_results, args.torch_model)
     concurrency_rows(table, transfer)
+    idle_latency_rows(table, transfer)
     shared_memory_rows(table, transfer)
     mapped_rows(table, transfer)
     if args.python_transfer:

@@ -28,6 +28,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -59,7 +60,7 @@ ABSL_FLAG(bool, smoke, false, "tiny models and counts (for the test suite)");
 ABSL_FLAG(std::vector<std::string>, figures,
           std::vector<std::string>({"transfer", "hooks", "concurrency",
                                     "restore", "attest", "shared_memory",
-                                    "mapped"}),
+                                    "mapped", "idle_latency"}),
           "which figures to measure");
 // The raw gRPC server mode (this binary, started by itself).
 ABSL_FLAG(bool, serve_raw, false,
@@ -436,6 +437,40 @@ Json SharedMemoryFigures(Servers& s, const std::string& model) {
               {"get_grpc_s", Figure(get_grpc)},
               {"load_shared_s", Figure(load_shared)},
               {"load_grpc_s", Figure(load_grpc)}};
+}
+
+// Small fetches, each after an idle gap drawn from 0 to 300 ms (the same
+// draws every run), against the same fetches back to back: how long a call
+// takes when the server has been idle, which a server whose pollers sleep
+// when idle gets wrong (server/async_calls.h). Percentiles, in seconds.
+Json IdleLatencyFigures(Servers& s, int calls) {
+  Build(*s.client, "bench/idle", LoadSpec("mlp"));
+  std::mt19937 draws(20261129);
+  std::uniform_int_distribution<int> gap_ms(0, 300);
+  auto fetches = [&](bool idle) {
+    std::vector<double> seconds;
+    for (int i = 0; i < calls; ++i) {
+      if (idle) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms(draws)));
+      }
+      auto start = std::chrono::steady_clock::now();
+      Check(s.client->GetStateDict("bench/idle").status(), "idle fetch");
+      seconds.push_back(Seconds(start));
+    }
+    std::sort(seconds.begin(), seconds.end());
+    auto percentile = [&](double p) {
+      return seconds[std::min(seconds.size() - 1,
+                              static_cast<size_t>(p * seconds.size()))];
+    };
+    return Json{{"p50_s", percentile(0.5)},
+                {"p90_s", percentile(0.9)},
+                {"p99_s", percentile(0.99)},
+                {"max_s", seconds.back()}};
+  };
+  Json back_to_back = fetches(false);
+  Json idle = fetches(true);
+  Check(s.client->DeleteModule("bench/idle"), "delete");
+  return Json{{"calls", calls}, {"back_to_back", back_to_back}, {"idle", idle}};
 }
 
 // The attestation RPCs of a hosted model against hashing its bytes here on
@@ -816,6 +851,9 @@ int Run() {
   }
   if (wanted("shared_memory")) {
     out["shared_memory"] = SharedMemoryFigures(s, smoke ? "mlp" : "gpt2");
+  }
+  if (wanted("idle_latency")) {
+    out["idle_latency"] = IdleLatencyFigures(s, smoke ? 10 : 200);
   }
   if (wanted("mapped")) {
     out["mapped"] =

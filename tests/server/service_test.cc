@@ -13,6 +13,7 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -1206,6 +1207,160 @@ TEST(ServerLifecycleTest, DrainsOnSigtermAndSigintWithinTheGracePeriod) {
     stalled.TryCancel();
     watch_context.TryCancel();
   }
+}
+
+// The names of the threads of process `pid`.
+std::vector<std::string> ThreadNames(pid_t pid) {
+  std::vector<std::string> names;
+  for (const auto& task : std::filesystem::directory_iterator(
+           absl::StrCat("/proc/", pid, "/task"))) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    names.push_back(name);
+  }
+  return names;
+}
+
+v1::Subscription Approving(const std::string& name) {
+  v1::Subscription s;
+  s.set_name(name);
+  return s;
+}
+
+v1::HookAnswer Approve(const v1::HookEventProto& e) {
+  v1::HookAnswer a;
+  a.set_event_id(e.event_id());
+  a.set_verdict(v1::HookAnswer::APPROVE);
+  return a;
+}
+
+// A Watch of grpc.health.v1 whose first status has been read.
+struct Watch {
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReader<grpc::health::v1::HealthCheckResponse>>
+      reader;
+  grpc::health::v1::HealthCheckResponse first;
+};
+
+std::unique_ptr<Watch> StartWatch(grpc::health::v1::Health::Stub& health,
+                                  const std::string& service = "") {
+  auto watch = std::make_unique<Watch>();
+  watch->context.set_deadline(std::chrono::system_clock::now() +
+                              std::chrono::seconds(60));
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  watch->reader = health.Watch(&watch->context, request);
+  EXPECT_TRUE(watch->reader->Read(&watch->first));
+  return watch;
+}
+
+// gRPC 1.51's callback API runs its reactions on "nexting_thread"s that
+// sleep 100 ms after each idle second, and while they sleep a call can wait
+// for no thread polling (server/async_calls.h): one in ten large fetches
+// reached its handler 50 to 100 ms late. Subscribe and health Watch streams
+// are served without it, so no such thread may exist in a server that has
+// served both.
+TEST(ServerLifecycleTest, ServesStreamsWithoutGrpcsCallbackThreads) {
+  TestServer server;
+  ASSERT_THAT(server.Start(), IsOk());
+  std::unique_ptr<client::ModelStateClient> c = server.NewClient();
+  absl::StatusOr<std::unique_ptr<client::Subscriber>> sub =
+      client::Subscriber::Start(*c, Approving("threads"), Approve);
+  ASSERT_THAT(sub.status(), IsOk());
+  ASSERT_THAT(c->BuildModule(BuildRequest(
+                  "threads/m", R"({"type": "Linear", "args": [4, 4]})")),
+              IsOk());
+  auto health = grpc::health::v1::Health::NewStub(c->channel());
+  std::unique_ptr<Watch> watch = StartWatch(*health);
+  EXPECT_EQ(watch->first.status(),
+            grpc::health::v1::HealthCheckResponse::SERVING);
+  const std::vector<std::string> names = ThreadNames(server.pid());
+  EXPECT_THAT(names, ::testing::Contains("grpcpp_sync_ser"));
+  EXPECT_THAT(names, ::testing::Not(::testing::Contains("nexting_thread")));
+  (*sub)->Stop();
+  watch->context.TryCancel();
+}
+
+// A health watcher holds no thread: with 4 serving threads, 16 watchers
+// leave every call served. Another service's name is unknown: Watch says
+// SERVICE_UNKNOWN, Check NOT_FOUND naming it. A watcher that goes is let
+// go: its stream ends cancelled, and the others stay.
+TEST(ServerLifecycleTest, HealthWatchersHoldNoThread) {
+  using grpc::health::v1::HealthCheckResponse;
+  TestServer server({"--worker_threads=4"});
+  ASSERT_THAT(server.Start(), IsOk());
+  std::unique_ptr<client::ModelStateClient> c = server.NewClient();
+  auto health = grpc::health::v1::Health::NewStub(c->channel());
+  std::vector<std::unique_ptr<Watch>> watches;
+  for (int i = 0; i < 16; ++i) {
+    watches.push_back(StartWatch(*health));
+    EXPECT_EQ(watches.back()->first.status(), HealthCheckResponse::SERVING);
+  }
+  EXPECT_THAT(c->Health(), IsOk());
+  EXPECT_THAT(c->BuildModule(BuildRequest(
+                  "watch/m", R"({"type": "Linear", "args": [4, 4]})")),
+              IsOk());
+  EXPECT_THAT(c->GetStateDict("watch/m").status(), IsOk());
+
+  std::unique_ptr<Watch> other = StartWatch(*health, "other.Service");
+  EXPECT_EQ(other->first.status(), HealthCheckResponse::SERVICE_UNKNOWN);
+  grpc::ClientContext check_context;
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service("other.Service");
+  HealthCheckResponse response;
+  grpc::Status checked = health->Check(&check_context, request, &response);
+  EXPECT_EQ(checked.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(checked.error_message(), HasSubstr("service: unknown service "
+                                                 "'other.Service'"));
+
+  for (int i = 0; i < 8; ++i) {
+    watches[i]->context.TryCancel();
+    HealthCheckResponse more;
+    EXPECT_FALSE(watches[i]->reader->Read(&more));
+    EXPECT_EQ(watches[i]->reader->Finish().error_code(),
+              grpc::StatusCode::CANCELLED);
+  }
+  EXPECT_THAT(c->Health(), IsOk());
+  for (int i = 8; i < 16; ++i) watches[i]->context.TryCancel();
+  other->context.TryCancel();
+}
+
+// Shutting down with streams open ends each of them and exits 0: health
+// watchers read NOT_SERVING and then the end, subscribers are told the
+// server is going, and nothing is left waiting on the server's threads.
+TEST(ServerLifecycleTest, ShutsDownCleanlyWithStreamsOpen) {
+  using grpc::health::v1::HealthCheckResponse;
+  TestServer server({"--shutdown_grace_seconds=2"});
+  ASSERT_THAT(server.Start(), IsOk());
+  std::unique_ptr<client::ModelStateClient> c = server.NewClient();
+  auto health = grpc::health::v1::Health::NewStub(c->channel());
+  std::vector<std::unique_ptr<Watch>> watches;
+  std::vector<std::unique_ptr<client::Subscriber>> subscribers;
+  for (int i = 0; i < 4; ++i) {
+    watches.push_back(StartWatch(*health));
+    absl::StatusOr<std::unique_ptr<client::Subscriber>> sub =
+        client::Subscriber::Start(*c, Approving(absl::StrCat("open", i)),
+                                  Approve);
+    ASSERT_THAT(sub.status(), IsOk());
+    subscribers.push_back(*std::move(sub));
+  }
+  kill(server.pid(), SIGTERM);
+  for (auto& watch : watches) {
+    HealthCheckResponse status;
+    ASSERT_TRUE(watch->reader->Read(&status));
+    EXPECT_EQ(status.status(), HealthCheckResponse::NOT_SERVING);
+    EXPECT_FALSE(watch->reader->Read(&status));
+    EXPECT_TRUE(watch->reader->Finish().ok());
+  }
+  for (auto& sub : subscribers) {
+    EXPECT_THAT(sub->Wait(), StatusIs(absl::StatusCode::kUnavailable,
+                                      HasSubstr("server shutting down")));
+  }
+  // Signal 0 sends nothing: just wait for the exit.
+  int exit_status = server.Stop(0, std::chrono::seconds(20));
+  EXPECT_TRUE(WIFEXITED(exit_status)) << exit_status;
+  EXPECT_EQ(WEXITSTATUS(exit_status), 0);
 }
 
 // Limits out of range stop the server before it listens: exit code 2 and a
