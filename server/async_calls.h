@@ -10,7 +10,7 @@
 // thread is often the one polling every socket of the process, and while it
 // sleeps no other takes over: any call that arrives then, synchronous or
 // not, waits until the sleep ends. With one callback method registered,
-// about one GetStateDict in ten reached its handler 50 to 100 ms late; with
+// about one GetStateDict in ten reached its handler 50 to 110 ms late; with
 // none, no call did. So the servers register no callback method (a test
 // checks that no "nexting_thread" runs in a server process).
 //

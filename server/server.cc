@@ -4,11 +4,13 @@
 #include <netinet/in.h>
 #include <openssl/rand.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <limits>
 #include <memory>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -47,9 +49,12 @@ namespace {
 using internal::LogLine;
 
 // Threads that run the reactions of Subscribe and health Watch streams
-// (short: a queue push, a proto conversion), as many as gRPC's callback
-// API would have used on a small machine.
-constexpr int kStreamThreads = 2;
+// (short: a queue push, an event's conversion): as many as gRPC's callback
+// API would have used, half the cores, 2 to 16.
+int StreamThreads() {
+  return static_cast<int>(
+      std::clamp(std::thread::hardware_concurrency() / 2, 2u, 16u));
+}
 
 // An IP literal in 127.0.0.0/8, ::1 (or ::ffff:127.x.y.z), or "localhost":
 // reachable from this machine only. Any other name (127.example.com) may
@@ -524,7 +529,7 @@ absl::Status Server::Listen(
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", config_.listen));
   }
-  calls_->Start(kStreamThreads);
+  calls_->Start(StreamThreads());
   handlers_->ServeSubscriptions(calls_.get());
   health_->ServeWatches(calls_.get());
   if (config_.listen.empty()) {

@@ -1258,7 +1258,7 @@ std::unique_ptr<Watch> StartWatch(grpc::health::v1::Health::Stub& health,
 // gRPC 1.51's callback API runs its reactions on "nexting_thread"s that
 // sleep 100 ms after each idle second, and while they sleep a call can wait
 // for no thread polling (server/async_calls.h): one in ten large fetches
-// reached its handler 50 to 100 ms late. Subscribe and health Watch streams
+// reached its handler 50 to 110 ms late. Subscribe and health Watch streams
 // are served without it, so no such thread may exist in a server that has
 // served both.
 TEST(ServerLifecycleTest, ServesStreamsWithoutGrpcsCallbackThreads) {
