@@ -48,8 +48,8 @@ class SubscriberHub;
 
 namespace modelstate::server {
 
-class ClusterRouter;
 class AsyncCallQueue;
+class ClusterRouter;
 class ClusterServiceImpl;
 class HealthService;
 class MetricsHttpServer;
