@@ -14,6 +14,7 @@
 #include "base/log.h"
 #include "client/subscriber.h"
 #include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
@@ -81,6 +82,18 @@ class MetricsTest : public InProcessServerTest {
     EXPECT_THAT(result->get_header_value("Content-Type"),
                 StartsWith("text/plain; version=0.0.4"));
     return result->body;
+  }
+
+  // Scrapes until the text holds `expected` (up to 5 s): gauges of calls
+  // change when the server lets go of a call, which may come just after
+  // the client has its status. Returns the last text.
+  std::string ScrapeUntil(const std::string& expected) {
+    std::string text = Scrape();
+    for (int i = 0; i < 250 && !absl::StrContains(text, expected); ++i) {
+      absl::SleepFor(absl::Milliseconds(20));
+      text = Scrape();
+    }
+    return text;
   }
 
   // GetModule of a module that does not exist, with `request_id` as
@@ -243,14 +256,41 @@ TEST_F(MetricsTest, CountsBytesOfStreams) {
   EXPECT_GE(Sample(after, sent) - Sample(before, sent), kLinearBytes);
   // The stream's gauge drops when the server lets go of the call, which
   // may come just after the client has its status.
-  const std::string closed =
-      "modelstate_open_streams{method=\"GetStateDict\"} 0\n";
-  std::string text = after;
-  for (int i = 0; i < 250 && !absl::StrContains(text, closed); ++i) {
-    absl::SleepFor(absl::Milliseconds(20));
-    text = Scrape();
+  EXPECT_THAT(
+      ScrapeUntil("modelstate_open_streams{method=\"GetStateDict\"} 0\n"),
+      HasSubstr("modelstate_open_streams{method=\"GetStateDict\"} 0\n"));
+}
+
+// A health watcher that goes is let go: the server ends its call (the
+// stream's gauge drops, which happens when the call object goes), and the
+// watchers that stay are still counted.
+TEST_F(MetricsTest, CancelledHealthWatchesAreLetGo) {
+  auto health =
+      grpc::health::v1::Health::NewStub(server_->server().InProcessChannel());
+  struct Watch {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReader<grpc::health::v1::HealthCheckResponse>>
+        reader;
+  };
+  std::vector<std::unique_ptr<Watch>> watches;
+  for (int i = 0; i < 3; ++i) {
+    auto watch = std::make_unique<Watch>();
+    watch->reader = health->Watch(&watch->context, {});
+    grpc::health::v1::HealthCheckResponse status;
+    ASSERT_TRUE(watch->reader->Read(&status));
+    watches.push_back(std::move(watch));
   }
-  EXPECT_THAT(text, HasSubstr(closed));
+  const std::string gauge =
+      "modelstate_open_streams{method=\"grpc.health.v1.Health/Watch\"} ";
+  EXPECT_THAT(ScrapeUntil(gauge + "3\n"), HasSubstr(gauge + "3\n"));
+  for (int i = 0; i < 2; ++i) {
+    watches[i]->context.TryCancel();
+    watches[i]->reader->Finish().IgnoreError();
+  }
+  EXPECT_THAT(ScrapeUntil(gauge + "1\n"), HasSubstr(gauge + "1\n"));
+  watches[2]->context.TryCancel();
+  watches[2]->reader->Finish().IgnoreError();
+  EXPECT_THAT(ScrapeUntil(gauge + "0\n"), HasSubstr(gauge + "0\n"));
 }
 
 TEST_F(MetricsTest, CheckpointAgeStaysFreshWhileTheSignerWorks) {
