@@ -26,7 +26,10 @@ using convert::FromGrpcStatus;
 
 absl::Status MemorySink::Begin(const StateDictLayout& layout) {
   MODELSTATE_ASSIGN_OR_RETURN(
-      assembler_, StateDictAssembler::Create(layout, StreamLimits{}));
+      assembler_,
+      into_ == nullptr
+          ? StateDictAssembler::Create(layout, StreamLimits{})
+          : StateDictAssembler::CreateInto(layout, StreamLimits{}, *into_));
   return absl::OkStatus();
 }
 
@@ -43,7 +46,9 @@ std::vector<absl::Span<char>> MemorySink::Destinations() {
 absl::Status MemorySink::Placed(uint64_t n) { return assembler_->Placed(n); }
 
 void MemorySink::Abandon() {
-  // Leaked on purpose: a late write lands in memory nobody else uses.
+  // Leaked on purpose: a late write lands in memory nobody frees (for a
+  // sink writing into the caller's tensors, in those tensors, whose bytes a
+  // failed fetch leaves unspecified anyway).
   new std::unique_ptr<StateDictAssembler>(std::move(assembler_));
 }
 
@@ -511,6 +516,13 @@ absl::StatusOr<StateDict> ModelStateClient::GetStateDict(
   MemorySink sink;
   MODELSTATE_RETURN_IF_ERROR(GetStateDict(module, options, sink));
   return std::move(sink.state_dict());
+}
+
+absl::Status ModelStateClient::GetStateDictInto(
+    absl::string_view module, StateDict& into,
+    const GetStateDictOptions& options) {
+  MemorySink sink(&into);
+  return GetStateDict(module, options, sink);
 }
 
 absl::StatusOr<v1::LoadStateDictResponse> ModelStateClient::LoadStateDict(

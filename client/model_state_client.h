@@ -111,9 +111,13 @@ class StateDictSource {
   virtual absl::StatusOr<size_t> ReadInto(size_t max_bytes, char* out);
 };
 
-// Collects a state_dict in memory.
+// Collects a state_dict in memory: in new tensors, or written into the
+// tensors of `into` in place (StateDictAssembler::CreateInto), which must
+// outlive the sink.
 class MemorySink : public StateDictSink {
  public:
+  MemorySink() = default;
+  explicit MemorySink(const StateDict* into) : into_(into) {}
   absl::Status Begin(const StateDictLayout& layout) override;
   absl::Status Append(absl::string_view bytes) override;
   absl::Status Finish() override;
@@ -124,6 +128,7 @@ class MemorySink : public StateDictSink {
   StateDict& state_dict() { return result_; }
 
  private:
+  const StateDict* into_ = nullptr;
   std::unique_ptr<StateDictAssembler> assembler_;
   StateDict result_;
 };
@@ -280,6 +285,15 @@ class ModelStateClient {
   // Convenience: the whole state_dict in memory.
   absl::StatusOr<StateDict> GetStateDict(
       absl::string_view module, const GetStateDictOptions& options = {});
+  // Refreshes tensors the caller already has: every fetched entry's bytes
+  // overwrite `into`'s tensor of that key in place (same dtype and shape,
+  // on cpu; INVALID_ARGUMENT naming the key otherwise, before any byte
+  // moves); `into`'s other keys are left alone. On this host the server
+  // writes straight into that memory, already faulted in, so no page is
+  // allocated or zeroed. After a failed fetch the targets' bytes are
+  // unspecified.
+  absl::Status GetStateDictInto(absl::string_view module, StateDict& into,
+                                const GetStateDictOptions& options = {});
 
   // Streams `source` into the module's load_state_dict.
   absl::StatusOr<v1::LoadStateDictResponse> LoadStateDict(

@@ -252,10 +252,47 @@ absl::StatusOr<std::unique_ptr<StateDictAssembler>> StateDictAssembler::Create(
   return a;
 }
 
+absl::StatusOr<std::unique_ptr<StateDictAssembler>>
+StateDictAssembler::CreateInto(StateDictLayout layout,
+                               const StreamLimits& limits,
+                               const StateDict& into) {
+  std::vector<Tensor> targets;
+  targets.reserve(layout.entries.size());
+  for (const StateDictLayoutEntry& e : layout.entries) {
+    const Tensor* t = into.tensors.Find(e.key);
+    if (t == nullptr || !t->defined()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("into: no tensor for '", e.key,
+                       "', which the fetched state_dict has"));
+    }
+    if (t->dtype() != e.dtype || t->shape() != e.shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("into['", e.key, "']: ", DTypeName(t->dtype()), " ",
+                       ShapeToString(t->shape()), ", but the fetched entry is ",
+                       DTypeName(e.dtype), " ", ShapeToString(e.shape)));
+    }
+    if (!t->device().is_cpu()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("into['", e.key, "']: on ", t->device().ToString(),
+                       "; only cpu tensors can be written in place"));
+    }
+    targets.push_back(*t);
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(std::unique_ptr<StateDictAssembler> a,
+                              Create(std::move(layout), limits));
+  a->into_ = std::move(targets);
+  return a;
+}
+
+absl::StatusOr<Tensor> StateDictAssembler::TargetFor(size_t i) const {
+  if (!into_.empty()) return into_[i];
+  const StateDictLayoutEntry& e = layout_.entries[i];
+  return Tensor::Empty(e.dtype, e.shape);
+}
+
 absl::Status StateDictAssembler::StartEntry() {
-  const StateDictLayoutEntry& e = layout_.entries[entry_];
   if (placed_.empty()) {
-    MODELSTATE_ASSIGN_OR_RETURN(current_, Tensor::Empty(e.dtype, e.shape));
+    MODELSTATE_ASSIGN_OR_RETURN(current_, TargetFor(entry_));
   } else {
     current_ = std::move(placed_[entry_]);
   }
@@ -281,10 +318,10 @@ absl::StatusOr<std::vector<absl::Span<char>>> StateDictAssembler::PlaceAll() {
   std::vector<Tensor> placed;
   placed.reserve(layout_.entries.size());
   const ScopedBatchedPrefault batch;
-  for (const StateDictLayoutEntry& e : layout_.entries) {
-    MODELSTATE_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(e.dtype, e.shape));
+  for (size_t i = 0; i < layout_.entries.size(); ++i) {
+    MODELSTATE_ASSIGN_OR_RETURN(Tensor t, TargetFor(i));
     MODELSTATE_ASSIGN_OR_RETURN(void* data, t.MutableDataForOverwrite());
-    where.emplace_back(static_cast<char*>(data), e.nbytes);
+    where.emplace_back(static_cast<char*>(data), layout_.entries[i].nbytes);
     placed.push_back(std::move(t));
   }
   placed_ = std::move(placed);

@@ -8,7 +8,8 @@
 // whole state (optionally converting floating entries to another dtype on the
 // fly); StateDictAssembler rebuilds and validates a StateDict from a layout
 // and the bytes as they arrive, allocating each tensor only when its first
-// byte arrives.
+// byte arrives, or writes them into tensors the caller already has
+// (CreateInto: refreshing a replica's weights in place).
 //
 // Example:
 //   MODELSTATE_ASSIGN_OR_RETURN(auto reader, StateDictReader::Create(snapshot,
@@ -137,6 +138,16 @@ class StateDictAssembler {
   // Validates the layout (ValidateLayout).
   static absl::StatusOr<std::unique_ptr<StateDictAssembler>> Create(
       StateDictLayout layout, const StreamLimits& limits);
+  // Like Create, but each entry's bytes overwrite `into`'s tensor of the same
+  // key in place (the same tensor objects; `into`'s other keys are left
+  // alone), and Finish returns those tensors. INVALID_ARGUMENT naming the key
+  // when `into` lacks an entry or has it with another dtype or shape, or not
+  // on cpu. A tensor whose storage another tensor shares gets storage of its
+  // own first (copy on write). After a failed stream a target's bytes are
+  // unspecified.
+  static absl::StatusOr<std::unique_ptr<StateDictAssembler>> CreateInto(
+      StateDictLayout layout, const StreamLimits& limits,
+      const StateDict& into);
 
   const StateDictLayout& layout() const { return layout_; }
 
@@ -159,6 +170,8 @@ class StateDictAssembler {
  private:
   StateDictAssembler() = default;
   absl::Status StartEntry();
+  // The tensor entry `i`'s bytes go into: the caller's (CreateInto) or new.
+  absl::StatusOr<Tensor> TargetFor(size_t i) const;
   // Append's and Placed's work: `bytes` copied in, or taken as written when
   // null.
   absl::Status Consume(const char* bytes, uint64_t n);
@@ -172,6 +185,8 @@ class StateDictAssembler {
   char* current_data_ = nullptr;
   // PlaceAll's tensors, taken in turn by StartEntry.
   std::vector<Tensor> placed_;
+  // CreateInto's targets, in layout order; empty for Create.
+  std::vector<Tensor> into_;
 };
 
 // The layout of a snapshot (no target dtype).

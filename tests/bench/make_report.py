@@ -172,11 +172,13 @@ def shared_memory_rows(table, t):
     fresh = m["memcpy_fresh_s"]["median"]
     warm = m["memcpy_warm_s"]["median"]
     grpc_get = m["get_grpc_s"]["median"]
-    placed = m.get("direct_placed_bytes")
-    how = ("the server writes them where the kernel lets it: one copy"
-           if placed is None else "the server writes them: one copy"
-           if placed == n else
-           "through the ring's slots: the kernel refused direct writes")
+    def how_placed(placed):
+        return ("the server writes them where the kernel lets it: one copy"
+                if placed is None else "the server writes them: one copy"
+                if placed == n else
+                "through the ring's slots: the kernel refused direct writes")
+
+    how = how_placed(m.get("direct_placed_bytes"))
     table.add(f"GetStateDict through shared memory, {m['model']} "
               f"({n / MIB:.0f} MiB) into new tensors ({how})",
               f"{fmt_s(get)} ({rate(n, get)})",
@@ -186,6 +188,17 @@ def shared_memory_rows(table, t):
               "memory already faulted in", f"{fmt_s(get)}",
               f"memcpy {fmt_s(warm)} ({rate(n, warm)})",
               f"{warm / get:.2f}x", "(breakdown)", None)
+    if "get_into_s" in m:
+        into = m["get_into_s"]["median"]
+        warm_beside = m["memcpy_warm_beside_into_s"]["median"]
+        table.add(f"GetStateDict through shared memory, {m['model']}, into "
+                  f"tensors the client already has (a replica refreshed in "
+                  f"place; {how_placed(m.get('into_placed_bytes'))})",
+                  f"{fmt_s(into)} ({rate(n, into)})",
+                  f"memcpy into memory already faulted in "
+                  f"{fmt_s(warm_beside)} ({rate(n, warm_beside)})",
+                  f"{warm_beside / into:.2f}x", ">= 0.8x",
+                  warm_beside / into >= 0.8)
     if "get_slots_s" in m:
         slots = m["get_slots_s"]["median"]
         table.add("GetStateDict through the ring's slots only (two copies), "
@@ -488,6 +501,15 @@ def python_rows(table, p):
                       f"C++ client (modelstatectl {cli}) {fmt_s(base)} "
                       f"({rate(n, base)})", f"{base / ours:.2f}x", ">= 0.8x",
                       base / ours >= 0.8)
+        if "python_pull_into_s" in m:
+            ours = m["python_pull_into_s"]["median"]
+            base = m["torch_load_state_dict_s"]["median"]
+            table.add(f"Python client pull(into=module), {model} "
+                      f"({n / MIB:.0f} MiB): the pulled module refreshed "
+                      f"in place", f"{fmt_s(ours)} ({rate(n, ours)})",
+                      f"PyTorch load_state_dict() into it from memory "
+                      f"{fmt_s(base)} ({rate(n, base)})",
+                      f"{base / ours:.2f}x", ">= 0.8x", base / ours >= 0.8)
 
 
 def cluster_rows(table, c):

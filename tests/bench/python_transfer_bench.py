@@ -7,6 +7,9 @@ is there too). The two alternate, one of each per repetition; medians are
 reported. Three models, as their state differs in shape: a stack of 4 MiB
 Linear weights, ResNet-50 (320 entries, most of them small) and GPT-2 small
 (one 147 MiB embedding among 148 entries), from tests/bench/models.
+Then a module refreshed in place: pull(into=) of the pulled module against
+PyTorch's own load_state_dict() into it from a state_dict in memory (both
+copy every byte into the module's tensors, already faulted in).
 
     python_transfer_bench.py --server BIN --cli BIN --out results.json
                              [--mib 600] [--models stack,resnet50,gpt2]
@@ -106,6 +109,15 @@ def measure(ms, cli, address, scratch, model, spec, reps, warmup):
                                ("python_load_s", py_load),
                                ("cpp_load_s", cpp_load)):
                 results[key].append(value)
+    local = remote.pull()
+    in_memory = {k: v.clone() for k, v in local.state_dict().items()}
+    for rep in range(warmup + reps):
+        into, _ = timed(lambda: remote.pull(into=local))
+        copy, _ = timed(lambda: local.load_state_dict(in_memory))
+        if rep >= warmup:
+            results.setdefault("python_pull_into_s", []).append(into)
+            results.setdefault("torch_load_state_dict_s", []).append(copy)
+    del local, in_memory
     out = {"bytes": remote.info().total_bytes, "entries": entries}
     remote.delete()
     out.update({key: summary(v) for key, v in results.items()})
@@ -157,7 +169,8 @@ def main():
         json.dump(out, f, indent=2)
     for model, m in out["models"].items():
         for key in ("python_get_s", "cpp_get_s", "python_load_s",
-                    "cpp_load_s"):
+                    "cpp_load_s", "python_pull_into_s",
+                    "torch_load_state_dict_s"):
             median = m[key]["median"]
             print(f"{model} {key}: median {median:.3f} s "
                   f"({m['bytes'] / median / 1e6:.0f} MB/s)")

@@ -358,8 +358,9 @@ Json TransferFigures(Servers& s, const std::string& model) {
 // The same-host path: GetStateDict into a StateDict through the shared
 // memory ring against a memcpy of the same bytes into fresh memory (what
 // any receive into new tensors costs at least) and into memory already
-// faulted in, and against the same fetch as gRPC messages; LoadStateDict
-// both ways.
+// faulted in, and against the same fetch as gRPC messages; a fetch into
+// tensors the client already has (a replica refreshed in place) against
+// memcpy into memory already faulted in; LoadStateDict both ways.
 Json SharedMemoryFigures(Servers& s, const std::string& model) {
   Build(*s.client, "bench/shm", LoadSpec(model));
   const std::unique_ptr<ModelStateClient> shared =
@@ -381,28 +382,36 @@ Json SharedMemoryFigures(Servers& s, const std::string& model) {
         StateDict got = Check(shared->GetStateDict("bench/shm"), "get shm");
         return Seconds(start);
       });
-  auto [memcpy_warm, get_grpc] = RepeatPair(
-      [&] {
-        auto start = std::chrono::steady_clock::now();
-        std::memcpy(warm.data(), source.data(), bytes);
-        return Seconds(start);
-      },
-      [&] {
-        auto start = std::chrono::steady_clock::now();
-        StateDict got = Check(s.client->GetStateDict("bench/shm"), "get grpc");
-        return Seconds(start);
-      });
+  auto memcpy_into_warm = [&] {
+    auto start = std::chrono::steady_clock::now();
+    std::memcpy(warm.data(), source.data(), bytes);
+    return Seconds(start);
+  };
+  auto [memcpy_warm, get_grpc] = RepeatPair(memcpy_into_warm, [&] {
+    auto start = std::chrono::steady_clock::now();
+    StateDict got = Check(s.client->GetStateDict("bench/shm"), "get grpc");
+    return Seconds(start);
+  });
+  StateDict replica = Check(shared->GetStateDict("bench/shm"), "fetch replica");
+  auto [memcpy_warm_beside_into, get_into] = RepeatPair(memcpy_into_warm, [&] {
+    auto start = std::chrono::steady_clock::now();
+    Check(shared->GetStateDictInto("bench/shm", replica), "get into");
+    return Seconds(start);
+  });
   // Whether the server wrote the bytes in itself (direct table) or they
   // came through the slots (the kernel refused): the report says which.
   class PlacedCountingSink : public client::MemorySink {
    public:
+    using MemorySink::MemorySink;
     absl::Status Placed(uint64_t n) override {
       placed += n;
       return MemorySink::Placed(n);
     }
     uint64_t placed = 0;
-  } placed_sink;
+  } placed_sink, placed_into_sink(&replica);
   Check(shared->GetStateDict("bench/shm", {}, placed_sink), "get placed");
+  Check(shared->GetStateDict("bench/shm", {}, placed_into_sink),
+        "get into placed");
   // The ring's slots alone (no direct table): two copies, the second while
   // the first goes on.
   client::ClientOptions slots_only;
@@ -434,6 +443,9 @@ Json SharedMemoryFigures(Servers& s, const std::string& model) {
               {"get_shared_s", Figure(get_shared)},
               {"get_slots_s", Figure(get_slots)},
               {"direct_placed_bytes", placed_sink.placed},
+              {"get_into_s", Figure(get_into)},
+              {"memcpy_warm_beside_into_s", Figure(memcpy_warm_beside_into)},
+              {"into_placed_bytes", placed_into_sink.placed},
               {"get_grpc_s", Figure(get_grpc)},
               {"load_shared_s", Figure(load_shared)},
               {"load_grpc_s", Figure(load_grpc)}};

@@ -26,10 +26,10 @@ using ::modelstate::testing::SpecFromJson;
 using ::modelstate::testing::StatusIs;
 using ::testing::HasSubstr;
 
-StateDict Sample() {
+StateDict Sample(uint64_t seed = 3) {
   BuildOptions o;
   o.hooks = nullptr;
-  o.seed = 3;
+  o.seed = seed;
   absl::StatusOr<BuildResult> built =
       BuildModule(SpecFromJson(R"({"type": "Net", "members": [
       {"module": {"name": "bn", "spec": {"type": "BatchNorm1d", "args": [5]}}},
@@ -95,6 +95,32 @@ TEST(StateStreamTest, ConvertsFloatingEntriesOnTheFly) {
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("floating")));
 }
 
+// Streams `reader` into `assembler`, alternating Appends with bytes put
+// where PlaceAll said (as a server on the same host does) when `place`.
+void Feed(StateDictReader& reader, StateDictAssembler& assembler, bool place) {
+  std::vector<absl::Span<char>> where;
+  if (place) {
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(where, assembler.PlaceAll());
+  }
+  for (int round = 0; reader.remaining() > 0; ++round) {
+    if (!place || round % 2 == 0) {
+      std::string chunk;
+      MODELSTATE_ASSERT_OK_AND_ASSIGN(size_t n, reader.Read(13, &chunk));
+      ASSERT_THAT(assembler.Append(chunk), IsOk());
+      ASSERT_EQ(n, chunk.size());
+      continue;
+    }
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(
+        size_t n, reader.ReadTo(29, [&](absl::string_view piece) {
+          const auto [entry, offset] = reader.NextByte();
+          EXPECT_LE(offset + piece.size(), where[entry].size());
+          std::memcpy(where[entry].data() + offset, piece.data(), piece.size());
+          return absl::OkStatus();
+        }));
+    ASSERT_THAT(assembler.Placed(n), IsOk());
+  }
+}
+
 // A writer that puts the bytes where PlaceAll said (as a server on the
 // same host does), alternating with ordinary Appends, gets the same state.
 TEST(StateStreamTest, PlacedBytesMixWithAppendedOnes) {
@@ -105,27 +131,7 @@ TEST(StateStreamTest, PlacedBytesMixWithAppendedOnes) {
                                     StateDictReader::Create(sd, target));
     MODELSTATE_ASSERT_OK_AND_ASSIGN(
         auto assembler, StateDictAssembler::Create(reader->layout(), {}));
-    MODELSTATE_ASSERT_OK_AND_ASSIGN(std::vector<absl::Span<char>> where,
-                                    assembler->PlaceAll());
-    ASSERT_EQ(where.size(), reader->layout().entries.size());
-    for (int round = 0; reader->remaining() > 0; ++round) {
-      if (round % 2 == 0) {
-        std::string chunk;
-        MODELSTATE_ASSERT_OK_AND_ASSIGN(size_t n, reader->Read(13, &chunk));
-        ASSERT_THAT(assembler->Append(chunk), IsOk());
-        ASSERT_EQ(n, chunk.size());
-        continue;
-      }
-      MODELSTATE_ASSERT_OK_AND_ASSIGN(
-          size_t n, reader->ReadTo(29, [&](absl::string_view piece) {
-            const auto [entry, offset] = reader->NextByte();
-            EXPECT_LE(offset + piece.size(), where[entry].size());
-            std::memcpy(where[entry].data() + offset, piece.data(),
-                        piece.size());
-            return absl::OkStatus();
-          }));
-      ASSERT_THAT(assembler->Placed(n), IsOk());
-    }
+    Feed(*reader, *assembler, /*place=*/true);
     MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict back, assembler->Finish());
     ASSERT_EQ(back.tensors.Keys(), sd.tensors.Keys());
     for (const auto& item : sd.tensors) {
@@ -138,6 +144,101 @@ TEST(StateStreamTest, PlacedBytesMixWithAppendedOnes) {
       EXPECT_TRUE(TensorsEqual(*back.tensors.Find(item.key), want)) << item.key;
     }
   }
+}
+
+// Refreshing a replica: the bytes land in the caller's own tensor objects
+// and memory, which keep their identity; other keys are left alone, and a
+// tensor sharing its storage with another gets its own (copy on write).
+TEST(StateStreamTest, CreateIntoOverwritesTheCallersTensorsInPlace) {
+  const StateDict sd = Sample();
+  for (bool place : {false, true}) {
+    SCOPED_TRACE(place ? "placed" : "appended");
+    StateDict into;
+    for (const auto& item : Sample(/*seed=*/11).tensors) {
+      MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor own, item.value.Clone());
+      into.tensors.Set(item.key, own);
+    }
+    ASSERT_FALSE(TensorsEqual(*into.tensors.Find("fc.weight"),
+                              *sd.tensors.Find("fc.weight")));
+    const Tensor extra = *Tensor::Full(DType::kInt64, {2}, 5.0);
+    into.tensors.Set("extra", extra);
+    // A second tensor object over fc.bias's storage must keep its values.
+    Tensor& bias = *into.tensors.Find("fc.bias");
+    const Tensor sharing = bias.Detach();
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(const Tensor old_bias, bias.Clone());
+    std::vector<Tensor> handles;
+    std::vector<const void*> memory;
+    for (const auto& item : into.tensors) {
+      handles.push_back(item.value);
+      memory.push_back(item.value.raw_data());
+    }
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(auto reader,
+                                    StateDictReader::Create(sd, std::nullopt));
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(
+        auto assembler,
+        StateDictAssembler::CreateInto(reader->layout(), {}, into));
+    Feed(*reader, *assembler, place);
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict back, assembler->Finish());
+    ASSERT_EQ(back.tensors.Keys(), sd.tensors.Keys());
+    size_t i = 0;
+    for (const auto& item : into.tensors) {
+      const Tensor* want = sd.tensors.Find(item.key);
+      EXPECT_TRUE(item.value.is_same(handles[i])) << item.key;
+      if (want == nullptr) {
+        EXPECT_TRUE(TensorsEqual(item.value, extra));
+      } else {
+        EXPECT_TRUE(TensorsEqual(item.value, *want)) << item.key;
+        EXPECT_TRUE(back.tensors.Find(item.key)->is_same(item.value));
+        if (item.key != "fc.bias") {
+          EXPECT_EQ(item.value.raw_data(), memory[i]) << item.key;
+        }
+      }
+      ++i;
+    }
+    EXPECT_TRUE(TensorsEqual(sharing, old_bias));
+    EXPECT_FALSE(bias.SharesStorageWith(sharing));
+  }
+}
+
+TEST(StateStreamTest, CreateIntoRefusesTargetsThatDoNotFit) {
+  const StateDict sd = Sample();
+  const StateDictLayout layout = LayoutOf(sd);
+  auto into_with = [&](auto edit) {
+    StateDict into;
+    for (const auto& item : sd.tensors) {
+      into.tensors.Set(item.key, *item.value.Clone());
+    }
+    edit(into);
+    return StateDictAssembler::CreateInto(layout, {}, into).status();
+  };
+  EXPECT_THAT(into_with([](StateDict&) {}), IsOk());
+  EXPECT_THAT(into_with([](StateDict& d) { d.tensors.Erase("fc.bias"); }),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "into: no tensor for 'fc.bias', which the fetched "
+                       "state_dict has"));
+  EXPECT_THAT(into_with([](StateDict& d) {
+                d.tensors.Set("fc.bias", *Tensor::Empty(DType::kFloat16, {17}));
+              }),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "into['fc.bias']: float16 [17], but the fetched entry "
+                       "is float32 [17]"));
+  EXPECT_THAT(into_with([](StateDict& d) {
+                d.tensors.Set("fc.bias", *Tensor::Empty(DType::kFloat32, {18}));
+              }),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("float32 [18], but")));
+  EXPECT_THAT(into_with([](StateDict& d) {
+                d.tensors.Set("fc.bias", *Tensor::Empty(DType::kFloat32, {17},
+                                                        Device::Meta()));
+              }),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("into['fc.bias']: on meta")));
+  // The layout is validated as by Create.
+  StateDictLayout bad = layout;
+  bad.total_bytes += 1;
+  EXPECT_THAT(
+      StateDictAssembler::CreateInto(bad, {}, sd).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("total_bytes")));
 }
 
 TEST(StateStreamTest, APieceTheTakerRefusesIsNotRead) {

@@ -475,6 +475,68 @@ class WrapAroundTest(Checks):
         self.assertSameState(half, ms_grpc.module("wrap/big").state_dict(
             dtype=torch.float16))
 
+    def test_pull_into_refreshes_a_module_in_place(self):
+        """pull(into=) overwrites the module's own tensors: the same
+        Parameter objects over the same memory, now holding the hosted
+        bits; on this host the server writes them there itself (direct),
+        through the slots or as messages where it may not."""
+        want = self.local.state_dict()
+        for client, how in ((ms, "direct"), (ms_slots, "slots"),
+                            (ms_grpc, "messages")):
+            with self.subTest(how):
+                mine = big_model(21)
+                before = [(id(t), t.data_ptr())
+                          for t in mine.state_dict(keep_vars=True).values()]
+                with ring_uses() as counts:
+                    self.assertIs(client.pull("wrap/big", into=mine), mine)
+                self.assertSameState(mine.state_dict(), want)
+                self.assertEqual(
+                    [(id(t), t.data_ptr())
+                     for t in mine.state_dict(keep_vars=True).values()],
+                    before)
+                self.assertTrue(mine[0].weight.requires_grad)
+                direct = how == "direct" and _shm.STORES_IN_ORDER and \
+                    child_may_write_parent()
+                self.assertEqual(counts["direct_in"],
+                                 self.total if direct else 0)
+                if how == "messages":
+                    self.assertUntouched(counts)
+        # dtype= converts on the server; a submodule refreshes its part.
+        half = big_model(21).half()
+        ms.pull("wrap/big", dtype=torch.float16, into=half)
+        self.assertSameState(half.state_dict(), ms_grpc.module(
+            "wrap/big").state_dict(dtype=torch.float16))
+        mine = big_model(21)
+        ms.module("wrap/big").get_submodule("1").pull(into=mine[1])
+        self.assertSameState(mine[1].state_dict(), self.local[1].state_dict())
+        self.assertFalse(same_bits(mine[0].weight, self.local[0].weight))
+
+    def test_pull_into_refuses_a_module_that_does_not_fit(self):
+        """Checked before any byte moves: PyTorch's texts for keys, the key
+        named for a dtype, shape or layout; the module keeps its values."""
+        mine = big_model(21)
+        untouched = {k: v.clone() for k, v in mine.state_dict().items()}
+        wider = nn.Sequential(*mine, nn.Linear(2, 2))
+        with self.assertRaisesRegex(
+                RuntimeError, r'Error\(s\) in loading state_dict for '
+                r'Sequential:\n\tMissing key\(s\) in state_dict: '
+                r'"4.weight", "4.bias"'):
+            ms.pull("wrap/big", into=wider)
+        with self.assertRaisesRegex(
+                ValueError, r"into\['0.weight'\] is torch.float32 "
+                r"\[4093, 4099\], the hosted entry torch.float16"):
+            ms.pull("wrap/big", dtype=torch.float16, into=mine)
+        mine[2].weight = nn.Parameter(mine[2].weight.detach().t()
+                                      .contiguous().t())
+        with self.assertRaisesRegex(ValueError, r"into\['2.weight'\] must "
+                                    r"be a contiguous cpu tensor"):
+            ms.pull("wrap/big", into=mine)
+        with self.assertRaisesRegex(TypeError, "device="):
+            ms.pull("wrap/big", into=mine, device="cpu")
+        with self.assertRaisesRegex(TypeError, "torch.nn.Module"):
+            ms.pull("wrap/big", into=mine.state_dict())
+        self.assertSameState(mine.state_dict(), untouched)
+
     @unittest.skipUnless(_shm.STORES_IN_ORDER,
                          "GetStateDict takes data messages off x86-64")
     def test_pull_and_load_wrap_around(self):

@@ -66,7 +66,9 @@ client::ClientOptions SlotsOnly(client::ClientOptions options = {}) {
 // written by the server where Destinations said (Placed).
 class CountingMemorySink : public client::MemorySink {
  public:
-  explicit CountingMemorySink(bool offer = true) : offer_(offer) {}
+  explicit CountingMemorySink(bool offer = true,
+                              const StateDict* into = nullptr)
+      : MemorySink(into), offer_(offer) {}
   absl::Status Append(absl::string_view bytes) override {
     appended += bytes.size();
     return MemorySink::Append(bytes);
@@ -280,6 +282,79 @@ TEST_F(SharedMemoryTest, GetStateDictWritesStraightIntoTheNewTensors) {
     ASSERT_THAT(by_messages.status(), IsOk());
     ExpectSameState(converted.state_dict(), *by_messages);
   }
+}
+
+// A replica refreshed in place: on this host the server writes into the
+// caller's tensors themselves (no new memory); through the slots or as
+// messages the bytes are copied there; all three leave the same state.
+TEST_F(SharedMemoryTest, GetStateDictIntoWritesTheCallersTensors) {
+  const StateDict want = LocalBuild(kSpec, 7)->GetStateDict();
+  const uint64_t total = (256 * 256 + 256 + 4 * 256) * 4 + 8;
+  struct Way {
+    const char* name;
+    std::unique_ptr<client::ModelStateClient> client;
+    bool placed;
+  };
+  Way ways[] = {{"direct", server_->NewClient(), true},
+                {"slots", server_->NewClient(SlotsOnly(SmallRing())), false},
+                {"messages", MessagesClient(), false}};
+  for (Way& way : ways) {
+    SCOPED_TRACE(way.name);
+    StateDict into;
+    for (const auto& item : LocalBuild(kSpec, 99)->GetStateDict().tensors) {
+      into.tensors.Set(item.key, *item.value.Clone());
+    }
+    std::vector<const void*> memory;
+    for (const auto& item : into.tensors)
+      memory.push_back(item.value.raw_data());
+    CountingMemorySink sink(/*offer=*/true, &into);
+    ASSERT_THAT(way.client->GetStateDict(module_, {}, sink), IsOk());
+    ExpectSameState(into, want);
+    EXPECT_EQ(sink.placed, way.placed ? total : 0);
+    EXPECT_EQ(sink.placed + sink.appended, total);
+    size_t i = 0;
+    for (const auto& item : into.tensors) {
+      EXPECT_EQ(item.value.raw_data(), memory[i++]) << item.key;
+      EXPECT_TRUE(
+          sink.state_dict().tensors.Find(item.key)->is_same(item.value));
+    }
+    // The convenience call, a second time over the same tensors.
+    ASSERT_THAT(way.client->GetStateDictInto(module_, into), IsOk());
+    ExpectSameState(into, want);
+  }
+}
+
+// Targets that do not fit are refused before any byte moves, naming the
+// key; the caller's tensors are untouched, and the client works after.
+TEST_F(SharedMemoryTest, GetStateDictIntoRefusesTargetsThatDoNotFit) {
+  auto shared = server_->NewClient();
+  StateDict into = LocalBuild(kSpec, 99)->GetStateDict();
+  const StateDict before = LocalBuild(kSpec, 99)->GetStateDict();
+  into.tensors.Erase("1.running_var");
+  EXPECT_THAT(shared->GetStateDictInto(module_, into),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("into: no tensor for '1.running_var'")));
+  client::GetStateDictOptions half;
+  half.target_dtype = DType::kFloat16;
+  EXPECT_THAT(shared->GetStateDictInto(module_, into, half),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("into['0.weight']: float32 [256, 256], but "
+                                 "the fetched entry is float16 [256, 256]")));
+  for (const auto& item : into.tensors) {
+    EXPECT_TRUE(TensorsEqual(item.value, *before.tensors.Find(item.key)))
+        << item.key;
+  }
+  // A selection needs only its own keys (the Linear's, not the missing
+  // BatchNorm buffer).
+  client::GetStateDictOptions linear;
+  linear.key_prefix = "0.";
+  const Tensor threes = *Tensor::Full(DType::kFloat32, {256}, 3.0);
+  into.tensors.Set("1.weight", *threes.Clone());
+  ASSERT_THAT(shared->GetStateDictInto(module_, into, linear), IsOk());
+  const StateDict want = LocalBuild(kSpec, 7)->GetStateDict();
+  EXPECT_TRUE(TensorsEqual(*into.tensors.Find("0.weight"),
+                           *want.tensors.Find("0.weight")));
+  EXPECT_TRUE(TensorsEqual(*into.tensors.Find("1.weight"), threes));
 }
 
 TEST_F(SharedMemoryTest, DirectWritesFallBackToTheSlots) {

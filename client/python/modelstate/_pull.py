@@ -16,7 +16,8 @@ import collections
 import warnings
 
 from . import _layers, _tensors
-from ._remote import RemoteModule, entry_devices, join
+from ._remote import (RemoteModule, _missing_unexpected_text, entry_devices,
+                      join)
 from .v1 import model_state_service_pb2 as pb
 from .v1 import module_pb2
 
@@ -251,16 +252,23 @@ def _tie_source(remote, key, kind, target, received, target_dtype):
     return candidates[0][0]
 
 
-def pull(client, name, path, *, dtype=None, device=None, progress=None):
+def pull(client, name, path, *, dtype=None, device=None, progress=None,
+         into=None):
     """Client.pull() / RemoteModule.pull()."""
     if nn is None:
         raise ImportError("pull needs torch")
     remote = RemoteModule(client, name, path)
-    info = remote.info().info
     dtype = _tensors.as_torch_dtype(dtype)
     if dtype is not None and not dtype.is_floating_point:
         raise TypeError(f"pull: dtype must be floating point, got {dtype}")
     target = _tensors.dtype_number(dtype) if dtype is not None else None
+    if into is not None:
+        if device is not None:
+            raise TypeError("pull: into= refreshes the module where its "
+                            "tensors are; move it with .to() instead of "
+                            "device=")
+        return _pull_into(remote, into, target, progress)
+    info = remote.info().info
     builder = _Builder(dtype)
     root = builder.build(info, "")
     meta = str(device) == "meta"
@@ -310,3 +318,44 @@ def _tie(remote, root, builder, info, received, target_dtype):
 def _split(root, key):
     owner, _, name = key.rpartition(".")
     return root.get_submodule(owner), name
+
+
+def _pull_into(remote, model, target_dtype, progress):
+    """pull(into=model): the hosted state_dict's bytes written into
+    `model`'s own tensors, which keep their identity and memory (on this
+    host the server writes them there itself)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"pull: into= takes a torch.nn.Module, got "
+                        f"{type(model).__name__}")
+    own = model.state_dict(keep_vars=True)
+    strip = len(remote.path) + 1 if remote.path else 0
+
+    def buffers(header):
+        keys = [e.key[strip:] for e in header.entries]
+        hosted = set(keys)
+        missing = [k for k in own if k not in hosted]
+        unexpected = [k for k in keys if k not in own]
+        if missing or unexpected:
+            raise RuntimeError(_missing_unexpected_text(
+                type(model).__name__, missing, unexpected))
+        out = []
+        for key, entry in zip(keys, header.entries):
+            t = own[key]
+            want = _tensors.torch_dtype(entry.dtype)
+            if t.dtype != want or list(t.shape) != list(entry.shape):
+                raise ValueError(
+                    f"pull: into['{key}'] is {t.dtype} {list(t.shape)}, the "
+                    f"hosted entry {want} {list(entry.shape)} (dtype= "
+                    f"converts floating entries on the server)")
+            if t.device.type != "cpu" or not t.is_contiguous():
+                raise ValueError(
+                    f"pull: into['{key}'] must be a contiguous cpu tensor "
+                    f"to be written in place (it is on {t.device}"
+                    f"{'' if t.is_contiguous() else ', not contiguous'})")
+            out.append(t.detach().reshape(-1).view(torch.uint8))
+        return out
+
+    with torch.no_grad():
+        remote._fetch(_SELECT.SELECTION_STATE_DICT, target_dtype=target_dtype,
+                      progress=progress, into=buffers)
+    return model

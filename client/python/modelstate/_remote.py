@@ -122,9 +122,11 @@ class RemoteModule:
 
     # -------------------------------------------------------------- state --
     def _fetch(self, selection, *, key_glob="", metadata_only=False,
-               target_dtype=None, progress=None):
+               target_dtype=None, progress=None, into=None):
         """(header, [(key, entry, tensor)]) of one selection, keys relative
-        to this module. Meta tensors come back as meta tensors."""
+        to this module. Meta tensors come back as meta tensors. With into=
+        (see _transfer.fetch) the bytes go into the caller's tensors and
+        the list is empty."""
         prefix = self.path + "." if self.path else ""
         request = pb.GetStateDictRequest(
             module=self.name, selection=selection, key_prefix=prefix,
@@ -134,15 +136,16 @@ class RemoteModule:
         label = f"{self.name}{':' + self.path if self.path else ''}"
         try:
             header, buffers = _transfer.fetch(self._client, request, label,
-                                              progress)
+                                              progress, into)
         except FailedPreconditionError:
-            devices = entry_devices(self.info().info, self.path)
+            devices = {} if into else entry_devices(self.info().info,
+                                                    self.path)
             if "meta" not in devices.values():
                 raise
             return self._fetch_with_meta(selection, devices, target_dtype)
         items = []
         parameters = selection == _SELECT.SELECTION_PARAMETERS
-        for i, entry in enumerate(header.entries):
+        for i, entry in enumerate([] if into else header.entries):
             tensor = None
             if buffers:
                 tensor = _tensors.from_bytes(
@@ -479,11 +482,12 @@ class RemoteModule:
             raise AttributeError(str(error)) from None
         return RemoteModule(self._client, self.name, join(self.path, target))
 
-    def pull(self, *, dtype=None, device=None, progress=None):
-        """This module as a torch.nn.Module (see Client.pull)."""
+    def pull(self, *, dtype=None, device=None, progress=None, into=None):
+        """This module as a torch.nn.Module, or into= one refreshed in
+        place (see Client.pull)."""
         from . import _pull
         return _pull.pull(self._client, self.name, self.path, dtype=dtype,
-                          device=device, progress=progress)
+                          device=device, progress=progress, into=into)
 
     # --------------------------------------------------------- forward --
     def forward(self, *inputs, training=None, seed=0):

@@ -186,21 +186,23 @@ def _through_ring(client, ring, call, plain):
 
 
 # -------------------------------------------------------------- pull ------
-def fetch(client, request, label, progress=None):
+def fetch(client, request, label, progress=None, into=None):
     """Streams GetStateDict: (header, [raw byte buffer per entry]). The
-    buffers come from _tensors.empty_bytes and are handed to the tensors.
-    Through the client's shared-memory ring where the server offers one, no
-    other transfer of this client holds it and the CPU is x86-64; data
-    messages otherwise."""
+    buffers come from _tensors.empty_bytes and are handed to the tensors,
+    or from into(header), which returns the caller's own flat uint8
+    tensors, one per entry, to overwrite in place (or raises). Through the
+    client's shared-memory ring where the server offers one, no other
+    transfer of this client holds it and the CPU is x86-64; data messages
+    otherwise."""
     def plain():
-        return _fetch(client, request, label, progress, None)
+        return _fetch(client, request, label, progress, None, into)
 
     def through(ring):
         fast = pb.GetStateDictRequest()
         fast.CopyFrom(request)
         fast.shared_memory_ring = ring.token
         fast.shared_memory_direct = client._shared_memory_direct
-        return _fetch(client, fast, label, progress, ring)
+        return _fetch(client, fast, label, progress, ring, into)
 
     try:
         # Received through the ring only where the CPU keeps the client's
@@ -211,9 +213,10 @@ def fetch(client, request, label, progress=None):
         raise from_rpc_error(error) from None
 
 
-def _fetch(client, request, label, progress, ring):
+def _fetch(client, request, label, progress, ring, into):
     """One GetStateDict call; `ring` is the _shm.Ring the request names
-    (None when it names none). Raises grpc.RpcError as the call does."""
+    (None when it names none), `into` as for fetch(). Raises grpc.RpcError
+    as the call does."""
     stream = client._get_state_dict(request, timeout=client._transfer_timeout,
                                     metadata=client._metadata)
     sink = None
@@ -226,7 +229,7 @@ def _fetch(client, request, label, progress, ring):
             for _ in stream:  # nothing follows the header
                 pass
             return header, []
-        sink = _Sink(header, label)
+        sink = _Sink(header, label, into(header) if into else None)
         if request.shared_memory_direct:
             sink.direct = ring.offer_direct(sink.targets())
         bar = Progress(progress if progress is not None else client.progress,
@@ -283,11 +286,12 @@ def _receive(stream, sink, ring, progress):
 
 
 class _Sink:
-    """The per-entry byte buffers of one GetStateDict, filled in order."""
+    """The per-entry byte buffers of one GetStateDict, filled in order:
+    new ones, or `buffers` (of the entries' lengths) when given."""
 
-    def __init__(self, header, label):
-        self.buffers = [_tensors.empty_bytes(e.byte_length)
-                        for e in header.entries]
+    def __init__(self, header, label, buffers=None):
+        self.buffers = buffers if buffers is not None else [
+            _tensors.empty_bytes(e.byte_length) for e in header.entries]
         self._views = [_tensors.writable_view(b) for b in self.buffers]
         self.label = label
         self.done = 0

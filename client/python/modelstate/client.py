@@ -138,16 +138,27 @@ class Client:
                           all_or_nothing=all_or_nothing, seed=seed,
                           progress=progress)
 
-    def pull(self, name, *, dtype=None, device=None, progress=None):
+    def pull(self, name, *, dtype=None, device=None, progress=None,
+             into=None):
         """The hosted module `name` as a torch.nn.Module: library layers as
         their torch classes, other modules as nn.Modules with the same tree,
         weights loaded with strict=True, ties, shared submodules and
         training flags as hosted. dtype= converts floating tensors on the
         server; device="meta" builds the structure without fetching data;
-        another device gets the module moved there after the pull."""
+        another device gets the module moved there after the pull.
+
+        into=model refreshes a module you already have instead, and returns
+        it: the hosted state_dict's bytes overwrite model's own parameters
+        and buffers in place (same tensor objects and memory; on this host
+        the server writes them there itself, so no memory is allocated).
+        Its keys must be the hosted ones (RuntimeError with PyTorch's
+        load_state_dict text otherwise), each tensor of the hosted dtype
+        (after dtype=) and shape, contiguous and on cpu (ValueError naming
+        the key otherwise), all checked before any byte moves. After a
+        failed transfer the tensors' values are unspecified."""
         from . import _pull
         return _pull.pull(self, name, "", dtype=dtype, device=device,
-                          progress=progress)
+                          progress=progress, into=into)
 
     def module(self, name):
         """The RemoteModule of an existing module (NotFoundError if none)."""
