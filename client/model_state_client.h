@@ -18,6 +18,8 @@
 //                               client->BuildModule(build));
 //   MODELSTATE_ASSIGN_OR_RETURN(StateDict sd,
 //                               client->GetStateDict("team/mlp"));
+//   // Later: the same tensors refreshed in place from the server.
+//   MODELSTATE_RETURN_IF_ERROR(client->GetStateDictInto("team/mlp", sd));
 //
 //   v1::WatchAuditRequest watch;
 //   watch.mutable_filter()->set_type("build");
