@@ -352,7 +352,7 @@ def _pull_into(remote, model, target_dtype, progress):
                     f"pull: into['{key}'] must be a contiguous cpu tensor "
                     f"to be written in place (it is on {t.device}"
                     f"{'' if t.is_contiguous() else ', not contiguous'})")
-            out.append(t.detach().reshape(-1).view(torch.uint8))
+            out.append(t)
         return out
 
     with torch.no_grad():

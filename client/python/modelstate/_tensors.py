@@ -138,16 +138,19 @@ def empty_bytes(n):
 
 
 def address(raw):
-    """The address of the first byte of a buffer from empty_bytes()."""
+    """The address of the first byte of a buffer from empty_bytes(), or of
+    a contiguous tensor."""
     if isinstance(raw, np.ndarray):
         return raw.ctypes.data
     return raw.data_ptr()
 
 
 def writable_view(raw):
-    """A flat byte memoryview of a buffer from empty_bytes()."""
-    array = raw if isinstance(raw, np.ndarray) else raw.numpy()
-    return memoryview(array).cast("B")
+    """A flat byte memoryview of a buffer from empty_bytes(), or of a
+    contiguous cpu tensor of any dtype (its bytes)."""
+    if isinstance(raw, np.ndarray):
+        return memoryview(raw).cast("B")
+    return memoryview(raw.detach().reshape(-1).view(torch.uint8).numpy())
 
 
 def from_bytes(raw, number, shape, requires_grad=False, parameter=False):

@@ -287,12 +287,15 @@ def _receive(stream, sink, ring, progress):
 
 class _Sink:
     """The per-entry byte buffers of one GetStateDict, filled in order:
-    new ones, or `buffers` (of the entries' lengths) when given."""
+    new ones, or `buffers` (contiguous tensors of the entries' lengths)
+    when given. A buffer's memoryview is made only when bytes are copied
+    into it: the server writing them itself (direct) needs none."""
 
     def __init__(self, header, label, buffers=None):
         self.buffers = buffers if buffers is not None else [
             _tensors.empty_bytes(e.byte_length) for e in header.entries]
-        self._views = [_tensors.writable_view(b) for b in self.buffers]
+        self._lengths = [e.byte_length for e in header.entries]
+        self._views = {}
         self.label = label
         self.done = 0
         self.direct = False  # whether the server may write the buffers
@@ -300,8 +303,8 @@ class _Sink:
 
     def targets(self):
         """(address, length) of every buffer, for a direct table."""
-        return [(_tensors.address(b), len(v))
-                for b, v in zip(self.buffers, self._views)]
+        return [(_tensors.address(b), n)
+                for b, n in zip(self.buffers, self._lengths)]
 
     def write(self, data):
         """Appends the bytes of the memoryview `data`; entries may span
@@ -316,15 +319,18 @@ class _Sink:
     def _advance(self, n, data):
         pos = 0
         while pos < n:
-            while self._index < len(self._views) and \
-                    self._offset == len(self._views[self._index]):
+            while self._index < len(self._lengths) and \
+                    self._offset == self._lengths[self._index]:
                 self._index, self._offset = self._index + 1, 0
-            if self._index == len(self._views):
+            if self._index == len(self._lengths):
                 raise ValueError(f"{self.label}: the server sent more bytes "
                                  "than its header announced")
-            space = self._views[self._index]
-            take = min(len(space) - self._offset, n - pos)
+            take = min(self._lengths[self._index] - self._offset, n - pos)
             if data is not None:
+                space = self._views.get(self._index)
+                if space is None:
+                    space = self._views[self._index] = \
+                        _tensors.writable_view(self.buffers[self._index])
                 space[self._offset:self._offset + take] = data[pos:pos + take]
             self._offset += take
             self.done += take
