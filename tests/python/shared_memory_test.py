@@ -537,6 +537,30 @@ class WrapAroundTest(Checks):
             ms.pull("wrap/big", into=mine.state_dict())
         self.assertSameState(mine.state_dict(), untouched)
 
+    def test_pull_into_offers_no_more_memory_than_a_tensor_has(self):
+        """A header whose byte_length disagrees with its shape (a broken
+        server) must not make the client offer memory past the tensor."""
+        from modelstate import _pull
+        from modelstate.v1 import tensor_pb2
+        linear = nn.Linear(3, 2)
+
+        class Remote:  # answers with a crafted header
+            path = ""
+
+            def _fetch(self, selection, *, target_dtype, progress, into):
+                header = pb.StateDictHeader()
+                for key, t in linear.state_dict().items():
+                    header.entries.add(
+                        key=key, dtype=tensor_pb2.DTYPE_FLOAT32,
+                        shape=list(t.shape), byte_length=4 * t.numel())
+                header.entries[0].byte_length += 4096
+                into(header)
+
+        with self.assertRaisesRegex(ValueError, r"the server gave 'weight' "
+                                    r"4120 bytes, its shape and dtype need "
+                                    r"24"):
+            _pull._pull_into(Remote(), linear, None, None)
+
     @unittest.skipUnless(_shm.STORES_IN_ORDER,
                          "GetStateDict takes data messages off x86-64")
     def test_pull_and_load_wrap_around(self):

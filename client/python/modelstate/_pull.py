@@ -347,6 +347,11 @@ def _pull_into(remote, model, target_dtype, progress):
                     f"pull: into['{key}'] is {t.dtype} {list(t.shape)}, the "
                     f"hosted entry {want} {list(entry.shape)} (dtype= "
                     f"converts floating entries on the server)")
+            if t.numel() * t.element_size() != entry.byte_length:
+                raise ValueError(  # the server's own header is wrong
+                    f"pull: the server gave '{key}' {entry.byte_length} "
+                    f"bytes, its shape and dtype need "
+                    f"{t.numel() * t.element_size()}")
             if t.device.type != "cpu" or not t.is_contiguous():
                 raise ValueError(
                     f"pull: into['{key}'] must be a contiguous cpu tensor "

@@ -189,8 +189,9 @@ def _through_ring(client, ring, call, plain):
 def fetch(client, request, label, progress=None, into=None):
     """Streams GetStateDict: (header, [raw byte buffer per entry]). The
     buffers come from _tensors.empty_bytes and are handed to the tensors,
-    or from into(header), which returns the caller's own flat uint8
-    tensors, one per entry, to overwrite in place (or raises). Through the
+    or from into(header), which returns the caller's own contiguous cpu
+    tensors, one per entry and of its byte_length, to overwrite in place
+    (or raises). Through the
     client's shared-memory ring where the server offers one, no other
     transfer of this client holds it and the CPU is x86-64; data messages
     otherwise."""
