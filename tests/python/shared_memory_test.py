@@ -537,6 +537,30 @@ class WrapAroundTest(Checks):
             ms.pull("wrap/big", into=mine.state_dict())
         self.assertSameState(mine.state_dict(), untouched)
 
+    def test_pull_into_keeps_ties(self):
+        """A tied weight is one tensor under two keys: both entries are
+        written into it (the same bytes), and it stays one tensor."""
+        class Tied(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = nn.Embedding(3000, 768)
+                self.head = nn.Linear(768, 3000, bias=False)
+                self.head.weight = self.emb.weight
+
+        torch.manual_seed(5)
+        hosted = Tied()
+        ms.push(hosted, "wrap/tied")
+        torch.manual_seed(6)
+        mine = Tied()
+        memory = mine.emb.weight.data_ptr()
+        with ring_uses() as counts:
+            ms.pull("wrap/tied", into=mine)
+        self.assertIs(mine.head.weight, mine.emb.weight)
+        self.assertEqual(mine.emb.weight.data_ptr(), memory)
+        self.assertTrue(same_bits(mine.emb.weight, hosted.emb.weight))
+        if _shm.STORES_IN_ORDER and child_may_write_parent():
+            self.assertEqual(counts["direct_in"], 2 * 3000 * 768 * 4)
+
     def test_pull_into_offers_no_more_memory_than_a_tensor_has(self):
         """A header whose byte_length disagrees with its shape (a broken
         server) must not make the client offer memory past the tensor."""
