@@ -535,7 +535,14 @@ class WrapAroundTest(Checks):
             ms.pull("wrap/big", into=mine, device="cpu")
         with self.assertRaisesRegex(TypeError, "torch.nn.Module"):
             ms.pull("wrap/big", into=mine.state_dict())
+        # A module hosted on meta has no bytes to write: the server's
+        # FAILED_PRECONDITION, not pull()'s meta fallback.
         self.assertSameState(mine.state_dict(), untouched)
+        ms.push(big_model(22), "wrap/meta", device="meta")
+        fits = big_model(21)
+        with self.assertRaises(modelstate.FailedPreconditionError):
+            ms.pull("wrap/meta", into=fits)
+        self.assertSameState(fits.state_dict(), big_model(21).state_dict())
 
     def test_pull_into_keeps_ties(self):
         """A tied weight is one tensor under two keys: both entries are

@@ -360,7 +360,6 @@ def _pull_into(remote, model, target_dtype, progress):
             out.append(t)
         return out
 
-    with torch.no_grad():
-        remote._fetch(_SELECT.SELECTION_STATE_DICT, target_dtype=target_dtype,
-                      progress=progress, into=buffers)
+    remote._fetch(_SELECT.SELECTION_STATE_DICT, target_dtype=target_dtype,
+                  progress=progress, into=buffers)
     return model

@@ -138,14 +138,17 @@ class RemoteModule:
             header, buffers = _transfer.fetch(self._client, request, label,
                                               progress, into)
         except FailedPreconditionError:
-            devices = {} if into else entry_devices(self.info().info,
-                                                    self.path)
+            if into:  # meta tensors have no bytes to write in place
+                raise
+            devices = entry_devices(self.info().info, self.path)
             if "meta" not in devices.values():
                 raise
             return self._fetch_with_meta(selection, devices, target_dtype)
+        if into:
+            return header, []
         items = []
         parameters = selection == _SELECT.SELECTION_PARAMETERS
-        for i, entry in enumerate([] if into else header.entries):
+        for i, entry in enumerate(header.entries):
             tensor = None
             if buffers:
                 tensor = _tensors.from_bytes(
