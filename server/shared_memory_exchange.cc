@@ -185,12 +185,20 @@ void SharedMemoryExchange::Forget(const std::string& token) {
   ring_bytes_ -= it->second.bytes;
   // A call holding the ring keeps its mapping until it ends.
   rings_.erase(it);
+  given_back_.SignalAll();  // a call waiting for it learns it is gone
 }
 
 absl::StatusOr<SharedMemoryExchange::Lease> SharedMemoryExchange::Lend(
-    absl::string_view token, absl::string_view field) {
+    absl::string_view token, absl::string_view field, absl::Duration wait) {
+  const absl::Time deadline = absl::Now() + wait;
   MutexLock lock(&mu_);
   auto it = rings_.find(token);
+  while (it != rings_.end() && it->second.lent) {
+    const bool timed_out = given_back_.WaitWithDeadline(&mu_, deadline);
+    // Looked up again: the registration may have ended meanwhile.
+    it = rings_.find(token);
+    if (timed_out) break;
+  }
   if (it == rings_.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
         field,
@@ -209,6 +217,7 @@ void SharedMemoryExchange::GiveBack(const std::string& token) {
   MutexLock lock(&mu_);
   auto it = rings_.find(token);
   if (it != rings_.end()) it->second.lent = false;
+  given_back_.SignalAll();
 }
 
 SharedMemoryExchange::Lease::~Lease() {

@@ -90,8 +90,13 @@ class SharedMemoryExchange {
   };
   // The ring registered under `token`: INVALID_ARGUMENT naming `field` for
   // a token unknown (or whose registration ended: register again),
-  // FAILED_PRECONDITION while another call holds it.
-  absl::StatusOr<Lease> Lend(absl::string_view token, absl::string_view field);
+  // FAILED_PRECONDITION if another call still holds it after `wait`. Only
+  // the registering client knows the token, so a ring still lent is
+  // almost always that client's previous call, cancelled and not yet
+  // unwound on this side: the client's next call waits for it rather
+  // than failing.
+  absl::StatusOr<Lease> Lend(absl::string_view token, absl::string_view field,
+                             absl::Duration wait = absl::Seconds(5));
 
  private:
   struct Registered {
@@ -121,6 +126,7 @@ class SharedMemoryExchange {
 
   Mutex mu_;
   absl::flat_hash_map<std::string, Registered> rings_ ABSL_GUARDED_BY(mu_);
+  CondVar given_back_;  // a lease ended
   uint64_t ring_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +21,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -603,8 +605,8 @@ TEST_F(SharedMemoryTest, ARingServesOneCallAtATime) {
   v1::GetStateDictRequest get;
   get.set_module(module_);
   get.set_shared_memory_ring(registered.registration.token);
-  // The first call fills both slots, then waits for a consumer that never
-  // comes; the second is refused meanwhile.
+  // The first call fills both slots, then waits 10 s for a consumer that
+  // never comes; the second waits 5 s for the ring, then is refused.
   auto first_context = client_->NewContext(absl::Seconds(30));
   auto first = client_->stub().GetStateDict(first_context.get(), get);
   v1::StateDictChunk chunk;
@@ -622,6 +624,50 @@ TEST_F(SharedMemoryTest, ARingServesOneCallAtATime) {
   while (first->Read(&chunk)) {
   }
   EXPECT_EQ(first->Finish().error_code(), grpc::StatusCode::CANCELLED);
+}
+
+// A client that refuses a fetch midway (a target that does not fit)
+// cancels it and may start its next call before the server has unwound
+// the first: that next call waits for the ring instead of being refused.
+TEST_F(SharedMemoryTest, TheNextCallWaitsForTheCancelledOne) {
+  const uint64_t total = (256 * 256 + 256 + 4 * 256) * 4 + 8;
+  Registered registered = RegisterSmallRing();
+  ASSERT_FALSE(registered.registration.token.empty());
+  SharedRing& ring = *registered.ring;
+  ring.set_consumed(0);
+  v1::GetStateDictRequest get;
+  get.set_module(module_);
+  get.set_shared_memory_ring(registered.registration.token);
+  auto first_context = client_->NewContext(absl::Seconds(30));
+  auto first = client_->stub().GetStateDict(first_context.get(), get);
+  v1::StateDictChunk chunk;
+  ASSERT_TRUE(first->Read(&chunk));
+  ASSERT_TRUE(chunk.has_header());
+  std::atomic<bool> second_ended{false};
+  absl::Status second_status;
+  uint64_t second_bytes = 0;
+  std::thread second([&] {
+    auto context = client_->NewContext(absl::Seconds(30));
+    auto reader = client_->stub().GetStateDict(context.get(), get);
+    v1::StateDictChunk piece;
+    uint64_t consumed = 0;
+    while (reader->Read(&piece)) {
+      if (piece.payload_case() != v1::StateDictChunk::kRingBytes) continue;
+      second_bytes += piece.ring_bytes();
+      ring.set_consumed(++consumed);
+    }
+    second_status = convert::FromGrpcStatus(reader->Finish());
+    second_ended = true;
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_FALSE(second_ended.load()) << second_status;
+  first_context->TryCancel();
+  while (first->Read(&chunk)) {
+  }
+  EXPECT_EQ(first->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  second.join();
+  EXPECT_THAT(second_status, IsOk());
+  EXPECT_EQ(second_bytes, total);
 }
 
 TEST_F(SharedMemoryTest, ARingLastsAsLongAsItsRegistration) {
