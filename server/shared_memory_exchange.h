@@ -96,7 +96,7 @@ class SharedMemoryExchange {
   // unwound on this side: the client's next call waits for it rather
   // than failing.
   absl::StatusOr<Lease> Lend(absl::string_view token, absl::string_view field,
-                             absl::Duration wait = absl::Seconds(5));
+                             absl::Duration wait = absl::Seconds(2));
 
  private:
   struct Registered {

@@ -606,7 +606,7 @@ TEST_F(SharedMemoryTest, ARingServesOneCallAtATime) {
   get.set_module(module_);
   get.set_shared_memory_ring(registered.registration.token);
   // The first call fills both slots, then waits 10 s for a consumer that
-  // never comes; the second waits 5 s for the ring, then is refused.
+  // never comes; the second waits 2 s for the ring, then is refused.
   auto first_context = client_->NewContext(absl::Seconds(30));
   auto first = client_->stub().GetStateDict(first_context.get(), get);
   v1::StateDictChunk chunk;
