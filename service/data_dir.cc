@@ -19,6 +19,7 @@ constexpr absl::string_view kStaging = "staging";
 constexpr absl::string_view kModules = "modules";
 constexpr absl::string_view kManifest = "manifest.json";
 constexpr absl::string_view kTombstone = "deleted.json";
+constexpr absl::string_view kUncommitted = "uncommitted";
 constexpr absl::string_view kDataPrefix = "data-";
 constexpr absl::string_view kDataSuffix = ".safetensors";
 // What base/file_util's TempPathFor appends.
@@ -76,6 +77,10 @@ std::string ManifestPath(absl::string_view module_dir) {
 
 std::string TombstonePath(absl::string_view module_dir) {
   return FilePath(module_dir, kTombstone);
+}
+
+std::string UncommittedPath(absl::string_view module_dir) {
+  return FilePath(module_dir, kUncommitted);
 }
 
 std::string FilePath(absl::string_view module_dir, absl::string_view file) {

@@ -56,6 +56,10 @@ std::string ModuleDir(absl::string_view modules_dir, const ModuleName& name);
 // In a module's directory.
 std::string ManifestPath(absl::string_view module_dir);
 std::string TombstonePath(absl::string_view module_dir);
+// Present while a module's first save has not committed its manifest: data
+// files there without a manifest are then leftovers of a crash, not a
+// module whose manifest was lost.
+std::string UncommittedPath(absl::string_view module_dir);
 // `file` (a data file name) in `module_dir`.
 std::string FilePath(absl::string_view module_dir, absl::string_view file);
 // "data-12.safetensors" for 12.

@@ -325,6 +325,16 @@ void MapSavedBytes(const std::string& dir, const ModuleName& name,
 
 // The data files of `dir` not in `keep` and not reserved, and temporary
 // files left by interrupted writes (other than a reserved file's).
+bool HasDataFiles(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& item : fs::directory_iterator(dir, ec)) {
+    if (data_dir::DataFileNumber(item.path().filename().string()) != 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
 std::vector<std::string> UnusedFiles(
     const std::string& dir, const std::map<std::string, uint64_t>& keep,
     const absl::flat_hash_set<std::string>& reserved) {
@@ -722,11 +732,20 @@ void ModuleRepository::ReleaseDataFile(const ModuleName& name,
   std::shared_ptr<ModuleFiles> files = FilesOf(name);
   MutexLock lock(&mu_);
   files->reserved.erase(fs::path(path).filename().string());
-  // The module was deleted while this file was staged: its directory,
-  // empty now, goes too (remove() leaves a directory that is not empty).
+  // The module was deleted while this file was staged, or its first save
+  // never came (a build refused): its directory, empty now but for a first
+  // save's mark, goes too (remove() leaves a directory that is not empty:
+  // another save may be writing there meanwhile).
   const std::string dir = ModuleDir(name);
   if (files->reserved.empty() && !fs::exists(data_dir::ManifestPath(dir))) {
     std::error_code ignored;
+    const std::string mark = data_dir::UncommittedPath(dir);
+    size_t entries = 0;
+    for (auto it = fs::directory_iterator(dir, ignored);
+         it != fs::directory_iterator(); it.increment(ignored)) {
+      ++entries;
+    }
+    if (entries == 1) fs::remove(mark, ignored);
     fs::remove(dir, ignored);
   }
 }
@@ -757,16 +776,34 @@ absl::Status ModuleRepository::CheckUsable(const ModuleName& name) {
 
 absl::Status ModuleRepository::EnsureModuleDir(const ModuleName& name) {
   const std::string dir = ModuleDir(name);
-  if (fs::exists(dir)) return absl::OkStatus();
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) {
-    return absl::UnavailableError(
-        absl::StrCat(dir, ": cannot create: ", ec.message()));
+  if (!fs::exists(dir)) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) {
+      return absl::UnavailableError(
+          absl::StrCat(dir, ": cannot create: ", ec.message()));
+    }
+    // The new directory entries must be durable before the files in them.
+    MODELSTATE_RETURN_IF_ERROR(FsyncParentDirectory(dir));
+    MODELSTATE_RETURN_IF_ERROR(
+        FsyncParentDirectory(data_dir::NamespaceDir(dir_, name.ns)));
   }
-  // The new directory entries must be durable before the files in them.
-  MODELSTATE_RETURN_IF_ERROR(FsyncParentDirectory(dir));
-  return FsyncParentDirectory(data_dir::NamespaceDir(dir_, name.ns));
+  // A first save marks the directory, durably, before any data file lands
+  // in it: LoadAll may then delete what a crash left, where data files
+  // without a manifest and without the mark are a module whose manifest
+  // was lost (kept for repair).
+  const std::string mark = data_dir::UncommittedPath(dir);
+  if (fs::exists(data_dir::ManifestPath(dir)) || fs::exists(mark)) {
+    return absl::OkStatus();
+  }
+  return WriteFileAtomically(mark, "");
+}
+
+void ModuleRepository::CommittedFirstSave(const std::string& dir) {
+  // Losing this unlink to a crash is harmless: LoadAll drops a mark beside
+  // a manifest.
+  std::error_code ignored;
+  fs::remove(data_dir::UncommittedPath(dir), ignored);
 }
 
 absl::StatusOr<std::string> ModuleRepository::ReserveDataFile(
@@ -929,6 +966,7 @@ absl::Status ModuleRepository::Save(
             {"modules", std::move(tree.modules())}};
   MODELSTATE_RETURN_IF_ERROR(
       WriteFileAtomically(data_dir::ManifestPath(dir), Seal(body)));
+  CommittedFirstSave(dir);
 
   // Committed: remember what is where, and drop what nothing names.
   files->by_version.clear();
@@ -1065,6 +1103,7 @@ absl::StatusOr<ModuleRepository::Loaded> ModuleRepository::Import(
   }
   absl::Status written = WriteFileAtomically(path, Seal(*body));
   if (!written.ok()) return fail(written);
+  CommittedFirstSave(dir);
   std::shared_ptr<ModuleFiles> files = FilesOf(name);
   absl::StatusOr<Loaded> loaded =
       LoadOne(name, /*fallback_to_cpu=*/false, /*verify_now=*/true, *files);
@@ -1075,8 +1114,11 @@ absl::StatusOr<ModuleRepository::Loaded> ModuleRepository::Import(
 }
 
 void ModuleRepository::DropTombstone(const ModuleName& name) {
-  std::error_code ec;
-  fs::remove(data_dir::TombstonePath(ModuleDir(name)), ec);
+  // Queued behind the module's data files: until they are gone, the
+  // tombstone tells LoadAll that they belong to a deletion.
+  MutexLock lock(&mu_);
+  deletions_.push_back(data_dir::TombstonePath(ModuleDir(name)));
+  deletions_changed_.SignalAll();
 }
 
 absl::StatusOr<ModuleRepository::Loaded> ModuleRepository::LoadOne(
@@ -1163,12 +1205,27 @@ ModuleRepository::LoadReport ModuleRepository::LoadAll(bool fallback_to_cpu) {
       }
     }
     if (deleted) fs::remove(manifest, ec);
+    const std::string mark = data_dir::UncommittedPath(dir);
     if (!fs::exists(manifest)) {
+      if (!fs::exists(tombstone) && !fs::exists(mark) && HasDataFiles(dir)) {
+        // Neither a deletion nor a first save that crashed: the manifest
+        // went missing, and the data files may be all that is left.
+        report.errors.push_back(absl::DataLossError(absl::StrCat(
+            data_dir::ManifestPath(dir),
+            ": missing, beside data files that no deletion or unfinished "
+            "first save explains; the module is not loaded and its files "
+            "are kept for repair")));
+        MutexLock lock(&mu_);
+        damaged_.insert(name.full());
+        continue;
+      }
       // Never committed, or removed: nothing here is needed.
       DeleteUnused(dir, nullptr, /*now=*/true);
+      fs::remove(mark, ec);
       fs::remove(dir, ec);  // only if empty (no tombstone left)
       continue;
     }
+    fs::remove(mark, ec);  // the first save committed
     auto files = std::make_shared<ModuleFiles>();
     absl::StatusOr<Loaded> loaded =
         LoadOne(name, fallback_to_cpu, /*verify_now=*/false, *files);

@@ -187,7 +187,8 @@ class ModuleRepository {
   // Removes `name` durably: a tombstone holding `note` is committed first,
   // then the files go. OK if it was never saved. The tombstone stays until
   // DropTombstone, so that a crash before the deletion is recorded elsewhere
-  // shows up in the next LoadAll.
+  // shows up in the next LoadAll; DropTombstone removes it after the
+  // module's files queued for deletion.
   absl::Status Remove(const ModuleName& name, const ChangeNote& note);
   void DropTombstone(const ModuleName& name);
 
@@ -263,8 +264,10 @@ class ModuleRepository {
   };
 
   std::string ModuleDir(const ModuleName& name) const;
-  // Creates the module's directory (durably) if it is not there.
+  // Creates the module's directory (durably) if it is not there, and
+  // marks it uncommitted until its first manifest (CommittedFirstSave).
   absl::Status EnsureModuleDir(const ModuleName& name);
+  void CommittedFirstSave(const std::string& dir);
   // The module's file record, created from the directory's contents the
   // first time.
   std::shared_ptr<ModuleFiles> FilesOf(const ModuleName& name);

@@ -424,8 +424,10 @@ TEST_F(ModuleRepositoryTest, LeftoversOfInterruptedWritesAreCleanedUp) {
   // temporary file; and a module whose first save never committed.
   std::ofstream(ModuleDir("crash/kept") / "data-9.safetensors") << "partial";
   std::ofstream(ModuleDir("crash/kept") / "manifest.json.tmp.1.2") << "{";
-  fs::create_directories(ModuleDir("crash/never"));
-  std::ofstream(ModuleDir("crash/never") / "data-1.safetensors") << "x";
+  absl::StatusOr<std::string> never =
+      repo_->ReserveDataFile(Name("crash/never"));
+  ASSERT_THAT(never, IsOk());
+  std::ofstream(*never) << "x";
 
   ModuleRepository::LoadReport report = Reload();
   EXPECT_THAT(report.errors, IsEmpty());
@@ -647,6 +649,31 @@ TEST_F(DamagedFileTest, AnUnavailableDeviceFailsUnlessFallingBackToCpu) {
   const ModuleRepository::Loaded* bad = FindLoaded(report, "d/bad");
   ASSERT_NE(bad, nullptr);
   ExpectSameState(bad->root->GetStateDict(), bad_->GetStateDict());
+}
+
+// Data files with neither a manifest, nor a deletion's tombstone, nor an
+// unfinished first save's mark: a module whose manifest was lost. Its
+// files are all that is left of it, so they stay.
+TEST_F(ModuleRepositoryTest, ALostManifestKeepsTheDataFiles) {
+  std::shared_ptr<Module> m = Build(R"({"type": "Linear", "args": [4, 4]})");
+  ASSERT_THAT(repo_->Save(Name("lost/m"), *m, Note("build")), IsOk());
+  EXPECT_FALSE(fs::exists(ModuleDir("lost/m") / "uncommitted"));
+  fs::remove(ModuleDir("lost/m") / "manifest.json");
+
+  ModuleRepository::LoadReport report = Reload();
+  EXPECT_THAT(report.modules, IsEmpty());
+  ASSERT_THAT(report.errors, SizeIs(1));
+  EXPECT_THAT(report.errors[0],
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("lost/m/manifest.json: missing"),
+                             HasSubstr("kept for repair"))));
+  EXPECT_THAT(DataFiles("lost/m"), ElementsAre("data-1.safetensors"));
+  EXPECT_THAT(repo_->CheckUsable(Name("lost/m")),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  // A second start says so again, and still deletes nothing.
+  report = Reload();
+  EXPECT_THAT(report.errors, SizeIs(1));
+  EXPECT_THAT(DataFiles("lost/m"), ElementsAre("data-1.safetensors"));
 }
 
 TEST_F(ModuleRepositoryTest, RemovalLeavesATombstoneUntilDropped) {
