@@ -62,11 +62,29 @@ std::string TorchSizeString(absl::Span<const int64_t> shape) {
   return absl::StrCat("torch.Size(", ShapeToString(shape), ")");
 }
 
+namespace {
+// ScopedTensorBytesLimit's; 0: none.
+thread_local uint64_t max_new_tensor_bytes = 0;
+}  // namespace
+
+ScopedTensorBytesLimit::ScopedTensorBytesLimit(uint64_t max_bytes)
+    : previous_(std::exchange(max_new_tensor_bytes, max_bytes)) {}
+
+ScopedTensorBytesLimit::~ScopedTensorBytesLimit() {
+  max_new_tensor_bytes = previous_;
+}
+
 absl::StatusOr<Tensor> Tensor::Make(DType dtype, Shape shape, Device device,
                                     std::shared_ptr<Storage> storage) {
   MODELSTATE_ASSIGN_OR_RETURN(int64_t numel, CheckedNumElements(shape));
   MODELSTATE_ASSIGN_OR_RETURN(uint64_t nbytes, CheckedNumBytes(numel, dtype));
   if (device.has_storage() && storage == nullptr) {
+    if (max_new_tensor_bytes != 0 && nbytes > max_new_tensor_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "A ", DTypeName(dtype), ShapeToString(shape), " tensor needs ",
+          nbytes, " bytes, over the max_tensor_bytes limit of ",
+          max_new_tensor_bytes));
+    }
     if (nbytes > std::numeric_limits<size_t>::max()) {
       return absl::ResourceExhaustedError(
           absl::StrCat("Cannot allocate ", nbytes, " bytes"));

@@ -190,6 +190,25 @@ std::string ContentHash(const Tensor& tensor);
 // DATA_LOSS naming the tensor as `key`: "'fc.weight': module 'a/b', ...".
 absl::Status CheckTensorBytes(absl::string_view key, const Tensor& tensor);
 
+// While it lives, every tensor with storage that this thread creates
+// (Tensor::Empty and all that build on it) may hold at most `max_bytes`;
+// a larger one is RESOURCE_EXHAUSTED before anything is allocated. For
+// work whose sizes a remote caller chooses, such as a forward's outputs
+// and intermediates. Scopes nest; the innermost limit applies.
+//
+//   ScopedTensorBytesLimit limit(limits.max_tensor_bytes);
+//   absl::StatusOr<std::vector<Tensor>> out = Forward(module, inputs);
+class ScopedTensorBytesLimit {
+ public:
+  explicit ScopedTensorBytesLimit(uint64_t max_bytes);
+  ~ScopedTensorBytesLimit();
+  ScopedTensorBytesLimit(const ScopedTensorBytesLimit&) = delete;
+  ScopedTensorBytesLimit& operator=(const ScopedTensorBytesLimit&) = delete;
+
+ private:
+  uint64_t previous_;
+};
+
 }  // namespace modelstate
 
 #endif  // MODELSTATE_CORE_TENSOR_H_

@@ -384,9 +384,26 @@ absl::StatusOr<std::vector<Tensor>> ModelService::Forward(const Caller& caller,
     if (!eval) return absl::OkStatus();
     return gate_.Allow(caller, "Forward", Permission::kWrite, args.module);
   };
-  return store_->Forward(caller.ctx, args.module, args.path,
-                         std::move(args.inputs), args.training, args.seed,
-                         allow_change);
+  // The inputs' shapes size every tensor the call creates (a Linear(1, n)
+  // turns 4 bytes per row into 4n): each is held to the limit of a tensor
+  // a client sends, before it is allocated.
+  ScopedTensorBytesLimit limit(limits().max_tensor_bytes);
+  MODELSTATE_ASSIGN_OR_RETURN(
+      std::vector<Tensor> outputs,
+      store_->Forward(caller.ctx, args.module, args.path,
+                      std::move(args.inputs), args.training, args.seed,
+                      allow_change));
+  // One response carries them all.
+  uint64_t bytes = 0;
+  for (const Tensor& t : outputs) bytes += t.nbytes();
+  if (bytes > limits().max_message_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "outputs: ", bytes,
+        " bytes in all, over the max_message_bytes limit "
+        "of ",
+        limits().max_message_bytes, " (one response carries them)"));
+  }
+  return outputs;
 }
 
 absl::StatusOr<std::unique_ptr<SubscriberSession>>

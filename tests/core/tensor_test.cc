@@ -382,6 +382,33 @@ TEST(StorageTest, TailsGivenUpInADeferredUnmapScopeGoBackWhenItEnds) {
 
 // Storages made in a batched-prefault scope are faulted in once it ends;
 // one freed inside it is not (its range could be another mapping's).
+TEST(TensorTest, ABytesLimitHoldsNewTensorsOnThisThreadWhileItLives) {
+  {
+    ScopedTensorBytesLimit limit(64);
+    EXPECT_THAT(Tensor::Empty(DType::kFloat32, {16}).status(), IsOk());
+    EXPECT_THAT(Tensor::Zeros(DType::kFloat32, {17}).status(),
+                StatusIs(absl::StatusCode::kResourceExhausted,
+                         HasSubstr("A float32[17] tensor needs 68 bytes, over "
+                                   "the max_tensor_bytes limit of 64")));
+    // Metadata only: nothing is allocated.
+    EXPECT_THAT(Tensor::Empty(DType::kFloat32, {17}, Device::Meta()).status(),
+                IsOk());
+    {
+      ScopedTensorBytesLimit inner(8);
+      EXPECT_THAT(Tensor::Empty(DType::kFloat32, {16}).status(),
+                  StatusIs(absl::StatusCode::kResourceExhausted));
+    }
+    EXPECT_THAT(Tensor::Empty(DType::kFloat32, {16}).status(), IsOk());
+    // Other threads are not held.
+    absl::Status elsewhere;
+    std::thread([&] {
+      elsewhere = Tensor::Empty(DType::kFloat32, {1024}).status();
+    }).join();
+    EXPECT_THAT(elsewhere, IsOk());
+  }
+  EXPECT_THAT(Tensor::Empty(DType::kFloat32, {1024}).status(), IsOk());
+}
+
 TEST(StorageTest, BatchedPrefaultsStartWhenTheScopeEnds) {
   constexpr size_t kSize = size_t{32} << 20;
   const size_t pages = kSize / static_cast<size_t>(sysconf(_SC_PAGESIZE));

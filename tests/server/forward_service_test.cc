@@ -177,5 +177,39 @@ TEST(ForwardServiceTest, BadInputGetsPyTorchsErrors) {
   c.reset();
 }
 
+// The inputs size what a forward creates: a Linear(1, 4096) turns 4 bytes
+// per row into 16 KiB. Every tensor it creates is held to the server's
+// max_tensor_bytes before it is allocated, and the outputs to what one
+// response may carry.
+TEST(ForwardServiceTest, OutputsAreHeldToTheServersLimits) {
+  InProcessServer server([](server::ServerConfig& config) {
+    config.limits.max_tensor_bytes = 4 << 20;
+    config.limits.max_message_bytes = 2 << 20;
+  });
+  ASSERT_THAT(server.Start(), IsOk());
+  std::unique_ptr<client::ModelStateClient> c = server.NewClient();
+  ASSERT_THAT(c->BuildModule(BuildRequest(
+                  "fwd/wide", R"({"type": "Linear", "args": [1, 4096]})")),
+              IsOk());
+  absl::StatusOr<v1::ForwardResponse> fits =
+      c->Forward(Request("fwd/wide", {Input({64, 1}, 1)}, false));
+  ASSERT_THAT(fits, IsOk());
+  EXPECT_EQ(Output(*fits, 0).shape(), (Shape{64, 4096}));
+  // 256 rows: 4 MiB, a tensor the server may hold but not send in one
+  // response.
+  EXPECT_THAT(c->Forward(Request("fwd/wide", {Input({256, 1}, 1)}, false)),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("outputs: 4194304 bytes in all, over the "
+                                 "max_message_bytes limit of 2097152")));
+  // One row more: refused before the output is allocated.
+  EXPECT_THAT(
+      c->Forward(Request("fwd/wide", {Input({257, 1}, 1)}, false)),
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               HasSubstr("A float32[257, 4096] tensor needs 4210688 bytes, "
+                         "over the max_tensor_bytes limit of 4194304")));
+  EXPECT_THAT(c->Health(), IsOk());
+  c.reset();
+}
+
 }  // namespace
 }  // namespace modelstate
