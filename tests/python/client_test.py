@@ -543,6 +543,33 @@ class HookTest(unittest.TestCase):
         self.assertEqual(seen[("", "in_proj_weight")],
                          ("MultiheadAttention", False))
 
+    def test_an_answer_the_wire_cannot_carry_blocks_and_the_hook_lives(self):
+        """A returned tensor of a dtype modelstate lacks, or one without
+        values, is an invalid answer: it blocks that registration saying
+        why, and the hook goes on answering."""
+        def unsendable(module, name, buffer):
+            if name == "running_mean":
+                return torch.zeros(3, dtype=torch.complex64)
+            if name == "running_var":
+                return torch.zeros(3, device="meta")
+            return None
+
+        with ms.register_module_buffer_registration_hook(
+                unsendable, timeout=5) as handle:
+            for attempt in range(2):
+                m = ms.build({"type": "BatchNorm1d", "args": [3]},
+                             f"hooks/unsendable{attempt}")
+                reasons = {r.name: r.reason for r in m.last_registrations}
+                self.assertIn("hook returned an invalid tensor: TypeError: "
+                              "modelstate has no torch.complex64 tensors",
+                              reasons["running_mean"])
+                self.assertIn("hook returned an invalid tensor: ",
+                              reasons["running_var"])
+                self.assertIn("meta", reasons["running_var"])
+                self.assertEqual(list(dict(m.named_buffers())),
+                                 ["num_batches_tracked"])
+                self.assertTrue(handle._thread.is_alive())
+
     def test_a_blocked_registration_says_its_reason_once(self):
         def refuse(module, name, param):
             raise ValueError("not today")

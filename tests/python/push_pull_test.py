@@ -11,6 +11,7 @@ import contextlib
 import copy
 import io
 import os
+import pickle
 import sys
 import unittest
 import warnings
@@ -351,6 +352,64 @@ class RoundTripTest(Checks):
         self.assertTrue(all(t.is_meta for t in ms.push(
             on_meta, "dt/meta-model").state_dict().values()))
 
+    def test_push_takes_a_torch_device(self):
+        lin = nn.Linear(2, 3)
+        on_cpu = ms.push(lin, "dev/cpu", device=torch.device("cpu"))
+        self.assertTrue(torch.equal(on_cpu.state_dict()["weight"],
+                                    lin.weight))
+        for name, model in (("dev/meta", lin),
+                            ("dev/meta-model", nn.Linear(2, 3,
+                                                         device="meta"))):
+            remote = ms.push(model, name, device=torch.device("meta"))
+            self.assertTrue(all(t.is_meta for t in
+                                remote.state_dict().values()))
+        with self.assertRaisesRegex(ValueError, "'cpu' or 'meta'"):
+            ms.push(lin, "dev/cuda", device=torch.device("cuda"))
+
+    def test_empty_tensors_of_any_dtype_come_back(self):
+        """Tensors with no elements, of dtypes wider than a byte, on every
+        way back: state_dict, the tables, pull, pull(into=), a hook's
+        argument and a forward's output, over gRPC and shared memory."""
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(0, 3)  # weight float32 [3, 0]
+                self.head = nn.Linear(4, 2)
+                self.register_buffer("ids", torch.empty(0, dtype=torch.int64))
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # initialising empty tensors
+            model, into = torch_models.randomize(Net(), 4), Net()
+        seen = []
+
+        def shapes(module, name, param):
+            seen.append((name, tuple(param.shape), param.dtype))
+
+        for shared in (True, False):
+            with self.subTest(shared_memory=shared), modelstate.connect(
+                    server.address, progress=False,
+                    shared_memory=shared) as client:
+                seen.clear()
+                with client.register_module_parameter_registration_hook(
+                        shapes):
+                    remote = client.push(model, f"empty/net-{shared}")
+                self.assertIn(("weight", (3, 0), torch.float32), seen)
+                hosted = remote.state_dict()
+                for key, value in model.state_dict().items():
+                    self.assertTrue(same_bits(hosted[key], value), key)
+                self.assertTrue(same_bits(dict(remote.named_buffers())["ids"],
+                                          model.ids))
+                self.assertTrue(same_bits(
+                    dict(remote.named_parameters())["lin.weight"],
+                    model.lin.weight))
+                self.assertSameModule(client.pull(remote.name), model)
+                client.pull(remote.name, into=into)
+                self.assertSameModule(into, model)
+                x = torch.randn(0, 4)
+                out = remote.get_submodule("head")(x)
+                self.assertEqual((out.shape, out.dtype), ((0, 2),
+                                                          torch.float32))
+
     def test_frozen_parameters_and_training_flags(self):
         torch.manual_seed(3)
         model = torch_models.Bert()
@@ -489,6 +548,35 @@ class RoundTripTest(Checks):
                          "TransformerEncoderLayer")
         self.assertIsNot(type(back[0]), nn.Conv2d)
 
+    def test_a_pulled_custom_module_pickles_and_saves(self):
+        class Linear(nn.Module):  # hosted as "__main__.Linear"
+            def __init__(self):
+                super().__init__()
+                self.scale = nn.Parameter(torch.randn(4))
+
+        # The same short name in another module.
+        Other = type("Linear", (Linear,), {"__module__": "other"})
+
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.mine, self.theirs = Linear(), Other()
+                self.lin = nn.Linear(4, 4)
+                self.register_buffer("steps", torch.tensor(3))
+
+        model = Block()
+        ms.push(model, "pickle/block")
+        back = ms.pull("pickle/block")
+        self.assertIsNot(type(back.mine), type(back.theirs))
+        buffer = io.BytesIO()
+        torch.save(back, buffer)
+        buffer.seek(0)
+        for copy_ in (torch.load(buffer), pickle.loads(pickle.dumps(back))):
+            self.assertSameModule(copy_, model)
+            for name in ("", "mine", "theirs"):
+                self.assertIs(type(copy_.get_submodule(name)),
+                              type(back.get_submodule(name)), name)
+
     def test_push_is_all_or_nothing_by_default(self):
         def no_bias(module, name, param):
             return modelstate.REJECT if name == "bias" else None
@@ -599,6 +687,45 @@ class RemoteModuleTest(Checks):
                          [n for n, _ in local.named_children()])
         with self.assertRaises(modelstate.NotFoundError):
             mlp.remove_entry("nothing")
+
+    def test_a_view_lists_what_it_shares_with_the_rest(self):
+        """A submodule whose parameter is tied to, or whose submodule is
+        shared with, a module outside it lists, pulls and freezes them as
+        torch's submodule does (a tie cannot be re-registered: it raises
+        as for the whole module)."""
+        class LM(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.wte = nn.Embedding(10, 4)
+                self.lm_head = nn.Linear(4, 10, bias=False)
+                self.lm_head.weight = self.wte.weight
+
+        class Shared(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a = nn.Linear(2, 2)
+                self.b = nn.Sequential(self.a, nn.Linear(2, 2))
+
+        for model, sub in ((LM(), "lm_head"), (Shared(), "b")):
+            with self.subTest(sub):
+                remote = ms.push(model, f"outside/{sub}")
+                view, local = remote.get_submodule(sub), \
+                    model.get_submodule(sub)
+                ours = list(view.named_parameters())
+                self.assertEqual([k for k, _ in ours],
+                                 [k for k, _ in local.named_parameters()])
+                for (k, p), q in zip(ours, local.parameters()):
+                    self.assertIsInstance(p, nn.Parameter)
+                    self.assertTrue(same_bits(p, q), k)
+                self.assertSameModule(view.pull(), local)
+        with self.assertRaises(NotImplementedError):
+            ms.module("outside/lm_head").get_submodule(
+                "lm_head").requires_grad_(False)
+        ms.module("outside/b").get_submodule("b").requires_grad_(False)
+        self.assertEqual({k: p.requires_grad for k, p in
+                          ms.module("outside/b").named_parameters()},
+                         {"a.weight": False, "a.bias": False,
+                          "b.1.weight": False, "b.1.bias": False})
 
     def test_registering_torch_modules_and_shared_ones(self):
         host = ms.build({"type": "Host", "custom": True}, "reg/host")

@@ -18,6 +18,7 @@ import collections
 import contextlib
 import ctypes
 import fcntl
+import gc
 import os
 import socket
 import stat
@@ -289,6 +290,25 @@ class InfoTest(Checks):
         self.assertIsNone(client._shm_ring)
         self.assertEqual(ring._fd, -1)  # closed and unmapped
 
+    def test_a_client_dropped_without_close_frees_its_ring(self):
+        def rings():
+            links = []
+            for fd in os.listdir("/proc/self/fd"):
+                with contextlib.suppress(OSError):
+                    links.append(os.readlink(f"/proc/self/fd/{fd}"))
+            return sum("modelstate-ring" in link for link in links)
+
+        ms.push(model(1), "info/dropped")
+        gc.collect()
+        before = rings()
+        for _ in range(3):
+            client = modelstate.connect(server.address, progress=False)
+            client.pull("info/dropped")
+            self.assertIsNotNone(client._shm_ring)
+            del client  # no close()
+        gc.collect()
+        self.assertEqual(rings(), before)
+
 
 class TransferTest(Checks):
 
@@ -398,6 +418,46 @@ class TransferTest(Checks):
                                                           strict=False))
         self.assertSameState(ms_grpc.module("shm/errors").state_dict(),
                              model(6).state_dict())
+
+    def test_a_load_that_raises_on_the_way_raises_that_and_changes_nothing(
+            self):
+        """A progress callback that raises (at the first chunk or at the
+        total) fails the load with its own exception, through the ring and
+        over gRPC, and the server keeps what it had; a meta tensor's value
+        fails as PyTorch's copy_() does."""
+        class Stop(Exception):
+            pass
+
+        ms.push(model(5), "shm/raising")
+        before = ms_grpc.module("shm/raising").state_dict()
+        new = model(6).state_dict()
+        for client in (ms, ms_grpc):
+            for at_end in (False, True):
+                with self.subTest(grpc=client is ms_grpc, at_end=at_end):
+                    stop = Stop()
+
+                    def progress(done, total):
+                        if done == total or not at_end:
+                            raise stop
+
+                    with ring_uses() as counts:
+                        with self.assertRaises(Stop) as raised:
+                            client.module("shm/raising").load_state_dict(
+                                new, progress=progress)
+                    self.assertIs(raised.exception, stop)
+                    self.assertEqual(counts["calls"], client is ms)
+                    self.assertSameState(
+                        ms_grpc.module("shm/raising").state_dict(), before)
+            with self.subTest(grpc=client is ms_grpc, value="meta"):
+                meta = collections.OrderedDict(new)
+                meta["0.weight"] = meta["0.weight"].to("meta")
+                with self.assertRaises(RuntimeError) as theirs:
+                    model(5).load_state_dict(meta)
+                with self.assertRaises(RuntimeError) as ours:
+                    client.module("shm/raising").load_state_dict(meta)
+                self.assertEqual(str(ours.exception), str(theirs.exception))
+                self.assertSameState(
+                    ms_grpc.module("shm/raising").state_dict(), before)
 
     def test_an_empty_load_needs_no_ring(self):
         remote = ms.build({"type": "ReLU"}, "shm/empty")
@@ -1146,9 +1206,10 @@ class ServerChecksTest(unittest.TestCase):
         ms_grpc.module("checks/wide").load_state_dict(self.wide.state_dict())
 
     def test_two_calls_on_one_ring(self):
-        """The first call fills the ring and waits for it to be read; a
-        second call naming the ring meanwhile is FAILED_PRECONDITION; once
-        the first is cancelled the ring serves again."""
+        """The first call fills the ring and waits (10 s) for it to be
+        read; a second call naming the ring meanwhile waits 2 s for it, then
+        is FAILED_PRECONDITION; once the first is cancelled the ring serves
+        again."""
         ring = self.raw.ring
         ring.consumed = 0
         request = pb.GetStateDictRequest(module="checks/wide",

@@ -263,6 +263,21 @@ class HookHandle:
             answer.verdict = pb.HookAnswer.REJECT
             answer.reason = f"hook raised {type(error).__name__}: {error}"
             return answer
+        try:
+            self._verdict(answer, result, before, value)
+        except Exception as error:  # noqa: BLE001 - an invalid answer
+            # A tensor the wire cannot carry (a complex or meta one): an
+            # invalid answer blocks this registration, saying why, and
+            # the hook's thread lives on to answer the next event.
+            return pb.HookAnswer(
+                event_id=event.event_id, verdict=pb.HookAnswer.REJECT,
+                reason=f"hook returned an invalid tensor: "
+                       f"{type(error).__name__}: {error}")
+        return answer
+
+    def _verdict(self, answer, result, before, value):
+        """Fills `answer` from what the hook returned (`result`) and from
+        its argument `value` (`before` it ran)."""
         if result is REJECT:
             answer.verdict = pb.HookAnswer.REJECT
         elif result is None:
@@ -285,7 +300,6 @@ class HookHandle:
                              f"expected None, "
                              f"{'' if self._kind == 'module' else 'a tensor, '}"
                              f"or modelstate.REJECT")
-        return answer
 
     def _requires_grad(self, tensor):
         """The flag a parameter replacement states: a Parameter's own,

@@ -49,9 +49,21 @@ def custom_class(type_name):
         short = type_name.rpartition(".")[2] or "Module"
         cls = type(short, (nn.Module,), {
             "__module__": "modelstate.pulled", "__qualname__": short,
-            "__doc__": f"A module pulled from modelstate: type {type_name}."})
+            "__doc__": f"A module pulled from modelstate: type {type_name}.",
+            # Pickled (torch.save) as this factory's class for type_name:
+            # no module holds the class by its name, and two hosted types
+            # may share a short one.
+            "__reduce__": lambda self: (_unpickled, (type_name,),
+                                        self.__dict__)})
         _classes[type_name] = cls
     return cls
+
+
+def _unpickled(type_name):
+    """An empty instance of custom_class(type_name), for pickle to give
+    its state (nn.Module.__setstate__)."""
+    cls = custom_class(type_name)
+    return cls.__new__(cls)
 
 
 def _note(text):

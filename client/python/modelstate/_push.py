@@ -151,6 +151,8 @@ class _Planner:
                 self._scan(child, child_path, all_tensors)
 
     def _choose_device(self, all_tensors, device):
+        if isinstance(device, torch.device):  # as pull() and build() take
+            device = str(device)
         on_meta = [t.is_meta for t in all_tensors]
         if device is None and on_meta and all(on_meta):
             device = "meta"

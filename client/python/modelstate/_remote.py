@@ -72,8 +72,21 @@ def check_state_dict(state_dict, what="state_dict"):
                             f"{type(value).__name__}")
 
 
-def _missing_unexpected_text(cls_name, missing, unexpected):
-    """PyTorch's load_state_dict error for missing / unexpected keys."""
+def _same_tensor(a, b):
+    """Whether two fetched tensors may be one hosted tensor: the same
+    dtype, shape and values (meta tensors: dtype and shape)."""
+    if a.dtype != b.dtype or tuple(a.shape) != tuple(b.shape):
+        return False
+    if torch is None:
+        return bool((a == b).all())
+    if a.is_meta or b.is_meta:
+        return a.is_meta and b.is_meta
+    return torch.equal(a.detach(), b.detach())
+
+
+def _missing_unexpected_text(cls_name, missing, unexpected, others=()):
+    """PyTorch's load_state_dict error for missing / unexpected keys (and
+    its `others` messages, which follow them)."""
     msgs = []
     if missing:
         msgs.append("Missing key(s) in state_dict: " + ", ".join(
@@ -81,6 +94,7 @@ def _missing_unexpected_text(cls_name, missing, unexpected):
     if unexpected:
         msgs.append("Unexpected key(s) in state_dict: " + ", ".join(
             f'"{k}"' for k in unexpected) + ". ")
+    msgs += others
     return f"Error(s) in loading state_dict for {cls_name}:\n\t" + \
         "\n\t".join(msgs)
 
@@ -156,7 +170,40 @@ class RemoteModule:
                     requires_grad=entry.requires_grad and parameters,
                     parameter=parameters and torch is not None)
             items.append((entry.key[len(prefix):], entry, tensor))
+        if parameters and self.path and not key_glob:
+            items = self._with_firsts_outside(items, metadata_only,
+                                              target_dtype)
         return header, items
+
+    def _with_firsts_outside(self, items, metadata_only, target_dtype):
+        """A submodule's named_parameters() as torch lists them. The
+        server lists each parameter once, under its first key in the whole
+        module, so one tied to (or in a submodule shared with) a module
+        outside this view is missing: it is added where torch lists it,
+        once per tensor, told apart from the others by dtype, shape and
+        values (as pull() tells ties apart)."""
+        listed = {k: (e, t) for k, e, t in items}
+        if all(k in listed for k in self._param_keys()):
+            return items
+        _, state = self._fetch(_SELECT.SELECTION_STATE_DICT,
+                               target_dtype=target_dtype)
+        values = {k: t for k, _, t in state}
+        seen = [values[k] for k in listed]
+        out = []
+        for key, entry, value in state:
+            if key in listed:
+                out.append((key,) + listed[key])
+            elif entry.kind == module_pb2.ENTRY_KIND_PARAMETER and \
+                    not any(_same_tensor(value, t) for t in seen):
+                seen.append(value)
+                tensor = None
+                if not metadata_only and torch is not None:
+                    tensor = torch.nn.Parameter(
+                        value, requires_grad=entry.requires_grad)
+                elif not metadata_only:
+                    tensor = value
+                out.append((key, entry, tensor))
+        return out
 
     def _fetch_with_meta(self, selection, devices, target_dtype):
         """As _fetch, for a tree with meta tensors (the server sends no
@@ -175,7 +222,15 @@ class RemoteModule:
                 glob = "".join("?" if c in "*?[]\\" else c for c in key)
                 _, one = self._fetch(selection, key_glob=prefix + glob,
                                      target_dtype=target_dtype)
-                tensor = [t for k, _, t in one if k == key][0]
+                found = [t for k, _, t in one if k == key]
+                if not found:  # listed under its first key outside the view
+                    _, one = self._fetch(_SELECT.SELECTION_STATE_DICT,
+                                         key_glob=prefix + glob,
+                                         target_dtype=target_dtype)
+                    found = [torch.nn.Parameter(
+                        t, requires_grad=entry.requires_grad)
+                        for k, _, t in one if k == key]
+                tensor = found[0]
             out.append((key, entry, tensor))
         return header, out
 
@@ -240,6 +295,7 @@ class RemoteModule:
         unless atomic=False: a failed load changes nothing."""
         check_state_dict(state_dict, "load_state_dict")
         prefix = self.path + "." if self.path else ""
+        self._check_meta(state_dict, strict)
         if self.path:
             self._check_keys(state_dict, strict)
         entries, sources = [], []
@@ -267,6 +323,53 @@ class RemoteModule:
             return [k[len(prefix):] for k in keys if k.startswith(prefix)]
         return _IncompatibleKeys(mine(response.missing_keys),
                                  mine(response.unexpected_keys))
+
+    def _check_meta(self, state_dict, strict):
+        """PyTorch's error for a meta tensor loaded into a tensor that has
+        values (its copy_() fails), with the load's other errors as PyTorch
+        words them, before anything is sent: a meta tensor has no bytes to
+        send."""
+        if torch is None or not any(
+                isinstance(v, torch.Tensor) and v.is_meta
+                for v in state_dict.values()):
+            return
+        header, _ = self._fetch(_SELECT.SELECTION_STATE_DICT,
+                                metadata_only=True)
+        devices = entry_devices(self.info().info, self.path)
+        prefix = self.path + "." if self.path else ""
+        hosted = [(e.key[len(prefix):], e.key, torch.Size(e.shape))
+                  for e in header.entries]
+        errors, copies = [], False
+        for key, full_key, shape in hosted:
+            value = state_dict.get(key)
+            if value is None:
+                continue
+            if value.shape != shape:
+                errors.append(f"size mismatch for {key}: copying a param "
+                              f"with shape {value.shape} from checkpoint, "
+                              f"the shape in current model is {shape}.")
+            elif getattr(value, "is_meta", False) and \
+                    devices.get(full_key) != "meta":
+                # torch 1.13's copy_() out of a meta tensor, as its
+                # load_state_dict words the exception's args.
+                args = ("Cannot copy out of meta tensor; no data!",)
+                errors.append(f'While copying the parameter named "{key}", '
+                              f"whose dimensions in the model are {shape} "
+                              f"and whose dimensions in the checkpoint are "
+                              f"{value.shape}, an exception occurred : "
+                              f"{args}.")
+                copies = True
+        if not copies:
+            return
+        names = {key for key, _, _ in hosted}
+        missing = [k for k, _, _ in hosted if k not in state_dict] \
+            if strict else []
+        unexpected = [k for k in state_dict if k not in names] \
+            if strict else []
+        raise FailedPreconditionError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            _missing_unexpected_text(self.type_name, missing, unexpected,
+                                     errors))
 
     def _check_keys(self, state_dict, strict):
         """A submodule's strict load, checked before anything is sent (the
@@ -335,6 +438,8 @@ class RemoteModule:
         tied = [k for k in self._param_keys() if k not in distinct]
         changing = [(k, p) for k, p in params
                     if p.requires_grad != bool(requires_grad)]
+        if self.path and changing:
+            tied += self._tied_outside([k for k, _ in changing])
         if changing and tied:
             raise NotImplementedError(
                 f"requires_grad_: {', '.join(tied)} are tied to other "
@@ -349,6 +454,36 @@ class RemoteModule:
             self.last_registrations = list(self._client._call(
                 "RegisterParameter", request).registrations)
         return self
+
+    def _tied_outside(self, keys):
+        """Those of this view's parameter `keys` that are tied to a
+        parameter outside it: the whole module lists them under another
+        key, and not because their module is shared (registering in a
+        shared module reaches every path of it)."""
+        root = RemoteModule(self._client, self.name)
+        header, _ = root._fetch(_SELECT.SELECTION_PARAMETERS,
+                                metadata_only=True)
+        firsts = {e.key for e in header.entries}
+        same = {}
+
+        def walk(info, path):
+            for child in info.children:
+                child_path = join(path, child.name)
+                if child.same_as:
+                    same[child_path] = child.same_as
+                elif child.HasField("module"):
+                    walk(child.module, child_path)
+        walk(root.info().info, "")
+        out = []
+        for key in keys:
+            owner, _, name = join(self.path, key).rpartition(".")
+            first = ""
+            for part in owner.split("."):
+                first = join(first, part)
+                first = same.get(first, first)
+            if join(first, name) not in firsts:
+                out.append(key)
+        return out
 
     def _param_keys(self):
         out = []

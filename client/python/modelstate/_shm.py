@@ -28,6 +28,7 @@ import socket
 import struct
 import threading
 import time
+import weakref
 
 import grpc
 
@@ -154,6 +155,10 @@ class Ring:
         self.pid = os.getpid()  # a forked child makes a ring of its own
         self._fd = os.memfd_create("modelstate-ring",
                                    os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        # A ring whose Client was dropped without close(): its memfd (and
+        # the up to 32 MiB it holds) goes when the ring is collected, not
+        # when the process ends.
+        self._close_fd = weakref.finalize(self, os.close, self._fd)
         try:
             size = HEADER_BYTES + slots * slot_bytes
             os.ftruncate(self._fd, size)
@@ -161,7 +166,7 @@ class Ring:
             self._map = mmap.mmap(self._fd, size, mmap.MAP_SHARED,
                                   mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
-            os.close(self._fd)
+            self._close_fd()
             raise
         self._view = memoryview(self._map)
         # One aligned 8-byte load or store (struct would go byte by byte):
@@ -296,7 +301,7 @@ class Ring:
             self._map.close()
         except BufferError:  # a slot view still alive: unmapped when freed
             pass
-        os.close(self._fd)
+        self._close_fd()
         self._fd = -1
 
 

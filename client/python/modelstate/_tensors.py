@@ -160,6 +160,10 @@ def from_bytes(raw, number, shape, requires_grad=False, parameter=False):
         return raw.view(_DTYPES[number][1]).reshape(shape)
     if isinstance(raw, np.ndarray):
         raw = torch.from_numpy(raw)
+    if raw.numel() == 0:
+        # numpy gives an empty array stride 0, which view() to a wider
+        # dtype refuses; an empty tensor has no bytes to own anyway.
+        raw = torch.empty(0, dtype=torch.uint8)
     t = raw.view(torch_dtype(number)).reshape(shape)
     if parameter:
         return torch.nn.Parameter(t, requires_grad=requires_grad)

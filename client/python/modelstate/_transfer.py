@@ -352,18 +352,41 @@ def _data_messages(sources, chunk, progress):
     for source in sources:
         view = source()
         while view:
+            if size == chunk:
+                # A full message goes once more bytes follow, and is
+                # counted before it goes: the last one leaves only after
+                # every source was read and every progress call made, so
+                # that a failure in them ends the stream short, which the
+                # server refuses (after the last message the load is done).
+                done += size
+                progress.update(done)
+                yield _framed(pieces, size)
+                pieces, size = [], 0
             take = min(len(view), chunk - size)
             pieces.append(view[:take])
             view = view[take:]
             size += take
-            if size == chunk:
-                yield _framed(pieces, size)
-                done += size
-                progress.update(done)
-                pieces, size = [], 0
     if size:
-        yield _framed(pieces, size)
         progress.update(done + size)
+        yield _framed(pieces, size)
+
+
+class _Guarded:
+    """The messages of `messages`, a generator that may raise (a source
+    that cannot be read, a progress callback): the failure ends them
+    early, so the server refuses the load cut short, and is kept in
+    `error` for the caller to raise as it was. Raised into gRPC, it would
+    only cancel the call as "Exception iterating requests!"."""
+
+    def __init__(self, messages):
+        self._messages = messages
+        self.error = None
+
+    def __iter__(self):
+        try:
+            yield from self._messages
+        except Exception as error:  # noqa: BLE001 - handed to the caller
+            self.error = error
 
 
 class _RingFeed:
@@ -388,20 +411,23 @@ class _RingFeed:
             for source in self._sources:
                 view = source()
                 while view:
+                    if fill == ring.slot_bytes:
+                        # Announced once more bytes follow, and counted
+                        # first, as in _data_messages: a failure ends the
+                        # stream short.
+                        self._progress.update(done + fill)
+                        _shm.chunks_out += 1
+                        yield b"\x18" + _encode_varint(fill)
+                        i, done, fill = i + 1, done + fill, 0
                     take = self._copy(i, fill, view)
                     if take is None:
                         return
                     fill += take
                     view = view[take:]
-                    if fill == ring.slot_bytes:
-                        _shm.chunks_out += 1
-                        yield b"\x18" + _encode_varint(fill)
-                        i, done, fill = i + 1, done + fill, 0
-                        self._progress.update(done)
             if fill:
+                self._progress.update(done + fill)
                 _shm.chunks_out += 1
                 yield b"\x18" + _encode_varint(fill)
-                self._progress.update(done + fill)
         except Exception as error:  # noqa: BLE001 - handed to the caller
             self.error = error
 
@@ -434,10 +460,16 @@ def send(client, start, sources, label, progress=None):
 
     def plain():
         start.ClearField("shared_memory_ring")
-        return client._load_state_dict(
-            _requests(start, _data_messages(sources, client._chunk_bytes,
-                                            bar)),
-            timeout=client._transfer_timeout, metadata=client._metadata)
+        messages = _Guarded(_data_messages(sources, client._chunk_bytes,
+                                           bar))
+        try:
+            return client._load_state_dict(
+                _requests(start, iter(messages)),
+                timeout=client._transfer_timeout, metadata=client._metadata)
+        except grpc.RpcError:
+            if messages.error is None:
+                raise
+        raise messages.error
 
     def through(ring):
         start.shared_memory_ring = ring.token
