@@ -170,9 +170,20 @@ absl::StatusOr<std::vector<int64_t>> BoundArgs::Ints(absl::string_view name,
   return WrongType(name, "an int or a tuple of ints", v ? *v : SpecValue());
 }
 
-absl::StatusOr<AttrValue> BoundArgs::IntOrTuple(absl::string_view name,
-                                                int64_t min) const {
-  MODELSTATE_ASSIGN_OR_RETURN(std::vector<int64_t> values, Ints(name, 0));
+absl::StatusOr<int64_t> BoundArgs::IntAtLeast(absl::string_view name,
+                                              int64_t min) const {
+  MODELSTATE_ASSIGN_OR_RETURN(int64_t value, Int(name));
+  if (value < min) {
+    return absl::InvalidArgumentError(absl::StrCat(type_, ": argument '", name,
+                                                   "' must be at least ", min,
+                                                   ", got ", value));
+  }
+  return value;
+}
+
+absl::StatusOr<std::vector<int64_t>> BoundArgs::IntsAtLeast(
+    absl::string_view name, size_t n, int64_t min) const {
+  MODELSTATE_ASSIGN_OR_RETURN(std::vector<int64_t> values, Ints(name, n));
   for (int64_t v : values) {
     if (v < min) {
       return absl::InvalidArgumentError(
@@ -180,6 +191,13 @@ absl::StatusOr<AttrValue> BoundArgs::IntOrTuple(absl::string_view name,
                        ", got ", v));
     }
   }
+  return values;
+}
+
+absl::StatusOr<AttrValue> BoundArgs::IntOrTuple(absl::string_view name,
+                                                int64_t min) const {
+  MODELSTATE_ASSIGN_OR_RETURN(std::vector<int64_t> values,
+                              IntsAtLeast(name, 0, min));
   const SpecValue* v = Find(name);
   if (std::holds_alternative<int64_t>(*v)) return AttrValue(values[0]);
   return AttrValue(std::move(values));

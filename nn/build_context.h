@@ -57,6 +57,9 @@ class BoundArgs {
 
   bool IsNone(absl::string_view name) const;
   absl::StatusOr<int64_t> Int(absl::string_view name) const;
+  // Int, at least `min` (INVALID_ARGUMENT "<type>: argument 'num_layers'
+  // must be at least 1, got 0").
+  absl::StatusOr<int64_t> IntAtLeast(absl::string_view name, int64_t min) const;
   absl::StatusOr<double> Float(absl::string_view name) const;
   absl::StatusOr<bool> Bool(absl::string_view name) const;
   absl::StatusOr<std::string> Str(absl::string_view name) const;
@@ -64,6 +67,10 @@ class BoundArgs {
   // _pair/_single); a tuple must have `n` elements (n == 0: any length).
   absl::StatusOr<std::vector<int64_t>> Ints(absl::string_view name,
                                             size_t n) const;
+  // Ints, each element at least `min` (INVALID_ARGUMENT "<type>: argument
+  // 'stride' must be at least 1, got 0", the pooling layers' text).
+  absl::StatusOr<std::vector<int64_t>> IntsAtLeast(absl::string_view name,
+                                                   size_t n, int64_t min) const;
   // An int or a tuple of ints kept as given (a pooling layer stores its
   // kernel_size as passed), each element at least `min`.
   absl::StatusOr<AttrValue> IntOrTuple(absl::string_view name,

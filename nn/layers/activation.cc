@@ -23,6 +23,7 @@
 #include "nn/layer_registry.h"
 #include "nn/layers/build_util.h"
 #include "nn/layers/forward_util.h"
+#include "nn/layers/param_check.h"
 
 namespace modelstate::internal {
 namespace {
@@ -331,10 +332,11 @@ absl::StatusOr<Tensor> ArgActivationForward(const LayerCall& call,
 template <typename T>
 absl::StatusOr<Tensor> PReLUForward(const LayerCall& call, const Tensor& x,
                                     DType dtype) {
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor w, Param(call.module, "weight", dtype));
-  if (!w.defined()) {
-    return absl::FailedPreconditionError("PReLU.weight is None");
-  }
+  MODELSTATE_ASSIGN_OR_RETURN(int64_t n,
+                              AttrInt(call.module, "num_parameters"));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Tensor w,
+      ShapedParam(call.module, "weight", dtype, {n}, Presence::kRequired));
   if (x.dim() == 0) {
     return absl::InvalidArgumentError("Not allow zero-dim input tensor.");
   }

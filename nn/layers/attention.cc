@@ -27,6 +27,7 @@
 #include "nn/layers/build_util.h"
 #include "nn/layers/forward_util.h"
 #include "nn/layers/linear.h"
+#include "nn/layers/param_check.h"
 
 namespace modelstate::internal {
 namespace {
@@ -381,11 +382,18 @@ absl::StatusOr<Projected<T>> ProjectInputs(const Module& m, const MhaDims& d,
   const T* k_in = BatchMajor(Data<T>(key), s, n, ke, !seq_first, k_buffer);
   const T* v_in = BatchMajor(Data<T>(value), s, n, ve, !seq_first, v_buffer);
 
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor in_w, Param(m, "in_proj_weight", dtype));
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor in_b, Param(m, "in_proj_bias", dtype));
+  // As F.multi_head_attention_forward: _qkv_same_embed_dim picks the packed
+  // in_proj_weight or the three separate ones, each then required.
+  MODELSTATE_ASSIGN_OR_RETURN(bool same, AttrBool(m, "_qkv_same_embed_dim"));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Tensor in_b,
+      ShapedParam(m, "in_proj_bias", dtype, {3 * e}, Presence::kOptional));
   const T* bias = Data<T>(in_b);
   Projected<T> p;
-  if (in_w.defined()) {
+  if (same) {
+    MODELSTATE_ASSIGN_OR_RETURN(
+        Tensor in_w, ShapedParam(m, "in_proj_weight", dtype, {3 * e, e},
+                                 Presence::kRequired));
     if (ke != e || ve != e) {
       return absl::InvalidArgumentError(
           absl::StrCat("key and value must have embedding dimension ", e,
@@ -398,9 +406,17 @@ absl::StatusOr<Projected<T>> ProjectInputs(const Module& m, const MhaDims& d,
                   bias ? bias + 2 * e : nullptr);
     return p;
   }
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor qw, Param(m, "q_proj_weight", dtype));
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor kw, Param(m, "k_proj_weight", dtype));
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor vw, Param(m, "v_proj_weight", dtype));
+  MODELSTATE_ASSIGN_OR_RETURN(int64_t kdim, AttrInt(m, "kdim"));
+  MODELSTATE_ASSIGN_OR_RETURN(int64_t vdim, AttrInt(m, "vdim"));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Tensor qw,
+      ShapedParam(m, "q_proj_weight", dtype, {e, e}, Presence::kRequired));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Tensor kw,
+      ShapedParam(m, "k_proj_weight", dtype, {e, kdim}, Presence::kRequired));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Tensor vw,
+      ShapedParam(m, "v_proj_weight", dtype, {e, vdim}, Presence::kRequired));
   if (ke != kw.shape()[1] || ve != vw.shape()[1]) {
     return absl::InvalidArgumentError(absl::StrCat(
         "key and value must have embedding dimensions ", kw.shape()[1], " and ",
@@ -470,11 +486,17 @@ absl::StatusOr<int64_t> AppendExtraKeys(const Module& m, const MhaDims& d,
                                         bool zero_attn, DType dtype,
                                         std::vector<T>& k, std::vector<T>& v) {
   const int64_t n = d.n, s = d.s, e = d.e;
-  Tensor bias_k = Entry(m, "bias_k");
+  // F.multi_head_attention_forward takes both or neither (it asserts).
+  const Presence extra =
+      Entry(m, "bias_k").defined() || Entry(m, "bias_v").defined()
+          ? Presence::kRequired
+          : Presence::kOptional;
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Tensor bk, ShapedParam(m, "bias_k", dtype, {1, 1, e}, extra));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Tensor bv, ShapedParam(m, "bias_v", dtype, {1, 1, e}, extra));
   int64_t s_total = s;
-  if (bias_k.defined()) {
-    MODELSTATE_ASSIGN_OR_RETURN(Tensor bk, Param(m, "bias_k", dtype));
-    MODELSTATE_ASSIGN_OR_RETURN(Tensor bv, Param(m, "bias_v", dtype));
+  if (bk.defined()) {
     std::vector<T> k2(static_cast<size_t>(n * (s + 1) * e));
     std::vector<T> v2(k2.size());
     for (int64_t ni = 0; ni < n; ++ni) {
@@ -611,8 +633,14 @@ absl::StatusOr<Tensor> ProjectOutput(const Module& m, const MhaDims& d,
     return absl::FailedPreconditionError(
         "'MultiheadAttention' object has no submodule 'out_proj'");
   }
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor ow, Param(**out_proj, "weight", dtype));
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor ob, Param(**out_proj, "bias", dtype));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Tensor ow,
+      ShapedParam(**out_proj, "weight", dtype, {e, e}, Presence::kRequired,
+                  "MultiheadAttention.out_proj"));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Tensor ob,
+      ShapedParam(**out_proj, "bias", dtype, {e}, Presence::kOptional,
+                  "MultiheadAttention.out_proj"));
   Shape out_shape = !d.batched      ? Shape{l, e}
                     : d.batch_first ? Shape{n, l, e}
                                     : Shape{l, n, e};
@@ -643,6 +671,15 @@ absl::StatusOr<std::vector<Tensor>> MultiheadAttentionForward(
   const Module& m = call.module;
   MODELSTATE_ASSIGN_OR_RETURN(int64_t e, AttrInt(m, "embed_dim"));
   MODELSTATE_ASSIGN_OR_RETURN(int64_t heads, AttrInt(m, "num_heads"));
+  // The build refuses these; a module restored with them must not divide
+  // by zero.
+  MODELSTATE_RETURN_IF_ERROR(CheckAttrAtLeast(
+      m, "num_heads", {heads}, 1, "embed_dim must be divisible by num_heads"));
+  if (e % heads != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("MultiheadAttention.num_heads is ", heads,
+                     ": embed_dim must be divisible by num_heads"));
+  }
   MODELSTATE_ASSIGN_OR_RETURN(double dropout_p, AttrDouble(m, "dropout"));
   MODELSTATE_ASSIGN_OR_RETURN(bool batch_first, AttrBool(m, "batch_first"));
   MODELSTATE_ASSIGN_OR_RETURN(bool zero_attn, AttrBool(m, "add_zero_attn"));

@@ -20,6 +20,7 @@
 #include "nn/layers/build_util.h"
 #include "nn/layers/forward_util.h"
 #include "nn/layers/padding.h"
+#include "nn/layers/param_check.h"
 
 namespace modelstate::internal {
 namespace {
@@ -41,16 +42,16 @@ absl::StatusOr<ConvPadding> ParseConvPadding(
   p.output_padding.assign(dims, 0);
   if (transposed) {
     MODELSTATE_ASSIGN_OR_RETURN(std::vector<int64_t> padding,
-                                args.Ints("padding", dims));
+                                args.IntsAtLeast("padding", dims, 0));
     p.padding = padding;
     MODELSTATE_ASSIGN_OR_RETURN(p.output_padding,
-                                args.Ints("output_padding", dims));
+                                args.IntsAtLeast("output_padding", dims, 0));
     return p;
   }
   absl::StatusOr<std::string> padding_str = args.Str("padding");
   if (!padding_str.ok()) {
     MODELSTATE_ASSIGN_OR_RETURN(std::vector<int64_t> padding,
-                                args.Ints("padding", dims));
+                                args.IntsAtLeast("padding", dims, 0));
     p.padding = padding;
     return p;
   }
@@ -101,18 +102,21 @@ absl::Status CheckConvConfig(int64_t in, int64_t out, int64_t groups,
   return absl::OkStatus();
 }
 
-// _ConvNd for the convolutions and the transposed convolutions.
+// _ConvNd for the convolutions and the transposed convolutions. torch
+// 1.13 accepts a zero stride, dilation or kernel and a negative padding
+// here and fails in forward; they are refused at build instead, where the
+// spec that asked for them is at hand (forward checks them again).
 absl::StatusOr<std::shared_ptr<Module>> BuildConv(
     const BoundArgs& args, BuildContext& ctx, const std::string& path,
     absl::string_view type, size_t dims, bool transposed) {
   MODELSTATE_ASSIGN_OR_RETURN(int64_t in, args.Int("in_channels"));
   MODELSTATE_ASSIGN_OR_RETURN(int64_t out, args.Int("out_channels"));
   MODELSTATE_ASSIGN_OR_RETURN(std::vector<int64_t> kernel,
-                              args.Ints("kernel_size", dims));
+                              args.IntsAtLeast("kernel_size", dims, 1));
   MODELSTATE_ASSIGN_OR_RETURN(std::vector<int64_t> stride,
-                              args.Ints("stride", dims));
+                              args.IntsAtLeast("stride", dims, 1));
   MODELSTATE_ASSIGN_OR_RETURN(std::vector<int64_t> dilation,
-                              args.Ints("dilation", dims));
+                              args.IntsAtLeast("dilation", dims, 1));
   MODELSTATE_ASSIGN_OR_RETURN(int64_t groups, args.Int("groups"));
   MODELSTATE_ASSIGN_OR_RETURN(bool bias, args.Bool("bias"));
   MODELSTATE_ASSIGN_OR_RETURN(std::string padding_mode,
@@ -201,6 +205,8 @@ absl::Status ConvPadding3d(const Module& m, size_t dims,
   }
   MODELSTATE_ASSIGN_OR_RETURN(std::vector<int64_t> p,
                               AttrInts(m, "padding", dims));
+  MODELSTATE_RETURN_IF_ERROR(CheckAttrAtLeast(
+      m, "padding", p, 0, "negative padding is not supported"));
   p = Lift3(std::move(p), 0);
   for (int d = 0; d < 3; ++d) pad[2 * d] = pad[2 * d + 1] = p[d];
   return absl::OkStatus();
@@ -315,18 +321,67 @@ Shape Weight5d(const Tensor& w, size_t dims) {
   return ws;
 }
 
+// The size attributes the kernels divide by, checked as torch's conv checks
+// them (a module restored with a zero stride must not reach a division by
+// zero); then the weight and bias. As in F.conv*d, the weight's own shape
+// rules, not the attributes (PyTorch lets a weight of another shape be
+// assigned): [out, in / groups, k...] (transposed: [in, out / groups,
+// k...]) of the layer's rank, its first extent divisible by groups, every
+// kernel extent at least 1, and a bias of [out].
+struct ConvParams {
+  Tensor weight, bias;
+  std::vector<int64_t> stride, dilation;
+  int64_t groups;
+};
+
+absl::StatusOr<ConvParams> ReadConvParams(const Module& m, size_t dims,
+                                          bool transposed, DType dtype) {
+  ConvParams p;
+  MODELSTATE_ASSIGN_OR_RETURN(p.groups, AttrInt(m, "groups"));
+  MODELSTATE_ASSIGN_OR_RETURN(p.stride, AttrInts(m, "stride", dims));
+  MODELSTATE_ASSIGN_OR_RETURN(p.dilation, AttrInts(m, "dilation", dims));
+  MODELSTATE_RETURN_IF_ERROR(CheckAttrAtLeast(
+      m, "groups", {p.groups}, 1, "groups must be a positive integer"));
+  MODELSTATE_RETURN_IF_ERROR(CheckAttrAtLeast(
+      m, "stride", p.stride, 1, "non-positive stride is not supported"));
+  MODELSTATE_RETURN_IF_ERROR(CheckAttrAtLeast(
+      m, "dilation", p.dilation, 1, "dilation should be greater than zero"));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      const Tensor w, RankedEntry(m, "weight", static_cast<int64_t>(dims) + 2));
+  if (w.shape()[0] % p.groups != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Given groups=", p.groups, ", expected weight to be divisible by ",
+        p.groups, " at dimension 0, but got weight of size ", Sizes(w.shape()),
+        " instead"));
+  }
+  for (size_t d = 2; d < w.shape().size(); ++d) {
+    if (w.shape()[d] < 1) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(m.type_name(), ".weight has shape ", Sizes(w.shape()),
+                       ": kernel size should be greater than zero"));
+    }
+  }
+  const int64_t out = transposed ? w.shape()[1] * p.groups : w.shape()[0];
+  MODELSTATE_ASSIGN_OR_RETURN(
+      p.weight,
+      ShapedParam(m, "weight", dtype, w.shape(), Presence::kRequired));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      p.bias, ShapedParam(m, "bias", dtype, {out}, Presence::kOptional));
+  return p;
+}
+
 // Conv1d, Conv2d and Conv3d.
 template <typename T, size_t kDims>
 absl::StatusOr<Tensor> ConvForward(const LayerCall& call, const Tensor& x_in,
                                    DType dtype) {
   const Module& m = call.module;
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor w, Param(m, "weight", dtype));
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor b, Param(m, "bias", dtype));
-  MODELSTATE_ASSIGN_OR_RETURN(std::vector<int64_t> stride,
-                              AttrInts(m, "stride", kDims));
-  MODELSTATE_ASSIGN_OR_RETURN(std::vector<int64_t> dilation,
-                              AttrInts(m, "dilation", kDims));
-  MODELSTATE_ASSIGN_OR_RETURN(int64_t groups, AttrInt(m, "groups"));
+  MODELSTATE_ASSIGN_OR_RETURN(ConvParams params,
+                              ReadConvParams(m, kDims, false, dtype));
+  const Tensor& w = params.weight;
+  const Tensor& b = params.bias;
+  const std::vector<int64_t>& stride = params.stride;
+  const std::vector<int64_t>& dilation = params.dilation;
+  const int64_t groups = params.groups;
   MODELSTATE_ASSIGN_OR_RETURN(std::string mode, AttrStr(m, "padding_mode"));
   MODELSTATE_ASSIGN_OR_RETURN(
       auto lifted, As5d(x_in, kDims, absl::StrCat("conv", kDims, "d")));
@@ -415,17 +470,24 @@ template <typename T, size_t kDims>
 absl::StatusOr<Tensor> ConvTransposeForward(const LayerCall& call,
                                             const Tensor& x_in, DType dtype) {
   const Module& m = call.module;
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor w, Param(m, "weight", dtype));
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor b, Param(m, "bias", dtype));
-  std::vector<int64_t> attrs[4];
-  const char* names[4] = {"stride", "dilation", "padding", "output_padding"};
-  for (int i = 0; i < 4; ++i) {
-    MODELSTATE_ASSIGN_OR_RETURN(attrs[i], AttrInts(m, names[i], kDims));
-    attrs[i] = Lift3(std::move(attrs[i]), i == 0 || i == 1 ? 1 : 0);
-  }
-  const std::vector<int64_t>&st = attrs[0], &dl = attrs[1], &pd = attrs[2],
-        &op = attrs[3];
-  MODELSTATE_ASSIGN_OR_RETURN(int64_t groups, AttrInt(m, "groups"));
+  MODELSTATE_ASSIGN_OR_RETURN(ConvParams params,
+                              ReadConvParams(m, kDims, true, dtype));
+  const Tensor& w = params.weight;
+  const Tensor& b = params.bias;
+  const int64_t groups = params.groups;
+  MODELSTATE_ASSIGN_OR_RETURN(std::vector<int64_t> padding,
+                              AttrInts(m, "padding", kDims));
+  MODELSTATE_ASSIGN_OR_RETURN(std::vector<int64_t> output_padding,
+                              AttrInts(m, "output_padding", kDims));
+  MODELSTATE_RETURN_IF_ERROR(CheckAttrAtLeast(
+      m, "padding", padding, 0, "negative padding is not supported"));
+  MODELSTATE_RETURN_IF_ERROR(
+      CheckAttrAtLeast(m, "output_padding", output_padding, 0,
+                       "negative output_padding is not supported"));
+  const std::vector<int64_t> st = Lift3(params.stride, 1),
+                             dl = Lift3(params.dilation, 1),
+                             pd = Lift3(std::move(padding), 0),
+                             op = Lift3(std::move(output_padding), 0);
   MODELSTATE_ASSIGN_OR_RETURN(
       auto lifted,
       As5d(x_in, kDims, absl::StrCat("conv_transpose", kDims, "d")));

@@ -20,6 +20,7 @@
 #include "nn/layer_registry.h"
 #include "nn/layers/build_util.h"
 #include "nn/layers/forward_util.h"
+#include "nn/layers/param_check.h"
 
 namespace modelstate::internal {
 namespace {
@@ -196,10 +197,16 @@ absl::Status Renorm(const Module& m, Tensor& weight,
   return absl::OkStatus();
 }
 
+// The table (any dtype: rows are copied or read as doubles). As in
+// F.embedding, its own [num_embeddings, embedding_dim] rules; indices are
+// checked against it.
+absl::StatusOr<Tensor> Table(const Module& m) {
+  return RankedEntry(m, "weight", 2);
+}
+
 // F.embedding, with embedding_renorm_ first when max_norm is set.
 absl::StatusOr<Tensor> Embed(const Module& m, const Tensor& indices) {
-  Tensor weight = Entry(m, "weight");
-  MODELSTATE_RETURN_IF_ERROR(CheckCpu(weight));
+  MODELSTATE_ASSIGN_OR_RETURN(Tensor weight, Table(m));
   const int64_t dim = weight.shape()[1];
   const int64_t count = indices.numel();
   MODELSTATE_ASSIGN_OR_RETURN(
@@ -277,10 +284,24 @@ absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> Bags(
         absl::StrCat("offsets[-1] can not be greater than input's length (",
                      count, "), but got offsets[-1] of ", off.back()));
   }
+  // torch checks only the first and the last offset and reads past the
+  // input for the others; each bag must lie inside the input.
+  for (size_t i = 1; i < off.size(); ++i) {
+    if (off[i] > count) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "offsets[", i, "] can not be greater than input's length (", count,
+          "), but got offsets[", i, "] of ", off[i]));
+    }
+    if (off[i] < off[i - 1]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "offsets has to be non-decreasing, but got offsets[", i, "] of ",
+          off[i], " after offsets[", i - 1, "] of ", off[i - 1]));
+    }
+  }
   const size_t n = include_last_offset ? off.size() - 1 : off.size();
   for (size_t b = 0; b < n; ++b) {
     const int64_t end = b + 1 < off.size() ? off[b + 1] : count;
-    bags.push_back({off[b], std::max(off[b], end)});
+    bags.push_back({off[b], end});
   }
   return bags;
 }
@@ -294,12 +315,8 @@ absl::StatusOr<std::vector<Tensor>> EmbeddingBagForward(
   const Tensor& input = in[0];
   const Tensor offsets = in.size() > 1 ? in[1] : Tensor();
   const Tensor psw = in.size() > 2 ? in[2] : Tensor();
-  Tensor weight = Entry(m, "weight");
-  MODELSTATE_RETURN_IF_ERROR(CheckCpu(weight));
+  MODELSTATE_ASSIGN_OR_RETURN(Tensor weight, Table(m));
   MODELSTATE_RETURN_IF_ERROR(CheckCpu(psw));
-  if (!weight.defined() || weight.dim() != 2) {
-    return absl::FailedPreconditionError("EmbeddingBag.weight must be 2-D");
-  }
   MODELSTATE_ASSIGN_OR_RETURN(std::string mode, AttrStr(m, "mode"));
   MODELSTATE_ASSIGN_OR_RETURN(bool last, AttrBool(m, "include_last_offset"));
   if (psw.defined() && psw.shape() != input.shape()) {

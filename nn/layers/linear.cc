@@ -18,6 +18,7 @@
 #include "nn/layer_registry.h"
 #include "nn/layers/build_util.h"
 #include "nn/layers/forward_util.h"
+#include "nn/layers/param_check.h"
 
 namespace modelstate::internal {
 
@@ -130,13 +131,14 @@ template <typename T>
 absl::StatusOr<Tensor> LinearForward(const LayerCall& call, const Tensor& x,
                                      DType dtype) {
   const Module& m = call.module;
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor w, Param(m, "weight", dtype));
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor b, Param(m, "bias", dtype));
-  if (!w.defined() || w.dim() != 2) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(m.type_name(), ".weight must be a 2-D tensor"));
-  }
-  const int64_t out = w.shape()[0], in = w.shape()[1];
+  // As F.linear: the weight's own [out, in] rules.
+  MODELSTATE_ASSIGN_OR_RETURN(const Tensor weight, RankedEntry(m, "weight", 2));
+  const int64_t out = weight.shape()[0], in = weight.shape()[1];
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Tensor w,
+      ShapedParam(m, "weight", dtype, {out, in}, Presence::kRequired));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Tensor b, ShapedParam(m, "bias", dtype, {out}, Presence::kOptional));
   if (x.dim() == 0) {
     return absl::InvalidArgumentError(
         "both arguments to linear need to have at least 1 dimension, but got "
@@ -164,9 +166,15 @@ absl::StatusOr<Tensor> BilinearForward(const LayerCall& call,
   const Module& m = call.module;
   const Tensor& x1 = inputs[0];
   const Tensor& x2 = inputs[1];
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor w, Param(m, "weight", dtype));
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor b, Param(m, "bias", dtype));
-  const int64_t out = w.shape()[0], in1 = w.shape()[1], in2 = w.shape()[2];
+  // As F.bilinear: the weight's own [out, in1, in2] rules.
+  MODELSTATE_ASSIGN_OR_RETURN(const Tensor weight, RankedEntry(m, "weight", 3));
+  const int64_t out = weight.shape()[0], in1 = weight.shape()[1],
+                in2 = weight.shape()[2];
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Tensor w,
+      ShapedParam(m, "weight", dtype, {out, in1, in2}, Presence::kRequired));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Tensor b, ShapedParam(m, "bias", dtype, {out}, Presence::kOptional));
   if (x1.dim() == 0 || x2.dim() == 0 ||
       Shape(x1.shape().begin(), x1.shape().end() - 1) !=
           Shape(x2.shape().begin(), x2.shape().end() - 1)) {

@@ -22,6 +22,7 @@
 #include "nn/layer_registry.h"
 #include "nn/layers/build_util.h"
 #include "nn/layers/forward_util.h"
+#include "nn/layers/param_check.h"
 
 namespace modelstate::internal {
 namespace {
@@ -299,11 +300,42 @@ absl::Status UpdateRunningStats(const Module& m, Tensor& running_mean,
                        per_channel);
 }
 
+// The entries of a _NormBase layer (BatchNorm, InstanceNorm), each optional
+// as F.batch_norm / F.instance_norm take None for it, of the shapes
+// num_features gives: weight, bias, running_mean, running_var [C] and
+// num_batches_tracked [].
+struct NormEntries {
+  Tensor weight, bias, running_mean, running_var, count;
+};
+
+absl::StatusOr<NormEntries> ReadNormEntries(const Module& m, DType dtype) {
+  MODELSTATE_ASSIGN_OR_RETURN(int64_t c, AttrInt(m, "num_features"));
+  NormEntries e;
+  MODELSTATE_ASSIGN_OR_RETURN(
+      e.weight, ShapedParam(m, "weight", dtype, {c}, Presence::kOptional));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      e.bias, ShapedParam(m, "bias", dtype, {c}, Presence::kOptional));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      e.running_mean, ShapedEntry(m, "running_mean", {c}, Presence::kOptional));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      e.running_var, ShapedEntry(m, "running_var", {c}, Presence::kOptional));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      e.count, ShapedEntry(m, "num_batches_tracked", {}, Presence::kOptional));
+  return e;
+}
+
 // Eval mode: the mean and 1 / sqrt(var + eps) of the running statistics.
 absl::Status RunningStats(const Module& m, const Tensor& running_mean,
                           const Tensor& running_var, DType dtype, double eps,
                           std::vector<double>& mean,
                           std::vector<double>& invstd) {
+  if (!running_mean.defined() || !running_var.defined()) {
+    // ATen's batch_norm text; the module, not the input, is at fault.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "running_mean and running_var must be defined in evaluation mode (",
+        m.type_name(), ".",
+        running_mean.defined() ? "running_var" : "running_mean", " is None)"));
+  }
   if (running_mean.dtype() != dtype || running_var.dtype() != dtype) {
     return absl::InvalidArgumentError(
         absl::StrCat("expected scalar type ", ScalarTypeName(dtype),
@@ -330,11 +362,10 @@ absl::StatusOr<Tensor> BatchNormForward(const LayerCall& call, const Tensor& x,
         "expected ", kDims == 1 ? "2D or 3D" : absl::StrCat(kDims + 2, "D"),
         " input (got ", x.dim(), "D input)"));
   }
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor w, Param(m, "weight", dtype));
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor b, Param(m, "bias", dtype));
-  Tensor running_mean = Entry(m, "running_mean");
-  Tensor running_var = Entry(m, "running_var");
-  Tensor count = Entry(m, "num_batches_tracked");
+  MODELSTATE_ASSIGN_OR_RETURN(NormEntries entries, ReadNormEntries(m, dtype));
+  const Tensor &w = entries.weight, &b = entries.bias;
+  Tensor &running_mean = entries.running_mean,
+         &running_var = entries.running_var, &count = entries.count;
   MODELSTATE_ASSIGN_OR_RETURN(double eps, AttrDouble(m, "eps"));
   MODELSTATE_ASSIGN_OR_RETURN(bool track, AttrBool(m, "track_running_stats"));
   const int64_t n = x.shape()[0], c = x.shape()[1];
@@ -396,16 +427,17 @@ absl::StatusOr<Tensor> InstanceNormForward(const LayerCall& call,
                      "D input (got ", x.dim(), "D input)"));
   }
   const bool batched = x.dim() == kDims + 2;
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor w, Param(m, "weight", dtype));
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor b, Param(m, "bias", dtype));
-  Tensor running_mean = Entry(m, "running_mean");
-  Tensor running_var = Entry(m, "running_var");
+  MODELSTATE_ASSIGN_OR_RETURN(NormEntries entries, ReadNormEntries(m, dtype));
+  const Tensor &w = entries.weight, &b = entries.bias;
+  Tensor &running_mean = entries.running_mean,
+         &running_var = entries.running_var;
   MODELSTATE_ASSIGN_OR_RETURN(double eps, AttrDouble(m, "eps"));
   MODELSTATE_ASSIGN_OR_RETURN(bool track, AttrBool(m, "track_running_stats"));
   const int64_t n = batched ? x.shape()[0] : 1;
   const int64_t c = x.shape()[batched ? 1 : 0];
   const int64_t inner = Prod(x.shape(), batched ? 2 : 1, x.shape().size());
-  for (const Tensor* t : {&w, &b, &running_mean, &running_var}) {
+  for (const Tensor* t : {&entries.weight, &entries.bias, &entries.running_mean,
+                          &entries.running_var}) {
     if (t->defined() && t->numel() != c) {
       return absl::InvalidArgumentError(
           absl::StrCat("running_mean should contain ", n * c, " elements not ",
@@ -435,6 +467,15 @@ absl::StatusOr<Tensor> InstanceNormForward(const LayerCall& call,
           running_mean, running_var, batch_mean, batch_var, momentum, inner));
     }
   } else {
+    if (!running_mean.defined() || !running_var.defined()) {
+      // ATen's instance_norm text.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Expected running_mean and running_var to be defined when "
+          "use_input_stats is false (",
+          m.type_name(), ".",
+          running_mean.defined() ? "running_var" : "running_mean",
+          " is None)"));
+    }
     std::vector<double> cm(c), ci(c);
     MODELSTATE_RETURN_IF_ERROR(
         RunningStats(m, running_mean, running_var, dtype, eps, cm, ci));
@@ -460,8 +501,6 @@ template <typename T>
 absl::StatusOr<Tensor> LayerNormForward(const LayerCall& call, const Tensor& x,
                                         DType dtype) {
   const Module& m = call.module;
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor w, Param(m, "weight", dtype));
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor b, Param(m, "bias", dtype));
   MODELSTATE_ASSIGN_OR_RETURN(const AttrValue* shape_attr,
                               Attr(m, "normalized_shape"));
   std::vector<int64_t> norm_shape;
@@ -470,6 +509,13 @@ absl::StatusOr<Tensor> LayerNormForward(const LayerCall& call, const Tensor& x,
   } else if (const auto* i = std::get_if<int64_t>(shape_attr)) {
     norm_shape = {*i};
   }
+  const Shape affine_shape(norm_shape.begin(), norm_shape.end());
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Tensor w,
+      ShapedParam(m, "weight", dtype, affine_shape, Presence::kOptional));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Tensor b,
+      ShapedParam(m, "bias", dtype, affine_shape, Presence::kOptional));
   MODELSTATE_ASSIGN_OR_RETURN(double eps, AttrDouble(m, "eps"));
   const size_t k = norm_shape.size();
   bool ok = x.shape().size() >= k;
@@ -520,10 +566,17 @@ template <typename T>
 absl::StatusOr<Tensor> GroupNormForward(const LayerCall& call, const Tensor& x,
                                         DType dtype) {
   const Module& m = call.module;
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor w, Param(m, "weight", dtype));
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor b, Param(m, "bias", dtype));
   MODELSTATE_ASSIGN_OR_RETURN(int64_t groups, AttrInt(m, "num_groups"));
   MODELSTATE_ASSIGN_OR_RETURN(int64_t channels, AttrInt(m, "num_channels"));
+  // The build refuses these; a module restored with them must not divide
+  // by zero.
+  MODELSTATE_RETURN_IF_ERROR(CheckAttrAtLeast(
+      m, "num_groups", {groups}, 1, "num_groups must be a positive integer"));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Tensor w,
+      ShapedParam(m, "weight", dtype, {channels}, Presence::kOptional));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      Tensor b, ShapedParam(m, "bias", dtype, {channels}, Presence::kOptional));
   MODELSTATE_ASSIGN_OR_RETURN(double eps, AttrDouble(m, "eps"));
   if (x.dim() < 2) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -543,6 +543,13 @@ absl::StatusOr<std::shared_ptr<Module>> BuildLPPool(const BoundArgs& args,
                                                     BuildContext&,
                                                     const std::string&) {
   MODELSTATE_ASSIGN_OR_RETURN(double norm_type, args.Float("norm_type"));
+  if (norm_type == 0) {
+    // torch 1.13 builds it and every forward raises ZeroDivisionError.
+    return absl::InvalidArgumentError(
+        absl::StrCat(kDims == 1 ? "LPPool1d" : "LPPool2d",
+                     ": argument 'norm_type' must not be 0 (forward computes "
+                     "x ** (1 / norm_type): float division by zero)"));
+  }
   MODELSTATE_ASSIGN_OR_RETURN(AttrValue kernel,
                               args.IntOrTuple("kernel_size", 1));
   AttrValue stride = std::monostate{};
@@ -566,6 +573,10 @@ absl::StatusOr<Tensor> LPPoolForward(const LayerCall& call, const Tensor& x,
                                      DType) {
   const Module& m = call.module;
   MODELSTATE_ASSIGN_OR_RETURN(double p, AttrDouble(m, "norm_type"));
+  if (p == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(m.type_name(), ".norm_type is 0: float division by zero"));
+  }
   MODELSTATE_ASSIGN_OR_RETURN(bool ceil_mode, AttrBool(m, "ceil_mode"));
   MODELSTATE_ASSIGN_OR_RETURN(std::vector<int64_t> k,
                               AttrInts(m, "kernel_size", kDims));

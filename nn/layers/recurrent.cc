@@ -34,6 +34,7 @@
 #include "nn/layers/build_util.h"
 #include "nn/layers/dropout.h"
 #include "nn/layers/forward_util.h"
+#include "nn/layers/param_check.h"
 
 namespace modelstate::internal {
 namespace {
@@ -176,7 +177,8 @@ absl::StatusOr<RnnConfig> ReadRnnArgs(const BoundArgs& args,
   RnnConfig c;
   MODELSTATE_ASSIGN_OR_RETURN(c.input_size, args.Int("input_size"));
   MODELSTATE_ASSIGN_OR_RETURN(c.hidden_size, args.Int("hidden_size"));
-  MODELSTATE_ASSIGN_OR_RETURN(c.num_layers, args.Int("num_layers"));
+  // torch 1.13 fails on num_layers=0 in __init__ too (an IndexError).
+  MODELSTATE_ASSIGN_OR_RETURN(c.num_layers, args.IntAtLeast("num_layers", 1));
   MODELSTATE_ASSIGN_OR_RETURN(c.bias, args.Bool("bias"));
   MODELSTATE_ASSIGN_OR_RETURN(c.batch_first, args.Bool("batch_first"));
   MODELSTATE_ASSIGN_OR_RETURN(c.dropout, args.Float("dropout"));
@@ -314,16 +316,6 @@ struct DirectionWeights {
   }
 };
 
-absl::Status CheckShape(const Module& m, const std::string& name,
-                        const Tensor& t, const Shape& want) {
-  if (t.defined() && t.shape() != want) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(m.type_name(), ".", name, " has shape ", Sizes(t.shape()),
-                     ", expected ", Sizes(want)));
-  }
-  return absl::OkStatus();
-}
-
 template <typename T>
 absl::StatusOr<DirectionWeights<T>> LoadDirection(const Module& m,
                                                   const RnnConfig& c,
@@ -334,12 +326,11 @@ absl::StatusOr<DirectionWeights<T>> LoadDirection(const Module& m,
   std::vector<Shape> shapes = RnnParamShapes(c, layer);
   std::vector<Tensor> tensors;
   for (size_t i = 0; i < names.size(); ++i) {
-    MODELSTATE_ASSIGN_OR_RETURN(Tensor t, Param(m, names[i], dtype));
-    if (!t.defined()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "'", m.type_name(), "' object has no parameter '", names[i], "'"));
-    }
-    MODELSTATE_RETURN_IF_ERROR(CheckShape(m, names[i], t, shapes[i]));
+    // Required, biases too: torch's _VF.rnn_* take the flat weights as a
+    // list of tensors, where None is not allowed.
+    MODELSTATE_ASSIGN_OR_RETURN(
+        Tensor t,
+        ShapedParam(m, names[i], dtype, shapes[i], Presence::kRequired));
     tensors.push_back(std::move(t));
   }
   DirectionWeights<T> w;
@@ -359,6 +350,8 @@ absl::StatusOr<RnnConfig> ReadRnnAttrs(const Module& m) {
   MODELSTATE_ASSIGN_OR_RETURN(c.input_size, AttrInt(m, "input_size"));
   MODELSTATE_ASSIGN_OR_RETURN(c.hidden_size, AttrInt(m, "hidden_size"));
   MODELSTATE_ASSIGN_OR_RETURN(c.num_layers, AttrInt(m, "num_layers"));
+  MODELSTATE_RETURN_IF_ERROR(CheckAttrAtLeast(
+      m, "num_layers", {c.num_layers}, 1, "num_layers must be at least 1"));
   MODELSTATE_ASSIGN_OR_RETURN(c.bias, AttrBool(m, "bias"));
   MODELSTATE_ASSIGN_OR_RETURN(c.batch_first, AttrBool(m, "batch_first"));
   MODELSTATE_ASSIGN_OR_RETURN(c.dropout, AttrDouble(m, "dropout"));
@@ -638,20 +631,17 @@ absl::StatusOr<std::vector<Tensor>> CellForward(const LayerCall& call,
   const int64_t gates = GateCount(cell) * hidden;
   MODELSTATE_RETURN_IF_ERROR(CheckBlasDims({n, input_size, hidden, gates}));
   DirectionWeights<T> w;
-  MODELSTATE_ASSIGN_OR_RETURN(w.w_ih, Param(m, "weight_ih", dtype));
-  MODELSTATE_ASSIGN_OR_RETURN(w.w_hh, Param(m, "weight_hh", dtype));
-  MODELSTATE_ASSIGN_OR_RETURN(w.b_ih, Param(m, "bias_ih", dtype));
-  MODELSTATE_ASSIGN_OR_RETURN(w.b_hh, Param(m, "bias_hh", dtype));
-  MODELSTATE_RETURN_IF_ERROR(
-      CheckShape(m, "weight_ih", w.w_ih, {gates, input_size}));
-  MODELSTATE_RETURN_IF_ERROR(
-      CheckShape(m, "weight_hh", w.w_hh, {gates, hidden}));
-  MODELSTATE_RETURN_IF_ERROR(CheckShape(m, "bias_ih", w.b_ih, {gates}));
-  MODELSTATE_RETURN_IF_ERROR(CheckShape(m, "bias_hh", w.b_hh, {gates}));
-  if (!w.w_ih.defined() || !w.w_hh.defined()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        m.type_name(), " needs weight_ih and weight_hh to run forward"));
-  }
+  // The cells' biases may be None (_VF.*_cell take optional biases).
+  MODELSTATE_ASSIGN_OR_RETURN(
+      w.w_ih, ShapedParam(m, "weight_ih", dtype, {gates, input_size},
+                          Presence::kRequired));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      w.w_hh,
+      ShapedParam(m, "weight_hh", dtype, {gates, hidden}, Presence::kRequired));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      w.b_ih, ShapedParam(m, "bias_ih", dtype, {gates}, Presence::kOptional));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      w.b_hh, ShapedParam(m, "bias_hh", dtype, {gates}, Presence::kOptional));
   std::vector<T> h = InitialState<T>(hx, n * hidden);
   std::vector<T> c = lstm ? InitialState<T>(cx, n * hidden) : std::vector<T>();
   std::vector<T> out(static_cast<size_t>(n * hidden));

@@ -453,6 +453,11 @@ class LayerBlocks {
     MODELSTATE_ASSIGN_OR_RETURN(
         std::vector<Tensor> r,
         runner_.Call(**a, {x, kv, kv, kpm, mask}, no_weights));
+    if (r.empty()) {
+      // The submodule may have been replaced by one that returns nothing.
+      return absl::FailedPreconditionError(
+          absl::StrCat(m_.type_name(), ".", attn, " returned no outputs"));
+    }
     return runner_.CallChild(m_, dropout, {r[0]});
   }
 
