@@ -7,6 +7,7 @@ requires_grad_, removing entries, progress).
 Run by ctest: /usr/bin/python3 push_pull_test.py SERVER_BINARY PACKAGE_DIR
 """
 
+import collections
 import contextlib
 import copy
 import io
@@ -261,28 +262,27 @@ class RoundTripTest(Checks):
         shuffle, local response norm, feature alpha dropout, distances) go
         up as library layers with their arguments as torch keeps them, come
         back as torch's classes and compute alike, on the server too.
-        The server keeps float arguments as floats (a spec cannot tell 2
-        from 2.0), so the float arguments here are floats, as torch's
-        defaults are."""
+        The wire cannot tell 2 from 2.0, so integral arguments here are
+        ints (see test_numbers_come_back_as_torch_received_them)."""
 
         class Net(nn.Module):
             def __init__(self):
                 super().__init__()
                 self.conv = nn.Conv2d(3, 8, 3, padding=1)
-                self.act = nn.Hardtanh(-2.0, 2.5)
-                self.lrn = nn.LocalResponseNorm(3, alpha=1e-3, k=2.0)
+                self.act = nn.Hardtanh(-2, 2.5)
+                self.lrn = nn.LocalResponseNorm(3, alpha=1e-3, k=2)
                 self.shuffle = nn.ChannelShuffle(4)
                 self.glu = nn.GLU(dim=1)
                 self.drop = nn.FeatureAlphaDropout(0.2)
                 self.body = nn.Sequential(
                     nn.ReLU6(), nn.SELU(), nn.CELU(0.5), nn.LogSigmoid(),
                     nn.Softsign(), nn.Softshrink(0.1), nn.Hardshrink(0.05),
-                    nn.Tanhshrink(), nn.Threshold(-0.5, 3.0))
+                    nn.Tanhshrink(), nn.Threshold(-0.5, 3))
                 self.softmin = nn.Softmin(dim=1)
                 self.softmax2d = nn.Softmax2d()
                 self.cos = nn.CosineSimilarity(dim=1, eps=1e-6)
-                self.dist = nn.PairwiseDistance(p=1.0, keepdim=True)
-                self.lp = nn.LPPool2d(2.0, (2, 3), stride=1)
+                self.dist = nn.PairwiseDistance(p=1, keepdim=True)
+                self.lp = nn.LPPool2d(2, (2, 3), stride=1)
                 self.unfold = nn.Unfold((2, 3), padding=1, stride=(1, 2))
                 self.fold = nn.Fold((6, 5), (2, 3), padding=1, stride=(1, 2))
 
@@ -326,6 +326,60 @@ class RoundTripTest(Checks):
                 want = getattr(model, name)(a, b)
                 self.assertEqual(out.shape, want.shape)
                 self.assertLess((out - want).abs().max().item(), 1e-5, name)
+
+    def test_numbers_come_back_as_torch_received_them(self):
+        """Arguments torch keeps as given (Softplus's beta, Hardtanh's
+        bounds, CELU's alpha, LPPool's norm_type, ...) come back as torch's
+        constructor received them: ints as ints, floats as floats, torch's
+        defaults as torch's defaults. The wire has one kind of number (a
+        double), so pull reads an integral one as an int unless it is the
+        default; push notes an argument that will not come back so."""
+        layers = [
+            nn.Softplus(), nn.Softplus(2, 10), nn.Softplus(0.5, 3),
+            nn.Hardtanh(), nn.Hardtanh(-2, 2), nn.Hardtanh(-0.5, 3),
+            nn.CELU(), nn.CELU(2), nn.CELU(0.5),
+            nn.LPPool2d(2, 3), nn.LPPool1d(1.5, 2), nn.LPPool1d(3, 2),
+            nn.Softshrink(), nn.Softshrink(1), nn.Hardshrink(2),
+            nn.Threshold(0, 1), nn.Threshold(-1, 2.5),
+            nn.LocalResponseNorm(3), nn.LocalResponseNorm(3, 1, 1, 2),
+            nn.PairwiseDistance(), nn.PairwiseDistance(1),
+            nn.PairwiseDistance(3, 0), nn.CosineSimilarity(1, 0),
+            nn.CosineSimilarity(eps=1e-6), nn.ReLU6(), nn.ELU(),
+            nn.LeakyReLU(0.2), nn.Dropout(0.0), nn.Upsample(scale_factor=2),
+            nn.LSTM(3, 4, 2, dropout=1), nn.BatchNorm1d(3, momentum=None)]
+        model = nn.Sequential(*layers)
+        remote = ms.push(model, "numbers/all")
+        self.assertEqual(remote.notes, [])
+        back = ms.pull("numbers/all")
+        for i, theirs in enumerate(layers):
+            ours = back[i]
+            with self.subTest(repr(theirs)):
+                self.assertIs(type(ours), type(theirs))
+                self.assertEqual(repr(ours), repr(theirs))
+                for key, value in vars(theirs).items():
+                    if key.startswith("_") or callable(value) or \
+                            isinstance(value, (dict, set)):
+                        continue
+                    self.assertIs(type(getattr(ours, key)), type(value), key)
+                    self.assertEqual(getattr(ours, key), value, key)
+        self.assertEqual(repr(back), repr(model))
+        x = torch.randn(2, 3, 6, 6).abs() + 0.1
+        with torch.no_grad():
+            for i in (1, 4, 7, 9, 14, 15):
+                self.assertTrue(torch.equal(back[i](x), layers[i](x)), i)
+                out = remote.get_submodule(str(i))(x)
+                self.assertLess((out - layers[i](x)).abs().max().item(),
+                                1e-5, i)
+        # What the wire cannot say: a note, and the layer is still hosted.
+        for layer, note in ((nn.Hardtanh(-2.0, 2.0), "min_val=-2 for "
+                             "min_val=-2.0"),
+                            (nn.CELU(1), "alpha=1.0 for alpha=1")):
+            with self.subTest(note):
+                with self.assertWarns(modelstate.PushNote):
+                    remote = ms.push(layer, "numbers/note")
+                self.assertIn(note, remote.notes[0])
+                self.assertEqual(remote.type_name, type(layer).__name__)
+                remote.delete()
 
     def test_dtype_and_meta_in_both_directions(self):
         torch.manual_seed(2)
@@ -666,6 +720,80 @@ class RemoteModuleTest(Checks):
         self.assertEqual(str(ours.exception), str(theirs.exception))
         result = fc.load_state_dict(partial, strict=False)
         self.assertEqual(result.missing_keys, ["bias"])
+
+    def test_a_submodules_load_errors_are_worded_for_it(self):
+        """A submodule view's load_state_dict errors say what torch says
+        for that submodule: its class name and its own keys (the server
+        loads at the root and words them for the root), through nested
+        views too."""
+        model = nn.Sequential(nn.Linear(2, 3), nn.Sequential(
+            nn.LayerNorm(3), nn.Linear(3, 4)))
+        remote = ms.push(model, "view/errors")
+        cases = [
+            ("0", {"weight": torch.ones(7), "bias": torch.ones(3)}, True),
+            ("1", {"0.weight": torch.ones(3), "0.bias": torch.ones(2),
+                   "1.weight": torch.ones(4, 3), "1.bias": torch.ones(4)},
+             True),
+            ("1.1", {"weight": torch.ones(4, 3), "bias": torch.ones(5),
+                     "step": 5}, False),
+            ("1", {"0.weight": torch.ones(3), "0.bias": torch.ones(3),
+                   "1.weight": torch.ones(4, 2), "1.bias": torch.ones(1)},
+             False),
+            ("1", {"0.weight": torch.ones(3), "0.bias": torch.ones(3),
+                   "1.weight": torch.ones(4, 3), "1.bias": torch.ones(4),
+                   "1.step": 1}, True),
+        ]
+        for path, sd, strict in cases:
+            with self.subTest(path=path, keys=list(sd)):
+                with self.assertRaises(RuntimeError) as theirs:
+                    copy.deepcopy(model.get_submodule(path)).load_state_dict(
+                        sd, strict=strict)
+                with self.assertRaises(RuntimeError) as ours:
+                    remote.get_submodule(path).load_state_dict(sd,
+                                                               strict=strict)
+                self.assertEqual(str(ours.exception), str(theirs.exception))
+        # Atomic: nothing changed.
+        for key, value in model.state_dict().items():
+            self.assertTrue(same_bits(remote.state_dict()[key], value), key)
+
+    def test_values_the_wire_cannot_carry_are_looked_at_as_torch_does(self):
+        """An unexpected key's value is never looked at: torch lists the
+        key (a Python number or a complex tensor is no TypeError), and
+        strict=True raises torch's text naming it."""
+        torch.manual_seed(3)
+        local = nn.Sequential(nn.Linear(3, 4), nn.ReLU())
+        remote = ms.push(local, "carry/mlp")
+        good = local.state_dict()
+        extras = [{"step": 5}, {"0.freqs": torch.ones(2,
+                                                      dtype=torch.complex64)},
+                  {"opt": {"lr": 0.1}, "1.x": None},
+                  {"extra": "x", "0.bias": torch.ones(5)}]
+        for extra in extras:
+            sd = collections.OrderedDict(good, **extra)
+            for strict in (False, True):
+                with self.subTest(keys=list(extra), strict=strict):
+                    mine = copy.deepcopy(local)
+                    try:
+                        want = mine.load_state_dict(sd, strict=strict)
+                    except RuntimeError as e:
+                        with self.assertRaises(RuntimeError) as ours:
+                            remote.load_state_dict(sd, strict=strict)
+                        self.assertEqual(str(ours.exception), str(e))
+                    else:
+                        got = remote.load_state_dict(sd, strict=strict)
+                        self.assertEqual(got, want)
+                        self.assertEqual(repr(got), repr(want))
+        # In a view too.
+        view = remote.get_submodule("0")
+        sd = dict(local[0].state_dict(), step=torch.tensor(1j))
+        self.assertEqual(view.load_state_dict(sd, strict=False),
+                         local[0].load_state_dict(sd, strict=False))
+        # A value the wire cannot carry for an own key stays a TypeError.
+        with self.assertRaisesRegex(TypeError, "got float"):
+            remote.load_state_dict(dict(good, **{"0.weight": 1.5}))
+        with self.assertRaisesRegex(TypeError, "complex64"):
+            remote.load_state_dict(dict(good, **{"0.bias": torch.ones(
+                4, dtype=torch.complex64)}), strict=False)
 
     def test_requires_grad_and_removing_entries(self):
         mlp = ms.push(torch_models.MLP(4), "grad/mlp")

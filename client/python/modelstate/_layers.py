@@ -49,6 +49,44 @@ class TorchView:
         return TorchView(child)
 
 
+class WireNumber(float):
+    """A number as the wire carries it: google.protobuf.Value holds every
+    number as a double, so 2 and 2.0 arrive alike (the spec reads a number
+    with no fractional part as an int). A converter that keeps numbers as
+    torch's constructor received them (_number) passes it on, and
+    Layer.torch_kwargs decides: the argument's torch default when the
+    value equals it (Softplus's beta=1, Hardtanh's min_val=-1.0), else an
+    int when it has no fractional part, else a float."""
+
+    __slots__ = ()
+
+    def resolve(self, default=inspect.Parameter.empty):
+        if isinstance(default, (int, float)) and \
+                not isinstance(default, bool) and default == self:
+            return default
+        return int(self) if self.is_integer() else float(self)
+
+
+class WireView:
+    """Reads a live torch module as pull will read it back from the wire:
+    its numbers as WireNumbers (push compares the two readings)."""
+
+    def __init__(self, view):
+        self.view = view
+
+    def attr(self, name):
+        value = self.view.attr(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return WireNumber(value)
+        return value
+
+    def has(self, name):
+        return self.view.has(name)
+
+    def child(self, name):
+        return WireView(self.view.child(name))
+
+
 def value_to_python(value):
     """A google.protobuf.Value as Python: numbers are floats, lists lists."""
     kind = value.WhichOneof("kind")
@@ -72,7 +110,8 @@ class InfoView:
     def attr(self, name):
         if name not in self.info.attributes:
             raise Inexpressible(f"it has no attribute '{name}'")
-        return value_to_python(self.info.attributes[name])
+        value = value_to_python(self.info.attributes[name])
+        return WireNumber(value) if isinstance(value, float) else value
 
     def has(self, name):
         for entry in list(self.info.parameters) + list(self.info.buffers):
@@ -131,8 +170,9 @@ def _floats(x):
 
 
 def _number(x):
-    """An int or a float, kept as it is (Softplus's beta and threshold
-    default to ints)."""
+    """An int or a float, kept as torch's constructor received it
+    (Softplus's beta and threshold default to ints, Hardtanh(-2, 2) keeps
+    ints): from the wire a WireNumber, which Layer.torch_kwargs resolves."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         raise Inexpressible(f"{x!r} is not a number")
     return x
@@ -326,6 +366,10 @@ class Layer:
         anything = any(p.kind == p.VAR_KEYWORD for p in known.values())
         out = {}
         for key, value in args.items():
+            if isinstance(value, WireNumber):
+                param = known.get(key)
+                value = value.resolve(
+                    param.default if param is not None else param.empty)
             if key in known or anything:
                 out[key] = value
             elif self.newer.get(key, object()) != value:

@@ -219,6 +219,7 @@ class _Planner:
         why = _layers.differences(module, layer.construct(args, "meta", own))
         if why:
             raise _layers.Inexpressible(why)
+        self._note_numbers(layer, module, args, path)
         dtype = self.cast if self.cast is not None and own is not None \
             else own
         for sub_path, sub in _named_modules_of(module, path):
@@ -242,6 +243,28 @@ class _Planner:
         layer_dtype = dtype if dtype is not None and \
             dtype != self.plan.build_dtype else None
         return layer, args, layer_dtype
+
+    def _note_numbers(self, layer, module, args, path):
+        """A note for each argument that pull will not give back as torch
+        received it: the wire has one kind of number (a double), and pull
+        reads an integral one as an int unless it is torch's default, so
+        Hardtanh(-2.0, 2.0) comes back as Hardtanh(-2, 2). The server
+        computes with the same values either way."""
+        try:
+            want = layer.torch_kwargs(args)
+            back = layer.torch_kwargs(layer.read(
+                _layers.WireView(_layers.TorchView(module))))
+        except _layers.Inexpressible:
+            return
+        for key, value in want.items():
+            got = back.get(key, value)
+            if type(got) is not type(value) or got != value:
+                self._note(
+                    f"{path or 'the model'} ({type(module).__name__}): pull "
+                    f"gives back {key}={got!r} for {key}={value!r} (the "
+                    "wire carries numbers as doubles; pull reads one "
+                    "without a fractional part as an int unless it is "
+                    "torch's default)")
 
     def _note(self, text):
         self.plan.notes.append(text)

@@ -54,9 +54,18 @@ def entry_devices(info, path="", out=None, seen=None):
     return out
 
 
-def check_state_dict(state_dict, what="state_dict"):
+def _stand_in():
+    """An empty tensor (array without torch) that stands in for a value
+    the wire cannot carry."""
+    if torch is not None:
+        return torch.empty(0, dtype=torch.uint8)
+    return _tensors.np.empty(0, dtype=_tensors.np.uint8)
+
+
+def check_state_dict(state_dict, what="state_dict", values=True):
     """A TypeError naming what was expected for anything but a mapping of
-    names to tensors (an nn.Module above all)."""
+    names to tensors (an nn.Module above all); values=False: any values
+    (load_state_dict looks at them itself)."""
     if torch is not None and isinstance(state_dict, torch.nn.Module):
         raise TypeError(f"{what}: expected a state_dict (a mapping of names "
                         f"to tensors), got the module "
@@ -66,7 +75,7 @@ def check_state_dict(state_dict, what="state_dict"):
     if not isinstance(state_dict, collections.abc.Mapping):
         raise TypeError(f"{what}: expected a state_dict (a mapping of names "
                         f"to tensors), got {type(state_dict).__name__}")
-    for key, value in state_dict.items():
+    for key, value in state_dict.items() if values else ():
         if not _tensors.is_tensor(value):
             raise TypeError(f"{what}['{key}']: expected a tensor, got "
                             f"{type(value).__name__}")
@@ -293,8 +302,9 @@ class RemoteModule:
         """PyTorch's load_state_dict(): returns _IncompatibleKeys; raises
         RuntimeError (a FailedPreconditionError) with PyTorch's text. Atomic
         unless atomic=False: a failed load changes nothing."""
-        check_state_dict(state_dict, "load_state_dict")
+        check_state_dict(state_dict, "load_state_dict", values=False)
         prefix = self.path + "." if self.path else ""
+        state_dict = self._stand_ins(state_dict)
         self._check_meta(state_dict, strict)
         if self.path:
             self._check_keys(state_dict, strict)
@@ -315,14 +325,80 @@ class RemoteModule:
             module=self.name, header=header,
             options=pb.LoadOptions(strict=strict and not self.path,
                                    atomic=atomic, assign=assign))
-        response = _transfer.send(self._client, start, sources,
-                                  f"{self.name}: load_state_dict", progress)
+        try:
+            response = _transfer.send(self._client, start, sources,
+                                      f"{self.name}: load_state_dict",
+                                      progress)
+        except FailedPreconditionError as error:
+            text = self._torch_text(error.message)
+            if text == error.message:
+                raise
+            raise FailedPreconditionError(error.code, text) from None
         self.last_registrations = list(response.registrations)
 
         def mine(keys):
             return [k[len(prefix):] for k in keys if k.startswith(prefix)]
         return _IncompatibleKeys(mine(response.missing_keys),
                                  mine(response.unexpected_keys))
+
+    def _stand_ins(self, state_dict):
+        """`state_dict` with a stand-in (an empty uint8 tensor) for each
+        value of an unexpected key that the wire cannot carry (not a
+        tensor, or of a dtype modelstate lacks): torch never looks at an
+        unexpected key's value, and the server then lists the key where
+        torch does (or raises torch's strict error). Such a value for one
+        of the module's own keys stays a TypeError."""
+        def carried(value):
+            if not _tensors.is_tensor(value):
+                return False
+            try:
+                _tensors.describe(value)
+            except TypeError:
+                return False
+            return True
+
+        bad = [k for k, v in state_dict.items() if not carried(v)]
+        if not bad:
+            return state_dict
+        header, _ = self._fetch(_SELECT.SELECTION_STATE_DICT,
+                                metadata_only=True)
+        prefix = self.path + "." if self.path else ""
+        own = {e.key[len(prefix):] for e in header.entries}
+        out = collections.OrderedDict(state_dict)
+        if hasattr(state_dict, "_metadata"):
+            out._metadata = state_dict._metadata
+        for key in bad:
+            value = state_dict[key]
+            if key in own:
+                if _tensors.is_tensor(value):
+                    _tensors.describe(value)  # its TypeError
+                raise TypeError(f"load_state_dict['{key}']: expected a "
+                                f"tensor, got {type(value).__name__}")
+            out[key] = _stand_in()
+        return out
+
+    def _torch_text(self, text):
+        """A view's load error as torch words it for this submodule: its
+        class name and its own keys (the server loads at the root and
+        words them for the root)."""
+        head, sep, body = text.partition(":\n\t")
+        if not self.path or not sep or \
+                not head.startswith("Error(s) in loading state_dict for "):
+            return text
+        prefix = self.path + "."
+        lines = []
+        for line in body.split("\n\t"):
+            for before in ("size mismatch for ",
+                           'While copying the parameter named "'):
+                if line.startswith(before + prefix):
+                    line = before + line[len(before) + len(prefix):]
+                    break
+            else:
+                if line.startswith(("Missing key(s)", "Unexpected key(s)")):
+                    line = line.replace(f'"{prefix}', '"')
+            lines.append(line)
+        return f"Error(s) in loading state_dict for {self.type_name}" + \
+            sep + "\n\t".join(lines)
 
     def _check_meta(self, state_dict, strict):
         """PyTorch's error for a meta tensor loaded into a tensor that has
