@@ -17,17 +17,11 @@
 namespace modelstate {
 namespace {
 
+using ::modelstate::testing::BuildFromJson;
 using ::modelstate::testing::Filled;
-using ::modelstate::testing::SpecFromJson;
 using ::modelstate::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-absl::StatusOr<BuildResult> Build(const std::string& json) {
-  BuildOptions options;
-  options.hooks = nullptr;
-  return BuildModule(SpecFromJson(json), options);
-}
 
 Tensor Ones(Shape shape) { return Filled(DType::kFloat32, shape, 1.0); }
 
@@ -77,29 +71,31 @@ TEST(LayerChecksTest, ConstructorChecksAreTorchs) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.spec);
-    EXPECT_THAT(Build(c.spec), StatusIs(absl::StatusCode::kInvalidArgument,
-                                        HasSubstr(c.message)));
+    EXPECT_THAT(
+        BuildFromJson(c.spec),
+        StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)));
   }
 }
 
 TEST(LayerChecksTest, EntriesAreTorchs) {
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
-      BuildResult norm, Build(R"({"type": "InstanceNorm1d", "args": [3]})"));
+      BuildResult norm,
+      BuildFromJson(R"({"type": "InstanceNorm1d", "args": [3]})"));
   // affine and track_running_stats default to False: every entry is None.
   EXPECT_TRUE(norm.root->GetStateDict().tensors.Keys().empty());
   MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult tracked,
-                                  Build(R"({"type": "InstanceNorm3d",
+                                  BuildFromJson(R"({"type": "InstanceNorm3d",
       "args": [3], "kwargs": {"affine": true, "track_running_stats": true}})"));
   EXPECT_THAT(tracked.root->GetStateDict().tensors.Keys(),
               ElementsAre("weight", "bias", "running_mean", "running_var",
                           "num_batches_tracked"));
   MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult conv,
-                                  Build(R"({"type": "ConvTranspose3d",
+                                  BuildFromJson(R"({"type": "ConvTranspose3d",
       "args": [4, 6, [1, 2, 3]], "kwargs": {"groups": 2}})"));
   EXPECT_EQ(conv.root->parameters().Find("weight")->shape(),
             (Shape{4, 3, 1, 2, 3}));
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult prelu,
-                                  Build(R"({"type": "PReLU", "args": [4]})"));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      BuildResult prelu, BuildFromJson(R"({"type": "PReLU", "args": [4]})"));
   const Tensor& w = *prelu.root->parameters().Find("weight");
   EXPECT_EQ(w.shape(), (Shape{4}));
   EXPECT_EQ(w.data<float>()[3], 0.25f);
@@ -215,7 +211,7 @@ TEST(LayerChecksTest, ForwardChecksInputsWithTorchsTexts) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.message);
-    MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult built, Build(c.spec));
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult built, BuildFromJson(c.spec));
     built.root->Train(true);
     EXPECT_THAT(
         Forward(*built.root, c.inputs),
@@ -226,7 +222,7 @@ TEST(LayerChecksTest, ForwardChecksInputsWithTorchsTexts) {
 TEST(LayerChecksTest, EmbeddingBagReducesEachBag) {
   // Rows of a 4x2 table: row i = (i, 10 i); padding_idx 0 is skipped.
   MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult bag,
-                                  Build(R"({"type": "EmbeddingBag",
+                                  BuildFromJson(R"({"type": "EmbeddingBag",
       "args": [4, 2], "kwargs": {"mode": "max", "padding_idx": 0}})"));
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
       Tensor table, Tensor::FromDoubles(DType::kFloat32, {4, 2},

@@ -25,18 +25,12 @@ using ::modelstate::internal::AllLayers;
 using ::modelstate::internal::FindLayer;
 using ::modelstate::internal::IsBuildable;
 using ::modelstate::internal::LayerDef;
+using ::modelstate::testing::BuildFromJson;
 using ::modelstate::testing::Filled;
 using ::modelstate::testing::LayerExampleJson;
-using ::modelstate::testing::SpecFromJson;
 using ::modelstate::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
-
-absl::StatusOr<BuildResult> Build(const std::string& json) {
-  BuildOptions options;
-  options.hooks = nullptr;
-  return BuildModule(SpecFromJson(json), options);
-}
 
 // The float32 elements of `t`.
 std::vector<float> Read(const Tensor& t) {
@@ -75,7 +69,8 @@ TEST(LayerRegistryTest, BuiltModulesCarryTheirEntrysNames) {
     if (!IsBuildable(def)) continue;
     SCOPED_TRACE(def.type);
     MODELSTATE_ASSERT_OK_AND_ASSIGN(
-        BuildResult built, Build(LayerExampleJson(std::string(def.type))));
+        BuildResult built,
+        BuildFromJson(LayerExampleJson(std::string(def.type))));
     EXPECT_EQ(built.root->type_name(), def.type);
     EXPECT_EQ(built.root->qualified_name(), def.qualified_name);
   }
@@ -99,7 +94,7 @@ TEST(LayerRegistryTest, OutProjRunsLinearsForwardButIsNoLibraryType) {
 
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
       BuildResult mha,
-      Build(R"({"type": "MultiheadAttention", "args": [2, 1]})"));
+      BuildFromJson(R"({"type": "MultiheadAttention", "args": [2, 1]})"));
   MODELSTATE_ASSERT_OK_AND_ASSIGN(std::shared_ptr<Module> out_proj,
                                   mha.root->GetSubmodule("out_proj"));
   EXPECT_EQ(out_proj->type_name(), "NonDynamicallyQuantizableLinear");
@@ -117,7 +112,8 @@ TEST(LayerRegistryTest, OutProjRunsLinearsForwardButIsNoLibraryType) {
   // A spec of that type is a custom module (built from members), which
   // Forward() then runs as a Linear, as before the table.
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
-      BuildResult custom, Build(R"({"type": "NonDynamicallyQuantizableLinear",
+      BuildResult custom,
+      BuildFromJson(R"({"type": "NonDynamicallyQuantizableLinear",
           "members": [
             {"parameter": {"name": "weight", "init": {"kind": "ones"},
                            "shape": [1, 2]}},
@@ -129,7 +125,8 @@ TEST(LayerRegistryTest, OutProjRunsLinearsForwardButIsNoLibraryType) {
       y, Forward(*custom.root, {Filled(DType::kFloat32, {1, 2}, 2)}));
   EXPECT_THAT(Read(y[0]), ElementsAre(4));
   EXPECT_THAT(
-      Build(R"({"type": "NonDynamicallyQuantizableLinear", "args": [2, 2]})")
+      BuildFromJson(
+          R"({"type": "NonDynamicallyQuantizableLinear", "args": [2, 2]})")
           .status(),
       StatusIs(absl::StatusCode::kInvalidArgument));
 }

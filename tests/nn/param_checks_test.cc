@@ -19,16 +19,10 @@
 namespace modelstate {
 namespace {
 
+using ::modelstate::testing::BuildFromJson;
 using ::modelstate::testing::Filled;
-using ::modelstate::testing::SpecFromJson;
 using ::modelstate::testing::StatusIs;
 using ::testing::HasSubstr;
-
-absl::StatusOr<BuildResult> Build(const std::string& json) {
-  BuildOptions options;
-  options.hooks = nullptr;
-  return BuildModule(SpecFromJson(json), options);
-}
 
 Tensor Ones(Shape shape) { return Filled(DType::kFloat32, shape, 1.0); }
 
@@ -55,7 +49,7 @@ struct EntryCase {
 
 // Builds `c.spec` (eval mode), replaces its entry and runs forward.
 absl::Status RunChanged(const EntryCase& c) {
-  absl::StatusOr<BuildResult> built = Build(c.spec);
+  absl::StatusOr<BuildResult> built = BuildFromJson(c.spec);
   if (!built.ok()) return built.status();
   built->root->Eval();
   absl::StatusOr<std::shared_ptr<Module>> owner =
@@ -421,7 +415,8 @@ TEST(ParamChecksTest, EntryOfAnotherShapeIsFailedPreconditionNamingIt) {
 // the input no longer fits.
 TEST(ParamChecksTest, AWeightOfAnotherShapeRunsAsInPyTorch) {
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
-      BuildResult linear, Build(R"({"type": "Linear", "args": [3, 4]})"));
+      BuildResult linear,
+      BuildFromJson(R"({"type": "Linear", "args": [3, 4]})"));
   linear.root->Eval();
   MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor w, MakeParameter(Ones({7, 3})));
   MODELSTATE_ASSERT_OK_AND_ASSIGN(Tensor b, MakeParameter(Ones({7})));
@@ -436,7 +431,8 @@ TEST(ParamChecksTest, AWeightOfAnotherShapeRunsAsInPyTorch) {
                                  "(2x4 and 3x7)")));
 
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
-      BuildResult conv, Build(R"({"type": "Conv2d", "args": [2, 3, 3]})"));
+      BuildResult conv,
+      BuildFromJson(R"({"type": "Conv2d", "args": [2, 3, 3]})"));
   conv.root->Eval();
   MODELSTATE_ASSERT_OK_AND_ASSIGN(w, MakeParameter(Ones({5, 2, 1, 1})));
   MODELSTATE_ASSERT_OK_AND_ASSIGN(b, MakeParameter(Ones({5})));
@@ -447,7 +443,8 @@ TEST(ParamChecksTest, AWeightOfAnotherShapeRunsAsInPyTorch) {
   EXPECT_TRUE(TensorsEqual(out[0], Filled(DType::kFloat32, {1, 5, 8, 8}, 3.0)));
 
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
-      BuildResult bag, Build(R"({"type": "EmbeddingBag", "args": [10, 4]})"));
+      BuildResult bag,
+      BuildFromJson(R"({"type": "EmbeddingBag", "args": [10, 4]})"));
   bag.root->Eval();
   MODELSTATE_ASSERT_OK_AND_ASSIGN(w, MakeParameter(Ones({2, 4})));
   MODELSTATE_ASSERT_OK(bag.root->RegisterParameter("weight", w).status());
@@ -461,7 +458,7 @@ TEST(ParamChecksTest, AWeightOfAnotherShapeRunsAsInPyTorch) {
 TEST(ParamChecksTest, TransformerLayerReportsItsSubmodulesEntry) {
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
       BuildResult built,
-      Build(R"({"type": "TransformerEncoderLayer", "args": [4, 2],
+      BuildFromJson(R"({"type": "TransformerEncoderLayer", "args": [4, 2],
                 "kwargs": {"dim_feedforward": 8}})"));
   built.root->Eval();
   MODELSTATE_ASSERT_OK_AND_ASSIGN(std::shared_ptr<Module> linear,
@@ -479,19 +476,21 @@ TEST(ParamChecksTest, CustomModuleUnderALibraryNameFailsCleanly) {
   // layer's attributes or entries gets FAILED_PRECONDITION naming what is
   // missing, not a read of a weight it does not have.
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
-      BuildResult built, Build(R"({"type": "Embedding", "custom": true})"));
+      BuildResult built,
+      BuildFromJson(R"({"type": "Embedding", "custom": true})"));
   EXPECT_THAT(
       Forward(*built.root, {Longs({1, 2})}),
       StatusIs(absl::StatusCode::kFailedPrecondition,
                HasSubstr("Embedding.weight is None, expected a 2-d tensor")));
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
-      BuildResult linear, Build(R"({"type": "Linear", "custom": true})"));
+      BuildResult linear,
+      BuildFromJson(R"({"type": "Linear", "custom": true})"));
   EXPECT_THAT(
       Forward(*linear.root, {Ones({1, 2})}),
       StatusIs(absl::StatusCode::kFailedPrecondition,
                HasSubstr("Linear.weight is None, expected a 2-d tensor")));
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult with_bias,
-                                  Build(R"({"type": "Linear", "custom": true,
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      BuildResult with_bias, BuildFromJson(R"({"type": "Linear", "custom": true,
           "members": [
             {"parameter": {"name": "weight", "init": {"kind": "ones"},
                            "shape": [3, 2]}},
@@ -504,7 +503,8 @@ TEST(ParamChecksTest, CustomModuleUnderALibraryNameFailsCleanly) {
 
 TEST(ParamChecksTest, EmbeddingBagOffsetsMustStayInTheInputInOrder) {
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
-      BuildResult built, Build(R"({"type": "EmbeddingBag", "args": [10, 4],
+      BuildResult built,
+      BuildFromJson(R"({"type": "EmbeddingBag", "args": [10, 4],
                                    "kwargs": {"mode": "sum"}})"));
   const Tensor input = Longs({1, 2, 3});
   struct Case {
@@ -564,8 +564,9 @@ TEST(ParamChecksTest, SizeArgumentsAreCheckedAtBuild) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.spec);
-    EXPECT_THAT(Build(c.spec), StatusIs(absl::StatusCode::kInvalidArgument,
-                                        HasSubstr(c.message)));
+    EXPECT_THAT(
+        BuildFromJson(c.spec),
+        StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)));
   }
 }
 
@@ -627,7 +628,7 @@ TEST(ParamChecksTest, SizeAttributesAreCheckedAtForward) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.spec);
     SCOPED_TRACE(c.attr);
-    MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult built, Build(c.spec));
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult built, BuildFromJson(c.spec));
     built.root->Eval();
     built.root->SetPlainAttribute(c.attr, c.value);
     EXPECT_THAT(

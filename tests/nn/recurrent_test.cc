@@ -16,17 +16,11 @@
 namespace modelstate {
 namespace {
 
+using ::modelstate::testing::BuildFromJson;
 using ::modelstate::testing::Filled;
-using ::modelstate::testing::SpecFromJson;
 using ::modelstate::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-absl::StatusOr<BuildResult> Build(const std::string& json) {
-  BuildOptions options;
-  options.hooks = nullptr;
-  return BuildModule(SpecFromJson(json), options);
-}
 
 // A float32 tensor of `shape` counting up from `start` in steps of 0.1.
 Tensor Ramp(Shape shape, double start = -1.0) {
@@ -65,14 +59,15 @@ TEST(RecurrentTest, ConstructorChecksAreTorchs) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.spec);
-    EXPECT_THAT(Build(c.spec), StatusIs(absl::StatusCode::kInvalidArgument,
-                                        HasSubstr(c.message)));
+    EXPECT_THAT(
+        BuildFromJson(c.spec),
+        StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)));
   }
 }
 
 TEST(RecurrentTest, StateDictKeysFollowLayersThenDirections) {
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult lstm,
-                                  Build(R"({"type": "LSTM", "args": [3, 5, 2],
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      BuildResult lstm, BuildFromJson(R"({"type": "LSTM", "args": [3, 5, 2],
                 "kwargs": {"bidirectional": true, "proj_size": 2}})"));
   EXPECT_THAT(lstm.root->GetStateDict().tensors.Keys(),
               ElementsAre("weight_ih_l0", "weight_hh_l0", "bias_ih_l0",
@@ -88,7 +83,7 @@ TEST(RecurrentTest, StateDictKeysFollowLayersThenDirections) {
             (Shape{20, 4}));
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
       BuildResult cell,
-      Build(
+      BuildFromJson(
           R"({"type": "GRUCell", "args": [3, 4], "kwargs": {"bias": false}})"));
   EXPECT_THAT(cell.root->GetStateDict().tensors.Keys(),
               ElementsAre("weight_ih", "weight_hh"));
@@ -98,8 +93,8 @@ TEST(RecurrentTest, StateDictKeysFollowLayersThenDirections) {
 }
 
 TEST(RecurrentTest, ForwardChecksInputsWithTorchsTexts) {
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult lstm,
-                                  Build(R"({"type": "LSTM", "args": [3, 4]})"));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      BuildResult lstm, BuildFromJson(R"({"type": "LSTM", "args": [3, 4]})"));
   Module& m = *lstm.root;
   const Tensor x = Ramp({5, 2, 3});
   struct Case {
@@ -130,14 +125,15 @@ TEST(RecurrentTest, ForwardChecksInputsWithTorchsTexts) {
         Forward(m, c.inputs),
         StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)));
   }
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult gru,
-                                  Build(R"({"type": "GRU", "args": [3, 4]})"));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      BuildResult gru, BuildFromJson(R"({"type": "GRU", "args": [3, 4]})"));
   EXPECT_THAT(Forward(*gru.root, {Ramp({5, 3}), Ramp({1, 1, 4})}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "For unbatched 2-D input, hx should also be 2-D but "
                        "got 3-D tensor"));
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
-      BuildResult cell, Build(R"({"type": "LSTMCell", "args": [3, 4]})"));
+      BuildResult cell,
+      BuildFromJson(R"({"type": "LSTMCell", "args": [3, 4]})"));
   EXPECT_THAT(Forward(*cell.root, {Ramp({2, 3}), Ramp({3, 4}), Ramp({3, 4})}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "Input batch size 2 doesn't match hidden0 batch size "
@@ -147,8 +143,8 @@ TEST(RecurrentTest, ForwardChecksInputsWithTorchsTexts) {
                        "LSTMCell: Expected input to be 1-D or 2-D but "
                        "received 3-D tensor"));
   // RNNCell keeps any nonlinearity string; forward rejects it, as torch.
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult odd,
-                                  Build(R"({"type": "RNNCell", "args": [3, 4],
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      BuildResult odd, BuildFromJson(R"({"type": "RNNCell", "args": [3, 4],
                 "kwargs": {"nonlinearity": "gelu"}})"));
   EXPECT_THAT(Forward(*odd.root, {Ramp({2, 3})}),
               StatusIs(absl::StatusCode::kInvalidArgument,
@@ -156,8 +152,8 @@ TEST(RecurrentTest, ForwardChecksInputsWithTorchsTexts) {
 }
 
 TEST(RecurrentTest, OutputsAreFlattenedAndShapedLikeTorchs) {
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult lstm,
-                                  Build(R"({"type": "LSTM", "args": [3, 4, 2],
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      BuildResult lstm, BuildFromJson(R"({"type": "LSTM", "args": [3, 4, 2],
                 "kwargs": {"batch_first": true, "bidirectional": true,
                            "proj_size": 2}})"));
   MODELSTATE_ASSERT_OK_AND_ASSIGN(std::vector<Tensor> out,
@@ -166,8 +162,8 @@ TEST(RecurrentTest, OutputsAreFlattenedAndShapedLikeTorchs) {
   EXPECT_EQ(out[0].shape(), (Shape{6, 5, 4}));
   EXPECT_EQ(out[1].shape(), (Shape{4, 6, 2}));
   EXPECT_EQ(out[2].shape(), (Shape{4, 6, 4}));
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult gru,
-                                  Build(R"({"type": "GRU", "args": [3, 4]})"));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      BuildResult gru, BuildFromJson(R"({"type": "GRU", "args": [3, 4]})"));
   MODELSTATE_ASSERT_OK_AND_ASSIGN(out, Forward(*gru.root, {Ramp({5, 3})}));
   ASSERT_EQ(out.size(), 2u);
   EXPECT_EQ(out[0].shape(), (Shape{5, 4}));
@@ -179,8 +175,8 @@ TEST(RecurrentTest, OutputsAreFlattenedAndShapedLikeTorchs) {
 }
 
 TEST(RecurrentTest, PaddedStepsLeaveTheStateAndOutputZeros) {
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult gru,
-                                  Build(R"({"type": "GRU", "args": [3, 4]})"));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      BuildResult gru, BuildFromJson(R"({"type": "GRU", "args": [3, 4]})"));
   Tensor x = Ramp({5, 2, 3});
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
       Tensor lengths, Tensor::FromDoubles(DType::kInt64, {2}, {5, 2}));
@@ -199,7 +195,7 @@ TEST(RecurrentTest, PaddedStepsLeaveTheStateAndOutputZeros) {
 TEST(RecurrentTest, DropoutBetweenLayersRunsInTrainingOnly) {
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
       BuildResult lstm,
-      Build(
+      BuildFromJson(
           R"({"type": "LSTM", "args": [3, 4, 2], "kwargs": {"dropout": 0.5}})"));
   Module& m = *lstm.root;
   const Tensor x = Ramp({6, 2, 3});

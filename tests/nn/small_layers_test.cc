@@ -20,17 +20,11 @@
 namespace modelstate {
 namespace {
 
+using ::modelstate::testing::BuildFromJson;
 using ::modelstate::testing::Filled;
-using ::modelstate::testing::SpecFromJson;
 using ::modelstate::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-absl::StatusOr<BuildResult> Build(const std::string& json) {
-  BuildOptions options;
-  options.hooks = nullptr;
-  return BuildModule(SpecFromJson(json), options);
-}
 
 Tensor Ones(Shape shape) { return Filled(DType::kFloat32, shape, 1.0); }
 
@@ -78,8 +72,9 @@ TEST(SmallLayersTest, ConstructorChecksAreTorchs) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.spec);
-    EXPECT_THAT(Build(c.spec), StatusIs(absl::StatusCode::kInvalidArgument,
-                                        HasSubstr(c.message)));
+    EXPECT_THAT(
+        BuildFromJson(c.spec),
+        StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)));
   }
 }
 
@@ -181,7 +176,7 @@ TEST(SmallLayersTest, ForwardChecksInputsWithTorchsTexts) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.message);
-    MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult built, Build(c.spec));
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult built, BuildFromJson(c.spec));
     built.root->Train(true);
     EXPECT_THAT(
         Forward(*built.root, c.inputs),
@@ -191,23 +186,26 @@ TEST(SmallLayersTest, ForwardChecksInputsWithTorchsTexts) {
 
 TEST(SmallLayersTest, AttributesAreTorchs) {
   MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult relu6,
-                                  Build(R"({"type": "ReLU6"})"));
+                                  BuildFromJson(R"({"type": "ReLU6"})"));
   EXPECT_THAT(relu6.root->attributes().Keys(),
               ElementsAre("min_val", "max_val", "inplace"));
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
-      BuildResult pd, Build(R"({"type": "PairwiseDistance", "args": [1]})"));
+      BuildResult pd,
+      BuildFromJson(R"({"type": "PairwiseDistance", "args": [1]})"));
   // torch keeps `p` as `norm`.
   EXPECT_THAT(pd.root->attributes().Keys(),
               ElementsAre("norm", "eps", "keepdim"));
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
-      BuildResult lrn, Build(R"({"type": "LocalResponseNorm", "args": [3]})"));
+      BuildResult lrn,
+      BuildFromJson(R"({"type": "LocalResponseNorm", "args": [3]})"));
   EXPECT_THAT(lrn.root->attributes().Keys(),
               ElementsAre("size", "alpha", "beta", "k"));
 }
 
 TEST(SmallLayersTest, ChannelShuffleInterleavesGroups) {
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
-      BuildResult built, Build(R"({"type": "ChannelShuffle", "args": [2]})"));
+      BuildResult built,
+      BuildFromJson(R"({"type": "ChannelShuffle", "args": [2]})"));
   // Channels (0 1 2 | 3 4 5) become 0 3 1 4 2 5.
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
       std::vector<Tensor> out,
@@ -218,10 +216,10 @@ TEST(SmallLayersTest, ChannelShuffleInterleavesGroups) {
 TEST(SmallLayersTest, FoldSumsWhatUnfoldSpreads) {
   // Unfold then Fold with overlapping 2x2 blocks: each pixel comes back
   // times the number of blocks covering it (1 2 1 / 2 4 2 / 1 2 1).
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult unfold,
-                                  Build(R"({"type": "Unfold", "args": [2]})"));
-  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult fold,
-                                  Build(R"({"type": "Fold", "args": [3, 2]})"));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      BuildResult unfold, BuildFromJson(R"({"type": "Unfold", "args": [2]})"));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      BuildResult fold, BuildFromJson(R"({"type": "Fold", "args": [3, 2]})"));
   MODELSTATE_ASSERT_OK_AND_ASSIGN(std::vector<Tensor> cols,
                                   Forward(*unfold.root, {Ones({1, 1, 3, 3})}));
   EXPECT_EQ(cols[0].shape(), (Shape{1, 4, 4}));
@@ -233,7 +231,7 @@ TEST(SmallLayersTest, FoldSumsWhatUnfoldSpreads) {
 TEST(SmallLayersTest, FeatureAlphaDropoutDropsWholeChannels) {
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
       BuildResult built,
-      Build(R"({"type": "FeatureAlphaDropout", "args": [0.5]})"));
+      BuildFromJson(R"({"type": "FeatureAlphaDropout", "args": [0.5]})"));
   // Eval mode: the input comes back.
   built.root->Train(false);
   MODELSTATE_ASSERT_OK_AND_ASSIGN(std::vector<Tensor> eval,

@@ -5,6 +5,8 @@
 //
 // Example:
 //   ModuleSpec spec = SpecFromJson(R"({"type": "Linear", "args": [5, 5]})");
+//   absl::StatusOr<BuildResult> built =
+//       BuildFromJson(R"({"type": "Linear", "args": [5, 5]})");
 #ifndef MODELSTATE_TESTS_TESTING_SPEC_JSON_H_
 #define MODELSTATE_TESTS_TESTING_SPEC_JSON_H_
 
@@ -14,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "nn/module_spec.h"
@@ -132,6 +135,14 @@ inline ModuleSpec SpecFromJsonValue(const nlohmann::json& j) {
 
 inline ModuleSpec SpecFromJson(const std::string& text) {
   return SpecFromJsonValue(nlohmann::json::parse(text));
+}
+
+// The module `text` describes, built with no global registration hooks
+// (the layer tests check layers, not hooks).
+inline absl::StatusOr<BuildResult> BuildFromJson(const std::string& text) {
+  BuildOptions options;
+  options.hooks = nullptr;
+  return BuildModule(SpecFromJson(text), options);
 }
 
 }  // namespace modelstate::testing
