@@ -74,6 +74,8 @@ ScopedTensorBytesLimit::~ScopedTensorBytesLimit() {
   max_new_tensor_bytes = previous_;
 }
 
+uint64_t ScopedTensorBytesLimit::Current() { return max_new_tensor_bytes; }
+
 absl::StatusOr<Tensor> Tensor::Make(DType dtype, Shape shape, Device device,
                                     std::shared_ptr<Storage> storage) {
   MODELSTATE_ASSIGN_OR_RETURN(int64_t numel, CheckedNumElements(shape));

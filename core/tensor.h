@@ -200,6 +200,11 @@ absl::Status CheckTensorBytes(absl::string_view key, const Tensor& tensor);
 //   absl::StatusOr<std::vector<Tensor>> out = Forward(module, inputs);
 class ScopedTensorBytesLimit {
  public:
+  // The innermost limit on this thread; 0 for none. For working memory
+  // that grows like a tensor (a forward's lookup tables), checked before
+  // it is built.
+  static uint64_t Current();
+
   explicit ScopedTensorBytesLimit(uint64_t max_bytes);
   ~ScopedTensorBytesLimit();
   ScopedTensorBytesLimit(const ScopedTensorBytesLimit&) = delete;

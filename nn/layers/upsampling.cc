@@ -444,6 +444,26 @@ Taps<T> AreaTaps(int64_t in, int64_t out) {
   return taps;
 }
 
+// A table grows with its output extent alone: for an input of one row it
+// takes several times the output's bytes (a [1, 1, 2] input resized to 3e9
+// once asked for about 100 GB). It is held to the limit of a tensor
+// (ScopedTensorBytesLimit) before it is built: at most 4 taps per output
+// (area: the input once, plus one per output), each an index and a weight,
+// and vectors that may double their capacity.
+template <typename T>
+absl::Status CheckTapsBytes(int64_t in, int64_t out) {
+  const uint64_t limit = ScopedTensorBytesLimit::Current();
+  const double bytes = 2.0 * ((5.0 * out + in) * (sizeof(int64_t) + sizeof(T)) +
+                              (out + 1.0) * sizeof(int64_t));
+  if (limit == 0 || bytes <= static_cast<double>(limit)) {
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "Upsample to a size of ", out, " needs an interpolation table of up to ",
+      static_cast<uint64_t>(bytes),
+      " bytes, over the max_tensor_bytes limit of ", limit));
+}
+
 template <typename T>
 Taps<T> TapsFor(const UpsamplePlan& plan, size_t d) {
   const int64_t in = plan.in[d], out = plan.out[d];
@@ -493,14 +513,15 @@ absl::StatusOr<Tensor> UpsampleForward(const LayerCall& call, const Tensor& x,
   Shape shape = x.shape();
   for (size_t d = 0; d < plan.in.size(); ++d) {
     const size_t axis = d + 2;
+    shape[axis] = plan.out[d];
+    MODELSTATE_ASSIGN_OR_RETURN(Out<T> y, NewOut<T>(shape));
+    MODELSTATE_RETURN_IF_ERROR(CheckTapsBytes<T>(plan.in[d], plan.out[d]));
     Taps<T> taps;
     if (same && plan.mode == "bicubic") {
       taps = LinearTaps<T>(plan.in[d], plan.out[d], std::nullopt, false);
     } else {
       taps = TapsFor<T>(plan, d);
     }
-    shape[axis] = plan.out[d];
-    MODELSTATE_ASSIGN_OR_RETURN(Out<T> y, NewOut<T>(shape));
     Shape in_shape = shape;
     in_shape[axis] = plan.in[d];
     ResampleAxis(Data<T>(cur), in_shape, axis, taps, y.data);

@@ -18,17 +18,11 @@
 namespace modelstate {
 namespace {
 
+using ::modelstate::testing::BuildFromJson;
 using ::modelstate::testing::Filled;
-using ::modelstate::testing::SpecFromJson;
 using ::modelstate::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-absl::StatusOr<BuildResult> BuildUpsampleSpec(const std::string& json) {
-  BuildOptions options;
-  options.hooks = nullptr;
-  return BuildModule(SpecFromJson(json), options);
-}
 
 Tensor UpsampleInput(Shape shape) {
   return Filled(DType::kFloat32, shape, 1.0);
@@ -49,7 +43,7 @@ bool UpsampleAttrIs(const AttrValue& a, const V& want) {
 
 TEST(UpsamplingTest, ConstructorsKeepTorchsAttributes) {
   MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult up,
-                                  BuildUpsampleSpec(R"({"type": "Upsample",
+                                  BuildFromJson(R"({"type": "Upsample",
           "kwargs": {"scale_factor": 2, "mode": "bilinear"}})"));
   const Module& m = *up.root;
   EXPECT_EQ(m.qualified_name(), "torch.nn.modules.upsampling.Upsample");
@@ -64,26 +58,24 @@ TEST(UpsamplingTest, ConstructorsKeepTorchsAttributes) {
                              std::monostate()));
 
   MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult tuple,
-                                  BuildUpsampleSpec(R"({"type": "Upsample",
+                                  BuildFromJson(R"({"type": "Upsample",
           "args": [null, [2, 1.5]]})"));
   EXPECT_TRUE(UpsampleAttrIs(UpsampleAttr(*tuple.root, "scale_factor"),
                              std::vector<double>{2.0, 1.5}));
   // `float(s) if s else None`: a zero scale is None.
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
       BuildResult zero,
-      BuildUpsampleSpec(R"({"type": "Upsample", "args": [null, 0]})"));
+      BuildFromJson(R"({"type": "Upsample", "args": [null, 0]})"));
   EXPECT_TRUE(UpsampleAttrIs(UpsampleAttr(*zero.root, "scale_factor"),
                              std::monostate()));
   // size is kept as given: an int stays an int.
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
-      BuildResult sized,
-      BuildUpsampleSpec(R"({"type": "Upsample", "args": [4]})"));
+      BuildResult sized, BuildFromJson(R"({"type": "Upsample", "args": [4]})"));
   EXPECT_TRUE(UpsampleAttrIs(UpsampleAttr(*sized.root, "size"), int64_t{4}));
 
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
       BuildResult bilinear,
-      BuildUpsampleSpec(
-          R"({"type": "UpsamplingBilinear2d", "args": [[3, 5]]})"));
+      BuildFromJson(R"({"type": "UpsamplingBilinear2d", "args": [[3, 5]]})"));
   EXPECT_TRUE(UpsampleAttrIs(UpsampleAttr(*bilinear.root, "name"),
                              std::string("UpsamplingBilinear2d")));
   EXPECT_TRUE(UpsampleAttrIs(UpsampleAttr(*bilinear.root, "mode"),
@@ -93,7 +85,7 @@ TEST(UpsamplingTest, ConstructorsKeepTorchsAttributes) {
   EXPECT_TRUE(UpsampleAttrIs(UpsampleAttr(*bilinear.root, "size"),
                              std::vector<int64_t>{3, 5}));
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
-      BuildResult nearest, BuildUpsampleSpec(R"({"type": "UpsamplingNearest2d",
+      BuildResult nearest, BuildFromJson(R"({"type": "UpsamplingNearest2d",
           "kwargs": {"scale_factor": 3}})"));
   EXPECT_TRUE(UpsampleAttrIs(UpsampleAttr(*nearest.root, "mode"),
                              std::string("nearest")));
@@ -124,7 +116,7 @@ TEST(UpsamplingTest, ConstructorRejectsArgumentsOfTheWrongType) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.spec);
     EXPECT_THAT(
-        BuildUpsampleSpec(c.spec),
+        BuildFromJson(c.spec),
         StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)));
   }
 }
@@ -219,19 +211,44 @@ TEST(UpsamplingTest, ForwardChecksArgumentsAndInputsWithTorchsTexts) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.spec);
-    MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult built,
-                                    BuildUpsampleSpec(c.spec));
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult built, BuildFromJson(c.spec));
     EXPECT_THAT(
         Forward(*built.root, {UpsampleInput(c.input)}),
         StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)));
   }
 }
 
+// The interpolation table grows with the output extent alone: a one-row
+// input resized to 3e9 once asked for about 100 GB and the OOM killer.
+// Under a tensor limit (the server's max_tensor_bytes) the output and the
+// table are each checked before they are allocated.
+TEST(UpsamplingTest, OutputsAndTablesAreHeldToTheTensorLimit) {
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult huge,
+                                  BuildFromJson(R"({"type": "Upsample",
+                        "kwargs": {"size": [3000000000], "mode": "linear"}})"));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult wide,
+                                  BuildFromJson(R"({"type": "Upsample",
+                        "kwargs": {"size": [1000], "mode": "linear"}})"));
+  ScopedTensorBytesLimit limit(16 << 10);
+  EXPECT_THAT(Forward(*huge.root, {UpsampleInput({1, 1, 2})}),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("A float32[1, 1, 3000000000] tensor needs")));
+  // 4000 bytes out, a table of about 136 KB.
+  EXPECT_THAT(Forward(*wide.root, {UpsampleInput({1, 1, 2})}),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("Upsample to a size of 1000 needs an "
+                                 "interpolation table of up to")));
+  ScopedTensorBytesLimit roomier(1 << 20);
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      std::vector<Tensor> out, Forward(*wide.root, {UpsampleInput({1, 1, 2})}));
+  EXPECT_EQ(out[0].shape(), (Shape{1, 1, 1000}));
+}
+
 TEST(UpsamplingTest, ModesResampleAsTorchDoes) {
   MODELSTATE_ASSERT_OK_AND_ASSIGN(
       Tensor x, Tensor::FromDoubles(DType::kFloat32, {1, 1, 3}, {0, 3, 6}));
   auto run = [&](const std::string& spec) -> std::vector<float> {
-    absl::StatusOr<BuildResult> built = BuildUpsampleSpec(spec);
+    absl::StatusOr<BuildResult> built = BuildFromJson(spec);
     EXPECT_TRUE(built.ok()) << built.status();
     if (!built.ok()) return {};
     absl::StatusOr<std::vector<Tensor>> out = Forward(*built->root, {x});
