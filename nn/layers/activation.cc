@@ -337,7 +337,8 @@ absl::StatusOr<Tensor> PReLUForward(const LayerCall& call, const Tensor& x,
   MODELSTATE_ASSIGN_OR_RETURN(
       Tensor w,
       ShapedParam(call.module, "weight", dtype, {n}, Presence::kRequired));
-  if (x.dim() == 0) {
+  if (x.dim() == 0 && w.numel() != 1) {
+    // ATen takes a scalar with a single weight only.
     return absl::InvalidArgumentError("Not allow zero-dim input tensor.");
   }
   const int64_t channels = x.dim() > 1 ? x.shape()[1] : 1;

@@ -144,6 +144,10 @@ absl::StatusOr<std::shared_ptr<Module>> BuildConv(
     if (fans.first != 0) {
       double bound = 1.0 / std::sqrt(static_cast<double>(fans.first));
       MODELSTATE_RETURN_IF_ERROR(UniformInit(b, -bound, bound, ctx.gen()));
+    } else {
+      // PyTorch leaves this bias as torch.empty gave it; a server must not
+      // hand out its heap, and the same request must give the same values.
+      MODELSTATE_RETURN_IF_ERROR(ConstantInit(b, 0.0));
     }
   }
   std::shared_ptr<Module> m = NewLayer(type, "conv");
@@ -348,6 +352,14 @@ absl::StatusOr<ConvParams> ReadConvParams(const Module& m, size_t dims,
       m, "dilation", p.dilation, 1, "dilation should be greater than zero"));
   MODELSTATE_ASSIGN_OR_RETURN(
       const Tensor w, RankedEntry(m, "weight", static_cast<int64_t>(dims) + 2));
+  if (w.shape()[0] < p.groups) {
+    // A Conv with out_channels 0 (or ConvTranspose with in_channels 0)
+    // builds, as in PyTorch, and fails here as ATen's forward does.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Given groups=", p.groups, ", expected weight to be at least ",
+        p.groups, " at dimension 0, but got weight of size ", Sizes(w.shape()),
+        " instead"));
+  }
   if (w.shape()[0] % p.groups != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "Given groups=", p.groups, ", expected weight to be divisible by ",

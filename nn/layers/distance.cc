@@ -142,27 +142,6 @@ absl::StatusOr<Tensor> CosineSimilarityForward(const LayerCall& call,
   return y.tensor;
 }
 
-// torch.norm of `d` over n values with order p (0 counts the non-zero ones,
-// infinity takes the largest magnitude).
-double DistanceNorm(const std::vector<double>& d, double p) {
-  double r = 0;
-  for (double v : d) {
-    const double m = std::abs(v);
-    if (p == 0) {
-      r += m != 0 ? 1 : 0;
-    } else if (std::isinf(p)) {
-      r = p > 0 ? std::max(r, m) : r;
-    } else {
-      r += std::pow(m, p);
-    }
-  }
-  if (std::isinf(p) && p < 0) {
-    r = std::numeric_limits<double>::infinity();
-    for (double v : d) r = std::min(r, std::abs(v));
-  }
-  return p == 0 || std::isinf(p) ? r : std::pow(r, 1 / p);
-}
-
 // F.pairwise_distance: torch.norm(x1 - x2 + eps, p) over the last dim of
 // the broadcast inputs (kept as size 1 with keepdim). The difference is
 // taken in the compute type, as ATen does.
@@ -191,7 +170,7 @@ absl::StatusOr<Tensor> PairwiseDistanceForward(const LayerCall& call,
     for (int64_t i = 0; i < n; ++i) {
       diff[i] = a[o1 + i * s1] - b[o2 + i * s2] + static_cast<T>(eps);
     }
-    y.data[out] = static_cast<T>(DistanceNorm(diff, p));
+    y.data[out] = static_cast<T>(VectorNorm(diff.data(), n, p));
   });
   return y.tensor;
 }

@@ -176,17 +176,8 @@ absl::Status Renorm(const Module& m, Tensor& weight,
   absl::flat_hash_set<int64_t> seen;
   for (int64_t row : idx) {
     if (!seen.insert(row).second) continue;
-    double norm = 0;
     double* r = pw + row * dim;
-    if (p == 1) {
-      for (int64_t j = 0; j < dim; ++j) norm += std::abs(r[j]);
-    } else if (p == 2) {
-      for (int64_t j = 0; j < dim; ++j) norm += r[j] * r[j];
-      norm = std::sqrt(norm);
-    } else {
-      for (int64_t j = 0; j < dim; ++j) norm += std::pow(std::abs(r[j]), p);
-      norm = std::pow(norm, 1.0 / p);
-    }
+    const double norm = VectorNorm(r, dim, p);
     if (norm > max_norm) {
       double scale = max_norm / (norm + 1e-7);
       for (int64_t j = 0; j < dim; ++j) r[j] *= scale;

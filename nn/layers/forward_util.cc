@@ -1,6 +1,7 @@
 #include "nn/layers/forward_util.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <utility>
 #include <variant>
@@ -71,6 +72,32 @@ int64_t Prod(const Shape& shape, size_t begin, size_t end) {
   int64_t n = 1;
   for (size_t i = begin; i < end && i < shape.size(); ++i) n *= shape[i];
   return n;
+}
+
+double VectorNorm(const double* v, int64_t n, double p) {
+  if (n == 0) return 0;
+  if (std::isinf(p)) {
+    double r = std::abs(v[0]);
+    for (int64_t i = 1; i < n; ++i) {
+      r = p > 0 ? std::max(r, std::abs(v[i])) : std::min(r, std::abs(v[i]));
+    }
+    return r;
+  }
+  double r = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double m = std::abs(v[i]);
+    if (p == 0) {
+      r += m != 0 ? 1 : 0;
+    } else if (p == 1) {
+      r += m;
+    } else if (p == 2) {
+      r += m * m;
+    } else {
+      r += std::pow(m, p);
+    }
+  }
+  if (p == 0 || p == 1) return r;
+  return p == 2 ? std::sqrt(r) : std::pow(r, 1 / p);
 }
 
 std::string Sizes(const Shape& shape) { return ShapeToString(shape); }

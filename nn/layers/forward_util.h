@@ -93,6 +93,11 @@ const T* Data(const Tensor& t) {
 // The product of shape[begin, end) (clipped to the shape).
 int64_t Prod(const Shape& shape, size_t begin, size_t end);
 
+// torch.norm(v, p) of v[0, n): the count of non-zeros for p = 0, the
+// largest |v| for +inf, the smallest for -inf, (sum |v|^p)^(1/p) otherwise;
+// 0 for an empty vector whatever p is, as ATen's reductions give.
+double VectorNorm(const double* v, int64_t n, double p);
+
 // "[2, 3]" as ATen prints sizes in most messages.
 std::string Sizes(const Shape& shape);
 

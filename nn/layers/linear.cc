@@ -175,12 +175,21 @@ absl::StatusOr<Tensor> BilinearForward(const LayerCall& call,
       ShapedParam(m, "weight", dtype, {out, in1, in2}, Presence::kRequired));
   MODELSTATE_ASSIGN_OR_RETURN(
       Tensor b, ShapedParam(m, "bias", dtype, {out}, Presence::kOptional));
-  if (x1.dim() == 0 || x2.dim() == 0 ||
-      Shape(x1.shape().begin(), x1.shape().end() - 1) !=
-          Shape(x2.shape().begin(), x2.shape().end() - 1)) {
+  if (x1.dim() != x2.dim()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("bilinear(): input batch dimensions do not match: got ",
-                     Sizes(x1.shape()), " and ", Sizes(x2.shape())));
+        absl::StrCat("bilinear(): input dimensions do not match: got ",
+                     x1.dim(), " and ", x2.dim()));
+  }
+  if (x1.dim() == 0) {
+    return absl::InvalidArgumentError(
+        "Dimension specified as -1 but tensor has no dimensions");
+  }
+  for (int64_t d = 0; d + 1 < x1.dim(); ++d) {
+    if (x1.shape()[d] != x2.shape()[d]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bilinear(): input batch dimensions do not match at dim ", d,
+          ": got ", x1.shape()[d], " and ", x2.shape()[d]));
+    }
   }
   if (x1.shape().back() != in1) {
     return absl::InvalidArgumentError(

@@ -243,43 +243,39 @@ void BatchStats(const T* px, int64_t n, int64_t c, int64_t inner, double eps,
 }
 
 // running = (1 - f) * running + f * batch, in place, the batch variance
-// made unbiased over `per_channel` values.
+// made unbiased over `per_channel` values. Either may be None: ATen updates
+// each running statistic it is given.
 absl::Status UpdateRunning(Tensor& running_mean, Tensor& running_var,
                            const std::vector<double>& mean,
                            const std::vector<double>& var, double factor,
                            int64_t per_channel) {
-  const int64_t c = static_cast<int64_t>(mean.size());
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor rm,
-                              ToDType(running_mean, DType::kFloat64));
-  MODELSTATE_ASSIGN_OR_RETURN(Tensor rv, ToDType(running_var, DType::kFloat64));
-  std::vector<double> new_mean(c), new_var(c);
   const double unbias =
       static_cast<double>(per_channel) / static_cast<double>(per_channel - 1);
-  for (int64_t ci = 0; ci < c; ++ci) {
-    new_mean[ci] = (1 - factor) * rm.data<double>()[ci] + factor * mean[ci];
-    new_var[ci] =
-        (1 - factor) * rv.data<double>()[ci] + factor * var[ci] * unbias;
-  }
-  MODELSTATE_ASSIGN_OR_RETURN(
-      Tensor nm, Tensor::FromDoubles(DType::kFloat64, {c}, new_mean));
-  MODELSTATE_ASSIGN_OR_RETURN(
-      Tensor nv, Tensor::FromDoubles(DType::kFloat64, {c}, new_var));
-  MODELSTATE_RETURN_IF_ERROR(running_mean.CopyFrom(nm));
-  return running_var.CopyFrom(nv);
+  auto update = [&](Tensor& running, const std::vector<double>& batch,
+                    double scale) -> absl::Status {
+    if (!running.defined()) return absl::OkStatus();
+    const int64_t c = static_cast<int64_t>(batch.size());
+    MODELSTATE_ASSIGN_OR_RETURN(Tensor old, ToDType(running, DType::kFloat64));
+    std::vector<double> next(c);
+    for (int64_t ci = 0; ci < c; ++ci) {
+      next[ci] =
+          (1 - factor) * old.data<double>()[ci] + factor * batch[ci] * scale;
+    }
+    MODELSTATE_ASSIGN_OR_RETURN(
+        Tensor t, Tensor::FromDoubles(DType::kFloat64, {c}, next));
+    return running.CopyFrom(t);
+  };
+  MODELSTATE_RETURN_IF_ERROR(update(running_mean, mean, 1.0));
+  return update(running_var, var, unbias);
 }
 
-// _BatchNorm.forward's update of the running statistics in training mode,
-// in place: num_batches_tracked += 1, then running = (1 - f) * running +
-// f * batch (the variance unbiased), f being momentum or, for momentum
-// None, 1 / num_batches_tracked (the cumulative average).
-absl::Status UpdateRunningStats(const Module& m, Tensor& running_mean,
-                                Tensor& running_var, Tensor& count,
-                                const std::vector<double>& mean,
-                                const std::vector<double>& var,
-                                int64_t per_channel) {
-  double factor = 0.0;
+// What _BatchNorm.forward does in training mode with tracked statistics
+// before F.batch_norm: num_batches_tracked += 1 (in place, when it is not
+// None), whether or not the batch will move a running statistic. Returns the
+// update's factor: momentum, or for momentum None 1 / num_batches_tracked
+// (the cumulative average), 0 without a counter.
+absl::StatusOr<double> CountBatch(const Module& m, Tensor& count) {
   if (count.defined()) {
-    // num_batches_tracked += 1 (int64, in place).
     MODELSTATE_ASSIGN_OR_RETURN(
         Tensor next,
         Tensor::FromDoubles(
@@ -287,17 +283,9 @@ absl::Status UpdateRunningStats(const Module& m, Tensor& running_mean,
             {ReadElementAsDouble(count.raw_data(), count.dtype(), 0) + 1}));
     MODELSTATE_RETURN_IF_ERROR(count.CopyFrom(next));
   }
-  if (AttrIsNone(m, "momentum")) {
-    // Cumulative moving average.
-    double tracked = count.defined() ? ReadElementAsDouble(count.raw_data(),
-                                                           count.dtype(), 0)
-                                     : 1.0;
-    factor = 1.0 / tracked;
-  } else {
-    MODELSTATE_ASSIGN_OR_RETURN(factor, AttrDouble(m, "momentum"));
-  }
-  return UpdateRunning(running_mean, running_var, mean, var, factor,
-                       per_channel);
+  if (!AttrIsNone(m, "momentum")) return AttrDouble(m, "momentum");
+  if (!count.defined()) return 0.0;
+  return 1.0 / ReadElementAsDouble(count.raw_data(), count.dtype(), 0);
 }
 
 // The entries of a _NormBase layer (BatchNorm, InstanceNorm), each optional
@@ -331,10 +319,9 @@ absl::Status RunningStats(const Module& m, const Tensor& running_mean,
                           std::vector<double>& invstd) {
   if (!running_mean.defined() || !running_var.defined()) {
     // ATen's batch_norm text; the module, not the input, is at fault.
-    return absl::FailedPreconditionError(absl::StrCat(
-        "running_mean and running_var must be defined in evaluation mode (",
-        m.type_name(), ".",
-        running_mean.defined() ? "running_var" : "running_mean", " is None)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(running_mean.defined() ? "running_var" : "running_mean",
+                     " must be defined in evaluation mode"));
   }
   if (running_mean.dtype() != dtype || running_var.dtype() != dtype) {
     return absl::InvalidArgumentError(
@@ -383,26 +370,34 @@ absl::StatusOr<Tensor> BatchNormForward(const LayerCall& call, const Tensor& x,
   MODELSTATE_RETURN_IF_ERROR(check_size(b, "bias"));
 
   // PyTorch's _BatchNorm.forward: batch statistics in training, or when
-  // there are no running statistics to use.
+  // there are no running statistics to use; the running ones it has move in
+  // training with track_running_stats. ATen refuses one value per channel
+  // only: an empty batch gives an empty output and moves nothing but the
+  // counter.
   const bool use_batch_stats =
       m.is_training() || (!running_mean.defined() && !running_var.defined());
-  const bool update = m.is_training() && track && running_mean.defined() &&
-                      running_var.defined();
+  const bool learn = m.is_training() && track;
   const int64_t per_channel = n * inner;
-  if (use_batch_stats && per_channel <= 1) {
+  if (use_batch_stats && per_channel == 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Expected more than 1 value per channel when training, got input "
         "size ",
         TorchSizeString(x.shape())));
   }
+  double factor = 0;
+  if (learn) {
+    MODELSTATE_ASSIGN_OR_RETURN(factor, CountBatch(m, count));
+  }
   std::vector<double> mean(c), invstd(c);
   const T* px = Data<T>(x);
-  if (use_batch_stats) {
+  if (per_channel == 0) {
+    // Nothing to normalize or learn from.
+  } else if (use_batch_stats) {
     std::vector<double> var(c);
     BatchStats(px, n, c, inner, eps, mean, var, invstd);
-    if (update) {
-      MODELSTATE_RETURN_IF_ERROR(UpdateRunningStats(
-          m, running_mean, running_var, count, mean, var, per_channel));
+    if (learn) {
+      MODELSTATE_RETURN_IF_ERROR(UpdateRunning(running_mean, running_var, mean,
+                                               var, factor, per_channel));
     }
   } else {
     MODELSTATE_RETURN_IF_ERROR(
@@ -436,16 +431,23 @@ absl::StatusOr<Tensor> InstanceNormForward(const LayerCall& call,
   const int64_t n = batched ? x.shape()[0] : 1;
   const int64_t c = x.shape()[batched ? 1 : 0];
   const int64_t inner = Prod(x.shape(), batched ? 2 : 1, x.shape().size());
-  for (const Tensor* t : {&entries.weight, &entries.bias, &entries.running_mean,
-                          &entries.running_var}) {
-    if (t->defined() && t->numel() != c) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("running_mean should contain ", n * c, " elements not ",
-                       n * t->numel()));
+  // F.instance_norm passes the running statistics only outside training or
+  // when tracked; ATen then checks each tensor it has, in batch_norm's order,
+  // against the batch's channels repeated per sample.
+  const bool pass_running = !m.is_training() || track;
+  const std::pair<const char*, const Tensor*> checked[] = {
+      {"running_mean", pass_running ? &running_mean : nullptr},
+      {"running_var", pass_running ? &running_var : nullptr},
+      {"weight", &w},
+      {"bias", &b}};
+  for (const auto& [name, t] : checked) {
+    if (t != nullptr && t->defined() && t->numel() != c) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, " should contain ", n * c, " elements not ", n * t->numel()));
     }
   }
   const bool use_input_stats = m.is_training() || !track;
-  if (use_input_stats && inner <= 1) {
+  if (use_input_stats && inner == 1) {
     Shape shown = x.shape();
     if (!batched) shown.insert(shown.begin(), 1);
     return absl::InvalidArgumentError(absl::StrCat(
@@ -455,8 +457,10 @@ absl::StatusOr<Tensor> InstanceNormForward(const LayerCall& call,
   const T* px = Data<T>(x);
   std::vector<double> mean(n * c), var(n * c), invstd(n * c);
   if (use_input_stats) {
-    BatchStats(px, 1, n * c, inner, eps, mean, var, invstd);
-    if (running_mean.defined() && running_var.defined()) {
+    // An empty input, as in ATen, has nothing to normalize or learn from.
+    if (x.numel() > 0) BatchStats(px, 1, n * c, inner, eps, mean, var, invstd);
+    if (x.numel() > 0 && pass_running &&
+        (running_mean.defined() || running_var.defined())) {
       MODELSTATE_ASSIGN_OR_RETURN(double momentum, AttrDouble(m, "momentum"));
       std::vector<double> batch_mean(c), batch_var(c);
       for (int64_t i = 0; i < n * c; ++i) {

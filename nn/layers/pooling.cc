@@ -227,21 +227,18 @@ absl::StatusOr<PoolGeometry> CheckedPoolGeometry(
           absl::StrJoin(k, ",") + " stride=" + absl::StrJoin(st, ",") +
           " dilation=" + absl::StrJoin(dl, ","));
     }
-    if ((pd[d] < 0 || pd[d] > k[d] / 2) && !with_dilation) {
+    if (pd[d] < 0 || pd[d] > k[d] / 2) {
+      // ATen 1.13's texts: max_pool1d has its own; the other poolings,
+      // dilated or not, share one.
+      if (dims == 1 && with_dilation) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "max_pool1d() padding should be at most half of kernel size, but "
+            "got padding=",
+            pd[d], " and kernel_size=", k[d]));
+      }
       return absl::InvalidArgumentError(absl::StrCat(
           "pad should be at most half of kernel size, but got pad=", pd[d],
           " and kernel_size=", k[d]));
-    }
-    if ((pd[d] < 0 || pd[d] > k[d] / 2) && dims == 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "max_pool1d() padding should be at most half of kernel size, but "
-          "got padding=",
-          pd[d], " and kernel_size=", k[d]));
-    }
-    if (pd[d] < 0 || pd[d] > k[d] / 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pad should be at most half of effective kernel size, but got pad=",
-          pd[d], ", kernel_size=", k[d], " and dilation=", dl[d]));
     }
     g.in[a] = x.shape()[x.dim() - dims + d];
     g.k[a] = k[d];

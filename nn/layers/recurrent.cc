@@ -465,6 +465,10 @@ absl::StatusOr<SequenceInputs> CheckSequenceInputs(
   s.h0 = in.size() > 1 ? in[1] : Tensor();
   if (lstm) s.c0 = in.size() > 2 ? in[2] : Tensor();
   MODELSTATE_RETURN_IF_ERROR(CheckHidden(c, s, lstm));
+  if (s.steps == 0) {
+    return absl::InvalidArgumentError(
+        "Expected sequence length to be larger than 0 in RNN");
+  }
   if (in.size() > lengths_at && in[lengths_at].defined()) {
     MODELSTATE_ASSIGN_OR_RETURN(s.lengths,
                                 ReadLengths(in[lengths_at], s.batch, s.steps));
@@ -621,12 +625,12 @@ absl::StatusOr<std::vector<Tensor>> CellForward(const LayerCall& call,
     return absl::InvalidArgumentError(
         "LSTMCell takes both hx and cx (a tuple), or neither");
   }
-  if (hx.defined()) {
-    MODELSTATE_RETURN_IF_ERROR(
-        CheckCellState(hx, n, hidden, batched, lstm ? "0" : ""));
-  }
-  if (cx.defined()) {
-    MODELSTATE_RETURN_IF_ERROR(CheckCellState(cx, n, hidden, batched, "1"));
+  // ATen labels every cell state "hidden0", LSTMCell's cx included.
+  for (const Tensor* state : {&hx, &cx}) {
+    if (state->defined()) {
+      MODELSTATE_RETURN_IF_ERROR(
+          CheckCellState(*state, n, hidden, batched, "0"));
+    }
   }
   const int64_t gates = GateCount(cell) * hidden;
   MODELSTATE_RETURN_IF_ERROR(CheckBlasDims({n, input_size, hidden, gates}));

@@ -1,5 +1,7 @@
 #include "nn/forward.h"
 
+#include <cmath>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -386,6 +388,101 @@ TEST(ForwardErrorsTest, WrongNumberOfInputs) {
   EXPECT_THAT(Forward(*m, {}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("takes 1 tensor arguments but 0 were given")));
+}
+
+// What _BatchNorm.forward does in training with one running statistic None
+// (torch 1.13): the other still moves, num_batches_tracked still counts.
+TEST(TorchParityTest, BatchNormLearnsIntoTheRunningStatsItHas) {
+  std::shared_ptr<Module> m = Build(R"({"type": "BatchNorm1d", "args": [2]})");
+  MODELSTATE_ASSERT_OK(m->RegisterBuffer("running_mean", Tensor()).status());
+  // Batch mean [2, 4], unbiased variance [2, 8]; momentum 0.1.
+  MODELSTATE_ASSERT_OK(Forward(*m, {Values({2, 2}, {1, 2, 3, 6})}).status());
+  EXPECT_THAT(Read(*m->buffers().Find("running_var")),
+              Pointwise(DoubleNear(1e-6), {1.1, 1.7}));
+  EXPECT_THAT(Read(*m->buffers().Find("num_batches_tracked")), ElementsAre(1));
+}
+
+// With momentum None the factor is 1 / num_batches_tracked, or 0 when the
+// counter itself is None: nothing moves.
+TEST(TorchParityTest, BatchNormWithoutACounterHasNoCumulativeAverage) {
+  std::shared_ptr<Module> m = Build(
+      R"({"type": "BatchNorm1d", "args": [2], "kwargs": {"momentum": null}})");
+  MODELSTATE_ASSERT_OK(
+      m->RegisterBuffer("num_batches_tracked", Tensor()).status());
+  MODELSTATE_ASSERT_OK(Forward(*m, {Values({2, 2}, {1, 2, 3, 6})}).status());
+  EXPECT_THAT(Read(*m->buffers().Find("running_mean")), ElementsAre(0, 0));
+  EXPECT_THAT(Read(*m->buffers().Find("running_var")), ElementsAre(1, 1));
+}
+
+// ATen refuses one value per channel only; an empty batch normalizes to an
+// empty output and is still counted.
+TEST(TorchParityTest, BatchNormTakesAnEmptyBatch) {
+  std::shared_ptr<Module> m = Build(R"({"type": "BatchNorm2d", "args": [3]})");
+  absl::StatusOr<std::vector<Tensor>> out =
+      Forward(*m, {Values({0, 3, 2, 2}, {})});
+  MODELSTATE_ASSERT_OK(out.status());
+  EXPECT_EQ((*out)[0].shape(), (Shape{0, 3, 2, 2}));
+  EXPECT_THAT(Read(*m->buffers().Find("num_batches_tracked")), ElementsAre(1));
+  EXPECT_THAT(Read(*m->buffers().Find("running_var")), ElementsAre(1, 1, 1));
+}
+
+// embedding_renorm_ measures rows with torch.norm: the largest magnitude for
+// inf, the count of non-zeros for 0.
+TEST(TorchParityTest, EmbeddingMaxNormUsesTorchsNorms) {
+  for (double p : {std::numeric_limits<double>::infinity(), 0.0}) {
+    ModuleSpec spec = testing::SpecFromJson(
+        R"({"type": "Embedding", "args": [3, 2], "kwargs": {"max_norm": 1.0}})");
+    spec.kwargs.emplace_back("norm_type", p);
+    BuildOptions options;
+    options.hooks = nullptr;
+    absl::StatusOr<BuildResult> built = BuildModule(spec, options);
+    MODELSTATE_ASSERT_OK(built.status());
+    Module& m = *built->root;
+    Set(m, "weight", {3, 4, 0.5, -2, 0.1, 0.2});
+    MODELSTATE_ASSERT_OK(
+        Forward(m, {Values({2}, {0, 1}, DType::kInt64)}).status());
+    // inf: norms 4 and 2; 0: two non-zeros in each row. Row 2 is not looked
+    // up and keeps its values.
+    const double s0 = std::isinf(p) ? 4 : 2, s1 = 2;
+    EXPECT_THAT(Read(*m.parameters().Find("weight")),
+                Pointwise(DoubleNear(1e-5),
+                          {3 / s0, 4 / s0, 0.5 / s1, -2 / s1, 0.1, 0.2}))
+        << "norm_type " << p;
+  }
+}
+
+// torch.norm of nothing is 0 for every p, negative ones included.
+TEST(TorchParityTest, PairwiseDistanceOfEmptyRowsIsZero) {
+  for (double p : {-1.0, -std::numeric_limits<double>::infinity(), 0.0, 2.0}) {
+    ModuleSpec spec = testing::SpecFromJson(R"({"type": "PairwiseDistance"})");
+    spec.kwargs.emplace_back("p", p);
+    BuildOptions options;
+    options.hooks = nullptr;
+    absl::StatusOr<BuildResult> built = BuildModule(spec, options);
+    MODELSTATE_ASSERT_OK(built.status());
+    absl::StatusOr<std::vector<Tensor>> out =
+        Forward(*built->root, {Values({3, 0}, {}), Values({3, 0}, {})});
+    MODELSTATE_ASSERT_OK(out.status());
+    EXPECT_THAT(Read((*out)[0]), ElementsAre(0, 0, 0)) << "p " << p;
+  }
+}
+
+// PyTorch leaves a Conv's bias uninitialised when the weight has no fan-in;
+// here it is zero, so that a build never returns heap contents.
+TEST(TorchParityTest, ConvWithoutFanInHasAZeroBias) {
+  for (int i = 0; i < 3; ++i) {
+    std::shared_ptr<Module> m =
+        Build(R"({"type": "Conv2d", "args": [0, 4, 3]})");
+    EXPECT_THAT(Read(*m->parameters().Find("bias")), ElementsAre(0, 0, 0, 0));
+  }
+  std::shared_ptr<Module> none_out =
+      Build(R"({"type": "Conv2d", "args": [2, 0, 3]})");
+  EXPECT_THAT(
+      Forward(*none_out, {Values({1, 2, 4, 4}, std::vector<double>(32, 1))})
+          .status(),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               "Given groups=1, expected weight to be at least 1 at dimension "
+               "0, but got weight of size [0, 2, 3, 3] instead"));
 }
 
 }  // namespace
