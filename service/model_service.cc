@@ -302,6 +302,10 @@ absl::StatusOr<std::unique_ptr<LoadSession>> ModelService::LoadStateDict(
   session->ctx_ = caller.ctx;
   session->module_ = args.module;
   session->options_ = args.options;
+  // The bytes land in this module, not in one built under its name after
+  // it was deleted while they came.
+  MODELSTATE_ASSIGN_OR_RETURN(session->incarnation_,
+                              store_->Incarnation(args.module));
   const StreamLimits limits = StreamLimitsFrom(options_.limits);
   session->digest_ = std::make_unique<StateDictStreamDigest>(args.layout);
   if (args.options.assign) {
@@ -338,11 +342,13 @@ absl::StatusOr<LoadResult> LoadSession::Finish() {
   // Empty while bytes are missing: the load then fails for that.
   const std::string sha256 = digest_->StateSha256().value_or("");
   if (staged_ != nullptr) {
-    return store_->LoadStaged(ctx_, module_, *staged_, options_, sha256);
+    return store_->LoadStaged(ctx_, module_, *staged_, options_, sha256,
+                              incarnation_);
   }
   absl::StatusOr<StateDict> state_dict = assembler_->Finish();
   if (!state_dict.ok()) return Fail(state_dict.status());
-  return store_->Load(ctx_, module_, *state_dict, options_, sha256);
+  return store_->Load(ctx_, module_, *state_dict, options_, sha256,
+                      incarnation_);
 }
 
 absl::Status LoadSession::Fail(absl::Status why) {

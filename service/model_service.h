@@ -151,6 +151,7 @@ class LoadSession {
   ModelStore* store_ = nullptr;
   OperationContext ctx_;
   ModuleName module_;
+  uint64_t incarnation_ = 0;  // the module the load began on
   LoadOptions options_;
   // What arrived, entry by entry: the audit record's digest. Declared
   // before staged_, whose observer thread updates it, so that it outlives

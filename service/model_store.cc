@@ -246,7 +246,7 @@ ModelStore::RestoreReport ModelStore::Restore(bool fallback_to_cpu) {
     recover(module.name, module.note);
     ++report.modules;
     report.bytes += module.bytes;
-    auto entry = std::make_shared<Entry>(module.name, std::move(module.root));
+    auto entry = NewEntry(module.name, std::move(module.root));
     MutexLock lock(&mu_);
     entries_[module.name.full()] = std::move(entry);
   }
@@ -469,6 +469,28 @@ absl::StatusOr<std::shared_ptr<ModelStore::Entry>> ModelStore::Find(
   return it->second;
 }
 
+std::shared_ptr<ModelStore::Entry> ModelStore::NewEntry(
+    const ModuleName& name, std::shared_ptr<Module> root) {
+  return std::make_shared<Entry>(name, std::move(root), next_incarnation_++);
+}
+
+absl::StatusOr<uint64_t> ModelStore::Incarnation(const ModuleName& name) const {
+  MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
+  return entry->incarnation;
+}
+
+absl::StatusOr<std::shared_ptr<ModelStore::Entry>> ModelStore::FindLoadTarget(
+    const ModuleName& name, uint64_t incarnation) const {
+  MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
+  if (incarnation != 0 && entry->incarnation != incarnation) {
+    return absl::AbortedError(absl::StrCat(
+        "module '", name.full(),
+        "' was deleted and built again while this load's bytes came; "
+        "nothing was loaded"));
+  }
+  return entry;
+}
+
 std::vector<HookDecision> ModelStore::Decide(
     const OperationContext& ctx, const ModuleName& name,
     absl::Span<const RegistrationRecord> records) {
@@ -564,7 +586,7 @@ absl::StatusOr<BuildOutcome> ModelStore::Build(const OperationContext& ctx,
     absl::Status quota = Reserve(name, 0, held - hold.bytes(), nullptr, hold);
     if (!quota.ok()) return recorded(quota);
   }
-  auto entry = std::make_shared<Entry>(name, built.root);
+  auto entry = NewEntry(name, built.root);
   // Nobody changes the new module before it is saved and recorded.
   MutexLock gate(&entry->gate);
   absl::Status result;
@@ -778,8 +800,9 @@ absl::StatusOr<LoadResult> ModelStore::Load(const OperationContext& ctx,
                                             const ModuleName& name,
                                             const StateDict& state_dict,
                                             const LoadOptions& options,
-                                            absl::string_view sha256) {
-  return LoadImpl(ctx, name, state_dict, options, nullptr, sha256);
+                                            absl::string_view sha256,
+                                            uint64_t incarnation) {
+  return LoadImpl(ctx, name, state_dict, options, nullptr, sha256, incarnation);
 }
 
 absl::StatusOr<std::unique_ptr<StagedStateDict>> ModelStore::StageLoad(
@@ -843,10 +866,13 @@ absl::StatusOr<LoadResult> ModelStore::LoadStaged(const OperationContext& ctx,
                                                   const ModuleName& name,
                                                   StagedStateDict& staged,
                                                   LoadOptions options,
-                                                  absl::string_view sha256) {
+                                                  absl::string_view sha256,
+                                                  uint64_t incarnation) {
   // Deleted while its bytes came: the load is for a module that is gone,
   // and its staged file has no directory left to land in.
-  if (absl::StatusOr<std::shared_ptr<Entry>> entry = Find(name); entry.ok()) {
+  if (absl::StatusOr<std::shared_ptr<Entry>> entry =
+          FindLoadTarget(name, incarnation);
+      entry.ok()) {
     ReaderMutexLock lock(&(*entry)->mu);
     if ((*entry)->deleted) {
       return RecordLoadFailure(ctx, name, options, Gone(**entry));
@@ -859,7 +885,7 @@ absl::StatusOr<LoadResult> ModelStore::LoadStaged(const OperationContext& ctx,
     return RecordLoadFailure(ctx, name, options, described.status());
   }
   options.source = &staged;
-  return LoadImpl(ctx, name, *described, options, &staged, sha256);
+  return LoadImpl(ctx, name, *described, options, &staged, sha256, incarnation);
 }
 
 absl::Status ModelStore::RecordLoadFailure(const OperationContext& ctx,
@@ -870,13 +896,16 @@ absl::Status ModelStore::RecordLoadFailure(const OperationContext& ctx,
                                                  StateDict(), nullptr, why));
 }
 
-absl::StatusOr<LoadResult> ModelStore::LoadImpl(const OperationContext& ctx,
-                                                const ModuleName& name,
-                                                const StateDict& state_dict,
-                                                const LoadOptions& options,
-                                                StagedStateDict* staged,
-                                                absl::string_view sha256) {
-  MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
+absl::StatusOr<LoadResult> ModelStore::LoadImpl(
+    const OperationContext& ctx, const ModuleName& name,
+    const StateDict& state_dict, const LoadOptions& options,
+    StagedStateDict* staged, absl::string_view sha256, uint64_t incarnation) {
+  absl::StatusOr<std::shared_ptr<Entry>> target =
+      FindLoadTarget(name, incarnation);
+  if (absl::IsAborted(target.status())) {
+    return RecordLoadFailure(ctx, name, options, target.status());
+  }
+  MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, std::move(target));
   MutexLock gate(&entry->gate);
   std::optional<ReplayHooks> replay;
   QuotaHold hold;
@@ -1250,7 +1279,7 @@ absl::Status ModelStore::MoveIn(
   }
   // Hosted before the takeover, its writers held off: once the cluster
   // names this replica the owner, a build of the name finds it here.
-  auto entry = std::make_shared<Entry>(name, std::move(loaded->root));
+  auto entry = NewEntry(name, std::move(loaded->root));
   MutexLock gate(&entry->gate);
   {
     MutexLock lock(&mu_);

@@ -20,6 +20,7 @@
 #ifndef MODELSTATE_SERVICE_MODEL_STORE_H_
 #define MODELSTATE_SERVICE_MODEL_STORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -192,11 +193,20 @@ class ModelStore {
   // installations go through the hooks and the decider. `sha256` (what
   // was loaded, core/state_digest.h StateSha256) goes into the audit
   // record when given.
+  // `incarnation` (from Incarnation; 0: whichever module `name` names now)
+  // holds a streamed load to the module it began on.
   absl::StatusOr<LoadResult> Load(const OperationContext& ctx,
                                   const ModuleName& name,
                                   const StateDict& state_dict,
                                   const LoadOptions& options,
-                                  absl::string_view sha256 = {});
+                                  absl::string_view sha256 = {},
+                                  uint64_t incarnation = 0);
+
+  // Which module `name` names now: an id that is new each time a module is
+  // built, restored or moved in under a name. A streamed load takes it when
+  // it begins, so that a module deleted and built again while its bytes
+  // came is not the one they land in (ABORTED, nothing loaded).
+  absl::StatusOr<uint64_t> Incarnation(const ModuleName& name) const;
 
   // A load whose bytes are still to come (LoadStateDict over the wire, copy
   // mode): checks the module exists and, when atomic, that the layout fits
@@ -214,7 +224,8 @@ class ModelStore {
                                         const ModuleName& name,
                                         StagedStateDict& staged,
                                         LoadOptions options,
-                                        absl::string_view sha256 = {});
+                                        absl::string_view sha256 = {},
+                                        uint64_t incarnation = 0);
 
   // Records a load that failed before it could be applied (its stream
   // ended early, or bytes were missing); returns `why` (or the audit
@@ -329,9 +340,10 @@ class ModelStore {
  private:
   // One hosted module.
   struct Entry {
-    explicit Entry(ModuleName n, std::shared_ptr<Module> r)
-        : name(std::move(n)), root(std::move(r)) {}
+    Entry(ModuleName n, std::shared_ptr<Module> r, uint64_t i)
+        : name(std::move(n)), incarnation(i), root(std::move(r)) {}
     const ModuleName name;
+    const uint64_t incarnation;  // see Incarnation()
     // Held by a writer for its whole operation, pending decisions included.
     Mutex gate;
     // Guards the tree: shared for readers, exclusive to apply a change.
@@ -422,12 +434,17 @@ class ModelStore {
                        AuditType type,
                        const std::vector<PrewrittenBytes>& prewritten = {})
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(entry.mu);
-  absl::StatusOr<LoadResult> LoadImpl(const OperationContext& ctx,
-                                      const ModuleName& name,
-                                      const StateDict& state_dict,
-                                      const LoadOptions& options,
-                                      StagedStateDict* staged,
-                                      absl::string_view sha256);
+  absl::StatusOr<LoadResult> LoadImpl(
+      const OperationContext& ctx, const ModuleName& name,
+      const StateDict& state_dict, const LoadOptions& options,
+      StagedStateDict* staged, absl::string_view sha256, uint64_t incarnation);
+  // A new entry, with the next incarnation.
+  std::shared_ptr<Entry> NewEntry(const ModuleName& name,
+                                  std::shared_ptr<Module> root);
+  // The entry a load begun on `incarnation` (0: any) applies to; ABORTED
+  // when the name now holds another module.
+  absl::StatusOr<std::shared_ptr<Entry>> FindLoadTarget(
+      const ModuleName& name, uint64_t incarnation) const;
   // Appends a "recovered" record for `note` unless the audit log has a
   // record of the change it names. Returns whether it appended one.
   absl::StatusOr<bool> RecordIfUnrecorded(const ModuleName& name,
@@ -435,6 +452,7 @@ class ModelStore {
 
   mutable Mutex mu_;
   std::map<std::string, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> next_incarnation_{1};
   QuotaPolicy quotas_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Reserved, std::less<>> reserved_ ABSL_GUARDED_BY(mu_);
   // Moves whenever a namespace's modules or reservations change: a quota

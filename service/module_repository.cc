@@ -685,14 +685,15 @@ void ModuleRepository::DeleteUnused(const std::string& dir,
   std::vector<std::string> unused =
       UnusedFiles(dir, files ? files->file_bytes : kNone,
                   files ? files->reserved : kNoReservations);
-  for (std::string& path : unused) {
-    if (now) {
-      std::error_code ec;
-      fs::remove(path, ec);
-    } else {
-      deletions_.push_back(std::move(path));
-    }
+  if (!now) return QueueDeletions(std::move(unused));
+  for (const std::string& path : unused) {
+    std::error_code ec;
+    fs::remove(path, ec);
   }
+}
+
+void ModuleRepository::QueueDeletions(std::vector<std::string> paths) {
+  for (std::string& path : paths) deletions_.push_back(std::move(path));
   deletions_changed_.SignalAll();
 }
 
@@ -757,12 +758,18 @@ std::string ModuleRepository::ModuleDir(const ModuleName& name) const {
 std::shared_ptr<ModuleRepository::ModuleFiles> ModuleRepository::FilesOf(
     const ModuleName& name) {
   MutexLock lock(&mu_);
+  FilesOfLocked(name);
+  return files_[name.full()];
+}
+
+ModuleRepository::ModuleFiles& ModuleRepository::FilesOfLocked(
+    const ModuleName& name) {
   std::shared_ptr<ModuleFiles>& files = files_[name.full()];
   if (files == nullptr) {
     files = std::make_shared<ModuleFiles>();
     files->next_file = FreeDataFileNumber(ModuleDir(name));
   }
-  return files;
+  return *files;
 }
 
 absl::Status ModuleRepository::CheckUsable(const ModuleName& name) {
@@ -810,11 +817,38 @@ absl::StatusOr<std::string> ModuleRepository::ReserveDataFile(
     const ModuleName& name) {
   MODELSTATE_RETURN_IF_ERROR(CheckUsable(name));
   MODELSTATE_RETURN_IF_ERROR(EnsureModuleDir(name));
-  std::shared_ptr<ModuleFiles> files = FilesOf(name);
+  // Found and reserved at once: a Remove between the two would otherwise
+  // drop the record this reservation goes into.
   MutexLock lock(&mu_);
-  std::string file = NextDataFile(*files);
-  files->reserved.insert(file);
+  ModuleFiles& files = FilesOfLocked(name);
+  std::string file = NextDataFile(files);
+  files.reserved.insert(file);
   return FilePath(ModuleDir(name), file);
+}
+
+void ModuleRepository::ForgetCommitted(const ModuleName& name,
+                                       Deletion deletion) {
+  static const std::map<std::string, uint64_t> kNone;
+  static const absl::flat_hash_set<std::string> kNoReservations;
+  const std::string dir = ModuleDir(name);
+  MutexLock lock(&mu_);
+  auto it = files_.find(name.full());
+  std::vector<std::string> unused;
+  if (it == files_.end()) {
+    unused = UnusedFiles(dir, kNone, kNoReservations);
+  } else {
+    ModuleFiles& files = *it->second;
+    files.by_version.clear();
+    files.file_bytes.clear();
+    unused = UnusedFiles(dir, files.file_bytes, files.reserved);
+    if (files.reserved.empty()) files_.erase(it);
+  }
+  if (deletion == Deletion::kQueued) QueueDeletions(std::move(unused));
+  if (deletion != Deletion::kNow) return;
+  for (const std::string& path : unused) {
+    std::error_code ignored;
+    fs::remove(path, ignored);
+  }
 }
 
 absl::StatusOr<std::unique_ptr<Prewrite>> ModuleRepository::StartPrewrite(
@@ -1004,11 +1038,10 @@ absl::Status ModuleRepository::Remove(const ModuleName& name,
                                       const ChangeNote& note) {
   const std::string dir = ModuleDir(name);
   const std::string manifest = data_dir::ManifestPath(dir);
-  {
-    MutexLock lock(&mu_);
-    files_.erase(name.full());
+  if (!fs::exists(manifest)) {
+    ForgetCommitted(name, Deletion::kNone);
+    return absl::OkStatus();
   }
-  if (!fs::exists(manifest)) return absl::OkStatus();
   // The tombstone names the manifest it deletes by checksum, so that a
   // later manifest of a module built again under the name is not mistaken
   // for the deleted one.
@@ -1021,7 +1054,8 @@ absl::Status ModuleRepository::Remove(const ModuleName& name,
     return ErrnoStatus(errno, manifest, "unlink failed");
   }
   MODELSTATE_RETURN_IF_ERROR(FsyncParentDirectory(manifest));
-  DeleteUnused(dir, nullptr);
+  // What was committed goes; what is being written stays (ForgetCommitted).
+  ForgetCommitted(name, Deletion::kQueued);
   return absl::OkStatus();
 }
 
@@ -1058,12 +1092,9 @@ absl::StatusOr<ModuleRepository::Loaded> ModuleRepository::Import(
   auto fail = [&](absl::Status why) {
     std::error_code ec;
     fs::remove(path, ec);
-    {
-      MutexLock lock(&mu_);
-      files_.erase(name.full());
-    }
     end_reservations();
-    DeleteUnused(dir, nullptr, /*now=*/true);
+    // A build of the name held by its hooks keeps the file it reserved.
+    ForgetCommitted(name, Deletion::kNow);
     fs::remove(dir, ec);  // only if empty
     return why;
   };

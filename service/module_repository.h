@@ -271,6 +271,15 @@ class ModuleRepository {
   // The module's file record, created from the directory's contents the
   // first time.
   std::shared_ptr<ModuleFiles> FilesOf(const ModuleName& name);
+  ModuleFiles& FilesOfLocked(const ModuleName& name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a removal or a failed import: forgets what `name` had committed
+  // and deletes its files (queued, at once, or not at all), but keeps its
+  // record and the files it reserves while there are any (a build held by
+  // its hooks, a load receiving): a deletion must not take the file a save
+  // of the name will adopt once that build goes on.
+  enum class Deletion { kNone, kQueued, kNow };
+  void ForgetCommitted(const ModuleName& name, Deletion deletion);
   // `verify_now`: check every byte's CRC while loading (an import), not
   // when first needed (a restart, which must not read what it hosts).
   absl::StatusOr<Loaded> LoadOne(const ModuleName& name, bool fallback_to_cpu,
@@ -286,6 +295,8 @@ class ModuleRepository {
   std::string NextDataFile(ModuleFiles& files)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DeleteQueued();
+  void QueueDeletions(std::vector<std::string> paths)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string dir_;
   bool map_saved_bytes_ = false;

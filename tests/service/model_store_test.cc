@@ -569,6 +569,50 @@ TEST_F(ModelStoreTest, AStreamedLoadOfAModuleDeletedMeanwhileIsNotFound) {
   EXPECT_EQ(Records("load_state_dict").size(), 1u);
 }
 
+// Deleted and built again while a streamed load's bytes come: the bytes
+// were for the module that is gone, so the new one under the name is left
+// as it is (ABORTED, recorded), and its files with it.
+TEST_F(ModelStoreTest, AStreamedLoadNeverLandsInAModuleBuiltAgainMeanwhile) {
+  MakeDurable();
+  ASSERT_THAT(Build("t/m").status(), IsOk());
+  const uint64_t began = *store_->Incarnation(Name("t/m"));
+  StateDict state = Pattern(3);
+  auto reader = *StateDictReader::Create(state, std::nullopt);
+  {
+    std::unique_ptr<StagedStateDict> staged = *store_->StageLoad(
+        ctx_, Name("t/m"), reader->layout(), StreamLimits{}, {}, dir_.string());
+    ASSERT_THAT(store_->Delete(ctx_, Name("t/m")), IsOk());
+    ASSERT_THAT(Build("t/m").status(), IsOk());
+    EXPECT_NE(*store_->Incarnation(Name("t/m")), began);
+    const StateDict rebuilt = State("t/m");
+    while (reader->remaining() > 0) {
+      std::string bytes;
+      ASSERT_GT(*reader->Read(1 << 10, &bytes), 0u);
+      ASSERT_THAT(staged->Append(std::move(bytes)), IsOk());
+    }
+    EXPECT_THAT(
+        store_->LoadStaged(ctx_, Name("t/m"), *staged, {}, "", began).status(),
+        StatusIs(absl::StatusCode::kAborted,
+                 HasSubstr("was deleted and built again")));
+    ExpectSameState(State("t/m"), rebuilt);
+  }
+  // The same for a load that assembles its bytes in memory.
+  EXPECT_THAT(store_->Load(ctx_, Name("t/m"), state, {}, "", began).status(),
+              StatusIs(absl::StatusCode::kAborted));
+  EXPECT_EQ(Records("load_state_dict").size(), 2u);
+  // What is on disk is the module built again.
+  const StateDict rebuilt = State("t/m");
+  repository_->WaitForDeletions();
+  store_ = std::make_unique<ModelStore>();
+  repository_ = *ModuleRepository::Open((dir_ / "modules").string());
+  store_->set_audit_log(audit_.get());
+  store_->set_repository(repository_.get());
+  ModelStore::RestoreReport report = store_->Restore();
+  EXPECT_THAT(report.errors, IsEmpty());
+  EXPECT_EQ(report.modules, 1u);
+  ExpectSameState(State("t/m"), rebuilt);
+}
+
 // The write permission is asked exactly when a call will change the
 // module: an eval call through an Embedding with max_norm, not one through
 // a Linear. Refused, it changes and records nothing.

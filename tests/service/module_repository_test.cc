@@ -731,5 +731,49 @@ TEST_F(ModuleRepositoryTest, AModuleBuiltAgainAfterRemovalIsKept) {
   ExpectSameTree(*second, *report.modules[0].root);
 }
 
+// A build held by its hooks has prewritten its bytes under the name while
+// another module of that name was deleted: the deletion must not take the
+// held build's file, which it commits once it goes on.
+TEST_F(ModuleRepositoryTest, ARemovalLeavesTheFilesOfAHeldBuild) {
+  const ModuleName name = Name("rm/held");
+  std::shared_ptr<Module> first = Build(R"({"type": "ReLU"})");
+  std::shared_ptr<Module> held =
+      Build(R"({"type": "Linear", "args": [64, 64]})");
+  absl::StatusOr<std::unique_ptr<Prewrite>> prewrite =
+      repo_->StartPrewrite(name, held);
+  ASSERT_THAT(prewrite, IsOk());
+  (*prewrite)->Wait();
+  ASSERT_THAT(repo_->Save(name, *first, Note("build")), IsOk());
+  ASSERT_THAT(repo_->Remove(name, Note("delete")), IsOk());
+  repo_->WaitForDeletions();
+  std::vector<PrewrittenBytes> unchanged = (*prewrite)->Unchanged();
+  EXPECT_THAT(unchanged, SizeIs(2));
+  ASSERT_THAT(repo_->Save(name, *held, Note("build", "r2"), unchanged), IsOk());
+  (*prewrite)->Keep();
+  prewrite->reset();
+  // Adopted, not written again (a save finding the file gone rewrites it).
+  EXPECT_THAT(DataFiles("rm/held"), ElementsAre("data-1.safetensors"));
+  repo_->DropTombstone(name);
+  repo_->WaitForDeletions();
+  ModuleRepository::LoadReport report = Reload();
+  EXPECT_THAT(report.errors, IsEmpty());
+  ASSERT_THAT(report.modules, SizeIs(1));
+  ExpectSameTree(*held, *report.modules[0].root);
+}
+
+// The same for a load still receiving its bytes into a reserved data file.
+TEST_F(ModuleRepositoryTest, ARemovalLeavesAReservedDataFile) {
+  const ModuleName name = Name("rm/staged");
+  std::shared_ptr<Module> m = Build(R"({"type": "Linear", "args": [2, 2]})");
+  ASSERT_THAT(repo_->Save(name, *m, Note("build")), IsOk());
+  absl::StatusOr<std::string> reserved = repo_->ReserveDataFile(name);
+  ASSERT_THAT(reserved, IsOk());
+  ASSERT_THAT(WriteFileAtomically(*reserved, "staged bytes"), IsOk());
+  ASSERT_THAT(repo_->Remove(name, Note("delete")), IsOk());
+  repo_->WaitForDeletions();
+  EXPECT_TRUE(fs::exists(*reserved));
+  repo_->ReleaseDataFile(name, *reserved);
+}
+
 }  // namespace
 }  // namespace modelstate
