@@ -738,7 +738,8 @@ void ModuleRepository::ReleaseDataFile(const ModuleName& name,
   // save's mark, goes too (remove() leaves a directory that is not empty:
   // another save may be writing there meanwhile).
   const std::string dir = ModuleDir(name);
-  if (files->reserved.empty() && !fs::exists(data_dir::ManifestPath(dir))) {
+  if (files->reserved.empty() && files->saves == 0 &&
+      !fs::exists(data_dir::ManifestPath(dir))) {
     std::error_code ignored;
     const std::string mark = data_dir::UncommittedPath(dir);
     size_t entries = 0;
@@ -816,14 +817,23 @@ void ModuleRepository::CommittedFirstSave(const std::string& dir) {
 absl::StatusOr<std::string> ModuleRepository::ReserveDataFile(
     const ModuleName& name) {
   MODELSTATE_RETURN_IF_ERROR(CheckUsable(name));
-  MODELSTATE_RETURN_IF_ERROR(EnsureModuleDir(name));
-  // Found and reserved at once: a Remove between the two would otherwise
-  // drop the record this reservation goes into.
-  MutexLock lock(&mu_);
-  ModuleFiles& files = FilesOfLocked(name);
-  std::string file = NextDataFile(files);
-  files.reserved.insert(file);
-  return FilePath(ModuleDir(name), file);
+  // Reserved before the directory is ensured: from then on no release of
+  // another reservation takes the directory away (ReleaseDataFile), and one
+  // that did just before is undone. Found and reserved at once: a Remove
+  // between the two would drop the record this reservation goes into.
+  std::string file;
+  {
+    MutexLock lock(&mu_);
+    ModuleFiles& files = FilesOfLocked(name);
+    file = NextDataFile(files);
+    files.reserved.insert(file);
+  }
+  const std::string path = FilePath(ModuleDir(name), file);
+  if (absl::Status ensured = EnsureModuleDir(name); !ensured.ok()) {
+    ReleaseDataFile(name, path);
+    return ensured;
+  }
+  return path;
 }
 
 void ModuleRepository::ForgetCommitted(const ModuleName& name,
@@ -841,7 +851,7 @@ void ModuleRepository::ForgetCommitted(const ModuleName& name,
     files.by_version.clear();
     files.file_bytes.clear();
     unused = UnusedFiles(dir, files.file_bytes, files.reserved);
-    if (files.reserved.empty()) files_.erase(it);
+    if (files.reserved.empty() && files.saves == 0) files_.erase(it);
   }
   if (deletion == Deletion::kQueued) QueueDeletions(std::move(unused));
   if (deletion != Deletion::kNow) return;
@@ -917,6 +927,21 @@ absl::Status ModuleRepository::Save(
   MODELSTATE_RETURN_IF_ERROR(CheckUsable(name));
   std::shared_ptr<ModuleFiles> files = FilesOf(name);
   const std::string dir = ModuleDir(name);
+  // Counted while it runs, as a reservation is: a first save is then safe
+  // from a concurrent release clearing the directory it has just ensured
+  // (ReleaseDataFile).
+  {
+    MutexLock lock(&mu_);
+    ++files->saves;
+  }
+  struct SaveEnds {
+    ModuleRepository* repo;
+    ModuleFiles* files;
+    ~SaveEnds() {
+      MutexLock lock(&repo->mu_);
+      --files->saves;
+    }
+  } save_ends{this, files.get()};
   MODELSTATE_RETURN_IF_ERROR(EnsureModuleDir(name));
   for (const PrewrittenBytes& p : prewritten) {
     files->by_version[VersionKey(*p.storage, p.dtype)] = {p.file, p.key,

@@ -261,6 +261,7 @@ class ModuleRepository {
     // module's writer gate (a load streams before it takes the gate).
     uint64_t next_file = 1;
     absl::flat_hash_set<std::string> reserved;  // data files being written
+    int saves = 0;                              // Saves running
   };
 
   std::string ModuleDir(const ModuleName& name) const;
