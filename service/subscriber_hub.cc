@@ -151,6 +151,13 @@ audit_events::AnswerFacts AnswerFactsOf(const std::string& subscriber,
   return facts;
 }
 
+// Why an interceptor's events fail when its name reconnects in `mode`
+// (not kIntercept), whose answers are never awaited.
+std::string NotInterceptingAnyMore(SubscriberMode mode) {
+  return mode == SubscriberMode::kDryRun ? "reconnected as a dry-run subscriber"
+                                         : "reconnected as an observer";
+}
+
 std::string EntryPath(const RegistrationEvent& event) {
   return event.path.empty() ? event.name
                             : absl::StrCat(event.path, ".", event.name);
@@ -404,24 +411,32 @@ absl::StatusOr<uint64_t> SubscriberHub::Attach(
     sub->spec = spec;
     sub->order = order;
     sub->channel = channel;
-    // A connected subscriber of the same name is replaced; what it held
-    // goes to the new connection.
-    // The new connection starts the oldest event's clock afresh.
+    // A connected subscriber of the same name is replaced. What it held
+    // goes to the new connection if that is an interceptor, which starts
+    // the oldest event's clock afresh. A dry-run subscriber or an observer
+    // is never awaited: for what the old one held, it went away.
     const absl::Time now = absl::Now();
     for (auto it = subscribers_.begin(); it != subscribers_.end(); ++it) {
-      if (it->second->spec.name != spec.name) continue;
-      replaced = it->second->channel;
-      for (uint64_t event_id : it->second->Held()) {
+      Subscriber& old = *it->second;
+      if (old.spec.name != spec.name) continue;
+      replaced = old.channel;
+      for (uint64_t event_id : old.Held()) {
         auto p = pending_.find(event_id);
         if (p == pending_.end()) continue;
+        if (spec.mode != SubscriberMode::kIntercept) {
+          old.Release(event_id, now);
+          FailLocked(*p->second, old, NotInterceptingAnyMore(spec.mode), sends);
+          continue;
+        }
         p->second->waiting_on = id;
         sub->Hold(event_id, next_send_++, now);
         sends.emplace_back(channel, EventFor(*p->second, *sub));
       }
+      cv_.SignalAll();
       // Its answers to what the old connection settled are late, not
       // garbage.
-      sub->settled = std::move(it->second->settled);
-      sub->settled_order = std::move(it->second->settled_order);
+      sub->settled = std::move(old.settled);
+      sub->settled_order = std::move(old.settled_order);
       subscribers_.erase(it);
       break;
     }
@@ -594,13 +609,17 @@ void SubscriberHub::AdvanceLocked(Pending& p, Sends& sends) {
     for (auto& [id, sub] : subscribers_) {
       if (sub->order == order) s = sub.get();
     }
-    if (s == nullptr) {
-      // Gone before its turn: its failure policy decides.
+    if (s == nullptr || s->spec.mode != SubscriberMode::kIntercept) {
+      // Gone before its turn, or back in a mode that is never awaited: its
+      // failure policy as an interceptor decides.
       const SubscriptionSpec& spec = p.chain_specs.at(order);
       Subscriber ghost;
       ghost.spec = spec;
       ghost.order = order;
-      FailLocked(p, ghost, "is not connected", sends);
+      FailLocked(p, ghost,
+                 s == nullptr ? std::string("is not connected")
+                              : NotInterceptingAnyMore(s->spec.mode),
+                 sends);
       return;
     }
     p.waiting_on = s->id;

@@ -25,8 +25,12 @@
 //   in the audit log, but never enforced nor awaited. Observers get the final
 //   outcome, never awaited.
 // - A subscriber that reconnects under the same name takes its place back
-//   in the order, and receives the events still waiting for it. With
-//   authentication, a name belongs to the identity that first used it.
+//   in the order, and receives the events still waiting for it if it
+//   reconnects as an interceptor. Back as a dry-run subscriber or an
+//   observer, it is never awaited: what the interceptor held, and events
+//   whose chain has yet to reach it, get its failure policy, as on a
+//   disconnect. With authentication, a name belongs to the identity that
+//   first used it.
 // - A MODIFY re-initialising without a seed draws from ReinitSeed(request
 //   seed, entry path), so the same build request gives the same values.
 //
@@ -203,7 +207,9 @@ class SubscriberHub : public RegistrationDecider {
   // INVALID_ARGUMENT for a bad spec; PERMISSION_DENIED
   // when the name is bound to another identity (spec.owner_identity). A
   // connected subscriber with the same name is replaced: its channel is
-  // closed with ABORTED and the events waiting for it go to the new one.
+  // closed with ABORTED and the events waiting for it go to the new one if
+  // that is an interceptor; otherwise they get the old one's failure
+  // policy, as on a disconnect.
   absl::StatusOr<uint64_t> Attach(SubscriptionSpec spec,
                                   std::shared_ptr<SubscriberChannel> channel,
                                   const OperationContext& ctx);

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <iostream>
 #include <iterator>
 #include <map>
@@ -543,6 +544,52 @@ TEST_F(SubscriptionTest, SubscribeAndUnsubscribeTakeEffectBeforeTheAck) {
     EXPECT_EQ(Report(unseen, "", "weight")->outcome(), v1::OUTCOME_KEEP)
         << Report(unseen, "", "weight")->reason();
   }
+}
+
+// An interceptor holds a build's event and a second stream subscribes under
+// its name in DRY_RUN mode (a 1 h timeout), approving everything. Nothing
+// waits for a dry-run subscriber, so it takes over no held event: the
+// interceptor's policy decides at once. Before, the event moved to the
+// dry-run stream, whose approvals never counted, and the build waited for
+// its hour.
+TEST_F(SubscriptionTest, ReconnectingInDryRunModeTakesOverNoHeldEvent) {
+  auto gate = Rogue({"--name=gate", "--mode=silent", "--timeout_ms=60000"});
+  std::unique_ptr<client::ModelStateClient> other = server_->NewClient();
+  auto build = std::async(std::launch::async, [&] {
+    return other->BuildModule(
+        BuildRequest("gate/held", R"({"type": "Net", "members": [
+          {"parameter": {"name": "w", "shape": [2]}}]})"));
+  });
+  ASSERT_TRUE(gate->WaitForLine("event")) << "the gate never got the event";
+  v1::Subscription s;
+  s.set_name("gate");
+  s.set_mode(v1::Subscription::MODE_DRY_RUN);
+  s.set_timeout_ms(3600 * 1000);
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<client::Subscriber> dry,
+      client::Subscriber::Start(*client_, s, [](const v1::HookEventProto& e) {
+        return Answer(e, v1::HookAnswer::APPROVE);
+      }));
+  const bool decided =
+      build.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  EXPECT_TRUE(decided) << "the build waits on the dry-run gate";
+  if (!decided) dry->Stop();  // lets the build end
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(v1::BuildModuleResponse r, build.get());
+  ASSERT_NE(Report(r, "", "w"), nullptr);
+  EXPECT_EQ(Report(r, "", "w")->outcome(), v1::OUTCOME_BLOCK);
+  EXPECT_THAT(
+      Report(r, "", "w")->reason(),
+      HasSubstr("gate reconnected as a dry-run subscriber (fail-closed)"));
+  grpc::ClientContext context;
+  v1::ListSubscribersResponse list;
+  ASSERT_TRUE(
+      client_->stub()
+          .ListSubscribers(&context, v1::ListSubscribersRequest(), &list)
+          .ok());
+  ASSERT_EQ(list.subscribers_size(), 1);
+  EXPECT_EQ(list.subscribers(0).subscription().mode(),
+            v1::Subscription::MODE_DRY_RUN);
+  EXPECT_EQ(list.subscribers(0).pending_events(), 0u);
 }
 
 TEST_F(SubscriptionTest, MaxDataBytesIsCappedByTheMessageSize) {

@@ -9,12 +9,14 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "base/metrics.h"
 #include "core/generator.h"
@@ -514,6 +516,142 @@ TEST_F(HubTest, ReconnectingUnderTheSameNameKeepsThePlaceAndThePendingEvents) {
   ASSERT_EQ(later->events().size(), 1u);
   EXPECT_EQ(later->events()[0].chain[0].subscriber, "same");
   EXPECT_EQ(later->events()[0].chain[0].reason, "second connection");
+}
+
+// A build on a thread of its own, so that a test can act while the hub
+// waits for its subscribers.
+class BuildInBackground {
+ public:
+  explicit BuildInBackground(std::function<absl::StatusOr<BuildOutcome>()> fn)
+      : thread_([this, fn = std::move(fn)] {
+          result_ = fn();
+          done_.Notify();
+        }) {}
+  ~BuildInBackground() {
+    if (thread_.joinable()) thread_.join();
+  }
+  bool WaitFor(absl::Duration timeout) {
+    return done_.WaitForNotificationWithTimeout(timeout);
+  }
+  // Waits for the build to end.
+  absl::StatusOr<BuildOutcome> Result() {
+    if (thread_.joinable()) thread_.join();
+    return result_;
+  }
+
+ private:
+  absl::Notification done_;
+  absl::StatusOr<BuildOutcome> result_;
+  std::thread thread_;
+};
+
+constexpr char kOneParameter[] = R"({"type": "Net", "members": [
+    {"parameter": {"name": "w", "shape": [2]}}]})";
+
+struct ReconnectCase {
+  SubscriberMode mode;
+  FailurePolicy policy;
+  std::string reason;  // of the block; "" when the event is kept
+};
+
+void PrintTo(const ReconnectCase& c, std::ostream* os) {
+  *os << (c.mode == SubscriberMode::kDryRun ? "dry-run" : "observe") << ", "
+      << (c.policy == FailurePolicy::kFailOpen ? "fail-open" : "fail-closed");
+}
+
+class HubReconnectInAnotherModeTest
+    : public HubTest,
+      public ::testing::WithParamInterface<ReconnectCase> {};
+
+// An interceptor's name reconnecting as a dry-run subscriber or an observer
+// takes over none of its held events (that connection is never awaited, and
+// its answers are not the interceptor's): they fail by the interceptor's
+// policy at once. Before, they moved to the new connection, which held the
+// build for its own timeout (here an hour) whatever it answered.
+TEST_P(HubReconnectInAnotherModeTest, HeldEventsFailByThePolicyAtOnce) {
+  const ReconnectCase& c = GetParam();
+  SubscriptionSpec gate = Spec("gate");
+  gate.failure_policy = c.policy;
+  auto first = Add(gate, [](const HookEvent&) {
+    return std::optional<SubscriberAnswer>();  // never answers
+  });
+  BuildInBackground build([&] { return Build("t/gate", kOneParameter); });
+  ASSERT_EQ(first->WaitUntilReceived(1, absl::Seconds(10)), 1);
+  SubscriptionSpec back = Spec("gate", c.mode);
+  back.timeout = absl::Hours(1);
+  auto second = Add(back, [](const HookEvent& e) {
+    return Verdict_(e, Verdict::kApprove, "from the new connection");
+  });
+  const bool decided = build.WaitFor(absl::Seconds(10));
+  EXPECT_TRUE(decided) << "the build waits on the reconnected gate";
+  if (!decided) hub_.Detach(second->id(), {});  // lets the build end
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildOutcome b, build.Result());
+  ASSERT_EQ(b.registrations.size(), 1u);
+  const HookDecision& w = b.registrations[0].final;
+  if (c.reason.empty()) {
+    EXPECT_EQ(w.kind, HookResult::Kind::kKeep) << w.reason;
+  } else {
+    EXPECT_TRUE(w.blocked());
+    EXPECT_EQ(w.reason, c.reason);
+  }
+  EXPECT_THAT(first->closed(), StatusIs(absl::StatusCode::kAborted));
+  std::vector<SubscriberInfo> list = hub_.List();
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0].spec.mode, c.mode);
+  EXPECT_EQ(list[0].pending, 0u);
+  // Nothing was handed to the new connection to answer (an observer gets
+  // the outcome).
+  for (const HookEvent& e : second->events()) EXPECT_TRUE(e.is_outcome);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, HubReconnectInAnotherModeTest,
+    ::testing::Values(
+        ReconnectCase{SubscriberMode::kDryRun, FailurePolicy::kFailClosed,
+                      "subscriber gate reconnected as a dry-run subscriber "
+                      "(fail-closed)"},
+        ReconnectCase{SubscriberMode::kObserve, FailurePolicy::kFailClosed,
+                      "subscriber gate reconnected as an observer "
+                      "(fail-closed)"},
+        ReconnectCase{SubscriberMode::kDryRun, FailurePolicy::kFailOpen, ""}),
+    [](const ::testing::TestParamInfo<ReconnectCase>& info) {
+      return absl::StrCat(
+          info.param.mode == SubscriberMode::kDryRun ? "DryRun" : "Observe",
+          info.param.policy == FailurePolicy::kFailOpen ? "FailOpen"
+                                                        : "FailClosed");
+    });
+
+// An event whose chain has yet to reach the interceptor when its name comes
+// back in dry-run mode is not sent to that connection either.
+TEST_F(HubTest, AChainDoesNotWaitForANameThatCameBackInDryRunMode) {
+  std::atomic<bool> go{false};
+  auto first = Add(Spec("first", SubscriberMode::kIntercept, 0),
+                   [&](const HookEvent& e) {
+                     absl::Time deadline = absl::Now() + absl::Seconds(20);
+                     while (!go && absl::Now() < deadline)
+                       absl::SleepFor(absl::Milliseconds(1));
+                     return Verdict_(e, Verdict::kApprove);
+                   });
+  Add(Spec("gate", SubscriberMode::kIntercept, 1),
+      [](const HookEvent& e) { return Verdict_(e, Verdict::kApprove); });
+  BuildInBackground build([&] { return Build("t/later", kOneParameter); });
+  ASSERT_EQ(first->WaitUntilReceived(1, absl::Seconds(10)), 1);
+  SubscriptionSpec back = Spec("gate", SubscriberMode::kDryRun);
+  back.timeout = absl::Hours(1);
+  auto dry = Add(back, [](const HookEvent& e) {
+    return Verdict_(e, Verdict::kApprove, "from the dry run");
+  });
+  go = true;
+  const bool decided = build.WaitFor(absl::Seconds(10));
+  EXPECT_TRUE(decided) << "the chain waits on the dry-run gate";
+  if (!decided) hub_.Detach(dry->id(), {});  // lets the build end
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildOutcome b, build.Result());
+  ASSERT_EQ(b.registrations.size(), 1u);
+  EXPECT_TRUE(b.registrations[0].final.blocked());
+  EXPECT_EQ(b.registrations[0].final.reason,
+            "subscriber gate reconnected as a dry-run subscriber "
+            "(fail-closed)");
+  EXPECT_TRUE(dry->events().empty());
 }
 
 TEST_F(HubTest, ChainsOfManyEventsArePipelined) {
