@@ -307,10 +307,22 @@ class HeaderSaxHandler {
     kDone,            // After the top-level object.
   };
 
+  // Bytes outside printable ASCII as \xNN: the text can quote a damaged
+  // header's bytes, and a status message ends up in JSON and in gRPC
+  // trailers.
   static std::string ShortText(absl::string_view text) {
     constexpr size_t kMax = 160;
-    if (text.size() <= kMax) return std::string(text);
-    return absl::StrCat(text.substr(0, kMax), "...");
+    std::string out;
+    for (char c : text.substr(0, kMax)) {
+      const unsigned char b = static_cast<unsigned char>(c);
+      if (b >= 0x20 && b < 0x7f) {
+        out.push_back(c);
+      } else {
+        absl::StrAppend(&out, "\\x", absl::Hex(b, absl::kZeroPad2));
+      }
+    }
+    if (text.size() > kMax) out += "...";
+    return out;
   }
 
   std::string EntryPrefix() const {

@@ -27,10 +27,34 @@ absl::Status InField(const absl::Status& status, absl::string_view field) {
                       absl::StrCat(field, ": ", status.message()));
 }
 
+std::string FitStatusMessage(absl::string_view message) {
+  // gRPC sends the message percent-encoded in the trailers: a byte outside
+  // printable ASCII, or '%', takes three.
+  size_t encoded = 0, fits = 0;
+  for (; fits < message.size(); ++fits) {
+    const unsigned char c = static_cast<unsigned char>(message[fits]);
+    const size_t cost = (c < 0x20 || c > 0x7e || c == '%') ? 3 : 1;
+    if (encoded + cost > kMaxStatusMessageBytes) break;
+    encoded += cost;
+  }
+  if (fits == message.size()) return std::string(message);
+  // A note of at most 64 bytes follows; cut at a character's start.
+  while (fits > 0 && encoded + 64 > kMaxStatusMessageBytes) {
+    const unsigned char c = static_cast<unsigned char>(message[--fits]);
+    encoded -= (c < 0x20 || c > 0x7e || c == '%') ? 3 : 1;
+  }
+  while (fits > 0 &&
+         (static_cast<unsigned char>(message[fits]) & 0xc0) == 0x80) {
+    --fits;
+  }
+  return absl::StrCat(message.substr(0, fits), " ... [", message.size() - fits,
+                      " more bytes]");
+}
+
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
+                      FitStatusMessage(status.message()));
 }
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {

@@ -36,9 +36,17 @@ absl::Status FieldError(absl::string_view field, absl::string_view message);
 // Prefixes `status`'s message with `field` (OK stays OK).
 absl::Status InField(const absl::Status& status, absl::string_view field);
 
-// absl and gRPC share google.rpc.Code numbering.
+// absl and gRPC share google.rpc.Code numbering. The message is cut
+// (FitStatusMessage) so that any client receives it: gRPC clients refuse
+// trailers over 8 KiB, and PyTorch's load errors list every key (a
+// checkpoint saved with a "module." prefix gives one line per entry).
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// `message` unchanged when it takes at most kMaxStatusMessageBytes in the
+// trailers (percent-encoded), else its start and " ... [N more bytes]".
+inline constexpr size_t kMaxStatusMessageBytes = 4096;
+std::string FitStatusMessage(absl::string_view message);
 
 // The trailing metadata naming the audit records a call wrote: ascending
 // runs as "FIRST-LAST", single seqs as "N", comma-separated ("12-14,20").

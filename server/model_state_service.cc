@@ -122,12 +122,17 @@ absl::Status CheckDirectTable(const StateDictLayout& layout,
   const DirectTarget* first = nullptr;
   for (size_t i = 0; i < table.size(); ++i) {
     const DirectTarget& target = table[i];
-    if (target.length != layout.entries[i].nbytes ||
-        target.address > ~uint64_t{0} - target.length) {
+    if (target.length != layout.entries[i].nbytes) {
       return absl::InvalidArgumentError(
           absl::StrCat("shared_memory_direct: entry '", layout.entries[i].key,
                        "' has ", target.length, " bytes at ", target.address,
                        "; the header says ", layout.entries[i].nbytes));
+    }
+    if (target.address > ~uint64_t{0} - target.length) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shared_memory_direct: entry '", layout.entries[i].key,
+                       "' has ", target.length, " bytes at ", target.address,
+                       ", which runs past the end of the address space"));
     }
     if (first == nullptr && target.length > 0) first = &target;
   }

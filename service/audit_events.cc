@@ -1,5 +1,6 @@
 #include "service/audit_events.h"
 
+#include <algorithm>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -28,10 +29,34 @@ AuditRecord Record(AuditType type, const OperationContext& ctx,
   return r;
 }
 
+// The audit log keeps every record for good, so a record holds at most this
+// much of an error's text and this many keys of each list; what is left out
+// is counted ("message_bytes", "missing_keys_count", ...).
+constexpr size_t kMaxErrorBytes = 8 << 10;
+constexpr size_t kMaxListedKeys = 1000;
+
 Json ErrorJson(const absl::Status& status) {
-  return {{"code", absl::StatusCodeToString(status.code())},
-          {"message", std::string(status.message())}};
+  absl::string_view message = status.message();
+  Json error = {{"code", absl::StatusCodeToString(status.code())},
+                {"message", std::string(message.substr(0, kMaxErrorBytes))}};
+  if (message.size() > kMaxErrorBytes) error["message_bytes"] = message.size();
+  return error;
 }
+
+// `keys` under `field`, the first kMaxListedKeys of them, and their count
+// under "<field>_count" when there are more.
+void PutKeys(Json& details, const std::string& field,
+             const std::vector<std::string>& keys) {
+  const size_t listed = std::min(keys.size(), kMaxListedKeys);
+  details[field] =
+      std::vector<std::string>(keys.begin(), keys.begin() + listed);
+  if (listed < keys.size()) details[field + "_count"] = keys.size();
+}
+
+// Every dump replaces bytes that are not UTF-8 (an error text can quote a
+// damaged file's bytes) instead of throwing: a record must always be
+// writable. Valid text dumps exactly as with the defaults.
+constexpr auto kReplaceInvalidUtf8 = Json::error_handler_t::replace;
 
 // A change to a module: "ok", or "error" with the error in the details.
 AuditRecord Change(AuditType type, const OperationContext& ctx,
@@ -40,7 +65,7 @@ AuditRecord Change(AuditType type, const OperationContext& ctx,
   AuditRecord r = Record(type, ctx, module);
   r.outcome = result.ok() ? "ok" : "error";
   if (!result.ok()) details["error"] = ErrorJson(result);
-  r.details_json = details.dump();
+  r.details_json = details.dump(-1, ' ', false, kReplaceInvalidUtf8);
   return r;
 }
 
@@ -235,7 +260,7 @@ absl::string_view AuditTypeName(AuditType type) {
 namespace audit_events {
 
 std::string SpecJson(const ModuleSpec& spec) {
-  return SpecObject(spec, kWholeSpec).dump();
+  return SpecObject(spec, kWholeSpec).dump(-1, ' ', false, kReplaceInvalidUtf8);
 }
 
 std::string SpecSha256(const ModuleSpec& spec) {
@@ -293,8 +318,8 @@ AuditRecord LoadStateDict(const OperationContext& ctx, const ModuleName& module,
                   {"keys", state_dict.tensors.size()},
                   {"bytes", bytes}};
   if (keys != nullptr) {
-    details["missing_keys"] = keys->missing_keys;
-    details["unexpected_keys"] = keys->unexpected_keys;
+    PutKeys(details, "missing_keys", keys->missing_keys);
+    PutKeys(details, "unexpected_keys", keys->unexpected_keys);
   }
   if (!sha256.empty()) details["sha256"] = std::string(sha256);
   return Change(AuditType::kLoadStateDict, ctx, module, std::move(details),
@@ -355,7 +380,7 @@ AuditRecord Registration(const OperationContext& ctx, const ModuleName& module,
            {"name", event.name},
            {"value", ValueJson(value, sha256)},
            {"in_process", DecisionName(in_process)}}
-          .dump();
+          .dump(-1, ' ', false, kReplaceInvalidUtf8);
   return r;
 }
 
@@ -375,7 +400,7 @@ AuditRecord Answer(const AnswerFacts& facts) {
   if (facts.value != nullptr) {
     details["value"] = ValueJson(*facts.value, facts.value_sha256);
   }
-  r.details_json = details.dump();
+  r.details_json = details.dump(-1, ' ', false, kReplaceInvalidUtf8);
   return r;
 }
 
@@ -392,7 +417,7 @@ AuditRecord Outcome(const OperationContext& ctx, const ModuleName& module,
            {"reason", decision.reason},
            {"value", decision.blocked() ? Json(nullptr)
                                         : ValueJson(decision.value, sha256)}}
-          .dump();
+          .dump(-1, ' ', false, kReplaceInvalidUtf8);
   return r;
 }
 
@@ -412,7 +437,7 @@ AuditRecord Subscribe(const OperationContext& ctx, const SubscriptionSpec& spec,
                              : "fail_open"},
       {"reconnected", reconnected}};
   if (!spec.owner_identity.empty()) details["owner"] = spec.owner_identity;
-  r.details_json = details.dump();
+  r.details_json = details.dump(-1, ' ', false, kReplaceInvalidUtf8);
   return r;
 }
 
@@ -420,7 +445,8 @@ AuditRecord Unsubscribe(const OperationContext& ctx,
                         const std::string& subscriber) {
   AuditRecord r = Record(AuditType::kUnsubscribe, ctx, ModuleName{});
   r.outcome = "ok";
-  r.details_json = Json{{"subscriber", subscriber}}.dump();
+  r.details_json = Json{{"subscriber", subscriber}}.dump(-1, ' ', false,
+                                                         kReplaceInvalidUtf8);
   return r;
 }
 
@@ -433,7 +459,7 @@ AuditRecord ReleaseName(const OperationContext& ctx,
       {"subscriber", subscriber},
       {"owner", owner},
       {"disconnected",
-       disconnected}}.dump();
+       disconnected}}.dump(-1, ' ', false, kReplaceInvalidUtf8);
   return r;
 }
 
@@ -445,7 +471,7 @@ AuditRecord Denied(const OperationContext& ctx, absl::string_view peer,
   r.details_json = Json{{"rpc", std::string(rpc)},
                         {"peer", std::string(peer)},
                         {"error", ErrorJson(status)}}
-                       .dump();
+                       .dump(-1, ' ', false, kReplaceInvalidUtf8);
   return r;
 }
 
@@ -464,7 +490,7 @@ AuditRecord DeniedAggregate(const DeniedCount& denied) {
                                       absl::UTCTimeZone())},
            {"last", absl::FormatTime(absl::RFC3339_full, denied.last,
                                      absl::UTCTimeZone())}}
-          .dump();
+          .dump(-1, ' ', false, kReplaceInvalidUtf8);
   return r;
 }
 
@@ -478,14 +504,15 @@ AuditRecord Recovered(const ModuleName& module, const ChangeNote& note) {
       {"change", note.type},
       {"reason",
        "the change was saved, but the server stopped before "
-       "recording it"}}.dump();
+       "recording it"}}.dump(-1, ' ', false, kReplaceInvalidUtf8);
   return r;
 }
 
 AuditRecord RestoreFailed(const absl::Status& error) {
   AuditRecord r = Record(AuditType::kRestore, OperationContext{}, ModuleName{});
   r.outcome = "error";
-  r.details_json = Json{{"error", std::string(error.message())}}.dump();
+  r.details_json = Json{{"error", std::string(error.message())}}.dump(
+      -1, ' ', false, kReplaceInvalidUtf8);
   return r;
 }
 

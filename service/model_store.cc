@@ -461,12 +461,17 @@ absl::Status ModelStore::Record(const absl::Status& result,
 
 absl::StatusOr<std::shared_ptr<ModelStore::Entry>> ModelStore::Find(
     const ModuleName& name) const {
-  MutexLock lock(&mu_);
-  auto it = entries_.find(name.full());
-  if (it == entries_.end()) {
-    return NoSuchModule(name);
+  ModuleRepository* repo;
+  {
+    MutexLock lock(&mu_);
+    auto it = entries_.find(name.full());
+    if (it != entries_.end()) return it->second;
+    repo = repository_;
   }
-  return it->second;
+  // Not served because its files are damaged: say so, not "does not
+  // exist" (a build of the name is refused for the same reason).
+  if (repo != nullptr) MODELSTATE_RETURN_IF_ERROR(repo->Damaged(name));
+  return NoSuchModule(name);
 }
 
 std::shared_ptr<ModelStore::Entry> ModelStore::NewEntry(

@@ -84,7 +84,12 @@ ChangeNote NoteFromJson(const Json& j) {
 // A file of JSON `body` plus the SHA-256 of the body's canonical text, so
 // that a flipped byte anywhere is caught on reading.
 std::string Seal(const Json& body) {
-  return Json{{"body", body}, {"sha256", Sha256Hex(body.dump())}}.dump();
+  // Bytes that are not UTF-8 (in an error text) are replaced, not thrown
+  // on; valid text dumps exactly as with the defaults.
+  constexpr auto kReplace = Json::error_handler_t::replace;
+  const std::string text = body.dump(-1, ' ', false, kReplace);
+  return Json{{"body", body}, {"sha256", Sha256Hex(text)}}.dump(-1, ' ', false,
+                                                                kReplace);
 }
 
 // `text` is the contents of `path` (a file, or what another replica sent).
@@ -773,6 +778,22 @@ ModuleRepository::ModuleFiles& ModuleRepository::FilesOfLocked(
   return *files;
 }
 
+void ModuleRepository::MarkDamaged(const ModuleName& name,
+                                   const absl::Status& why) {
+  MutexLock lock(&mu_);
+  damaged_[name.full()] = std::string(why.message());
+}
+
+absl::Status ModuleRepository::Damaged(const ModuleName& name) {
+  MutexLock lock(&mu_);
+  auto it = damaged_.find(name.full());
+  if (it == damaged_.end()) return absl::OkStatus();
+  return absl::DataLossError(
+      absl::StrCat("module '", name.full(),
+                   "' is not served: its files could not be loaded (",
+                   it->second, "); they are kept for repair"));
+}
+
 absl::Status ModuleRepository::CheckUsable(const ModuleName& name) {
   MutexLock lock(&mu_);
   if (!damaged_.contains(name.full())) return absl::OkStatus();
@@ -1047,8 +1068,7 @@ absl::StatusOr<std::shared_ptr<Module>> ModuleRepository::Reload(
   absl::StatusOr<Loaded> loaded =
       LoadOne(name, /*fallback_to_cpu=*/false, /*verify_now=*/true, read);
   if (!loaded.ok()) {
-    MutexLock lock(&mu_);
-    damaged_.insert(name.full());
+    MarkDamaged(name, loaded.status());
     return loaded.status();
   }
   // The record object itself stays: streamed loads may hold it to reserve
@@ -1244,8 +1264,7 @@ ModuleRepository::LoadReport ModuleRepository::LoadAll(bool fallback_to_cpu) {
       absl::StatusOr<Json> t = Unseal(tombstone);
       if (!t.ok()) {
         report.errors.push_back(t.status());
-        MutexLock lock(&mu_);
-        damaged_.insert(name.full());
+        MarkDamaged(name, t.status());
         continue;
       }
       try {
@@ -1255,8 +1274,7 @@ ModuleRepository::LoadReport ModuleRepository::LoadAll(bool fallback_to_cpu) {
                                    t->at("manifest_sha256").get<std::string>();
       } catch (const std::exception& e) {
         report.errors.push_back(Corrupt(tombstone, e.what()));
-        MutexLock lock(&mu_);
-        damaged_.insert(name.full());
+        MarkDamaged(name, report.errors.back());
         continue;
       }
     }
@@ -1271,8 +1289,7 @@ ModuleRepository::LoadReport ModuleRepository::LoadAll(bool fallback_to_cpu) {
             ": missing, beside data files that no deletion or unfinished "
             "first save explains; the module is not loaded and its files "
             "are kept for repair")));
-        MutexLock lock(&mu_);
-        damaged_.insert(name.full());
+        MarkDamaged(name, report.errors.back());
         continue;
       }
       // Never committed, or removed: nothing here is needed.
@@ -1287,8 +1304,7 @@ ModuleRepository::LoadReport ModuleRepository::LoadAll(bool fallback_to_cpu) {
         LoadOne(name, fallback_to_cpu, /*verify_now=*/false, *files);
     if (!loaded.ok()) {
       report.errors.push_back(loaded.status());
-      MutexLock lock(&mu_);
-      damaged_.insert(name.full());
+      MarkDamaged(name, loaded.status());
       continue;
     }
     files->next_file = FreeDataFileNumber(dir);

@@ -175,6 +175,9 @@ class ModuleRepository {
   // FAILED_PRECONDITION if `name` has files that could not be loaded at
   // start-up (Save refuses to overwrite them).
   absl::Status CheckUsable(const ModuleName& name);
+  // DATA_LOSS naming why, for a module whose files could not be loaded (at
+  // start-up, or read back after a failed save); OK otherwise.
+  absl::Status Damaged(const ModuleName& name);
 
   // Reads the state of `name` that is committed on disk, after a Save that
   // failed: the caller puts it in place of the tree it could not save, so
@@ -269,6 +272,8 @@ class ModuleRepository {
   // marks it uncommitted until its first manifest (CommittedFirstSave).
   absl::Status EnsureModuleDir(const ModuleName& name);
   void CommittedFirstSave(const std::string& dir);
+  // Remembers that `name`'s files could not be loaded (`why`).
+  void MarkDamaged(const ModuleName& name, const absl::Status& why);
   // The module's file record, created from the directory's contents the
   // first time.
   std::shared_ptr<ModuleFiles> FilesOf(const ModuleName& name);
@@ -311,7 +316,8 @@ class ModuleRepository {
   std::map<std::string, std::shared_ptr<ModuleFiles>> files_
       ABSL_GUARDED_BY(mu_);
   // Modules whose files failed to load (full names).
-  absl::flat_hash_set<std::string> damaged_ ABSL_GUARDED_BY(mu_);
+  // Modules whose files could not be loaded, with why.
+  absl::flat_hash_map<std::string, std::string> damaged_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace modelstate

@@ -340,6 +340,38 @@ TEST_F(ServiceTest, LoadStateDictFailsWithPyTorchsTextAndChangesNothing) {
                     "model is torch.Size([2, 3]).")));
 }
 
+// A checkpoint saved from DistributedDataParallel ("module." before every
+// key) gives one line of PyTorch's text per entry: the client still gets
+// FAILED_PRECONDITION and the text's start, not gRPC's RESOURCE_EXHAUSTED
+// for trailers over its 8 KiB limit.
+TEST_F(ServiceTest, ALoadErrorListingEveryKeyStillReachesTheClient) {
+  std::string children;
+  for (int i = 0; i < 300; ++i) {
+    absl::StrAppend(&children, i == 0 ? "" : ",",
+                    R"({"spec": {"type": "Linear", "args": [1, 1]}})");
+  }
+  ASSERT_THAT(
+      client_->BuildModule(BuildRequest(
+          "load/ddp", absl::StrCat(R"({"type": "Sequential", "children": [)",
+                                   children, "]}"))),
+      IsOk());
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict saved,
+                                  client_->GetStateDict("load/ddp"));
+  StateDict prefixed;
+  for (const auto& item : saved.tensors) {
+    prefixed.tensors.Set(absl::StrCat("module.", item.key), item.value);
+  }
+  absl::Status refused = client_->LoadStateDict("load/ddp", prefixed).status();
+  EXPECT_THAT(refused,
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       ::testing::StartsWith(
+                           "Error(s) in loading state_dict for Sequential:\n\t"
+                           "Missing key(s) in state_dict: \"0.weight\", ")));
+  EXPECT_THAT(std::string(refused.message()),
+              ::testing::EndsWith(" more bytes]"));
+  EXPECT_LE(refused.message().size(), convert::kMaxStatusMessageBytes);
+}
+
 // A raw LoadStateDict call, to send what the client library never would.
 grpc::Status RawLoad(client::ModelStateClient& c,
                      const std::vector<v1::LoadStateDictRequest>& messages) {

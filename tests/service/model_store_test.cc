@@ -99,6 +99,16 @@ class ModelStoreTest : public ::testing::Test {
     store_->set_repository(repository_.get());
   }
 
+  // A new store and repository on the same directory and audit log, as
+  // after a restart.
+  ModelStore::RestoreReport Restart() {
+    store_ = std::make_unique<ModelStore>();
+    repository_ = *ModuleRepository::Open((dir_ / "modules").string());
+    store_->set_audit_log(audit_.get());
+    store_->set_repository(repository_.get());
+    return store_->Restore();
+  }
+
   absl::StatusOr<BuildOutcome> Build(const std::string& name,
                                      const std::string& json = kLinear) {
     BuildOptions options;
@@ -603,11 +613,7 @@ TEST_F(ModelStoreTest, AStreamedLoadNeverLandsInAModuleBuiltAgainMeanwhile) {
   // What is on disk is the module built again.
   const StateDict rebuilt = State("t/m");
   repository_->WaitForDeletions();
-  store_ = std::make_unique<ModelStore>();
-  repository_ = *ModuleRepository::Open((dir_ / "modules").string());
-  store_->set_audit_log(audit_.get());
-  store_->set_repository(repository_.get());
-  ModelStore::RestoreReport report = store_->Restore();
+  ModelStore::RestoreReport report = Restart();
   EXPECT_THAT(report.errors, IsEmpty());
   EXPECT_EQ(report.modules, 1u);
   ExpectSameState(State("t/m"), rebuilt);
@@ -803,6 +809,57 @@ void DamageDataFiles(const fs::path& modules, const ModuleName& name,
   }
 }
 
+// A byte of a data file's JSON header that is no longer UTF-8: the parse
+// error quotes it, and the restore record must still be written (it used
+// to throw from the JSON dump and abort the server at every start). The
+// module is then DATA_LOSS, not "does not exist"; the others are served.
+TEST_F(ModelStoreTest, ADamagedHeaderByteFailsOneModuleAtRestart) {
+  MakeDurable();
+  ASSERT_THAT(Build("t/bad").status(), IsOk());
+  ASSERT_THAT(Build("t/good").status(), IsOk());
+  for (const auto& f : fs::directory_iterator(
+           data_dir::ModuleDir((dir_ / "modules").string(), Name("t/bad")))) {
+    if (f.path().extension() != ".safetensors") continue;
+    std::fstream io(f.path(), std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(10);  // inside the header's first key
+    io.put('\xff');
+  }
+  ModelStore::RestoreReport report = Restart();
+  EXPECT_EQ(report.modules, 1u);
+  ASSERT_THAT(report.errors, SizeIs(1));
+  EXPECT_THAT(report.errors[0],
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("\\xff")));
+  ASSERT_THAT(Records("restore"), SizeIs(1));
+  EXPECT_TRUE(nlohmann::json::accept(Records("restore")[0].details_json));
+  EXPECT_THAT(store_->Snapshot(Name("t/bad"), {}).status(),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("'t/bad' is not served"),
+                             HasSubstr("data-1.safetensors"))));
+  EXPECT_THAT(store_->Snapshot(Name("t/good"), {}).status(), IsOk());
+}
+
+// The audit log keeps every record for good: a load with more unexpected
+// keys than a record lists counts the rest.
+TEST_F(ModelStoreTest, ALoadRecordListsAThousandKeysAndCountsTheRest) {
+  MakeDurable();
+  ASSERT_THAT(Build("t/m").status(), IsOk());
+  StateDict state = State("t/m");
+  for (int i = 0; i < 1500; ++i) {
+    state.tensors.Set(absl::StrCat("extra.", i),
+                      Filled(DType::kFloat32, {0}, 0));
+  }
+  LoadOptions lenient;
+  lenient.strict = false;
+  ASSERT_THAT(store_->Load(ctx_, Name("t/m"), state, lenient).status(), IsOk());
+  ASSERT_THAT(Records("load_state_dict"), SizeIs(1));
+  const nlohmann::json details =
+      nlohmann::json::parse(Records("load_state_dict")[0].details_json);
+  EXPECT_EQ(details["unexpected_keys"].size(), 1000u);
+  EXPECT_EQ(details["unexpected_keys"][0], "extra.0");
+  EXPECT_EQ(details["unexpected_keys_count"], 1500);
+  EXPECT_FALSE(details.contains("missing_keys_count"));
+}
+
 TEST_F(ModelStoreTest, TheScrubChecksEveryMappedByteAndReportsDamageOnce) {
   MakeDurable();
   ASSERT_THAT(Build("t/a").status(), IsOk());
@@ -812,11 +869,7 @@ TEST_F(ModelStoreTest, TheScrubChecksEveryMappedByteAndReportsDamageOnce) {
   ModelStore::ScrubReport report = store_->Scrub(never);
   EXPECT_EQ(report.modules, 2u);
   EXPECT_EQ(report.storages, 0u);
-  store_ = std::make_unique<ModelStore>();
-  repository_ = *ModuleRepository::Open((dir_ / "modules").string());
-  store_->set_audit_log(audit_.get());
-  store_->set_repository(repository_.get());
-  ASSERT_EQ(store_->Restore().modules, 2u);
+  ASSERT_EQ(Restart().modules, 2u);
   report = store_->Scrub(never);
   EXPECT_EQ(report.modules, 2u);
   EXPECT_EQ(report.storages, 4u);
