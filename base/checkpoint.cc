@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/quote.h"
 #include "base/status_macros.h"
 
 namespace modelstate {
@@ -36,12 +37,12 @@ absl::StatusOr<uint64_t> ParseSize(absl::string_view line) {
   if (line.find_first_not_of("0123456789") != absl::string_view::npos ||
       !absl::SimpleAtoi(line, &size) || size > kMaxCheckpointValue) {
     return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint ", what, " \"", line,
-                     "\" is not a decimal number up to 2^63 - 1"));
+        absl::StrCat("checkpoint ", what, " ", Quote(line, '"'),
+                     " is not a decimal number up to 2^63 - 1"));
   }
   if (line.size() > 1 && line[0] == '0') {
     return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint ", what, " \"", line, "\" has a leading zero"));
+        "checkpoint ", what, " ", Quote(line, '"'), " has a leading zero"));
   }
   return size;
 }
@@ -146,7 +147,8 @@ std::string CosignedMessage(absl::string_view checkpoint_text,
 absl::StatusOr<uint64_t> CosignatureTimestamp(const NoteSignature& signature) {
   if (signature.signature.size() != kTimestampBytes + kEd25519SignatureBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "cosignature by ", signature.name, " is ", signature.signature.size(),
+        "cosignature by ", Quote(signature.name, '"'), " is ",
+        signature.signature.size(),
         " bytes; a v1 cosignature is 72 (time and Ed25519 signature)"));
   }
   uint64_t timestamp = 0;
@@ -155,8 +157,8 @@ absl::StatusOr<uint64_t> CosignatureTimestamp(const NoteSignature& signature) {
   }
   if (timestamp > kMaxCheckpointValue) {
     return absl::InvalidArgumentError(
-        absl::StrCat("cosignature by ", signature.name, " has time ", timestamp,
-                     ", above 2^63 - 1"));
+        absl::StrCat("cosignature by ", Quote(signature.name, '"'),
+                     " has time ", timestamp, ", above 2^63 - 1"));
   }
   return timestamp;
 }

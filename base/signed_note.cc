@@ -23,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "base/file_util.h"
+#include "base/quote.h"
 #include "base/status_macros.h"
 
 namespace modelstate {
@@ -168,18 +169,18 @@ absl::StatusOr<NoteSignature> ParseSignatureLine(absl::string_view line,
   out.name = std::string(line.substr(0, space));
   if (!IsValidKeyName(out.name)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, " has an invalid key name \"", out.name, "\""));
+        absl::StrCat(where, " has an invalid key name ", Quote(out.name, '"')));
   }
   std::string raw;
   if (!Base64DecodeCanonical(line.substr(space + 1), &raw)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, " (", out.name,
+        absl::StrCat(where, " (", Quote(out.name, '"'),
                      "): the signature is not canonical standard base64"));
   }
   if (raw.size() < 5) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, " (", out.name, "): the signature is ", raw.size(),
-                     " bytes; it needs a key ID and more"));
+        absl::StrCat(where, " (", Quote(out.name, '"'), "): the signature is ",
+                     raw.size(), " bytes; it needs a key ID and more"));
   }
   for (int i = 0; i < 4; ++i) {
     out.key_id = (out.key_id << 8) | static_cast<uint8_t>(raw[i]);

@@ -506,17 +506,15 @@ template <typename Body>
 grpc::Status ModelStateServiceImpl::Serve(grpc::ServerContextBase* context,
                                           absl::string_view rpc, Body body,
                                           google::protobuf::Message* response) {
-  const uint64_t mark = service_->AuditMark();
   absl::StatusOr<Caller> caller = Authenticate(*context, rpc);
-  absl::Status status = caller.ok() ? body(*caller) : caller.status();
-  if (caller.ok()) {
-    std::vector<uint64_t> seqs =
-        service_->AuditSeqsSince(mark, caller->ctx.correlation_id);
-    if (!seqs.empty()) {
-      context->AddTrailingMetadata(convert::kAuditSeqsKey,
-                                   convert::AuditSeqsTrailer(seqs));
-      if (response != nullptr) AddAuditSeqs(seqs, response);
-    }
+  if (!caller.ok()) return convert::ToGrpcStatus(caller.status());
+  service_->BeginAuditCall(*caller);
+  absl::Status status = body(*caller);
+  std::vector<uint64_t> seqs = service_->EndAuditCall(*caller);
+  if (!seqs.empty()) {
+    context->AddTrailingMetadata(convert::kAuditSeqsKey,
+                                 convert::AuditSeqsTrailer(seqs));
+    if (response != nullptr) AddAuditSeqs(seqs, response);
   }
   return convert::ToGrpcStatus(status);
 }

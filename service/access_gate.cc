@@ -14,6 +14,7 @@ namespace modelstate {
 namespace {
 
 std::atomic<uint64_t> next_request_id{1};
+std::atomic<uint64_t> next_call_id{1};
 
 // Request ids this process makes up are unique across restarts too: the
 // audit log and the saved modules' change notes match on them.
@@ -35,6 +36,7 @@ absl::StatusOr<Caller> AccessGate::Authenticate(const Credentials& credentials,
       !credentials.request_id.empty()
           ? CappedRequestId(credentials.request_id)
           : absl::StrCat(RequestIdPrefix(), next_request_id.fetch_add(1));
+  caller.ctx.call_id = next_call_id.fetch_add(1);
   absl::StatusOr<Principal> principal = auth_ != nullptr
                                             ? auth_->Authenticate(credentials)
                                             : AnonymousAdmin(credentials.peer);

@@ -23,6 +23,7 @@ AuditRecord Record(AuditType type, const OperationContext& ctx,
   AuditRecord r;
   r.identity = ctx.identity;
   r.correlation_id = ctx.correlation_id;
+  r.call_id = ctx.call_id;
   r.type = std::string(AuditTypeName(type));
   r.ns = module.ns;
   r.module = module.name;
@@ -206,6 +207,7 @@ OperationContext ContextOf(const HookEvent& event) {
   OperationContext ctx;
   ctx.identity = event.identity;
   ctx.correlation_id = event.correlation_id;
+  ctx.call_id = event.call_id;
   return ctx;
 }
 

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
@@ -812,6 +813,9 @@ struct AuditLog::State {
   // written means a change went unrecorded; refusing every later append
   // (and so every change, see health()) beats carrying on unaudited.
   absl::Status write_error ABSL_GUARDED_BY(mu);
+  // The seqs appended so far for each call being collected (BeginCall).
+  absl::flat_hash_map<uint64_t, std::vector<uint64_t>> calls
+      ABSL_GUARDED_BY(mu);
 
   // Group commit. Separate from `mu` so that appends go on while one thread
   // is in fdatasync; never held together with `mu`.
@@ -1178,6 +1182,11 @@ absl::StatusOr<uint64_t> AuditLog::Write(AuditRecord record,
     return s.write_error;
   }
   if (s.index_ok.load()) *index_batch_full = s.index->Add(record, where);
+  if (record.call_id != 0 && !s.calls.empty()) {
+    if (auto call = s.calls.find(record.call_id); call != s.calls.end()) {
+      call->second.push_back(record.seq);
+    }
+  }
   s.last_seq = record.seq;
   s.last_hash = record.hash;
   s.last_time = record.time;
@@ -1236,6 +1245,23 @@ absl::Status AuditLog::health() const {
   }
   MutexLock lock(&s.sync_mu);
   return s.sync_error;
+}
+
+void AuditLog::BeginCall(uint64_t call_id) {
+  if (call_id == 0) return;
+  MutexLock lock(&state_->mu);
+  state_->calls.try_emplace(call_id);
+}
+
+std::vector<uint64_t> AuditLog::EndCall(uint64_t call_id) {
+  std::vector<uint64_t> seqs;
+  if (call_id == 0) return seqs;
+  MutexLock lock(&state_->mu);
+  auto call = state_->calls.find(call_id);
+  if (call == state_->calls.end()) return seqs;
+  seqs = std::move(call->second);
+  state_->calls.erase(call);
+  return seqs;
 }
 
 uint64_t AuditLog::last_seq() const {

@@ -138,6 +138,14 @@ class AuditLog {
 
   // The sequence number of the last record (0 when empty).
   uint64_t last_seq() const;
+
+  // Collects the seqs of the records appended with AuditRecord::call_id
+  // `call_id` from now until EndCall(call_id), which returns them in seq
+  // order: what one call wrote, told apart from concurrent calls whatever
+  // correlation ids their clients chose. What is held is what the call
+  // wrote. call_id 0 is never collected (EndCall returns nothing).
+  void BeginCall(uint64_t call_id);
+  std::vector<uint64_t> EndCall(uint64_t call_id);
   bool recovered_torn_tail() const { return recovered_torn_tail_; }
   // Why Open read the whole log ("" when the index let it read one record).
   const std::string& read_whole_log() const { return read_whole_log_; }

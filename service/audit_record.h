@@ -42,6 +42,10 @@ struct AuditRecord {
   std::string details_json = "{}";
   std::string prev;
   std::string hash;
+  // The call that wrote it (OperationContext::call_id), for AuditLog's
+  // per-call collection (BeginCall). Not part of the record: never stored,
+  // hashed or parsed back (0 in records read from the log).
+  uint64_t call_id = 0;
 };
 
 // Which records a query returns (all conditions must hold; empty/unset

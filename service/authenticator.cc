@@ -4,6 +4,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/quote.h"
 #include "base/status_macros.h"
 
 namespace modelstate {
@@ -69,7 +70,7 @@ absl::StatusOr<Principal> Authenticator::Authenticate(
     const Principal* p = policy->FindByIdentity(cn);
     if (p == nullptr) {
       return absl::PermissionDeniedError(absl::StrCat(
-          "client certificate CN '", cn, "' is not a known principal"));
+          "client certificate CN ", Quote(cn), " is not a known principal"));
     }
     return *p;
   }

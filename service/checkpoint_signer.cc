@@ -8,7 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/checkpoint.h"
 #include "base/log.h"
+#include "base/quote.h"
 #include "base/status_macros.h"
 
 namespace modelstate {
@@ -161,8 +163,25 @@ CheckpointSigner::CheckCosignatures(absl::string_view message) const {
   if (!checkpoint.ok()) return BadCheckpoint(checkpoint.status());
   if (checkpoint->origin != options_.origin) {
     return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint: origin '", checkpoint->origin,
-                     "' is not this log's '", options_.origin, "'"));
+        absl::StrCat("checkpoint: origin ", Quote(checkpoint->origin),
+                     " is not this log's '", options_.origin, "'"));
+  }
+  // Only what this log signed: a witness cosigns the log's checkpoints (the
+  // one it fetched carries the log's signature), and a text the log never
+  // signed, even one whose root the tree had, is no commitment of the log's.
+  bool log_signed = false;
+  for (const NoteSignature& s : note->signatures) {
+    if (s.name == signer_.name() && s.key_id == signer_.key_id() &&
+        VerifyEd25519(signer_.verifier_key().public_key, note->text,
+                      s.signature)) {
+      log_signed = true;
+    }
+  }
+  if (!log_signed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint: it carries no valid signature by this log's key ",
+        KeyLabel(signer_.name(), signer_.key_id()),
+        " (a witness cosigns the note GetCheckpoint serves, as served)"));
   }
   absl::StatusOr<MerkleHash> root = log_->TreeRoot(checkpoint->size);
   if (!root.ok() || *root != checkpoint->root) {
@@ -179,16 +198,18 @@ CheckpointSigner::CheckCosignatures(absl::string_view message) const {
     }
     const std::string label = KeyLabel(s.name, s.key_id);
     if (witness == nullptr) {
+      // Any key name the client chose: quoted, and cut when long.
       return absl::PermissionDeniedError(
-          absl::StrCat("checkpoint: the signature by ", label,
+          absl::StrCat("checkpoint: the signature by ", Quote(label),
                        " is not from a key configured as a witness"));
     }
-    if (!witness->Verify(note->text, s.signature)) {
+    absl::StatusOr<uint64_t> timestamp = CosignatureTimestamp(s);
+    if (!timestamp.ok() || !witness->Verify(note->text, s.signature)) {
       return absl::PermissionDeniedError(
           absl::StrCat("checkpoint: the cosignature by witness ", label,
                        " does not verify"));
     }
-    out.push_back(Cosigned{note->text, s});
+    out.push_back(Cosigned{note->text, s, checkpoint->size, *timestamp});
   }
   if (out.empty()) {
     return absl::InvalidArgumentError(
@@ -203,9 +224,37 @@ absl::StatusOr<std::string> CheckpointSigner::AddCosignature(
                               CheckCosignatures(note));
   {
     MutexLock lock(&mu_);
+    // Each witness key keeps its newest cosignature: of the largest tree,
+    // then the latest time. An older one (a replay, or one carried along
+    // on a note fetched before the witness cosigned a newer checkpoint)
+    // never replaces it, or the served checkpoint would lose that
+    // witness's cosignature. The same one again is no change.
+    const Cosigned* stale = nullptr;
+    const Cosigned* newer_held = nullptr;
+    bool taken = false;
     for (Cosigned& c : cosignatures) {
-      std::string label = KeyLabel(c.signature.name, c.signature.key_id);
-      cosigned_[label] = std::move(c);
+      const std::string label = KeyLabel(c.signature.name, c.signature.key_id);
+      auto held = cosigned_.find(label);
+      if (held == cosigned_.end() ||
+          std::pair(c.size, c.timestamp) >
+              std::pair(held->second.size, held->second.timestamp)) {
+        cosigned_.insert_or_assign(label, std::move(c));
+        taken = true;
+      } else if (c.size == held->second.size &&
+                 c.timestamp == held->second.timestamp) {
+        taken = true;
+      } else if (stale == nullptr) {
+        stale = &c;
+        newer_held = &held->second;
+      }
+    }
+    if (!taken && stale != nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint: witness ",
+          KeyLabel(stale->signature.name, stale->signature.key_id),
+          " already cosigned tree size ", newer_held->size, " at time ",
+          newer_held->timestamp, "; its cosignature of tree size ", stale->size,
+          " at time ", stale->timestamp, " is older and was not kept"));
     }
   }
   return Latest();

@@ -83,20 +83,27 @@ class CheckpointSigner {
   // The latest checkpoint, parsed.
   Checkpoint LatestCheckpoint() const;
 
-  // Takes the witness cosignatures on `note`, a checkpoint of this log
-  // (any size up to the tree's; the log's own signature on it is not
-  // needed: its root is checked against the tree). INVALID_ARGUMENT naming
-  // the checkpoint for a malformed note, another origin, a root the log
-  // never had, or no cosignature; PERMISSION_DENIED naming the key for a
+  // Takes the witness cosignatures on `note`, a checkpoint this log signed
+  // (the note carries the log's signature by this key, as GetCheckpoint
+  // served it; any size up to the tree's, its root checked against the
+  // tree). Each configured witness key keeps its newest cosignature: of the
+  // largest tree, then the latest time; an older one never replaces it.
+  // INVALID_ARGUMENT naming the checkpoint for a malformed note, another
+  // origin, no valid signature by this log's key, a root the log never
+  // had, or no cosignature; PERMISSION_DENIED naming the key for a
   // cosignature from a key not configured as a witness, or one that does
   // not verify. Nothing is attached unless every cosignature is good.
-  // Returns Latest().
+  // FAILED_PRECONDITION naming the sizes when every cosignature is older
+  // than the one its key has (nothing changes); older ones carried along
+  // with a newer or the same one are ignored. Returns Latest().
   absl::StatusOr<std::string> AddCosignature(absl::string_view note);
 
  private:
   struct Cosigned {
     std::string checkpoint_text;
     NoteSignature signature;
+    uint64_t size = 0;       // the checkpoint's tree size
+    uint64_t timestamp = 0;  // the cosignature's time (Unix seconds)
   };
 
   CheckpointSigner(AuditLog* log, Ed25519NoteSigner signer,

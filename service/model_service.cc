@@ -9,6 +9,7 @@
 #include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/quote.h"
 #include "base/status_macros.h"
 #include "core/staged_state_dict.h"
 
@@ -27,8 +28,8 @@ absl::Status CheckListModulesArgs(const ListModulesArgs& args) {
   const std::string& ns = args.ns;
   if (!ns.empty() && !IsValidModuleNamePart(ns)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "namespace: '", ns,
-        "' is not a valid namespace (1-128 characters of [A-Za-z0-9_.-])"));
+        "namespace: ", Quote(ns),
+        " is not a valid namespace (1-128 characters of [A-Za-z0-9_.-])"));
   }
   if (args.page_size < 0 || args.page_size > kMaxListPageSize) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -43,8 +44,8 @@ absl::Status CheckListModulesArgs(const ListModulesArgs& args) {
   absl::StatusOr<ModuleName> last = ParseModuleName(token);
   if (!last.ok() || last->full() != token || (!ns.empty() && last->ns != ns)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("page_token: '", token,
-                     "' is not a next_page_token of a ListModules response",
+        absl::StrCat("page_token: ", Quote(token),
+                     " is not a next_page_token of a ListModules response",
                      ns.empty() ? "" : " for this namespace"));
   }
   return absl::OkStatus();
@@ -162,7 +163,7 @@ absl::Status ModelService::GetModule(const Caller& caller,
   return store_->Read(module, [&](const Module& root) -> absl::Status {
     absl::StatusOr<std::shared_ptr<Module>> sub = root.GetSubmodule(path);
     if (!sub.ok()) {
-      return absl::NotFoundError(absl::StrCat("path '", path, "' in '",
+      return absl::NotFoundError(absl::StrCat("path ", Quote(path), " in '",
                                               module.full(),
                                               "': ", sub.status().message()));
     }

@@ -404,11 +404,13 @@ class ModelService {
                                                    uint64_t tree_size);
   absl::StatusOr<std::vector<MerkleHash>> GetConsistencyProof(
       const Caller& caller, uint64_t old_size, uint64_t new_size);
-  // Where the audit log ends now (0 without one), and the records after
-  // `mark` that `correlation_id`'s call wrote: what a response names.
-  uint64_t AuditMark() const;
-  std::vector<uint64_t> AuditSeqsSince(uint64_t mark,
-                                       const std::string& correlation_id) const;
+  // The audit records `caller`'s call writes between the two, in seq
+  // order (every one, however many): what its response names. Records are
+  // told apart by the call (OperationContext::call_id), not by the
+  // client-chosen correlation id. Call EndAuditCall once for each
+  // BeginAuditCall; without an audit log, nothing.
+  void BeginAuditCall(const Caller& caller);
+  std::vector<uint64_t> EndAuditCall(const Caller& caller);
   // Needs the witness role; see CheckpointSigner::AddCosignature.
   absl::StatusOr<std::string> AddCosignature(const Caller& caller,
                                              const std::string& note);
@@ -422,7 +424,8 @@ class ModelService {
   // Signs what `module` is and how it came to be (service/attestation.h).
   // Needs read and audit permission in its namespace; NOT_FOUND naming the
   // module; FAILED_PRECONDITION without a checkpoint signer, or for a
-  // tensor on meta. In model_service_audit.cc.
+  // tensor on meta; RESOURCE_EXHAUSTED naming max_message_bytes when the
+  // envelope would not fit in one response. In model_service_audit.cc.
   absl::StatusOr<ModuleAttestation> AttestModule(const Caller& caller,
                                                  const ModuleName& module);
 

@@ -33,21 +33,17 @@ absl::Status ModelService::AllowAuditRead(const Caller& caller,
   return gate_.AllowSomewhere(caller, rpc, Permission::kAudit);
 }
 
-uint64_t ModelService::AuditMark() const {
-  return audit_ == nullptr ? 0 : audit_->last_seq();
+void ModelService::BeginAuditCall(const Caller& caller) {
+  if (audit_ != nullptr) audit_->BeginCall(caller.ctx.call_id);
 }
 
-std::vector<uint64_t> ModelService::AuditSeqsSince(
-    uint64_t mark, const std::string& correlation_id) const {
-  std::vector<uint64_t> seqs;
-  if (audit_ == nullptr || audit_->last_seq() <= mark) return seqs;
-  AuditQuery query;
-  query.after_seq = mark;
-  query.correlation_id = correlation_id;
-  query.limit = AuditQuery::kMaxLimit;
-  absl::StatusOr<std::vector<uint64_t>> found = audit_->QuerySeqs(query);
-  if (found.ok()) seqs = *std::move(found);
-  return seqs;
+std::vector<uint64_t> ModelService::EndAuditCall(const Caller& caller) {
+  // Collected as they were appended rather than queried afterwards: a
+  // query by correlation id would also find a concurrent call's records
+  // when two clients send the same x-request-id, and a query has a page
+  // size a large build's records outgrow.
+  if (audit_ == nullptr) return {};
+  return audit_->EndCall(caller.ctx.call_id);
 }
 
 absl::StatusOr<AuditCheckpoint> ModelService::GetCheckpoint(
@@ -142,6 +138,18 @@ absl::StatusOr<ModuleAttestation> ModelService::AttestModule(
   out.envelope_json = DsseToJson(envelope);
   out.verifier_key = std::move(facts.verifier_key);
   out.checkpoint = std::move(facts.checkpoint_note);
+  // One response carries it, and the statement grows with the records it
+  // cites: past the limit gRPC itself would refuse to send it, with an
+  // error that names no limit of ours. Each field's tag and length take
+  // at most 11 bytes more.
+  const uint64_t bytes = out.envelope_json.size() + out.verifier_key.size() +
+                         out.checkpoint.size() + 3 * 11;
+  if (bytes > limits().max_message_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "attestation: ", bytes, " bytes (it cites ", facts.records.size(),
+        " audit records), over the max_message_bytes limit of ",
+        limits().max_message_bytes, " (one response carries it)"));
+  }
   return out;
 }
 

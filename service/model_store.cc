@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/glob.h"
+#include "base/quote.h"
 #include "base/status_macros.h"
 #include "nn/forward.h"
 #include "service/audit_events.h"
@@ -76,21 +77,20 @@ absl::StatusOr<std::shared_ptr<Module>> Submodule(const Module& root,
                                                   const std::string& path) {
   absl::StatusOr<std::shared_ptr<Module>> found = root.GetSubmodule(path);
   if (found.ok()) return found;
-  return absl::NotFoundError(absl::StrCat(field, " '", path, "' in '",
+  return absl::NotFoundError(absl::StrCat(field, " ", Quote(path), " in '",
                                           name.full(),
                                           "': ", found.status().message()));
 }
 
 std::string DescribeBlocked(const RegistrationRecord& r,
                             const HookDecision& final) {
-  std::string where = r.event.path.empty()
-                          ? "the root module"
-                          : absl::StrCat("'", r.event.path, "'");
+  std::string where =
+      r.event.path.empty() ? "the root module" : Quote(r.event.path);
   return absl::StrCat(
       RegistrationActionName(r.event.action) == "register" ? "registration"
                                                            : "unregistration",
-      " of ", EntryKindName(r.event.kind), " '", r.event.name, "' in ", where,
-      " was blocked", final.reason.empty() ? "" : ": ", final.reason);
+      " of ", EntryKindName(r.event.kind), " ", Quote(r.event.name), " in ",
+      where, " was blocked", final.reason.empty() ? "" : ": ", final.reason);
 }
 
 std::vector<RegistrationResult> Zip(std::vector<RegistrationRecord> records,

@@ -2,6 +2,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/quote.h"
 
 namespace modelstate {
 
@@ -30,8 +31,8 @@ absl::StatusOr<ModuleName> ParseModuleName(absl::string_view text) {
   }
   if (!IsValidModuleNamePart(name.ns) || !IsValidModuleNamePart(name.name)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "module: '", text,
-        "' is not a valid module name (namespace/name, each 1-128 characters "
+        "module: ", Quote(text),
+        " is not a valid module name (namespace/name, each 1-128 characters "
         "of [A-Za-z0-9_.-])"));
   }
   return name;

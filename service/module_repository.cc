@@ -21,6 +21,7 @@
 #include "base/crc32c.h"
 #include "base/file_util.h"
 #include "base/mapped_file.h"
+#include "base/quote.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
 #include "core/safetensors.h"
@@ -1159,16 +1160,18 @@ absl::StatusOr<ModuleRepository::Loaded> ModuleRepository::Import(
   }
   try {
     if (body->at("module").get<std::string>() != name.full()) {
-      return fail(absl::InvalidArgumentError(absl::StrCat(
-          "manifest: describes module '", body->at("module").get<std::string>(),
-          "', not '", name.full(), "'")));
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("manifest: describes module ",
+                       Quote(body->at("module").get<std::string>()), ", not '",
+                       name.full(), "'")));
     }
     for (Json& storage : body->at("storages")) {
       const std::string sent = storage.at("file").get<std::string>();
       auto it = received.find(sent);
       if (it == received.end()) {
-        return fail(absl::InvalidArgumentError(absl::StrCat(
-            "manifest: names data file '", sent, "', which was not sent")));
+        return fail(absl::InvalidArgumentError(
+            absl::StrCat("manifest: names data file ", Quote(sent),
+                         ", which was not sent")));
       }
       storage["file"] = fs::path(it->second).filename().string();
     }

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/quote.h"
 #include "base/status_macros.h"
 #include "service/data_dir.h"
 
@@ -79,8 +80,8 @@ absl::StatusOr<std::unique_ptr<ModuleImport>> ModuleImport::Begin(
     const std::string& name = import->files_[i].name;
     if (!IsDataFileName(name) || import->received_.count(name) > 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("files[", i, "].name: '", name,
-                       "' is not a data file name, or it repeats"));
+          absl::StrCat("files[", i, "].name: ", Quote(name),
+                       " is not a data file name, or it repeats"));
     }
     MODELSTATE_ASSIGN_OR_RETURN(
         std::string path, service.ReserveImportFile(caller, import->module_));

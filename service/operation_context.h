@@ -18,6 +18,11 @@ namespace modelstate {
 struct OperationContext {
   std::string identity;
   std::string correlation_id;
+  // This call, unique in this process (AccessGate::Authenticate numbers
+  // each one; 0 for work no call asked for). The correlation id is the
+  // client's to choose, so two calls may share it; this tells their audit
+  // records apart (AuditRecord::call_id) and is never stored.
+  uint64_t call_id = 0;
   // The request's seed (BuildModule's; 0 for requests without one). A
   // subscriber's re-initialise transform without its own seed derives one
   // from it and the entry's path, so the same request builds the same values.

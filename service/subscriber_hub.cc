@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "base/glob.h"
+#include "base/quote.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
 #include "core/generator.h"
@@ -378,8 +379,8 @@ absl::StatusOr<uint64_t> SubscriberHub::Attach(
     const OperationContext& ctx) {
   if (!ValidSubscriberName(spec.name)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "name: '", spec.name,
-        "' is not a valid subscriber name (1-128 of [A-Za-z0-9_.:@-])"));
+        "name: ", Quote(spec.name),
+        " is not a valid subscriber name (1-128 of [A-Za-z0-9_.:@-])"));
   }
   if (spec.timeout == absl::ZeroDuration()) spec.timeout = default_timeout_;
   if (spec.timeout <= absl::ZeroDuration() || spec.timeout > absl::Hours(1)) {
@@ -500,7 +501,7 @@ absl::StatusOr<NameRelease> SubscriberHub::ReleaseName(
         [&](const auto& entry) { return entry.second->spec.name == name; });
     if (owner == owner_by_name_.end() && connected == subscribers_.end()) {
       return absl::NotFoundError(
-          absl::StrCat("name: no subscriber name '", name, "' is bound"));
+          absl::StrCat("name: no subscriber name ", Quote(name), " is bound"));
     }
     if (connected != subscribers_.end() && !force) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -830,6 +831,7 @@ std::unique_ptr<SubscriberHub::Pending> SubscriberHub::NewPendingLocked(
   HookEvent& e = p->base;
   e.event_id = p->event_id;
   e.correlation_id = ctx.correlation_id;
+  e.call_id = ctx.call_id;
   e.identity = ctx.identity;
   e.ns = module.ns;
   e.module = module.name;

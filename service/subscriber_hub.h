@@ -124,6 +124,7 @@ struct ChainStep {
 struct HookEvent {
   uint64_t event_id = 0;
   std::string correlation_id;
+  uint64_t call_id = 0;  // the request's OperationContext::call_id
   std::string identity;
   std::string ns;
   std::string module;

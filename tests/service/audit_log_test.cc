@@ -437,6 +437,42 @@ TEST(AuditLogTest, TimeNeverGoesBackwards) {
   EXPECT_EQ(all[1].prev, first.hash);
 }
 
+// Two calls may share a client-chosen correlation id; what each wrote is
+// told apart by its call id, collected between BeginCall and EndCall, and
+// never stored.
+TEST(AuditLogTest, EndCallReturnsWhatOneCallAppended) {
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::unique_ptr<AuditLog> log,
+                                  AuditLog::Open(TempLogPath()));
+  auto record = [](uint64_t call_id) {
+    AuditRecord r = MakeRecord("build", "team", "mlp", "alice", "ok");
+    r.correlation_id = "same-id";
+    r.call_id = call_id;
+    return r;
+  };
+  MODELSTATE_ASSERT_OK(log->Append(record(7)));  // before BeginCall
+  log->BeginCall(7);
+  log->BeginCall(8);
+  std::vector<uint64_t> seven, eight;
+  for (int i = 0; i < 3; ++i) {
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(uint64_t a, log->Append(record(7)));
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(uint64_t b, log->Append(record(8)));
+    MODELSTATE_ASSERT_OK(log->Append(record(9)));  // never begun
+    MODELSTATE_ASSERT_OK(log->Append(record(0)));  // no call
+    seven.push_back(a);
+    eight.push_back(b);
+  }
+  EXPECT_EQ(log->EndCall(7), seven);
+  MODELSTATE_ASSERT_OK(log->Append(record(7)));  // after EndCall
+  EXPECT_TRUE(log->EndCall(7).empty());
+  EXPECT_EQ(log->EndCall(8), eight);
+  EXPECT_TRUE(log->EndCall(9).empty());
+  // The call id is not part of the record.
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(AuditRecord stored, log->Get(seven[0]));
+  EXPECT_EQ(stored.call_id, 0u);
+  EXPECT_THAT(AuditLog::Serialize(stored),
+              ::testing::Not(::testing::HasSubstr("call")));
+}
+
 TEST(AuditLogTest, OpenRecoversATornLastLineAndContinues) {
   const std::string path = MakeLog(3);
   const std::string good = ReadFile(path);
