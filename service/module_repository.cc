@@ -782,17 +782,23 @@ ModuleRepository::ModuleFiles& ModuleRepository::FilesOfLocked(
 void ModuleRepository::MarkDamaged(const ModuleName& name,
                                    const absl::Status& why) {
   MutexLock lock(&mu_);
-  damaged_[name.full()] = std::string(why.message());
+  damaged_[name.full()] = why;
 }
 
 absl::Status ModuleRepository::Damaged(const ModuleName& name) {
   MutexLock lock(&mu_);
   auto it = damaged_.find(name.full());
   if (it == damaged_.end()) return absl::OkStatus();
-  return absl::DataLossError(
+  // DATA_LOSS when bytes are damaged or missing; otherwise the server is
+  // not in a state to serve it (a device it does not have, an unreadable
+  // directory).
+  return absl::Status(
+      absl::IsDataLoss(it->second) ? absl::StatusCode::kDataLoss
+                                   : absl::StatusCode::kFailedPrecondition,
       absl::StrCat("module '", name.full(),
-                   "' is not served: its files could not be loaded (",
-                   it->second, "); they are kept for repair"));
+                   "' is not served: its files could not be "
+                   "loaded (",
+                   it->second.message(), "); they are kept for repair"));
 }
 
 absl::Status ModuleRepository::CheckUsable(const ModuleName& name) {
@@ -852,7 +858,9 @@ absl::StatusOr<std::string> ModuleRepository::ReserveDataFile(
   }
   const std::string path = FilePath(ModuleDir(name), file);
   if (absl::Status ensured = EnsureModuleDir(name); !ensured.ok()) {
-    ReleaseDataFile(name, path);
+    // Nothing was written: no clean-up, just the reservation back.
+    MutexLock lock(&mu_);
+    FilesOfLocked(name).reserved.erase(file);
     return ensured;
   }
   return path;

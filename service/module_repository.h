@@ -175,8 +175,10 @@ class ModuleRepository {
   // FAILED_PRECONDITION if `name` has files that could not be loaded at
   // start-up (Save refuses to overwrite them).
   absl::Status CheckUsable(const ModuleName& name);
-  // DATA_LOSS naming why, for a module whose files could not be loaded (at
-  // start-up, or read back after a failed save); OK otherwise.
+  // For a module whose files could not be loaded (at start-up, or read
+  // back after a failed save): DATA_LOSS naming why when bytes are damaged
+  // or missing, FAILED_PRECONDITION for any other cause (a device this
+  // server lacks); OK otherwise.
   absl::Status Damaged(const ModuleName& name);
 
   // Reads the state of `name` that is committed on disk, after a Save that
@@ -317,7 +319,7 @@ class ModuleRepository {
       ABSL_GUARDED_BY(mu_);
   // Modules whose files failed to load (full names).
   // Modules whose files could not be loaded, with why.
-  absl::flat_hash_map<std::string, std::string> damaged_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, absl::Status> damaged_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace modelstate

@@ -289,7 +289,8 @@ TEST_F(DeviceServiceTest, RestartRestoresTheDeviceOrFallsBackToCpu) {
   v1::GetModuleRequest request;
   request.set_module("dev/durable");
   EXPECT_THAT(client_->GetModule(request).status(),
-              StatusIs(absl::StatusCode::kNotFound));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("cuda:1 is not available")));
   EXPECT_THAT(server_.Log(), HasSubstr("cuda:1 is not available"));
   EXPECT_THAT(server_.Log(), HasSubstr("--fallback_to_cpu"));
 

@@ -626,7 +626,9 @@ TEST_F(DurabilityTest, AChangeThatCannotBeSavedIsAnErrorNamingTheFile) {
                              HasSubstr("s/m/manifest.json"),
                              HasSubstr("the module is withdrawn"))));
   EXPECT_THAT(client_->GetStateDict("s/m"),
-              StatusIs(absl::StatusCode::kNotFound));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("'s/m' is not served"),
+                             HasSubstr("s/m/manifest.json"))));
   EXPECT_THAT(client_->BuildModule(BuildRequest(
                   "s/m2", R"({"type": "Linear", "args": [2, 2]})")),
               IsOk());
@@ -776,7 +778,8 @@ TEST_F(DurabilityTest, AFailedWriteLeavesThePreviousStateIntact) {
                AllOf(HasSubstr("w/fragile"), HasSubstr("is damaged"),
                      HasSubstr("the module is withdrawn"))));
   EXPECT_THAT(client_->GetStateDict("w/fragile"),
-              StatusIs(absl::StatusCode::kNotFound));
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("'w/fragile' is not served")));
   EXPECT_THAT(client_->BuildModule(BuildRequest("w/fragile", kSpec)),
               StatusIs(absl::StatusCode::kFailedPrecondition));
 

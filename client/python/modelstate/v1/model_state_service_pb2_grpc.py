@@ -362,11 +362,15 @@ class ModelStateServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def AddCosignature(self, request, context):
-        """A witness's cosignature of a checkpoint of this log (the witness role
-        only). INVALID_ARGUMENT naming the checkpoint when it is malformed, of
-        another log, or carries no cosignature; PERMISSION_DENIED naming the
-        key for a cosignature that does not verify or whose key is not
-        configured as a witness. Nothing is attached unless all are good.
+        """A witness's cosignature of a checkpoint this log signed, as
+        GetCheckpoint served it (the witness role only). Each witness key keeps
+        its newest cosignature (largest tree, then latest time).
+        INVALID_ARGUMENT naming the checkpoint when it is malformed, of another
+        log, not signed by this log's key, or carries no cosignature;
+        PERMISSION_DENIED naming the key for a cosignature that does not verify
+        or whose key is not configured as a witness. Nothing is attached unless
+        all are good. FAILED_PRECONDITION naming the tree sizes when every
+        cosignature is older than the one its witness key already has.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -400,7 +404,9 @@ class ModelStateServiceServicer(object):
         Provenance v1 built from the module's audit records. Needs read and
         audit permission in the module's namespace. NOT_FOUND naming the module;
         INVALID_ARGUMENT naming `module` when it is malformed;
-        FAILED_PRECONDITION when the server signs no checkpoints.
+        FAILED_PRECONDITION when the server signs no checkpoints;
+        RESOURCE_EXHAUSTED naming max_message_bytes when the envelope would not
+        fit in one response.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
