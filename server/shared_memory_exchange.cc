@@ -143,6 +143,23 @@ void SharedMemoryExchange::Register(uint32_t slots, uint32_t slot_bytes,
     SendWithFd(connection.get(), Failure(why), -1).IgnoreError();
   };
   if (fd.get() < 0) return refuse("'R' must carry the ring's memfd");
+  const uint64_t bytes = kRingHeaderBytes + uint64_t{slots} * slot_bytes;
+  // Why the server takes no ring of `bytes` more ("" when it does).
+  auto full = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::string {
+    if (rings_.size() < options_.max_rings &&
+        ring_bytes_ + bytes <= options_.max_ring_bytes) {
+      return "";
+    }
+    return absl::StrCat("the server holds ", rings_.size(), " rings of ",
+                        ring_bytes_, " bytes already (at most ",
+                        options_.max_rings, " and ", options_.max_ring_bytes,
+                        " bytes); use gRPC messages");
+  };
+  // Refused before the ring is mapped: mapping faults in all of it.
+  {
+    MutexLock lock(&mu_);
+    if (std::string why = full(); !why.empty()) return refuse(why);
+  }
   absl::StatusOr<std::unique_ptr<SharedRing>> ring =
       SharedRing::Adopt(std::move(fd), slots, slot_bytes);
   if (!ring.ok()) return refuse(ring.status().message());
@@ -151,19 +168,12 @@ void SharedMemoryExchange::Register(uint32_t slots, uint32_t slot_bytes,
                  static_cast<int>(token.size())) != 1) {
     return refuse("no random bytes for a token");
   }
-  const uint64_t bytes = kRingHeaderBytes + uint64_t{slots} * slot_bytes;
   // Unknown (another PID namespace, an old kernel): the ring's slots only.
   absl::StatusOr<std::unique_ptr<PeerMemory>> peer =
       options_.direct_writes ? PeerMemory::OfConnection(connection.get())
                              : absl::UnavailableError("direct writes are off");
   MutexLock lock(&mu_);
-  if (rings_.size() >= options_.max_rings ||
-      ring_bytes_ + bytes > options_.max_ring_bytes) {
-    return refuse(absl::StrCat(
-        "the server holds ", rings_.size(), " rings of ", ring_bytes_,
-        " bytes already (at most ", options_.max_rings, " and ",
-        options_.max_ring_bytes, " bytes); use gRPC messages"));
-  }
+  if (std::string why = full(); !why.empty()) return refuse(why);
   // Answered before the ring is kept: a client that cannot read the
   // answer has no token to use it with.
   if (!SendWithFd(connection.get(), absl::StrCat(std::string(1, '\0'), token),

@@ -692,6 +692,41 @@ TEST_F(SharedMemoryTest, ARingLastsAsLongAsItsRegistration) {
                                           "is registered")));
 }
 
+// The rings a server keeps are bounded in count and bytes; a registration
+// beyond is refused (before the ring is mapped) and the client falls back
+// to messages. A ring given back makes room again.
+TEST(SharedMemoryExchangeTest, RingsAreBoundedInCountAndBytes) {
+  const std::string socket = (std::filesystem::temp_directory_path() /
+                              absl::StrCat("shm-limits-", getpid(), ".sock"))
+                                 .string();
+  SharedMemoryExchange::Options options;
+  options.socket_path = socket;
+  options.max_rings = 1;
+  options.max_ring_bytes = 4 * 4096;  // a header and 3 slot pages
+  absl::StatusOr<std::unique_ptr<SharedMemoryExchange>> exchange =
+      SharedMemoryExchange::Start(options);
+  ASSERT_THAT(exchange.status(), IsOk());
+  auto ring = [](uint32_t slots) { return *SharedRing::Create(slots, 4096); };
+  std::unique_ptr<SharedRing> big = ring(4);
+  EXPECT_THAT(RegisterRing(socket, *big).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("(at most 1 and 16384 bytes)")));
+  std::unique_ptr<SharedRing> first = ring(2), second = ring(2);
+  absl::StatusOr<RingRegistration> kept = RegisterRing(socket, *first);
+  ASSERT_THAT(kept.status(), IsOk());
+  EXPECT_THAT(RegisterRing(socket, *second).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("holds 1 rings of 12288 bytes already")));
+  // Its registration closed, the first ring is forgotten: room again.
+  kept = absl::CancelledError("closed");
+  absl::StatusOr<RingRegistration> again = RegisterRing(socket, *second);
+  for (int i = 0; i < 100 && !again.ok(); ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+    again = RegisterRing(socket, *second);
+  }
+  EXPECT_THAT(again.status(), IsOk());
+}
+
 TEST_F(SharedMemoryTest, BadRingsAreRefusedAtRegistration) {
   const std::string request = absl::StrCat("R", EncodeU32(2), EncodeU32(4096));
   ScopedFd unsealed(memfd_create("unsealed", MFD_CLOEXEC | MFD_ALLOW_SEALING));
