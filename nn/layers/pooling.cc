@@ -447,12 +447,21 @@ absl::StatusOr<PoolGeometry> AdaptiveGeometry(const Module& m, const Tensor& x,
     g.in[a] = x.shape()[x.dim() - dims + d];
     g.out[a] = size[d] < 0 ? g.in[a] : size[d];
     if (g.in[a] == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(op,
-                       "(): Expected input to have non-zero size for non-batch "
-                       "dimensions, but input has sizes ",
-                       Sizes(x.shape()), " with dimension ", x.dim() - dims + d,
-                       " being empty"));
+      // ATen runs the 1-d pools as 2-d ones on [..., 1, L]: its text names
+      // that op and shape.
+      Shape shown = x.shape();
+      std::string name(op);
+      int64_t empty_dim = x.dim() - dims + d;
+      if (dims == 1) {
+        shown.insert(shown.end() - 1, 1);
+        name[name.size() - 2] = '2';  // "..._pool1d" -> "..._pool2d"
+        empty_dim = x.dim();
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          name,
+          "(): Expected input to have non-zero size for non-batch "
+          "dimensions, but input has sizes ",
+          Sizes(shown), " with dimension ", empty_dim, " being empty"));
     }
   }
   return g;

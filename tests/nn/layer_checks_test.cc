@@ -156,6 +156,16 @@ TEST(LayerChecksTest, ForwardChecksInputsWithTorchsTexts) {
       {R"({"type": "LSTMCell", "args": [3, 4]})",
        {Ones({2, 3}), Ones({2, 4}), Ones({3, 4})},
        "Input batch size 2 doesn't match hidden0 batch size 3"},
+      {R"({"type": "AdaptiveMaxPool1d", "args": [2]})",
+       {Ones({1, 2, 0})},
+       "adaptive_max_pool2d(): Expected input to have non-zero size for "
+       "non-batch dimensions, but input has sizes [1, 2, 1, 0] with dimension "
+       "3 being empty"},
+      {R"({"type": "AdaptiveAvgPool1d", "args": [2]})",
+       {Ones({2, 0})},
+       "adaptive_avg_pool2d(): Expected input to have non-zero size for "
+       "non-batch dimensions, but input has sizes [2, 1, 0] with dimension 2 "
+       "being empty"},
       {R"({"type": "LSTM", "args": [3, 4]})",
        {Ones({0, 2, 3})},
        "Expected sequence length to be larger than 0 in RNN"},
