@@ -192,16 +192,28 @@ absl::Status ClusterMember::Register(bool first) {
   if (!created) {
     MODELSTATE_ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> existing,
                                 etcd_->Get(MemberKey(replica())));
-    if (first && existing.has_value()) {
+    if (existing.has_value()) {
       nlohmann::json old =
           nlohmann::json::parse(existing->value, nullptr, false);
       const bool same_volume = old.is_object() && old.contains("volume") &&
                                old["volume"] == options_.volume_id;
       if (!same_volume) {
         (void)etcd_->RevokeLease(lease.id);
-        return absl::AlreadyExistsError(
+        const absl::Status taken = absl::AlreadyExistsError(
             absl::StrCat("replica_id: a live member is already named '",
                          replica(), "' (etcd key ", MemberKey(replica()), ")"));
+        if (first) return taken;
+        // Another server took the id while this one's lease had lapsed (a
+        // second server started with it, this one paused). Overwriting its
+        // record would give two servers one id; this one stands down
+        // instead, and serves nothing from now on.
+        MutexLock lock(&mu_);
+        displaced_ = absl::FailedPreconditionError(absl::StrCat(
+            "replica ", replica(),
+            " was replaced by another server with the same replica_id (and "
+            "another volume) while its lease had lapsed; it serves nothing "
+            "more: stop it, or give it a replica_id of its own"));
+        return displaced_;
       }
       // Our own previous life: its lease goes, and its record with it.
       (void)etcd_->RevokeLease(existing->lease);
@@ -247,6 +259,10 @@ void ClusterMember::RenewLoop() {
       // for longer than its time to live): join again under a new one.
       Log(LogLevel::kWarning, "the cluster lease expired; registering again");
       status = Register(/*first=*/false);
+      if (!Standing().ok()) {
+        Log(LogLevel::kError, std::string(Standing().message()));
+        return;
+      }
     }
     if (!status.ok()) {
       Log(LogLevel::kWarning, "could not renew the cluster lease",
@@ -262,8 +278,14 @@ int64_t ClusterMember::lease() const {
   return lease_;
 }
 
+absl::Status ClusterMember::Standing() const {
+  MutexLock lock(&mu_);
+  return displaced_;
+}
+
 absl::Status ClusterMember::CheckLease() const {
   MutexLock lock(&mu_);
+  if (!displaced_.ok()) return displaced_;
   if (absl::Now() < live_until_) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat(
       "replica ", replica(),

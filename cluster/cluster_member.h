@@ -143,6 +143,11 @@ class ClusterMember {
   // first, so a replica cut off from etcd (or stopped) past its lease
   // accepts no write after it resumes until it has a live lease again.
   absl::Status CheckLease() const;
+  // FAILED_PRECONDITION once another server has taken this replica's id
+  // (it registered while this one's lease had lapsed): this one then serves
+  // nothing, reads included, since its copies are no longer the owner's.
+  // OK otherwise.
+  absl::Status Standing() const;
   // The lease currently held (0 while there is none).
   int64_t lease() const;
 
@@ -177,6 +182,7 @@ class ClusterMember {
   // Before this the lease is live in etcd: the renewal that set it was
   // sent before etcd restarted the lease's clock.
   absl::Time live_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Status displaced_ ABSL_GUARDED_BY(mu_);  // see Standing()
   // Subscribers recorded here, each with how many subscriptions hold it.
   std::map<std::string, int> subscribers_ ABSL_GUARDED_BY(mu_);
   // What PublishCheckpoint last recorded (the renewal thread's, and Join's

@@ -161,6 +161,12 @@ absl::Status EtcdClient::Invoke(Call call) {
     }
     status = WithEndpoint(status, endpoint.address);
   }
+  // Every endpoint failed or timed out: etcd is unreachable. Our own
+  // deadline running out is not the caller's, whose deadline may be far.
+  if (absl::IsDeadlineExceeded(status)) {
+    return absl::UnavailableError(
+        absl::StrCat(status.message(), " (etcd unreachable)"));
+  }
   return status;
 }
 

@@ -108,6 +108,7 @@ absl::StatusOr<std::optional<Peer>> ClusterRouter::Route(
     return absl::UnavailableError(
         absl::StrCat("replica ", replica(), " is still joining the cluster"));
   }
+  MODELSTATE_RETURN_IF_ERROR(self->Standing());
   absl::StatusOr<ModuleName> name = ParseModuleName(module);
   if (!name.ok()) return std::nullopt;  // the local call names the error
   const std::string full = name->full();
@@ -153,6 +154,15 @@ absl::StatusOr<std::optional<Peer>> ClusterRouter::Route(
   }
   MODELSTATE_ASSIGN_OR_RETURN(Peer peer, LivePeer(*owner, full));
   return peer;
+}
+
+absl::Status ClusterRouter::CheckWritable() {
+  std::shared_ptr<ClusterMember> self = member();
+  if (self == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("replica ", replica(), " is still joining the cluster"));
+  }
+  return self->CheckLease();
 }
 
 absl::Status ClusterRouter::CheckRelays(ClusterMember& self) {

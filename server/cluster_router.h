@@ -94,6 +94,11 @@ class ClusterRouter {
   absl::StatusOr<std::optional<Peer>> Route(
       const grpc::ServerContextBase& context, absl::string_view module,
       Access access);
+  // OK while this replica may commit a write: it has joined, and its lease
+  // is certainly live (ClusterMember::CheckLease). The store asks it again
+  // just before each change is saved, since a write may wait long after
+  // Route let it in.
+  absl::Status CheckWritable();
   // After a build that Route placed here: when no other build of `module`
   // is under way here and it is not `hosted` (the build failed), it is
   // no longer this replica's.

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
@@ -309,13 +310,19 @@ void AddAuditSeqs(absl::Span<const uint64_t> seqs,
 
 // `call` served by the owner of `module` when that is another replica (its
 // status); nullopt when it is served here, or in a server on its own.
+//
+// `authenticate` comes first: a caller without valid credentials learns
+// nothing of where a module is, and makes no claim in etcd.
 template <typename Request, typename Response>
 std::optional<grpc::Status> ToOwner(
-    ClusterRouter* router, grpc::ServerContext* context,
-    absl::string_view module, Access access,
+    ClusterRouter* router, absl::FunctionRef<absl::Status()> authenticate,
+    grpc::ServerContext* context, absl::string_view module, Access access,
     grpc::Status (Stub::*call)(grpc::ClientContext*, const Request&, Response*),
     const Request& request, Response* response) {
   if (router == nullptr) return std::nullopt;
+  if (absl::Status known = authenticate(); !known.ok()) {
+    return convert::ToGrpcStatus(known);
+  }
   absl::StatusOr<std::optional<Peer>> owner =
       router->Route(*context, module, access);
   if (!owner.ok()) return convert::ToGrpcStatus(owner.status());
@@ -326,12 +333,15 @@ std::optional<grpc::Status> ToOwner(
 // ToOwner for a call whose answer is a stream.
 template <typename Request, typename Message>
 std::optional<grpc::Status> DownloadFromOwner(
-    ClusterRouter* router, grpc::ServerContext* context,
-    absl::string_view module,
+    ClusterRouter* router, absl::FunctionRef<absl::Status()> authenticate,
+    grpc::ServerContext* context, absl::string_view module,
     std::unique_ptr<grpc::ClientReader<Message>> (Stub::*call)(
         grpc::ClientContext*, const Request&),
     const Request& request, grpc::ServerWriter<Message>* writer) {
   if (router == nullptr) return std::nullopt;
+  if (absl::Status known = authenticate(); !known.ok()) {
+    return convert::ToGrpcStatus(known);
+  }
   absl::StatusOr<std::optional<Peer>> owner =
       router->Route(*context, module, Access::kRead);
   if (!owner.ok()) return convert::ToGrpcStatus(owner.status());
@@ -340,6 +350,11 @@ std::optional<grpc::Status> DownloadFromOwner(
 }
 
 }  // namespace
+
+std::function<absl::Status()> ModelStateServiceImpl::AuthenticatesAs(
+    grpc::ServerContextBase* context, absl::string_view rpc) {
+  return [this, context, rpc] { return Authenticate(*context, rpc).status(); };
+}
 
 absl::StatusOr<Caller> ModelStateServiceImpl::Authenticate(
     const grpc::ServerContextBase& context, absl::string_view rpc) {
@@ -522,9 +537,9 @@ grpc::Status ModelStateServiceImpl::Serve(grpc::ServerContextBase* context,
 grpc::Status ModelStateServiceImpl::BuildModule(
     grpc::ServerContext* context, const v1::BuildModuleRequest* request,
     v1::BuildModuleResponse* response) {
-  if (auto forwarded =
-          ToOwner(router_, context, request->module(), Access::kBuild,
-                  &Stub::BuildModule, *request, response)) {
+  if (auto forwarded = ToOwner(router_, AuthenticatesAs(context, "BuildModule"),
+                               context, request->module(), Access::kBuild,
+                               &Stub::BuildModule, *request, response)) {
     return *forwarded;
   }
   grpc::Status status = Serve(
@@ -554,7 +569,8 @@ grpc::Status ModelStateServiceImpl::RegisterTensor(
   const char* rpc =
       kind == EntryKind::kParameter ? "RegisterParameter" : "RegisterBuffer";
   if (auto forwarded =
-          ToOwner(router_, context, request->module(), Access::kWrite,
+          ToOwner(router_, AuthenticatesAs(context, rpc), context,
+                  request->module(), Access::kWrite,
                   kind == EntryKind::kParameter ? &Stub::RegisterParameter
                                                 : &Stub::RegisterBuffer,
                   *request, response)) {
@@ -592,7 +608,8 @@ grpc::Status ModelStateServiceImpl::RegisterSubmodule(
     grpc::ServerContext* context, const v1::RegisterSubmoduleRequest* request,
     v1::RegisterResponse* response) {
   if (auto forwarded =
-          ToOwner(router_, context, request->module(), Access::kWrite,
+          ToOwner(router_, AuthenticatesAs(context, "RegisterSubmodule"),
+                  context, request->module(), Access::kWrite,
                   &Stub::RegisterSubmodule, *request, response)) {
     return *forwarded;
   }
@@ -614,9 +631,9 @@ grpc::Status ModelStateServiceImpl::RegisterSubmodule(
 grpc::Status ModelStateServiceImpl::RemoveEntry(
     grpc::ServerContext* context, const v1::RemoveEntryRequest* request,
     v1::RegisterResponse* response) {
-  if (auto forwarded =
-          ToOwner(router_, context, request->module(), Access::kWrite,
-                  &Stub::RemoveEntry, *request, response)) {
+  if (auto forwarded = ToOwner(router_, AuthenticatesAs(context, "RemoveEntry"),
+                               context, request->module(), Access::kWrite,
+                               &Stub::RemoveEntry, *request, response)) {
     return *forwarded;
   }
   return Serve(
@@ -635,9 +652,9 @@ grpc::Status ModelStateServiceImpl::RemoveEntry(
 grpc::Status ModelStateServiceImpl::GetModule(
     grpc::ServerContext* context, const v1::GetModuleRequest* request,
     v1::GetModuleResponse* response) {
-  if (auto forwarded =
-          ToOwner(router_, context, request->module(), Access::kRead,
-                  &Stub::GetModule, *request, response)) {
+  if (auto forwarded = ToOwner(router_, AuthenticatesAs(context, "GetModule"),
+                               context, request->module(), Access::kRead,
+                               &Stub::GetModule, *request, response)) {
     return *forwarded;
   }
   return Serve(context, "GetModule", [&](const Caller& caller) -> absl::Status {
@@ -682,8 +699,9 @@ grpc::Status ModelStateServiceImpl::DeleteModule(
     grpc::ServerContext* context, const v1::DeleteModuleRequest* request,
     v1::DeleteModuleResponse* response) {
   if (auto forwarded =
-          ToOwner(router_, context, request->module(), Access::kWrite,
-                  &Stub::DeleteModule, *request, response)) {
+          ToOwner(router_, AuthenticatesAs(context, "DeleteModule"), context,
+                  request->module(), Access::kWrite, &Stub::DeleteModule,
+                  *request, response)) {
     return *forwarded;
   }
   grpc::Status status = Serve(
@@ -701,9 +719,9 @@ grpc::Status ModelStateServiceImpl::DeleteModule(
 grpc::Status ModelStateServiceImpl::GetStateDict(
     grpc::ServerContext* context, const v1::GetStateDictRequest* request,
     ChunkWriter* writer) {
-  if (auto forwarded =
-          DownloadFromOwner(router_, context, request->module(),
-                            &Stub::GetStateDict, *request, writer)) {
+  if (auto forwarded = DownloadFromOwner(
+          router_, AuthenticatesAs(context, "GetStateDict"), context,
+          request->module(), &Stub::GetStateDict, *request, writer)) {
     return *forwarded;
   }
   return Serve(
@@ -778,9 +796,9 @@ grpc::Status ModelStateServiceImpl::LoadStateDict(
 grpc::Status ModelStateServiceImpl::MoveModule(
     grpc::ServerContext* context, const v1::MoveModuleRequest* request,
     v1::MoveModuleResponse* response) {
-  if (auto forwarded =
-          ToOwner(router_, context, request->module(), Access::kWrite,
-                  &Stub::MoveModule, *request, response)) {
+  if (auto forwarded = ToOwner(router_, AuthenticatesAs(context, "MoveModule"),
+                               context, request->module(), Access::kWrite,
+                               &Stub::MoveModule, *request, response)) {
     return *forwarded;
   }
   return Serve(
@@ -798,9 +816,9 @@ grpc::Status ModelStateServiceImpl::MoveModule(
 grpc::Status ModelStateServiceImpl::SetTraining(
     grpc::ServerContext* context, const v1::SetTrainingRequest* request,
     v1::SetTrainingResponse* response) {
-  if (auto forwarded =
-          ToOwner(router_, context, request->module(), Access::kWrite,
-                  &Stub::SetTraining, *request, response)) {
+  if (auto forwarded = ToOwner(router_, AuthenticatesAs(context, "SetTraining"),
+                               context, request->module(), Access::kWrite,
+                               &Stub::SetTraining, *request, response)) {
     return *forwarded;
   }
   return Serve(
@@ -816,9 +834,9 @@ grpc::Status ModelStateServiceImpl::SetTraining(
 grpc::Status ModelStateServiceImpl::Forward(grpc::ServerContext* context,
                                             const v1::ForwardRequest* request,
                                             v1::ForwardResponse* response) {
-  if (auto forwarded =
-          ToOwner(router_, context, request->module(), Access::kWrite,
-                  &Stub::Forward, *request, response)) {
+  if (auto forwarded = ToOwner(router_, AuthenticatesAs(context, "Forward"),
+                               context, request->module(), Access::kWrite,
+                               &Stub::Forward, *request, response)) {
     return *forwarded;
   }
   return Serve(
@@ -1138,8 +1156,9 @@ grpc::Status ModelStateServiceImpl::AttestModule(
     grpc::ServerContext* context, const v1::AttestModuleRequest* request,
     v1::AttestModuleResponse* response) {
   if (auto forwarded =
-          ToOwner(router_, context, request->module(), Access::kRead,
-                  &Stub::AttestModule, *request, response)) {
+          ToOwner(router_, AuthenticatesAs(context, "AttestModule"), context,
+                  request->module(), Access::kRead, &Stub::AttestModule,
+                  *request, response)) {
     return *forwarded;
   }
   return Serve(
@@ -1159,7 +1178,8 @@ grpc::Status ModelStateServiceImpl::SignStateFile(
     grpc::ServerContext* context, const v1::SignStateFileRequest* request,
     v1::SignStateFileResponse* response) {
   if (auto forwarded =
-          ToOwner(router_, context, request->state().module(), Access::kRead,
+          ToOwner(router_, AuthenticatesAs(context, "SignStateFile"), context,
+                  request->state().module(), Access::kRead,
                   &Stub::SignStateFile, *request, response)) {
     return *forwarded;
   }

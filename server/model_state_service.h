@@ -162,6 +162,10 @@ class ModelStateServiceImpl final
 
   // The caller, as the call's credentials (or a replica's forwarded
   // identity) say.
+  // Authenticate as a check to run before a call is routed to its owner
+  // (the owner authenticates it again).
+  std::function<absl::Status()> AuthenticatesAs(
+      grpc::ServerContextBase* context, absl::string_view rpc);
   absl::StatusOr<Caller> Authenticate(const grpc::ServerContextBase& context,
                                       absl::string_view rpc);
   // This replica's modules.

@@ -466,6 +466,10 @@ absl::Status Server::PrepareCluster() {
     }
     return names;
   });
+  // Fenced at commit, not only when a write is routed: a stream or a held
+  // registration may outlast the lease it began under.
+  store_->set_write_fence(
+      [router = router_.get()] { return router->CheckWritable(); });
   return absl::OkStatus();
 }
 

@@ -126,6 +126,20 @@ void ModelStore::set_repository(ModuleRepository* repository) {
   repository_ = repository;
 }
 
+void ModelStore::set_write_fence(std::function<absl::Status()> fence) {
+  MutexLock lock(&mu_);
+  write_fence_ = std::move(fence);
+}
+
+absl::Status ModelStore::CheckWriteFence() const {
+  std::function<absl::Status()> fence;
+  {
+    MutexLock lock(&mu_);
+    fence = write_fence_;
+  }
+  return fence ? fence() : absl::OkStatus();
+}
+
 ModuleRepository* ModelStore::repository() const {
   MutexLock lock(&mu_);
   return repository_;
@@ -143,12 +157,19 @@ absl::Status ModelStore::Persist(
     const std::vector<PrewrittenBytes>& prewritten) {
   ModuleRepository* repo = repository();
   if (repo == nullptr) return absl::OkStatus();
-  absl::Status saved =
-      repo->Save(entry.name, *entry.root, NoteFor(ctx, type), prewritten);
+  // Fenced off (see set_write_fence): not saved, and so undone below like
+  // a change the disk refused, but UNAVAILABLE: a retry may succeed.
+  absl::Status saved = CheckWriteFence();
+  const absl::StatusCode code =
+      saved.ok() ? absl::StatusCode::kInternal : absl::StatusCode::kUnavailable;
+  if (saved.ok()) {
+    saved = repo->Save(entry.name, *entry.root, NoteFor(ctx, type), prewritten);
+  }
   if (saved.ok()) return saved;
   if (type == AuditType::kBuild) {
-    return absl::InternalError(absl::StrCat(
-        "module '", entry.name.full(), "' was not stored: ", saved.message()));
+    return absl::Status(code,
+                        absl::StrCat("module '", entry.name.full(),
+                                     "' was not stored: ", saved.message()));
   }
   // Memory must not run ahead of the disk: a reader would see, and a later
   // save would silently commit, a change the caller was told failed. The
@@ -156,9 +177,10 @@ absl::Status ModelStore::Persist(
   absl::StatusOr<std::shared_ptr<Module>> committed = repo->Reload(entry.name);
   if (committed.ok()) {
     entry.root = *std::move(committed);
-    return absl::InternalError(absl::StrCat(
-        "the change to '", entry.name.full(), "' could not be saved (",
-        saved.message(), "); the module is unchanged"));
+    return absl::Status(code,
+                        absl::StrCat("the change to '", entry.name.full(),
+                                     "' could not be saved (", saved.message(),
+                                     "); the module is unchanged"));
   }
   // Neither the new state nor the old one is available: withdraw the module
   // rather than serve a state that is not on disk.
@@ -1155,6 +1177,9 @@ absl::Status ModelStore::Delete(const OperationContext& ctx,
   }
   ModuleRepository* repo = repository();
   if (repo != nullptr) {
+    if (absl::Status fenced = CheckWriteFence(); !fenced.ok()) {
+      return Record(fenced, audit_events::Delete(ctx, name, fenced));
+    }
     absl::Status removed = repo->Remove(name, NoteFor(ctx, AuditType::kDelete));
     if (!removed.ok()) {
       absl::Status failed = absl::InternalError(absl::StrCat(

@@ -136,6 +136,13 @@ class ModelStore {
   // does not; if that fails too, the module is withdrawn (its files are
   // kept for repair). Not owned; must outlive its use.
   void set_repository(ModuleRepository* repository);
+  // Asked just before every change is saved, and before a deletion (with a
+  // repository): a change it refuses is not made, and the caller gets its
+  // status (UNAVAILABLE) with the module read back as it was. A cluster
+  // replica fences itself with it, so that a write that began while its
+  // lease was live and then waited (a stream, a hook) does not land after
+  // the lease lapsed. Empty (the default): every change may land.
+  void set_write_fence(std::function<absl::Status()> fence);
 
   // Per-namespace limits on modules and tensor bytes held (on devices with
   // storage; meta tensors hold none), checked before a build, registration
@@ -426,6 +433,8 @@ class ModelStore {
   ChangeNote NoteFor(const OperationContext& ctx, AuditType type) const;
   AuditLog* audit() const;
   ModuleRepository* repository() const;
+  // The write fence's answer (OK without one).
+  absl::Status CheckWriteFence() const;
   // Saves `entry`'s tree after a change of `type`; if that fails, puts the
   // saved tree back in place of the unsaved one (or withdraws the module)
   // and says so. REQUIRES: the caller holds entry.gate and entry.mu
@@ -461,6 +470,7 @@ class ModelStore {
   RegistrationDecider* decider_ ABSL_GUARDED_BY(mu_) = nullptr;
   AuditLog* audit_ ABSL_GUARDED_BY(mu_) = nullptr;
   ModuleRepository* repository_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::function<absl::Status()> write_fence_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace modelstate

@@ -29,7 +29,13 @@ Checked through the real Python client's stubs, against every replica:
   loaded before the kill, and every replica's log checks out against the
   checkpoint it recorded in etcd;
 - a replica stopped (SIGSTOP) past its lease accepts no write after it
-  resumes until it holds a live lease again;
+  resumes until it holds a live lease again; a load routed before etcd went
+  silent past the lease is refused at commit, the module unchanged; a
+  replica whose id another server took while it was stopped stands down
+  (FAILED_PRECONDITION for every call) and leaves the record alone;
+- a caller without credentials learns nothing of placement
+  (UNAUTHENTICATED even when the owner is gone);
+- etcd that stops answering is UNAVAILABLE, as one that is down;
 - with a token file, the owner applies the caller's roles to a forwarded
   call and audits it under the caller's identity, not the replica's;
 - a second server given a live replica's id is refused at start;
@@ -663,6 +669,71 @@ class ClusterTest(unittest.TestCase):
             pb.SetTrainingRequest(module="stop/m", training=True),
             timeout=TIMEOUT)
 
+    def test_6b_a_write_that_outlasts_the_lease_is_not_committed(self):
+        # A load routed while the owner's lease was live, finished after
+        # etcd went silent for longer than the lease: the owner checks its
+        # lease again at commit, and refuses it with the module unchanged.
+        self.build("r0", "fence/m")
+        owner = self.owners()["fence/m"]
+        header, data = self.state(owner, "fence/m")
+        zeros = bytes(len(data))
+        sent = threading.Event()
+        go_on = threading.Event()
+
+        def messages():
+            start = pb.LoadStateDictRequest()
+            start.start.module = "fence/m"
+            start.start.header.CopyFrom(header)
+            yield start
+            sent.set()
+            go_on.wait(30)
+            yield pb.LoadStateDictRequest(data=zeros)
+        result = {}
+
+        def load():
+            try:
+                self.stub(owner).LoadStateDict(messages(), timeout=60)
+                result["code"] = grpc.StatusCode.OK
+            except grpc.RpcError as e:
+                result["code"], result["details"] = e.code(), e.details()
+        loader = threading.Thread(target=load)
+        loader.start()
+        self.assertTrue(sent.wait(TIMEOUT))
+        time.sleep(0.5)  # the start reached the owner and was routed
+        self.etcd.process.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(LEASE_SECONDS + 2)
+            go_on.set()
+            loader.join(TIMEOUT)
+        finally:
+            self.etcd.process.send_signal(signal.SIGCONT)
+        self.assertEqual(result.get("code"), grpc.StatusCode.UNAVAILABLE,
+                         result)
+        self.assertIn("lease", result["details"])
+
+        def unchanged():
+            try:
+                return self.state(owner, "fence/m")[1] == data
+            except grpc.RpcError:
+                return False
+        self.wait_until("the owner to answer with the old state", unchanged)
+
+        # Every replica's lease lapsed meanwhile: wait for writes again.
+        def writable():
+            try:
+                self.stub(owner).SetTraining(
+                    pb.SetTrainingRequest(module="fence/m", training=True),
+                    timeout=TIMEOUT)
+                self.build("s0", "probe/after-fence",
+                           metadata=self.as_("admin"))
+                self.stub("s0").DeleteModule(
+                    pb.DeleteModuleRequest(module="probe/after-fence"),
+                    timeout=TIMEOUT, metadata=self.as_("admin"))
+                return True
+            except grpc.RpcError:
+                return False
+        self.wait_until("writes to be taken again", writable)
+
     def as_(self, who):
         return [("authorization", "Bearer " + self.tokens[who])]
 
@@ -717,6 +788,32 @@ class ClusterTest(unittest.TestCase):
         self.assertEqual(records[0].namespace + "/" + records[0].module,
                          module)
 
+    def test_7b_no_credentials_learn_nothing_of_placement(self):
+        # Authenticated before routing: with the owner gone, a caller
+        # without credentials gets UNAUTHENTICATED, as for a module that
+        # does not exist, not UNAVAILABLE naming the owner.
+        self.build("s0", "team/where", metadata=self.as_("alice"))
+        channel = grpc.insecure_channel(self.secure["s0"].address)
+        self.addCleanup(channel.close)
+        owners = {p.module: p.owner for p in cluster_pb2_grpc.ClusterServiceStub(
+            channel).GetClusterStatus(cluster_pb2.GetClusterStatusRequest(),
+                                      timeout=TIMEOUT,
+                                      metadata=self.as_("admin")).placements}
+        owner = owners["team/where"]
+        other = next(r for r in sorted(self.secure) if r != owner)
+        process = self.secure[owner].process
+        process.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(LEASE_SECONDS + 2)
+            for module in ("team/where", "team/nowhere"):
+                with self.assertRaises(grpc.RpcError) as e:
+                    self.stub(other).GetModule(
+                        pb.GetModuleRequest(module=module), timeout=TIMEOUT)
+                self.assertEqual(e.exception.code(),
+                                 grpc.StatusCode.UNAUTHENTICATED, module)
+        finally:
+            process.send_signal(signal.SIGCONT)
+
     def test_8_a_second_server_with_a_live_replicas_id_is_refused(self):
         with self.assertRaises(RuntimeError):
             server_process.Server(
@@ -743,6 +840,70 @@ class ClusterTest(unittest.TestCase):
         for replica, server in self.servers.items():
             self.assertIsNone(server.process.poll(), replica)
 
+
+    def test_9g_a_replica_whose_id_was_taken_meanwhile_stands_down(self):
+        # Stopped past its lease, a replica's id is taken by a second server
+        # (another volume). Resumed, it must not take the id back: it serves
+        # nothing, and the member record stays the second server's.
+        flags = ["--etcd_endpoints=" + self.etcd.endpoint,
+                 "--replica_id=twin", "--cluster_key_prefix=/twins/",
+                 "--cluster_secret_file=" + self.secret,
+                 "--cluster_lease_seconds=%d" % LEASE_SECONDS]
+        first = server_process.Server(SERVER_BINARY, *flags)
+        self.addCleanup(first.stop)
+        first.process.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(LEASE_SECONDS + 2)
+            second = server_process.Server(SERVER_BINARY, *flags)
+            self.addCleanup(second.stop)
+        finally:
+            first.process.send_signal(signal.SIGCONT)
+        channel = grpc.insecure_channel(first.address)
+        self.addCleanup(channel.close)
+
+        def stood_down():
+            try:
+                pb_grpc.ModelStateServiceStub(channel).GetModule(
+                    pb.GetModuleRequest(module="twin/m"), timeout=TIMEOUT)
+            except grpc.RpcError as e:
+                return (e.code() == grpc.StatusCode.FAILED_PRECONDITION and
+                        "replaced by another server" in e.details())
+            return False
+        self.wait_until("the first server to stand down", stood_down)
+        channel2 = grpc.insecure_channel(second.address)
+        self.addCleanup(channel2.close)
+        members = cluster_pb2_grpc.ClusterServiceStub(
+            channel2).GetClusterStatus(cluster_pb2.GetClusterStatusRequest(),
+                                       timeout=TIMEOUT).members
+        self.assertEqual([(m.replica, m.address) for m in members],
+                         [("twin", second.address)])
+        request = pb.BuildModuleRequest(module="twin/m", seed=1)
+        request.spec.type = "ReLU"
+        pb_grpc.ModelStateServiceStub(channel2).BuildModule(
+            request, timeout=TIMEOUT)
+
+    def test_9h_a_silent_etcd_is_unavailable(self):
+        # etcd that stops answering (a partition) is UNAVAILABLE like one
+        # that refuses connections, not the caller's DEADLINE_EXCEEDED.
+        self.build("r0", "silent/m")
+        self.etcd.process.send_signal(signal.SIGSTOP)
+        try:
+            with self.assertRaises(grpc.RpcError) as e:
+                self.stub("r1").GetModule(
+                    pb.GetModuleRequest(module="silent/m"), timeout=TIMEOUT)
+        finally:
+            self.etcd.process.send_signal(signal.SIGCONT)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.UNAVAILABLE)
+        self.assertIn("etcd", e.exception.details())
+
+        def answers():
+            try:
+                self.stub("r1").GetModule(
+                    pb.GetModuleRequest(module="silent/m"), timeout=TIMEOUT)
+                return True
+            except grpc.RpcError:
+                return False
+        self.wait_until("the cluster to answer again", answers)
 
     def audit_of(self, replica, type_, module):
         request = pb.QueryAuditRequest(limit=100)
