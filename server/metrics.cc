@@ -314,7 +314,7 @@ ServerMetrics::ServerMetrics() {
        {"grpc.health.v1.Health/Check", "grpc.health.v1.Health/Watch",
         "grpc.reflection.v1alpha.ServerReflection/"
         "ServerReflectionInfo"}) {
-    AddMethod(absl::StrCat("/", other), other, false);
+    AddMethod(absl::StrCat("/", other), other, true);
   }
   unknown_method_ = std::make_unique<MethodMetrics>();
   unknown_method_->label = "unknown";
@@ -447,7 +447,8 @@ void ServerMetrics::Observe(const ModelStore* store, const SubscriberHub* hub,
                         }));
   registry_.AddCallback(
       "modelstate_hosted_bytes",
-      "Tensor bytes held in memory (what quotas count), by namespace.",
+      "Tensor bytes hosted, in memory or mapped from data files (what "
+      "quotas count), by namespace.",
       {"namespace"}, usage([](const U& u) -> std::optional<double> {
         return static_cast<double>(u.bytes);
       }));

@@ -56,8 +56,9 @@ namespace modelstate::server {
 // The metrics of one RPC method, looked up once per call without a lock.
 struct MethodMetrics {
   std::string label;  // "BuildModule"; "grpc.health.v1.Health/Check"
-  // Its messages are protobuf messages (this service's), so received
-  // bytes can be counted from the parsed message.
+  // Its messages are generated protobuf messages (every service the server
+  // runs: this one, health, reflection), so received bytes can be counted
+  // from the parsed message.
   bool protobuf = false;
   metrics::Histogram* latency = nullptr;
   metrics::Counter* received_bytes = nullptr;

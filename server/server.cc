@@ -16,6 +16,8 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -140,8 +142,30 @@ absl::Status Refuse(absl::string_view what, const absl::Status& error) {
   return absl::InvalidArgumentError(absl::StrCat(what, error.message()));
 }
 
+// `address` ("host:port", "[v6]:port" or "unix:path") with a port gRPC
+// will not wrap or ignore: 0 to 65535.
+absl::Status CheckListenAddress(absl::string_view flag,
+                                absl::string_view address) {
+  if (address.empty() || absl::StartsWith(address, "unix:")) {
+    return absl::OkStatus();
+  }
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon == absl::string_view::npos ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": cannot parse '", address,
+                     "' as host:port (port 0 to 65535)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Security> PrepareSecurity(const ServerConfig& config) {
   Security security;
+  MODELSTATE_RETURN_IF_ERROR(CheckListenAddress("listen", config.listen));
+  MODELSTATE_RETURN_IF_ERROR(
+      CheckListenAddress("health_listen", config.health_listen));
   if (config.scrub_interval < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--scrub_interval must not be negative (0 turns the "
@@ -592,7 +616,10 @@ absl::Status Server::ListenForHealth() {
   }
   health_calls_->Start(1);
   health_only_->ServeWatches(health_calls_.get());
-  LogLine(absl::StrCat("health checks (only) on ", config_.health_listen));
+  // The port bound, not the one asked for (0: any free one).
+  const absl::string_view asked = config_.health_listen;
+  LogLine(absl::StrCat("health checks (only) on ",
+                       asked.substr(0, asked.rfind(':')), ":", port));
   return absl::OkStatus();
 }
 

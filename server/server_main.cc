@@ -29,7 +29,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
@@ -112,11 +114,11 @@ ABSL_FLAG(std::string, health_listen, Defaults().health_listen,
           "probes that cannot present credentials); empty: none");
 ABSL_FLAG(std::string, quota_file, Defaults().quota_file,
           "Per-namespace quotas (JSON; see README); re-read on SIGHUP");
-ABSL_FLAG(uint64_t, namespace_max_modules,
+ABSL_FLAG(int64_t, namespace_max_modules,
           Defaults().namespace_quota.max_modules,
           "Most modules in one namespace (0: unlimited; --quota_file may "
           "override per namespace)");
-ABSL_FLAG(uint64_t, namespace_max_mib,
+ABSL_FLAG(int64_t, namespace_max_mib,
           Defaults().namespace_quota.max_bytes >> 20,
           "Most tensor MiB held by one namespace (0: unlimited; "
           "--quota_file may override per namespace)");
@@ -276,6 +278,19 @@ absl::Status CheckLimitFlags() {
   MODELSTATE_RETURN_IF_ERROR(InRange(
       "audit_denied_interval_s", absl::GetFlag(FLAGS_audit_denied_interval_s),
       0, 86400, "s, 0: a record per refused call"));
+  // Signed, so that -1 gets this message rather than Abseil's.
+  MODELSTATE_RETURN_IF_ERROR(InRange(
+      "namespace_max_modules", absl::GetFlag(FLAGS_namespace_max_modules), 0,
+      std::numeric_limits<int64_t>::max(), "0: unlimited"));
+  MODELSTATE_RETURN_IF_ERROR(InRange("namespace_max_mib",
+                                     absl::GetFlag(FLAGS_namespace_max_mib), 0,
+                                     kMaxMib, "MiB, 0: unlimited"));
+  // Checked here, not when the server joins: after it listens.
+  if (!absl::GetFlag(FLAGS_etcd_endpoints).empty()) {
+    MODELSTATE_RETURN_IF_ERROR(
+        InRange("cluster_lease_seconds",
+                absl::GetFlag(FLAGS_cluster_lease_seconds), 2, 86400, "s"));
+  }
   return absl::OkStatus();
 }
 
@@ -362,9 +377,9 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
   config.health_listen = absl::GetFlag(FLAGS_health_listen);
   config.quota_file = absl::GetFlag(FLAGS_quota_file);
   config.namespace_quota.max_modules =
-      absl::GetFlag(FLAGS_namespace_max_modules);
-  config.namespace_quota.max_bytes = absl::GetFlag(FLAGS_namespace_max_mib)
-                                     << 20;
+      static_cast<uint64_t>(absl::GetFlag(FLAGS_namespace_max_modules));
+  config.namespace_quota.max_bytes =
+      static_cast<uint64_t>(absl::GetFlag(FLAGS_namespace_max_mib)) << 20;
   config.fallback_to_cpu = absl::GetFlag(FLAGS_fallback_to_cpu);
   config.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   config.metrics_max_namespaces =
@@ -448,6 +463,14 @@ int main(int argc, char** argv) {
       "Hosts PyTorch-style Module trees over gRPC.\n"
       "Usage: modelstate-server [--listen=127.0.0.1:50051] "
       "[--data_dir=./data]");
+  // --help lists this file's flags (Abseil's default looks for a file
+  // named after the program).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "server_main");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   if (int code = SetLogFormat(); code != 0) return code;
   if (int code = InstallEmulatedDevices(); code != 0) return code;

@@ -261,6 +261,23 @@ TEST_F(MetricsTest, CountsBytesOfStreams) {
       HasSubstr("modelstate_open_streams{method=\"GetStateDict\"} 0\n"));
 }
 
+// Health checks are counted like any call, request bytes included.
+TEST_F(MetricsTest, CountsHealthRequestBytes) {
+  auto health =
+      grpc::health::v1::Health::NewStub(server_->server().InProcessChannel());
+  const std::string received =
+      "modelstate_rpc_received_bytes_total{method=\"grpc.health.v1.Health/"
+      "Check\"}";
+  const double before = Sample(Scrape(), received);
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service("not-this-one");  // 14 bytes with its tag and length
+  grpc::ClientContext context;
+  grpc::health::v1::HealthCheckResponse response;
+  EXPECT_FALSE(health->Check(&context, request, &response).ok());
+  EXPECT_EQ(Sample(Scrape(), received) - before,
+            static_cast<double>(request.ByteSizeLong()));
+}
+
 // A health watcher that goes is let go: the server ends its call (the
 // stream's gauge drops, which happens when the call object goes), and the
 // watchers that stay are still counted.

@@ -1431,10 +1431,23 @@ TEST(ServerLifecycleTest, RefusesOutOfRangeFlagsWithExitCodeTwo) {
             "--metrics_listen: cannot parse 'localhost:http'"},
            {{"--scrub_interval=-1s"},
             "--scrub_interval must not be negative (0 turns the scrub off)"},
+           {{"--namespace_max_mib=-1"},
+            "--namespace_max_mib=-1: must be between 0"},
+           {{"--namespace_max_modules=-1"},
+            "--namespace_max_modules=-1: must be between 0"},
+           // gRPC would wrap a port above 65535, or take any for 65536.
+           {{"--listen=127.0.0.1:99999"},
+            "--listen: cannot parse '127.0.0.1:99999'"},
+           {{"--health_listen=127.0.0.1:65536"},
+            "--health_listen: cannot parse '127.0.0.1:65536'"},
+           {{"--etcd_endpoints=127.0.0.1:1", "--cluster_lease_seconds=0"},
+            "--cluster_lease_seconds=0: must be between 2 and 86400"},
        }) {
     SCOPED_TRACE(c.flags.front());
-    std::vector<std::string> argv = {
-        MODELSTATE_SERVER_BINARY, "--listen=127.0.0.1:0", "--data_dir=" + dir};
+    std::vector<std::string> argv = {MODELSTATE_SERVER_BINARY,
+                                     "--data_dir=" + dir};
+    // The case's own --listen, if it has one, comes last and wins.
+    argv.push_back("--listen=127.0.0.1:0");
     argv.insert(argv.end(), c.flags.begin(), c.flags.end());
     // A server that accepted the flags would serve until the timeout.
     testing::CommandResult run =
@@ -1445,6 +1458,15 @@ TEST(ServerLifecycleTest, RefusesOutOfRangeFlagsWithExitCodeTwo) {
   }
   // Refused before the data directory was even created.
   EXPECT_FALSE(std::filesystem::exists(dir));
+}
+
+// --help lists the server's own flags (Abseil's default lists those of a
+// file named after the program, and there is none).
+TEST(ServerLifecycleTest, HelpListsTheServersFlags) {
+  testing::CommandResult run = testing::RunCommand(
+      {MODELSTATE_SERVER_BINARY, "--help"}, {}, std::chrono::seconds(20));
+  EXPECT_THAT(run.out + run.err, HasSubstr("--max_message_mib"));
+  EXPECT_THAT(run.out + run.err, HasSubstr("--data_dir"));
 }
 
 TEST(ServerLifecycleTest, ASecondServerOnTheSamePortFails) {
