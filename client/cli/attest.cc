@@ -21,11 +21,13 @@
 #include "base/attestation.h"
 #include "base/checkpoint.h"
 #include "base/dsse.h"
+#include "base/file_util.h"
 #include "base/merkle.h"
 #include "base/sha256.h"
 #include "base/signed_note.h"
 #include "base/status_macros.h"
 #include "client/cli/command.h"
+#include "client/cli/interrupt.h"
 #include "core/safetensors.h"
 #include "core/state_digest.h"
 #include "modelstate/v1/model_state_service.pb.h"
@@ -41,17 +43,16 @@ struct AttestArgs {
   std::string output;
 };
 
+// Through a temporary file renamed into place, and Uninterrupted: an
+// interrupted or failed write leaves neither a truncated envelope or bundle
+// nor the temporary file.
 absl::Status WriteTextFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) {
-    return absl::UnavailableError(absl::StrCat(path, ": cannot be written"));
-  }
-  return absl::OkStatus();
+  return Uninterrupted([&] { return WriteFileAtomically(path, text); });
 }
 
 absl::Status RunAttest(Context& c, const AttestArgs& a) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::unique_ptr<InterruptHandler> interrupts,
+                              InterruptHandler::Install());
   MODELSTATE_ASSIGN_OR_RETURN(auto* rpc, c.Client());
   MODELSTATE_ASSIGN_OR_RETURN(v1::AttestModuleResponse response,
                               rpc->AttestModule(a.module));
@@ -344,7 +345,8 @@ void AddAttestCommands(CommandSet& commands) {
       [attest](Context& c) { return RunAttest(c, *attest); });
   AddModuleArgument(a, attest->module);
   a->add_option("-o,--output", attest->output, "the envelope's file")
-      ->required();
+      ->required()
+      ->check(NonEmpty("a file name"));
 
   auto verify = std::make_shared<VerifyArgs>();
   CLI::App* v = commands.Add(

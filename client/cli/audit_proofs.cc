@@ -276,8 +276,10 @@ absl::StatusOr<std::string> VerifyReplica(Context& c,
 
 absl::Status VerifyCluster(Context& c, const AuditArgs&) {
   MODELSTATE_ASSIGN_OR_RETURN(auto* rpc, c.Client());
-  MODELSTATE_ASSIGN_OR_RETURN(v1::GetClusterStatusResponse status,
-                              rpc->GetClusterStatus());
+  absl::StatusOr<v1::GetClusterStatusResponse> cluster =
+      rpc->GetClusterStatus();
+  if (!cluster.ok()) return ClusterCallError(cluster.status());
+  const v1::GetClusterStatusResponse& status = *cluster;
   std::map<std::string, std::string> addresses;
   for (const v1::ClusterMember& m : status.members()) {
     addresses[m.replica()] = m.address();

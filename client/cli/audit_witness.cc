@@ -25,6 +25,7 @@
 #include "base/signed_note.h"
 #include "base/status_macros.h"
 #include "client/cli/audit.h"
+#include "client/cli/interrupt.h"
 #include "modelstate/v1/model_state_service.pb.h"
 
 namespace modelstate::cli {
@@ -128,7 +129,8 @@ absl::Status WitnessRound(Context& c, const Witness& w) {
           served_note, w.signer,
           static_cast<uint64_t>(absl::ToUnixSeconds(absl::Now()))));
   MODELSTATE_RETURN_IF_ERROR(rpc->AddCosignature(note).status());
-  MODELSTATE_RETURN_IF_ERROR(WriteFileAtomically(w.CheckpointPath(), note));
+  MODELSTATE_RETURN_IF_ERROR(Uninterrupted(
+      [&] { return WriteFileAtomically(w.CheckpointPath(), note); }));
   c.out() << "cosigned tree size " << served->size << " root "
           << MerkleHashHex(served->root) << std::endl;
   return absl::OkStatus();
@@ -148,8 +150,9 @@ absl::StatusOr<std::string> LogKey(Context& c, const AuditArgs& a,
   MODELSTATE_ASSIGN_OR_RETURN(auto* rpc, c.Client());
   MODELSTATE_ASSIGN_OR_RETURN(v1::GetCheckpointResponse latest,
                               rpc->GetCheckpoint());
-  MODELSTATE_RETURN_IF_ERROR(
-      WriteFileAtomically(pinned, latest.verifier_key() + "\n"));
+  MODELSTATE_RETURN_IF_ERROR(Uninterrupted([&] {
+    return WriteFileAtomically(pinned, latest.verifier_key() + "\n");
+  }));
   c.err() << "pinned the log's key " << latest.verifier_key() << " in "
           << pinned << "\n";
   return latest.verifier_key();
@@ -161,6 +164,10 @@ absl::Status RunWitness(Context& c, const AuditArgs& a) {
   if (!a.key.has_value() || !a.state.has_value()) {
     return UsageError("audit witness needs --key WITNESS_KEY and --state DIR");
   }
+  // Ctrl-C ends the witness; it must not end it mid-write of its state,
+  // whose temporary files would stay behind.
+  MODELSTATE_ASSIGN_OR_RETURN(std::unique_ptr<InterruptHandler> interrupts,
+                              InterruptHandler::Install());
   std::error_code error;
   std::filesystem::create_directories(*a.state, error);
   if (error) {

@@ -75,6 +75,13 @@ absl::Status AlreadyShown(absl::Status status) {
   return status;
 }
 
+absl::Status ClusterCallError(absl::Status status) {
+  if (status.code() != absl::StatusCode::kUnimplemented) return status;
+  // The text of server/model_state_service.cc's NotAClusterMember().
+  return absl::InvalidArgumentError(
+      "cluster: this server is not a cluster member (--etcd_endpoints)");
+}
+
 int ReportStatus(const absl::Status& status, absl::string_view command,
                  const Environment& env) {
   if (status.ok()) return kExitOk;

@@ -80,6 +80,14 @@ absl::Status UsageError(absl::string_view message);
 // line): exit status 1 and nothing more on stderr.
 absl::Status AlreadyShown(absl::Status status);
 
+// What a ClusterService call's failure says. A server that is not a
+// cluster member does not serve that service, and gRPC's UNIMPLEMENTED
+// for it has no message: that becomes the error the server gives for
+// `audit query --cluster` there (INVALID_ARGUMENT "cluster: this server
+// is not a cluster member (--etcd_endpoints)"), so that every cluster
+// command says the same. Any other status is returned as it is.
+absl::Status ClusterCallError(absl::Status status);
+
 // Prints what `status` says on env.err and returns the exit status.
 // `command` names the command in usage errors; empty before one is known.
 int ReportStatus(const absl::Status& status, absl::string_view command,

@@ -7,10 +7,12 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "base/file_util.h"
 #include "base/status_macros.h"
@@ -37,17 +39,37 @@ absl::StatusOr<std::string> ReadOptionFile(const std::string& option,
   return text;
 }
 
-// A decimal integer of at least `minimum`, without a sign.
-CLI::Validator UnsignedInteger(uint64_t minimum, std::string expected) {
-  return Check([minimum, expected](std::string& value) -> std::string {
+// A decimal integer from `minimum` to `maximum`, without a sign.
+CLI::Validator UnsignedInteger(uint64_t minimum, uint64_t maximum,
+                               std::string expected) {
+  if (maximum != UINT64_MAX) absl::StrAppend(&expected, " up to ", maximum);
+  return Check([minimum, maximum, expected](std::string& value) -> std::string {
     uint64_t n;
-    if (absl::SimpleAtoi(value, &n) && n >= minimum && value[0] != '-' &&
-        value[0] != '+') {
+    if (absl::SimpleAtoi(value, &n) && n >= minimum && n <= maximum &&
+        value[0] != '-' && value[0] != '+') {
       value = absl::StrCat(n);
       return "";
     }
     return absl::StrCat("expected ", expected, ", got '", value, "'");
   });
+}
+
+// The value of a bare flag, as its name's default ("--json{...}"): CLI11
+// gives "true" both for a bare "--json" and for "--json=true", which is
+// how "--json=true" got through when "--json=yes" did not.
+constexpr char kBareFlag[] = "(bare)";
+
+constexpr char kCertificate[] = "-----BEGIN CERTIFICATE-----";
+
+// A PEM file holds "-----BEGIN <label>-----" lines. gRPC reports a file
+// without them only in its log and, later, as "empty address list", which
+// names neither the option nor the file.
+absl::Status CheckPem(const std::string& option, const std::string& path,
+                      const std::string& text, absl::string_view marker,
+                      absl::string_view line) {
+  if (absl::StrContains(text, marker)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(option, ": ", path, ": not PEM (no '", line, "' line)"));
 }
 
 }  // namespace
@@ -74,12 +96,18 @@ void AddGlobalOptions(CLI::App& app, GlobalOptions& options) {
                  "(auto: only when stderr is a terminal)")
       ->type_name("auto|always|never")
       ->check(OneOf({"auto", "always", "never"}));
-  AddValue(&app, "--tls-ca", options.tls_ca, "FILE",
-           "connect with TLS, trusting the CA certificates in FILE (PEM)");
-  AddValue(&app, "--tls-cert", options.tls_cert, "FILE",
-           "client certificate (PEM) for mutual TLS; needs --tls-ca");
-  AddValue(&app, "--tls-key", options.tls_key, "FILE",
-           "the client certificate's private key (PEM)");
+  CLI::Option* ca =
+      AddValue(&app, "--tls-ca", options.tls_ca, "FILE",
+               "connect with TLS, trusting the CA certificates in FILE (PEM)");
+  CLI::Option* cert =
+      AddValue(&app, "--tls-cert", options.tls_cert, "FILE",
+               "client certificate (PEM) for mutual TLS; needs --tls-ca");
+  CLI::Option* key = AddValue(&app, "--tls-key", options.tls_key, "FILE",
+                              "the client certificate's private key (PEM)");
+  // Checked when parsing, so that they are usage errors (exit 2).
+  cert->needs(ca);
+  cert->needs(key);
+  key->needs(cert);
   AddValue(&app, "--token-file", options.token_file, "FILE",
            "send the bearer token in FILE (default: $MODELSTATE_TOKEN)");
   AddFlag(&app, "--no-shared-memory", options.no_shared_memory,
@@ -103,11 +131,21 @@ absl::StatusOr<client::ClientOptions> ConnectionOptions(
     grpc::SslCredentialsOptions ssl;
     MODELSTATE_ASSIGN_OR_RETURN(ssl.pem_root_certs,
                                 ReadOptionFile("--tls-ca", *options.tls_ca));
+    MODELSTATE_RETURN_IF_ERROR(CheckPem("--tls-ca", *options.tls_ca,
+                                        ssl.pem_root_certs, kCertificate,
+                                        kCertificate));
     if (options.tls_cert.has_value()) {
       MODELSTATE_ASSIGN_OR_RETURN(
           ssl.pem_cert_chain, ReadOptionFile("--tls-cert", *options.tls_cert));
+      MODELSTATE_RETURN_IF_ERROR(CheckPem("--tls-cert", *options.tls_cert,
+                                          ssl.pem_cert_chain, kCertificate,
+                                          kCertificate));
       MODELSTATE_ASSIGN_OR_RETURN(
           ssl.pem_private_key, ReadOptionFile("--tls-key", *options.tls_key));
+      // "PRIVATE KEY", "RSA PRIVATE KEY", "EC PRIVATE KEY", ...
+      MODELSTATE_RETURN_IF_ERROR(
+          CheckPem("--tls-key", *options.tls_key, ssl.pem_private_key,
+                   "PRIVATE KEY-----", "-----BEGIN ... PRIVATE KEY-----"));
     }
     client.credentials = grpc::SslCredentials(ssl);
   } else if (options.tls_cert.has_value()) {
@@ -123,12 +161,31 @@ absl::StatusOr<client::ClientOptions> ConnectionOptions(
   return client;
 }
 
-CLI::Validator NonNegativeInteger() {
-  return UnsignedInteger(0, "a non-negative integer");
+CLI::Validator NonNegativeInteger(uint64_t maximum) {
+  return UnsignedInteger(0, maximum, "a non-negative integer");
 }
 
-CLI::Validator PositiveInteger() {
-  return UnsignedInteger(1, "a positive integer");
+CLI::Validator PositiveInteger(uint64_t maximum) {
+  return UnsignedInteger(1, maximum, "a positive integer");
+}
+
+CLI::Validator Int32() {
+  return Check([](std::string& value) -> std::string {
+    int32_t n;
+    if (absl::SimpleAtoi(value, &n)) {
+      value = absl::StrCat(n);
+      return "";
+    }
+    return absl::StrCat("expected an integer from ", INT32_MIN, " to ",
+                        INT32_MAX, ", got '", value, "'");
+  });
+}
+
+CLI::Validator NonEmpty(std::string expected) {
+  return Check([expected = std::move(expected)](std::string& value) {
+    return value.empty() ? absl::StrCat("expected ", expected, ", got ''")
+                         : std::string();
+  });
 }
 
 CLI::Validator PositiveSeconds() {
@@ -158,12 +215,34 @@ CLI::Validator OneOf(std::vector<std::string> choices) {
   });
 }
 
+CLI::Validator CommaListOf(std::vector<std::string> choices) {
+  CLI::Validator one = OneOf(choices);
+  return Check([one](std::string& value) -> std::string {
+    for (absl::string_view item : absl::StrSplit(value, ',')) {
+      std::string copy(item);
+      std::string error = one(copy);
+      if (error.empty()) continue;
+      return item.size() == value.size()
+                 ? error
+                 : absl::StrCat(error, " in '", value, "'");
+    }
+    return "";
+  });
+}
+
 CLI::Option* AddFlag(CLI::App* app, const std::string& names, bool& value,
                      const std::string& help) {
-  // A bare flag's result is "true"; "--json=yes" gives "yes".
-  return app->add_flag(names, value, help)
-      ->check(Check([](std::string& given) -> std::string {
-        return given == "true" ? "" : "takes no value";
+  // Each name's default value is kBareFlag, which only a bare flag gives;
+  // any value after "=" is refused, "true" included.
+  std::vector<std::string> named;
+  for (absl::string_view name : absl::StrSplit(names, ',')) {
+    named.push_back(absl::StrCat(name, "{", kBareFlag, "}"));
+  }
+  return app->add_flag(absl::StrJoin(named, ","), value, help)
+      ->transform(Check([](std::string& given) -> std::string {
+        if (given != kBareFlag) return "takes no value";
+        given = "true";
+        return "";
       }));
 }
 

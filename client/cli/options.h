@@ -14,6 +14,7 @@
 #ifndef MODELSTATE_CLIENT_CLI_OPTIONS_H_
 #define MODELSTATE_CLIENT_CLI_OPTIONS_H_
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -57,12 +58,19 @@ absl::StatusOr<client::ClientOptions> ConnectionOptions(
     const GlobalOptions& options, const std::string& default_token);
 
 // Checks (and writes back in canonical form, for CLI11's conversion) a
-// decimal integer >= 0, an integer > 0, and a finite number of seconds > 0.
-CLI::Validator NonNegativeInteger();
-CLI::Validator PositiveInteger();
+// decimal integer >= 0, an integer > 0 (both at most `maximum`), a signed
+// 32-bit integer, and a finite number of seconds > 0.
+CLI::Validator NonNegativeInteger(uint64_t maximum = UINT64_MAX);
+CLI::Validator PositiveInteger(uint64_t maximum = UINT64_MAX);
+CLI::Validator Int32();
 CLI::Validator PositiveSeconds();
+// A value that is not empty: "expected a file name, got ''".
+CLI::Validator NonEmpty(std::string expected);
 // One of `choices`: "expected auto, always or never, got 'sometimes'".
 CLI::Validator OneOf(std::vector<std::string> choices);
+// A comma-separated list of `choices`: "expected parameter, buffer or
+// module, got 'bogus' in 'parameter,bogus'".
+CLI::Validator CommaListOf(std::vector<std::string> choices);
 
 // An option with a value, shown as "--name VALUE_NAME" in the help. The
 // value stays empty unless the option is given; the last one given counts.

@@ -50,12 +50,13 @@ absl::Status RunDevices(Context& c) {
 
 absl::Status RunClusterStatus(Context& c) {
   MODELSTATE_ASSIGN_OR_RETURN(auto* rpc, c.Client());
-  MODELSTATE_ASSIGN_OR_RETURN(v1::GetClusterStatusResponse response,
-                              rpc->GetClusterStatus());
-  if (c.json()) return c.PrintJson(response);
+  absl::StatusOr<v1::GetClusterStatusResponse> response =
+      rpc->GetClusterStatus();
+  if (!response.ok()) return ClusterCallError(response.status());
+  if (c.json()) return c.PrintJson(*response);
   std::vector<std::vector<std::string>> members = {
       {"REPLICA", "ADDRESS", "LEASE", "TTL", "MODULES"}};
-  for (const v1::ClusterMember& m : response.members()) {
+  for (const v1::ClusterMember& m : response->members()) {
     members.push_back(
         {m.replica(), m.address(), absl::StrCat(absl::Hex(m.lease_id())),
          absl::StrCat(m.lease_ttl_seconds(), "s"), absl::StrCat(m.modules())});
@@ -66,7 +67,7 @@ absl::Status RunClusterStatus(Context& c) {
   }
   c.out() << "\n";
   std::vector<std::vector<std::string>> placements = {{"MODULE", "OWNER"}};
-  for (const v1::ModulePlacement& p : response.placements()) {
+  for (const v1::ModulePlacement& p : response->placements()) {
     placements.push_back(
         {p.module(),
          p.owner_live() ? p.owner() : absl::StrCat(p.owner(), " (no lease)")});
@@ -83,12 +84,13 @@ absl::Status RunClusterMove(Context& c, const std::string& module,
     return UsageError("cluster move needs MODULE and REPLICA");
   }
   MODELSTATE_ASSIGN_OR_RETURN(auto* rpc, c.Client());
-  MODELSTATE_ASSIGN_OR_RETURN(v1::MoveModuleToReplicaResponse response,
-                              rpc->MoveModuleToReplica(module, replica));
-  if (c.json()) return c.PrintJson(response);
-  c.out() << "moved " << response.module() << " from "
-          << response.from_replica() << " to " << response.to_replica() << " ("
-          << HumanBytes(response.bytes()) << ")\n";
+  absl::StatusOr<v1::MoveModuleToReplicaResponse> response =
+      rpc->MoveModuleToReplica(module, replica);
+  if (!response.ok()) return ClusterCallError(response.status());
+  if (c.json()) return c.PrintJson(*response);
+  c.out() << "moved " << response->module() << " from "
+          << response->from_replica() << " to " << response->to_replica()
+          << " (" << HumanBytes(response->bytes()) << ")\n";
   return absl::OkStatus();
 }
 
@@ -131,7 +133,8 @@ void AddServerCommands(CommandSet& commands) {
        "cluster move MODULE REPLICA: the module's owner streams its files to "
        "REPLICA (a live member), which takes over its ownership in etcd; "
        "writes to it wait meanwhile, reads go on. Both need the admin role; "
-       "a server that is not a cluster member answers UNIMPLEMENTED.",
+       "on a server that is not a cluster member they fail with 'this "
+       "server is not a cluster member (--etcd_endpoints)'.",
        "modelstatectl --server modelstate:50051 cluster move team/mlp "
        "modelstate-2"},
       [args](Context& c) -> absl::Status {

@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "client/cli/command.h"
+#include "client/cli/interrupt.h"
 #include "client/cli/output.h"
 #include "client/safetensors_stream.h"
 #include "core/safetensors.h"
@@ -30,13 +31,14 @@ namespace modelstate::cli {
 namespace {
 
 // Chunk sizes are given in KiB; beyond 4 GiB they would not fit the wire's
-// uint32.
+// uint32. --chunk-kib's check refuses more when parsing (a usage error).
+constexpr uint64_t kMaxChunkKib = uint64_t{UINT32_MAX} >> 10;
+
 absl::StatusOr<uint32_t> ChunkBytes(std::optional<uint64_t> kib,
                                     uint32_t fallback) {
   if (!kib.has_value()) return fallback;
-  if (*kib > (uint64_t{UINT32_MAX} >> 10)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--chunk-kib: ", *kib, " is too large"));
+  if (*kib > kMaxChunkKib) {
+    return UsageError(absl::StrCat("--chunk-kib: ", *kib, " is too large"));
   }
   return static_cast<uint32_t>(*kib << 10);
 }
@@ -79,9 +81,37 @@ class CountingSink : public client::StateDictSink {
   uint64_t bytes_ = 0;
 };
 
+// The file a transfer writes, each step run Uninterrupted. An interrupt
+// between steps destroys the file's sink, which removes its temporary file
+// (once renamed into place, the file is complete and stays).
+class InterruptibleFileSink : public client::StateDictSink {
+ public:
+  InterruptibleFileSink(InterruptHandler& interrupts, std::string path)
+      : sink_(std::make_shared<std::unique_ptr<client::SafetensorsSink>>(
+            std::make_unique<client::SafetensorsSink>(std::move(path)))) {
+    // The cleanup shares the sink, so that it never outlives it.
+    interrupts.OnInterrupt([sink = sink_] { sink->reset(); });
+  }
+  absl::Status Begin(const StateDictLayout& layout) override {
+    return Uninterrupted([&] { return (*sink_)->Begin(layout); });
+  }
+  absl::Status Append(absl::string_view bytes) override {
+    return Uninterrupted([&] { return (*sink_)->Append(bytes); });
+  }
+  absl::Status Finish() override {
+    return Uninterrupted([&] { return (*sink_)->Finish(); });
+  }
+
+ private:
+  std::shared_ptr<std::unique_ptr<client::SafetensorsSink>> sink_;
+};
+
 absl::Status RunGetState(Context& c, const GetStateArgs& a) {
   if (!a.output.has_value()) return UsageError("missing option -o FILE");
   const std::string& file = *a.output;
+  // Ctrl-C mid-transfer must not leave FILE.tmp.PID.N behind.
+  MODELSTATE_ASSIGN_OR_RETURN(std::unique_ptr<InterruptHandler> interrupts,
+                              InterruptHandler::Install());
   client::GetStateDictOptions options;
   options.key_prefix = a.prefix.value_or("");
   options.key_glob = a.glob.value_or("");
@@ -94,7 +124,7 @@ absl::Status RunGetState(Context& c, const GetStateArgs& a) {
   ProgressBar bar(&c.err(), c.ProgressEnabled());
   options.progress = DrawOn(bar);
   MODELSTATE_ASSIGN_OR_RETURN(auto* rpc, c.Client());
-  client::SafetensorsSink file_sink(file);
+  InterruptibleFileSink file_sink(*interrupts, file);
   CountingSink sink(&file_sink);
   absl::Time start = absl::Now();
   absl::Status status = rpc->GetStateDict(a.module, options, sink);
@@ -127,14 +157,15 @@ void AddGetState(CommandSet& commands) {
       [args](Context& c) { return RunGetState(c, *args); });
   AddModuleArgument(get, args->module);
   AddValue(get, "-o,--output", args->output, "FILE",
-           "the safetensors file to write (required)");
+           "the safetensors file to write (required)")
+      ->check(NonEmpty("a file name"));
   AddValue(get, "--prefix", args->prefix, "P", "only keys starting with P");
   AddValue(get, "--glob", args->glob, "G", "only keys matching G (* and ?)");
   AddValue(get, "--dtype", args->dtype, "DT",
            "convert floating-point entries to DT on the fly");
   AddValue(get, "--chunk-kib", args->chunk_kib, "N",
            "bytes per message, in KiB (default: the server's, 1024)")
-      ->check(NonNegativeInteger());
+      ->check(NonNegativeInteger(kMaxChunkKib));
   get->add_flag("--sign", args->sign,
                 "also write FILE.sig: an OpenSSF Model Signing bundle for "
                 "the file, signed by the server's audit log key");
@@ -207,7 +238,7 @@ void AddLoadState(CommandSet& commands) {
           "install the file's tensors instead of copying into the module's");
   AddValue(load, "--chunk-kib", args->chunk_kib, "N",
            "bytes per message, in KiB (default 1024)")
-      ->check(PositiveInteger());
+      ->check(PositiveInteger(kMaxChunkKib));
 }
 
 // ------------------------------------------------------------------------ to
@@ -345,7 +376,12 @@ absl::Status RunForward(Context& c, const ForwardArgs& a) {
   MODELSTATE_ASSIGN_OR_RETURN(v1::ForwardResponse response,
                               rpc->Forward(request));
   MODELSTATE_ASSIGN_OR_RETURN(StateDict outputs, Outputs(response));
-  MODELSTATE_RETURN_IF_ERROR(WriteSafetensorsFile(*a.output, outputs));
+  // Ctrl-C while the outputs are written waits for them to be complete, as
+  // their temporary file would otherwise stay behind.
+  MODELSTATE_ASSIGN_OR_RETURN(std::unique_ptr<InterruptHandler> interrupts,
+                              InterruptHandler::Install());
+  MODELSTATE_RETURN_IF_ERROR(
+      Uninterrupted([&] { return WriteSafetensorsFile(*a.output, outputs); }));
   if (c.json()) return c.PrintJson(response);
   c.out() << "wrote " << outputs.tensors.size() << " outputs to " << *a.output
           << "\n";
@@ -369,9 +405,10 @@ void AddForward(CommandSet& commands) {
       [args](Context& c) { return RunForward(c, *args); });
   AddModuleArgument(forward, args->module);
   AddValue(forward, "-i,--input", args->input, "FILE",
-           "safetensors file with input0, input1, ...");
-  AddValue(forward, "-o,--output", args->output, "FILE",
-           "where the outputs go");
+           "safetensors file with input0, input1, ...")
+      ->check(NonEmpty("a file name"));
+  AddValue(forward, "-o,--output", args->output, "FILE", "where the outputs go")
+      ->check(NonEmpty("a file name"));
   AddValue(forward, "--path", args->path, "P",
            "run the submodule at this dotted path");
   AddFlag(forward, "--train", args->train, "training mode for this call");

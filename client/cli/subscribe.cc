@@ -46,7 +46,7 @@ absl::StatusOr<v1::Subscription::Mode> ParseMode(const std::string& mode) {
   if (mode == "intercept") return v1::Subscription::MODE_INTERCEPT;
   if (mode == "observe") return v1::Subscription::MODE_OBSERVE;
   if (mode == "dry-run") return v1::Subscription::MODE_DRY_RUN;
-  return absl::InvalidArgumentError(absl::StrCat(
+  return UsageError(absl::StrCat(
       "--mode: expected intercept, observe or dry-run, got '", mode, "'"));
 }
 
@@ -60,8 +60,8 @@ absl::Status SetKinds(const std::string& kinds, v1::Subscription* s) {
     } else if (k == "module") {
       s->add_kinds(v1::ENTRY_KIND_MODULE);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--kinds: '", k, "' is not parameter, buffer or module"));
+      return UsageError(absl::StrCat("--kinds: '", k,
+                                     "' is not parameter, buffer or module"));
     }
   }
   return absl::OkStatus();
@@ -84,7 +84,7 @@ absl::StatusOr<v1::Subscription> SubscriptionFromOptions(
   if (a.priority.has_value()) {
     int priority = 0;
     if (!absl::SimpleAtoi(*a.priority, &priority)) {
-      return absl::InvalidArgumentError("--priority: expected an integer");
+      return UsageError("--priority: expected an integer");
     }
     s.set_priority(priority);
   }
@@ -289,17 +289,22 @@ void AddSubscribeCommand(CommandSet& commands) {
   AddFlag(sub, "--interactive", args->interactive,
           "ask a person for each event");
   AddValue(sub, "--name", args->name, "NAME", "subscriber name");
+  // The values are checked when parsing, so that a bad one is a usage
+  // error (exit 2) like any other option's.
   AddValue(sub, "--mode", args->mode, "intercept|observe|dry-run",
-           "how answers count (default intercept)");
+           "how answers count (default intercept)")
+      ->check(OneOf({"intercept", "observe", "dry-run"}));
   AddValue(sub, "--priority", args->priority, "N",
-           "lower runs first (default 0)");
+           "lower runs first (default 0)")
+      ->check(Int32());
   AddValue(sub, "--timeout-ms", args->timeout_ms, "MS",
            "per-event timeout (default 10000; 60000 with --interactive)")
-      ->check(PositiveInteger());
+      ->check(PositiveInteger(UINT32_MAX));
   AddFlag(sub, "--fail-open", args->fail_open,
           "approve when this subscriber times out or fails (default: block)");
   AddValue(sub, "--kinds", args->kinds, "LIST",
-           "parameter,buffer,module (default all)");
+           "parameter,buffer,module (default all)")
+      ->check(CommaListOf({"parameter", "buffer", "module"}));
   AddValue(sub, "--namespace", args->ns, "NS", "only this namespace");
   AddValue(sub, "--type", args->type, "GLOB", "only modules of these types");
   AddValue(sub, "--name-glob", args->name_glob, "GLOB",

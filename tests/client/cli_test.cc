@@ -44,6 +44,7 @@
 namespace modelstate {
 namespace {
 
+using ::modelstate::testing::BackgroundProcess;
 using ::modelstate::testing::CommandResult;
 using ::modelstate::testing::ExpectSameState;
 using ::modelstate::testing::Filled;
@@ -586,6 +587,32 @@ TEST_F(CliTest, UsageErrorsExitTwo) {
        "health: --timeout: expected a positive number of seconds, got '0'",
        "health"},
       {{"--json=yes", "health"}, "health: --json: takes no value", "health"},
+      // CLI11 gives "true" for a bare flag too; it must not pass as one.
+      {{"--json=true", "health"}, "health: --json: takes no value", "health"},
+      {{"health", "--json=false"}, "health: --json: takes no value", "health"},
+      {{"subscribe", "--interactive", "--priority", "abc"},
+       "subscribe: --priority: expected an integer from -2147483648 to "
+       "2147483647, got 'abc'",
+       "subscribe"},
+      {{"subscribe", "--interactive", "--mode", "bogus"},
+       "subscribe: --mode: expected intercept, observe or dry-run, got "
+       "'bogus'",
+       "subscribe"},
+      {{"subscribe", "--interactive", "--kinds", "parameter,bogus"},
+       "subscribe: --kinds: expected parameter, buffer or module, got 'bogus' "
+       "in 'parameter,bogus'",
+       "subscribe"},
+      {{"get-state", "m", "-o", "x.safetensors", "--chunk-kib", "999999999999"},
+       "get-state: --chunk-kib: expected a non-negative integer up to "
+       "4194303, got '999999999999'",
+       "get-state"},
+      {{"load-state", "m", "x.safetensors", "--chunk-kib", "4194304"},
+       "load-state: --chunk-kib: expected a positive integer up to 4194303, "
+       "got '4194304'",
+       "load-state"},
+      {{"get-state", "m", "-o", ""},
+       "get-state: --output: expected a file name, got ''",
+       "get-state"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(absl::StrJoin(c.args, " "));
@@ -656,6 +683,26 @@ TEST_F(CliTest, ServerErrorsExitOneWithTheCodeName) {
   EXPECT_EQ(r.exit_code, 1) << Show(r);
   EXPECT_THAT(r.out, IsEmpty());
   EXPECT_THAT(r.err, StartsWith("error: UNAVAILABLE: "));
+}
+
+// A client certificate without its key (or without --tls-ca) is a usage
+// error, found when parsing; a --tls-ca file that is not PEM is named,
+// without gRPC's log lines.
+TEST_F(CliTest, TlsOptionsAreCheckedBeforeConnecting) {
+  std::string pem = WriteFile("c.pem", "-----BEGIN CERTIFICATE-----\n");
+  CommandResult r = Cli({"--tls-cert", pem, "health"});
+  EXPECT_EQ(r.exit_code, 2) << Show(r);
+  EXPECT_THAT(r.err, StartsWith("error: health: --tls-cert requires --tls-"));
+  r = Cli({"--tls-ca", pem, "--tls-key", pem, "health"});
+  EXPECT_EQ(r.exit_code, 2) << Show(r);
+  EXPECT_EQ(r.err,
+            "error: health: --tls-key requires --tls-cert\n"
+            "see modelstatectl health --help\n");
+  std::string text = WriteFile("notes.txt", "not a certificate\n");
+  r = Cli({"--tls-ca", text, "health"});
+  EXPECT_EQ(r.exit_code, 1) << Show(r);
+  EXPECT_EQ(r.err, "error: INVALID_ARGUMENT: --tls-ca: " + text +
+                       ": not PEM (no '-----BEGIN CERTIFICATE-----' line)\n");
 }
 
 // ------------------------------------------------------------- spec files
@@ -872,9 +919,6 @@ TEST_F(CliTest, HashTokenPrintsTheSha256OfTheToken) {
   r = Bare({"hash-token", WriteFile("empty.token", "\n")});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("the token is empty"));
-  r = Bare({"--tls-cert", token, "health"});
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.err, HasSubstr("--tls-cert and --tls-key go together"));
 }
 
 // --------------------------------------------------------------- progress
@@ -1001,6 +1045,77 @@ TEST(CliFormatTest, BuildListsBlockedAndReplacedRegistrations) {
             "replaced  parameter  0.bias    cast to float16 (subscriber "
             "dtype-guard)\n"
             "1 of 3 registrations blocked, 1 replaced by hooks\n");
+}
+
+// ---------------------------------------------------------------- cluster
+
+// This server has no --etcd_endpoints. Without ClusterService, gRPC's
+// UNIMPLEMENTED has no message; every cluster command says what
+// `audit query --cluster` says.
+TEST_F(CliTest, ClusterCommandsOnAServerOnItsOwnSaySo) {
+  const std::string error =
+      "error: INVALID_ARGUMENT: cluster: this server is not a cluster member "
+      "(--etcd_endpoints)\n";
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{
+           {"cluster", "status"},
+           {"cluster", "move", "team/mlp", "replica-2"},
+           {"audit", "verify", "--cluster"},
+           {"audit", "query", "--cluster", "--limit", "1"}}) {
+    SCOPED_TRACE(absl::StrJoin(args, " "));
+    CommandResult r = Cli(args);
+    EXPECT_EQ(r.exit_code, 1) << Show(r);
+    EXPECT_THAT(r.out, IsEmpty());
+    EXPECT_EQ(r.err, error);
+  }
+}
+
+// ------------------------------------------------------------- interrupts
+
+// Ctrl-C or SIGTERM in the middle of get-state removes the partial
+// FILE.tmp.PID.N and ends the CLI by that signal (a shell's 130 or 143);
+// the target is never written.
+TEST_F(CliTest, InterruptedGetStateLeavesNoTemporaryFile) {
+  // 16 MiB in 16 KiB messages: a thousand steps to interrupt.
+  Build("interrupt/lin", R"({"type": "Linear", "args": [2048, 2048]})");
+  const std::string file = Path("interrupted.safetensors");
+  auto temporaries = [&] {
+    std::vector<std::string> found;
+    for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
+      std::string name = entry.path().filename().string();
+      if (absl::StartsWith(name, "interrupted.safetensors")) {
+        found.push_back(name);
+      }
+    }
+    return found;
+  };
+  for (int sig : {SIGINT, SIGTERM}) {
+    SCOPED_TRACE(sig);
+    BackgroundProcess cli({MODELSTATE_CLI_BINARY, "--server",
+                           server_->address(), "--no-shared-memory",
+                           "get-state", "interrupt/lin", "-o", file,
+                           "--chunk-kib", "16"});
+    ASSERT_TRUE(cli.started());
+    // Once the temporary file exists, the server stops so that the
+    // transfer cannot finish before the signal lands.
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (temporaries().empty() &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    ASSERT_THAT(temporaries(),
+                ElementsAre(StartsWith("interrupted.safetensors.tmp.")));
+    {
+      ServerPause pause(server_->pid(), std::chrono::milliseconds(1000));
+      cli.Kill(sig);
+      EXPECT_EQ(cli.Wait(), 128 + sig);
+    }
+    EXPECT_THAT(temporaries(), IsEmpty());
+  }
+  // Uninterrupted, the same command writes the file.
+  CommandResult r = Cli({"get-state", "interrupt/lin", "-o", file});
+  ASSERT_EQ(r.exit_code, 0) << Show(r);
+  EXPECT_THAT(temporaries(), ElementsAre("interrupted.safetensors"));
 }
 
 // ----------------------------------------------------------------- health
