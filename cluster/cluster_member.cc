@@ -259,8 +259,8 @@ void ClusterMember::RenewLoop() {
       // for longer than its time to live): join again under a new one.
       Log(LogLevel::kWarning, "the cluster lease expired; registering again");
       status = Register(/*first=*/false);
-      if (!Standing().ok()) {
-        Log(LogLevel::kError, std::string(Standing().message()));
+      if (absl::Status standing = Standing(); !standing.ok()) {
+        Log(LogLevel::kError, std::string(standing.message()));
         return;
       }
     }

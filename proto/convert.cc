@@ -30,18 +30,19 @@ absl::Status InField(const absl::Status& status, absl::string_view field) {
 std::string FitStatusMessage(absl::string_view message) {
   // gRPC sends the message percent-encoded in the trailers: a byte outside
   // printable ASCII, or '%', takes three.
+  auto cost = [&](size_t i) -> size_t {
+    const unsigned char c = static_cast<unsigned char>(message[i]);
+    return (c < 0x20 || c > 0x7e || c == '%') ? 3 : 1;
+  };
   size_t encoded = 0, fits = 0;
   for (; fits < message.size(); ++fits) {
-    const unsigned char c = static_cast<unsigned char>(message[fits]);
-    const size_t cost = (c < 0x20 || c > 0x7e || c == '%') ? 3 : 1;
-    if (encoded + cost > kMaxStatusMessageBytes) break;
-    encoded += cost;
+    if (encoded + cost(fits) > kMaxStatusMessageBytes) break;
+    encoded += cost(fits);
   }
   if (fits == message.size()) return std::string(message);
   // A note of at most 64 bytes follows; cut at a character's start.
   while (fits > 0 && encoded + 64 > kMaxStatusMessageBytes) {
-    const unsigned char c = static_cast<unsigned char>(message[--fits]);
-    encoded -= (c < 0x20 || c > 0x7e || c == '%') ? 3 : 1;
+    encoded -= cost(--fits);
   }
   while (fits > 0 &&
          (static_cast<unsigned char>(message[fits]) & 0xc0) == 0x80) {
