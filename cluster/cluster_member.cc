@@ -37,7 +37,8 @@ ClusterMember::ClusterMember(ClusterOptions options,
     : options_(std::move(options)), etcd_(std::move(etcd)) {}
 
 absl::StatusOr<std::unique_ptr<ClusterMember>> ClusterMember::Join(
-    ClusterOptions options, const std::vector<std::string>& local_modules) {
+    ClusterOptions options, const std::vector<std::string>& local_modules,
+    std::vector<ModuleOwner>* owned_elsewhere) {
   if (options.replica_id.empty()) {
     return absl::InvalidArgumentError("replica_id: empty");
   }
@@ -63,6 +64,14 @@ absl::StatusOr<std::unique_ptr<ClusterMember>> ClusterMember::Join(
   MODELSTATE_RETURN_IF_ERROR(member->Register(/*first=*/true));
   for (const std::string& module : local_modules) {
     absl::Status claimed = member->Claim(module);
+    if (absl::IsFailedPrecondition(claimed) && owned_elsewhere != nullptr) {
+      absl::StatusOr<std::optional<std::string>> owner =
+          member->OwnerOf(module);
+      if (owner.ok() && owner->has_value() && **owner != member->replica()) {
+        owned_elsewhere->push_back({module, **owner});
+        continue;
+      }
+    }
     if (!claimed.ok()) {
       Log(LogLevel::kWarning, "a hosted module is owned elsewhere",
           {.correlation_id = "",

@@ -103,10 +103,12 @@ class ClusterMember {
  public:
   // Registers this replica under a new lease (ALREADY_EXISTS when a live
   // member has its replica id), claims the modules it already hosts
-  // (`local_modules`, full names; one owned by another replica is logged and
-  // left alone) and starts renewing the lease.
+  // (`local_modules`, full names) and starts renewing the lease. Those
+  // another replica owns go to `owned_elsewhere` with their owner (when
+  // given; else they are only logged): the copies here are not theirs.
   static absl::StatusOr<std::unique_ptr<ClusterMember>> Join(
-      ClusterOptions options, const std::vector<std::string>& local_modules);
+      ClusterOptions options, const std::vector<std::string>& local_modules,
+      std::vector<ModuleOwner>* owned_elsewhere = nullptr);
   // Stops renewing and revokes the lease: the replica leaves at once.
   ~ClusterMember();
 

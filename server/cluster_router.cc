@@ -44,15 +44,16 @@ absl::StatusOr<std::unique_ptr<ClusterRouter>> ClusterRouter::Create(
       std::move(options), std::move(secret), std::move(peers)));
 }
 
-absl::Status ClusterRouter::Join(
-    const std::string& advertise_address,
-    const std::vector<std::string>& local_modules) {
+absl::Status ClusterRouter::Join(const std::string& advertise_address,
+                                 const std::vector<std::string>& local_modules,
+                                 std::vector<ModuleOwner>* owned_elsewhere) {
   ClusterOptions options = options_;
   if (!advertise_address.empty() && options.advertise_address.empty()) {
     options.advertise_address = advertise_address;
   }
-  MODELSTATE_ASSIGN_OR_RETURN(std::unique_ptr<ClusterMember> member,
-                              ClusterMember::Join(options, local_modules));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      std::unique_ptr<ClusterMember> member,
+      ClusterMember::Join(options, local_modules, owned_elsewhere));
   MutexLock lock(&mu_);
   member_ = std::move(member);
   return absl::OkStatus();

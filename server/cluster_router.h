@@ -73,9 +73,11 @@ class ClusterRouter {
       std::shared_ptr<grpc::ChannelCredentials> peers);
 
   // Registers in etcd; until it has, module calls answer UNAVAILABLE.
-  // `advertise_address` "" keeps the options' address.
+  // `advertise_address` "" keeps the options' address. The local modules
+  // another replica owns go to `owned_elsewhere` (ClusterMember::Join).
   absl::Status Join(const std::string& advertise_address,
-                    const std::vector<std::string>& local_modules);
+                    const std::vector<std::string>& local_modules,
+                    std::vector<ModuleOwner>* owned_elsewhere = nullptr);
   // Leaves the cluster (revokes the lease).
   void Leave();
   // The names of the subscribers connected to this replica, relayed ones

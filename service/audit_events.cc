@@ -255,6 +255,8 @@ absl::string_view AuditTypeName(AuditType type) {
       return "move_out";
     case AuditType::kMoveIn:
       return "move_in";
+    case AuditType::kSetAside:
+      return "set_aside";
   }
   return "unknown";
 }
@@ -508,6 +510,12 @@ AuditRecord Recovered(const ModuleName& module, const ChangeNote& note) {
        "the change was saved, but the server stopped before "
        "recording it"}}.dump(-1, ' ', false, kReplaceInvalidUtf8);
   return r;
+}
+
+AuditRecord SetAside(const ModuleName& module, const std::string& owner,
+                     const std::string& path, const absl::Status& result) {
+  return Change(AuditType::kSetAside, OperationContext{}, module,
+                {{"owner", owner}, {"path", path}}, result);
 }
 
 AuditRecord RestoreFailed(const absl::Status& error) {

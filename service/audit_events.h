@@ -66,6 +66,7 @@ enum class AuditType {
   kRelease,
   kMoveOut,
   kMoveIn,
+  kSetAside,
 };
 
 // The stored name: "build", "register", "load_state_dict", ...
@@ -188,6 +189,10 @@ AuditRecord DeniedAggregate(const DeniedCount& denied);
 // A change saved on disk (`note`) that the log had not recorded.
 AuditRecord Recovered(const ModuleName& module, const ChangeNote& note);
 AuditRecord RestoreFailed(const absl::Status& error);
+// A copy of `module` found here at start-up that the cluster says
+// `owner` holds (left by a move that crashed), moved to `path`.
+AuditRecord SetAside(const ModuleName& module, const std::string& owner,
+                     const std::string& path, const absl::Status& result);
 
 }  // namespace audit_events
 }  // namespace modelstate

@@ -17,6 +17,7 @@ constexpr absl::string_view kAuditKey = "audit.key";
 constexpr absl::string_view kClusterVolume = "cluster.volume";
 constexpr absl::string_view kStaging = "staging";
 constexpr absl::string_view kModules = "modules";
+constexpr absl::string_view kSetAside = "set-aside";
 constexpr absl::string_view kManifest = "manifest.json";
 constexpr absl::string_view kTombstone = "deleted.json";
 constexpr absl::string_view kUncommitted = "uncommitted";
@@ -61,6 +62,12 @@ std::string StagingDir(absl::string_view data_dir) {
 
 std::string ModulesDir(absl::string_view data_dir) {
   return absl::StrCat(data_dir, "/", kModules);
+}
+
+std::string SetAsidePath(absl::string_view data_dir, const ModuleName& name,
+                         absl::string_view stamp) {
+  return absl::StrCat(data_dir, "/", kSetAside, "/", name.ns, "/", name.name,
+                      ".", stamp);
 }
 
 std::string NamespaceDir(absl::string_view modules_dir, absl::string_view ns) {

@@ -23,6 +23,11 @@
 //       data-<N>.safetensors   tensor bytes (N counts up, never reused)
 //       deleted.json           a deletion in progress (tombstone)
 //       <file>.tmp.<pid>.<n>   a temporary file of an interrupted write
+//   <data_dir>/set-aside/<namespace>/<name>.<time>/   a module directory
+//                                                     a cluster replica
+//                                                     found owned by
+//                                                     another (kept, never
+//                                                     served)
 //
 // Example:
 //   AuditLog::Open(data_dir::AuditLogPath("/var/lib/modelstate"));
@@ -48,6 +53,10 @@ std::string ClusterVolumePath(absl::string_view data_dir);
 std::string StagingDir(absl::string_view data_dir);
 std::string ModulesDir(absl::string_view data_dir);
 std::string SharedMemorySocketPath(absl::string_view data_dir);
+// Where the module directory of `name` goes when it is set aside; `stamp`
+// tells apart several copies of one name ("20261129T182501Z").
+std::string SetAsidePath(absl::string_view data_dir, const ModuleName& name,
+                         absl::string_view stamp);
 
 // Under the modules directory.
 std::string NamespaceDir(absl::string_view modules_dir, absl::string_view ns);

@@ -1328,6 +1328,25 @@ absl::Status ModelStore::MoveIn(
   return recorded(absl::OkStatus());
 }
 
+absl::Status ModelStore::SetAside(const ModuleName& name,
+                                  const std::string& owner,
+                                  const std::string& destination) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
+  MutexLock gate(&entry->gate);
+  {
+    ReaderMutexLock lock(&entry->mu);
+    if (entry->deleted) return Gone(*entry);
+  }
+  ModuleRepository* repo = repository();
+  absl::Status moved =
+      repo == nullptr ? absl::OkStatus() : repo->SetAside(name, destination);
+  // Withdrawn even when its files could not move: the copy is not the
+  // owner's, so serving it would show state the cluster may have changed
+  // or deleted since.
+  Withdraw(*entry, owner);
+  return Record(moved, audit_events::SetAside(name, owner, destination, moved));
+}
+
 std::vector<ModuleSummary> ModelStore::List(absl::string_view ns,
                                             absl::string_view after,
                                             size_t limit) const {

@@ -300,6 +300,13 @@ class ModelStore {
                       uint64_t bytes,
                       absl::FunctionRef<absl::Status()> take_ownership);
 
+  // A hosted module that another replica owns (a copy left by a cluster
+  // move that crashed half-way): no longer served, its directory moved to
+  // `destination` (kept for an operator; no restart loads it again).
+  // Recorded ("set_aside", naming `owner` and `destination`).
+  absl::Status SetAside(const ModuleName& name, const std::string& owner,
+                        const std::string& destination);
+
   // Modules in name order, of namespace `ns` (all if empty), starting after
   // `after` (full name; "" = from the start), at most `limit`.
   std::vector<ModuleSummary> List(absl::string_view ns, absl::string_view after,

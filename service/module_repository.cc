@@ -1113,6 +1113,35 @@ absl::Status ModuleRepository::Remove(const ModuleName& name,
   return absl::OkStatus();
 }
 
+absl::Status ModuleRepository::SetAside(const ModuleName& name,
+                                        const std::string& destination) {
+  {
+    MutexLock lock(&mu_);
+    auto it = files_.find(name.full());
+    if (it != files_.end()) {
+      if (!it->second->reserved.empty() || it->second->saves != 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "module '", name.full(), "' is being written; not set aside"));
+      }
+      files_.erase(it);
+    }
+  }
+  const std::string dir = ModuleDir(name);
+  const fs::path parent = fs::path(destination).parent_path();
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat(parent.string(), ": cannot create: ", ec.message()));
+  }
+  if (rename(dir.c_str(), destination.c_str()) != 0) {
+    return ErrnoStatus(errno, dir, "rename failed");
+  }
+  // Both directory entries changed: durable before anyone relies on it.
+  MODELSTATE_RETURN_IF_ERROR(FsyncParentDirectory(destination));
+  return FsyncParentDirectory(dir);
+}
+
 absl::StatusOr<std::vector<std::string>> ModuleRepository::CommittedFiles(
     const ModuleName& name) {
   const std::string dir = ModuleDir(name);

@@ -196,6 +196,11 @@ class ModuleRepository {
   // module's files queued for deletion.
   absl::Status Remove(const ModuleName& name, const ChangeNote& note);
   void DropTombstone(const ModuleName& name);
+  // Moves the directory of `name` to `destination` (a path outside this
+  // repository; its parents are created) and forgets it: the files are kept
+  // for an operator, and no later LoadAll finds them. FAILED_PRECONDITION
+  // while a save or a reserved file of the name is under way.
+  absl::Status SetAside(const ModuleName& name, const std::string& destination);
 
   struct Loaded {
     ModuleName name;

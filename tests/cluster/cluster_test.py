@@ -45,7 +45,10 @@ Checked through the real Python client's stubs, against every replica:
   their half ("move_out", "move_in"), the new owner restarts with it and
   every log verifies; it moves back; moving to the owner, to a replica
   without a lease, an unplaced module, and ImportModule from a client
-  are refused;
+  are refused; a copy of a moved module that its old owner's volume still
+  holds after a crash is set aside at that replica's restart (kept under
+  data/set-aside, audited "set_aside"), never served or listed, even after
+  the owner deletes the module;
 - etcd restarted: calls about modules fail UNAVAILABLE while it is down
   (no server fails) and work again once it is back;
 - etcd with authentication on (--etcd_user, --etcd_password_file): a
@@ -997,6 +1000,79 @@ class ClusterTest(unittest.TestCase):
         self.assertEqual(e.exception.code(), grpc.StatusCode.UNAUTHENTICATED)
         # Nothing moved.
         self.assertEqual(self.owners()["move/n"], owner)
+
+    def test_9i_a_copy_left_by_a_crashed_move_is_set_aside(self):
+        # The old owner crashes after the new owner took the module over
+        # but before it deleted its own copy: its volume then holds the
+        # module as it was before the move (kept aside here, put back
+        # while it is down).
+        module = "stale/m"
+        self.build("r0", module, seed=11)
+        source = self.owners()[module]
+        target = [r for r in sorted(self.servers) if r != source][0]
+        source_dir = os.path.join(self.servers[source].dir, "data",
+                                  "modules", "stale", "m")
+        kept = os.path.join(self.servers[source].dir, "kept-copy")
+        shutil.copytree(source_dir, kept)
+        moved = self.cli(source, "cluster", "move", module, target)
+        self.assertEqual(moved.returncode, 0, moved.stdout + moved.stderr)
+        self.wait_until("the old copy's files to go", lambda: not (
+            os.path.exists(source_dir) and os.listdir(source_dir)))
+        header, data = self.state(target, module)
+        # A write at the new owner: the copy no longer matches it.
+        changed = bytes(b ^ 0x33 for b in data)
+        self.load(target, module, header, changed)
+        self.servers[source].kill()
+        shutil.rmtree(source_dir, ignore_errors=True)
+        shutil.copytree(kept, source_dir)
+        self.servers[source].start()
+        # Not served, not listed twice: every read reaches the owner.
+        self.assertEqual(self.owners()[module], target)
+        for replica in self.servers:
+            self.assertEqual(self.state(replica, module)[1], changed, replica)
+        names = [m.module for m in self.stub(source).ListModules(
+            pb.ListModulesRequest(namespace="stale"), timeout=TIMEOUT).modules]
+        self.assertEqual(names, [module])
+        # Its files are kept for an operator, out of the modules directory,
+        # and the replica audited what it did.
+        self.assertFalse(os.path.exists(source_dir))
+        aside = os.path.join(self.servers[source].dir, "data", "set-aside",
+                             "stale")
+        copies = os.listdir(aside)
+        self.assertEqual(len(copies), 1, copies)
+        self.assertTrue(copies[0].startswith("m."), copies)
+        self.assertTrue(os.path.exists(
+            os.path.join(aside, copies[0], "manifest.json")))
+        records = self.audit_of(source, "set_aside", module)
+        self.assertEqual(len(records), 1)
+        details = json.loads(records[0].details_json)
+        self.assertEqual(details["owner"], target)
+        self.assertEqual(records[0].outcome, "ok")
+        # Once the owner deletes the module, no replica answers for it
+        # (the old copy used to, with its old bytes).
+        self.stub(target).DeleteModule(pb.DeleteModuleRequest(module=module),
+                                       timeout=TIMEOUT)
+        for replica in self.servers:
+            with self.assertRaises(grpc.RpcError) as e:
+                self.state(replica, module)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND,
+                             replica)
+        # Nor after a restart.
+        self.servers[source].kill()
+        self.servers[source].start()
+        answers = []
+
+        def read_at_source():
+            try:
+                answers.append(self.state(source, module))
+            except grpc.RpcError as e:
+                # A channel to the killed process may fail once.
+                if e.code() == grpc.StatusCode.UNAVAILABLE:
+                    return False
+                answers.append(e.code())
+            return True
+        self.wait_until("the restarted replica to answer", read_at_source)
+        self.assertEqual(answers, [grpc.StatusCode.NOT_FOUND])
 
 
 class TlsClusterTest(unittest.TestCase):
