@@ -756,6 +756,59 @@ class RemoteModuleTest(Checks):
         for key, value in model.state_dict().items():
             self.assertTrue(same_bits(remote.state_dict()[key], value), key)
 
+    def test_a_submodules_strict_load_applies_torchs_key_rules(self):
+        """A view's strict keys follow the rules the root's load follows:
+        an old checkpoint without BatchNorm's num_batches_tracked loads,
+        keys under a None child are ignored, unexpected keys come module
+        by module, and the size mismatches torch finds are in the same
+        error as the missing and unexpected keys."""
+        class Inner(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(2, 2)
+                self.norm = nn.BatchNorm1d(2)
+                self.register_module("gone", None)
+                self.register_buffer("count", torch.tensor(0))
+
+        class Outer(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.pre = nn.Linear(1, 1)
+                self.inner = Inner()
+
+        torch.manual_seed(0)
+        model = Outer()
+        remote = ms.push(model, "view/keyrules")
+        view = remote.get_submodule("inner")
+        own = model.inner.state_dict()
+        no_counter = collections.OrderedDict(own)
+        del no_counter["norm.num_batches_tracked"]
+        old_meta = collections.OrderedDict(own)
+        del old_meta["norm.num_batches_tracked"]
+        old_meta._metadata = {"": {"version": 1}, "norm": {"version": 1}}
+        cases = [
+            no_counter,
+            old_meta,
+            dict(own, **{"gone.weight": torch.ones(1)}),
+            dict(own, **{"norm.zz": torch.ones(1), "zz": torch.ones(1),
+                         "lin.zz": torch.ones(1)}),
+            dict({k: v for k, v in own.items() if k != "lin.bias"},
+                 **{"norm.weight": torch.ones(3), "count": torch.ones(1),
+                    "lin.weight": torch.ones(1, 2), "zz": torch.ones(1)}),
+        ]
+        for sd in cases:
+            with self.subTest(keys=list(sd)):
+                mine = copy.deepcopy(model.inner)
+                try:
+                    want = mine.load_state_dict(sd)
+                except RuntimeError as e:
+                    with self.assertRaises(RuntimeError) as ours:
+                        view.load_state_dict(sd)
+                    self.assertEqual(str(ours.exception), str(e))
+                else:
+                    self.assertEqual(repr(view.load_state_dict(sd)),
+                                     repr(want))
+
     def test_values_the_wire_cannot_carry_are_looked_at_as_torch_does(self):
         """An unexpected key's value is never looked at: torch lists the
         key (a Python number or a complex tensor is no TypeError), and

@@ -448,21 +448,93 @@ class RemoteModule:
                                      errors))
 
     def _check_keys(self, state_dict, strict):
-        """A submodule's strict load, checked before anything is sent (the
-        server loads whole modules only)."""
+        """A submodule's strict load, checked before anything is sent: the
+        server loads whole modules only, so the view's missing and
+        unexpected keys are found here, by the rules the server applies at
+        the root (PyTorch 2.x's; see _view_load_errors). torch reports the
+        size mismatches with them, so they are in the same error."""
         if not strict:
             return
-        header, _ = self._fetch(_SELECT.SELECTION_STATE_DICT,
-                                metadata_only=True)
-        prefix = self.path + "."
-        expected = [e.key[len(prefix):] for e in header.entries]
-        missing = [k for k in expected if k not in state_dict]
-        unexpected = [k for k in state_dict if k not in set(expected)]
+        missing, unexpected, errors = self._view_load_errors(state_dict)
         if missing or unexpected:
             raise FailedPreconditionError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 _missing_unexpected_text(self.type_name, missing,
-                                         unexpected))
+                                         unexpected, errors))
+
+    def _view_load_errors(self, state_dict):
+        """(missing, unexpected, other errors) of loading `state_dict` into
+        this submodule, as torch's load_state_dict walks it: each module in
+        pre-order over its raw children, its parameters and persistent
+        buffers, then its extra state, then the keys under its prefix that
+        name nothing it has (a dotted rest must start with a child's name,
+        a plain one must be local state). A BatchNorm whose _metadata
+        version is absent or below 2 takes its counter as given, so a
+        missing num_batches_tracked is no missing key there."""
+        header, _ = self._fetch(_SELECT.SELECTION_STATE_DICT,
+                                metadata_only=True)
+        prefix = self.path + "."
+        shapes = {e.key[len(prefix):]: tuple(e.shape)
+                  for e in header.entries}
+        meta = getattr(state_dict, "_metadata", None) or {}
+        missing, unexpected, errors = [], [], []
+        described = {}
+
+        def check_shape(key, value):
+            target = shapes[key]
+            _, shape, _ = _tensors.describe(value)
+            shape = tuple(shape)
+            if len(target) == 0 and len(shape) == 1:
+                shape = ()  # torch copies input[0] into a 0-dim tensor
+            if shape != target:
+                size = torch.Size if torch is not None else tuple
+                errors.append(f"size mismatch for {key}: copying a param "
+                              f"with shape {size(value.shape)} from "
+                              f"checkpoint, the shape in current model is "
+                              f"{size(target)}.")
+
+        def walk(info, rel):
+            described[rel] = info
+            own = rel + "." if rel else ""
+            local_meta = meta.get(rel)
+            version = local_meta.get("version") \
+                if isinstance(local_meta, dict) else None
+            local = [e.name for e in info.parameters if not e.is_none]
+            buffers = [e.name for e in info.buffers
+                       if not e.is_none and e.tensor.persistent]
+            for name in local + buffers:
+                key = own + name
+                if key in state_dict:
+                    check_shape(key, state_dict[key])
+                elif not (name == "num_batches_tracked" and
+                          name in buffers and info.version >= 2 and
+                          (version is None or version < 2)):
+                    missing.append(key)
+            local += buffers
+            extra = own + "_extra_state"
+            if extra in shapes and extra not in state_dict:
+                missing.append(extra)
+            children = {c.name for c in info.children}
+            for key in state_dict:
+                if not key.startswith(own) or \
+                        (key == extra and extra in shapes):
+                    continue
+                rest = key[len(own):]
+                if ("." in rest and rest.split(".")[0] not in children) or \
+                        ("." not in rest and rest not in local):
+                    unexpected.append(key)
+            for child in info.children:
+                if child.is_none:
+                    continue
+                path = own + child.name
+                if child.same_as:
+                    walk(described.get(child.same_as) or
+                         self.info(child.same_as).info, path)
+                else:
+                    walk(child.module, path)
+
+        walk(self.info().info, "")
+        return missing, unexpected, errors
 
     # ---------------------------------------------------------- changes --
     def to(self, *args, **kwargs):
