@@ -308,6 +308,16 @@ class StateTest(unittest.TestCase):
         with self.assertRaises(KeyError) as exists:
             remote.register_buffer("w", torch.zeros(1))
         self.assertIn("attribute 'w' already exists", str(exists.exception))
+        # A "." or an empty name: torch's register_* raise KeyError too.
+        for call in (lambda: remote.register_parameter("a.b", None),
+                     lambda: remote.register_buffer("", torch.zeros(1)),
+                     lambda: remote.register_module("x.y", {"type": "ReLU"}),
+                     lambda: remote.register_module("", None)):
+            with self.assertRaises(KeyError) as bad_name:
+                call()
+            self.assertIsInstance(bad_name.exception, ValueError)
+            self.assertRegex(str(bad_name.exception),
+                             r"^(parameter|buffer|module) name can't ")
         with self.assertRaises(modelstate.NotFoundError):
             ms.module("reg/absent")
         self.assertIn("reg/custom", ms.modules("reg"))

@@ -18,7 +18,8 @@
 """
 
 from ._errors import (AlreadyExistsError, DTypeError, FailedPreconditionError,
-                      InvalidArgumentError, ModelStateError, NotFoundError)
+                      InvalidArgumentError, InvalidNameError, ModelStateError,
+                      NotFoundError)
 from ._hooks import REJECT, HookHandle, ModuleRef
 from ._order import record_construction
 from ._pull import PullNote
@@ -30,8 +31,8 @@ __version__ = "0.2.0"
 
 __all__ = [
     "AlreadyExistsError", "Client", "DTypeError", "FailedPreconditionError",
-    "HookHandle", "InvalidArgumentError", "ModelStateError", "ModuleRef",
-    "NotFoundError", "PullNote", "PushNote", "REJECT", "RemoteModule",
-    "connect",
+    "HookHandle", "InvalidArgumentError", "InvalidNameError",
+    "ModelStateError", "ModuleRef", "NotFoundError", "PullNote", "PushNote",
+    "REJECT", "RemoteModule", "connect",
     "record_construction",
 ]

@@ -3,6 +3,8 @@ status code and the server's message. Subclasses also derive from the
 Python exception PyTorch raises in the same situation, so code written
 against torch.nn.Module catches them unchanged."""
 
+import re
+
 import grpc
 
 
@@ -32,6 +34,18 @@ class InvalidArgumentError(ModelStateError, ValueError):
     """A malformed request; the message names the field (INVALID_ARGUMENT)."""
 
 
+class InvalidNameError(InvalidArgumentError, KeyError):
+    """A parameter, buffer or module name with a "." or an empty one
+    (INVALID_ARGUMENT): PyTorch's register_* raise KeyError there."""
+
+
+# The server's texts for those names, as PyTorch words them
+# (core/module.cc): "parameter name can't contain "."", "module name can't
+# be empty string """, ...
+_NAME_ERROR = re.compile(r"^(parameter|buffer|module) name can't "
+                         r"(contain \"\.\"|be empty string \"\")")
+
+
 class DTypeError(ModelStateError, TypeError):
     """to() with a dtype that is not floating point (PyTorch's TypeError)."""
 
@@ -54,6 +68,10 @@ def from_rpc_error(error, invalid_argument=None):
     another class for INVALID_ARGUMENT."""
     code = error.code()
     cls = _BY_CODE.get(code, ModelStateError)
-    if code == grpc.StatusCode.INVALID_ARGUMENT and invalid_argument:
-        cls = invalid_argument
-    return cls(code, error.details() or str(code))
+    message = error.details() or str(code)
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        if _NAME_ERROR.match(message):
+            cls = InvalidNameError
+        elif invalid_argument:
+            cls = invalid_argument
+    return cls(code, message)
