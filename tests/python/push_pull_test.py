@@ -841,9 +841,31 @@ class RemoteModuleTest(Checks):
         sd = dict(local[0].state_dict(), step=torch.tensor(1j))
         self.assertEqual(view.load_state_dict(sd, strict=False),
                          local[0].load_state_dict(sd, strict=False))
-        # A value the wire cannot carry for an own key stays a TypeError.
-        with self.assertRaisesRegex(TypeError, "got float"):
-            remote.load_state_dict(dict(good, **{"0.weight": 1.5}))
+        # A value that is no tensor under an own key is torch's
+        # RuntimeError, with the load's other errors (strict or not), in a
+        # view too; nothing is loaded.
+        before = remote.state_dict()
+        bad_values = [{"0.weight": 1.5}, {"0.bias": None, "zz": 3},
+                      {"0.bias": [1.0] * 4, "0.weight": torch.ones(5)}]
+        for bad in bad_values:
+            for strict in (True, False):
+                for path in ("", "0"):
+                    rel = len(path) + 1 if path else 0
+                    sd = {k[rel:]: v for k, v in dict(good, **bad).items()
+                          if k.startswith(path)}
+                    with self.subTest(keys=list(bad), strict=strict,
+                                      path=path):
+                        with self.assertRaises(RuntimeError) as theirs:
+                            copy.deepcopy(local.get_submodule(path)) \
+                                .load_state_dict(sd, strict=strict)
+                        with self.assertRaises(RuntimeError) as ours:
+                            remote.get_submodule(path).load_state_dict(
+                                sd, strict=strict)
+                        self.assertEqual(str(ours.exception),
+                                         str(theirs.exception))
+        for key, value in before.items():
+            self.assertTrue(same_bits(remote.state_dict()[key], value), key)
+        # A tensor of a dtype modelstate lacks stays a TypeError.
         with self.assertRaisesRegex(TypeError, "complex64"):
             remote.load_state_dict(dict(good, **{"0.bias": torch.ones(
                 4, dtype=torch.complex64)}), strict=False)

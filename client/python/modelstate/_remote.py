@@ -304,7 +304,7 @@ class RemoteModule:
         unless atomic=False: a failed load changes nothing."""
         check_state_dict(state_dict, "load_state_dict", values=False)
         prefix = self.path + "." if self.path else ""
-        state_dict = self._stand_ins(state_dict)
+        state_dict = self._stand_ins(state_dict, strict)
         self._check_meta(state_dict, strict)
         if self.path:
             self._check_keys(state_dict, strict)
@@ -341,13 +341,16 @@ class RemoteModule:
         return _IncompatibleKeys(mine(response.missing_keys),
                                  mine(response.unexpected_keys))
 
-    def _stand_ins(self, state_dict):
+    def _stand_ins(self, state_dict, strict):
         """`state_dict` with a stand-in (an empty uint8 tensor) for each
         value of an unexpected key that the wire cannot carry (not a
         tensor, or of a dtype modelstate lacks): torch never looks at an
         unexpected key's value, and the server then lists the key where
-        torch does (or raises torch's strict error). Such a value for one
-        of the module's own keys stays a TypeError."""
+        torch does (or raises torch's strict error). A value that is no
+        tensor under one of the module's own keys is torch's RuntimeError
+        ("expected torch.Tensor or Tensor-like object"), with the load's
+        other errors, and nothing is loaded; a tensor of a dtype modelstate
+        lacks there stays a TypeError."""
         def carried(value):
             if not _tensors.is_tensor(value):
                 return False
@@ -369,12 +372,16 @@ class RemoteModule:
             out._metadata = state_dict._metadata
         for key in bad:
             value = state_dict[key]
-            if key in own:
-                if _tensors.is_tensor(value):
-                    _tensors.describe(value)  # its TypeError
-                raise TypeError(f"load_state_dict['{key}']: expected a "
-                                f"tensor, got {type(value).__name__}")
+            if key in own and _tensors.is_tensor(value):
+                _tensors.describe(value)  # its TypeError
             out[key] = _stand_in()
+        if any(key in own for key in bad):
+            missing, unexpected, errors = self._view_load_errors(state_dict)
+            raise FailedPreconditionError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                _missing_unexpected_text(
+                    self.type_name, missing if strict else [],
+                    unexpected if strict else [], errors))
         return out
 
     def _torch_text(self, text):
@@ -464,7 +471,7 @@ class RemoteModule:
 
     def _view_load_errors(self, state_dict):
         """(missing, unexpected, other errors) of loading `state_dict` into
-        this submodule, as torch's load_state_dict walks it: each module in
+        this module or submodule, as torch's load_state_dict walks it: each module in
         pre-order over its raw children, its parameters and persistent
         buffers, then its extra state, then the keys under its prefix that
         name nothing it has (a dotted rest must start with a child's name,
@@ -473,7 +480,7 @@ class RemoteModule:
         missing num_batches_tracked is no missing key there."""
         header, _ = self._fetch(_SELECT.SELECTION_STATE_DICT,
                                 metadata_only=True)
-        prefix = self.path + "."
+        prefix = self.path + "." if self.path else ""
         shapes = {e.key[len(prefix):]: tuple(e.shape)
                   for e in header.entries}
         meta = getattr(state_dict, "_metadata", None) or {}
@@ -481,6 +488,11 @@ class RemoteModule:
         described = {}
 
         def check_shape(key, value):
+            if not _tensors.is_tensor(value):
+                errors.append(f'While copying the parameter named "{key}", '
+                              f"expected torch.Tensor or Tensor-like object "
+                              f"from checkpoint but received {type(value)}")
+                return
             target = shapes[key]
             _, shape, _ = _tensors.describe(value)
             shape = tuple(shape)
