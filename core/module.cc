@@ -1,6 +1,8 @@
 #include "core/module.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -1314,6 +1316,55 @@ absl::Status CheckHeldBytes(const Module& module) {
     MODELSTATE_RETURN_IF_ERROR(CheckTensorBytes(key, t));
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
+  return a > std::numeric_limits<uint64_t>::max() - b
+             ? std::numeric_limits<uint64_t>::max()
+             : a + b;
+}
+
+// TraversalEntries with a memo: a module shared along many paths is
+// counted once and its total reused.
+uint64_t CountTraversal(const Module& m,
+                        absl::flat_hash_map<const Module*, uint64_t>& memo) {
+  if (auto it = memo.find(&m); it != memo.end()) return it->second;
+  uint64_t n = 0;
+  for (const auto& item : m.parameters()) n += item.value.defined() ? 1 : 0;
+  for (const auto& item : m.buffers()) n += item.value.defined() ? 1 : 0;
+  for (const auto& item : m.children()) {
+    if (item.value == nullptr) continue;
+    n = SaturatingAdd(n, SaturatingAdd(1, CountTraversal(*item.value, memo)));
+  }
+  memo[&m] = n;
+  return n;
+}
+
+uint64_t CountPaths(const Module& m, const Module& target,
+                    absl::flat_hash_map<const Module*, uint64_t>& memo) {
+  if (&m == &target) return 1;
+  if (auto it = memo.find(&m); it != memo.end()) return it->second;
+  uint64_t n = 0;
+  for (const auto& item : m.children()) {
+    if (item.value == nullptr) continue;
+    n = SaturatingAdd(n, CountPaths(*item.value, target, memo));
+  }
+  memo[&m] = n;
+  return n;
+}
+
+}  // namespace
+
+uint64_t TraversalEntries(const Module& module) {
+  absl::flat_hash_map<const Module*, uint64_t> memo;
+  return CountTraversal(module, memo);
+}
+
+uint64_t PathsTo(const Module& root, const Module& target) {
+  absl::flat_hash_map<const Module*, uint64_t> memo;
+  return CountPaths(root, target, memo);
 }
 
 }  // namespace modelstate

@@ -391,6 +391,19 @@ absl::Status ApplyFinalDecisions(absl::Span<const RegistrationRecord> records,
 // a to(), hashes): DATA_LOSS naming the first damaged tensor by its key.
 absl::Status CheckHeldBytes(const Module& module);
 
+// How many entries PyTorch's path-by-path traversals of `module` walk
+// (state_dict, its _metadata, load_state_dict): every submodule path below
+// it, plus the non-null parameters and buffers at every path. A shared
+// submodule counts once per path, so a chain of submodules each shared
+// twice (a "diamond") doubles it per level: a tiny tree can have 2^40
+// state_dict keys. Computed in time linear in the distinct modules;
+// saturates at UINT64_MAX.
+uint64_t TraversalEntries(const Module& module);
+
+// The number of paths from `root` down to `target` (1 for the root itself,
+// 0 when it is not in the tree); saturates at UINT64_MAX.
+uint64_t PathsTo(const Module& root, const Module& target);
+
 }  // namespace modelstate
 
 #endif  // MODELSTATE_CORE_MODULE_H_

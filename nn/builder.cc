@@ -2,6 +2,8 @@
 // entry (members, refs, ties), and hands library types to their entries in
 // the layer table (layer_registry.h): layers get their bound constructor
 // arguments, containers their spec's children.
+#include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -320,6 +322,20 @@ absl::StatusOr<Tensor> CreateTensor(const TensorSpec& spec, uint64_t seed,
   return internal::MakeCustomTensor(spec, ctx);
 }
 
+absl::Status CheckTraversalEntries(uint64_t entries,
+                                   const BuildLimits& limits) {
+  if (entries <= static_cast<uint64_t>(limits.max_entries)) {
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "The module would have ",
+      entries == std::numeric_limits<uint64_t>::max() ? "more than " : "",
+      entries,
+      " state_dict keys and submodule paths (a shared submodule counts once "
+      "per path), more than the max_entries limit of ",
+      limits.max_entries));
+}
+
 absl::StatusOr<BuildResult> BuildModule(const ModuleSpec& spec,
                                         const BuildOptions& options) {
   if (!IsFloatingPoint(options.dtype)) {
@@ -336,6 +352,11 @@ absl::StatusOr<BuildResult> BuildModule(const ModuleSpec& spec,
   MODELSTATE_ASSIGN_OR_RETURN(
       std::shared_ptr<Module> root,
       internal::BuildSpec(spec, options.root_path, "spec", ctx));
+  // A `ref` adds no entry to the count above, but state_dict and
+  // load_state_dict walk a shared submodule once per path: a few refs
+  // nested as diamonds would give a tiny spec billions of keys.
+  MODELSTATE_RETURN_IF_ERROR(
+      CheckTraversalEntries(TraversalEntries(*root), options.limits));
   return BuildResult{std::move(root), std::move(ctx.records())};
 }
 

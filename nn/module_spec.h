@@ -166,6 +166,10 @@ struct BuildResult {
 absl::StatusOr<BuildResult> BuildModule(const ModuleSpec& spec,
                                         const BuildOptions& options);
 
+// RESOURCE_EXHAUSTED when a tree whose path-by-path traversals walk
+// `entries` entries (TraversalEntries) exceeds limits.max_entries.
+absl::Status CheckTraversalEntries(uint64_t entries, const BuildLimits& limits);
+
 // Creates one tensor from `spec` as a custom module's member would be
 // (drawing from Generator(seed) unless spec.init.seed is set), on `device`
 // with `default_dtype` when spec.dtype is unset. Errors as BuildModule.

@@ -123,6 +123,7 @@ absl::StatusOr<std::vector<RegistrationResult>> ModelService::RegisterTensor(
                                 MakeParameter(tensor, args.requires_grad));
   }
   r.value.tensor = std::move(tensor);
+  r.build_options.limits = BuildLimitsFrom(options_.limits);  // max_entries
   return Register(caller, args.module, std::move(r));
 }
 

@@ -1,7 +1,9 @@
 #include "service/model_store.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -664,6 +666,36 @@ absl::StatusOr<RegistrationOutcome> ApplyRequest(
   return target.RegisterModule(request.name, value.module, context);
 }
 
+// max_entries for the tree as the registration would leave it: what the
+// new value brings in place of the old one, once per path from the root to
+// `target` (a module shared along many paths multiplies it; see
+// TraversalEntries).
+absl::Status CheckRegisteredEntries(const Module& root, const Module& target,
+                                    const RegistrationRequest& request,
+                                    const SlotValue& value) {
+  uint64_t before = 0;
+  uint64_t after = 0;
+  if (request.kind == EntryKind::kModule) {
+    const std::shared_ptr<Module>* old = target.children().Find(request.name);
+    if (old != nullptr && *old != nullptr) before = 1 + TraversalEntries(**old);
+    if (value.module != nullptr) after = 1 + TraversalEntries(*value.module);
+  } else {
+    const Tensor* old = request.kind == EntryKind::kParameter
+                            ? target.parameters().Find(request.name)
+                            : target.buffers().Find(request.name);
+    before = old != nullptr && old->defined() ? 1 : 0;
+    after = value.tensor.defined() ? 1 : 0;
+  }
+  if (after <= before) return absl::OkStatus();
+  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  const uint64_t paths = PathsTo(root, target);
+  const uint64_t grown = after - before;
+  const uint64_t added = paths > kMax / grown ? kMax : paths * grown;
+  const uint64_t now = TraversalEntries(root);
+  return CheckTraversalEntries(now > kMax - added ? kMax : now + added,
+                               request.build_options.limits);
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<RegistrationResult>> ModelStore::Register(
@@ -737,6 +769,10 @@ absl::StatusOr<std::vector<RegistrationResult>> ModelStore::Register(
     ReaderMutexLock lock(&entry->mu);
     MODELSTATE_RETURN_IF_ERROR(
         ApplyRequest(*target, request, value, dry).status());
+    if (!request.removal) {
+      MODELSTATE_RETURN_IF_ERROR(
+          CheckRegisteredEntries(*entry->root, *target, request, value));
+    }
   }
   std::vector<RegistrationRecord> all = child_records;
   all.insert(all.end(), records.begin(), records.end());

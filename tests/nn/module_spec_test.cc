@@ -421,6 +421,45 @@ TEST(ModuleBuilderTest, LimitsAreEnforcedAndNamed) {
                        HasSubstr("max_total_bytes")));
 }
 
+// `depth` custom modules, each holding the one below as "a" and again as
+// "b" (a ref): 2^depth paths to the Linear at the bottom.
+std::string DiamondJson(int depth) {
+  std::string json = R"({"type": "Linear", "args": [1, 1]})";
+  for (int i = 0; i < depth; ++i) {
+    json = absl::StrCat(
+        R"({"type": "N", "members": [{"module": {"name": "a",
+        "spec": )",
+        json, R"(}}, {"module": {"name": "b", "spec": {"ref": "a"}}}]})");
+  }
+  return json;
+}
+
+TEST(ModuleBuilderTest, SharedSubmodulesCountOncePerPath) {
+  // state_dict lists a shared submodule's entries under every path: 40
+  // levels would be 2^41 keys from 42 modules, and state_dict or
+  // load_state_dict would run the server out of memory.
+  EXPECT_THAT(Build(DiamondJson(40)),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("a shared submodule counts once per path")));
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(BuildResult small, Build(DiamondJson(3)));
+  // 14 submodule paths below the root, 8 paths to the Linear's 2 tensors.
+  EXPECT_EQ(TraversalEntries(*small.root), 14u + 16u);
+  EXPECT_EQ(small.root->GetStateDict().tensors.size(), 16u);
+  BuildOptions o;
+  o.limits.max_entries = 29;
+  EXPECT_THAT(Build(DiamondJson(3), nullptr, o),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("would have 30 state_dict keys")));
+  o.limits.max_entries = 30;
+  EXPECT_THAT(Build(DiamondJson(3), nullptr, o), IsOk());
+  // Far beyond 64 bits: the count saturates instead of wrapping.
+  o = {};
+  o.limits.max_depth = 100;
+  EXPECT_THAT(Build(DiamondJson(70), nullptr, o),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("more than 18446744073709551615")));
+}
+
 long MaxRssKb() {
   struct rusage usage;
   getrusage(RUSAGE_SELF, &usage);

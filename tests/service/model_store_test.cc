@@ -215,6 +215,57 @@ TEST_F(ModelStoreTest, RegisterAddsAndRemovesEntriesAndNamesWhatIsMissing) {
                        HasSubstr("'t/none' does not exist")));
 }
 
+TEST_F(ModelStoreTest, SharingASubmoduleCountsItsEntriesOncePerPath) {
+  // A chain n0.a.a...a (6 levels) with a Linear at the bottom; sharing each
+  // level's "a" again as "b", bottom up, doubles the state_dict each time.
+  std::string json = R"({"type": "Linear", "args": [1, 1]})";
+  for (int i = 0; i < 6; ++i) {
+    json = absl::StrCat(R"({"type": "N", "members": [{"module": {"name": "a",
+        "spec": )",
+                        json, "}}]}");
+  }
+  ASSERT_THAT(Build("t/chain", json).status(), IsOk());
+  RegistrationRequest share;
+  share.kind = EntryKind::kModule;
+  share.name = "b";
+  share.build_options.limits.max_entries = 100;
+  std::string path = "a.a.a.a.a";
+  size_t keys = 2;
+  for (int level = 5; level >= 0; --level) {
+    share.path = path;
+    share.existing_path = path.empty() ? "a" : path + ".a";
+    absl::StatusOr<std::vector<RegistrationResult>> shared =
+        store_->Register(ctx_, Name("t/chain"), share);
+    if (keys * 2 > 32) {
+      // 64 keys and as many submodule paths: over 100.
+      EXPECT_THAT(shared.status(),
+                  StatusIs(absl::StatusCode::kResourceExhausted,
+                           HasSubstr("max_entries limit of 100")));
+      EXPECT_EQ(State("t/chain").tensors.size(), keys);  // unchanged
+      break;
+    }
+    ASSERT_THAT(shared.status(), IsOk());
+    keys *= 2;
+    EXPECT_EQ(State("t/chain").tensors.size(), keys);
+    path = path.size() > 1 ? path.substr(0, path.size() - 2) : "";
+  }
+  EXPECT_EQ(keys, 32u);
+  // 32 keys and 32 submodule paths now. A tensor registered in the module
+  // shared along 8 paths adds 8 keys.
+  RegistrationRequest add;
+  add.kind = EntryKind::kBuffer;
+  add.name = "count";
+  add.path = "a.a.a.a.a";
+  add.value.tensor = Filled(DType::kFloat32, {1}, 1);
+  add.build_options.limits.max_entries = 71;
+  EXPECT_THAT(store_->Register(ctx_, Name("t/chain"), add).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("would have 72 state_dict keys")));
+  add.build_options.limits.max_entries = 72;
+  EXPECT_THAT(store_->Register(ctx_, Name("t/chain"), add).status(), IsOk());
+  EXPECT_EQ(State("t/chain").tensors.size(), 40u);
+}
+
 TEST_F(ModelStoreTest, SnapshotsFilterAndDoNotChangeWithLaterWrites) {
   ASSERT_THAT(Build("t/m").status(), IsOk());
   ASSERT_THAT(store_->Load(ctx_, Name("t/m"), Pattern(1), {}).status(), IsOk());
