@@ -7,8 +7,10 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
@@ -798,11 +800,54 @@ struct LoadPlan {
   std::vector<std::string> errors;
 };
 
+// torch's _InstanceNorm._load_from_state_dict: a state_dict without
+// _metadata (from before 0.4.0, when InstanceNorm tracked running stats by
+// default) may carry running_mean / running_var that an InstanceNorm
+// without track_running_stats does not have. Those keys are an error, even
+// with strict=False, and not unexpected keys. Returns them.
+std::vector<std::string> LegacyRunningStats(const Module& m,
+                                            const std::string& prefix,
+                                            const StateDict& sd,
+                                            std::optional<int> version) {
+  std::vector<std::string> present;
+  if (version.has_value() ||
+      !absl::StartsWith(m.qualified_name(), "torch.nn.modules.instancenorm.")) {
+    return present;
+  }
+  const AttrValue* track = m.attributes().Find("track_running_stats");
+  if (track == nullptr || !std::holds_alternative<bool>(*track) ||
+      std::get<bool>(*track)) {
+    return present;
+  }
+  for (const char* name : {"running_mean", "running_var"}) {
+    std::string key = prefix + name;
+    if (sd.tensors.Contains(key)) present.push_back(std::move(key));
+  }
+  return present;
+}
+
+std::string LegacyRunningStatsText(absl::string_view klass,
+                                   const std::vector<std::string>& keys) {
+  return absl::StrCat(
+      "Unexpected running stats buffer(s) \"", absl::StrJoin(keys, "\" and \""),
+      "\" for ", klass,
+      " with track_running_stats=False. If state_dict is a checkpoint saved "
+      "before 0.4.0, this may be expected because ",
+      klass,
+      " does not track running stats by default since 0.4.0. Please remove "
+      "these keys from state_dict. If the running stats are actually needed, "
+      "instead set track_running_stats=True in ",
+      klass, " to enable them. See the documentation of ", klass,
+      " for details.");
+}
+
 // The rest of PlanLoad for one module: its extra state, and the keys under
-// its prefix that name nothing it has.
+// its prefix that name nothing it has (but for `dropped`, which are no
+// longer in torch's copy of the state_dict).
 void PlanExtraStateAndUnexpected(
     Module& m, const std::string& prefix, const StateDict& sd,
-    const absl::flat_hash_set<std::string>& local_names, LoadPlan& plan) {
+    const absl::flat_hash_set<std::string>& local_names,
+    const std::vector<std::string>& dropped, LoadPlan& plan) {
   std::string extra_key = prefix + std::string(kExtraStateKey);
   if (m.has_extra_state()) {
     if (const Tensor* t = sd.tensors.Find(extra_key)) {
@@ -820,6 +865,7 @@ void PlanExtraStateAndUnexpected(
   for (const auto& item : sd.tensors) {
     const std::string& key = item.key;
     if (!absl::StartsWith(key, prefix) || key == extra_key) continue;
+    if (absl::c_linear_search(dropped, key)) continue;
     absl::string_view rest = absl::string_view(key).substr(prefix.size());
     size_t dot = rest.find('.');
     if (dot != absl::string_view::npos) {
@@ -841,6 +887,10 @@ absl::Status PlanLoad(Module& m, const std::string& prefix, const StateDict& sd,
     std::string meta_key =
         prefix.empty() ? "" : prefix.substr(0, prefix.size() - 1);
     if (const int* v = sd.metadata->Find(meta_key)) version = *v;
+  }
+  std::vector<std::string> dropped = LegacyRunningStats(m, prefix, sd, version);
+  if (!dropped.empty()) {
+    plan.errors.push_back(LegacyRunningStatsText(m.type_name(), dropped));
   }
   // local_state: non-null parameters, then non-null persistent buffers.
   std::vector<std::pair<std::string, EntryKind>> local;
@@ -919,7 +969,7 @@ absl::Status PlanLoad(Module& m, const std::string& prefix, const StateDict& sd,
     plan.writes.push_back(
         PlannedWrite{&m, prefix, kind, name, key, target, std::move(input)});
   }
-  PlanExtraStateAndUnexpected(m, prefix, sd, local_names, plan);
+  PlanExtraStateAndUnexpected(m, prefix, sd, local_names, dropped, plan);
   for (const auto& item : m.children()) {
     if (item.value == nullptr) continue;
     MODELSTATE_RETURN_IF_ERROR(

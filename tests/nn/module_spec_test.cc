@@ -18,6 +18,7 @@
 #include "tests/testing/layer_examples.h"
 #include "tests/testing/spec_json.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tensors.h"
 
 namespace modelstate {
 namespace {
@@ -458,6 +459,49 @@ TEST(ModuleBuilderTest, SharedSubmodulesCountOncePerPath) {
   EXPECT_THAT(Build(DiamondJson(70), nullptr, o),
               StatusIs(absl::StatusCode::kResourceExhausted,
                        HasSubstr("more than 18446744073709551615")));
+}
+
+TEST(ModuleBuilderTest, InstanceNormRefusesAnOldCheckpointsRunningStats) {
+  // torch's _InstanceNorm: running stats in a state_dict without _metadata
+  // (pre-0.4.0) for an InstanceNorm that does not track them are an error,
+  // even with strict=False, and are not listed as unexpected.
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      BuildResult built, Build(R"({"type": "Sequential", "children": [{"spec":
+          {"type": "InstanceNorm1d", "args": [3], "kwargs": {"affine": true}}}]})"));
+  StateDict old;
+  old.tensors.Set("0.weight", testing::Filled(DType::kFloat32, {3}, 2));
+  old.tensors.Set("0.bias", testing::Filled(DType::kFloat32, {3}, 1));
+  old.tensors.Set("0.running_mean", testing::Filled(DType::kFloat32, {3}, 0));
+  old.tensors.Set("0.running_var", testing::Filled(DType::kFloat32, {3}, 1));
+  old.tensors.Set("0.zz", testing::Filled(DType::kFloat32, {1}, 0));
+  const std::string text =
+      "Error(s) in loading state_dict for Sequential:\n\t"
+      "Unexpected key(s) in state_dict: \"0.zz\". \n\t"
+      "Unexpected running stats buffer(s) \"0.running_mean\" and "
+      "\"0.running_var\" for InstanceNorm1d with track_running_stats=False. "
+      "If state_dict is a checkpoint saved before 0.4.0, this may be expected "
+      "because InstanceNorm1d does not track running stats by default since "
+      "0.4.0. Please remove these keys from state_dict. If the running stats "
+      "are actually needed, instead set track_running_stats=True in "
+      "InstanceNorm1d to enable them. See the documentation of InstanceNorm1d "
+      "for details.";
+  LoadOptions strict;
+  EXPECT_THAT(built.root->LoadStateDict(old, strict),
+              StatusIs(absl::StatusCode::kFailedPrecondition, text));
+  LoadOptions lenient;
+  lenient.strict = false;
+  EXPECT_THAT(
+      built.root->LoadStateDict(old, lenient),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               HasSubstr("Error(s) in loading state_dict for Sequential:\n\t"
+                         "Unexpected running stats buffer(s)")));
+  // With _metadata (any version) they are ordinary unexpected keys.
+  old.metadata.emplace();
+  old.metadata->Set("0", 1);
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(LoadResult loaded,
+                                  built.root->LoadStateDict(old, lenient));
+  EXPECT_THAT(loaded.keys.unexpected_keys,
+              ElementsAre("0.running_mean", "0.running_var", "0.zz"));
 }
 
 long MaxRssKb() {

@@ -171,8 +171,12 @@ class StateTest(unittest.TestCase):
         ok["extra"] = torch.zeros(2)
         self.assertEqual(remote.load_state_dict(ok, strict=False),
                          local.load_state_dict(ok, strict=False))
-        with self.assertRaises(TypeError):
+        # A value that is no tensor: torch's RuntimeError, nothing loaded.
+        with self.assertRaises(RuntimeError) as theirs:
+            mlp().load_state_dict({"0.weight": 3})
+        with self.assertRaises(RuntimeError) as ours:
             remote.load_state_dict({"0.weight": 3})
+        self.assertEqual(str(ours.exception), str(theirs.exception))
 
     def test_each_load_error_has_pytorchs_text(self):
         remote = ms.build(MLP_SPEC, "errors/each")

@@ -809,6 +809,40 @@ class RemoteModuleTest(Checks):
                     self.assertEqual(repr(view.load_state_dict(sd)),
                                      repr(want))
 
+    def test_an_old_checkpoints_instance_norm_stats_are_torchs_error(self):
+        """A state_dict without _metadata (pre-0.4.0) with running stats
+        for an InstanceNorm that does not track them: torch's error, even
+        with strict=False, at the root and in a view; nothing is loaded."""
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(2, 3), nn.Sequential(
+            nn.InstanceNorm1d(3, affine=True)))
+        remote = ms.push(model, "view/instancenorm")
+        before = remote.state_dict()
+        old = dict(model.state_dict(), **{
+            "1.0.running_mean": torch.zeros(3),
+            "1.0.running_var": torch.ones(3), "zz": torch.ones(1)})
+        for path in ("", "1"):
+            rel = len(path) + 1 if path else 0
+            sd = {k[rel:]: v for k, v in old.items() if k.startswith(path)}
+            for strict in (True, False):
+                with self.subTest(path=path, strict=strict):
+                    with self.assertRaises(RuntimeError) as theirs:
+                        copy.deepcopy(model.get_submodule(path)) \
+                            .load_state_dict(sd, strict=strict)
+                    with self.assertRaises(RuntimeError) as ours:
+                        remote.get_submodule(path).load_state_dict(
+                            sd, strict=strict)
+                    self.assertEqual(str(ours.exception),
+                                     str(theirs.exception))
+        for key, value in before.items():
+            self.assertTrue(same_bits(remote.state_dict()[key], value), key)
+        # With _metadata they are plain unexpected keys.
+        sd = collections.OrderedDict(old)
+        sd._metadata = model.state_dict()._metadata
+        self.assertEqual(remote.load_state_dict(sd, strict=False),
+                         copy.deepcopy(model).load_state_dict(sd,
+                                                              strict=False))
+
     def test_values_the_wire_cannot_carry_are_looked_at_as_torch_does(self):
         """An unexpected key's value is never looked at: torch lists the
         key (a Python number or a complex tensor is no TypeError), and

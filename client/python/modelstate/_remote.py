@@ -401,7 +401,8 @@ class RemoteModule:
                     line = before + line[len(before) + len(prefix):]
                     break
             else:
-                if line.startswith(("Missing key(s)", "Unexpected key(s)")):
+                if line.startswith(("Missing key(s)", "Unexpected key(s)",
+                                    "Unexpected running stats buffer(s)")):
                     line = line.replace(f'"{prefix}', '"')
             lines.append(line)
         return f"Error(s) in loading state_dict for {self.type_name}" + \
@@ -514,6 +515,27 @@ class RemoteModule:
             local = [e.name for e in info.parameters if not e.is_none]
             buffers = [e.name for e in info.buffers
                        if not e.is_none and e.tensor.persistent]
+            dropped = []
+            track = info.attributes.get("track_running_stats")
+            if version is None and info.qualified_type.startswith(
+                    "torch.nn.modules.instancenorm.") and \
+                    track is not None and not track.bool_value:
+                # _InstanceNorm: an old checkpoint's running stats.
+                dropped = [own + n for n in ("running_mean", "running_var")
+                           if own + n in state_dict]
+            if dropped:
+                klass = info.type
+                names = " and ".join(f'"{k}"' for k in dropped)
+                errors.append(
+                    f"Unexpected running stats buffer(s) {names} "
+                    f"for {klass} with track_running_stats=False. If "
+                    f"state_dict is a checkpoint saved before 0.4.0, this may "
+                    f"be expected because {klass} does not track running "
+                    f"stats by default since 0.4.0. Please remove these keys "
+                    f"from state_dict. If the running stats are actually "
+                    f"needed, instead set track_running_stats=True in "
+                    f"{klass} to enable them. See the documentation of "
+                    f"{klass} for details.")
             for name in local + buffers:
                 key = own + name
                 if key in state_dict:
@@ -528,7 +550,7 @@ class RemoteModule:
                 missing.append(extra)
             children = {c.name for c in info.children}
             for key in state_dict:
-                if not key.startswith(own) or \
+                if not key.startswith(own) or key in dropped or \
                         (key == extra and extra in shapes):
                     continue
                 rest = key[len(own):]
