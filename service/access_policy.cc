@@ -6,6 +6,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/file_util.h"
 #include "base/sha256.h"
 #include "nlohmann/json.hpp"
@@ -75,9 +76,16 @@ absl::StatusOr<Principal> ParsePrincipal(const Json& j,
             std::find_if(std::begin(kRoleNames), std::end(kRoleNames),
                          [&](const auto& r) { return r.second == role_name; });
         if (known == std::end(kRoleNames)) {
-          return FieldError(role_at,
-                            "unknown role (admin, builder, reviewer, auditor, "
-                            "reader)");
+          // Listed from kRoleNames, so that a role added there is named
+          // here too (witness was once missing from a list kept by hand).
+          return FieldError(
+              role_at,
+              absl::StrCat("unknown role (",
+                           absl::StrJoin(kRoleNames, ", ",
+                                         [](std::string* out, const auto& r) {
+                                           absl::StrAppend(out, r.second);
+                                         }),
+                           ")"));
         }
         if (!namespaces.is_array()) {
           return FieldError(role_at, "must be a list of namespaces or \"*\"");
