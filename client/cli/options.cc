@@ -109,7 +109,8 @@ void AddGlobalOptions(CLI::App& app, GlobalOptions& options) {
   cert->needs(key);
   key->needs(cert);
   AddValue(&app, "--token-file", options.token_file, "FILE",
-           "send the bearer token in FILE (default: $MODELSTATE_TOKEN)");
+           "send the bearer token in FILE (default: $MODELSTATE_TOKEN, "
+           "which holds the token itself, not a file name)");
   AddFlag(&app, "--no-shared-memory", options.no_shared_memory,
           "send and receive state_dicts as gRPC messages even when the "
           "server is on this host (also: MODELSTATE_SHARED_MEMORY=0)");
