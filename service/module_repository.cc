@@ -724,6 +724,18 @@ void ModuleRepository::DeleteQueued() {
     std::error_code ec;
     fs::remove(path, ec);  // best effort: start-up deletes what is left
     MutexLock lock(&mu_);
+    // A deletion's tombstone goes last: its module's directory then goes
+    // too unless something of the name is being written there again.
+    const fs::path dir = fs::path(path).parent_path();
+    if (path == data_dir::TombstonePath(dir.string())) {
+      auto files = files_.find(ModuleName{dir.parent_path().filename().string(),
+                                          dir.filename().string()}
+                                   .full());
+      if (files == files_.end() ||
+          (files->second->reserved.empty() && files->second->saves == 0)) {
+        fs::remove(dir, ec);  // only if empty
+      }
+    }
     deleting_ = false;
     deletions_changed_.SignalAll();
   }

@@ -625,6 +625,9 @@ TEST_F(ModelStoreTest, AStreamedLoadOfAModuleDeletedMeanwhileIsNotFound) {
     EXPECT_THAT(store_->LoadStaged(ctx_, Name("t/m"), *staged, {}).status(),
                 StatusIs(absl::StatusCode::kNotFound));
   }
+  // The directory goes with whichever comes last: the staged file's
+  // release, or the deletion's tombstone.
+  repository_->WaitForDeletions();
   EXPECT_FALSE(fs::exists(
       data_dir::ModuleDir((dir_ / "modules").string(), Name("t/m"))));
   EXPECT_EQ(Records("load_state_dict").size(), 1u);

@@ -695,6 +695,27 @@ TEST_F(ModuleRepositoryTest, RemovalLeavesATombstoneUntilDropped) {
   EXPECT_THAT(repo_->Remove(Name("rm/never"), Note("delete")), IsOk());
 }
 
+TEST_F(ModuleRepositoryTest, ADroppedTombstoneTakesTheEmptyDirectory) {
+  std::shared_ptr<Module> m = Build(R"({"type": "Linear", "args": [2, 2]})");
+  ASSERT_THAT(repo_->Save(Name("rm/a"), *m, Note("build")), IsOk());
+  ASSERT_THAT(repo_->Remove(Name("rm/a"), Note("delete")), IsOk());
+  repo_->DropTombstone(Name("rm/a"));
+  repo_->WaitForDeletions();
+  // Not left for the next start-up to sweep: a server that builds and
+  // deletes many names would otherwise keep a directory for each.
+  EXPECT_FALSE(fs::exists(ModuleDir("rm/a")));
+  // One being written again under the name keeps its directory.
+  ASSERT_THAT(repo_->Save(Name("rm/b"), *m, Note("build")), IsOk());
+  absl::StatusOr<std::string> reserved = repo_->ReserveDataFile(Name("rm/b"));
+  ASSERT_THAT(reserved.status(), IsOk());
+  ASSERT_THAT(repo_->Remove(Name("rm/b"), Note("delete")), IsOk());
+  repo_->DropTombstone(Name("rm/b"));
+  repo_->WaitForDeletions();
+  EXPECT_TRUE(fs::is_directory(ModuleDir("rm/b")));
+  repo_->ReleaseDataFile(Name("rm/b"), *reserved);
+  EXPECT_FALSE(fs::exists(ModuleDir("rm/b")));
+}
+
 TEST_F(ModuleRepositoryTest, ARemovalCutShortStillRemoves) {
   std::shared_ptr<Module> m = Build(R"({"type": "Linear", "args": [2, 2]})");
   ASSERT_THAT(repo_->Save(Name("rm/a"), *m, Note("build")), IsOk());
