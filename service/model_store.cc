@@ -315,6 +315,56 @@ uint64_t HeldBytesAfterMove(const Module& module, std::optional<Device> device,
   return total;
 }
 
+// What HeldBytes will be once an assigning load has installed
+// `state_dict`'s tensors (each a tensor of its own, as it comes). Counted
+// by slot, not by key: one tensor may fill several slots (a tied weight)
+// and one module several paths (a shared submodule). Subtracting each
+// key's old tensor once per key took a tied weight off as many times as it
+// was tied, so an assigning load into a k-fold tie could install k new
+// tensors while the quota counted one. Each slot a key names holds its new
+// value (the largest, when several keys name it); every other slot keeps
+// its tensor, which counts once however many slots hold it.
+uint64_t HeldBytesAfterAssign(const Module& root, const StateDict& state_dict) {
+  using Slot = std::pair<const Module*, std::string>;
+  std::map<Slot, uint64_t> assigned;
+  for (const auto& [path, module] :
+       root.NamedModules("", /*remove_duplicate=*/false)) {
+    auto visit = [&, &path = path, &module = module](
+                     const OrderedDict<Tensor>& entries, bool buffers) {
+      for (const auto& item : entries) {
+        if (!item.value.defined()) continue;
+        // A load leaves non-persistent buffers alone.
+        if (buffers && !module->IsPersistentBuffer(item.key)) continue;
+        const Tensor* value = state_dict.tensors.Find(
+            path.empty() ? item.key : absl::StrCat(path, ".", item.key));
+        if (value == nullptr || !value->defined()) continue;
+        uint64_t& bytes = assigned[{module.get(), item.key}];
+        bytes = std::max(bytes, static_cast<uint64_t>(value->numel()) *
+                                    ElementSize(value->dtype()));
+      }
+    };
+    visit(module->parameters(), false);
+    visit(module->buffers(), true);
+  }
+  uint64_t total = 0;
+  absl::flat_hash_set<const void*> kept;
+  for (const auto& [path, module] : root.NamedModules()) {
+    for (const auto* entries : {&module->parameters(), &module->buffers()}) {
+      for (const auto& item : *entries) {
+        if (!item.value.defined() ||
+            assigned.contains({module.get(), item.key})) {
+          continue;
+        }
+        if (kept.insert(item.value.identity()).second) {
+          total += HeldBytes(item.value);
+        }
+      }
+    }
+  }
+  for (const auto& [slot, bytes] : assigned) total += bytes;
+  return total;
+}
+
 }  // namespace
 
 void ModelStore::set_quotas(QuotaPolicy quotas) {
@@ -454,16 +504,7 @@ absl::Status ModelStore::ReserveAssigned(const ModuleName& name,
     ReaderMutexLock lock(&entry.mu);
     if (entry.deleted) return Gone(entry);
     before = HeldBytes(*entry.root);
-    after = before;
-    StateDict current = entry.root->GetStateDict("", /*keep_vars=*/true);
-    for (const auto& item : state_dict.tensors) {
-      const Tensor* old = current.tensors.Find(item.key);
-      if (old == nullptr || !item.value.defined()) continue;
-      // The value is installed as it comes (on cpu), in place of the old.
-      after = after - HeldBytes(*old) +
-              static_cast<uint64_t>(item.value.numel()) *
-                  ElementSize(item.value.dtype());
-    }
+    after = HeldBytesAfterAssign(*entry.root, state_dict);
   }
   if (after <= before) return absl::OkStatus();
   return Reserve(name, 0, after, &entry, hold);
@@ -789,6 +830,21 @@ absl::StatusOr<std::vector<RegistrationResult>> ModelStore::Register(
   if (last.blocked()) {
     return recorded(
         absl::FailedPreconditionError(DescribeBlocked(all.back(), last)));
+  }
+  // A subscriber's replacement (of the value, or of a tensor in a new
+  // submodule) may hold more than the request did: what is stored counts,
+  // as for a build (without this, one MODIFY answer put a tensor of any
+  // size past the quota).
+  if (!request.removal && !request.existing_path.has_value()) {
+    const SlotValue& stored =
+        last.kind == HookResult::Kind::kReplace ? last.value : value;
+    const uint64_t added = stored.module != nullptr ? HeldBytes(*stored.module)
+                                                    : HeldBytes(stored.tensor);
+    if (added > hold.bytes()) {
+      absl::Status quota =
+          Reserve(name, 0, added - hold.bytes(), nullptr, hold);
+      if (!quota.ok()) return recorded(quota);
+    }
   }
   // The real pass, with the final decision replayed as its only hook.
   ReplayHooks replay({last});

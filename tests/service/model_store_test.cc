@@ -439,6 +439,64 @@ TEST_F(ModelStoreTest, AnAssigningLoadCountsAgainstTheQuota) {
               IsOk());
 }
 
+// One weight tied into four modules is one tensor; an assigning load
+// installs a tensor of its own in each of the four slots. The quota counts
+// the four, and a shared submodule's two paths still count one slot each.
+TEST_F(ModelStoreTest, AnAssigningLoadIntoATiedWeightCountsEveryNewTensor) {
+  QuotaPolicy quotas;
+  quotas.namespaces["small"].max_bytes = 200;
+  store_->set_quotas(quotas);
+  // w: 16 float32 = 64 bytes, held once though four modules hold it.
+  ASSERT_THAT(store_
+                  ->Build(ctx_, Name("small/tied"), SpecFromJson(R"({
+      "type": "Root",
+      "members": [
+        {"parameter": {"name": "w", "shape": [16]}},
+        {"module": {"name": "a", "spec": {"type": "Leaf", "custom": true}}},
+        {"module": {"name": "b", "spec": {"type": "Leaf", "custom": true}}},
+        {"module": {"name": "c", "spec": {"type": "Leaf", "custom": true}}}],
+      "ties": [{"target": "a.w", "source": "w"},
+               {"target": "b.w", "source": "w"},
+               {"target": "c.w", "source": "w"}]})"),
+                          BuildOptions(), false)
+                  .status(),
+              IsOk());
+  StateDict four;
+  for (const char* key : {"w", "a.w", "b.w", "c.w"}) {
+    four.tensors.Set(key, Filled(DType::kFloat32, {16}, 1));
+  }
+  LoadOptions assign;
+  assign.assign = true;
+  // 4 x 64 = 256 bytes once installed.
+  EXPECT_THAT(store_->Load(ctx_, Name("small/tied"), four, assign).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("max_bytes (200)")));
+  // Copied into the one tied tensor, the same values fit.
+  EXPECT_THAT(store_->Load(ctx_, Name("small/tied"), four, {}).status(),
+              IsOk());
+  ASSERT_THAT(store_->Delete(ctx_, Name("small/tied")), IsOk());
+  // A submodule at two paths is one module: its slots get one new tensor
+  // each, 60 bytes in all, as before.
+  ASSERT_THAT(store_
+                  ->Build(ctx_, Name("small/shared"), SpecFromJson(R"({
+      "type": "Sequential", "children": [
+        {"spec": {"type": "Linear", "args": [4, 3]}},
+        {"spec": {"ref": "0"}},
+        {"spec": {"type": "Linear", "args": [4, 3]}}]})"),
+                          BuildOptions(), false)
+                  .status(),
+              IsOk());
+  StateDict both;
+  for (const char* path : {"0", "1", "2"}) {
+    both.tensors.Set(absl::StrCat(path, ".weight"),
+                     Filled(DType::kFloat32, {3, 4}, 2));
+    both.tensors.Set(absl::StrCat(path, ".bias"),
+                     Filled(DType::kFloat32, {3}, 2));
+  }
+  EXPECT_THAT(store_->Load(ctx_, Name("small/shared"), both, assign).status(),
+              IsOk());
+}
+
 // Every build waits in the decider until all twelve are there (or 100 ms
 // passed): twelve quota checks at once, then twelve inserts.
 class GatheringDecider : public RegistrationDecider {
@@ -461,6 +519,59 @@ class GatheringDecider : public RegistrationDecider {
   absl::Mutex mu_;
   int arrived_ = 0;
 };
+
+// Replaces every tensor registration with 64 float32s (256 bytes), as a
+// subscriber's MODIFY answer may.
+class FatteningDecider : public RegistrationDecider {
+ public:
+  std::vector<HookDecision> Decide(
+      const OperationContext&, const ModuleName&,
+      absl::Span<const RegistrationRecord> records) override {
+    std::vector<HookDecision> out;
+    for (const RegistrationRecord& r : records) {
+      HookDecision d = r.local;
+      if (r.event.kind == EntryKind::kBuffer) {
+        d.kind = HookResult::Kind::kReplace;
+        d.value.tensor = Filled(DType::kFloat32, {64}, 1);
+        d.reason = "fattened";
+      }
+      out.push_back(d);
+    }
+    return out;
+  }
+};
+
+TEST_F(ModelStoreTest, AReplacementInARegistrationCountsAgainstTheQuota) {
+  QuotaPolicy quotas;
+  quotas.namespaces["small"].max_bytes = 200;  // Linear(4, 3): 60 bytes
+  store_->set_quotas(quotas);
+  ASSERT_THAT(Build("small/m").status(), IsOk());
+  FatteningDecider decider;
+  store_->set_decider(&decider);
+  // 8 bytes asked for, 256 stored: past the quota, so refused.
+  RegistrationRequest add;
+  add.name = "running";
+  add.kind = EntryKind::kBuffer;
+  add.value.tensor = Filled(DType::kFloat32, {2}, 5);
+  EXPECT_THAT(store_->Register(ctx_, Name("small/m"), add).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("max_bytes (200)")));
+  // The same for a buffer of a submodule built from a spec.
+  RegistrationRequest sub;
+  sub.name = "norm";
+  sub.kind = EntryKind::kModule;
+  sub.spec = SpecFromJson(
+      R"({"type": "Stats", "members": [{"buffer": {"name": "b", "shape": [2]}}]})");
+  EXPECT_THAT(store_->Register(ctx_, Name("small/m"), sub).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("max_bytes (200)")));
+  store_->set_decider(nullptr);
+  EXPECT_EQ(State("small/m").tensors.Keys(),
+            (std::vector<std::string>{"weight", "bias"}));
+  // Kept as asked, both fit.
+  EXPECT_THAT(store_->Register(ctx_, Name("small/m"), add).status(), IsOk());
+  EXPECT_THAT(store_->Register(ctx_, Name("small/m"), sub).status(), IsOk());
+}
 
 TEST_F(ModelStoreTest, ConcurrentBuildsNeverExceedMaxModules) {
   // Ten rounds, each in its own namespace. Saved builds: a quota check
