@@ -673,6 +673,9 @@ void Server::Reload(absl::string_view why) {
                                        config_.token_file)
                         : absl::StrCat(why, ": kept the principals in force: ",
                                        loaded.status().message()));
+    // Open subscriptions were authorised by the old file; audit watches
+    // notice the new one within a second on their own.
+    if (loaded.ok()) service_->RecheckSubscribers();
   }
   absl::StatusOr<QuotaPolicy> quotas = LoadQuotas(config_);
   if (quotas.ok()) {

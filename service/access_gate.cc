@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 
 namespace modelstate {
@@ -32,6 +33,7 @@ absl::StatusOr<Caller> AccessGate::Authenticate(const Credentials& credentials,
                                                 absl::string_view rpc) {
   Caller caller;
   caller.peer = credentials.peer;
+  caller.credentials = credentials;
   caller.ctx.correlation_id =
       !credentials.request_id.empty()
           ? CappedRequestId(credentials.request_id)
@@ -95,6 +97,46 @@ absl::Status AccessGate::AllowAdmin(const Caller& caller,
               absl::PermissionDeniedError(absl::StrCat(
                   "'", caller.principal.identity, "' may not ", rpc,
                   " (needs the admin role in every namespace)")));
+}
+
+absl::Status AccessGate::StillAllows(const Caller& caller,
+                                     absl::string_view rpc,
+                                     Permission permission) {
+  if (!authenticates()) return absl::OkStatus();
+  const std::string& identity = caller.principal.identity;
+  absl::StatusOr<Principal> now = auth_->Authenticate(caller.credentials);
+  if (!now.ok() || now->identity != identity) {
+    return Deny(
+        caller, rpc, ModuleName{},
+        absl::UnauthenticatedError(absl::StrCat(
+            "the reloaded token file no longer names '", identity,
+            "' by the credentials this stream was opened with",
+            now.ok() ? "" : absl::StrCat(" (", now.status().message(), ")"))));
+  }
+  const std::vector<std::string> had =
+      caller.principal.NamespacesFor(permission);
+  const std::vector<std::string> has = now->NamespacesFor(permission);
+  auto everywhere = [](const std::vector<std::string>& namespaces) {
+    return !namespaces.empty() && namespaces.front() == kAnyNamespace;
+  };
+  std::vector<std::string> lost;
+  if (!everywhere(has)) {
+    for (const std::string& ns : had) {
+      if (std::find(has.begin(), has.end(), ns) == has.end())
+        lost.push_back(ns);
+    }
+  }
+  if (lost.empty()) return absl::OkStatus();
+  const std::string where =
+      everywhere(lost) ? "in every namespace"
+                       : absl::StrCat(lost.size() == 1 ? "in namespace '"
+                                                       : "in namespaces '",
+                                      absl::StrJoin(lost, "', '"), "'");
+  return Deny(caller, rpc, ModuleName{},
+              absl::PermissionDeniedError(
+                  absl::StrCat("'", identity, "' may no longer ", rpc, " ",
+                               where, " (needs ", PermissionName(permission),
+                               " permission; the token file was reloaded)")));
 }
 
 absl::Status AccessGate::AuditWritable() const {

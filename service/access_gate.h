@@ -41,6 +41,9 @@ struct Caller {
   OperationContext ctx;  // identity: the principal's; the request's id
   Principal principal;
   std::string peer;
+  // What the call presented, so that a stream can be authenticated again
+  // after the token file is reloaded (StillAllows).
+  Credentials credentials;
 };
 
 // Thread-safe.
@@ -80,6 +83,21 @@ class AccessGate {
   // recorded.
   absl::Status AllowSomewhere(const Caller& caller, absl::string_view rpc,
                               Permission permission);
+
+  // For a stream opened by `caller` with `permission`, asked again once the
+  // token file was reloaded (policy_generation moved): OK while its
+  // credentials still name the same identity and that identity still holds
+  // `permission` in every namespace it held it in when the stream opened.
+  // Otherwise UNAUTHENTICATED (the token or certificate names no principal,
+  // or another one) or PERMISSION_DENIED (a namespace was taken away),
+  // recorded. A revoked token must not keep a subscription that decides
+  // registrations, or an audit watch, running until it disconnects.
+  absl::Status StillAllows(const Caller& caller, absl::string_view rpc,
+                           Permission permission);
+  // Authenticator::generation(); 0 without authentication.
+  uint64_t policy_generation() const {
+    return auth_ != nullptr ? auth_->generation() : 0;
+  }
 
   // UNAVAILABLE naming the audit log once an append or sync of it failed:
   // every change is refused rather than made unaudited.

@@ -41,6 +41,7 @@ absl::StatusOr<size_t> Authenticator::Reload() {
   auto fresh = std::make_shared<const AccessPolicy>(std::move(policy));
   MutexLock lock(&mu_);
   policy_ = std::move(fresh);
+  generation_.fetch_add(1, std::memory_order_acq_rel);
   return size;
 }
 

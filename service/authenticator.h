@@ -15,7 +15,9 @@
 #ifndef MODELSTATE_SERVICE_AUTHENTICATOR_H_
 #define MODELSTATE_SERVICE_AUTHENTICATOR_H_
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -64,6 +66,11 @@ class Authenticator {
   // Re-reads the token file; on error the principals in force stay.
   // Returns how many principals it now holds.
   absl::StatusOr<size_t> Reload();
+  // Moves on each Reload that took a file: a long-lived stream compares it
+  // with the one it saw, and asks again whether its caller may go on.
+  uint64_t generation() const {
+    return generation_.load(std::memory_order_acquire);
+  }
 
   // The caller: UNAUTHENTICATED without valid credentials, PERMISSION_DENIED
   // for a certificate whose CN is no principal.
@@ -78,6 +85,7 @@ class Authenticator {
   const bool client_certificates_;
   mutable Mutex mu_;
   std::shared_ptr<const AccessPolicy> policy_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> generation_{0};
 };
 
 }  // namespace modelstate

@@ -460,6 +460,7 @@ absl::StatusOr<uint64_t> SubscriberSession::Attach(
   MODELSTATE_ASSIGN_OR_RETURN(
       subscriber_id_,
       service_->hub_->Attach(std::move(spec), std::move(channel), caller_.ctx));
+  service_->TrackSubscriber(subscriber_id_, caller_);
   return subscriber_id_;
 }
 
@@ -475,8 +476,34 @@ void SubscriberSession::Detach() {
   // subscriber any more, and the caller may open another stream at once.
   slot_.reset();
   if (subscriber_id_ == 0) return;
+  service_->ForgetSubscriber(subscriber_id_);
   service_->hub_->Detach(subscriber_id_, caller_.ctx);
   subscriber_id_ = 0;
+}
+
+void ModelService::TrackSubscriber(uint64_t id, const Caller& caller) {
+  MutexLock lock(&subscribers_mu_);
+  subscribers_.insert_or_assign(id, caller);
+}
+
+void ModelService::ForgetSubscriber(uint64_t id) {
+  MutexLock lock(&subscribers_mu_);
+  subscribers_.erase(id);
+}
+
+void ModelService::RecheckSubscribers() {
+  std::vector<std::pair<uint64_t, Caller>> open;
+  {
+    MutexLock lock(&subscribers_mu_);
+    open.assign(subscribers_.begin(), subscribers_.end());
+  }
+  for (const auto& [id, caller] : open) {
+    absl::Status still =
+        gate_.StillAllows(caller, "Subscribe", Permission::kSubscribe);
+    // Detached before its stream ends, like any subscriber that leaves:
+    // what it held fails by its policy, and it decides nothing more.
+    if (!still.ok()) hub_->Disconnect(id, still, caller.ctx);
+  }
 }
 
 absl::StatusOr<std::vector<SubscriberInfo>> ModelService::ListSubscribers(
@@ -570,6 +597,9 @@ absl::StatusOr<std::unique_ptr<AuditWatch>> ModelService::WatchAudit(
   MODELSTATE_ASSIGN_OR_RETURN(watch->slot_,
                               streams_.Acquire(caller.ctx.identity));
   watch->audit_ = audit_;
+  watch->gate_ = &gate_;
+  watch->caller_ = caller;
+  watch->generation_ = gate_.policy_generation();
   watch->visible_ = caller.principal.NamespacesFor(Permission::kAudit);
   watch->after_ = query.after_seq;
   watch->query_ = std::move(query);
@@ -577,6 +607,13 @@ absl::StatusOr<std::unique_ptr<AuditWatch>> ModelService::WatchAudit(
 }
 
 absl::StatusOr<std::vector<AuditRecord>> AuditWatch::Next(absl::Duration wait) {
+  // A reloaded token file may have revoked the watcher: the stream ends
+  // within one wait instead of running until the client leaves.
+  if (const uint64_t now = gate_->policy_generation(); now != generation_) {
+    generation_ = now;
+    MODELSTATE_RETURN_IF_ERROR(
+        gate_->StillAllows(caller_, "WatchAudit", Permission::kAudit));
+  }
   MODELSTATE_ASSIGN_OR_RETURN(
       std::vector<AuditRecord> records,
       audit_->WaitForRecords(after_, absl::Now() + wait, kWatchBatch));

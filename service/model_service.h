@@ -24,11 +24,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "base/sync.h"
 #include "core/device.h"
 #include "core/module.h"
 #include "core/state_digest.h"
@@ -228,6 +230,10 @@ class AuditWatch {
   std::vector<std::string> visible_;
   uint64_t after_ = 0;
   std::unique_ptr<StreamLimiter::Slot> slot_;
+  // Who watches, asked again when the token file's generation moves.
+  AccessGate* gate_ = nullptr;
+  Caller caller_;
+  uint64_t generation_ = 0;
 };
 
 struct ModelServiceOptions {
@@ -376,6 +382,11 @@ class ModelService {
       const Caller& caller);
   absl::StatusOr<std::vector<SubscriberInfo>> ListSubscribers(
       const Caller& caller);
+  // After the token file was reloaded: ends every subscription whose
+  // caller's credentials no longer name a principal that may review all
+  // the namespaces it could when it subscribed (UNAUTHENTICATED or
+  // PERMISSION_DENIED, recorded). Audit watches ask on their own.
+  void RecheckSubscribers();
   // Frees a subscriber name for any identity: admins only; the hub's
   // errors otherwise (SubscriberHub::ReleaseName); INVALID_ARGUMENT naming
   // the field for an empty name.
@@ -441,6 +452,11 @@ class ModelService {
  private:
   friend class SubscriberSession;
 
+  // The subscribers attached now, by hub id, with the callers that opened
+  // them (RecheckSubscribers).
+  void TrackSubscriber(uint64_t id, const Caller& caller);
+  void ForgetSubscriber(uint64_t id);
+
   absl::StatusOr<std::vector<RegistrationResult>> Register(
       const Caller& caller, const ModuleName& module,
       RegistrationRequest request);
@@ -459,6 +475,9 @@ class ModelService {
   const ModelServiceOptions options_;
   AccessGate gate_;
   StreamLimiter streams_;
+  mutable Mutex subscribers_mu_;
+  absl::flat_hash_map<uint64_t, Caller> subscribers_
+      ABSL_GUARDED_BY(subscribers_mu_);
 };
 
 }  // namespace modelstate

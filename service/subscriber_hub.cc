@@ -487,6 +487,20 @@ void SubscriberHub::Detach(uint64_t subscriber_id,
   AuditDurably(audit_events::Unsubscribe(ctx, name)).IgnoreError();
 }
 
+void SubscriberHub::Disconnect(uint64_t subscriber_id,
+                               const absl::Status& status,
+                               const OperationContext& ctx) {
+  std::shared_ptr<SubscriberChannel> channel;
+  {
+    MutexLock lock(&mu_);
+    auto it = subscribers_.find(subscriber_id);
+    if (it == subscribers_.end()) return;
+    channel = it->second->channel;
+  }
+  Detach(subscriber_id, ctx);
+  channel->Close(status);
+}
+
 absl::StatusOr<NameRelease> SubscriberHub::ReleaseName(
     const std::string& name, bool force, const OperationContext& ctx) {
   NameRelease release;

@@ -231,6 +231,10 @@ class SubscriberHub : public RegistrationDecider {
   // The subscriber's stream ended: the events waiting for it get its
   // failure policy. Unknown ids are ignored.
   void Detach(uint64_t subscriber_id, const OperationContext& ctx);
+  // Detach, then ends the subscriber's stream with `status` (its rights
+  // were revoked). Unknown ids are ignored.
+  void Disconnect(uint64_t subscriber_id, const absl::Status& status,
+                  const OperationContext& ctx);
   // An answer from a subscriber. An invalid answer (an event never sent to
   // it, a bad replacement) counts as a failure of that subscriber for the
   // events it holds; a late or duplicate one is only recorded.

@@ -1092,6 +1092,106 @@ TEST(AccessReloadTest, SighupReloadsTheTokenFileAndABadOneKeepsTheOld) {
   std::filesystem::remove_all(dir, ignored);
 }
 
+// A reload that revokes a token or takes a namespace away ends the streams
+// opened with it: an interceptor whose token is gone must not go on
+// deciding registrations (it blocked them after its revocation before), nor
+// an auditor who lost a namespace go on reading its records. A stream whose
+// caller keeps its rights goes on.
+TEST(AccessReloadTest, AReloadEndsTheStreamsOfRevokedCallers) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    absl::StrCat("access-revoke-", getpid());
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path tokens = dir / "tokens.json";
+  WriteText(tokens, TokenFile(People()));
+  TestServer server({absl::StrCat("--token_file=", tokens.string())});
+  ASSERT_THAT(server.Start(), IsOk());
+  auto as = [&](const std::string& token) {
+    client::ClientOptions options;
+    options.bearer_token = token;
+    options.timeout = absl::Seconds(10);
+    return server.NewClient(options);
+  };
+  std::unique_ptr<client::ModelStateClient> rev = as("rev-token");
+  std::unique_ptr<client::ModelStateClient> root = as("root-token");
+  std::unique_ptr<client::ModelStateClient> aud = as("aud-token");
+  // A record in team-a, so that the watch shows it is open.
+  ASSERT_THAT(root->BuildModule(BuildRequest("team-a/base", kNet)), IsOk());
+  // Interceptors of team-a: rev's token is revoked, root's stays.
+  auto subscribe = [](client::ModelStateClient& c, const std::string& name,
+                      grpc::ClientContext* context) {
+    auto stream = c.stub().Subscribe(context);
+    v1::SubscribeRequest request;
+    request.mutable_subscription()->set_name(name);
+    request.mutable_subscription()->add_namespaces("team-a");
+    request.mutable_subscription()->set_failure_policy(
+        v1::Subscription::FAIL_OPEN);
+    EXPECT_TRUE(stream->Write(request));
+    v1::SubscribeResponse ack;
+    EXPECT_TRUE(stream->Read(&ack) && ack.has_ack());
+    return stream;
+  };
+  auto rev_context = rev->NewContext(absl::Seconds(20));
+  auto revoked = subscribe(*rev, "rev-hook", rev_context.get());
+  auto root_context = root->NewContext(absl::Seconds(20));
+  auto kept = subscribe(*root, "root-hook", root_context.get());
+  auto watch_context = aud->NewContext(absl::Seconds(20));
+  v1::WatchAuditRequest watch_request;
+  watch_request.mutable_filter()->set_namespace_("team-a");
+  auto watch = aud->stub().WatchAudit(watch_context.get(), watch_request);
+  v1::AuditRecordProto record;
+  ASSERT_TRUE(watch->Read(&record));
+
+  std::vector<Who> people;
+  for (Who w : People()) {
+    if (w.identity == "rev") continue;
+    if (w.identity == "aud") w.roles = {{"auditor", {"team-b"}}};
+    people.push_back(w);
+  }
+  WriteText(tokens, TokenFile(people));
+  ASSERT_EQ(kill(server.pid(), SIGHUP), 0);
+
+  v1::SubscribeResponse event;
+  EXPECT_FALSE(revoked->Read(&event));
+  grpc::Status ended = revoked->Finish();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+      << ended.error_message();
+  EXPECT_THAT(ended.error_message(), HasSubstr("no longer names 'rev'"));
+  while (watch->Read(&record)) {
+  }
+  grpc::Status watched = watch->Finish();
+  EXPECT_EQ(watched.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << watched.error_message();
+  EXPECT_THAT(
+      watched.error_message(),
+      HasSubstr("'aud' may no longer WatchAudit in namespace 'team-a'"));
+
+  // root's interceptor still sees team-a's registrations and still decides.
+  std::thread builder([&] {
+    EXPECT_THAT(
+        as("alice-token")->BuildModule(BuildRequest("team-a/after", kNet)),
+        IsOk());
+  });
+  ASSERT_TRUE(kept->Read(&event));
+  ASSERT_TRUE(event.has_event());
+  v1::SubscribeRequest approve;
+  approve.mutable_answer()->set_event_id(event.event().event_id());
+  approve.mutable_answer()->set_verdict(v1::HookAnswer::APPROVE);
+  EXPECT_TRUE(kept->Write(approve));
+  while (kept->Read(&event)) {
+    approve.mutable_answer()->set_event_id(event.event().event_id());
+    EXPECT_TRUE(kept->Write(approve));
+    if (event.event().name() == "bias") break;
+  }
+  builder.join();
+  kept->WritesDone();
+  while (kept->Read(&event)) {
+  }
+  EXPECT_THAT(kept->Finish().error_code(), grpc::StatusCode::OK);
+  server.Stop();
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+}
+
 // ------------------------------------------------------- start-up refusals
 
 TEST(AccessStartTest, RefusesUnsafeConfigurations) {
