@@ -34,6 +34,7 @@ absl::StatusOr<Caller> AccessGate::Authenticate(const Credentials& credentials,
   Caller caller;
   caller.peer = credentials.peer;
   caller.credentials = credentials;
+  caller.policy_generation = policy_generation();
   caller.ctx.correlation_id =
       !credentials.request_id.empty()
           ? CappedRequestId(credentials.request_id)

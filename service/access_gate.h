@@ -20,6 +20,7 @@
 #ifndef MODELSTATE_SERVICE_ACCESS_GATE_H_
 #define MODELSTATE_SERVICE_ACCESS_GATE_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,10 @@ struct Caller {
   // What the call presented, so that a stream can be authenticated again
   // after the token file is reloaded (StillAllows).
   Credentials credentials;
+  // AccessGate::policy_generation() read before `principal` was looked up:
+  // a stream whose caller's generation is not the current one asks
+  // StillAllows.
+  uint64_t policy_generation = 0;
 };
 
 // Thread-safe.

@@ -461,6 +461,16 @@ absl::StatusOr<uint64_t> SubscriberSession::Attach(
       subscriber_id_,
       service_->hub_->Attach(std::move(spec), std::move(channel), caller_.ctx));
   service_->TrackSubscriber(subscriber_id_, caller_);
+  // A reload between the caller's authentication and its tracking was not
+  // applied to it by RecheckSubscribers: asked here instead.
+  if (service_->gate_.policy_generation() != caller_.policy_generation) {
+    absl::Status still = service_->gate_.StillAllows(caller_, "Subscribe",
+                                                     Permission::kSubscribe);
+    if (!still.ok()) {
+      Detach();
+      return still;
+    }
+  }
   return subscriber_id_;
 }
 
@@ -599,7 +609,7 @@ absl::StatusOr<std::unique_ptr<AuditWatch>> ModelService::WatchAudit(
   watch->audit_ = audit_;
   watch->gate_ = &gate_;
   watch->caller_ = caller;
-  watch->generation_ = gate_.policy_generation();
+  watch->generation_ = caller.policy_generation;
   watch->visible_ = caller.principal.NamespacesFor(Permission::kAudit);
   watch->after_ = query.after_seq;
   watch->query_ = std::move(query);
