@@ -105,7 +105,11 @@ struct SubscriberHub::DryRun {
   std::shared_ptr<Module> owner;  // keeps registration.module alive
   RegistrationEvent registration;
   uint64_t request_seed = 0;
-  absl::flat_hash_set<std::string> answered;  // subscriber names
+  // Dry-run subscribers (names) it went to that have not answered yet. Once
+  // none is left, the run is forgotten: it holds the module registered
+  // into and the proposed tensor, which a deleted module must not leave
+  // behind for ten minutes.
+  absl::flat_hash_set<std::string> awaiting;
 };
 
 // One event on its way through its chain of interceptors.
@@ -129,6 +133,26 @@ struct SubscriberHub::Pending {
 };
 
 namespace {
+
+// A subscriber's reason travels into audit records (kept for good: the
+// answer's and the outcome's), later interceptors' events, build reports
+// and error texts, so only this much of it is kept.
+constexpr size_t kMaxReasonBytes = 1 << 10;
+
+// `reason`, or its start and a marker with its whole size when it is
+// longer than kMaxReasonBytes (never cut inside a UTF-8 character).
+std::string CappedReason(std::string reason) {
+  if (reason.size() <= kMaxReasonBytes) return reason;
+  const std::string marker = absl::StrCat("...[", reason.size(), " bytes]");
+  size_t keep = kMaxReasonBytes - marker.size();
+  // A UTF-8 continuation byte (10xxxxxx) would start a broken character.
+  while (keep > 0 &&
+         (static_cast<unsigned char>(reason[keep]) & 0xC0) == 0x80) {
+    --keep;
+  }
+  reason.resize(keep);
+  return absl::StrCat(reason, marker);
+}
 
 bool ValidSubscriberName(absl::string_view name) {
   if (name.empty() || name.size() > 128) return false;
@@ -433,6 +457,11 @@ absl::StatusOr<uint64_t> SubscriberHub::Attach(
         sub->Hold(event_id, next_send_++, now);
         sends.emplace_back(channel, EventFor(*p->second, *sub));
       }
+      // Back in another mode, it answers no dry run of the old one's.
+      if (old.spec.mode == SubscriberMode::kDryRun &&
+          spec.mode != SubscriberMode::kDryRun) {
+        ForgetDryRunsLocked(spec.name);
+      }
       cv_.SignalAll();
       // Its answers to what the old connection settled are late, not
       // garbage.
@@ -479,6 +508,7 @@ void SubscriberHub::Detach(uint64_t subscriber_id,
         FailLocked(*p->second, *sub, "disconnected", sends);
       }
     }
+    ForgetDryRunsLocked(name);
     cv_.SignalAll();
   }
   Deliver(sends);
@@ -535,6 +565,7 @@ absl::StatusOr<NameRelease> SubscriberHub::ReleaseName(
           FailLocked(*p->second, *sub, "disconnected", sends);
         }
       }
+      ForgetDryRunsLocked(name);
       ended = sub->channel;
       release.disconnected = true;
       cv_.SignalAll();
@@ -688,27 +719,31 @@ void SubscriberHub::FailLocked(Pending& p, const Subscriber& s,
   AdvanceLocked(p, sends);
 }
 
-void SubscriberHub::DryRunAnswerLocked(const Subscriber& s,
+void SubscriberHub::DryRunAnswerLocked(Subscriber& s,
                                        const SubscriberAnswer& answer,
                                        absl::Time now) {
   audit_events::AnswerFacts facts = AnswerFactsOf(s.spec.name, answer);
   facts.dry_run = true;
   SlotValue modified_value;
   auto dr = dry_runs_.find(answer.event_id);
-  if (!answer.invalid.empty()) {
+  const bool awaited =
+      dr != dry_runs_.end() && dr->second->awaiting.contains(s.spec.name);
+  if (!awaited && s.settled.contains(answer.event_id)) {
+    facts.outcome = "ignored";
+    facts.problem = "duplicate answer";
+  } else if (!answer.invalid.empty()) {
     facts.outcome = "invalid";
     facts.problem = answer.invalid;
-  } else if (dr == dry_runs_.end()) {
+  } else if (!awaited) {
+    // Never sent to it (another subscriber's event, maybe of a namespace
+    // it may not see), or older than ten minutes.
     facts.outcome = "invalid";
     facts.problem = "unknown event id";
   } else {
     DryRun& run = *dr->second;
     facts.event = run.event.get();
     facts.latency_ms = absl::ToDoubleMilliseconds(now - run.sent_at);
-    if (!run.answered.insert(s.spec.name).second) {
-      facts.outcome = "ignored";
-      facts.problem = "duplicate answer";
-    } else if (answer.verdict == Verdict::kModify) {
+    if (answer.verdict == Verdict::kModify) {
       // Validated as if enforced, so a dry run shows what would fail.
       absl::StatusOr<SlotValue> modified = ModifiedValue(
           run.registration, run.event->value, answer, run.request_seed);
@@ -723,9 +758,26 @@ void SubscriberHub::DryRunAnswerLocked(const Subscriber& s,
     }
   }
   Audit(audit_events::Answer(facts));
+  if (awaited) {
+    s.Settle(answer.event_id);
+    dr->second->awaiting.erase(s.spec.name);
+    if (dr->second->awaiting.empty()) dry_runs_.erase(dr);
+  }
+}
+
+void SubscriberHub::ForgetDryRunsLocked(const std::string& name) {
+  for (auto it = dry_runs_.begin(); it != dry_runs_.end();) {
+    it->second->awaiting.erase(name);
+    if (it->second->awaiting.empty()) {
+      dry_runs_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
 }
 
 void SubscriberHub::Answer(uint64_t subscriber_id, SubscriberAnswer answer) {
+  answer.reason = CappedReason(std::move(answer.reason));
   Sends sends;
   {
     MutexLock lock(&mu_);
@@ -736,10 +788,6 @@ void SubscriberHub::Answer(uint64_t subscriber_id, SubscriberAnswer answer) {
     if (s.spec.mode == SubscriberMode::kDryRun) {
       DryRunAnswerLocked(s, answer, now);
       return;
-    }
-    if (!answer.invalid.empty()) {
-      // Undecodable: treated below as an answer for no waiting event.
-      answer.event_id = 0;
     }
     audit_events::AnswerFacts facts = AnswerFactsOf(s.spec.name, answer);
     auto pit = pending_.find(answer.event_id);
@@ -785,7 +833,13 @@ void SubscriberHub::Answer(uint64_t subscriber_id, SubscriberAnswer answer) {
             .ObserveDuration(now - p.sent_at);
       }
       absl::Status valid = absl::OkStatus();
-      if (answer.verdict == Verdict::kModify) {
+      if (!answer.invalid.empty()) {
+        // Its event id was read, the rest could not be decoded (a
+        // replacement whose bytes do not match its shape, an unknown
+        // verdict): an invalid answer for that event, as a replacement of
+        // the wrong shape is, recorded under that event.
+        valid = absl::InvalidArgumentError(answer.invalid);
+      } else if (answer.verdict == Verdict::kModify) {
         absl::StatusOr<SlotValue> modified =
             ModifiedValue(p.record->event, p.value, answer, p.request_seed);
         if (modified.ok()) {
@@ -890,6 +944,7 @@ void SubscriberHub::RouteLocked(
       run->registration.value = SlotValue();
       run->request_seed = p.request_seed;
     }
+    run->awaiting.insert(sub->spec.name);
     sends.emplace_back(sub->channel, ev);
   }
   ++*p.remaining;

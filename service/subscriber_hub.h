@@ -47,6 +47,7 @@
 #define MODELSTATE_SERVICE_SUBSCRIBER_HUB_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -235,9 +236,10 @@ class SubscriberHub : public RegistrationDecider {
   // were revoked). Unknown ids are ignored.
   void Disconnect(uint64_t subscriber_id, const absl::Status& status,
                   const OperationContext& ctx);
-  // An answer from a subscriber. An invalid answer (an event never sent to
-  // it, a bad replacement) counts as a failure of that subscriber for the
-  // events it holds; a late or duplicate one is only recorded.
+  // An answer from a subscriber. An invalid answer (a bad replacement, or
+  // one the transport could not decode) fails the event it names; an answer
+  // for an event never sent to it is garbage and fails every event it
+  // holds; a late or duplicate one is only recorded.
   void Answer(uint64_t subscriber_id, SubscriberAnswer answer);
 
   std::vector<SubscriberInfo> List() const;
@@ -304,8 +306,11 @@ class SubscriberHub : public RegistrationDecider {
   void FinishLocked(Pending& p, HookDecision decision)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct DryRun;
-  void DryRunAnswerLocked(const Subscriber& s, const SubscriberAnswer& answer,
+  void DryRunAnswerLocked(Subscriber& s, const SubscriberAnswer& answer,
                           absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Subscriber `name` is gone: no dry run waits for its answer any more.
+  void ForgetDryRunsLocked(const std::string& name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<const HookEvent> EventFor(const Pending& p,
                                             const Subscriber& s) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -335,7 +340,8 @@ class SubscriberHub : public RegistrationDecider {
   absl::flat_hash_map<std::string, uint64_t> order_by_name_
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Pending*> pending_ ABSL_GUARDED_BY(mu_);
-  // Dry-run events whose answers are still welcome (for 10 minutes).
+  // Dry-run events whose answers are still welcome: until each dry-run
+  // subscriber it went to has answered or gone, for 10 minutes at most.
   absl::flat_hash_map<uint64_t, std::unique_ptr<DryRun>> dry_runs_
       ABSL_GUARDED_BY(mu_);
   // Names bound to identities (SubscriptionSpec::owner_identity).

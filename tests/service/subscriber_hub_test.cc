@@ -1085,6 +1085,93 @@ TEST_F(AuditedHubTest, DryRunAnswersAreValidatedAndRecordedNotEnforced) {
                             *Tensor::Zeros(DType::kFloat32, {2})));
 }
 
+// A dry run is forgotten once every dry-run subscriber it went to has
+// answered (or gone): it holds the module registered into, which a deleted
+// module used to leave in memory for ten minutes (and until the next
+// build) whenever a dry-run subscriber was connected. A second answer is
+// still a duplicate, not garbage.
+TEST_F(AuditedHubTest, AnsweredDryRunsDoNotKeepADeletedModuleAlive) {
+  SubscriberHub* hub = hub_.get();
+  std::shared_ptr<FakeSubscriber> self;
+  self = Add(Spec("dry", SubscriberMode::kDryRun), [&](const HookEvent& e) {
+    hub->Answer(self->id(), Verdict_(e, Verdict::kApprove));
+    return std::optional<SubscriberAnswer>(Verdict_(e, Verdict::kReject));
+  });
+  std::weak_ptr<Module> module;
+  {
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(
+        BuildOutcome b,
+        Build("t/gone", R"({"type": "Linear", "args": [3, 2]})"));
+    ASSERT_FALSE(b.registrations.empty());
+    module = b.registrations[0].record.owner;
+  }
+  std::vector<AuditRecord> answers = Answers(4);
+  std::vector<std::string> outcomes;
+  for (const AuditRecord& r : answers) outcomes.push_back(r.outcome);
+  EXPECT_THAT(outcomes,
+              ElementsAre("approve", "ignored", "approve", "ignored"));
+  ASSERT_THAT(store_.Delete({"alice", "req-2"}, *ParseModuleName("t/gone")),
+              IsOk());
+  absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (!module.expired() && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_TRUE(module.expired()) << "the hub still holds the deleted module";
+}
+
+// A subscriber's reason is kept up to 1 KiB: the log keeps its records for
+// good, and each reason used to be copied whole into the answer's and the
+// outcome's records (3 MiB reasons grew the log by 15 MiB for one Linear).
+TEST_F(AuditedHubTest, ALongReasonIsCutBeforeItIsRecorded) {
+  const std::string reason(100 << 10, 'x');
+  Add(Spec("verbose"), [&](const HookEvent& e) {
+    return std::optional<SubscriberAnswer>(
+        Verdict_(e, Verdict::kReject, reason));
+  });
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      BuildOutcome b,
+      Build("t/verbose", R"({"type": "Linear", "args": [3, 2]})"));
+  for (const auto& r : b.registrations) {
+    EXPECT_TRUE(r.final.blocked());
+    EXPECT_LE(r.final.reason.size(), 1100u);
+    EXPECT_THAT(r.final.reason, HasSubstr("...[102400 bytes]"));
+  }
+  AuditQuery q;
+  q.limit = 100;
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::vector<AuditRecord> records,
+                                  log_->Query(q));
+  for (const AuditRecord& r : records) {
+    EXPECT_LT(r.details_json.size(), 2048u) << r.type;
+  }
+}
+
+// A dry-run subscriber's answer counts only for an event it was sent: one
+// of another namespace, sent to another dry-run subscriber, used to be
+// recorded against that namespace's module as if it had reviewed it.
+TEST_F(AuditedHubTest, ADryRunAnswerForAnotherSubscribersEventIsInvalid) {
+  SubscriptionSpec b = Spec("dry-b", SubscriberMode::kDryRun);
+  b.filter.namespaces = {"team-b"};
+  auto sb = Add(b, [](const HookEvent&) {
+    return std::optional<SubscriberAnswer>();  // never answers
+  });
+  SubscriptionSpec a = Spec("dry-a", SubscriberMode::kDryRun);
+  a.filter.namespaces = {"team-a"};
+  auto sa = Add(
+      a, [](const HookEvent&) { return std::optional<SubscriberAnswer>(); });
+  ASSERT_THAT(
+      Build("team-b/secret", R"({"type": "Linear", "args": [3, 2]})").status(),
+      IsOk());
+  ASSERT_EQ(sb->WaitUntilReceived(2, absl::Seconds(10)), 2);
+  SubscriberAnswer meddle;
+  meddle.event_id = sb->events()[0].event_id;
+  meddle.verdict = Verdict::kReject;
+  hub_->Answer(sa->id(), meddle);
+  std::vector<AuditRecord> answers = Answers(1);
+  ASSERT_EQ(answers.size(), 1u);
+  EXPECT_EQ(answers[0].outcome, "invalid");
+  EXPECT_EQ(answers[0].module, "");
+  EXPECT_EQ(sa->events().size(), 0u);
+}
+
 TEST(HubAuditTest, EventsAnswersAndOutcomesAreAudited) {
   std::string path =
       ::testing::TempDir() + "/hub_audit_" + std::to_string(getpid()) + ".log";
@@ -1130,6 +1217,51 @@ TEST(HubAuditTest, EventsAnswersAndOutcomesAreAudited) {
   EXPECT_TRUE(v.ok) << v.problem;
   EXPECT_EQ(v.records, records.size());
   std::filesystem::remove(path);
+}
+
+// An answer whose event id was read but whose rest could not be decoded
+// (here: replacement bytes that do not match their shape, as the transport
+// reports them) is an invalid answer for that event: it alone fails, and
+// its record names it. It used to count as garbage, failing every other
+// event the subscriber held, and was recorded under event 0.
+TEST_F(AuditedHubTest, AnUndecodableAnswerFailsOnlyTheEventItNames) {
+  Add(Spec("sloppy"), [](const HookEvent& e) {
+    SubscriberAnswer a = Verdict_(e, Verdict::kApprove);
+    if (e.name == "weight") {
+      a.verdict = Verdict::kModify;
+      a.invalid = "answer.replacement.data: has 1 bytes but needs 24";
+    }
+    return std::optional<SubscriberAnswer>(a);
+  });
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      BuildOutcome b,
+      Build("t/sloppy", R"({"type": "Linear", "args": [3, 2]})"));
+  ASSERT_EQ(b.registrations.size(), 2u);
+  EXPECT_TRUE(b.registrations[0].final.blocked());
+  EXPECT_THAT(b.registrations[0].final.reason,
+              HasSubstr("sent an invalid answer: answer.replacement.data"));
+  EXPECT_FALSE(b.registrations[1].final.blocked())
+      << b.registrations[1].final.reason;
+  std::vector<AuditRecord> answers = Answers(3);
+  uint64_t weight_event = 0;
+  int invalid = 0;
+  for (const AuditRecord& r : answers) {
+    nlohmann::json details = nlohmann::json::parse(r.details_json);
+    if (r.outcome == "failed-closed") weight_event = details["event_id"];
+    if (r.outcome != "invalid") continue;
+    ++invalid;
+    EXPECT_EQ(r.module, "sloppy");
+    EXPECT_THAT(details["problem"].get<std::string>(),
+                HasSubstr("has 1 bytes"));
+  }
+  EXPECT_EQ(invalid, 1);
+  for (const AuditRecord& r : answers) {
+    nlohmann::json details = nlohmann::json::parse(r.details_json);
+    if (r.outcome == "invalid") {
+      EXPECT_EQ(details["event_id"], weight_event);
+    }
+  }
+  EXPECT_NE(weight_event, 0u);
 }
 
 TEST_F(AuditedHubTest, NameOwnersOutliveTheHubThroughTheAuditLog) {
