@@ -441,6 +441,33 @@ AuditRecord Subscribe(const OperationContext& ctx, const SubscriptionSpec& spec,
                              : "fail_open"},
       {"reconnected", reconnected}};
   if (!spec.owner_identity.empty()) details["owner"] = spec.owner_identity;
+  // What it selects and receives, so that the log says who was sent which
+  // namespaces' events and tensor values. Each only when set: records of
+  // subscriptions without filters or data keep their format.
+  const SubscriptionFilter& f = spec.filter;
+  Json filter = Json::object();
+  if (!f.kinds.empty()) {
+    filter["kinds"] = Json::array();
+    for (EntryKind k : f.kinds) {
+      filter["kinds"].push_back(std::string(EntryKindName(k)));
+    }
+  }
+  if (!f.actions.empty()) {
+    filter["actions"] = Json::array();
+    for (RegistrationAction a : f.actions) {
+      filter["actions"].push_back(std::string(RegistrationActionName(a)));
+    }
+  }
+  if (!f.namespaces.empty()) filter["namespaces"] = f.namespaces;
+  if (!f.module_type_glob.empty()) {
+    filter["module_type_glob"] = f.module_type_glob;
+  }
+  if (!f.name_glob.empty()) filter["name_glob"] = f.name_glob;
+  if (!filter.empty()) details["filter"] = std::move(filter);
+  if (!spec.visible_namespaces.empty()) {
+    details["visible_namespaces"] = spec.visible_namespaces;
+  }
+  if (spec.include_data) details["max_data_bytes"] = spec.max_data_bytes;
   r.details_json = details.dump(-1, ' ', false, kReplaceInvalidUtf8);
   return r;
 }

@@ -211,6 +211,15 @@ absl::StatusOr<SlotValue> ModifiedValue(const RegistrationEvent& event,
     }
     candidate.tensor = answer.replacement;
     if (event.kind == EntryKind::kParameter) {
+      // Asked for explicitly, requires_grad on an integer tensor is invalid
+      // (torch: "Only Tensors of floating point ... can require
+      // gradients"); only the proposed parameter's flag is dropped quietly.
+      if (answer.replacement_requires_grad.value_or(false) &&
+          !IsFloatingPoint(answer.replacement.dtype())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("requires_grad needs a floating point dtype, not ",
+                         DTypeName(answer.replacement.dtype())));
+      }
       MODELSTATE_ASSIGN_OR_RETURN(
           candidate.tensor,
           MakeParameter(answer.replacement,
@@ -262,6 +271,12 @@ absl::StatusOr<SlotValue> ModifiedValue(const RegistrationEvent& event,
     // A fresh tensor object, so that the proposed one is never changed.
     Tensor fresh = tensor.is_same(current.tensor) ? tensor.Detach() : tensor;
     if (event.kind == EntryKind::kParameter) {
+      if (t.requires_grad.value_or(false) && !IsFloatingPoint(fresh.dtype())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("set_requires_grad(true) needs a floating point "
+                         "dtype, not ",
+                         DTypeName(fresh.dtype())));
+      }
       bool rg = t.requires_grad.value_or(current.tensor.requires_grad());
       if (rg && !IsFloatingPoint(fresh.dtype())) rg = false;
       MODELSTATE_ASSIGN_OR_RETURN(fresh, MakeParameter(fresh, rg));

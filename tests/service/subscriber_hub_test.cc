@@ -907,6 +907,38 @@ std::optional<SubscriberAnswer> ReinitWithoutSeed(const HookEvent& e) {
   return a;
 }
 
+// requires_grad asked for on an integer parameter is an invalid answer, as
+// torch refuses it; it used to be dropped quietly and recorded as a
+// successful MODIFY.
+TEST_F(HubTest, RequiresGradOnAnIntegerParameterIsAnInvalidAnswer) {
+  for (bool transform : {true, false}) {
+    SCOPED_TRACE(transform ? "transform" : "replacement");
+    subscribers_.clear();
+    auto s = Add(Spec(transform ? "t" : "r"), [&](const HookEvent& e) {
+      SubscriberAnswer a = Verdict_(e, Verdict::kModify);
+      if (transform) {
+        a.transform = Transform{std::nullopt, std::nullopt, true, std::nullopt,
+                                std::nullopt};
+      } else {
+        a.replacement = *Tensor::Zeros(DType::kInt64, {2});
+        a.replacement_requires_grad = true;
+      }
+      return std::optional<SubscriberAnswer>(a);
+    });
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(
+        BuildOutcome b,
+        Build(transform ? "t/int-t" : "t/int-r",
+              R"({"type": "Net", "members": [{"parameter": {"name": "i",
+                  "shape": [2], "dtype": "int64", "requires_grad": false}}]})"));
+    ASSERT_EQ(b.registrations.size(), 1u);
+    EXPECT_TRUE(b.registrations[0].final.blocked());
+    EXPECT_THAT(b.registrations[0].final.reason,
+                HasSubstr("needs a floating point dtype, not int64"));
+    s->StopWorker();
+    s->Detach();
+  }
+}
+
 TEST_F(HubTest, ReinitWithoutASeedDerivesItFromTheRequestSeedAndPath) {
   Add(Spec("reinit"), ReinitWithoutSeed);
   constexpr char kSeq[] = R"({"type": "Sequential", "children": [
@@ -1170,6 +1202,37 @@ TEST_F(AuditedHubTest, ADryRunAnswerForAnotherSubscribersEventIsInvalid) {
   EXPECT_EQ(answers[0].outcome, "invalid");
   EXPECT_EQ(answers[0].module, "");
   EXPECT_EQ(sa->events().size(), 0u);
+}
+
+// The subscribe record says what the subscriber selects and whether it is
+// sent tensor values: the log used to give neither.
+TEST_F(AuditedHubTest, TheSubscribeRecordGivesFiltersAndData) {
+  SubscriptionSpec spec = Spec("watcher", SubscriberMode::kObserve);
+  spec.filter.kinds = {EntryKind::kBuffer};
+  spec.filter.namespaces = {"team-a"};
+  spec.filter.name_glob = "running_*";
+  spec.visible_namespaces = {"team-a", "team-b"};
+  spec.include_data = true;
+  spec.max_data_bytes = 4096;
+  Add(spec, [](const HookEvent&) { return std::optional<SubscriberAnswer>(); });
+  Add(Spec("plain"),
+      [](const HookEvent&) { return std::optional<SubscriberAnswer>(); });
+  AuditQuery q;
+  q.type = "subscribe";
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::vector<AuditRecord> records,
+                                  log_->Query(q));
+  ASSERT_EQ(records.size(), 2u);
+  nlohmann::json d = nlohmann::json::parse(records[0].details_json);
+  EXPECT_EQ(d["filter"]["kinds"], nlohmann::json::array({"buffer"}));
+  EXPECT_EQ(d["filter"]["namespaces"], nlohmann::json::array({"team-a"}));
+  EXPECT_EQ(d["filter"]["name_glob"], "running_*");
+  EXPECT_EQ(d["visible_namespaces"],
+            nlohmann::json::array({"team-a", "team-b"}));
+  EXPECT_EQ(d["max_data_bytes"], 4096);
+  nlohmann::json plain = nlohmann::json::parse(records[1].details_json);
+  EXPECT_FALSE(plain.contains("filter"));
+  EXPECT_FALSE(plain.contains("max_data_bytes"));
+  EXPECT_FALSE(plain.contains("visible_namespaces"));
 }
 
 TEST(HubAuditTest, EventsAnswersAndOutcomesAreAudited) {
