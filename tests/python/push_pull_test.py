@@ -90,6 +90,17 @@ def same_bits(a, b):
 
 class Checks(unittest.TestCase):
 
+    def assertSameLoadError(self, local, remote, path, sd, strict):
+        """Loading `sd` into the submodule at `path` raises torch's
+        RuntimeError, word for word, on the remote module as on a copy of
+        the local one."""
+        with self.assertRaises(RuntimeError) as theirs:
+            copy.deepcopy(local.get_submodule(path)).load_state_dict(
+                sd, strict=strict)
+        with self.assertRaises(RuntimeError) as ours:
+            remote.get_submodule(path).load_state_dict(sd, strict=strict)
+        self.assertEqual(str(ours.exception), str(theirs.exception))
+
     def assertSameModule(self, got, want):
         """State, ties, shared modules, classes, flags: `got` is `want`."""
         a, b = got.state_dict(), want.state_dict()
@@ -826,14 +837,7 @@ class RemoteModuleTest(Checks):
             sd = {k[rel:]: v for k, v in old.items() if k.startswith(path)}
             for strict in (True, False):
                 with self.subTest(path=path, strict=strict):
-                    with self.assertRaises(RuntimeError) as theirs:
-                        copy.deepcopy(model.get_submodule(path)) \
-                            .load_state_dict(sd, strict=strict)
-                    with self.assertRaises(RuntimeError) as ours:
-                        remote.get_submodule(path).load_state_dict(
-                            sd, strict=strict)
-                    self.assertEqual(str(ours.exception),
-                                     str(theirs.exception))
+                    self.assertSameLoadError(model, remote, path, sd, strict)
         for key, value in before.items():
             self.assertTrue(same_bits(remote.state_dict()[key], value), key)
         # With _metadata they are plain unexpected keys.
@@ -889,14 +893,8 @@ class RemoteModuleTest(Checks):
                           if k.startswith(path)}
                     with self.subTest(keys=list(bad), strict=strict,
                                       path=path):
-                        with self.assertRaises(RuntimeError) as theirs:
-                            copy.deepcopy(local.get_submodule(path)) \
-                                .load_state_dict(sd, strict=strict)
-                        with self.assertRaises(RuntimeError) as ours:
-                            remote.get_submodule(path).load_state_dict(
-                                sd, strict=strict)
-                        self.assertEqual(str(ours.exception),
-                                         str(theirs.exception))
+                        self.assertSameLoadError(local, remote, path, sd,
+                                                 strict)
         for key, value in before.items():
             self.assertTrue(same_bits(remote.state_dict()[key], value), key)
         # A tensor of a dtype modelstate lacks stays a TypeError.
