@@ -978,6 +978,51 @@ void DamageDataFiles(const fs::path& modules, const ModuleName& name,
 // error quotes it, and the restore record must still be written (it used
 // to throw from the JSON dump and abort the server at every start). The
 // module is then DATA_LOSS, not "does not exist"; the others are served.
+// A copy another replica owns: no longer served, its files kept out of the
+// modules directory (so no restart loads it again), recorded; a copy whose
+// name is being written to is left where it is.
+TEST_F(ModelStoreTest, ASetAsideCopyIsKeptButNeverServedAgain) {
+  MakeDurable();
+  ASSERT_THAT(Build("t/m").status(), IsOk());
+  ASSERT_THAT(Build("t/kept").status(), IsOk());
+  ASSERT_THAT(store_->Load(ctx_, Name("t/m"), Pattern(7), {}).status(), IsOk());
+  const std::string aside =
+      data_dir::SetAsidePath(dir_.string(), Name("t/m"), "20261129T000000Z");
+  ASSERT_THAT(store_->SetAside(Name("t/m"), "r2", aside), IsOk());
+  EXPECT_THAT(store_->Snapshot(Name("t/m"), {}).status(),
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_FALSE(fs::exists(Manifest("t/m")));
+  EXPECT_TRUE(fs::exists(data_dir::ManifestPath(aside)));
+  std::vector<AuditRecord> records = Records("set_aside");
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].outcome, "ok");
+  nlohmann::json details = nlohmann::json::parse(records[0].details_json);
+  EXPECT_EQ(details["owner"], "r2");
+  EXPECT_EQ(details["path"], aside);
+  ModelStore::RestoreReport report = Restart();
+  EXPECT_EQ(report.modules, 1u);
+  EXPECT_TRUE(report.errors.empty());
+  EXPECT_FALSE(store_->Contains(Name("t/m")));
+  // The kept files are the copy as it was, bit for bit.
+  auto copy = *ModuleRepository::Open((dir_ / "copy").string());
+  fs::create_directories(dir_ / "copy" / "t");
+  fs::rename(aside, data_dir::ModuleDir((dir_ / "copy").string(), Name("t/m")));
+  ModuleRepository::LoadReport loaded = copy->LoadAll();
+  ASSERT_EQ(loaded.modules.size(), 1u);
+  EXPECT_TRUE(AllEqual(loaded.modules[0].root->GetStateDict(), 7));
+
+  // A name with a file reserved (a load receiving) is not moved under it.
+  absl::StatusOr<std::string> reserved =
+      repository_->ReserveDataFile(Name("t/kept"));
+  ASSERT_THAT(reserved.status(), IsOk());
+  EXPECT_THAT(repository_->SetAside(
+                  Name("t/kept"),
+                  data_dir::SetAsidePath(dir_.string(), Name("t/kept"), "x")),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_TRUE(fs::exists(Manifest("t/kept")));
+  repository_->ReleaseDataFile(Name("t/kept"), *reserved);
+}
+
 TEST_F(ModelStoreTest, ADamagedHeaderByteFailsOneModuleAtRestart) {
   MakeDurable();
   ASSERT_THAT(Build("t/bad").status(), IsOk());
