@@ -963,27 +963,25 @@ Prewrite::~Prewrite() {
   repo_->ReleaseDataFile(name_, path_);
 }
 
+ModuleRepository::SaveInProgress::SaveInProgress(ModuleRepository& repo,
+                                                 ModuleFiles& files)
+    : repo_(repo), files_(files) {
+  MutexLock lock(&repo_.mu_);
+  ++files_.saves;
+}
+
+ModuleRepository::SaveInProgress::~SaveInProgress() {
+  MutexLock lock(&repo_.mu_);
+  --files_.saves;
+}
+
 absl::Status ModuleRepository::Save(
     const ModuleName& name, const Module& root, const ChangeNote& note,
     const std::vector<PrewrittenBytes>& prewritten) {
   MODELSTATE_RETURN_IF_ERROR(CheckUsable(name));
   std::shared_ptr<ModuleFiles> files = FilesOf(name);
   const std::string dir = ModuleDir(name);
-  // Counted while it runs, as a reservation is: a first save is then safe
-  // from a concurrent release clearing the directory it has just ensured
-  // (ReleaseDataFile).
-  {
-    MutexLock lock(&mu_);
-    ++files->saves;
-  }
-  struct SaveEnds {
-    ModuleRepository* repo;
-    ModuleFiles* files;
-    ~SaveEnds() {
-      MutexLock lock(&repo->mu_);
-      --files->saves;
-    }
-  } save_ends{this, files.get()};
+  SaveInProgress saving(*this, *files);
   MODELSTATE_RETURN_IF_ERROR(EnsureModuleDir(name));
   for (const PrewrittenBytes& p : prewritten) {
     files->by_version[VersionKey(*p.storage, p.dtype)] = {p.file, p.key,
@@ -1229,10 +1227,16 @@ absl::StatusOr<ModuleRepository::Loaded> ModuleRepository::Import(
     return fail(absl::InvalidArgumentError(
         absl::StrCat("manifest: malformed: ", e.what())));
   }
+  // A module without tensors comes as its manifest alone: nothing sent
+  // made its directory.
+  std::shared_ptr<ModuleFiles> files = FilesOf(name);
+  SaveInProgress saving(*this, *files);
+  if (absl::Status ensured = EnsureModuleDir(name); !ensured.ok()) {
+    return fail(ensured);
+  }
   absl::Status written = WriteFileAtomically(path, Seal(*body));
   if (!written.ok()) return fail(written);
   CommittedFirstSave(dir);
-  std::shared_ptr<ModuleFiles> files = FilesOf(name);
   absl::StatusOr<Loaded> loaded =
       LoadOne(name, /*fallback_to_cpu=*/false, /*verify_now=*/true, *files);
   if (!loaded.ok()) return fail(loaded.status());

@@ -275,6 +275,21 @@ class ModuleRepository {
   };
 
   std::string ModuleDir(const ModuleName& name) const;
+  // A write into a module's directory (a Save, an Import's manifest),
+  // counted while it lives, as a reservation is: no release or deletion
+  // removes the directory it ensured under it (ReleaseDataFile,
+  // DeleteQueued).
+  class SaveInProgress {
+   public:
+    SaveInProgress(ModuleRepository& repo, ModuleFiles& files);
+    ~SaveInProgress();
+    SaveInProgress(const SaveInProgress&) = delete;
+    SaveInProgress& operator=(const SaveInProgress&) = delete;
+
+   private:
+    ModuleRepository& repo_;
+    ModuleFiles& files_;
+  };
   // Creates the module's directory (durably) if it is not there, and
   // marks it uncommitted until its first manifest (CommittedFirstSave).
   absl::Status EnsureModuleDir(const ModuleName& name);

@@ -957,6 +957,24 @@ TEST_F(ModelStoreTest, AClusterMoveHandsTheModuleAndItsRecordOver) {
   EXPECT_THAT(report.errors, IsEmpty());
 }
 
+// A module without tensors moves as its manifest alone, into a data
+// directory that never had its namespace.
+TEST_F(ModelStoreTest, AModuleWithoutTensorsMovesToo) {
+  MakeDurable();
+  ASSERT_THAT(Build("t/relu", R"({"type": "ReLU"})").status(), IsOk());
+  OtherReplica other(dir_ / "other");
+  auto ok = [] { return absl::OkStatus(); };
+  ASSERT_THAT(store_->MoveOut(ctx_, Name("t/relu"), "there",
+                              [&](const std::vector<std::string>& files) {
+                                EXPECT_THAT(files, SizeIs(1));
+                                return SendTo(*other.store, Name("t/relu"),
+                                              files, ok);
+                              }),
+              IsOk());
+  EXPECT_TRUE(other.store->Contains(Name("t/relu")));
+  EXPECT_FALSE(store_->Contains(Name("t/relu")));
+}
+
 // Flips one byte `from_end` bytes before the end of every data file of
 // `name` (a Linear's bias is its file's last tensor).
 void DamageDataFiles(const fs::path& modules, const ModuleName& name,
