@@ -44,16 +44,22 @@ absl::StatusOr<std::unique_ptr<ClusterRouter>> ClusterRouter::Create(
       std::move(options), std::move(secret), std::move(peers)));
 }
 
-absl::Status ClusterRouter::Join(const std::string& advertise_address,
-                                 const std::vector<std::string>& local_modules,
-                                 std::vector<ModuleOwner>* owned_elsewhere) {
+absl::Status ClusterRouter::Join(
+    const std::string& advertise_address,
+    const std::vector<std::string>& local_modules,
+    const std::function<void(const std::vector<ModuleOwner>&)>&
+        owned_elsewhere) {
   ClusterOptions options = options_;
   if (!advertise_address.empty() && options.advertise_address.empty()) {
     options.advertise_address = advertise_address;
   }
+  std::vector<ModuleOwner> elsewhere;
   MODELSTATE_ASSIGN_OR_RETURN(
       std::unique_ptr<ClusterMember> member,
-      ClusterMember::Join(options, local_modules, owned_elsewhere));
+      ClusterMember::Join(options, local_modules, &elsewhere));
+  // Until member_ is set every call answers UNAVAILABLE: none reaches a
+  // copy that is not this replica's.
+  if (owned_elsewhere) owned_elsewhere(elsewhere);
   MutexLock lock(&mu_);
   member_ = std::move(member);
   return absl::OkStatus();

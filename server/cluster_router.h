@@ -74,10 +74,12 @@ class ClusterRouter {
 
   // Registers in etcd; until it has, module calls answer UNAVAILABLE.
   // `advertise_address` "" keeps the options' address. The local modules
-  // another replica owns go to `owned_elsewhere` (ClusterMember::Join).
+  // another replica owns (ClusterMember::Join) go to `owned_elsewhere`,
+  // called before any call is routed here.
   absl::Status Join(const std::string& advertise_address,
                     const std::vector<std::string>& local_modules,
-                    std::vector<ModuleOwner>* owned_elsewhere = nullptr);
+                    const std::function<void(const std::vector<ModuleOwner>&)>&
+                        owned_elsewhere = nullptr);
   // Leaves the cluster (revokes the lease).
   void Leave();
   // The names of the subscribers connected to this replica, relayed ones

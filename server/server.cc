@@ -504,33 +504,35 @@ absl::Status Server::JoinCluster() {
        store_->List("", "", std::numeric_limits<size_t>::max())) {
     local.push_back(module.name.full());
   }
-  std::vector<ModuleOwner> owned_elsewhere;
-  absl::Status joined = router_->Join(address_, local, &owned_elsewhere);
-  if (!joined.ok()) {
-    return absl::Status(joined.code(), absl::StrCat("cannot join the cluster: ",
-                                                    joined.message()));
-  }
   // A copy another replica owns was left by a move that crashed half-way
   // (the new owner before its takeover, or the old one before deleting its
   // copy). Served, it would answer for the module once its owner deletes
   // it, and list it twice meanwhile; its files are kept for an operator.
-  const std::string stamp =
-      absl::FormatTime("%Y%m%dT%H%M%SZ", absl::Now(), absl::UTCTimeZone());
-  for (const ModuleOwner& copy : owned_elsewhere) {
-    absl::StatusOr<ModuleName> name = ParseModuleName(copy.module);
-    if (!name.ok()) continue;
-    const std::string destination =
-        data_dir::SetAsidePath(config_.data_dir, *name, stamp);
-    absl::Status set_aside = store_->SetAside(*name, copy.replica, destination);
-    LogLine(absl::StrCat("module ", copy.module, " is owned by replica ",
-                         copy.replica, ": the copy here is not served",
-                         set_aside.ok()
-                             ? absl::StrCat("; moved to ", destination)
-                             : absl::StrCat(" (", set_aside.message(), ")")));
+  size_t set_aside = 0;
+  auto set_aside_copies = [&](const std::vector<ModuleOwner>& copies) {
+    const std::string stamp =
+        absl::FormatTime("%Y%m%dT%H%M%SZ", absl::Now(), absl::UTCTimeZone());
+    for (const ModuleOwner& copy : copies) {
+      absl::StatusOr<ModuleName> name = ParseModuleName(copy.module);
+      if (!name.ok()) continue;
+      const std::string destination =
+          data_dir::SetAsidePath(config_.data_dir, *name, stamp);
+      absl::Status moved = store_->SetAside(*name, copy.replica, destination);
+      ++set_aside;
+      LogLine(absl::StrCat("module ", copy.module, " is owned by replica ",
+                           copy.replica, ": the copy here is not served",
+                           moved.ok()
+                               ? absl::StrCat("; moved to ", destination)
+                               : absl::StrCat(" (", moved.message(), ")")));
+    }
+  };
+  absl::Status joined = router_->Join(address_, local, set_aside_copies);
+  if (!joined.ok()) {
+    return absl::Status(joined.code(), absl::StrCat("cannot join the cluster: ",
+                                                    joined.message()));
   }
   LogLine(absl::StrCat("joined the cluster as replica ", router_->replica(),
-                       " (", local.size() - owned_elsewhere.size(),
-                       " modules claimed)"));
+                       " (", local.size() - set_aside, " modules claimed)"));
   return absl::OkStatus();
 }
 

@@ -1128,28 +1128,40 @@ absl::Status ModuleRepository::SetAside(const ModuleName& name,
   {
     MutexLock lock(&mu_);
     auto it = files_.find(name.full());
-    if (it != files_.end()) {
-      if (!it->second->reserved.empty() || it->second->saves != 0) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "module '", name.full(), "' is being written; not set aside"));
-      }
-      files_.erase(it);
+    if (it != files_.end() &&
+        (!it->second->reserved.empty() || it->second->saves != 0)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "module '", name.full(), "' is being written; not set aside"));
     }
   }
   const std::string dir = ModuleDir(name);
-  const fs::path parent = fs::path(destination).parent_path();
-  std::error_code ec;
-  fs::create_directories(parent, ec);
-  if (ec) {
-    return absl::InternalError(
-        absl::StrCat(parent.string(), ": cannot create: ", ec.message()));
+  absl::Status moved = [&]() -> absl::Status {
+    const fs::path parent = fs::path(destination).parent_path();
+    std::error_code ec;
+    fs::create_directories(parent, ec);
+    if (ec) {
+      return absl::InternalError(
+          absl::StrCat(parent.string(), ": cannot create: ", ec.message()));
+    }
+    if (rename(dir.c_str(), destination.c_str()) != 0) {
+      return ErrnoStatus(errno, dir, "rename failed");
+    }
+    // Both directory entries changed: durable before anyone relies on it.
+    MODELSTATE_RETURN_IF_ERROR(FsyncParentDirectory(destination));
+    return FsyncParentDirectory(dir);
+  }();
+  MutexLock lock(&mu_);
+  if (moved.ok()) {
+    files_.erase(name.full());
+  } else {
+    // Left where it is, the copy must not be written over by a build of
+    // the name, nor served: kept for an operator, as damaged files are.
+    damaged_[name.full()] = absl::FailedPreconditionError(
+        absl::StrCat("a copy that another replica owns could not be set "
+                     "aside: ",
+                     moved.message()));
   }
-  if (rename(dir.c_str(), destination.c_str()) != 0) {
-    return ErrnoStatus(errno, dir, "rename failed");
-  }
-  // Both directory entries changed: durable before anyone relies on it.
-  MODELSTATE_RETURN_IF_ERROR(FsyncParentDirectory(destination));
-  return FsyncParentDirectory(dir);
+  return moved;
 }
 
 absl::StatusOr<std::vector<std::string>> ModuleRepository::CommittedFiles(

@@ -199,7 +199,9 @@ class ModuleRepository {
   // Moves the directory of `name` to `destination` (a path outside this
   // repository; its parents are created) and forgets it: the files are kept
   // for an operator, and no later LoadAll finds them. FAILED_PRECONDITION
-  // while a save or a reserved file of the name is under way.
+  // while a save or a reserved file of the name is under way. When the
+  // move fails, the files stay and the name is refused as damaged ones are
+  // (Damaged, CheckUsable) until a restart.
   absl::Status SetAside(const ModuleName& name, const std::string& destination);
 
   struct Loaded {

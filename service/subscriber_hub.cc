@@ -746,9 +746,6 @@ void SubscriberHub::DryRunAnswerLocked(Subscriber& s,
   if (!awaited && s.settled.contains(answer.event_id)) {
     facts.outcome = "ignored";
     facts.problem = "duplicate answer";
-  } else if (!answer.invalid.empty()) {
-    facts.outcome = "invalid";
-    facts.problem = answer.invalid;
   } else if (!awaited) {
     // Never sent to it (another subscriber's event, maybe of a namespace
     // it may not see), or older than ten minutes.
@@ -756,9 +753,14 @@ void SubscriberHub::DryRunAnswerLocked(Subscriber& s,
     facts.problem = "unknown event id";
   } else {
     DryRun& run = *dr->second;
+    // Recorded under its event, like an interceptor's, even when the rest
+    // of the answer could not be decoded.
     facts.event = run.event.get();
     facts.latency_ms = absl::ToDoubleMilliseconds(now - run.sent_at);
-    if (answer.verdict == Verdict::kModify) {
+    if (!answer.invalid.empty()) {
+      facts.outcome = "invalid";
+      facts.problem = answer.invalid;
+    } else if (answer.verdict == Verdict::kModify) {
       // Validated as if enforced, so a dry run shows what would fail.
       absl::StatusOr<SlotValue> modified = ModifiedValue(
           run.registration, run.event->value, answer, run.request_seed);

@@ -1039,6 +1039,21 @@ TEST_F(ModelStoreTest, ASetAsideCopyIsKeptButNeverServedAgain) {
               StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_TRUE(fs::exists(Manifest("t/kept")));
   repository_->ReleaseDataFile(Name("t/kept"), *reserved);
+
+  // A copy that cannot be moved stays where it is, neither served nor
+  // written over by a build of its name.
+  const fs::path blocked = dir_ / "not-a-directory";
+  std::ofstream(blocked.string()) << "x";
+  EXPECT_FALSE(
+      store_->SetAside(Name("t/kept"), "r2", (blocked / "t" / "kept").string())
+          .ok());
+  EXPECT_TRUE(fs::exists(Manifest("t/kept")));
+  EXPECT_THAT(store_->Snapshot(Name("t/kept"), {}).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("could not be set aside")));
+  EXPECT_THAT(Build("t/kept").status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(Records("set_aside"), SizeIs(2));
 }
 
 TEST_F(ModelStoreTest, ADamagedHeaderByteFailsOneModuleAtRestart) {

@@ -1204,6 +1204,35 @@ TEST_F(AuditedHubTest, ADryRunAnswerForAnotherSubscribersEventIsInvalid) {
   EXPECT_EQ(sa->events().size(), 0u);
 }
 
+// A dry-run subscriber's undecodable answer to an event it was sent is
+// recorded under that event too, with its decoding problem; one for an
+// event it was never sent is an unknown event id.
+TEST_F(AuditedHubTest, ADryRunsUndecodableAnswerIsRecordedUnderItsEvent) {
+  auto dry = Add(Spec("dry", SubscriberMode::kDryRun), [](const HookEvent&) {
+    return std::optional<SubscriberAnswer>();
+  });
+  ASSERT_THAT(Build("t/dry", R"({"type": "Linear", "args": [3, 2]})").status(),
+              IsOk());
+  ASSERT_EQ(dry->WaitUntilReceived(2, absl::Seconds(10)), 2);
+  SubscriberAnswer bad;
+  bad.event_id = dry->events()[0].event_id;
+  bad.verdict = Verdict::kModify;
+  bad.invalid = "answer.replacement.data: has 1 bytes but needs 24";
+  hub_->Answer(dry->id(), bad);
+  bad.event_id = 999999;
+  hub_->Answer(dry->id(), bad);
+  std::vector<AuditRecord> answers = Answers(2);
+  ASSERT_EQ(answers.size(), 2u);
+  nlohmann::json first = nlohmann::json::parse(answers[0].details_json);
+  EXPECT_EQ(answers[0].outcome, "invalid");
+  EXPECT_EQ(answers[0].module, "dry");
+  EXPECT_EQ(first["event_id"], dry->events()[0].event_id);
+  EXPECT_THAT(first["problem"].get<std::string>(), HasSubstr("has 1 bytes"));
+  nlohmann::json second = nlohmann::json::parse(answers[1].details_json);
+  EXPECT_EQ(answers[1].outcome, "invalid");
+  EXPECT_EQ(second["problem"], "unknown event id");
+}
+
 // The subscribe record says what the subscriber selects and whether it is
 // sent tensor values: the log used to give neither.
 TEST_F(AuditedHubTest, TheSubscribeRecordGivesFiltersAndData) {
