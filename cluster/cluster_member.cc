@@ -4,6 +4,7 @@
 #include <map>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
@@ -38,7 +39,7 @@ ClusterMember::ClusterMember(ClusterOptions options,
 
 absl::StatusOr<std::unique_ptr<ClusterMember>> ClusterMember::Join(
     ClusterOptions options, const std::vector<std::string>& local_modules,
-    std::vector<ModuleOwner>* owned_elsewhere) {
+    const std::vector<std::string>& in_move, JoinReport* report) {
   if (options.replica_id.empty()) {
     return absl::InvalidArgumentError("replica_id: empty");
   }
@@ -62,13 +63,34 @@ absl::StatusOr<std::unique_ptr<ClusterMember>> ClusterMember::Join(
   auto member = std::unique_ptr<ClusterMember>(
       new ClusterMember(std::move(options), std::move(etcd)));
   MODELSTATE_RETURN_IF_ERROR(member->Register(/*first=*/true));
+  const absl::flat_hash_set<std::string> moving(in_move.begin(), in_move.end());
   for (const std::string& module : local_modules) {
+    if (moving.contains(module)) {
+      // Claiming it would bring back a module its new owner deleted.
+      absl::StatusOr<std::optional<std::string>> owner =
+          member->OwnerOf(module);
+      if (owner.ok() && *owner == member->replica()) {
+        if (report != nullptr) report->moves_settled.push_back(module);
+        continue;
+      }
+      if (owner.ok() && report != nullptr) {
+        report->owned_elsewhere.push_back({module, owner->value_or("")});
+        continue;
+      }
+      Log(LogLevel::kWarning, "a hosted module's move was under way",
+          {.correlation_id = "",
+           .fields = {
+               {"module", module},
+               {"owner", owner.ok() ? owner->value_or("none")
+                                    : std::string(owner.status().message())}}});
+      continue;
+    }
     absl::Status claimed = member->Claim(module);
-    if (absl::IsFailedPrecondition(claimed) && owned_elsewhere != nullptr) {
+    if (absl::IsFailedPrecondition(claimed) && report != nullptr) {
       absl::StatusOr<std::optional<std::string>> owner =
           member->OwnerOf(module);
       if (owner.ok() && owner->has_value() && **owner != member->replica()) {
-        owned_elsewhere->push_back({module, **owner});
+        report->owned_elsewhere.push_back({module, **owner});
         continue;
       }
     }

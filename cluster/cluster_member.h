@@ -101,14 +101,27 @@ struct RecordedSubscriber {
 // Thread-safe.
 class ClusterMember {
  public:
+  // What Join found of the modules a replica hosts.
+  struct JoinReport {
+    // Hosted modules this replica does not own, with their owner: another
+    // replica, or "" for a module whose move was under way that no replica
+    // owns now (deleted by its owner meanwhile). The copies here are not
+    // the module.
+    std::vector<ModuleOwner> owned_elsewhere;
+    // Modules whose move was under way that etcd names this replica's.
+    std::vector<std::string> moves_settled;
+  };
   // Registers this replica under a new lease (ALREADY_EXISTS when a live
   // member has its replica id), claims the modules it already hosts
-  // (`local_modules`, full names) and starts renewing the lease. Those
-  // another replica owns go to `owned_elsewhere` with their owner (when
-  // given; else they are only logged): the copies here are not theirs.
+  // (`local_modules`, full names) and starts renewing the lease. Those in
+  // `in_move` (a cluster move of them was under way when this replica
+  // stopped) are not claimed: they are this replica's only if etcd already
+  // says so. What is not this replica's goes to `report` (when given; else
+  // it is only logged).
   static absl::StatusOr<std::unique_ptr<ClusterMember>> Join(
       ClusterOptions options, const std::vector<std::string>& local_modules,
-      std::vector<ModuleOwner>* owned_elsewhere = nullptr);
+      const std::vector<std::string>& in_move = {},
+      JoinReport* report = nullptr);
   // Stops renewing and revokes the lease: the replica leaves at once.
   ~ClusterMember();
 

@@ -47,19 +47,19 @@ absl::StatusOr<std::unique_ptr<ClusterRouter>> ClusterRouter::Create(
 absl::Status ClusterRouter::Join(
     const std::string& advertise_address,
     const std::vector<std::string>& local_modules,
-    const std::function<void(const std::vector<ModuleOwner>&)>&
-        owned_elsewhere) {
+    const std::vector<std::string>& in_move,
+    const std::function<void(const ClusterMember::JoinReport&)>& joined) {
   ClusterOptions options = options_;
   if (!advertise_address.empty() && options.advertise_address.empty()) {
     options.advertise_address = advertise_address;
   }
-  std::vector<ModuleOwner> elsewhere;
+  ClusterMember::JoinReport report;
   MODELSTATE_ASSIGN_OR_RETURN(
       std::unique_ptr<ClusterMember> member,
-      ClusterMember::Join(options, local_modules, &elsewhere));
+      ClusterMember::Join(options, local_modules, in_move, &report));
   // Until member_ is set every call answers UNAVAILABLE: none reaches a
   // copy that is not this replica's.
-  if (owned_elsewhere) owned_elsewhere(elsewhere);
+  if (joined) joined(report);
   MutexLock lock(&mu_);
   member_ = std::move(member);
   return absl::OkStatus();

@@ -73,13 +73,15 @@ class ClusterRouter {
       std::shared_ptr<grpc::ChannelCredentials> peers);
 
   // Registers in etcd; until it has, module calls answer UNAVAILABLE.
-  // `advertise_address` "" keeps the options' address. The local modules
-  // another replica owns (ClusterMember::Join) go to `owned_elsewhere`,
-  // called before any call is routed here.
+  // `advertise_address` "" keeps the options' address. What
+  // ClusterMember::Join found of the local modules (`in_move`: those whose
+  // move was under way) goes to `joined`, called before any call is routed
+  // here.
   absl::Status Join(const std::string& advertise_address,
                     const std::vector<std::string>& local_modules,
-                    const std::function<void(const std::vector<ModuleOwner>&)>&
-                        owned_elsewhere = nullptr);
+                    const std::vector<std::string>& in_move = {},
+                    const std::function<void(const ClusterMember::JoinReport&)>&
+                        joined = nullptr);
   // Leaves the cluster (revokes the lease).
   void Leave();
   // The names of the subscribers connected to this replica, relayed ones

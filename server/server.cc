@@ -500,33 +500,43 @@ absl::Status Server::PrepareCluster() {
 absl::Status Server::JoinCluster() {
   if (router_ == nullptr) return absl::OkStatus();
   std::vector<std::string> local;
+  std::vector<std::string> in_move;
   for (const ModuleSummary& module :
        store_->List("", "", std::numeric_limits<size_t>::max())) {
     local.push_back(module.name.full());
+    if (store_->InMove(module.name)) in_move.push_back(module.name.full());
   }
-  // A copy another replica owns was left by a move that crashed half-way
-  // (the new owner before its takeover, or the old one before deleting its
-  // copy). Served, it would answer for the module once its owner deletes
-  // it, and list it twice meanwhile; its files are kept for an operator.
+  // A copy this replica does not own was left by a move that crashed
+  // half-way (the new owner before its takeover, or the old one before
+  // deleting its copy). Served, it would answer for the module once its
+  // owner deletes it, and list it twice meanwhile; its files are kept for
+  // an operator.
   size_t set_aside = 0;
-  auto set_aside_copies = [&](const std::vector<ModuleOwner>& copies) {
+  auto settle = [&](const ClusterMember::JoinReport& report) {
     const std::string stamp =
         absl::FormatTime("%Y%m%dT%H%M%SZ", absl::Now(), absl::UTCTimeZone());
-    for (const ModuleOwner& copy : copies) {
+    for (const ModuleOwner& copy : report.owned_elsewhere) {
       absl::StatusOr<ModuleName> name = ParseModuleName(copy.module);
       if (!name.ok()) continue;
       const std::string destination =
           data_dir::SetAsidePath(config_.data_dir, *name, stamp);
       absl::Status moved = store_->SetAside(*name, copy.replica, destination);
       ++set_aside;
-      LogLine(absl::StrCat("module ", copy.module, " is owned by replica ",
-                           copy.replica, ": the copy here is not served",
-                           moved.ok()
-                               ? absl::StrCat("; moved to ", destination)
-                               : absl::StrCat(" (", moved.message(), ")")));
+      LogLine(absl::StrCat(
+          "module ", copy.module,
+          copy.replica.empty()
+              ? " was being moved and no replica owns it now"
+              : absl::StrCat(" is owned by replica ", copy.replica),
+          ": the copy here is not served",
+          moved.ok() ? absl::StrCat("; moved to ", destination)
+                     : absl::StrCat(" (", moved.message(), ")")));
+    }
+    for (const std::string& module : report.moves_settled) {
+      absl::StatusOr<ModuleName> name = ParseModuleName(module);
+      if (name.ok()) store_->SettleMove(*name).IgnoreError();
     }
   };
-  absl::Status joined = router_->Join(address_, local, set_aside_copies);
+  absl::Status joined = router_->Join(address_, local, in_move, settle);
   if (!joined.ok()) {
     return absl::Status(joined.code(), absl::StrCat("cannot join the cluster: ",
                                                     joined.message()));

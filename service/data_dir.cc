@@ -21,6 +21,7 @@ constexpr absl::string_view kSetAside = "set-aside";
 constexpr absl::string_view kManifest = "manifest.json";
 constexpr absl::string_view kTombstone = "deleted.json";
 constexpr absl::string_view kUncommitted = "uncommitted";
+constexpr absl::string_view kMoveMark = "moving.json";
 constexpr absl::string_view kDataPrefix = "data-";
 constexpr absl::string_view kDataSuffix = ".safetensors";
 // What base/file_util's TempPathFor appends.
@@ -88,6 +89,10 @@ std::string TombstonePath(absl::string_view module_dir) {
 
 std::string UncommittedPath(absl::string_view module_dir) {
   return FilePath(module_dir, kUncommitted);
+}
+
+std::string MoveMarkPath(absl::string_view module_dir) {
+  return FilePath(module_dir, kMoveMark);
 }
 
 std::string FilePath(absl::string_view module_dir, absl::string_view file) {

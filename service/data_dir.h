@@ -22,11 +22,13 @@
 //       manifest.json          the tree (its rename commits a save)
 //       data-<N>.safetensors   tensor bytes (N counts up, never reused)
 //       deleted.json           a deletion in progress (tombstone)
+//       uncommitted            a first save not committed yet
+//       moving.json            a cluster move of the module under way
 //       <file>.tmp.<pid>.<n>   a temporary file of an interrupted write
 //   <data_dir>/set-aside/<namespace>/<name>.<time>/   a module directory
 //                                                     a cluster replica
-//                                                     found owned by
-//                                                     another (kept, never
+//                                                     found it does not
+//                                                     own (kept, never
 //                                                     served)
 //
 // Example:
@@ -69,6 +71,12 @@ std::string TombstonePath(absl::string_view module_dir);
 // files there without a manifest are then leftovers of a crash, not a
 // module whose manifest was lost.
 std::string UncommittedPath(absl::string_view module_dir);
+// Present while a cluster move of the module is under way, from before its
+// files leave (the sender) or arrive (the receiver) until the cluster names
+// its owner: a restart then hosts the copy only if etcd names this replica
+// (a crash half-way would otherwise leave a copy no replica owns, served
+// again after its owner deleted it).
+std::string MoveMarkPath(absl::string_view module_dir);
 // `file` (a data file name) in `module_dir`.
 std::string FilePath(absl::string_view module_dir, absl::string_view file);
 // "data-12.safetensors" for 12.

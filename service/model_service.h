@@ -340,6 +340,11 @@ class ModelService {
                              absl::FunctionRef<absl::StatusOr<uint64_t>(
                                  const std::vector<std::string>& files)>
                                  send);
+  // After a MoveModuleOut that failed, once the cluster names this replica
+  // the owner still: the module's move mark goes (ModelStore::SettleMove).
+  absl::Status SettleMove(const ModuleName& module) {
+    return store_->SettleMove(module);
+  }
   absl::StatusOr<std::string> ReserveImportFile(const Caller& caller,
                                                 const ModuleName& module);
   void AbandonImport(const ModuleName& module,

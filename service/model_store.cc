@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/glob.h"
+#include "base/log.h"
 #include "base/quote.h"
 #include "base/status_macros.h"
 #include "nn/forward.h"
@@ -1330,7 +1331,15 @@ absl::Status ModelStore::MoveOut(const OperationContext& ctx,
   };
   absl::StatusOr<std::vector<std::string>> files = repo->CommittedFiles(name);
   if (!files.ok()) return recorded(files.status(), 0);
+  // Marked before any file leaves: a crash from here on leaves a copy that
+  // a restart hosts only where the cluster still names this replica.
+  if (absl::Status marked = repo->MarkMove(name, "out", to_replica);
+      !marked.ok()) {
+    return recorded(marked, 0);
+  }
   absl::StatusOr<uint64_t> sent = send(*files);
+  // The mark stays: whether the other replica took the module over before
+  // the failure is the cluster's to say (SettleMove).
   if (!sent.ok()) return recorded(sent.status(), 0);
   // Hosted there now: the copy here goes. A removal that fails leaves the
   // files (start-up finds them and logs the module as owned elsewhere).
@@ -1387,7 +1396,7 @@ absl::Status ModelStore::MoveIn(
   }
   const ChangeNote note = NoteFor(ctx, AuditType::kMoveIn);
   absl::StatusOr<ModuleRepository::Loaded> loaded =
-      repo->Import(name, manifest, received, note);
+      repo->Import(name, manifest, received, note, from_replica);
   if (!loaded.ok()) return recorded(loaded.status());
   auto undo = [&](absl::Status why) {
     if (repo->Remove(name, note).ok()) repo->DropTombstone(name);
@@ -1417,7 +1426,25 @@ absl::Status ModelStore::MoveIn(
     Withdraw(*entry, "");
     return undo(taken);
   }
+  // Owned here now. A mark left by a failed unlink is settled at the next
+  // start, which finds this replica named the owner.
+  if (absl::Status settled = repo->SettleMove(name); !settled.ok()) {
+    Log(LogLevel::kWarning, "could not clear a move mark",
+        {.correlation_id = ctx.correlation_id,
+         .fields = {{"module", name.full()},
+                    {"error", std::string(settled.message())}}});
+  }
   return recorded(absl::OkStatus());
+}
+
+bool ModelStore::InMove(const ModuleName& name) const {
+  ModuleRepository* repo = repository();
+  return repo != nullptr && repo->InMove(name);
+}
+
+absl::Status ModelStore::SettleMove(const ModuleName& name) {
+  ModuleRepository* repo = repository();
+  return repo == nullptr ? absl::OkStatus() : repo->SettleMove(name);
 }
 
 absl::Status ModelStore::SetAside(const ModuleName& name,

@@ -282,6 +282,11 @@ class ModelStore {
                        absl::FunctionRef<absl::StatusOr<uint64_t>(
                            const std::vector<std::string>& files)>
                            send);
+  //
+  // The files carry a move mark (ModuleRepository::MarkMove) from before
+  // `send` runs; it goes with them, and stays when `send` fails, until
+  // SettleMove.
+  //
   // The receiving half. A path for one received data file of `name`:
   // ALREADY_EXISTS when `name` is hosted here.
   absl::StatusOr<std::string> ReserveImportFile(const ModuleName& name);
@@ -300,10 +305,18 @@ class ModelStore {
                       uint64_t bytes,
                       absl::FunctionRef<absl::Status()> take_ownership);
 
-  // A hosted module that another replica owns (a copy left by a cluster
-  // move that crashed half-way): no longer served, its directory moved to
-  // `destination` (kept for an operator; no restart loads it again).
-  // Recorded ("set_aside", naming `owner` and `destination`).
+  // Whether `name`'s files carry a move mark: a cluster move of it was
+  // under way, so the copy here is the module only if the cluster names
+  // this replica its owner.
+  bool InMove(const ModuleName& name) const;
+  // Ends the mark, once the cluster names this replica the owner.
+  absl::Status SettleMove(const ModuleName& name);
+
+  // A hosted module this replica does not own (a copy left by a cluster
+  // move that crashed half-way; `owner` the replica that does, "" when
+  // none does): no longer served, its directory moved to `destination`
+  // (kept for an operator; no restart loads it again). Recorded
+  // ("set_aside", naming `owner` and `destination`).
   absl::Status SetAside(const ModuleName& name, const std::string& owner,
                         const std::string& destination);
 

@@ -356,6 +356,14 @@ std::vector<std::string> UnusedFiles(
   return unused;
 }
 
+// A move mark's content, for an operator (a restart reads only whether the
+// file is there): which way the module was going, and the other replica.
+std::string MoveMarkText(absl::string_view direction, absl::string_view peer) {
+  return Json{{"move", direction}, {"peer", peer}}.dump(
+             -1, ' ', false, Json::error_handler_t::replace) +
+         "\n";
+}
+
 // ---------------------------------------------------------------------------
 // Reading
 
@@ -1118,9 +1126,41 @@ absl::Status ModuleRepository::Remove(const ModuleName& name,
     return ErrnoStatus(errno, manifest, "unlink failed");
   }
   MODELSTATE_RETURN_IF_ERROR(FsyncParentDirectory(manifest));
+  // A move mark goes with the manifest (a moved module is removed here):
+  // left, it would keep the directory from going once it is empty.
+  std::error_code ignored;
+  fs::remove(data_dir::MoveMarkPath(dir), ignored);
   // What was committed goes; what is being written stays (ForgetCommitted).
   ForgetCommitted(name, Deletion::kQueued);
   return absl::OkStatus();
+}
+
+absl::Status ModuleRepository::MarkMove(const ModuleName& name,
+                                        absl::string_view direction,
+                                        absl::string_view peer) {
+  const std::string dir = ModuleDir(name);
+  if (!fs::exists(data_dir::ManifestPath(dir))) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "module '", name.full(), "' has no committed files to move"));
+  }
+  return WriteFileAtomically(data_dir::MoveMarkPath(dir),
+                             MoveMarkText(direction, peer));
+}
+
+absl::Status ModuleRepository::SettleMove(const ModuleName& name) {
+  const std::string mark = data_dir::MoveMarkPath(ModuleDir(name));
+  if (unlink(mark.c_str()) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return ErrnoStatus(errno, mark, "unlink failed");
+  }
+  // Lost to a crash, the unlink is done again at the next start, once the
+  // cluster names this replica the owner again.
+  return FsyncParentDirectory(mark);
+}
+
+bool ModuleRepository::InMove(const ModuleName& name) const {
+  std::error_code ignored;
+  return fs::exists(data_dir::MoveMarkPath(ModuleDir(name)), ignored);
 }
 
 absl::Status ModuleRepository::SetAside(const ModuleName& name,
@@ -1157,7 +1197,7 @@ absl::Status ModuleRepository::SetAside(const ModuleName& name,
     // Left where it is, the copy must not be written over by a build of
     // the name, nor served: kept for an operator, as damaged files are.
     damaged_[name.full()] = absl::FailedPreconditionError(
-        absl::StrCat("a copy that another replica owns could not be set "
+        absl::StrCat("a copy this replica does not own could not be set "
                      "aside: ",
                      moved.message()));
   }
@@ -1185,8 +1225,8 @@ absl::StatusOr<std::vector<std::string>> ModuleRepository::CommittedFiles(
 
 absl::StatusOr<ModuleRepository::Loaded> ModuleRepository::Import(
     const ModuleName& name, absl::string_view manifest,
-    const std::map<std::string, std::string>& received,
-    const ChangeNote& note) {
+    const std::map<std::string, std::string>& received, const ChangeNote& note,
+    absl::string_view from_replica) {
   const std::string dir = ModuleDir(name);
   const std::string path = data_dir::ManifestPath(dir);
   // Whatever happens, the received files are no longer reserved: the
@@ -1197,6 +1237,7 @@ absl::StatusOr<ModuleRepository::Loaded> ModuleRepository::Import(
   auto fail = [&](absl::Status why) {
     std::error_code ec;
     fs::remove(path, ec);
+    fs::remove(data_dir::MoveMarkPath(dir), ec);
     end_reservations();
     // A build of the name held by its hooks keeps the file it reserved.
     ForgetCommitted(name, Deletion::kNow);
@@ -1246,6 +1287,13 @@ absl::StatusOr<ModuleRepository::Loaded> ModuleRepository::Import(
   if (absl::Status ensured = EnsureModuleDir(name); !ensured.ok()) {
     return fail(ensured);
   }
+  // Marked before the manifest commits: a crash before the cluster names
+  // this replica the owner leaves a copy that a restart hosts only if the
+  // takeover happened.
+  const std::string mark = data_dir::MoveMarkPath(dir);
+  absl::Status marked =
+      WriteFileAtomically(mark, MoveMarkText("in", from_replica));
+  if (!marked.ok()) return fail(marked);
   absl::Status written = WriteFileAtomically(path, Seal(*body));
   if (!written.ok()) return fail(written);
   CommittedFirstSave(dir);
@@ -1363,6 +1411,7 @@ ModuleRepository::LoadReport ModuleRepository::LoadAll(bool fallback_to_cpu) {
       // Never committed, or removed: nothing here is needed.
       DeleteUnused(dir, nullptr, /*now=*/true);
       fs::remove(mark, ec);
+      fs::remove(data_dir::MoveMarkPath(dir), ec);
       fs::remove(dir, ec);  // only if empty (no tombstone left)
       continue;
     }

@@ -238,10 +238,26 @@ class ModuleRepository {
   // CRC-32C. ALREADY_EXISTS when `name` has a manifest here; INVALID_ARGUMENT
   // when the manifest names a file not received, or another module. Ends
   // the reservations either way; on failure nothing of the import is left.
+  //
+  // The module carries a move mark ("in", from `from_replica`; see
+  // MarkMove) from before its manifest commits.
   absl::StatusOr<Loaded> Import(
       const ModuleName& name, absl::string_view manifest,
       const std::map<std::string, std::string>& received,
-      const ChangeNote& note);
+      const ChangeNote& note, absl::string_view from_replica);
+
+  // Cluster moves (data_dir::MoveMarkPath). Marks `name` durably as moving
+  // (`direction` "out" or "in"; `peer` the other replica): from now on a
+  // restart hosts it only if the cluster names this replica its owner.
+  // FAILED_PRECONDITION when `name` has no committed manifest. The mark
+  // goes with the module (Remove) or by SettleMove.
+  absl::Status MarkMove(const ModuleName& name, absl::string_view direction,
+                        absl::string_view peer);
+  // Ends a move mark: the cluster names this replica the owner. OK when
+  // there is none.
+  absl::Status SettleMove(const ModuleName& name);
+  // Whether `name` carries a move mark.
+  bool InMove(const ModuleName& name) const;
 
   const std::string& dir() const { return dir_; }
 

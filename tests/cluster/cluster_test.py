@@ -1074,6 +1074,66 @@ class ClusterTest(unittest.TestCase):
         self.wait_until("the restarted replica to answer", read_at_source)
         self.assertEqual(answers, [grpc.StatusCode.NOT_FOUND])
 
+    def test_9j_a_marked_copy_of_a_module_deleted_meanwhile_is_set_aside(self):
+        # The old owner crashes after the takeover, before deleting its
+        # copy, and the new owner deletes the module while it is down: at
+        # its restart nothing in etcd names the module, and only the move
+        # mark it wrote before sending tells its copy from a module it
+        # hosts (which it would claim, serving the deleted module again).
+        module = "gone/m"
+        self.build("r0", module, seed=12)
+        source = self.owners()[module]
+        target = [r for r in sorted(self.servers) if r != source][0]
+        source_dir = os.path.join(self.servers[source].dir, "data",
+                                  "modules", "gone", "m")
+        kept = os.path.join(self.servers[source].dir, "kept-gone")
+        shutil.copytree(source_dir, kept)
+        moved = self.cli(source, "cluster", "move", module, target)
+        self.assertEqual(moved.returncode, 0, moved.stdout + moved.stderr)
+        self.wait_until("the old copy's files to go", lambda: not (
+            os.path.exists(source_dir) and os.listdir(source_dir)))
+        self.servers[source].kill()
+        # What the crash leaves: the files as they were, and the mark the
+        # sender writes before any of them leaves.
+        shutil.rmtree(source_dir, ignore_errors=True)
+        shutil.copytree(kept, source_dir)
+        with open(os.path.join(source_dir, "moving.json"), "w") as f:
+            json.dump({"move": "out", "peer": target}, f)
+        self.stub(target).DeleteModule(pb.DeleteModuleRequest(module=module),
+                                       timeout=TIMEOUT)
+        self.assertNotIn(module, self.owners())
+        self.servers[source].start()
+        answers = {}
+
+        def read_everywhere():
+            for replica in self.servers:
+                try:
+                    answers[replica] = self.state(replica, module)
+                except grpc.RpcError as e:
+                    if e.code() == grpc.StatusCode.UNAVAILABLE:
+                        return False  # a channel to the killed process
+                    answers[replica] = e.code()
+            return True
+        self.wait_until("every replica to answer", read_everywhere)
+        self.assertEqual(answers, {r: grpc.StatusCode.NOT_FOUND
+                                   for r in self.servers})
+        self.assertNotIn(module, self.owners())
+        names = [m.module for m in self.stub(source).ListModules(
+            pb.ListModulesRequest(namespace="gone"), timeout=TIMEOUT).modules]
+        self.assertEqual(names, [])
+        aside = os.path.join(self.servers[source].dir, "data", "set-aside",
+                             "gone")
+        copies = os.listdir(aside)
+        self.assertEqual(len(copies), 1, copies)
+        self.assertTrue(os.path.exists(
+            os.path.join(aside, copies[0], "manifest.json")))
+        records = self.audit_of(source, "set_aside", module)
+        self.assertEqual(len(records), 1)
+        self.assertEqual(json.loads(records[0].details_json)["owner"], "")
+        # A build of the name is a new module, placed as any other.
+        self.build("r0", module, seed=13)
+        self.assertIn(module, self.owners())
+
 
 class TlsClusterTest(unittest.TestCase):
     """Two TLS replicas with mutual TLS: replica-to-replica calls use TLS."""

@@ -975,6 +975,83 @@ TEST_F(ModelStoreTest, AModuleWithoutTensorsMovesToo) {
   EXPECT_FALSE(store_->Contains(Name("t/relu")));
 }
 
+// A cluster move marks the module's files on both replicas before they can
+// be a copy no replica owns (the sender before any file leaves, the
+// receiver before its manifest commits), until the cluster names the
+// owner: a restart then hosts a marked copy only where etcd names this
+// replica (ClusterMember::Join), so a crash half-way cannot bring back a
+// module its owner deleted. The mark goes with a moved module's files, and
+// a failed move's stays until the caller settles it.
+TEST_F(ModelStoreTest, AClusterMoveIsMarkedUntilTheOwnerIsSettled) {
+  MakeDurable();
+  ASSERT_THAT(Build("t/m").status(), IsOk());
+  OtherReplica other(dir_ / "other");
+  const std::string source_dir =
+      data_dir::ModuleDir((dir_ / "modules").string(), Name("t/m"));
+  const std::string target_dir =
+      data_dir::ModuleDir((dir_ / "other" / "modules").string(), Name("t/m"));
+  EXPECT_FALSE(store_->InMove(Name("t/m")));
+  bool marked_when_sent = false;
+  bool committed_and_marked_at_takeover = false;
+  auto take = [&] {
+    committed_and_marked_at_takeover =
+        other.store->InMove(Name("t/m")) &&
+        fs::exists(data_dir::ManifestPath(target_dir));
+    return absl::OkStatus();
+  };
+  ASSERT_THAT(store_->MoveOut(ctx_, Name("t/m"), "there",
+                              [&](const std::vector<std::string>& files) {
+                                marked_when_sent = store_->InMove(Name("t/m"));
+                                return SendTo(*other.store, Name("t/m"), files,
+                                              take);
+                              }),
+              IsOk());
+  EXPECT_TRUE(marked_when_sent);
+  EXPECT_TRUE(committed_and_marked_at_takeover);
+  // Owned there: settled. Gone here, directory and all.
+  EXPECT_FALSE(other.store->InMove(Name("t/m")));
+  repository_->WaitForDeletions();
+  EXPECT_FALSE(fs::exists(source_dir));
+
+  // A move that fails keeps its mark (the takeover may have happened
+  // before the failure), across a restart, until it is settled.
+  ASSERT_THAT(Build("t/n").status(), IsOk());
+  EXPECT_THAT(
+      store_->MoveOut(
+          ctx_, Name("t/n"), "there",
+          [](const std::vector<std::string>&) -> absl::StatusOr<uint64_t> {
+            return absl::UnavailableError("cut off");
+          }),
+      StatusIs(absl::StatusCode::kUnavailable));
+  const std::string n_dir =
+      data_dir::ModuleDir((dir_ / "modules").string(), Name("t/n"));
+  absl::StatusOr<std::string> text = ReadFile(data_dir::MoveMarkPath(n_dir));
+  ASSERT_THAT(text.status(), IsOk());
+  EXPECT_EQ(nlohmann::json::parse(*text),
+            (nlohmann::json{{"move", "out"}, {"peer", "there"}}));
+  ASSERT_THAT(store_->Load(ctx_, Name("t/n"), Pattern(3), {}).status(), IsOk());
+  EXPECT_TRUE(Restart().errors.empty());
+  EXPECT_TRUE(store_->Contains(Name("t/n")));
+  EXPECT_TRUE(store_->InMove(Name("t/n")));
+  EXPECT_TRUE(AllEqual(State("t/n"), 3));
+  ASSERT_THAT(store_->SettleMove(Name("t/n")), IsOk());
+  EXPECT_FALSE(store_->InMove(Name("t/n")));
+  EXPECT_THAT(store_->SettleMove(Name("t/n")), IsOk());  // none: OK
+
+  // A deletion takes a mark with the files, and the directory goes.
+  EXPECT_THAT(
+      store_->MoveOut(
+          ctx_, Name("t/n"), "there",
+          [](const std::vector<std::string>&) -> absl::StatusOr<uint64_t> {
+            return absl::UnavailableError("cut off");
+          }),
+      StatusIs(absl::StatusCode::kUnavailable));
+  ASSERT_TRUE(store_->InMove(Name("t/n")));
+  ASSERT_THAT(store_->Delete(ctx_, Name("t/n")), IsOk());
+  repository_->WaitForDeletions();
+  EXPECT_FALSE(fs::exists(n_dir));
+}
+
 // Flips one byte `from_end` bytes before the end of every data file of
 // `name` (a Linear's bias is its file's last tensor).
 void DamageDataFiles(const fs::path& modules, const ModuleName& name,
@@ -992,10 +1069,6 @@ void DamageDataFiles(const fs::path& modules, const ModuleName& name,
   }
 }
 
-// A byte of a data file's JSON header that is no longer UTF-8: the parse
-// error quotes it, and the restore record must still be written (it used
-// to throw from the JSON dump and abort the server at every start). The
-// module is then DATA_LOSS, not "does not exist"; the others are served.
 // A copy another replica owns: no longer served, its files kept out of the
 // modules directory (so no restart loads it again), recorded; a copy whose
 // name is being written to is left where it is.
@@ -1056,6 +1129,10 @@ TEST_F(ModelStoreTest, ASetAsideCopyIsKeptButNeverServedAgain) {
   EXPECT_THAT(Records("set_aside"), SizeIs(2));
 }
 
+// A byte of a data file's JSON header that is no longer UTF-8: the parse
+// error quotes it, and the restore record must still be written (it used
+// to throw from the JSON dump and abort the server at every start). The
+// module is then DATA_LOSS, not "does not exist"; the others are served.
 TEST_F(ModelStoreTest, ADamagedHeaderByteFailsOneModuleAtRestart) {
   MakeDurable();
   ASSERT_THAT(Build("t/bad").status(), IsOk());
