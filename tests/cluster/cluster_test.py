@@ -1001,23 +1001,32 @@ class ClusterTest(unittest.TestCase):
         # Nothing moved.
         self.assertEqual(self.owners()["move/n"], owner)
 
+    def move_keeping_a_copy(self, module, seed):
+        """Builds `module`, keeps a copy of its owner's directory aside and
+        moves it to another replica; returns (old owner, new owner, the old
+        owner's module directory, the kept copy)."""
+        self.build("r0", module, seed=seed)
+        source = self.owners()[module]
+        target = [r for r in sorted(self.servers) if r != source][0]
+        ns, name = module.split("/")
+        source_dir = os.path.join(self.servers[source].dir, "data",
+                                  "modules", ns, name)
+        kept = os.path.join(self.servers[source].dir, "kept-" + ns)
+        shutil.copytree(source_dir, kept)
+        moved = self.cli(source, "cluster", "move", module, target)
+        self.assertEqual(moved.returncode, 0, moved.stdout + moved.stderr)
+        self.wait_until("the old copy's files to go", lambda: not (
+            os.path.exists(source_dir) and os.listdir(source_dir)))
+        return source, target, source_dir, kept
+
     def test_9i_a_copy_left_by_a_crashed_move_is_set_aside(self):
         # The old owner crashes after the new owner took the module over
         # but before it deleted its own copy: its volume then holds the
         # module as it was before the move (kept aside here, put back
         # while it is down).
         module = "stale/m"
-        self.build("r0", module, seed=11)
-        source = self.owners()[module]
-        target = [r for r in sorted(self.servers) if r != source][0]
-        source_dir = os.path.join(self.servers[source].dir, "data",
-                                  "modules", "stale", "m")
-        kept = os.path.join(self.servers[source].dir, "kept-copy")
-        shutil.copytree(source_dir, kept)
-        moved = self.cli(source, "cluster", "move", module, target)
-        self.assertEqual(moved.returncode, 0, moved.stdout + moved.stderr)
-        self.wait_until("the old copy's files to go", lambda: not (
-            os.path.exists(source_dir) and os.listdir(source_dir)))
+        source, target, source_dir, kept = self.move_keeping_a_copy(
+            module, seed=11)
         header, data = self.state(target, module)
         # A write at the new owner: the copy no longer matches it.
         changed = bytes(b ^ 0x33 for b in data)
@@ -1081,17 +1090,8 @@ class ClusterTest(unittest.TestCase):
         # mark it wrote before sending tells its copy from a module it
         # hosts (which it would claim, serving the deleted module again).
         module = "gone/m"
-        self.build("r0", module, seed=12)
-        source = self.owners()[module]
-        target = [r for r in sorted(self.servers) if r != source][0]
-        source_dir = os.path.join(self.servers[source].dir, "data",
-                                  "modules", "gone", "m")
-        kept = os.path.join(self.servers[source].dir, "kept-gone")
-        shutil.copytree(source_dir, kept)
-        moved = self.cli(source, "cluster", "move", module, target)
-        self.assertEqual(moved.returncode, 0, moved.stdout + moved.stderr)
-        self.wait_until("the old copy's files to go", lambda: not (
-            os.path.exists(source_dir) and os.listdir(source_dir)))
+        source, target, source_dir, kept = self.move_keeping_a_copy(
+            module, seed=12)
         self.servers[source].kill()
         # What the crash leaves: the files as they were, and the mark the
         # sender writes before any of them leaves.

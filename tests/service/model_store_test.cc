@@ -123,6 +123,16 @@ class ModelStoreTest : public ::testing::Test {
     return snapshot.ok() ? snapshot->state : StateDict();
   }
 
+  // A cluster move of `name` whose sender fails before the target hears
+  // of it.
+  absl::Status MoveOutCutOff(const std::string& name) {
+    return store_->MoveOut(
+        ctx_, Name(name), "there",
+        [](const std::vector<std::string>&) -> absl::StatusOr<uint64_t> {
+          return absl::UnavailableError("cut off");
+        });
+  }
+
   std::string Manifest(const std::string& name) {
     return data_dir::ManifestPath(
         data_dir::ModuleDir((dir_ / "modules").string(), Name(name)));
@@ -1016,13 +1026,7 @@ TEST_F(ModelStoreTest, AClusterMoveIsMarkedUntilTheOwnerIsSettled) {
   // A move that fails keeps its mark (the takeover may have happened
   // before the failure), across a restart, until it is settled.
   ASSERT_THAT(Build("t/n").status(), IsOk());
-  EXPECT_THAT(
-      store_->MoveOut(
-          ctx_, Name("t/n"), "there",
-          [](const std::vector<std::string>&) -> absl::StatusOr<uint64_t> {
-            return absl::UnavailableError("cut off");
-          }),
-      StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(MoveOutCutOff("t/n"), StatusIs(absl::StatusCode::kUnavailable));
   const std::string n_dir =
       data_dir::ModuleDir((dir_ / "modules").string(), Name("t/n"));
   absl::StatusOr<std::string> text = ReadFile(data_dir::MoveMarkPath(n_dir));
@@ -1039,13 +1043,7 @@ TEST_F(ModelStoreTest, AClusterMoveIsMarkedUntilTheOwnerIsSettled) {
   EXPECT_THAT(store_->SettleMove(Name("t/n")), IsOk());  // none: OK
 
   // A deletion takes a mark with the files, and the directory goes.
-  EXPECT_THAT(
-      store_->MoveOut(
-          ctx_, Name("t/n"), "there",
-          [](const std::vector<std::string>&) -> absl::StatusOr<uint64_t> {
-            return absl::UnavailableError("cut off");
-          }),
-      StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(MoveOutCutOff("t/n"), StatusIs(absl::StatusCode::kUnavailable));
   ASSERT_TRUE(store_->InMove(Name("t/n")));
   ASSERT_THAT(store_->Delete(ctx_, Name("t/n")), IsOk());
   repository_->WaitForDeletions();
@@ -1270,13 +1268,7 @@ TEST_F(ModelStoreTest, AFailedClusterMoveLeavesTheModuleWhereItWas) {
   ASSERT_THAT(Records("move_out"), SizeIs(1));
   EXPECT_EQ(Records("move_out")[0].outcome, "error");
   // A sender that fails before the target hears of it: the same.
-  EXPECT_THAT(
-      store_->MoveOut(
-          ctx_, Name("t/m"), "there",
-          [](const std::vector<std::string>&) -> absl::StatusOr<uint64_t> {
-            return absl::UnavailableError("cut off");
-          }),
-      StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(MoveOutCutOff("t/m"), StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_TRUE(store_->Contains(Name("t/m")));
   // A target that hosts the name already refuses the files.
   BuildOptions no_hooks;
