@@ -1342,7 +1342,8 @@ absl::Status ModelStore::MoveOut(const OperationContext& ctx,
   // the failure is the cluster's to say (SettleMove).
   if (!sent.ok()) return recorded(sent.status(), 0);
   // Hosted there now: the copy here goes. A removal that fails leaves the
-  // files (start-up finds them and logs the module as owned elsewhere).
+  // files, marked (start-up finds the module owned elsewhere and sets the
+  // copy aside).
   absl::Status removed = repo->Remove(name, NoteFor(ctx, AuditType::kMoveOut));
   Withdraw(*entry, to_replica);
   absl::Status result = recorded(absl::OkStatus(), *sent);
