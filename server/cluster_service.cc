@@ -168,23 +168,19 @@ grpc::Status ClusterServiceImpl::MoveModuleToReplica(
     }
     MODELSTATE_ASSIGN_OR_RETURN(Peer peer, router_->MemberPeer(target));
     uint64_t sent = 0;
-    absl::Status moved = service_->MoveModuleOut(
+    MODELSTATE_RETURN_IF_ERROR(service_->MoveModuleOut(
         caller, name, target,
         [&](const std::vector<std::string>& files) -> absl::StatusOr<uint64_t> {
           MODELSTATE_ASSIGN_OR_RETURN(
               sent, SendModule(*router_, *context, peer, name.full(), files));
           return sent;
-        });
-    if (!moved.ok()) {
-      // Still the owner: the move did not happen, and the module's move
-      // mark goes. Otherwise (etcd unreachable) it stays for the next start.
-      absl::StatusOr<std::optional<std::string>> now =
-          member->OwnerOf(name.full());
-      if (now.ok() && *now == router_->replica()) {
-        service_->SettleMove(name).IgnoreError();
-      }
-      return moved;
-    }
+        },
+        // Unknown (etcd unreachable): the mark stays for the next start.
+        [&] {
+          absl::StatusOr<std::optional<std::string>> now =
+              member->OwnerOf(name.full());
+          return now.ok() && *now == router_->replica();
+        }));
     response->set_module(name.full());
     response->set_from_replica(router_->replica());
     response->set_to_replica(target);

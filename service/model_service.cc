@@ -226,10 +226,11 @@ absl::Status ModelService::MoveModuleOut(
     const std::string& to_replica,
     absl::FunctionRef<
         absl::StatusOr<uint64_t>(const std::vector<std::string>& files)>
-        send) {
+        send,
+    const std::function<bool()>& still_owner) {
   MODELSTATE_RETURN_IF_ERROR(gate_.AllowAdmin(caller, "MoveModuleToReplica"));
   MODELSTATE_RETURN_IF_ERROR(gate_.AuditWritable());
-  return store_->MoveOut(caller.ctx, module, to_replica, send);
+  return store_->MoveOut(caller.ctx, module, to_replica, send, still_owner);
 }
 
 absl::StatusOr<std::string> ModelService::ReserveImportFile(

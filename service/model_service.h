@@ -19,6 +19,7 @@
 #define MODELSTATE_SERVICE_MODEL_SERVICE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -339,12 +340,8 @@ class ModelService {
                              const std::string& to_replica,
                              absl::FunctionRef<absl::StatusOr<uint64_t>(
                                  const std::vector<std::string>& files)>
-                                 send);
-  // After a MoveModuleOut that failed, once the cluster names this replica
-  // the owner still: the module's move mark goes (ModelStore::SettleMove).
-  absl::Status SettleMove(const ModuleName& module) {
-    return store_->SettleMove(module);
-  }
+                                 send,
+                             const std::function<bool()>& still_owner);
   absl::StatusOr<std::string> ReserveImportFile(const Caller& caller,
                                                 const ModuleName& module);
   void AbandonImport(const ModuleName& module,

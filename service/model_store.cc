@@ -1311,7 +1311,8 @@ absl::Status ModelStore::MoveOut(const OperationContext& ctx,
                                  const std::string& to_replica,
                                  absl::FunctionRef<absl::StatusOr<uint64_t>(
                                      const std::vector<std::string>& files)>
-                                     send) {
+                                     send,
+                                 const std::function<bool()>& still_owner) {
   ModuleRepository* repo = repository();
   if (repo == nullptr) {
     return absl::FailedPreconditionError(
@@ -1338,9 +1339,13 @@ absl::Status ModelStore::MoveOut(const OperationContext& ctx,
     return recorded(marked, 0);
   }
   absl::StatusOr<uint64_t> sent = send(*files);
-  // The mark stays: whether the other replica took the module over before
-  // the failure is the cluster's to say (SettleMove).
-  if (!sent.ok()) return recorded(sent.status(), 0);
+  if (!sent.ok()) {
+    // Whether the other replica took the module over before the failure
+    // is the cluster's to say; asked under the gate, so that no later move
+    // of the module has marked it meanwhile.
+    if (still_owner && still_owner()) repo->SettleMove(name).IgnoreError();
+    return recorded(sent.status(), 0);
+  }
   // Hosted there now: the copy here goes. A removal that fails leaves the
   // files, marked (start-up finds the module owned elsewhere and sets the
   // copy aside).

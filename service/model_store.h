@@ -281,11 +281,14 @@ class ModelStore {
                        const std::string& to_replica,
                        absl::FunctionRef<absl::StatusOr<uint64_t>(
                            const std::vector<std::string>& files)>
-                           send);
+                           send,
+                       const std::function<bool()>& still_owner = nullptr);
   //
   // The files carry a move mark (ModuleRepository::MarkMove) from before
-  // `send` runs; it goes with them, and stays when `send` fails, until
-  // SettleMove.
+  // `send` runs; it goes with them. When `send` fails, `still_owner` (if
+  // given) is asked, writers still held off, whether the cluster names this
+  // replica the owner: true drops the mark; otherwise (the other replica
+  // may have taken the module over) it stays until SettleMove.
   //
   // The receiving half. A path for one received data file of `name`:
   // ALREADY_EXISTS when `name` is hosted here.

@@ -125,12 +125,14 @@ class ModelStoreTest : public ::testing::Test {
 
   // A cluster move of `name` whose sender fails before the target hears
   // of it.
-  absl::Status MoveOutCutOff(const std::string& name) {
+  absl::Status MoveOutCutOff(const std::string& name,
+                             const std::function<bool()>& still_owner = {}) {
     return store_->MoveOut(
         ctx_, Name(name), "there",
         [](const std::vector<std::string>&) -> absl::StatusOr<uint64_t> {
           return absl::UnavailableError("cut off");
-        });
+        },
+        still_owner);
   }
 
   std::string Manifest(const std::string& name) {
@@ -1019,14 +1021,21 @@ TEST_F(ModelStoreTest, AClusterMoveIsMarkedUntilTheOwnerIsSettled) {
   EXPECT_TRUE(marked_when_sent);
   EXPECT_TRUE(committed_and_marked_at_takeover);
   // Owned there: settled. Gone here, directory and all.
+  ASSERT_TRUE(other.store->Contains(Name("t/m")));
   EXPECT_FALSE(other.store->InMove(Name("t/m")));
   repository_->WaitForDeletions();
   EXPECT_FALSE(fs::exists(source_dir));
 
-  // A move that fails keeps its mark (the takeover may have happened
-  // before the failure), across a restart, until it is settled.
+  // A move that fails drops its mark when the cluster names this replica
+  // the owner still...
   ASSERT_THAT(Build("t/n").status(), IsOk());
-  EXPECT_THAT(MoveOutCutOff("t/n"), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(MoveOutCutOff("t/n", [] { return true; }),
+              StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_FALSE(store_->InMove(Name("t/n")));
+  // ... and keeps it otherwise (the takeover may have happened before the
+  // failure), across a restart, until it is settled.
+  EXPECT_THAT(MoveOutCutOff("t/n", [] { return false; }),
+              StatusIs(absl::StatusCode::kUnavailable));
   const std::string n_dir =
       data_dir::ModuleDir((dir_ / "modules").string(), Name("t/n"));
   absl::StatusOr<std::string> text = ReadFile(data_dir::MoveMarkPath(n_dir));
