@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import unittest
+import warnings
 
 SERVER = sys.argv[1]
 PACKAGE_DIR = sys.argv[2]
@@ -347,6 +348,84 @@ class StateTest(unittest.TestCase):
         self.assertEqual(out, "<All keys matched successfully>\n"
                               "[0.5, 0.5]\n")
 
+    def test_register_parameter_wants_a_parameter_as_torch_does(self):
+        remote = ms.build({"type": "Custom", "custom": True}, "reg/plain")
+        local = nn.Module()
+        for name, value in (("p", torch.zeros(2)), ("q", 3),
+                            ("r", torch.zeros(2, dtype=torch.float64)),
+                            ("a.b", torch.zeros(2)), ("", 3)):
+            with self.subTest(name=name, value=type(value)):
+                with self.assertRaises((TypeError, KeyError)) as want:
+                    local.register_parameter(name, value)
+                with self.assertRaises(type(want.exception)) as got:
+                    remote.register_parameter(name, value)
+                self.assertEqual(str(got.exception), str(want.exception))
+        self.assertEqual(list(remote.state_dict()), [])
+
+    def test_state_dict_destination_prefix_and_positional_args(self):
+        remote = ms.build(MLP_SPEC, "sd/dest", seed=0)
+        local = mlp()
+        local.load_state_dict(remote.state_dict())
+        calls = [
+            lambda m: m.state_dict(destination=collections.OrderedDict(a=1),
+                                   prefix="p."),
+            lambda m: m.state_dict({}, "q.", True),
+            lambda m: m.state_dict(collections.OrderedDict()),
+            lambda m: m.state_dict(prefix="z.", keep_vars=True),
+        ]
+        for i, call in enumerate(calls):
+            with self.subTest(i):
+                seen = []
+                for m in (local, remote):
+                    with warnings.catch_warnings(record=True) as w:
+                        warnings.simplefilter("always")
+                        got = call(m)
+                    seen.append((
+                        type(got), list(got), [type(v) for v in got.values()],
+                        dict(getattr(got, "_metadata", {"none": 0})),
+                        [str(x.message) for x in w]))
+                self.assertEqual(seen[1], seen[0])
+        dest = {}
+        self.assertIs(remote.state_dict(destination=dest), dest)
+
+    def test_type_converts_as_torch_or_says_it_cannot(self):
+        remote = ms.build({"type": "Linear", "args": [2, 2]}, "type/lin")
+        local = nn.Linear(2, 2)
+        for dst in (torch.float64, "torch.HalfTensor", torch.FloatTensor):
+            with self.subTest(dst):
+                self.assertIs(remote.type(dst), remote)
+                local.type(dst)
+                self.assertEqual(
+                    [(k, v.dtype) for k, v in remote.state_dict().items()],
+                    [(k, v.dtype) for k, v in local.state_dict().items()])
+        with self.assertRaisesRegex(ValueError, r"^invalid type: 'float64'$"):
+            remote.type("float64")
+        # Integer buffers become floating in torch; the server converts
+        # floating tensors only, and nothing changes.
+        bn = ms.build({"type": "BatchNorm1d", "args": [2]}, "type/bn")
+        with self.assertRaisesRegex(NotImplementedError,
+                                    r"num_batches_tracked \(int64\)"):
+            bn.type(torch.float64)
+        self.assertEqual(bn.state_dict()["weight"].dtype, torch.float32)
+
+    def test_a_non_tensor_extra_state_is_torchs_tensor_error(self):
+        remote = ms.build({"type": "Sequential", "children": [
+            {"spec": {"type": "Net", "custom": True, "extra_state": True}}]},
+            "extra/seq")
+        for view, key, klass in ((remote, "0._extra_state", "Sequential"),
+                                 (remote.get_submodule("0"), "_extra_state",
+                                  "Net")):
+            for strict in (True, False):
+                with self.subTest(key=key, strict=strict):
+                    with self.assertRaises(RuntimeError) as e:
+                        view.load_state_dict({key: 5}, strict=strict)
+                    self.assertEqual(
+                        str(e.exception),
+                        f"Error(s) in loading state_dict for {klass}:\n\t"
+                        f'While copying the parameter named "{key}", '
+                        f"expected torch.Tensor or Tensor-like object from "
+                        f"checkpoint but received <class 'int'>")
+
 
 class HookTest(unittest.TestCase):
     """The seeds' registration hook examples, written in Python, running
@@ -497,7 +576,7 @@ class HookTest(unittest.TestCase):
                          ["0", "2"])
         with ms.register_module_parameter_registration_hook(broken):
             with self.assertRaises(modelstate.FailedPreconditionError) as e:
-                m.register_parameter("p", torch.zeros(1))
+                m.register_parameter("p", nn.Parameter(torch.zeros(1)))
         self.assertIn("raised ValueError: no parameters today",
                       str(e.exception))
 
@@ -591,7 +670,7 @@ class HookTest(unittest.TestCase):
         with ms.register_module_parameter_registration_hook(refuse) as h:
             m = ms.build({"type": "Custom", "custom": True}, "hooks/once")
             with self.assertRaises(modelstate.FailedPreconditionError) as e:
-                m.register_parameter("p", torch.zeros(1))
+                m.register_parameter("p", nn.Parameter(torch.zeros(1)))
         text = str(e.exception)
         self.assertEqual(text.count(h.name), 1, text)
         self.assertEqual(text.count("not today"), 1, text)

@@ -665,7 +665,8 @@ class RoundTripTest(Checks):
             (lambda: remote.load_state_dict([1, 2]), "got list"),
             (lambda: ms.push({"type": "Linear"}), "torch.nn.Module"),
             (lambda: remote.register_parameter("p", 3),
-             "register_parameter: .*got int"),
+             "cannot assign .int. object to parameter .p. "
+             r"\(torch.nn.Parameter or None required\)"),
             (lambda: remote.register_module("m", 3), "got int"),
             (lambda: remote(5), "forward input 0"),
         ]

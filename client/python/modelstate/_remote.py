@@ -5,6 +5,7 @@ each time; changes go to the server and through its registration hooks."""
 import collections
 import collections.abc
 import json
+import warnings
 
 import grpc
 from google.protobuf import json_format
@@ -52,6 +53,52 @@ def entry_devices(info, path="", out=None, seen=None):
         elif child.HasField("module"):
             entry_devices(child.module, child_path, out, seen)
     return out
+
+
+def entry_tensors(info, path="", out=None, seen=None):
+    """{key: TensorInfo} for every parameter and buffer of a ModuleInfo
+    tree, each shared submodule's under its first path only."""
+    out = collections.OrderedDict() if out is None else out
+    seen = set() if seen is None else seen
+    for entry in list(info.parameters) + list(info.buffers):
+        if not entry.is_none:
+            out[join(path, entry.name)] = entry.tensor
+    for child in info.children:
+        if not child.same_as and child.HasField("module"):
+            entry_tensors(child.module, join(path, child.name), out, seen)
+    return out
+
+
+_FLOATING = ("float16", "bfloat16", "float32", "float64")
+# Tensor.type()'s names (torch.FloatTensor, torch.cuda.FloatTensor...).
+_TENSOR_TYPES = {"Float": "float32", "Double": "float64", "Half": "float16",
+                 "BFloat16": "bfloat16", "Long": "int64", "Int": "int32",
+                 "Short": "int16", "Char": "int8", "Byte": "uint8",
+                 "Bool": "bool"}
+
+
+def _parse_type(dst_type):
+    """(dtype, device or None) of Tensor.type()'s argument: a dtype keeps
+    the device; a tensor type names the device too (cpu or cuda). Anything
+    else is torch's ValueError("invalid type: '...'")."""
+    if torch is not None and isinstance(dst_type, torch.dtype):
+        return dst_type, None
+    if torch is None and not isinstance(dst_type, str):
+        return dst_type, None  # a numpy dtype
+    name = dst_type if isinstance(dst_type, str) else \
+        f"{getattr(dst_type, '__module__', '')}." \
+        f"{getattr(dst_type, '__name__', '')}"
+    device = "cpu"
+    rest = name[len("torch."):] if name.startswith("torch.") else None
+    if rest is not None and rest.startswith("cuda."):
+        device, rest = "cuda", rest[len("cuda."):]
+    if rest is None or not rest.endswith("Tensor") or \
+            rest[:-len("Tensor")] not in _TENSOR_TYPES:
+        if torch is None and isinstance(dst_type, str) and \
+                not dst_type.startswith("torch."):
+            return dst_type, None  # a dtype name, without torch
+        raise ValueError(f"invalid type: '{name}'")
+    return _TENSOR_TYPES[rest[:-len("Tensor")]], device
 
 
 def _stand_in():
@@ -256,16 +303,36 @@ class RemoteModule:
                 "version": m.version}
         return out
 
-    def state_dict(self, *, prefix="", keep_vars=False, dtype=None,
-                   progress=None):
+    def state_dict(self, *args, destination=None, prefix="", keep_vars=False,
+                   dtype=None, progress=None):
         """PyTorch's state_dict(): an OrderedDict of tensors (numpy arrays
-        without torch) in PyTorch's key order, with `_metadata`. dtype=
-        converts floating entries on the server; progress= see Client."""
+        without torch) in PyTorch's key order, with `_metadata`. As in
+        torch, `destination` (a dict) is filled and returned instead (its
+        `_metadata`, if it has one, gets this module's versions), and
+        destination, prefix and keep_vars may still be given by position,
+        with torch's deprecation warning. dtype= converts floating entries
+        on the server; progress= see Client."""
+        if args:  # torch 1.13's parsing of the deprecated positional form
+            if destination is None:
+                destination = args[0]
+            if len(args) > 1 and prefix == "":
+                prefix = args[1]
+            if len(args) > 2 and keep_vars is False:
+                keep_vars = args[2]
+            warnings.warn(
+                "Positional args are being deprecated, use kwargs instead. "
+                "Refer to https://pytorch.org/docs/master/generated/"
+                "torch.nn.Module.html#torch.nn.Module.state_dict for "
+                "details.")
         header, items = self._fetch(
             _SELECT.SELECTION_STATE_DICT, progress=progress,
             target_dtype=_tensors.dtype_number(dtype) if dtype else None)
-        out = collections.OrderedDict()
-        out._metadata = self._metadata(header, prefix)
+        out = destination
+        if out is None:
+            out = collections.OrderedDict()
+            out._metadata = collections.OrderedDict()
+        if hasattr(out, "_metadata"):
+            out._metadata.update(self._metadata(header, prefix))
         for key, entry, tensor in items:
             if keep_vars and torch is not None and \
                     entry.kind == module_pb2.ENTRY_KIND_PARAMETER:
@@ -548,6 +615,13 @@ class RemoteModule:
             extra = own + "_extra_state"
             if extra in shapes and extra not in state_dict:
                 missing.append(extra)
+            elif extra in shapes and not _tensors.is_tensor(state_dict[extra]):
+                # The hosted extra state is a tensor: a value the wire
+                # cannot carry gets torch's words for a tensor slot.
+                errors.append(f'While copying the parameter named "{extra}", '
+                              f"expected torch.Tensor or Tensor-like object "
+                              f"from checkpoint but received "
+                              f"{type(state_dict[extra])}")
             children = {c.name for c in info.children}
             for key in state_dict:
                 if not key.startswith(own) or key in dropped or \
@@ -599,6 +673,30 @@ class RemoteModule:
 
     def cpu(self):
         return self.to(device="cpu")
+
+    def type(self, dst_type):
+        """PyTorch's type(dst_type): every parameter and buffer becomes
+        `dst_type` (a dtype, or a tensor type such as torch.DoubleTensor or
+        "torch.cuda.HalfTensor", which also picks the device). The server
+        converts floating tensors only (MoveModule), so a call that would
+        change a tensor of another dtype, or make a floating one an
+        integer, raises NotImplementedError before anything changes.
+        Returns self."""
+        self._whole_module_only("type()")
+        dtype, device = _parse_type(dst_type)
+        number = _tensors.dtype_number(dtype)
+        floating = _tensors.dtype_name(number) in _FLOATING
+        held = []
+        for key, tensor in entry_tensors(self.info().info).items():
+            if (_tensors.dtype_name(tensor.dtype) in _FLOATING) != floating \
+                    or (not floating and tensor.dtype != number):
+                held.append(f"{key} ({_tensors.dtype_name(tensor.dtype)})")
+        if held:
+            raise NotImplementedError(
+                f"type({dst_type}): the server converts floating tensors to "
+                f"floating dtypes only, and this would convert "
+                f"{', '.join(held)}")
+        return self.to(device=device, dtype=dtype if floating else None)
 
     def train(self, mode=True):
         self._whole_module_only("train()")
@@ -680,9 +778,17 @@ class RemoteModule:
         return out
 
     def register_parameter(self, name, param, *, path="", seed=0):
-        """Registers a parameter (a tensor, or None) in the submodule at
-        `path`; the server's hooks decide. requires_grad comes from the
-        tensor (True for anything that is not a torch tensor)."""
+        """Registers a parameter (a torch.nn.Parameter, or None) in the
+        submodule at `path`; the server's hooks decide. As in torch, any
+        other value is a TypeError (after torch's checks of the name);
+        without torch, where there is no Parameter, an array is registered
+        with requires_grad True."""
+        if torch is not None and param is not None and \
+                not isinstance(param, torch.nn.Parameter):
+            _check_name(name, "parameter")
+            raise TypeError(f"cannot assign '{torch.typename(param)}' object "
+                            f"to parameter '{name}' (torch.nn.Parameter or "
+                            f"None required)")
         request = pb.RegisterTensorRequest(seed=seed)
         if param is not None:
             request.requires_grad = bool(getattr(param, "requires_grad",
@@ -858,6 +964,18 @@ def spec_proto(spec, what):
         return json_format.ParseDict(spec, module_pb2.ModuleSpec())
     except json_format.ParseError as error:
         raise ValueError(f"{what}: spec: {error}") from None
+
+
+def _check_name(name, what):
+    """torch's register_parameter/register_buffer checks of a name, which
+    come before its check of the value."""
+    if not isinstance(name, str):
+        raise TypeError(f"{what} name should be a string. Got "
+                        f"{torch.typename(name)}")
+    if "." in name:
+        raise KeyError(f"{what} name can't contain \".\"")
+    if name == "":
+        raise KeyError(f"{what} name can't be empty string \"\"")
 
 
 def _check_tensor(value, what):
