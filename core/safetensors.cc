@@ -538,9 +538,8 @@ absl::StatusOr<SerializedHeader> Serialize(
   absl::flat_hash_set<absl::string_view> keys;
   uint64_t offset = 0;
   for (const SafetensorsEntry& entry : entries) {
-    if (entry.key.empty()) {
-      return absl::InvalidArgumentError("tensor keys must not be empty");
-    }
+    // "" is a name like any other (the reference library writes and reads
+    // it); a load stages a state_dict with torch's unexpected key "" here.
     if (entry.key == kMetadataKey) {
       return absl::InvalidArgumentError(
           "a tensor cannot be named '__metadata__' (safetensors reserves it)");

@@ -192,9 +192,8 @@ absl::Status ValidateLayout(const StateDictLayout& layout,
   for (size_t i = 0; i < layout.entries.size(); ++i) {
     const StateDictLayoutEntry& e = layout.entries[i];
     std::string where = absl::StrCat("header.entries[", i, "]");
-    if (e.key.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ".key is empty"));
-    }
+    // An empty key is allowed: torch's load_state_dict lists "" among the
+    // unexpected keys (strict: "Unexpected key(s) in state_dict: \"\".").
     if (!seen.insert(e.key).second) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ".key '", e.key, "' appears twice"));
