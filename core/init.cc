@@ -89,6 +89,22 @@ absl::StatusOr<std::pair<int64_t, int64_t>> FanInAndFanOut(
                         tensor.shape()[0] * receptive);
 }
 
+namespace {
+
+// torch 1.13's xavier_* compute sqrt(2.0 / float(fan_in + fan_out)) with
+// no zero-element early return (kaiming_* have one), so a tensor with no
+// fans raises ZeroDivisionError there instead of drawing nothing.
+absl::StatusOr<double> XavierStd(const Tensor& tensor, double gain) {
+  MODELSTATE_ASSIGN_OR_RETURN(auto fans, FanInAndFanOut(tensor));
+  if (fans.first + fans.second == 0) {
+    return absl::InvalidArgumentError(
+        "ZeroDivisionError: float division by zero (fan_in + fan_out is 0)");
+  }
+  return gain * std::sqrt(2.0 / static_cast<double>(fans.first + fans.second));
+}
+
+}  // namespace
+
 absl::Status KaimingUniform(Tensor& tensor, double a, Generator& gen) {
   MODELSTATE_RETURN_IF_ERROR(RequireFloating(tensor, "uniform"));
   // A zero-element tensor is left alone (PyTorch warns
@@ -105,18 +121,14 @@ absl::Status KaimingUniform(Tensor& tensor, double a, Generator& gen) {
 
 absl::Status XavierUniform(Tensor& tensor, double gain, Generator& gen) {
   MODELSTATE_RETURN_IF_ERROR(RequireFloating(tensor, "uniform"));
-  MODELSTATE_ASSIGN_OR_RETURN(auto fans, FanInAndFanOut(tensor));
-  double std =
-      gain * std::sqrt(2.0 / static_cast<double>(fans.first + fans.second));
+  MODELSTATE_ASSIGN_OR_RETURN(double std, XavierStd(tensor, gain));
   double a = std::sqrt(3.0) * std;
   return UniformInit(tensor, -a, a, gen);
 }
 
 absl::Status XavierNormal(Tensor& tensor, double gain, Generator& gen) {
   MODELSTATE_RETURN_IF_ERROR(RequireFloating(tensor, "normal"));
-  MODELSTATE_ASSIGN_OR_RETURN(auto fans, FanInAndFanOut(tensor));
-  double std =
-      gain * std::sqrt(2.0 / static_cast<double>(fans.first + fans.second));
+  MODELSTATE_ASSIGN_OR_RETURN(double std, XavierStd(tensor, gain));
   return NormalInit(tensor, 0.0, std, gen);
 }
 

@@ -45,6 +45,21 @@ absl::Status CheckNonNegative(absl::string_view what, int64_t value) {
 absl::StatusOr<std::shared_ptr<Module>> MakeMultiheadAttention(
     const MhaConfig& c, BuildContext& ctx, const std::string& path) {
   MODELSTATE_RETURN_IF_ERROR(CheckNonNegative("embed_dim", c.embed_dim));
+  // torch 1.13's __init__ computes embed_dim // num_heads, and its
+  // _reset_parameters a xavier_uniform_ of a [0, 0] weight when embed_dim
+  // is 0: both raise ZeroDivisionError from the constructor.
+  if (c.num_heads == 0) {
+    return absl::InvalidArgumentError(
+        "MultiheadAttention: argument 'num_heads' must not be 0 (embed_dim "
+        "// num_heads raises ZeroDivisionError: integer division or modulo "
+        "by zero)");
+  }
+  if (c.embed_dim == 0) {
+    return absl::InvalidArgumentError(
+        "MultiheadAttention: argument 'embed_dim' must not be 0 "
+        "(_reset_parameters' xavier_uniform_ raises ZeroDivisionError: float "
+        "division by zero)");
+  }
   if (c.num_heads <= 0 || c.embed_dim % c.num_heads != 0) {
     return absl::InvalidArgumentError(
         "embed_dim must be divisible by num_heads");

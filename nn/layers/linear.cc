@@ -104,7 +104,14 @@ absl::StatusOr<std::shared_ptr<Module>> BuildBilinear(const BoundArgs& args,
     MODELSTATE_ASSIGN_OR_RETURN(
         b, ctx.NewTensor(factory.dtype, {out}, factory.device));
   }
-  // Bilinear.reset_parameters: bound = 1 / sqrt(weight.size(1)).
+  // Bilinear.reset_parameters: bound = 1 / sqrt(weight.size(1)), which
+  // torch 1.13 computes in Python, so in1_features 0 fails the constructor.
+  if (in1 == 0) {
+    return absl::InvalidArgumentError(
+        "Bilinear: argument 'in1_features' must not be 0 (reset_parameters "
+        "computes 1 / math.sqrt(in1_features): ZeroDivisionError: float "
+        "division by zero)");
+  }
   double bound = 1.0 / std::sqrt(static_cast<double>(in1));
   MODELSTATE_RETURN_IF_ERROR(UniformInit(w, -bound, bound, ctx.gen()));
   if (bias)

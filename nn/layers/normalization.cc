@@ -175,7 +175,12 @@ absl::StatusOr<std::shared_ptr<Module>> BuildGroupNorm(
   MODELSTATE_ASSIGN_OR_RETURN(bool affine, args.Bool("affine"));
   MODELSTATE_ASSIGN_OR_RETURN(FactoryKwargs factory,
                               args.Factory(ctx.options()));
-  if (groups == 0 || channels % groups != 0) {
+  if (groups == 0) {  // torch 1.13 fails on the modulo itself
+    return absl::InvalidArgumentError(
+        "GroupNorm: argument 'num_groups' must not be 0 (num_channels % "
+        "num_groups raises ZeroDivisionError: integer modulo by zero)");
+  }
+  if (channels % groups != 0) {
     return absl::InvalidArgumentError(
         "num_channels must be divisible by num_groups");
   }

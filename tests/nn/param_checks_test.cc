@@ -569,6 +569,76 @@ TEST(ParamChecksTest, SizeArgumentsAreCheckedAtBuild) {
   }
 }
 
+TEST(ParamChecksTest, ZeroSizesTorchCannotInitialiseAreRefusedAtBuild) {
+  // torch 1.13's constructors raise ZeroDivisionError for these (verified
+  // with torch: Bilinear's 1 / math.sqrt(in1_features), xavier_uniform_ of
+  // a [0, 0] weight, embed_dim // num_heads, num_channels % num_groups).
+  struct Case {
+    const char* spec;
+    const char* message;
+  } refused[] = {
+      {R"({"type": "Bilinear", "args": [0, 4, 2]})",
+       "Bilinear: argument 'in1_features' must not be 0 (reset_parameters "
+       "computes 1 / math.sqrt(in1_features): ZeroDivisionError: float "
+       "division by zero)"},
+      {R"({"type": "Bilinear", "args": [0, 0, 2], "kwargs": {"bias": false}})",
+       "Bilinear: argument 'in1_features' must not be 0"},
+      {R"({"type": "MultiheadAttention", "args": [0, 1]})",
+       "MultiheadAttention: argument 'embed_dim' must not be 0 "
+       "(_reset_parameters' xavier_uniform_ raises ZeroDivisionError: float "
+       "division by zero)"},
+      {R"({"type": "MultiheadAttention", "args": [0, 1],
+           "kwargs": {"kdim": 4, "vdim": 4}})",
+       "argument 'embed_dim' must not be 0"},
+      {R"({"type": "MultiheadAttention", "args": [4, 0]})",
+       "MultiheadAttention: argument 'num_heads' must not be 0 (embed_dim // "
+       "num_heads raises ZeroDivisionError: integer division or modulo by "
+       "zero)"},
+      {R"({"type": "TransformerEncoderLayer", "args": [0, 1]})",
+       "argument 'embed_dim' must not be 0"},
+      {R"({"type": "TransformerDecoderLayer", "args": [0, 1]})",
+       "argument 'embed_dim' must not be 0"},
+      {R"({"type": "Transformer", "kwargs": {"d_model": 0, "nhead": 1}})",
+       "argument 'embed_dim' must not be 0"},
+      {R"({"type": "GroupNorm", "args": [0, 4]})",
+       "GroupNorm: argument 'num_groups' must not be 0 (num_channels % "
+       "num_groups raises ZeroDivisionError: integer modulo by zero)"},
+      // The init rules: xavier_* of a tensor without fans.
+      {R"({"type": "Net", "members": [{"parameter": {"name": "w",
+           "shape": [0, 0], "init": {"kind": "xavier_uniform", "a": 1.0}}}]})",
+       "ZeroDivisionError: float division by zero (fan_in + fan_out is 0)"},
+      {R"({"type": "Net", "members": [{"buffer": {"name": "b",
+           "shape": [0, 3, 0], "init": {"kind": "xavier_normal", "a": 1.0}}}]})",
+       "ZeroDivisionError: float division by zero (fan_in + fan_out is 0)"},
+  };
+  for (const Case& c : refused) {
+    SCOPED_TRACE(c.spec);
+    EXPECT_THAT(
+        BuildFromJson(c.spec),
+        StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)));
+  }
+  // The zero sizes torch 1.13 builds (kaiming_* skip a zero-element tensor,
+  // Embedding draws normal_, in2_features only sizes the weight).
+  for (const char* spec : {
+           R"({"type": "Bilinear", "args": [4, 0, 2]})",
+           R"({"type": "Bilinear", "args": [4, 4, 0]})",
+           R"({"type": "Linear", "args": [0, 4]})",
+           R"({"type": "Conv2d", "args": [0, 4, 3]})",
+           R"({"type": "Embedding", "args": [0, 3]})",
+           R"({"type": "MultiheadAttention", "args": [4, 1],
+               "kwargs": {"kdim": 0, "vdim": 0}})",
+           R"({"type": "TransformerEncoderLayer", "args": [4, 1],
+               "kwargs": {"dim_feedforward": 0}})",
+           R"({"type": "GroupNorm", "args": [1, 0]})",
+           R"({"type": "Net", "members": [{"parameter": {"name": "w",
+               "shape": [0, 3], "init": {"kind": "xavier_uniform",
+               "a": 1.0}}}]})",
+       }) {
+    SCOPED_TRACE(spec);
+    MODELSTATE_EXPECT_OK(BuildFromJson(spec).status());
+  }
+}
+
 TEST(ParamChecksTest, SizeAttributesAreCheckedAtForward) {
   // A module restored or built another way may hold what the build refuses.
   struct Case {
