@@ -1112,9 +1112,9 @@ absl::StatusOr<LoadResult> Module::LoadStateDict(
 
 namespace {
 
-// A tensor object and the data it will take.
+// A slot's tensor and the data it will take.
 struct PlannedConversion {
-  Module* module;  // For buffers: the module whose map holds it.
+  Module* module;  // The module whose map holds the slot.
   std::string name;
   bool is_parameter;
   Tensor tensor;
@@ -1124,54 +1124,64 @@ struct PlannedConversion {
   // needs no second buffer.
   bool in_place = false;
   DType dtype = DType::kFloat32;
-  // A later visit of an in-place tensor: its converted tensor is entry
-  // `same_as`'s.
-  int same_as = -1;
+  // A parameter that keeps its object (torch's `param.data = ...`), so
+  // every slot holding the object sees the conversion; otherwise the slot
+  // gets `converted`, a new object (a new Parameter for a parameter).
+  bool set_data = false;
 };
 
-// Plans the conversion of every tensor of the tree, children first (each
-// distinct child once per parent, as PyTorch's _apply), each tensor object
-// converted once.
-// What a tensor became: its converted tensor, or the plan entry that
-// converts it in place.
-struct ConversionDone {
-  Tensor converted;
-  int in_place_entry = -1;
+// What PlanConversion has visited.
+struct ConversionSeen {
+  // torch visits a module shared by two parents twice, and the second
+  // visit finds every slot converted: it is planned once.
+  absl::flat_hash_set<const Module*> modules;
+  // The parameter objects converted in place of themselves.
+  absl::flat_hash_set<const void*> set_data;
 };
 
+// Plans the conversion of every tensor of the tree as torch 1.13's
+// Module._apply does it: children first, then each slot. A parameter keeps
+// its object when the new tensor's type is compatible
+// (_has_compatible_shallow_copy_type: not to or from meta), and a later
+// slot holding that object then finds it converted. Any other conversion
+// (a buffer's, a parameter's to or from meta) gives the slot a new object
+// and leaves the old one as it was, so a later slot holding the old one
+// converts it again: those ties break.
 template <typename TargetDType>
-absl::Status PlanConversion(
-    Module& m, const std::optional<Device>& device,
-    const TargetDType& target_dtype,
-    absl::flat_hash_map<const void*, ConversionDone>& done,
-    std::vector<PlannedConversion>& plan) {
+absl::Status PlanConversion(Module& m, const std::optional<Device>& device,
+                            const TargetDType& target_dtype,
+                            ConversionSeen& seen,
+                            std::vector<PlannedConversion>& plan) {
+  if (!seen.modules.insert(&m).second) return absl::OkStatus();
+  absl::flat_hash_set<const void*>& set_data = seen.set_data;
   for (const auto& [name, child] : m.NamedChildren()) {
     MODELSTATE_RETURN_IF_ERROR(
-        PlanConversion(*child, device, target_dtype, done, plan));
+        PlanConversion(*child, device, target_dtype, seen, plan));
   }
   auto visit = [&](const std::string& name, const Tensor& t,
                    bool is_parameter) -> absl::Status {
-    if (!t.defined()) return absl::OkStatus();
+    if (!t.defined() || set_data.contains(t.identity())) {
+      return absl::OkStatus();
+    }
     Device new_device = device.value_or(t.device());
     DType new_dtype = target_dtype(t.dtype());
     if (new_device == t.device() && new_dtype == t.dtype()) {
       return absl::OkStatus();
     }
     PlannedConversion c{&m, name, is_parameter, t, Tensor(), false, new_dtype};
-    auto it = done.find(t.identity());
-    if (it != done.end()) {
-      c.converted = it->second.converted;
-      c.same_as = it->second.in_place_entry;
-    } else if (new_device == t.device() && t.CanConvertInPlace(new_dtype) &&
-               (is_parameter || t.IsSoleHandle())) {
+    c.set_data = is_parameter && new_device.is_meta() == t.device().is_meta();
+    if (c.set_data) set_data.insert(t.identity());
+    if (new_device == t.device() && t.CanConvertInPlace(new_dtype) &&
+        (c.set_data || t.IsSoleHandle())) {
       // A buffer gets a new tensor object, as in PyTorch, so its old one
       // must be unobservable (only the module holds it) to reuse the bytes.
       c.in_place = true;
-      done.emplace(t.identity(),
-                   ConversionDone{Tensor(), static_cast<int>(plan.size())});
     } else {
       MODELSTATE_ASSIGN_OR_RETURN(c.converted, t.To(new_device, new_dtype));
-      done.emplace(t.identity(), ConversionDone{c.converted});
+      if (is_parameter && !c.set_data) {
+        MODELSTATE_ASSIGN_OR_RETURN(
+            c.converted, MakeParameter(c.converted, t.requires_grad()));
+      }
     }
     plan.push_back(std::move(c));
     return absl::OkStatus();
@@ -1194,8 +1204,8 @@ struct ModuleInternals {
     m.StoreSlot(kind, name, present, value, position);
   }
 
-  // Runs a conversion plan: parameters keep their object (data swapped in
-  // place); buffers are replaced by the converted tensor object.
+  // Runs a conversion plan: a set_data parameter keeps its object (data
+  // swapped in place); every other slot gets the converted tensor object.
   static void ApplyConversions(std::vector<PlannedConversion>& plan) {
     const ScopedDeferredUnmap unmap_after_all;
     for (PlannedConversion& c : plan) {
@@ -1203,13 +1213,13 @@ struct ModuleInternals {
         // Checked when planned; nothing since could share the storage.
         absl::Status converted = c.tensor.ConvertInPlace(c.dtype);
         MODELSTATE_CHECK(converted.ok()) << converted;
-        // A parameter keeps its object; a buffer gets a new one.
-        c.converted = c.is_parameter ? c.tensor : c.tensor.Detach();
-      } else if (c.same_as >= 0) {
-        c.converted = plan[c.same_as].converted;
+        c.converted = c.set_data ? c.tensor : c.tensor.Detach();
       }
-      if (c.is_parameter) {
+      if (c.set_data) {
         c.tensor.SetData(c.converted);
+      } else if (c.is_parameter) {
+        c.module->StoreSlot(EntryKind::kParameter, c.name, true,
+                            SlotValue{c.converted, nullptr, true});
       } else {
         c.module->StoreSlot(EntryKind::kBuffer, c.name, true,
                             SlotValue{c.converted, nullptr,
@@ -1229,7 +1239,7 @@ absl::Status Module::To(std::optional<Device> device,
   }
   if (device.has_value())
     MODELSTATE_RETURN_IF_ERROR(CheckDeviceAvailable(*device));
-  absl::flat_hash_map<const void*, ConversionDone> done;
+  ConversionSeen done;
   std::vector<PlannedConversion> plan;
   MODELSTATE_RETURN_IF_ERROR(PlanConversion(
       *this, device,
@@ -1242,7 +1252,7 @@ absl::Status Module::To(std::optional<Device> device,
 }
 
 absl::Status Module::Type(DType dtype) {
-  absl::flat_hash_map<const void*, ConversionDone> done;
+  ConversionSeen done;
   std::vector<PlannedConversion> plan;
   MODELSTATE_RETURN_IF_ERROR(PlanConversion(
       *this, std::nullopt, [&](DType) { return dtype; }, done, plan));

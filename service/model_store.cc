@@ -301,18 +301,33 @@ uint64_t HeldBytes(const Module& module) {
 }
 
 // What HeldBytes will be after module.To(device, dtype): to() converts
-// floating-point tensors only.
+// floating-point tensors only. As in torch's _apply, a buffer that changes
+// becomes a new tensor in each slot holding it, so a tied buffer counts once
+// per slot afterwards; parameters keep their ties (one moved to or from
+// meta, which does not, holds no bytes there).
 uint64_t HeldBytesAfterMove(const Module& module, std::optional<Device> device,
                             std::optional<DType> dtype) {
   uint64_t total = 0;
+  auto target = [&](const Tensor& t) {
+    return std::make_pair(
+        device.value_or(t.device()),
+        dtype.has_value() && IsFloatingPoint(t.dtype()) ? *dtype : t.dtype());
+  };
   auto add = [&](const Tensor& t) {
-    if (!device.value_or(t.device()).has_storage()) return;
-    DType d =
-        dtype.has_value() && IsFloatingPoint(t.dtype()) ? *dtype : t.dtype();
-    total += static_cast<uint64_t>(t.numel()) * ElementSize(d);
+    auto [d, type] = target(t);
+    if (!d.has_storage()) return;
+    total += static_cast<uint64_t>(t.numel()) * ElementSize(type);
   };
   for (const auto& [key, t] : module.NamedParameters()) add(t);
-  for (const auto& [key, t] : module.NamedBuffers()) add(t);
+  absl::flat_hash_set<const void*> kept;
+  for (const auto& [path, m] : module.NamedModules()) {
+    for (const auto& item : m->buffers()) {
+      const Tensor& t = item.value;
+      if (!t.defined()) continue;
+      const bool changes = target(t) != std::make_pair(t.device(), t.dtype());
+      if (changes || kept.insert(t.identity()).second) add(t);
+    }
+  }
   return total;
 }
 

@@ -193,5 +193,69 @@ TEST(AssignLoadTest, NonAtomicLoadInstallsTheEntriesThatCanBeRead) {
                            Filled(DType::kFloat32, {2, 3}, 3.0)));
 }
 
+// Two modules holding the same parameter, float buffer and int64 buffer,
+// and sharing one submodule with a float buffer of its own.
+std::shared_ptr<Module> TiedTree() {
+  std::shared_ptr<Module> root = Module::Create("Root");
+  std::shared_ptr<Module> shared = Module::Create("Shared");
+  EXPECT_TRUE(
+      shared->RegisterBuffer("s", Filled(DType::kFloat32, {3}, 1)).ok());
+  absl::StatusOr<Tensor> w =
+      MakeParameter(Filled(DType::kFloat32, {2, 3}, 1), false);
+  EXPECT_TRUE(w.ok());
+  Tensor f = Filled(DType::kFloat32, {4}, 1);
+  Tensor i = Filled(DType::kInt64, {2}, 1);
+  for (const char* name : {"a", "b"}) {
+    std::shared_ptr<Module> m = Module::Create("Holder");
+    EXPECT_TRUE(m->RegisterParameter("w", *w).ok());
+    EXPECT_TRUE(m->RegisterBuffer("f", f).ok());
+    EXPECT_TRUE(m->RegisterBuffer("i", i).ok());
+    EXPECT_TRUE(m->RegisterModule("sh", shared).ok());
+    EXPECT_TRUE(root->RegisterModule(name, m).ok());
+  }
+  return root;
+}
+
+const Tensor& Entry(const Module& root, const char* child, const char* name) {
+  const Module& m = **root.children().Find(child);
+  const Tensor* t = m.parameters().Find(name);
+  return t != nullptr ? *t : *m.buffers().Find(name);
+}
+
+// torch 1.13 (checked with it): to() keeps a parameter's object through
+// set_data, so ties survive a dtype change; to('meta') makes a new
+// Parameter per slot, and every buffer that changes becomes a new tensor per
+// slot, so those ties break. A shared submodule stays shared either way.
+TEST(ModuleToTest, TiesBreakWhereTorchMakesNewObjects) {
+  std::shared_ptr<Module> root = TiedTree();
+  MODELSTATE_ASSERT_OK(root->To(std::nullopt, DType::kFloat64));
+  EXPECT_TRUE(Entry(*root, "a", "w").is_same(Entry(*root, "b", "w")));
+  EXPECT_EQ(Entry(*root, "a", "w").dtype(), DType::kFloat64);
+  EXPECT_FALSE(Entry(*root, "a", "f").is_same(Entry(*root, "b", "f")));
+  EXPECT_EQ(Entry(*root, "b", "f").dtype(), DType::kFloat64);
+  EXPECT_TRUE(Entry(*root, "a", "i").is_same(Entry(*root, "b", "i")));
+  EXPECT_EQ(root->NamedParameters().size(), 1u);
+  EXPECT_EQ(root->NamedBuffers().size(), 4u);  // a.f, a.i, a.sh.s, b.f
+
+  root = TiedTree();
+  MODELSTATE_ASSERT_OK(root->To(Device::Meta(), std::nullopt));
+  const Tensor& aw = Entry(*root, "a", "w");
+  const Tensor& bw = Entry(*root, "b", "w");
+  EXPECT_FALSE(aw.is_same(bw));
+  EXPECT_TRUE(aw.device().is_meta() && bw.device().is_meta());
+  EXPECT_TRUE(aw.is_parameter() && bw.is_parameter());
+  EXPECT_FALSE(aw.requires_grad() || bw.requires_grad());
+  EXPECT_FALSE(Entry(*root, "a", "f").is_same(Entry(*root, "b", "f")));
+  EXPECT_FALSE(Entry(*root, "a", "i").is_same(Entry(*root, "b", "i")));
+  EXPECT_EQ(root->NamedParameters().size(), 2u);
+  EXPECT_EQ(root->NamedBuffers().size(), 5u);
+  EXPECT_EQ(root->NamedModules().size(), 4u);  // "", a, a.sh, b
+
+  // On meta, a dtype change keeps parameter objects again.
+  MODELSTATE_ASSERT_OK(root->Half());
+  EXPECT_EQ(root->NamedParameters().size(), 2u);
+  EXPECT_EQ(Entry(*root, "a", "w").dtype(), DType::kFloat16);
+}
+
 }  // namespace
 }  // namespace modelstate

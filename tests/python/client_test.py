@@ -348,6 +348,44 @@ class StateTest(unittest.TestCase):
         self.assertEqual(out, "<All keys matched successfully>\n"
                               "[0.5, 0.5]\n")
 
+    def test_an_empty_key_is_an_unexpected_key_as_in_torch(self):
+        remote = ms.build(MLP_SPEC, "load/empty_key", seed=0)
+        local = mlp()
+        views = ((remote, local), (remote.get_submodule("0"), local[0]))
+        for view, torch_view in views:
+            sub = torch_view.state_dict()
+            sub[""] = torch.zeros(1)
+            with self.subTest(view=view.path, strict=False):
+                self.assertEqual(
+                    view.load_state_dict(sub, strict=False),
+                    torch_view.load_state_dict(sub, strict=False))
+            with self.subTest(view=view.path, strict=True):
+                with self.assertRaises(RuntimeError) as want:
+                    torch_view.load_state_dict(sub)
+                with self.assertRaises(RuntimeError) as got:
+                    view.load_state_dict(sub)
+                self.assertEqual(str(got.exception), str(want.exception))
+        self.assertSameState(remote.state_dict(), local.state_dict())
+
+    def test_ties_survive_to_where_torch_keeps_them(self):
+        class Tied(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.l0, self.l1 = nn.Linear(2, 2), nn.Linear(2, 2)
+                self.l1.weight = self.l0.weight
+                self.register_buffer("a", torch.zeros(2))
+                self.register_buffer("c", self.a)
+
+        for i, to in enumerate(({"device": "meta"},
+                                {"dtype": torch.float64}, {})):
+            with self.subTest(to):
+                local = Tied().to(**to)
+                remote = ms.push(Tied(), f"ties/t{i}").to(**to)
+                for listing in ("named_parameters", "named_buffers"):
+                    self.assertEqual(
+                        [k for k, _ in getattr(remote, listing)()],
+                        [k for k, _ in getattr(local, listing)()])
+
     def test_register_parameter_wants_a_parameter_as_torch_does(self):
         remote = ms.build({"type": "Custom", "custom": True}, "reg/plain")
         local = nn.Module()

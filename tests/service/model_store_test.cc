@@ -371,6 +371,32 @@ TEST_F(ModelStoreTest, QuotasLimitModulesAndBytesPerNamespace) {
   EXPECT_THAT(Build("other/one").status(), IsOk());  // no quota there
 }
 
+// torch's to() gives each slot of a tied buffer its own converted tensor,
+// so the quota counts it once per slot after the move.
+TEST_F(ModelStoreTest, AMoveCountsATiedBufferOncePerSlot) {
+  QuotaPolicy quotas;
+  quotas.namespaces["small"].max_bytes = 100;
+  store_->set_quotas(quotas);
+  // One float32 [10] buffer in two slots: 40 bytes, 160 as float64.
+  ASSERT_THAT(Build("small/tied", R"({"type": "Net", "members": [
+                  {"buffer": {"name": "a", "shape": [10],
+                              "init": {"kind": "zeros"}}}],
+                  "ties": [{"target": "c", "source": "a"}]})")
+                  .status(),
+              IsOk());
+  EXPECT_THAT(
+      store_->Move(ctx_, Name("small/tied"), std::nullopt, DType::kFloat64),
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               HasSubstr("max_bytes (100)")));
+  // float16: 20 bytes in each slot.
+  ASSERT_THAT(
+      store_->Move(ctx_, Name("small/tied"), std::nullopt, DType::kFloat16),
+      IsOk());
+  StateDict state = State("small/tied");
+  EXPECT_FALSE(
+      state.tensors.Find("a")->SharesStorageWith(*state.tensors.Find("c")));
+}
+
 // Counts the registrations the in-process hooks see: a build refused by its
 // quota must be refused before any of its tensors exists.
 class CountingHooks {
