@@ -58,15 +58,16 @@ int StreamThreads() {
       std::clamp(std::thread::hardware_concurrency() / 2, 2u, 16u));
 }
 
-// An IP literal in 127.0.0.0/8, ::1 (or ::ffff:127.x.y.z), or "localhost":
-// reachable from this machine only. Any other name (127.example.com) may
-// resolve anywhere, so it is not loopback.
+// An IP literal in 127.0.0.0/8, ::1 (or ::ffff:127.x.y.z), or "localhost"
+// in any case (host names are case-insensitive, RFC 4343): reachable from
+// this machine only. Any other name (127.example.com) may resolve anywhere,
+// so it is not loopback.
 bool IsLoopback(const std::string& listen) {
   std::string host = listen.substr(0, listen.rfind(':'));
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
-  if (host == "localhost") return true;
+  if (absl::EqualsIgnoreCase(host, "localhost")) return true;
   in_addr v4;
   if (inet_pton(AF_INET, host.c_str(), &v4) == 1) {
     return (ntohl(v4.s_addr) >> 24) == 127;

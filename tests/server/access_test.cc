@@ -1221,6 +1221,16 @@ TEST(AccessStartTest, RefusesUnsafeConfigurations) {
     EXPECT_FALSE(server.Start().ok());
     EXPECT_THAT(server.Log(), HasSubstr(c.says));
   }
+  // Host names are case-insensitive (RFC 4343): LOCALHOST is loopback as
+  // localhost is, and so is all of 127.0.0.0/8.
+  for (const std::string listen :
+       {"--listen=LOCALHOST:0", "--listen=LocalHost:0",
+        "--listen=127.1.2.3:0"}) {
+    SCOPED_TRACE(listen);
+    TestServer server({listen});
+    ASSERT_THAT(server.Start(), IsOk());
+    EXPECT_THAT(server.Log(), HasSubstr("no authentication"));
+  }
   TestServer loopback;
   ASSERT_THAT(loopback.Start(), IsOk());
   EXPECT_THAT(loopback.Log(), HasSubstr("no authentication"));
