@@ -150,6 +150,9 @@ void Accumulate(const v1::ModuleInfo& info, Totals* totals) {
 
 // ------------------------------------------------------------------------ ls
 
+// The largest ListModules page_size the server takes.
+constexpr uint64_t kMaxPageSize = 1000;
+
 struct ListArgs {
   std::optional<std::string> ns;
   std::optional<uint64_t> limit;
@@ -181,9 +184,10 @@ absl::Status RunList(Context& c, const ListArgs& a) {
   v1::ListModulesRequest request;
   request.set_namespace_(a.ns.value_or(""));
   uint64_t page_size = a.page_size.value_or(0);
-  if (page_size == 0 && limit > 0) page_size = std::min<uint64_t>(limit, 1000);
-  request.set_page_size(
-      static_cast<int32_t>(std::min<uint64_t>(page_size, 1000)));
+  if (page_size == 0 && limit > 0) {
+    page_size = std::min<uint64_t>(limit, kMaxPageSize);
+  }
+  request.set_page_size(static_cast<int32_t>(page_size));
   MODELSTATE_ASSIGN_OR_RETURN(auto* rpc, c.Client());
   MODELSTATE_ASSIGN_OR_RETURN(v1::ListModulesResponse all,
                               ListAll(*rpc, request, limit));
@@ -217,9 +221,11 @@ void AddList(CommandSet& commands) {
   AddValue(ls, "--namespace", args->ns, "NS", "only modules of this namespace");
   AddValue(ls, "--limit", args->limit, "N", "list at most N modules")
       ->check(PositiveInteger());
+  // The server refuses a larger page (INVALID_ARGUMENT); a usage error
+  // says so before any call instead of a silently smaller page.
   AddValue(ls, "--page-size", args->page_size, "N",
-           "modules per request (default: the server's, 100; at most 1000)")
-      ->check(PositiveInteger());
+           "modules per request, 1 to 1000 (default: the server's, 100)")
+      ->check(PositiveInteger(kMaxPageSize));
 }
 
 // ------------------------------------------------------------------ describe

@@ -572,6 +572,11 @@ TEST_F(CliTest, UsageErrorsExitTwo) {
       {{"ls", "--limit", "0"},
        "ls: --limit: expected a positive integer, got '0'",
        "ls"},
+      // The server's largest page: more is a usage error, not a silently
+      // smaller page.
+      {{"ls", "--page-size", "1001"},
+       "ls: --page-size: expected a positive integer up to 1000, got '1001'",
+       "ls"},
       {{"build", "x.json", "--seed", "-1"},
        "build: --seed: expected a non-negative integer, got '-1'",
        "build"},
