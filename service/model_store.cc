@@ -605,13 +605,31 @@ absl::StatusOr<BuildOutcome> ModelStore::Build(const OperationContext& ctx,
                                                const ModuleSpec& spec,
                                                const BuildOptions& options,
                                                bool all_or_nothing) {
+  // The name is claimed before any quota is reserved: of concurrent
+  // builds of one new name, one goes on and the others are ALREADY_EXISTS
+  // at once, instead of RESOURCE_EXHAUSTED for the max_modules slot the
+  // first one holds (or building, and sending hooks their events, only to
+  // find the name taken at the end).
   {
     MutexLock lock(&mu_);
     if (entries_.contains(name.full())) {
       return absl::AlreadyExistsError(
           absl::StrCat("module '", name.full(), "' already exists"));
     }
+    if (!building_.insert(name.full()).second) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "module '", name.full(), "' is being built by another call"));
+    }
   }
+  // Given up on every return, once the module is hosted or not.
+  struct Claim {
+    ModelStore* store;
+    std::string name;
+    ~Claim() {
+      MutexLock lock(&store->mu_);
+      store->building_.erase(name);
+    }
+  } claim{this, name.full()};
   if (ModuleRepository* repo = repository(); repo != nullptr) {
     MODELSTATE_RETURN_IF_ERROR(repo->CheckUsable(name));
   }

@@ -26,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -487,6 +488,9 @@ class ModelStore {
   std::atomic<uint64_t> next_incarnation_{1};
   QuotaPolicy quotas_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Reserved, std::less<>> reserved_ ABSL_GUARDED_BY(mu_);
+  // Names a Build has claimed and not yet hosted or given up: a second
+  // build of one meanwhile is ALREADY_EXISTS before it reserves quota.
+  std::set<std::string, std::less<>> building_ ABSL_GUARDED_BY(mu_);
   // Moves whenever a namespace's modules or reservations change: a quota
   // check that summed the bytes of a namespace at an older epoch sums again.
   uint64_t quota_epoch_ ABSL_GUARDED_BY(mu_) = 0;

@@ -754,6 +754,40 @@ TEST_F(ModelStoreTest, ADeciderHoldsWritersOfTheModuleButNotItsReaders) {
   store_->set_decider(nullptr);
 }
 
+// Concurrent builds of one new name: while the first holds the namespace's
+// last max_modules slot (its hooks deciding), the others are
+// ALREADY_EXISTS, not RESOURCE_EXHAUSTED for the slot it holds. A build
+// that stores nothing gives the name back.
+TEST_F(ModelStoreTest, ABuildOfANameBeingBuiltIsAlreadyExistsNotOverQuota) {
+  QuotaPolicy quotas;
+  quotas.defaults.max_modules = 2;
+  store_->set_quotas(quotas);
+  ASSERT_THAT(Build("t/one").status(), IsOk());
+  BlockingDecider decider;
+  store_->set_decider(&decider);
+  absl::StatusOr<BuildOutcome> first;
+  std::thread building([&] { first = Build("t/new"); });
+  ASSERT_TRUE(
+      decider.deciding_.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  for (int i = 0; i < 7; ++i) {
+    EXPECT_THAT(Build("t/new").status(),
+                StatusIs(absl::StatusCode::kAlreadyExists,
+                         HasSubstr("'t/new' is being built")));
+  }
+  decider.release_.Notify();
+  building.join();
+  store_->set_decider(nullptr);
+  EXPECT_THAT(first.status(), IsOk());
+  EXPECT_THAT(Build("t/new").status(),
+              StatusIs(absl::StatusCode::kAlreadyExists,
+                       HasSubstr("'t/new' already exists")));
+  EXPECT_THAT(Build("t/x").status(),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+  quotas.defaults.max_modules = 3;
+  store_->set_quotas(quotas);
+  EXPECT_THAT(Build("t/x").status(), IsOk());
+}
+
 // A module deleted while a streamed load's bytes come: the load fails
 // NOT_FOUND (not INTERNAL about a rename), recorded, and leaves no module
 // directory behind.
