@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 
 namespace modelstate {
@@ -166,7 +167,11 @@ absl::Status WriteFileAtomically(const std::string& path,
   return FsyncParentDirectory(path);
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
+namespace {
+
+// The whole of `path`, open; `st` gets its fstat.
+absl::StatusOr<std::string> ReadWhole(const std::string& path,
+                                      struct stat* st) {
   int fd;
   do {
     fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -177,11 +182,36 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
     return ErrnoStatus(errno, path, "cannot open");
   }
   ScopedFd file(fd);
-  struct stat st;
-  if (fstat(fd, &st) != 0) return ErrnoStatus(errno, path, "cannot stat");
-  std::string content(static_cast<size_t>(st.st_size), '\0');
+  if (fstat(fd, st) != 0) return ErrnoStatus(errno, path, "cannot stat");
+  std::string content(static_cast<size_t>(st->st_size), '\0');
   MODELSTATE_RETURN_IF_ERROR(
       PreadAll(fd, content.data(), content.size(), 0, path));
+  return content;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  struct stat st;
+  return ReadWhole(path, &st);
+}
+
+absl::StatusOr<std::string> ReadGuardedFile(const std::string& path,
+                                            uint32_t* mode) {
+  struct stat st;
+  MODELSTATE_ASSIGN_OR_RETURN(std::string content, ReadWhole(path, &st));
+  const uint32_t bits = st.st_mode & 07777;
+  if ((bits & (S_IWGRP | S_IWOTH)) != 0) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "%s is writable by %s (mode %04o): whoever can write it could "
+        "change who may do what; chmod go-w it",
+        path,
+        (bits & S_IWGRP) && (bits & S_IWOTH) ? "its group and others"
+        : (bits & S_IWGRP)                   ? "its group"
+                                             : "others",
+        bits));
+  }
+  if (mode != nullptr) *mode = bits;
   return content;
 }
 

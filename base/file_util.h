@@ -53,6 +53,17 @@ absl::Status WriteFileAtomically(const std::string& path,
 // The whole file. NOT_FOUND if it does not exist.
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 
+// ReadFile for a file that decides who may do what (a token file, quotas,
+// a private key or a client CA): PERMISSION_DENIED if its group or others
+// may write it, as sshd's StrictModes refuses such files, since whoever can
+// write it can grant themselves anything. Only the mode is checked, not the
+// owner: a bind-mounted file keeps its host owner, which means nothing in
+// the container. The mode is that of the file opened (fstat), so a file
+// swapped in between check and read is checked itself. `mode`, when not
+// null, gets its permission bits.
+absl::StatusOr<std::string> ReadGuardedFile(const std::string& path,
+                                            uint32_t* mode = nullptr);
+
 // A temporary file name next to `path`, unique within this process.
 std::string TempPathFor(const std::string& path);
 

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <openssl/rand.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -80,9 +81,15 @@ bool IsLoopback(const std::string& listen) {
   return false;
 }
 
+// `guarded`: a file that must not be writable by group or others (the
+// private key, whose replacement serves as this server; the client CA,
+// whose replacement lets anyone mint an identity).
 absl::StatusOr<std::string> ReadPem(absl::string_view flag,
-                                    const std::string& path) {
-  absl::StatusOr<std::string> text = ReadFile(path);
+                                    const std::string& path,
+                                    bool guarded = false,
+                                    uint32_t* mode = nullptr) {
+  absl::StatusOr<std::string> text =
+      guarded ? ReadGuardedFile(path, mode) : ReadFile(path);
   if (!text.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--", flag, ": ", text.status().message()));
@@ -114,11 +121,22 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
           : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
   grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
   MODELSTATE_ASSIGN_OR_RETURN(pair.cert_chain, ReadPem("tls_cert_file", cert));
-  MODELSTATE_ASSIGN_OR_RETURN(pair.private_key, ReadPem("tls_key_file", key));
+  uint32_t key_mode = 0;
+  MODELSTATE_ASSIGN_OR_RETURN(pair.private_key,
+                              ReadPem("tls_key_file", key, true, &key_mode));
+  // A key others may read is only warned about: a Kubernetes Secret is
+  // mounted 0644 unless its defaultMode says otherwise, and in a container
+  // of one user "others" is nobody. Writable by others is refused above.
+  if ((key_mode & S_IROTH) != 0) {
+    LogLine(absl::StrFormat(
+        "warning: --tls_key_file %s is readable by others (mode %04o); "
+        "chmod o-r it (or a Secret's defaultMode 0440)",
+        key, key_mode));
+  }
   options.pem_key_cert_pairs.push_back(std::move(pair));
   if (!client_ca.empty()) {
     MODELSTATE_ASSIGN_OR_RETURN(options.pem_root_certs,
-                                ReadPem("tls_client_ca_file", client_ca));
+                                ReadPem("tls_client_ca_file", client_ca, true));
   }
   return grpc::SslServerCredentials(options);
 }

@@ -201,7 +201,9 @@ absl::StatusOr<AccessPolicy> AccessPolicy::Parse(absl::string_view json_text) {
 }
 
 absl::StatusOr<AccessPolicy> AccessPolicy::ReadFile(const std::string& path) {
-  absl::StatusOr<std::string> text = modelstate::ReadFile(path);
+  // Whoever could write it could make themselves an admin (or lift their
+  // quota): refused if group or others may.
+  absl::StatusOr<std::string> text = modelstate::ReadGuardedFile(path);
   if (!text.ok()) return text.status();
   absl::StatusOr<AccessPolicy> policy = Parse(*text);
   if (!policy.ok()) {

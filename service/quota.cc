@@ -83,7 +83,9 @@ absl::StatusOr<QuotaPolicy> QuotaPolicy::Parse(absl::string_view json_text,
 
 absl::StatusOr<QuotaPolicy> QuotaPolicy::ReadFile(const std::string& path,
                                                   NamespaceQuota defaults) {
-  absl::StatusOr<std::string> text = modelstate::ReadFile(path);
+  // Whoever could write it could make themselves an admin (or lift their
+  // quota): refused if group or others may.
+  absl::StatusOr<std::string> text = modelstate::ReadGuardedFile(path);
   if (!text.ok()) return text.status();
   absl::StatusOr<QuotaPolicy> policy = Parse(*text, defaults);
   if (!policy.ok()) {

@@ -52,8 +52,10 @@ using ::modelstate::testing::InProcessServer;
 using ::modelstate::testing::IsOk;
 using ::modelstate::testing::StatusIs;
 using ::modelstate::testing::TestServer;
+using ::testing::Contains;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 using Json = nlohmann::json;
 
 constexpr char kNet[] = R"({"type": "Linear", "args": [4, 3]})";
@@ -88,8 +90,18 @@ std::string TokenFile(const std::vector<Who>& people) {
   return Json{{"principals", principals}}.dump(2);
 }
 
+// 0644 whatever the umask: the server refuses a token or quota file its
+// group may write, which a umask of 0002 would make.
 void WriteText(const std::filesystem::path& path, const std::string& text) {
   std::ofstream(path) << text;
+  using std::filesystem::perms;
+  std::filesystem::permissions(path, perms::owner_read | perms::owner_write |
+                                         perms::group_read |
+                                         perms::others_read);
+}
+
+void Chmod(const std::filesystem::path& path, int mode) {
+  std::filesystem::permissions(path, static_cast<std::filesystem::perms>(mode));
 }
 
 // Whether `roles` (a Who::roles) grants `role_set` in `ns`.
@@ -1092,6 +1104,61 @@ TEST(AccessReloadTest, SighupReloadsTheTokenFileAndABadOneKeepsTheOld) {
   std::filesystem::remove_all(dir, ignored);
 }
 
+// A reload finds the file as writable by others as a start would: it keeps
+// the principals (and quotas) in force, and says why.
+TEST(AccessReloadTest, AReloadOfAFileOthersMayWriteKeepsTheOld) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      absl::StrCat("access-reload-modes-", getpid());
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path tokens = dir / "tokens.json";
+  const std::filesystem::path quotas = dir / "quotas.json";
+  WriteText(tokens, TokenFile(People()));
+  WriteText(quotas, R"({"namespaces": {}})");
+  TestServer server(
+      {"--token_file=" + tokens.string(), "--quota_file=" + quotas.string()});
+  ASSERT_THAT(server.Start(), IsOk());
+  auto as = [&](const std::string& token) {
+    client::ClientOptions options;
+    options.bearer_token = token;
+    options.timeout = absl::Seconds(10);
+    return server.NewClient(options);
+  };
+  std::vector<Who> people = People();
+  people.push_back({"mallory", "mallory-token", {{"admin", {"*"}}}});
+  WriteText(tokens, TokenFile(people));
+  Chmod(tokens, 0666);
+  WriteText(quotas, R"({"namespaces": {"small": {"max_bytes": 100}}})");
+  Chmod(quotas, 0646);
+  ASSERT_EQ(kill(server.pid(), SIGHUP), 0);
+  for (int i = 0; i < 200; ++i) {
+    if (absl::StrContains(server.Log(), "kept the quotas")) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_THAT(server.Log(),
+              HasSubstr("kept the principals in force: " + tokens.string() +
+                        " is writable by its group and others (mode 0666)"));
+  EXPECT_THAT(server.Log(),
+              HasSubstr("kept the quotas in force: " + quotas.string() +
+                        " is writable by others (mode 0646)"));
+  EXPECT_THAT(as("mallory-token")->ListModules({}),
+              StatusIs(absl::StatusCode::kUnauthenticated));
+  EXPECT_THAT(as("root-token")->BuildModule(BuildRequest("t/m", kNet)), IsOk());
+  // Fixed, the same file is taken.
+  Chmod(tokens, 0644);
+  ASSERT_EQ(kill(server.pid(), SIGHUP), 0);
+  absl::Status s;
+  for (int i = 0; i < 200; ++i) {
+    s = as("mallory-token")->ListModules({}).status();
+    if (s.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_THAT(s, IsOk());
+  server.Stop();
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+}
+
 // A reload that revokes a token or takes a namespace away ends the streams
 // opened with it: an interceptor whose token is gone must not go on
 // deciding registrations (it blocked them after its revocation before), nor
@@ -1252,6 +1319,53 @@ TEST(AccessStartTest, RefusesUnsafeConfigurations) {
   std::filesystem::remove_all(dir, ignored);
 }
 
+// Like sshd's StrictModes: a token or quota file that group or others may
+// write lets a local user make themselves an admin, so the server does not
+// start on one. Read-only for them (a Kubernetes Secret: 0644 or 0444,
+// root's) is fine.
+TEST(AccessStartTest, RefusesATokenOrQuotaFileOthersMayWrite) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    absl::StrCat("access-modes-", getpid());
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path tokens = dir / "tokens.json";
+  const std::filesystem::path quotas = dir / "quotas.json";
+  WriteText(tokens, TokenFile(People()));
+  WriteText(quotas, R"({"namespaces": {"small": {"max_bytes": 100}}})");
+  const std::vector<std::string> flags = {"--token_file=" + tokens.string(),
+                                          "--quota_file=" + quotas.string()};
+  struct Case {
+    std::filesystem::path file;
+    int mode;
+    std::string says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {tokens, 0664,
+            "--token_file: " + tokens.string() +
+                " is writable by its group (mode 0664)"},
+           {tokens, 0646, "is writable by others (mode 0646)"},
+           {tokens, 0666, "is writable by its group and others"},
+           {quotas, 0620,
+            "--quota_file: " + quotas.string() +
+                " is writable by its group (mode 0620)"},
+       }) {
+    SCOPED_TRACE(c.says);
+    Chmod(c.file, c.mode);
+    TestServer server(flags);
+    EXPECT_FALSE(server.Start().ok());
+    EXPECT_THAT(server.Log(), HasSubstr(c.says));
+    Chmod(c.file, 0600);
+  }
+  for (int mode : {0600, 0644, 0444, 0440}) {
+    SCOPED_TRACE(mode);
+    Chmod(tokens, mode);
+    Chmod(quotas, mode);
+    TestServer server(flags);
+    EXPECT_THAT(server.Start(), IsOk());
+  }
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+}
+
 // --------------------------------------------------------------- TLS, mTLS
 
 // A throwaway CA, a server certificate for 127.0.0.1 and a client
@@ -1331,6 +1445,55 @@ TEST_F(TlsTest, TlsWithTokens) {
   EXPECT_FALSE(Connect(server, grpc::InsecureChannelCredentials(), "tok-token")
                    ->ListModules({})
                    .ok());
+}
+
+// Whoever may write the key or the client CA could serve as this server or
+// mint identities: refused. A key others may only read is warned about,
+// since a Kubernetes Secret is mounted 0644 unless told otherwise.
+TEST_F(TlsTest, AKeyOrClientCaOthersMayWriteIsRefused) {
+  std::filesystem::copy_file(*dir_ / "server.key", *dir_ / "open.key",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy_file(*dir_ / "ca.pem", *dir_ / "open-ca.pem",
+                             std::filesystem::copy_options::overwrite_existing);
+  Chmod(*dir_ / "open.key", 0660);
+  {
+    TestServer server({Flag("tls_cert_file", "server.pem"),
+                       Flag("tls_key_file", "open.key"),
+                       Flag("token_file", "tokens.json")});
+    EXPECT_FALSE(server.Start().ok());
+    EXPECT_THAT(server.Log(),
+                HasSubstr("--tls_key_file: " + (*dir_ / "open.key").string() +
+                          " is writable by its group"));
+  }
+  Chmod(*dir_ / "open.key", 0600);
+  Chmod(*dir_ / "open-ca.pem", 0666);
+  {
+    TestServer server({Flag("tls_cert_file", "server.pem"),
+                       Flag("tls_key_file", "open.key"),
+                       Flag("tls_client_ca_file", "open-ca.pem"),
+                       Flag("token_file", "tokens.json")});
+    EXPECT_FALSE(server.Start().ok());
+    EXPECT_THAT(
+        server.Log(),
+        HasSubstr("--tls_client_ca_file: " + (*dir_ / "open-ca.pem").string() +
+                  " is writable by its group and others"));
+  }
+  Chmod(*dir_ / "open.key", 0644);
+  {
+    TestServer server({Flag("tls_cert_file", "server.pem"),
+                       Flag("tls_key_file", "open.key"),
+                       Flag("token_file", "tokens.json")});
+    ASSERT_THAT(server.Start(), IsOk());
+    EXPECT_THAT(server.Log(), HasSubstr("is readable by others (mode 0644)"));
+    EXPECT_THAT(Connect(server, Tls(false), "tok-token")->ListModules({}),
+                IsOk());
+  }
+  Chmod(*dir_ / "open.key", 0440);
+  TestServer server({Flag("tls_cert_file", "server.pem"),
+                     Flag("tls_key_file", "open.key"),
+                     Flag("token_file", "tokens.json")});
+  ASSERT_THAT(server.Start(), IsOk());
+  EXPECT_THAT(server.Log(), Not(HasSubstr("readable by others")));
 }
 
 TEST_F(TlsTest, MutualTlsNamesThePrincipalByTheCertificate) {
