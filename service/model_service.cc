@@ -458,20 +458,20 @@ SubscriberSession::~SubscriberSession() { Detach(); }
 absl::StatusOr<uint64_t> SubscriberSession::Attach(
     SubscriptionSpec spec, std::shared_ptr<SubscriberChannel> channel) {
   MODELSTATE_RETURN_IF_ERROR(service_->Admit(caller_, spec));
+  // A reload since the caller was authenticated is asked about before the
+  // hub attaches it, which may hand it held events at once; a reload after
+  // this check waits for the tracking below (attach_mu_), so that its
+  // RecheckSubscribers finds this subscriber. Checked after the attach, a
+  // revoked interceptor was sent events (and could decide them) first.
+  ReaderMutexLock attaching(&service_->attach_mu_);
+  if (service_->gate_.policy_generation() != caller_.policy_generation) {
+    MODELSTATE_RETURN_IF_ERROR(service_->gate_.StillAllows(
+        caller_, "Subscribe", Permission::kSubscribe));
+  }
   MODELSTATE_ASSIGN_OR_RETURN(
       subscriber_id_,
       service_->hub_->Attach(std::move(spec), std::move(channel), caller_.ctx));
   service_->TrackSubscriber(subscriber_id_, caller_);
-  // A reload between the caller's authentication and its tracking was not
-  // applied to it by RecheckSubscribers: asked here instead.
-  if (service_->gate_.policy_generation() != caller_.policy_generation) {
-    absl::Status still = service_->gate_.StillAllows(caller_, "Subscribe",
-                                                     Permission::kSubscribe);
-    if (!still.ok()) {
-      Detach();
-      return still;
-    }
-  }
   return subscriber_id_;
 }
 
@@ -505,6 +505,8 @@ void ModelService::ForgetSubscriber(uint64_t id) {
 void ModelService::RecheckSubscribers() {
   std::vector<std::pair<uint64_t, Caller>> open;
   {
+    // After every subscription that checked the old policy is tracked.
+    MutexLock attaching(&attach_mu_);
     MutexLock lock(&subscribers_mu_);
     open.assign(subscribers_.begin(), subscribers_.end());
   }

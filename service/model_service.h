@@ -477,6 +477,11 @@ class ModelService {
   const ModelServiceOptions options_;
   AccessGate gate_;
   StreamLimiter streams_;
+  // Held shared by a subscription from its policy check until it is
+  // tracked, and exclusively by RecheckSubscribers to take its list: a
+  // reload then either is seen by the check (the subscription is refused
+  // before the hub sends it anything) or finds the subscription tracked.
+  Mutex attach_mu_;
   mutable Mutex subscribers_mu_;
   absl::flat_hash_map<uint64_t, Caller> subscribers_
       ABSL_GUARDED_BY(subscribers_mu_);

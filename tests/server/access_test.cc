@@ -1259,6 +1259,88 @@ TEST(AccessReloadTest, AReloadEndsTheStreamsOfRevokedCallers) {
   std::filesystem::remove_all(dir, ignored);
 }
 
+// A subscription whose stream opened before a reload that revoked its
+// caller, and whose first message came after, is refused before the hub
+// attaches it: attached first (and checked after), it was recorded as a
+// subscriber and could be sent held events, and decide them, until the
+// late check detached it.
+TEST(AccessReloadTest, ASubscriptionRevokedBeforeItAttachesIsNeverAttached) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      absl::StrCat("access-revoke-attach-", getpid());
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path tokens = dir / "tokens.json";
+  WriteText(tokens, TokenFile(People()));
+  // One stream per identity: a second stream of rev's is refused once the
+  // first holds its slot, i.e. once the first was authenticated.
+  TestServer server(
+      {"--token_file=" + tokens.string(), "--max_streams_per_identity=1"});
+  ASSERT_THAT(server.Start(), IsOk());
+  auto as = [&](const std::string& token) {
+    client::ClientOptions options;
+    options.bearer_token = token;
+    options.timeout = absl::Seconds(10);
+    return server.NewClient(options);
+  };
+  std::unique_ptr<client::ModelStateClient> rev = as("rev-token");
+  auto context = rev->NewContext(absl::Seconds(20));
+  auto stream = rev->stub().Subscribe(context.get());
+  // Time for the first stream to arrive, so that the probes do not take
+  // its slot before it (a probe holds it only until its half-close).
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  grpc::StatusCode probed = grpc::StatusCode::OK;
+  for (int i = 0; i < 200; ++i) {
+    auto probe_context = rev->NewContext(absl::Seconds(10));
+    auto probe = rev->stub().Subscribe(probe_context.get());
+    probe->WritesDone();
+    probed = probe->Finish().error_code();
+    if (probed == grpc::StatusCode::RESOURCE_EXHAUSTED) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(probed, grpc::StatusCode::RESOURCE_EXHAUSTED);
+
+  std::vector<Who> people;
+  for (const Who& w : People()) {
+    if (w.identity != "rev") people.push_back(w);
+  }
+  WriteText(tokens, TokenFile(people));
+  ASSERT_EQ(kill(server.pid(), SIGHUP), 0);
+  for (int i = 0; i < 200; ++i) {
+    if (absl::StrContains(server.Log(), "SIGHUP: ")) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_THAT(server.Log(), HasSubstr("SIGHUP: "));
+
+  v1::SubscribeRequest request;
+  request.mutable_subscription()->set_name("rev-hook");
+  request.mutable_subscription()->add_namespaces("team-a");
+  stream->Write(request);
+  v1::SubscribeResponse response;
+  EXPECT_FALSE(stream->Read(&response));
+  grpc::Status ended = stream->Finish();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+      << ended.error_message();
+  EXPECT_THAT(ended.error_message(), HasSubstr("no longer names 'rev'"));
+  // Never a subscriber: no subscribe record, only the refusal.
+  std::unique_ptr<client::ModelStateClient> root = as("root-token");
+  v1::QueryAuditRequest query;
+  query.mutable_filter()->set_identity("rev");
+  query.set_limit(1000);
+  v1::QueryAuditResponse records;
+  auto query_context = root->NewContext(absl::Seconds(10));
+  ASSERT_TRUE(
+      root->stub().QueryAudit(query_context.get(), query, &records).ok());
+  std::vector<std::string> types;
+  for (const v1::AuditRecordProto& r : records.records()) {
+    types.push_back(r.type());
+  }
+  EXPECT_THAT(types, Not(Contains("subscribe")));
+  EXPECT_THAT(types, Contains("denied"));
+  server.Stop();
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+}
+
 // ------------------------------------------------------- start-up refusals
 
 TEST(AccessStartTest, RefusesUnsafeConfigurations) {
