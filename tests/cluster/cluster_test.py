@@ -170,7 +170,10 @@ class ClusterTest(unittest.TestCase):
                  "alice": {"builder": ["team"], "reader": ["*"]},
                  "bob": {"reader": ["*"]}}
         cls.token_file = os.path.join(cls.secret_dir, "tokens.json")
-        with open(cls.token_file, "w") as f:
+        # Written 0600 whatever the umask: the server refuses a token file
+        # others may write.
+        with open(os.open(cls.token_file, os.O_WRONLY | os.O_CREAT, 0o600),
+                  "w") as f:
             json.dump({"principals": [
                 {"identity": who, "roles": roles[who],
                  "token_sha256": hashlib.sha256(t.encode()).hexdigest()}
@@ -1161,7 +1164,8 @@ class TlsClusterTest(unittest.TestCase):
             "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key "
             "-CAcreateserial -out client.pem -days 2 -extfile client.ext"
             % (d, ec, ec, ec), shell=True, check=True, capture_output=True)
-        with open(os.path.join(d, "tokens.json"), "w") as f:
+        with open(os.open(os.path.join(d, "tokens.json"),
+                          os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
             json.dump({"principals": [
                 {"identity": "carol-cert", "roles": {"admin": ["*"]}}]}, f)
         with open(os.path.join(d, "secret"), "w") as f:
