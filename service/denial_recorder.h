@@ -13,6 +13,7 @@
 // interval; refusals of further keys are counted in one "other" key
 // (peer "*", no identity, namespace or rpc). So an interval writes at most
 // 2 * max_keys + 2 records, and the table holds at most max_keys + 1 keys.
+// The counting is AuditAggregator's, shared with the hub's stray answers.
 //
 // Example:
 //   DenialRecorder denials(audit_log, absl::Seconds(60), 256);
@@ -23,16 +24,12 @@
 #define MODELSTATE_SERVICE_DENIAL_RECORDER_H_
 
 #include <cstddef>
-#include <cstdint>
-#include <map>
 #include <string>
-#include <thread>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "base/sync.h"
+#include "service/audit_aggregator.h"
 #include "service/audit_events.h"
 #include "service/audit_log.h"
 #include "service/module_name.h"
@@ -67,21 +64,8 @@ class DenialRecorder {
   void Stop();
 
  private:
-  void Run();
-  // Counts one refusal of `key` (its first in the interval: false).
-  bool CountLocked(const std::string& key, const audit_events::DeniedCount& d,
-                   absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  AuditLog* const audit_;
-  const absl::Duration interval_;
-  const size_t max_keys_;
-  Mutex mu_;
-  CondVar wake_;
-  // The keys of this interval, sorted so that a flush writes in a stable
-  // order; "" is the "other" key.
-  std::map<std::string, audit_events::DeniedCount> counts_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
+  // Keyed by DenialKey; one own record per key and interval.
+  AuditAggregator counts_;
 };
 
 }  // namespace modelstate
