@@ -243,6 +243,13 @@ ServerMetrics::ServerMetrics() {
       "Times an interceptor left its oldest event unanswered past its "
       "timeout (the events it held fail with it), by subscriber name.",
       {"subscriber"});
+  hook_stray_answers_ = &r.AddCounter(
+      "modelstate_hook_stray_answers_total",
+      "Answers that changed nothing (late, duplicate, or for an event never "
+      "sent to the subscriber when it held none to fail), by subscriber "
+      "name; past the first few of an interval the audit log only counts "
+      "them.",
+      {"subscriber"});
   shared_memory_bytes_ = &r.AddCounter(
       "modelstate_shared_memory_bytes_total",
       "State_dict bytes exchanged with same-host clients through shared "

@@ -94,6 +94,9 @@ class ServerMetrics {
     return *hook_round_trip_;
   }
   metrics::Family<metrics::Counter>& hook_timeouts() { return *hook_timeouts_; }
+  metrics::Family<metrics::Counter>& hook_stray_answers() {
+    return *hook_stray_answers_;
+  }
   // modelstate_shared_memory_bytes_total{direction="get"|"load"}.
   metrics::Counter& shared_memory_bytes(absl::string_view direction) {
     return shared_memory_bytes_->Labels({std::string(direction)});
@@ -134,6 +137,7 @@ class ServerMetrics {
   metrics::Family<metrics::Gauge>* open_streams_;
   metrics::Family<metrics::Histogram>* hook_round_trip_;
   metrics::Family<metrics::Counter>* hook_timeouts_;
+  metrics::Family<metrics::Counter>* hook_stray_answers_;
   metrics::Family<metrics::Counter>* shared_memory_bytes_;
   metrics::Counter* scrub_passes_;
   metrics::Counter* scrub_bytes_;

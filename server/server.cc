@@ -358,9 +358,12 @@ absl::Status Server::OpenState() {
   checkpoints_ = *std::move(checkpoints);
   checkpoints_->Start();
   options.checkpoints = checkpoints_.get();
-  hub_ = std::make_unique<SubscriberHub>(audit_.get(),
-                                         config_.limits.subscriber_timeout);
+  hub_ = std::make_unique<SubscriberHub>(
+      audit_.get(), config_.limits.subscriber_timeout,
+      config_.limits.denied_audit_interval, config_.limits.max_denied_keys);
   hub_->set_metrics(&metrics_->hook_round_trip(), &metrics_->hook_timeouts());
+  hub_->set_stray_answers_metric(&metrics_->hook_stray_answers());
+  hub_->set_max_dry_run_bytes(config_.limits.max_subscriber_queue_bytes);
   absl::StatusOr<size_t> owned_names = hub_->RestoreNameOwners();
   if (!owned_names.ok()) {
     return StartError("cannot read subscriber names from the audit log: ",
@@ -738,6 +741,8 @@ void Server::Wait() {
   if (router_ != nullptr) router_->Leave();
   // The refusals counted since the last interval are recorded too.
   service_->FlushDenials();
+  // And the stray answers counted (no subscriber's stream runs any more).
+  hub_->StopStrayAnswers();
   // The last records get their checkpoint before the server goes.
   checkpoints_->Stop();
   checkpoints_->SignNow().IgnoreError();

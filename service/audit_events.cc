@@ -408,6 +408,27 @@ AuditRecord Answer(const AnswerFacts& facts) {
   return r;
 }
 
+AuditRecord StrayAnswers(const std::string& subscriber,
+                         const AuditTally& tally) {
+  AuditRecord r = Record(AuditType::kAnswer, OperationContext{}, ModuleName{});
+  r.outcome = "ignored";
+  Json kinds = Json::object();
+  for (const auto& [kind, count] : tally.kinds) kinds[kind] = count;
+  r.details_json =
+      Json{{"subscriber", subscriber},
+           {"aggregated", true},
+           {"count", tally.count},
+           {"kinds", std::move(kinds)},
+           {"first_event_id", tally.first_id},
+           {"last_event_id", tally.last_id},
+           {"first", absl::FormatTime(absl::RFC3339_full, tally.first,
+                                      absl::UTCTimeZone())},
+           {"last", absl::FormatTime(absl::RFC3339_full, tally.last,
+                                     absl::UTCTimeZone())}}
+          .dump(-1, ' ', false, kReplaceInvalidUtf8);
+  return r;
+}
+
 AuditRecord Outcome(const OperationContext& ctx, const ModuleName& module,
                     const HookEvent& event, const HookDecision& decision,
                     const std::string& sha256) {

@@ -37,6 +37,7 @@
 #include "core/module.h"
 #include "core/registration.h"
 #include "nn/module_spec.h"
+#include "service/audit_aggregator.h"
 #include "service/audit_log.h"
 #include "service/module_name.h"
 #include "service/module_repository.h"
@@ -152,6 +153,14 @@ struct AnswerFacts {
   std::string value_sha256;
 };
 AuditRecord Answer(const AnswerFacts& facts);
+
+// A subscriber's stray answers (late, duplicate, or for events never sent
+// to it; none of them changed anything) counted over an interval after
+// its first few, which have their own Answer records: outcome "ignored",
+// details.aggregated, .count, .kinds (problem -> count), .first_event_id,
+// .last_event_id and .first, .last (times).
+AuditRecord StrayAnswers(const std::string& subscriber,
+                         const AuditTally& tally);
 
 // The final decision on `event`; `sha256` is the hash of its value.
 AuditRecord Outcome(const OperationContext& ctx, const ModuleName& module,

@@ -43,7 +43,8 @@ struct Limits {
   size_t max_queued_events = 10000;
   // Bytes of events (tensor data included) waiting to be written to one
   // subscriber before it is dropped. Queued events share the tensors' bytes
-  // with the modules; only the one being written is copied.
+  // with the modules; only the one being written is copied. Also the most
+  // tensor data a dry-run subscriber's unanswered events keep alive.
   uint64_t max_subscriber_queue_bytes = uint64_t{256} << 20;
   // Streams (state_dict transfers, audit watches, subscriptions) one
   // authenticated identity may have open at once; 0: unlimited. Without
@@ -57,7 +58,9 @@ struct Limits {
   // (peer address, identity or "unauthenticated", rpc, module, error) and
   // interval: the first of each in an interval gets its own record, the
   // rest one "denied" record with their count at the interval's end (and
-  // at shutdown). 0: every refusal gets its own record.
+  // at shutdown). 0: every refusal gets its own record. Subscribers' stray
+  // answers (late, duplicate, unknown event ids) are counted over the same
+  // interval, per subscriber name (SubscriberHub).
   absl::Duration denied_audit_interval = absl::Seconds(60);
   // The most such keys counted in one interval; the refusals of further
   // keys are counted together in one "other" record. So one interval

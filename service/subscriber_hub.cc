@@ -43,6 +43,12 @@ struct SubscriberHub::Subscriber {
   // Events it held and no longer holds, the most recent kMaxSettled.
   std::deque<uint64_t> settled_order;
   absl::flat_hash_set<uint64_t> settled;
+  // Dry runs waiting for its answer (a dry-run subscriber's), oldest first:
+  // event id -> the bytes of tensor data the run holds, and their sum,
+  // bounded (max_dry_run_bytes_) so that a dry-run subscriber that never
+  // answers cannot hold deleted modules' tensors by the gigabyte.
+  std::map<uint64_t, uint64_t> dry_awaiting;
+  uint64_t dry_awaiting_bytes = 0;
 
   void Hold(uint64_t event_id, uint64_t send_number, absl::Time now) {
     if (queue.empty()) oldest_since = now;
@@ -100,11 +106,18 @@ struct SubscriberHub::Subscriber {
 
 // A dry-run event: what its answers are validated against.
 struct SubscriberHub::DryRun {
+  // Without the submodule a module event proposes (a MODIFY of one is
+  // invalid anyway): only its tensor's bytes are held.
   std::shared_ptr<const HookEvent> event;
   absl::Time sent_at;
-  std::shared_ptr<Module> owner;  // keeps registration.module alive
+  // The registration without its module (registration.module is null, so
+  // that a run never keeps a deleted module alive): what a replacement's
+  // shape is checked against instead.
   RegistrationEvent registration;
+  bool fixed_shapes = false;
+  std::string module_type;
   uint64_t request_seed = 0;
+  uint64_t bytes = 0;  // of event->value.tensor's data
   // Dry-run subscribers (names) it went to that have not answered yet. Once
   // none is left, the run is forgotten: it holds the module registered
   // into and the proposed tensor, which a deleted module must not leave
@@ -331,8 +344,16 @@ absl::string_view VerdictName(Verdict verdict) {
   return "approve";
 }
 
-SubscriberHub::SubscriberHub(AuditLog* audit, absl::Duration default_timeout)
-    : audit_(audit), default_timeout_(default_timeout) {}
+SubscriberHub::SubscriberHub(AuditLog* audit, absl::Duration default_timeout,
+                             absl::Duration stray_interval,
+                             size_t max_stray_keys)
+    : audit_(audit),
+      default_timeout_(default_timeout),
+      stray_(audit, stray_interval, max_stray_keys, kStrayAnswersRecorded,
+             [](const AuditTally& tally) {
+               // The names beyond max_stray_keys, counted together.
+               return audit_events::StrayAnswers("*", tally);
+             }) {}
 SubscriberHub::~SubscriberHub() = default;
 
 namespace {
@@ -394,6 +415,22 @@ void SubscriberHub::Audit(AuditRecord record) {
   if (audit_ == nullptr) return;
   // A failed audit append is reported by the operation's final Sync.
   audit_->Append(std::move(record)).IgnoreError();
+}
+
+void SubscriberHub::StrayAnswerLocked(const Subscriber& s,
+                                      const audit_events::AnswerFacts& facts) {
+  if (stray_answers_total_ != nullptr) {
+    stray_answers_total_->Labels({s.spec.name}).Increment();
+  }
+  const std::string& name = s.spec.name;
+  stray_.Record(
+      {.key = name, .kind = facts.problem, .id = facts.event_id},
+      [&] { return audit_events::Answer(facts); },
+      [&]() -> AuditAggregator::Summarise {
+        return [name](const AuditTally& tally) {
+          return audit_events::StrayAnswers(name, tally);
+        };
+      });
 }
 
 absl::StatusOr<uint64_t> SubscriberHub::AppendLocked(AuditRecord record) {
@@ -472,10 +509,14 @@ absl::StatusOr<uint64_t> SubscriberHub::Attach(
         sub->Hold(event_id, next_send_++, now);
         sends.emplace_back(channel, EventFor(*p->second, *sub));
       }
-      // Back in another mode, it answers no dry run of the old one's.
+      // Back in another mode, it answers no dry run of the old one's;
+      // back as a dry-run subscriber, it may answer them all.
       if (old.spec.mode == SubscriberMode::kDryRun &&
           spec.mode != SubscriberMode::kDryRun) {
         ForgetDryRunsLocked(spec.name);
+      } else if (old.spec.mode == SubscriberMode::kDryRun) {
+        sub->dry_awaiting = std::move(old.dry_awaiting);
+        sub->dry_awaiting_bytes = old.dry_awaiting_bytes;
       }
       cv_.SignalAll();
       // Its answers to what the old connection settled are late, not
@@ -527,6 +568,8 @@ void SubscriberHub::Detach(uint64_t subscriber_id,
     cv_.SignalAll();
   }
   Deliver(sends);
+  // Its stray answers counted so far are written before it is gone.
+  stray_.FlushKey(name);
   // On disk before the stream ends. A failure needs no answer here: it
   // stays in the log's health, and the server refuses later changes.
   AuditDurably(audit_events::Unsubscribe(ctx, name)).IgnoreError();
@@ -581,6 +624,7 @@ absl::StatusOr<NameRelease> SubscriberHub::ReleaseName(
         }
       }
       ForgetDryRunsLocked(name);
+      stray_.FlushKey(name);
       ended = sub->channel;
       release.disconnected = true;
       cv_.SignalAll();
@@ -748,7 +792,8 @@ void SubscriberHub::DryRunAnswerLocked(Subscriber& s,
     facts.problem = "duplicate answer";
   } else if (!awaited) {
     // Never sent to it (another subscriber's event, maybe of a namespace
-    // it may not see), or older than ten minutes.
+    // it may not see), older than ten minutes, or forgotten to keep what
+    // its unanswered dry runs hold within max_dry_run_bytes_.
     facts.outcome = "invalid";
     facts.problem = "unknown event id";
   } else {
@@ -764,6 +809,15 @@ void SubscriberHub::DryRunAnswerLocked(Subscriber& s,
       // Validated as if enforced, so a dry run shows what would fail.
       absl::StatusOr<SlotValue> modified = ModifiedValue(
           run.registration, run.event->value, answer, run.request_seed);
+      // The shape check ValidateReplacement makes with the module, which
+      // the run does not keep.
+      if (modified.ok() && run.fixed_shapes &&
+          modified->tensor.shape() != run.event->value.tensor.shape()) {
+        modified = absl::InvalidArgumentError(absl::StrCat(
+            "shape must stay ", ShapeToString(run.event->value.tensor.shape()),
+            " in ", run.module_type, ", got ",
+            ShapeToString(modified->tensor.shape())));
+      }
       if (modified.ok()) {
         modified_value = *std::move(modified);
         facts.value = &modified_value;
@@ -774,11 +828,35 @@ void SubscriberHub::DryRunAnswerLocked(Subscriber& s,
       }
     }
   }
-  Audit(audit_events::Answer(facts));
   if (awaited) {
+    Audit(audit_events::Answer(facts));
     s.Settle(answer.event_id);
-    dr->second->awaiting.erase(s.spec.name);
-    if (dr->second->awaiting.empty()) dry_runs_.erase(dr);
+    StopAwaitingLocked(s, answer.event_id);
+  } else {
+    StrayAnswerLocked(s, facts);
+  }
+}
+
+void SubscriberHub::StopAwaitingLocked(Subscriber& s, uint64_t event_id) {
+  auto held = s.dry_awaiting.find(event_id);
+  if (held != s.dry_awaiting.end()) {
+    s.dry_awaiting_bytes -= held->second;
+    s.dry_awaiting.erase(held);
+  }
+  auto run = dry_runs_.find(event_id);
+  if (run == dry_runs_.end()) return;
+  run->second->awaiting.erase(s.spec.name);
+  if (run->second->awaiting.empty()) dry_runs_.erase(run);
+}
+
+void SubscriberHub::AwaitDryRunLocked(Subscriber& s, uint64_t event_id,
+                                      uint64_t bytes) {
+  if (!s.dry_awaiting.emplace(event_id, bytes).second) return;
+  s.dry_awaiting_bytes += bytes;
+  // Its oldest unanswered runs are forgotten first: a dry-run subscriber
+  // answers in order, if at all.
+  while (s.dry_awaiting_bytes > max_dry_run_bytes_) {
+    StopAwaitingLocked(s, s.dry_awaiting.begin()->first);
   }
 }
 
@@ -817,7 +895,7 @@ void SubscriberHub::Answer(uint64_t subscriber_id, SubscriberAnswer answer) {
           "late or duplicate answer: this subscriber's part in the event is "
           "already decided";
       if (pit != pending_.end()) facts.event = &pit->second->base;
-      Audit(audit_events::Answer(facts));
+      StrayAnswerLocked(s, facts);
       return;
     }
     if (pit == pending_.end() || pit->second->waiting_on != subscriber_id) {
@@ -826,6 +904,13 @@ void SubscriberHub::Answer(uint64_t subscriber_id, SubscriberAnswer answer) {
       facts.problem = answer.invalid.empty()
                           ? "no event with this id was sent to this subscriber"
                           : answer.invalid;
+      if (s.holding.empty()) {
+        // Nothing to fail (an observer never holds anything): it changed
+        // nothing, like a late answer. One that fails events is recorded
+        // on its own; there are at most as many as events sent to it.
+        StrayAnswerLocked(s, facts);
+        return;
+      }
       Audit(audit_events::Answer(facts));
       for (uint64_t event_id : s.Held()) {
         s.Release(event_id, now);
@@ -955,13 +1040,24 @@ void SubscriberHub::RouteLocked(
     if (run == nullptr) {
       run = std::make_unique<DryRun>();
       run->event = ev;
+      if (ev->value.module != nullptr) {
+        auto without_module = std::make_shared<HookEvent>(*ev);
+        without_module->value.module = nullptr;
+        run->event = std::move(without_module);
+      }
       run->sent_at = absl::Now();
-      run->owner = p.record->owner;
       run->registration = p.record->event;
       run->registration.value = SlotValue();
+      run->registration.module = nullptr;
+      const Module* owner = p.record->event.module;
+      run->fixed_shapes = owner != nullptr && owner->fixed_shapes();
+      run->module_type = owner != nullptr ? owner->type_name() : "";
       run->request_seed = p.request_seed;
+      const Tensor& t = run->event->value.tensor;
+      run->bytes = t.defined() && t.device().has_storage() ? t.nbytes() : 0;
     }
     run->awaiting.insert(sub->spec.name);
+    AwaitDryRunLocked(*sub, p.event_id, run->bytes);
     sends.emplace_back(sub->channel, ev);
   }
   ++*p.remaining;
@@ -1013,6 +1109,15 @@ void SubscriberHub::FinishEventsLocked(
     const OperationContext& ctx, const ModuleName& module,
     const std::vector<std::unique_ptr<Pending>>& events, Sends& sends) {
   absl::Time expired = absl::Now() - absl::Minutes(10);
+  for (auto& [id, sub] : subscribers_) {
+    // Oldest first: each subscriber's expired runs are at the front.
+    while (!sub->dry_awaiting.empty()) {
+      const uint64_t event_id = sub->dry_awaiting.begin()->first;
+      auto run = dry_runs_.find(event_id);
+      if (run != dry_runs_.end() && run->second->sent_at >= expired) break;
+      StopAwaitingLocked(*sub, event_id);
+    }
+  }
   for (auto it = dry_runs_.begin(); it != dry_runs_.end();) {
     if (it->second->sent_at < expired) {
       dry_runs_.erase(it++);

@@ -20,6 +20,14 @@
 //   answered, timed out or failed) is late or a duplicate: recorded in the
 //   audit log as "ignored", never enforced. An answer for an event it was
 //   never sent is garbage and fails what the subscriber holds.
+// - Stray answers (late, duplicate, or garbage when the subscriber holds
+//   nothing to fail; a dry-run subscriber's duplicates and unknown ids)
+//   change nothing, so a subscriber flooding them must not grow the audit
+//   log by a record each: the first kStrayAnswersRecorded of a subscriber
+//   name in an interval get their own records, the rest one summary per
+//   name and interval (AuditAggregator), written when the interval ends,
+//   when the subscriber leaves, and at StopStrayAnswers. The subscriber
+//   stays connected: ending its stream would let later builds skip it.
 // - Dry-run subscribers see every event; their answers are validated like
 //   an interceptor's (an invalid one is recorded as "invalid") and recorded
 //   in the audit log, but never enforced nor awaited. Observers get the final
@@ -62,6 +70,8 @@
 #include "base/sync.h"
 #include "core/hooks.h"
 #include "nn/module_spec.h"
+#include "service/audit_aggregator.h"
+#include "service/audit_events.h"
 #include "service/audit_log.h"
 #include "service/limits.h"
 #include "service/model_store.h"
@@ -200,9 +210,13 @@ class SubscriberHub : public RegistrationDecider {
  public:
   // `audit` (optional, not owned) receives every event, answer and outcome.
   // `default_timeout` is a subscriber's timeout when its spec leaves it 0.
+  // Stray answers are counted over `stray_interval` (0: each gets its own
+  // record), for at most `max_stray_keys` subscriber names apart.
   explicit SubscriberHub(
       AuditLog* audit = nullptr,
-      absl::Duration default_timeout = Limits().subscriber_timeout);
+      absl::Duration default_timeout = Limits().subscriber_timeout,
+      absl::Duration stray_interval = Limits().denied_audit_interval,
+      size_t max_stray_keys = Limits().max_denied_keys);
   ~SubscriberHub() override;
 
   // Adds a subscriber (a timeout of 0 becomes the hub's default).
@@ -246,6 +260,14 @@ class SubscriberHub : public RegistrationDecider {
 
   // Closes every subscriber's channel with `status` (server shutdown).
   void CloseAll(const absl::Status& status);
+  // Writes the stray answers counted so far and stops the interval's
+  // thread (server shutdown, once no stream runs; idempotent). Stray
+  // answers after it are still counted, and written at destruction.
+  void StopStrayAnswers() { stray_.Stop(); }
+
+  // Stray answers a subscriber name gets its own records for in an
+  // interval before the rest are counted.
+  static constexpr size_t kStrayAnswersRecorded = 8;
 
   // Where to count each interceptor answer's round trip and each event
   // that timed out, labelled by subscriber name (either may be null; not
@@ -255,6 +277,16 @@ class SubscriberHub : public RegistrationDecider {
     round_trip_seconds_ = round_trip_seconds;
     timeouts_total_ = timeouts_total;
   }
+  // Where to count stray answers (late, duplicate, unknown event id), by
+  // subscriber name (null: not counted; not owned). Before the first Attach.
+  void set_stray_answers_metric(metrics::Family<metrics::Counter>* total) {
+    stray_answers_total_ = total;
+  }
+  // The most bytes of tensor data the dry runs a dry-run subscriber has
+  // yet to answer may hold (they hold the proposed tensors, which outlive
+  // a deleted module): past it, its oldest are forgotten and answers to
+  // them are "unknown event id". Before the first Attach.
+  void set_max_dry_run_bytes(uint64_t bytes) { max_dry_run_bytes_ = bytes; }
 
   // RegistrationDecider: the remote chains for `records`.
   std::vector<HookDecision> Decide(
@@ -308,6 +340,15 @@ class SubscriberHub : public RegistrationDecider {
   struct DryRun;
   void DryRunAnswerLocked(Subscriber& s, const SubscriberAnswer& answer,
                           absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `s` (a dry-run subscriber) is sent dry run `event_id`, holding `bytes`
+  // of tensor data; its oldest runs are forgotten while what it awaits
+  // holds more than max_dry_run_bytes_.
+  void AwaitDryRunLocked(Subscriber& s, uint64_t event_id, uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `s` answers dry run `event_id` no more (it answered, or the run is
+  // forgotten); the run goes once no subscriber is left to answer it.
+  void StopAwaitingLocked(Subscriber& s, uint64_t event_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Subscriber `name` is gone: no dry run waits for its answer any more.
   void ForgetDryRunsLocked(const std::string& name)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -317,6 +358,11 @@ class SubscriberHub : public RegistrationDecider {
   bool Matches(const Subscriber& s, const HookEvent& e) const;
   static void Deliver(const Sends& sends);
   void Audit(AuditRecord record);
+  // Records `facts`, a stray answer of `s` (one that changed nothing), in
+  // bounded space (see stray_), and counts it.
+  void StrayAnswerLocked(const Subscriber& s,
+                         const audit_events::AnswerFacts& facts)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Appends `record` (its seq, to Sync once the lock is released): records
   // about names are appended under mu_, so that the log orders them as the
   // hub did, and a restart replays the same bindings.
@@ -332,6 +378,10 @@ class SubscriberHub : public RegistrationDecider {
   const absl::Duration default_timeout_;
   metrics::Family<metrics::Histogram>* round_trip_seconds_ = nullptr;
   metrics::Family<metrics::Counter>* timeouts_total_ = nullptr;
+  metrics::Family<metrics::Counter>* stray_answers_total_ = nullptr;
+  uint64_t max_dry_run_bytes_ = Limits().max_subscriber_queue_bytes;
+  // Stray answers, keyed by subscriber name (its own lock; taken under mu_).
+  AuditAggregator stray_;
   mutable Mutex mu_;
   CondVar cv_;
   std::map<uint64_t, std::unique_ptr<Subscriber>> subscribers_
@@ -341,7 +391,8 @@ class SubscriberHub : public RegistrationDecider {
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Pending*> pending_ ABSL_GUARDED_BY(mu_);
   // Dry-run events whose answers are still welcome: until each dry-run
-  // subscriber it went to has answered or gone, for 10 minutes at most.
+  // subscriber it went to has answered or gone, for 10 minutes at most,
+  // and within each subscriber's max_dry_run_bytes_.
   absl::flat_hash_map<uint64_t, std::unique_ptr<DryRun>> dry_runs_
       ABSL_GUARDED_BY(mu_);
   // Names bound to identities (SubscriptionSpec::owner_identity).

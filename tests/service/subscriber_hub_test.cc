@@ -21,6 +21,7 @@
 #include "base/metrics.h"
 #include "core/generator.h"
 #include "core/init.h"
+#include "core/storage.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -1148,6 +1149,180 @@ TEST_F(AuditedHubTest, AnsweredDryRunsDoNotKeepADeletedModuleAlive) {
   while (!module.expired() && absl::Now() < deadline)
     absl::SleepFor(absl::Milliseconds(10));
   EXPECT_TRUE(module.expired()) << "the hub still holds the deleted module";
+}
+
+// A flood of stray answers (duplicates of an answered event, ids never
+// sent) changes nothing and leaves the subscriber connected (ending its
+// stream would let later builds skip it), but each used to write its own
+// record of about 500 bytes to the log, which keeps records for good:
+// 20,000 answers added 9 MB. Now the first few of an interval are recorded
+// one by one, the rest in one summary, written when the subscriber leaves
+// (or the interval ends, or the server stops).
+TEST_F(AuditedHubTest, AFloodOfStrayAnswersIsSummarisedNotRecordedEach) {
+  metrics::Registry registry;
+  metrics::Family<metrics::Counter>& stray = registry.AddCounter(
+      "stray_answers_total", "stray answers", {"subscriber"});
+  hub_->set_stray_answers_metric(&stray);
+  std::shared_ptr<FakeSubscriber> flood =
+      Add(Spec("flood"), [](const HookEvent& e) {
+        return std::optional<SubscriberAnswer>(Verdict_(e, Verdict::kApprove));
+      });
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      BuildOutcome b,
+      Build("t/flood", R"({"type": "Linear", "args": [3, 2]})"));
+  ASSERT_EQ(b.registrations.size(), 2u);
+  const uint64_t answered = flood->events().at(0).event_id;
+  const uintmax_t size_before = std::filesystem::file_size(path_);
+  constexpr int kAnswers = 20000;
+  constexpr uint64_t kUnknown = uint64_t{1} << 40;
+  for (int i = 0; i < kAnswers; ++i) {
+    SubscriberAnswer a;
+    a.event_id = i % 2 == 0 ? answered : kUnknown + i;
+    a.reason = "flood";
+    hub_->Answer(flood->id(), a);
+  }
+  // Still connected, and nothing it held failed.
+  ASSERT_EQ(hub_->List().size(), 1u);
+  EXPECT_THAT(flood->closed(), IsOk());
+  EXPECT_EQ(stray.Labels({"flood"}).value(), uint64_t{kAnswers});
+  // The first few are there with their event ids, the rest not yet.
+  std::vector<AuditRecord> answers = Answers(2);
+  std::vector<uint64_t> ids;
+  for (const AuditRecord& r : answers) {
+    nlohmann::json details = nlohmann::json::parse(r.details_json);
+    if (r.outcome == "approve") continue;
+    ids.push_back(details["event_id"].get<uint64_t>());
+  }
+  EXPECT_THAT(ids, ElementsAre(answered, kUnknown + 1, answered, kUnknown + 3,
+                               answered, kUnknown + 5, answered, kUnknown + 7));
+  EXPECT_LT(std::filesystem::file_size(path_) - size_before, 8u << 10);
+  // Leaving writes the summary.
+  flood->Detach();
+  answers = Answers(11);
+  ASSERT_EQ(answers.size(), 11u);
+  const AuditRecord& summary = answers.back();
+  EXPECT_EQ(summary.outcome, "ignored");
+  nlohmann::json details = nlohmann::json::parse(summary.details_json);
+  EXPECT_EQ(details["subscriber"], "flood");
+  EXPECT_EQ(details["aggregated"], true);
+  EXPECT_EQ(details["count"], kAnswers - 8);
+  EXPECT_EQ(details["first_event_id"], answered);
+  EXPECT_EQ(details["last_event_id"], kUnknown + kAnswers - 1);
+  EXPECT_EQ(details["kinds"].size(), 2u);
+  for (const auto& [kind, count] : details["kinds"].items()) {
+    EXPECT_EQ(count, (kAnswers - 8) / 2) << kind;
+  }
+  EXPECT_EQ(details["kinds"].value("no event with this id was sent to this "
+                                   "subscriber",
+                                   0),
+            (kAnswers - 8) / 2);
+  // The log is one record per line of a sound chain, and small.
+  ASSERT_THAT(log_->Sync(log_->last_seq()), IsOk());
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(AuditVerification verified,
+                                  AuditLog::Verify(path_));
+  EXPECT_TRUE(verified.ok) << verified.problem;
+  EXPECT_LT(std::filesystem::file_size(path_) - size_before, 12u << 10);
+}
+
+// What is counted when the server stops is written then; a dry-run
+// subscriber's duplicates and unknown ids are counted the same way.
+TEST_F(AuditedHubTest, StrayAnswersCountedAtShutdownAreWritten) {
+  std::shared_ptr<FakeSubscriber> dry =
+      Add(Spec("dry", SubscriberMode::kDryRun), [](const HookEvent& e) {
+        return std::optional<SubscriberAnswer>(Verdict_(e, Verdict::kApprove));
+      });
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      BuildOutcome b, Build("t/dry", R"({"type": "Linear", "args": [3, 2]})"));
+  ASSERT_EQ(Answers(2).size(), 2u);
+  const uint64_t answered = dry->events().at(0).event_id;
+  for (int i = 0; i < 100; ++i) {
+    SubscriberAnswer a;
+    a.event_id = i % 2 == 0 ? answered : 999999;
+    hub_->Answer(dry->id(), a);
+  }
+  EXPECT_EQ(Answers(10).size(), 10u);
+  hub_->StopStrayAnswers();
+  std::vector<AuditRecord> answers = Answers(11);
+  ASSERT_EQ(answers.size(), 11u);
+  nlohmann::json details = nlohmann::json::parse(answers.back().details_json);
+  EXPECT_EQ(details["count"], 92);
+  EXPECT_EQ(details["kinds"]["duplicate answer"], 46);
+  EXPECT_EQ(details["kinds"]["unknown event id"], 46);
+  // Later ones start a new interval: nothing is lost.
+  SubscriberAnswer late;
+  late.event_id = answered;
+  hub_->Answer(dry->id(), late);
+  dry->Detach();
+  answers = Answers(12);
+  ASSERT_EQ(answers.size(), 12u);
+  EXPECT_EQ(answers.back().outcome, "ignored");
+  details = nlohmann::json::parse(answers.back().details_json);
+  EXPECT_EQ(details["event_id"], answered);
+}
+
+// A channel that drops what it is sent: a subscriber that reads its events
+// and never answers.
+class SilentChannel : public SubscriberChannel {
+ public:
+  void Send(std::shared_ptr<const HookEvent>) override {}
+  void Close(absl::Status) override {}
+};
+
+// A dry-run subscriber that never answers used to keep each event's module
+// and tensors for ten minutes, even after the module was deleted: building
+// and deleting 1 GB modules in a loop held them all. Its unanswered runs
+// now hold at most max_dry_run_bytes of tensor data (the oldest are
+// forgotten first) and never the module.
+TEST_F(AuditedHubTest, ASilentDryRunSubscriberHoldsBoundedBytes) {
+  hub_->set_max_dry_run_bytes(1000);
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      uint64_t id, hub_->Attach(Spec("mute", SubscriberMode::kDryRun),
+                                std::make_shared<SilentChannel>(), {}));
+  std::weak_ptr<Module> module;
+  std::vector<std::weak_ptr<Storage>> storages;
+  std::vector<uint64_t> event_ids;
+  {
+    // Four parameters of 400 bytes: only the last two fit in 1000 bytes.
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(
+        BuildOutcome b, Build("t/mute", R"({"type": "Net", "members": [
+            {"parameter": {"name": "a", "shape": [100]}},
+            {"parameter": {"name": "b", "shape": [100]}},
+            {"parameter": {"name": "c", "shape": [100]}},
+            {"parameter": {"name": "d", "shape": [100]}}]})"));
+    ASSERT_EQ(b.registrations.size(), 4u);
+    module = b.registrations[0].record.owner;
+    for (const auto& r : b.registrations) {
+      storages.push_back(r.final.value.tensor.storage());
+    }
+  }
+  std::vector<AuditRecord> registrations;
+  {
+    AuditQuery q;
+    q.type = "registration";
+    registrations = *log_->Query(q);
+  }
+  ASSERT_EQ(registrations.size(), 4u);
+  ASSERT_THAT(store_.Delete({"alice", "req-2"}, *ParseModuleName("t/mute")),
+              IsOk());
+  EXPECT_TRUE(module.expired()) << "a dry run keeps the deleted module";
+  EXPECT_TRUE(storages[0].expired());
+  EXPECT_TRUE(storages[1].expired());
+  EXPECT_FALSE(storages[2].expired());
+  EXPECT_FALSE(storages[3].expired());
+  // The two it may still answer are answered; the forgotten ones are
+  // unknown to it.
+  for (const AuditRecord& r : registrations) {
+    SubscriberAnswer a;
+    a.event_id = nlohmann::json::parse(r.details_json)["event_id"];
+    hub_->Answer(id, a);
+  }
+  std::vector<std::string> outcomes;
+  for (const AuditRecord& r : Answers(4)) outcomes.push_back(r.outcome);
+  EXPECT_THAT(outcomes,
+              ElementsAre("invalid", "invalid", "approve", "approve"));
+  EXPECT_TRUE(storages[2].expired());
+  EXPECT_TRUE(storages[3].expired());
+  hub_->Detach(id, {});
 }
 
 // A subscriber's reason is kept up to 1 KiB: the log keeps its records for
