@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "service/audit_aggregator.h"
 #include "service/audit_log.h"
 #include "service/authenticator.h"
 #include "tests/testing/status_matchers.h"
@@ -153,6 +154,75 @@ TEST_F(DenialRecorderTest, IntervalZeroRecordsEveryRefusal) {
   }
   denials.Stop();
   EXPECT_EQ(All().size(), 5u);
+}
+
+// The counting DenialRecorder and the hub's stray answers share: several
+// own records per key, a flushed key keeps what it used of the interval,
+// and kinds are bounded.
+TEST_F(DenialRecorderTest, AggregatorKeepsABudgetPerKeyAndBoundsKinds) {
+  AuditAggregator counts(
+      log_.get(), absl::Hours(1), 4, 3, [](const AuditTally& t) {
+        AuditRecord r;
+        r.type = "denied";
+        r.outcome = "overflow";
+        r.details_json = absl::StrCat("{\"count\":", t.count, "}");
+        return r;
+      });
+  auto record = [&](const std::string& key, const std::string& kind,
+                    uint64_t id) {
+    return counts.Record(
+        {.key = key, .kind = kind, .id = id},
+        [&] {
+          AuditRecord r;
+          r.type = "denied";
+          r.outcome = "own";
+          r.details_json = absl::StrCat("{\"id\":", id, "}");
+          return r;
+        },
+        [&]() -> AuditAggregator::Summarise {
+          return [key](const AuditTally& t) {
+            AuditRecord r;
+            r.type = "denied";
+            r.outcome = "summary";
+            Json kinds = Json::object();
+            for (const auto& [k, n] : t.kinds) kinds[k] = n;
+            r.details_json = Json{
+                {"key", key},
+                {"count", t.count},
+                {"first_id", t.first_id},
+                {"last_id", t.last_id},
+                {"kinds", kinds}}.dump();
+            return r;
+          };
+        });
+  };
+  for (uint64_t i = 1; i <= 40; ++i) {
+    EXPECT_EQ(record("a", absl::StrCat("kind", i), i), i <= 3) << i;
+  }
+  EXPECT_EQ(All().size(), 3u);
+  counts.FlushKey("a");
+  std::vector<AuditRecord> all = All();
+  ASSERT_EQ(all.size(), 4u);
+  Json summary = Json::parse(all.back().details_json);
+  EXPECT_EQ(summary["count"], 37);
+  EXPECT_EQ(summary["first_id"], 4);
+  EXPECT_EQ(summary["last_id"], 40);
+  EXPECT_EQ(summary["kinds"].size(), AuditTally::kMaxKinds + 1);
+  EXPECT_EQ(summary["kinds"]["other"], 37 - AuditTally::kMaxKinds);
+  // Back after the flush, in the same interval: counted at once.
+  EXPECT_FALSE(record("a", "again", 41));
+  counts.FlushKey("a");
+  ASSERT_EQ(All().size(), 5u);
+  EXPECT_EQ(Json::parse(All().back().details_json)["count"], 1);
+  // Keys beyond the bound share the overflow key, which has its own
+  // records first, then its summary.
+  for (int k = 0; k < 10; ++k) record(absl::StrCat("k", k), "", 0);
+  counts.Stop();
+  all = All();
+  size_t overflow = 0;
+  for (const AuditRecord& r : all) overflow += r.outcome == "overflow";
+  EXPECT_EQ(overflow, 1u);
+  EXPECT_EQ(Json::parse(all.back().details_json)["count"], 4);
 }
 
 TEST(PeerAddressTest, DropsThePortOnly) {
