@@ -119,9 +119,8 @@ struct SubscriberHub::DryRun {
   uint64_t request_seed = 0;
   uint64_t bytes = 0;  // of event->value.tensor's data
   // Dry-run subscribers (names) it went to that have not answered yet. Once
-  // none is left, the run is forgotten: it holds the module registered
-  // into and the proposed tensor, which a deleted module must not leave
-  // behind for ten minutes.
+  // none is left, the run is forgotten: it holds the proposed tensor,
+  // which a deleted module must not leave behind for ten minutes.
   absl::flat_hash_set<std::string> awaiting;
 };
 
