@@ -75,6 +75,10 @@ class FakeSubscriber : public SubscriberChannel,
 
   void Send(std::shared_ptr<const HookEvent> event) override {
     MutexLock lock(&mu_);
+    // Seen on arrival, so that a test that waited for its events finds
+    // them here whether or not the worker has taken them yet (it used to
+    // read events()[0] of an empty list now and then, and crash).
+    seen_.push_back(*event);
     queue_.push_back(std::move(event));
     ++received_;
     max_outstanding_ = std::max(max_outstanding_, received_ - answered_);
@@ -125,7 +129,6 @@ class FakeSubscriber : public SubscriberChannel,
         if (stop_) return;
         e = queue_.front();
         queue_.pop_front();
-        seen_.push_back(*e);
       }
       std::optional<SubscriberAnswer> a = fn_(*e);
       {
