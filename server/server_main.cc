@@ -130,7 +130,9 @@ ABSL_FLAG(int, audit_denied_interval_s,
           absl::ToInt64Seconds(Defaults().limits.denied_audit_interval),
           "Refused calls are audited once per (peer address, identity, rpc, "
           "module, error) and interval, the rest of the interval's as one "
-          "record with their count; 0: one record per refused call");
+          "record with their count; a subscriber's stray answers (late, "
+          "duplicate, unknown) 8 per subscriber and interval, then counted "
+          "the same way; 0: one record each");
 ABSL_FLAG(bool, fallback_to_cpu, Defaults().fallback_to_cpu,
           "On start, restore modules saved on a device this server does not "
           "have (e.g. cuda:1 on a machine without that GPU) onto cpu instead "
