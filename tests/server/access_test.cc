@@ -200,6 +200,16 @@ struct RpcCase {
       call;
 };
 
+// A client of `server` (in process or a process) that presents `token`.
+template <typename Server>
+std::unique_ptr<client::ModelStateClient> ClientWithToken(
+    Server& server, const std::string& token) {
+  client::ClientOptions options;
+  options.bearer_token = token;
+  options.timeout = absl::Seconds(10);
+  return server.NewClient(options);
+}
+
 std::vector<RpcCase> Cases() {
   auto tensor_request = [](const std::string& ns, const std::string& name) {
     v1::RegisterTensorRequest r;
@@ -733,10 +743,7 @@ TEST_F(AccessTest, ASubscriberNameStaysBoundAcrossARestart) {
   });
   ASSERT_THAT(own.Start(), IsOk());
   auto as = [&](const std::string& token) {
-    client::ClientOptions options;
-    options.bearer_token = token;
-    options.timeout = absl::Seconds(10);
-    return own.NewClient(options);
+    return ClientWithToken(own, token);
   };
   v1::Subscription s;
   s.set_name("rev-guard");
@@ -785,10 +792,7 @@ TEST_F(AccessTest, RefusedCallsAreCountedPerIntervalNotRecordedOneByOne) {
   });
   ASSERT_THAT(own.Start(), IsOk());
   auto as = [&](const std::string& token) {
-    client::ClientOptions options;
-    options.bearer_token = token;
-    options.timeout = absl::Seconds(10);
-    return own.NewClient(options);
+    return ClientWithToken(own, token);
   };
   const std::string log_path = data_dir::AuditLogPath(own.data_dir().string());
   const uint64_t mark = own.server().audit_log().last_seq();
@@ -869,10 +873,7 @@ TEST_F(AccessTest, AnAdminReleasesASubscriberNameAndARestartKeepsItFree) {
   });
   ASSERT_THAT(own.Start(), IsOk());
   auto as = [&](const std::string& token) {
-    client::ClientOptions options;
-    options.bearer_token = token;
-    options.timeout = absl::Seconds(10);
-    return own.NewClient(options);
+    return ClientWithToken(own, token);
   };
   v1::Subscription s;
   s.set_name("rev-held");
@@ -1073,10 +1074,7 @@ TEST(AccessReloadTest, SighupReloadsTheTokenFileAndABadOneKeepsTheOld) {
   }();
   ASSERT_THAT(root->BuildModule(BuildRequest("team-b/base", kNet)), IsOk());
   auto as = [&](const std::string& token) {
-    client::ClientOptions options;
-    options.bearer_token = token;
-    options.timeout = absl::Seconds(10);
-    return server.NewClient(options);
+    return ClientWithToken(server, token);
   };
   std::vector<Who> people = People();
   people.push_back({"carol", "carol-token", {{"reader", {"*"}}}});
@@ -1119,10 +1117,7 @@ TEST(AccessReloadTest, AReloadOfAFileOthersMayWriteKeepsTheOld) {
       {"--token_file=" + tokens.string(), "--quota_file=" + quotas.string()});
   ASSERT_THAT(server.Start(), IsOk());
   auto as = [&](const std::string& token) {
-    client::ClientOptions options;
-    options.bearer_token = token;
-    options.timeout = absl::Seconds(10);
-    return server.NewClient(options);
+    return ClientWithToken(server, token);
   };
   std::vector<Who> people = People();
   people.push_back({"mallory", "mallory-token", {{"admin", {"*"}}}});
@@ -1173,10 +1168,7 @@ TEST(AccessReloadTest, AReloadEndsTheStreamsOfRevokedCallers) {
   TestServer server({absl::StrCat("--token_file=", tokens.string())});
   ASSERT_THAT(server.Start(), IsOk());
   auto as = [&](const std::string& token) {
-    client::ClientOptions options;
-    options.bearer_token = token;
-    options.timeout = absl::Seconds(10);
-    return server.NewClient(options);
+    return ClientWithToken(server, token);
   };
   std::unique_ptr<client::ModelStateClient> rev = as("rev-token");
   std::unique_ptr<client::ModelStateClient> root = as("root-token");
@@ -1277,10 +1269,7 @@ TEST(AccessReloadTest, ASubscriptionRevokedBeforeItAttachesIsNeverAttached) {
       {"--token_file=" + tokens.string(), "--max_streams_per_identity=1"});
   ASSERT_THAT(server.Start(), IsOk());
   auto as = [&](const std::string& token) {
-    client::ClientOptions options;
-    options.bearer_token = token;
-    options.timeout = absl::Seconds(10);
-    return server.NewClient(options);
+    return ClientWithToken(server, token);
   };
   std::unique_ptr<client::ModelStateClient> rev = as("rev-token");
   auto context = rev->NewContext(absl::Seconds(20));
