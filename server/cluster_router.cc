@@ -122,6 +122,15 @@ absl::StatusOr<std::optional<Peer>> ClusterRouter::Route(
   const bool forwarded = IsForwarded(context);
   MODELSTATE_ASSIGN_OR_RETURN(std::optional<std::string> owner,
                               self->OwnerOf(full));
+  // A move of it left this copy, and the module's owner deleted it since
+  // (or etcd could not say at the join): not the module, neither served
+  // nor claimed by a build.
+  if (!owner.has_value() && unsettled_move_ && unsettled_move_(*name)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "module '", full, "': the copy on replica ", replica(),
+        " was left by a cluster move and no replica owns the module now; it "
+        "is not served, and is set aside at that replica's next start"));
+  }
   if (!owner.has_value() && access == Access::kBuild) {
     std::string target = replica();
     if (!forwarded) {

@@ -47,6 +47,7 @@
 #include "cluster/cluster_member.h"
 #include "grpcpp/grpcpp.h"
 #include "service/authenticator.h"
+#include "service/module_name.h"
 
 namespace modelstate::server {
 
@@ -89,6 +90,12 @@ class ClusterRouter {
   void set_connected_subscribers(
       std::function<std::vector<std::string>()> names) {
     connected_subscribers_ = std::move(names);
+  }
+  // Whether the copy of a module hosted here carries an unsettled cluster
+  // move (ModelStore::InMove): such a copy is served only while etcd names
+  // this replica its owner. Call before Join.
+  void set_unsettled_move(std::function<bool(const ModuleName&)> unsettled) {
+    unsettled_move_ = std::move(unsettled);
   }
   // How often a subscriber's home looks for members to relay from.
   absl::Duration relay_refresh() const { return options_.relay_refresh; }
@@ -158,6 +165,7 @@ class ClusterRouter {
   // the module only when it is the last.
   std::map<std::string, int> building_ ABSL_GUARDED_BY(mu_);
   std::function<std::vector<std::string>()> connected_subscribers_;
+  std::function<bool(const ModuleName&)> unsettled_move_;
   // Every relay has reached this replica since it joined.
   bool relays_arrived_ ABSL_GUARDED_BY(mu_) = false;
 };

@@ -55,6 +55,22 @@ absl::Status ClusterStatus(ClusterMember& member,
   return absl::OkStatus();
 }
 
+// Whether a failed call may have ended on this side only: the other side
+// may have done, or still do, what it was asked.
+bool IsTransportFailure(const absl::Status& failure) {
+  switch (failure.code()) {
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kUnknown:
+    case absl::StatusCode::kInternal:
+    case absl::StatusCode::kAborted:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // The bytes of file a move sends per message.
 constexpr size_t kMoveChunkBytes = 1 << 20;
 
@@ -175,8 +191,13 @@ grpc::Status ClusterServiceImpl::MoveModuleToReplica(
               sent, SendModule(*router_, *context, peer, name.full(), files));
           return sent;
         },
-        // Unknown (etcd unreachable): the mark stays for the next start.
-        [&] {
+        [&](const absl::Status& failure) {
+          // A deadline, a cancellation or a lost connection may end the
+          // call before the target's takeover, which can still follow: only
+          // the target's own refusal (or a failure here before it was
+          // called) says the move did not happen. Unknown: the mark stays
+          // for the next start.
+          if (IsTransportFailure(failure)) return false;
           absl::StatusOr<std::optional<std::string>> now =
               member->OwnerOf(name.full());
           return now.ok() && *now == router_->replica();
@@ -227,8 +248,14 @@ grpc::Status ClusterServiceImpl::ImportModule(
       }
       MODELSTATE_RETURN_IF_ERROR(import->Append(message.data()));
     }
-    MODELSTATE_RETURN_IF_ERROR(import->Commit(
-        [&] { return member->TakeOver(name.full(), header.from_replica()); }));
+    MODELSTATE_RETURN_IF_ERROR(import->Commit([&] {
+      // The sender gave up (its deadline, its caller's cancellation): it
+      // keeps the module, so no takeover.
+      if (context->IsCancelled()) {
+        return absl::CancelledError("the sending replica gave up the move");
+      }
+      return member->TakeOver(name.full(), header.from_replica());
+    }));
     response->set_replica(member->replica());
     return absl::OkStatus();
   }();

@@ -466,8 +466,11 @@ absl::Status Server::PrepareCluster() {
     return absl::InvalidArgumentError(
         "cluster_secret_file: required with --etcd_endpoints");
   }
-  MODELSTATE_ASSIGN_OR_RETURN(std::string secret,
-                              ReadFile(config_.cluster_secret_file));
+  // Whoever can write the secret can forward any identity to this replica.
+  MODELSTATE_ASSIGN_OR_RETURN(
+      std::string secret,
+      ReadPem("cluster_secret_file", config_.cluster_secret_file,
+              /*guarded=*/true));
   // The volume id: made once, kept with the data.
   const std::string volume_path = data_dir::ClusterVolumePath(config_.data_dir);
   absl::StatusOr<std::string> volume = ReadFile(volume_path);
@@ -494,8 +497,10 @@ absl::Status Server::PrepareCluster() {
           "cluster_ca_file: required with --etcd_endpoints and TLS");
     }
     grpc::SslCredentialsOptions ssl;
-    MODELSTATE_ASSIGN_OR_RETURN(ssl.pem_root_certs,
-                                ReadFile(config_.cluster_ca_file));
+    // Whoever can write the CA can pose as a replica.
+    MODELSTATE_ASSIGN_OR_RETURN(
+        ssl.pem_root_certs,
+        ReadPem("cluster_ca_file", config_.cluster_ca_file, /*guarded=*/true));
     MODELSTATE_ASSIGN_OR_RETURN(ssl.pem_cert_chain,
                                 ReadFile(config_.tls_cert_file));
     MODELSTATE_ASSIGN_OR_RETURN(ssl.pem_private_key,
@@ -505,6 +510,9 @@ absl::Status Server::PrepareCluster() {
   MODELSTATE_ASSIGN_OR_RETURN(
       router_, ClusterRouter::Create(std::move(options), std::move(secret),
                                      std::move(peers)));
+  router_->set_unsettled_move([store = store_.get()](const ModuleName& name) {
+    return store->InMove(name);
+  });
   router_->set_connected_subscribers([hub = hub_.get()] {
     std::vector<std::string> names;
     for (const SubscriberInfo& info : hub->List()) {

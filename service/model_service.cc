@@ -227,7 +227,7 @@ absl::Status ModelService::MoveModuleOut(
     absl::FunctionRef<
         absl::StatusOr<uint64_t>(const std::vector<std::string>& files)>
         send,
-    const std::function<bool()>& still_owner) {
+    const std::function<bool(const absl::Status&)>& still_owner) {
   MODELSTATE_RETURN_IF_ERROR(gate_.AllowAdmin(caller, "MoveModuleToReplica"));
   MODELSTATE_RETURN_IF_ERROR(gate_.AuditWritable());
   return store_->MoveOut(caller.ctx, module, to_replica, send, still_owner);

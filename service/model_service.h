@@ -336,12 +336,13 @@ class ModelService {
   // The two halves of a cluster move (ModelStore::MoveOut, ::MoveIn), for
   // admins only: MoveModuleToReplica's on the owner, ImportModule's on the
   // replica that takes the module.
-  absl::Status MoveModuleOut(const Caller& caller, const ModuleName& module,
-                             const std::string& to_replica,
-                             absl::FunctionRef<absl::StatusOr<uint64_t>(
-                                 const std::vector<std::string>& files)>
-                                 send,
-                             const std::function<bool()>& still_owner);
+  absl::Status MoveModuleOut(
+      const Caller& caller, const ModuleName& module,
+      const std::string& to_replica,
+      absl::FunctionRef<
+          absl::StatusOr<uint64_t>(const std::vector<std::string>& files)>
+          send,
+      const std::function<bool(const absl::Status&)>& still_owner);
   absl::StatusOr<std::string> ReserveImportFile(const Caller& caller,
                                                 const ModuleName& module);
   void AbandonImport(const ModuleName& module,

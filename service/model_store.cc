@@ -1339,13 +1339,13 @@ absl::Status ModelStore::Gone(const Entry& entry) {
                    entry.moved_to, " while the call waited; retry"));
 }
 
-absl::Status ModelStore::MoveOut(const OperationContext& ctx,
-                                 const ModuleName& name,
-                                 const std::string& to_replica,
-                                 absl::FunctionRef<absl::StatusOr<uint64_t>(
-                                     const std::vector<std::string>& files)>
-                                     send,
-                                 const std::function<bool()>& still_owner) {
+absl::Status ModelStore::MoveOut(
+    const OperationContext& ctx, const ModuleName& name,
+    const std::string& to_replica,
+    absl::FunctionRef<
+        absl::StatusOr<uint64_t>(const std::vector<std::string>& files)>
+        send,
+    const std::function<bool(const absl::Status&)>& still_owner) {
   ModuleRepository* repo = repository();
   if (repo == nullptr) {
     return absl::FailedPreconditionError(
@@ -1376,7 +1376,9 @@ absl::Status ModelStore::MoveOut(const OperationContext& ctx,
     // Whether the other replica took the module over before the failure
     // is the cluster's to say; asked under the gate, so that no later move
     // of the module has marked it meanwhile.
-    if (still_owner && still_owner()) repo->SettleMove(name).IgnoreError();
+    if (still_owner && still_owner(sent.status())) {
+      repo->SettleMove(name).IgnoreError();
+    }
     return recorded(sent.status(), 0);
   }
   // Hosted there now: the copy here goes. A removal that fails leaves the

@@ -283,13 +283,15 @@ class ModelStore {
                        absl::FunctionRef<absl::StatusOr<uint64_t>(
                            const std::vector<std::string>& files)>
                            send,
-                       const std::function<bool()>& still_owner = nullptr);
+                       const std::function<bool(const absl::Status& failure)>&
+                           still_owner = nullptr);
   //
   // The files carry a move mark (ModuleRepository::MarkMove) from before
   // `send` runs; it goes with them. When `send` fails, `still_owner` (if
-  // given) is asked, writers still held off, whether the cluster names this
-  // replica the owner: true drops the mark; otherwise (the other replica
-  // may have taken the module over) it stays until SettleMove.
+  // given) is asked with the failure, writers still held off, whether the
+  // move certainly did not happen: true drops the mark; otherwise (the
+  // other replica may have taken the module over, or may yet) it stays
+  // until SettleMove.
   //
   // The receiving half. A path for one received data file of `name`:
   // ALREADY_EXISTS when `name` is hosted here.

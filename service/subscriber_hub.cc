@@ -853,8 +853,10 @@ void SubscriberHub::AwaitDryRunLocked(Subscriber& s, uint64_t event_id,
   if (!s.dry_awaiting.emplace(event_id, bytes).second) return;
   s.dry_awaiting_bytes += bytes;
   // Its oldest unanswered runs are forgotten first: a dry-run subscriber
-  // answers in order, if at all.
-  while (s.dry_awaiting_bytes > max_dry_run_bytes_) {
+  // answers in order, if at all. The newest is kept even when it alone is
+  // over the bound, so that a tensor that large still gets its answer.
+  while (s.dry_awaiting_bytes > max_dry_run_bytes_ &&
+         s.dry_awaiting.size() > 1) {
     StopAwaitingLocked(s, s.dry_awaiting.begin()->first);
   }
 }

@@ -1130,11 +1130,67 @@ class ClusterTest(unittest.TestCase):
         self.assertEqual(len(copies), 1, copies)
         self.assertTrue(os.path.exists(
             os.path.join(aside, copies[0], "manifest.json")))
-        records = self.audit_of(source, "set_aside", module)
+        records = []
+
+        def set_aside_records():
+            try:
+                records[:] = self.audit_of(source, "set_aside", module)
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.UNAVAILABLE:
+                    return False  # a channel to the killed process
+                raise
+            return True
+        self.wait_until("the restarted replica to answer", set_aside_records)
         self.assertEqual(len(records), 1)
         self.assertEqual(json.loads(records[0].details_json)["owner"], "")
         # A build of the name is a new module, placed as any other.
         self.build("r0", module, seed=13)
+        self.assertIn(module, self.owners())
+
+    def test_9k_a_running_replicas_unsettled_copy_is_not_served(self):
+        # A move whose answer was lost while etcd could not be asked keeps
+        # the old owner's copy, marked, on a running replica; then the new
+        # owner deletes the module. No replica owns it: the copy is not the
+        # module, and neither a read nor a build may bring it back there.
+        module = "left/m"
+        self.build("r0", module, seed=14)
+        source = self.owners()[module]
+        source_dir = os.path.join(self.servers[source].dir, "data",
+                                  "modules", "left", "m")
+        with open(os.path.join(source_dir, "moving.json"), "w") as f:
+            json.dump({"move": "out", "peer": "elsewhere"}, f)
+        subprocess.run(["etcdctl", "--endpoints=" + self.etcd.endpoint,
+                        "del", "/modelstate/owners/" + module],
+                       check=True, capture_output=True,
+                       env=dict(os.environ, ETCDCTL_API="3"))
+        with self.assertRaises(grpc.RpcError) as e:
+            self.state(source, module)
+        self.assertEqual(e.exception.code(),
+                         grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("left by a cluster move", e.exception.details())
+        with self.assertRaises(grpc.RpcError) as e:
+            self.build(source, module, seed=15)
+        self.assertEqual(e.exception.code(),
+                         grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertNotIn(module, self.owners())
+        # Its next start sets it aside; the name is free again.
+        self.servers[source].kill()
+        self.servers[source].start()
+        records = []
+
+        def set_aside_records():
+            try:
+                records[:] = self.audit_of(source, "set_aside", module)
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.UNAVAILABLE:
+                    return False  # a channel to the killed process
+                raise
+            return True
+        self.wait_until("the restarted replica to answer", set_aside_records)
+        self.assertEqual(len(records), 1)
+        self.assertEqual(json.loads(records[0].details_json)["owner"], "")
+        self.assertFalse(os.path.exists(source_dir))
+        self.build(source, module, seed=15)
         self.assertIn(module, self.owners())
 
 

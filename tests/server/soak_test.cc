@@ -76,6 +76,11 @@ TEST(SoakTest, MixedLoadStaysBoundedAndMemoryReturns) {
   std::ofstream(tokens) << R"({"principals": [{"identity": "root", )"
                         << R"("token_sha256": ")" << Sha256Hex("root-token")
                         << R"(", "roles": {"admin": ["*"]}}]})";
+  // Whatever the umask: the server refuses a token file others may write.
+  std::filesystem::permissions(
+      tokens,
+      std::filesystem::perms::owner_read | std::filesystem::perms::owner_write,
+      std::filesystem::perm_options::replace);
   TestServer server({"--token_file=" + tokens.string(),
                      "--max_subscriber_queue_mib=16",
                      "--max_streams_per_identity=64"});

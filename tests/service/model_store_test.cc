@@ -125,8 +125,9 @@ class ModelStoreTest : public ::testing::Test {
 
   // A cluster move of `name` whose sender fails before the target hears
   // of it.
-  absl::Status MoveOutCutOff(const std::string& name,
-                             const std::function<bool()>& still_owner = {}) {
+  absl::Status MoveOutCutOff(
+      const std::string& name,
+      const std::function<bool(const absl::Status&)>& still_owner = {}) {
     return store_->MoveOut(
         ctx_, Name(name), "there",
         [](const std::vector<std::string>&) -> absl::StatusOr<uint64_t> {
@@ -1089,12 +1090,16 @@ TEST_F(ModelStoreTest, AClusterMoveIsMarkedUntilTheOwnerIsSettled) {
   // A move that fails drops its mark when the cluster names this replica
   // the owner still...
   ASSERT_THAT(Build("t/n").status(), IsOk());
-  EXPECT_THAT(MoveOutCutOff("t/n", [] { return true; }),
+  EXPECT_THAT(MoveOutCutOff("t/n",
+                            [](const absl::Status& failure) {
+                              return failure.code() ==
+                                     absl::StatusCode::kUnavailable;
+                            }),
               StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_FALSE(store_->InMove(Name("t/n")));
   // ... and keeps it otherwise (the takeover may have happened before the
   // failure), across a restart, until it is settled.
-  EXPECT_THAT(MoveOutCutOff("t/n", [] { return false; }),
+  EXPECT_THAT(MoveOutCutOff("t/n", [](const absl::Status&) { return false; }),
               StatusIs(absl::StatusCode::kUnavailable));
   const std::string n_dir =
       data_dir::ModuleDir((dir_ / "modules").string(), Name("t/n"));

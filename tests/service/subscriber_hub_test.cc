@@ -1328,6 +1328,30 @@ TEST_F(AuditedHubTest, ASilentDryRunSubscriberHoldsBoundedBytes) {
   hub_->Detach(id, {});
 }
 
+// The bound forgets older runs, never the newest: a tensor larger than the
+// bound alone is still answered (it used to be forgotten as it was sent).
+TEST_F(AuditedHubTest, ADryRunOfATensorOverTheBoundIsStillAnswered) {
+  hub_->set_max_dry_run_bytes(1000);
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(
+      uint64_t id, hub_->Attach(Spec("mute", SubscriberMode::kDryRun),
+                                std::make_shared<SilentChannel>(), {}));
+  ASSERT_THAT(Build("t/big", R"({"type": "Net", "members": [
+                  {"parameter": {"name": "w", "shape": [1000]}}]})")
+                  .status(),
+              IsOk());
+  AuditQuery q;
+  q.type = "registration";
+  std::vector<AuditRecord> registrations = *log_->Query(q);
+  ASSERT_EQ(registrations.size(), 1u);
+  SubscriberAnswer a;
+  a.event_id = nlohmann::json::parse(registrations[0].details_json)["event_id"];
+  hub_->Answer(id, a);
+  std::vector<AuditRecord> answers = Answers(1);
+  ASSERT_EQ(answers.size(), 1u);
+  EXPECT_EQ(answers[0].outcome, "approve") << answers[0].details_json;
+  hub_->Detach(id, {});
+}
+
 // A subscriber's reason is kept up to 1 KiB: the log keeps its records for
 // good, and each reason used to be copied whole into the answer's and the
 // outcome's records (3 MiB reasons grew the log by 15 MiB for one Linear).
