@@ -1004,6 +1004,22 @@ class ClusterTest(unittest.TestCase):
         # Nothing moved.
         self.assertEqual(self.owners()["move/n"], owner)
 
+    def after_restart(self, what, call):
+        """What call() returns once no channel to a killed process answers
+        UNAVAILABLE any more (it may, once); another error's code."""
+        result = []
+
+        def attempt():
+            try:
+                result.append(call())
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.UNAVAILABLE:
+                    return False
+                result.append(e.code())
+            return True
+        self.wait_until(what, attempt)
+        return result[0]
+
     def move_keeping_a_copy(self, module, seed):
         """Builds `module`, keeps a copy of its owner's directory aside and
         moves it to another replica; returns (old owner, new owner, the old
@@ -1072,19 +1088,10 @@ class ClusterTest(unittest.TestCase):
         # Nor after a restart.
         self.servers[source].kill()
         self.servers[source].start()
-        answers = []
-
-        def read_at_source():
-            try:
-                answers.append(self.state(source, module))
-            except grpc.RpcError as e:
-                # A channel to the killed process may fail once.
-                if e.code() == grpc.StatusCode.UNAVAILABLE:
-                    return False
-                answers.append(e.code())
-            return True
-        self.wait_until("the restarted replica to answer", read_at_source)
-        self.assertEqual(answers, [grpc.StatusCode.NOT_FOUND])
+        self.assertEqual(
+            self.after_restart("the restarted replica to answer",
+                               lambda: self.state(source, module)),
+            grpc.StatusCode.NOT_FOUND)
 
     def test_9j_a_marked_copy_of_a_module_deleted_meanwhile_is_set_aside(self):
         # The old owner crashes after the takeover, before deleting its
@@ -1106,18 +1113,9 @@ class ClusterTest(unittest.TestCase):
                                        timeout=TIMEOUT)
         self.assertNotIn(module, self.owners())
         self.servers[source].start()
-        answers = {}
-
-        def read_everywhere():
-            for replica in self.servers:
-                try:
-                    answers[replica] = self.state(replica, module)
-                except grpc.RpcError as e:
-                    if e.code() == grpc.StatusCode.UNAVAILABLE:
-                        return False  # a channel to the killed process
-                    answers[replica] = e.code()
-            return True
-        self.wait_until("every replica to answer", read_everywhere)
+        answers = {r: self.after_restart(
+            "replica %s to answer" % r, lambda r=r: self.state(r, module))
+            for r in self.servers}
         self.assertEqual(answers, {r: grpc.StatusCode.NOT_FOUND
                                    for r in self.servers})
         self.assertNotIn(module, self.owners())
@@ -1130,17 +1128,9 @@ class ClusterTest(unittest.TestCase):
         self.assertEqual(len(copies), 1, copies)
         self.assertTrue(os.path.exists(
             os.path.join(aside, copies[0], "manifest.json")))
-        records = []
-
-        def set_aside_records():
-            try:
-                records[:] = self.audit_of(source, "set_aside", module)
-            except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.UNAVAILABLE:
-                    return False  # a channel to the killed process
-                raise
-            return True
-        self.wait_until("the restarted replica to answer", set_aside_records)
+        records = self.after_restart(
+            "the restarted replica to answer",
+            lambda: self.audit_of(source, "set_aside", module))
         self.assertEqual(len(records), 1)
         self.assertEqual(json.loads(records[0].details_json)["owner"], "")
         # A build of the name is a new module, placed as any other.
@@ -1176,17 +1166,9 @@ class ClusterTest(unittest.TestCase):
         # Its next start sets it aside; the name is free again.
         self.servers[source].kill()
         self.servers[source].start()
-        records = []
-
-        def set_aside_records():
-            try:
-                records[:] = self.audit_of(source, "set_aside", module)
-            except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.UNAVAILABLE:
-                    return False  # a channel to the killed process
-                raise
-            return True
-        self.wait_until("the restarted replica to answer", set_aside_records)
+        records = self.after_restart(
+            "the restarted replica to answer",
+            lambda: self.audit_of(source, "set_aside", module))
         self.assertEqual(len(records), 1)
         self.assertEqual(json.loads(records[0].details_json)["owner"], "")
         self.assertFalse(os.path.exists(source_dir))
