@@ -70,10 +70,18 @@ absl::StatusOr<std::unique_ptr<ClusterMember>> ClusterMember::Join(
       absl::StatusOr<std::optional<std::string>> owner =
           member->OwnerOf(module);
       if (owner.ok() && *owner == member->replica()) {
-        if (report != nullptr) report->moves_settled.push_back(module);
-        continue;
+        // Written again first: the move this replica was sending may still
+        // reach the receiver's takeover, which then fails.
+        absl::StatusOr<bool> kept = member->KeepOwnership(module);
+        if (kept.ok() && *kept) {
+          if (report != nullptr) report->moves_settled.push_back(module);
+          continue;
+        }
+        owner = kept.ok()
+                    ? member->OwnerOf(module)
+                    : absl::StatusOr<std::optional<std::string>>(kept.status());
       }
-      if (owner.ok() && report != nullptr) {
+      if (owner.ok() && *owner != member->replica() && report != nullptr) {
         report->owned_elsewhere.push_back({module, owner->value_or("")});
         continue;
       }
@@ -412,24 +420,47 @@ absl::Status ClusterMember::Claim(absl::string_view module) {
       absl::StrCat("module '", module, "' is owned by replica ", *owner));
 }
 
+absl::StatusOr<int64_t> ClusterMember::OwnedRevision(absl::string_view module) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> kv,
+                              etcd_->Get(OwnerKey(module)));
+  if (!kv.has_value() || kv->value != replica()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "module '", module, "' is not owned by replica ", replica(),
+        kv.has_value() ? absl::StrCat(" (owner: ", kv->value, ")")
+                       : std::string(" (not placed)")));
+  }
+  return kv->mod_revision;
+}
+
 absl::Status ClusterMember::TakeOver(absl::string_view module,
-                                     absl::string_view from) {
+                                     absl::string_view from,
+                                     int64_t from_revision) {
   MODELSTATE_RETURN_IF_ERROR(CheckLease());
   MODELSTATE_ASSIGN_OR_RETURN(
       bool taken, etcd_->ReplaceIfValue(OwnerKey(module), from, replica(),
-                                        MemberKey(replica())));
+                                        MemberKey(replica()), from_revision));
   if (taken) return absl::OkStatus();
-  MODELSTATE_ASSIGN_OR_RETURN(std::optional<std::string> owner,
-                              OwnerOf(module));
-  if (owner != from) {
+  MODELSTATE_ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> kv,
+                              etcd_->Get(OwnerKey(module)));
+  if (!kv.has_value() || kv->value != from) {
     return absl::FailedPreconditionError(absl::StrCat(
         "module '", module, "' is no longer owned by replica ", from,
-        owner.has_value() ? absl::StrCat(" (owner: ", *owner, ")")
-                          : std::string(" (not placed)")));
+        kv.has_value() ? absl::StrCat(" (owner: ", kv->value, ")")
+                       : std::string(" (not placed)")));
+  }
+  if (from_revision != 0 && kv->mod_revision != from_revision) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("replica ", from, " called the move of '", module,
+                     "' off and keeps the module"));
   }
   return absl::UnavailableError(absl::StrCat(
       "replica ", replica(), " has no member record in etcd to take over '",
       module, "' with"));
+}
+
+absl::StatusOr<bool> ClusterMember::KeepOwnership(absl::string_view module) {
+  return etcd_->ReplaceIfValue(OwnerKey(module), replica(), replica(),
+                               MemberKey(replica()));
 }
 
 absl::Status ClusterMember::Release(absl::string_view module) {

@@ -146,11 +146,24 @@ class ClusterMember {
   // already); FAILED_PRECONDITION naming the owner when another replica
   // is; UNAVAILABLE when this replica's lease has lapsed.
   absl::Status Claim(absl::string_view module);
+  // The etcd revision at which this replica's ownership of `module` was
+  // last written: a move's sender passes it to the receiver's TakeOver.
+  // FAILED_PRECONDITION naming the owner when this replica does not own it.
+  absl::StatusOr<int64_t> OwnedRevision(absl::string_view module);
   // Makes this replica the owner of `module` in place of `from` (a cluster
   // move), in one transaction that also requires this replica's member
-  // record: FAILED_PRECONDITION naming the owner when `from` no longer
-  // owns it; UNAVAILABLE when this replica's lease has lapsed.
-  absl::Status TakeOver(absl::string_view module, absl::string_view from);
+  // record and, unless `from_revision` is 0, that `from`'s ownership is
+  // still the one written at that revision: FAILED_PRECONDITION naming the
+  // owner when `from` no longer owns it, or when `from` called the move off
+  // (KeepOwnership); UNAVAILABLE when this replica's lease has lapsed.
+  absl::Status TakeOver(absl::string_view module, absl::string_view from,
+                        int64_t from_revision = 0);
+  // Writes this replica's ownership of `module` again (same value, a new
+  // revision), so that no move of it begun before can take it over any
+  // more: after it, a move that failed ambiguously has certainly not
+  // happened. Returns false when this replica no longer owns `module`, or
+  // holds no member record to write with.
+  absl::StatusOr<bool> KeepOwnership(absl::string_view module);
   // Gives up ownership of `module` (after it was deleted here).
   absl::Status Release(absl::string_view module);
 

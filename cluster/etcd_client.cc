@@ -240,6 +240,15 @@ void RequireValue(pb::TxnRequest& request, absl::string_view key,
   same->set_value(std::string(value));
 }
 
+void RequireModRevision(pb::TxnRequest& request, absl::string_view key,
+                        int64_t revision) {
+  pb::Compare* unchanged = request.add_compare();
+  unchanged->set_key(std::string(key));
+  unchanged->set_target(pb::Compare::MOD);
+  unchanged->set_result(pb::Compare::EQUAL);
+  unchanged->set_mod_revision(revision);
+}
+
 void RequirePresent(pb::TxnRequest& request, absl::string_view key) {
   pb::Compare* present = request.add_compare();
   present->set_key(std::string(key));
@@ -275,11 +284,16 @@ absl::StatusOr<bool> EtcdClient::CreateIfAbsent(
   return Transact(request);
 }
 
-absl::StatusOr<bool> EtcdClient::ReplaceIfValue(
-    absl::string_view key, absl::string_view expected, absl::string_view value,
-    absl::string_view required_key) {
+absl::StatusOr<bool> EtcdClient::ReplaceIfValue(absl::string_view key,
+                                                absl::string_view expected,
+                                                absl::string_view value,
+                                                absl::string_view required_key,
+                                                int64_t expected_mod_revision) {
   pb::TxnRequest request;
   RequireValue(request, key, expected);
+  if (expected_mod_revision != 0) {
+    RequireModRevision(request, key, expected_mod_revision);
+  }
   RequirePresent(request, required_key);
   PutOnSuccess(request, key, value, /*lease=*/0);
   return Transact(request);

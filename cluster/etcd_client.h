@@ -88,12 +88,14 @@ class EtcdClient {
                                       absl::string_view value,
                                       int64_t lease = 0,
                                       absl::string_view required_key = "");
-  // Sets `key` to `value` only if its value is `expected` and
-  // `required_key` exists; returns whether it did so.
+  // Sets `key` to `value` only if its value is `expected`, `required_key`
+  // exists and, unless `expected_mod_revision` is 0, `key` was last
+  // modified at that revision; returns whether it did so.
   absl::StatusOr<bool> ReplaceIfValue(absl::string_view key,
                                       absl::string_view expected,
                                       absl::string_view value,
-                                      absl::string_view required_key);
+                                      absl::string_view required_key,
+                                      int64_t expected_mod_revision = 0);
   // Deletes `key` only if its value is `value`; returns whether it did so.
   absl::StatusOr<bool> DeleteIfValue(absl::string_view key,
                                      absl::string_view value);

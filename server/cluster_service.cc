@@ -55,37 +55,30 @@ absl::Status ClusterStatus(ClusterMember& member,
   return absl::OkStatus();
 }
 
-// Whether a failed call may have ended on this side only: the other side
-// may have done, or still do, what it was asked.
-bool IsTransportFailure(const absl::Status& failure) {
-  switch (failure.code()) {
-    case absl::StatusCode::kDeadlineExceeded:
-    case absl::StatusCode::kCancelled:
-    case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kUnknown:
-    case absl::StatusCode::kInternal:
-    case absl::StatusCode::kAborted:
-      return true;
-    default:
-      return false;
-  }
-}
-
 // The bytes of file a move sends per message.
 constexpr size_t kMoveChunkBytes = 1 << 20;
 
 // Sends `paths` (a module's files, manifest last) over an ImportModule
 // stream to `target`, which then owns `module`; returns the bytes sent.
+// When it fails, `*called_off` says whether the move certainly did not
+// happen: this replica wrote its ownership again (KeepOwnership), so a
+// takeover the target has not yet made can no longer succeed. Otherwise
+// (etcd could not be asked) nobody can tell yet.
 absl::StatusOr<uint64_t> SendModule(ClusterRouter& router,
+                                    ClusterMember& member,
                                     const grpc::ServerContext& context,
                                     const Peer& target,
                                     const std::string& module,
-                                    const std::vector<std::string>& paths) {
+                                    const std::vector<std::string>& paths,
+                                    bool* called_off) {
+  *called_off = true;  // until the target is called
   MODELSTATE_ASSIGN_OR_RETURN(std::vector<TransferFile> files,
                               DescribeTransferFiles(paths));
+  MODELSTATE_ASSIGN_OR_RETURN(int64_t revision, member.OwnedRevision(module));
   v1::ImportModuleRequest header;
   header.mutable_header()->set_module(module);
   header.mutable_header()->set_from_replica(router.replica());
+  header.mutable_header()->set_owner_revision(revision);
   uint64_t total = 0;
   for (const TransferFile& file : files) {
     auto* out = header.mutable_header()->add_files();
@@ -93,6 +86,7 @@ absl::StatusOr<uint64_t> SendModule(ClusterRouter& router,
     out->set_bytes(file.bytes);
     total += file.bytes;
   }
+  *called_off = false;
   v1::ClusterService::Stub stub(target.channel);
   std::unique_ptr<grpc::ClientContext> call = router.ForwardingContext(context);
   v1::ImportModuleResponse reply;
@@ -100,31 +94,37 @@ absl::StatusOr<uint64_t> SendModule(ClusterRouter& router,
       stub.ImportModule(call.get(), &reply);
   v1::ImportModuleRequest chunk;
   bool sending = writer->Write(header);
-  absl::Status read =
+  absl::Status failed =
       ReadTransferFiles(paths, kMoveChunkBytes, [&](std::string& bytes) {
         chunk.mutable_data()->swap(bytes);
         sending = sending && writer->Write(chunk);
         chunk.mutable_data()->swap(bytes);
         return sending;
       });
-  if (!read.ok()) {
+  if (failed.ok()) {
+    writer->WritesDone();
+    grpc::Status status = writer->Finish();
+    if (status.ok()) return total;
+    failed = convert::FromGrpcStatus(status);
+    failed = absl::Status(
+        failed.code(),
+        absl::StrCat("replica ", target.replica,
+                     " did not take the module: ", failed.message()));
+  } else {
     call->TryCancel();
     (void)writer->Finish();
-    return read;
   }
-  writer->WritesDone();
-  grpc::Status status = writer->Finish();
-  if (status.ok()) return total;
-  // The answer may be lost after the target took over: etcd knows.
-  std::shared_ptr<ClusterMember> member = router.member();
-  if (member != nullptr) {
-    absl::StatusOr<std::optional<std::string>> owner = member->OwnerOf(module);
-    if (owner.ok() && *owner == target.replica) return total;
+  // The call may have ended here only (a deadline, a lost answer) while
+  // the target took over, or is about to: calling the move off in etcd
+  // settles which.
+  absl::StatusOr<bool> kept = member.KeepOwnership(module);
+  if (kept.ok() && *kept) {
+    *called_off = true;
+    return failed;
   }
-  absl::Status failed = convert::FromGrpcStatus(status);
-  return absl::Status(failed.code(), absl::StrCat("replica ", target.replica,
-                                                  " did not take the module: ",
-                                                  failed.message()));
+  absl::StatusOr<std::optional<std::string>> owner = member.OwnerOf(module);
+  if (owner.ok() && *owner == target.replica) return total;
+  return failed;
 }
 
 }  // namespace
@@ -184,24 +184,18 @@ grpc::Status ClusterServiceImpl::MoveModuleToReplica(
     }
     MODELSTATE_ASSIGN_OR_RETURN(Peer peer, router_->MemberPeer(target));
     uint64_t sent = 0;
+    bool called_off = false;
     MODELSTATE_RETURN_IF_ERROR(service_->MoveModuleOut(
         caller, name, target,
         [&](const std::vector<std::string>& files) -> absl::StatusOr<uint64_t> {
           MODELSTATE_ASSIGN_OR_RETURN(
-              sent, SendModule(*router_, *context, peer, name.full(), files));
+              sent, SendModule(*router_, *member, *context, peer, name.full(),
+                               files, &called_off));
           return sent;
         },
-        [&](const absl::Status& failure) {
-          // A deadline, a cancellation or a lost connection may end the
-          // call before the target's takeover, which can still follow: only
-          // the target's own refusal (or a failure here before it was
-          // called) says the move did not happen. Unknown: the mark stays
-          // for the next start.
-          if (IsTransportFailure(failure)) return false;
-          absl::StatusOr<std::optional<std::string>> now =
-              member->OwnerOf(name.full());
-          return now.ok() && *now == router_->replica();
-        }));
+        // Unless the move was called off, the target may hold the module
+        // now or later: the mark stays for the next start.
+        [&](const absl::Status&) { return called_off; }));
     response->set_module(name.full());
     response->set_from_replica(router_->replica());
     response->set_to_replica(target);
@@ -254,7 +248,8 @@ grpc::Status ClusterServiceImpl::ImportModule(
       if (context->IsCancelled()) {
         return absl::CancelledError("the sending replica gave up the move");
       }
-      return member->TakeOver(name.full(), header.from_replica());
+      return member->TakeOver(name.full(), header.from_replica(),
+                              header.owner_revision());
     }));
     response->set_replica(member->replica());
     return absl::OkStatus();

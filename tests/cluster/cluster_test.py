@@ -1176,6 +1176,114 @@ class ClusterTest(unittest.TestCase):
         self.assertIn(module, self.owners())
 
 
+    def owner_revision(self, module):
+        out = subprocess.run(
+            ["etcdctl", "--endpoints=" + self.etcd.endpoint, "get",
+             "/modelstate/owners/" + module, "-w", "json"],
+            check=True, capture_output=True,
+            env=dict(os.environ, ETCDCTL_API="3")).stdout
+        return int(json.loads(out)["kvs"][0]["mod_revision"])
+
+    def test_9l_a_move_whose_call_timed_out_is_called_off(self):
+        # The sender's call ends at its deadline while the receiver (stopped
+        # here) may still take the module over later: the sender calls the
+        # move off in etcd, so it knows the module stays, keeps serving it
+        # and drops its mark at once instead of at its next start.
+        module = "calloff/m"
+        self.build("r0", module, seed=16)
+        source = self.owners()[module]
+        target = [r for r in sorted(self.servers) if r != source][0]
+        source_dir = os.path.join(self.servers[source].dir, "data",
+                                  "modules", "calloff", "m")
+        channel = grpc.insecure_channel(self.servers[source].address)
+        self.addCleanup(channel.close)
+        cluster = cluster_pb2_grpc.ClusterServiceStub(channel)
+        stopped = self.servers[target].process
+        stopped.send_signal(signal.SIGSTOP)
+        try:
+            with self.assertRaises(grpc.RpcError) as e:
+                cluster.MoveModuleToReplica(
+                    cluster_pb2.MoveModuleToReplicaRequest(
+                        module=module, replica=target), timeout=1)
+        finally:
+            stopped.send_signal(signal.SIGCONT)
+        self.assertEqual(e.exception.code(),
+                         grpc.StatusCode.DEADLINE_EXCEEDED)
+        self.wait_until("the sender to call the move off", lambda: not
+                        os.path.exists(os.path.join(source_dir,
+                                                    "moving.json")),
+                        timeout=10)
+        self.assertEqual(self.owners()[module], source)
+        for replica in self.servers:
+            self.state(replica, module)
+        self.assertFalse(os.path.exists(os.path.join(
+            self.servers[target].dir, "data", "modules", "calloff", "m",
+            "manifest.json")))
+
+    def test_9m_a_takeover_after_the_sender_called_the_move_off_fails(self):
+        # The receiving half of the same race: the files of a move arrive
+        # complete, but the sender has written its ownership again since the
+        # move began (the call-off above). The takeover must fail: the
+        # sender keeps serving the module, and a second owner's copy would
+        # be taken by the next build.
+        module = "calledoff/m"
+        self.build("r0", module, seed=17)
+        source = self.owners()[module]
+        target = [r for r in sorted(self.servers) if r != source][0]
+        source_dir = os.path.join(self.servers[source].dir, "data",
+                                  "modules", "calledoff", "m")
+        began = self.owner_revision(module)
+        subprocess.run(["etcdctl", "--endpoints=" + self.etcd.endpoint,
+                        "put", "/modelstate/owners/" + module, source],
+                       check=True, capture_output=True,
+                       env=dict(os.environ, ETCDCTL_API="3"))
+        self.assertGreater(self.owner_revision(module), began)
+        names = sorted(n for n in os.listdir(source_dir)
+                       if n.endswith(".safetensors")) + ["manifest.json"]
+        header = cluster_pb2.ImportModuleRequest()
+        header.header.module = module
+        header.header.from_replica = source
+        header.header.owner_revision = began
+        messages = [header]
+        for name in names:
+            with open(os.path.join(source_dir, name), "rb") as f:
+                data = f.read()
+            header.header.files.add(name=name, bytes=len(data))
+            messages.append(cluster_pb2.ImportModuleRequest(data=data))
+        with open(self.secret) as f:
+            secret = f.read().strip()
+        channel = grpc.insecure_channel(self.servers[target].address)
+        self.addCleanup(channel.close)
+        cluster = cluster_pb2_grpc.ClusterServiceStub(channel)
+        with self.assertRaises(grpc.RpcError) as e:
+            cluster.ImportModule(iter(messages), timeout=TIMEOUT, metadata=[
+                ("x-modelstate-replica-secret", secret),
+                ("x-modelstate-forwarded-peer", "ipv4:127.0.0.1:1"),
+                ("x-modelstate-forwarded-by", source)])
+        self.assertEqual(e.exception.code(),
+                         grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("replica %s called the move of '%s' off" %
+                      (source, module), e.exception.details())
+        self.assertEqual(self.owners()[module], source)
+        self.assertFalse(os.path.exists(os.path.join(
+            self.servers[target].dir, "data", "modules", "calledoff", "m")))
+        for replica in self.servers:
+            self.state(replica, module)
+        # A sender that crashed mid-move calls it off at its restart, before
+        # it hosts the module again: a takeover begun before then fails.
+        with open(os.path.join(source_dir, "moving.json"), "w") as f:
+            json.dump({"move": "out", "peer": target}, f)
+        before = self.owner_revision(module)
+        self.servers[source].kill()
+        self.servers[source].start()
+        self.after_restart("the restarted sender to answer",
+                           lambda: self.state(source, module))
+        self.assertGreater(self.owner_revision(module), before)
+        self.assertEqual(self.owners()[module], source)
+        self.assertFalse(os.path.exists(os.path.join(source_dir,
+                                                     "moving.json")))
+
+
 class TlsClusterTest(unittest.TestCase):
     """Two TLS replicas with mutual TLS: replica-to-replica calls use TLS."""
 

@@ -13,7 +13,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bmodelstate/v1/cluster.proto\x12\rmodelstate.v1\"=\n\x1aMoveModuleToReplicaRequest\x12\x0e\n\x06module\x18\x01 \x01(\t\x12\x0f\n\x07replica\x18\x02 \x01(\t\"f\n\x1bMoveModuleToReplicaResponse\x12\x0e\n\x06module\x18\x01 \x01(\t\x12\x14\n\x0c\x66rom_replica\x18\x02 \x01(\t\x12\x12\n\nto_replica\x18\x03 \x01(\t\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\"\x96\x01\n\x12ImportModuleHeader\x12\x0e\n\x06module\x18\x01 \x01(\t\x12\x14\n\x0c\x66rom_replica\x18\x02 \x01(\t\x12\x35\n\x05\x66iles\x18\x03 \x03(\x0b\x32&.modelstate.v1.ImportModuleHeader.File\x1a#\n\x04\x46ile\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\"b\n\x13ImportModuleRequest\x12\x33\n\x06header\x18\x01 \x01(\x0b\x32!.modelstate.v1.ImportModuleHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"\'\n\x14ImportModuleResponse\x12\x0f\n\x07replica\x18\x01 \x01(\t\"\x19\n\x17GetClusterStatusRequest\"o\n\rClusterMember\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x10\n\x08lease_id\x18\x03 \x01(\x03\x12\x19\n\x11lease_ttl_seconds\x18\x04 \x01(\x03\x12\x0f\n\x07modules\x18\x05 \x01(\x04\"D\n\x0fModulePlacement\x12\x0e\n\x06module\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x12\n\nowner_live\x18\x03 \x01(\x08\"H\n\x11ReplicaCheckpoint\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\x14\n\x0cverifier_key\x18\x02 \x01(\t\x12\x0c\n\x04note\x18\x03 \x01(\t\"\xdc\x01\n\x18GetClusterStatusResponse\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12-\n\x07members\x18\x02 \x03(\x0b\x32\x1c.modelstate.v1.ClusterMember\x12\x32\n\nplacements\x18\x03 \x03(\x0b\x32\x1e.modelstate.v1.ModulePlacement\x12\x15\n\retcd_revision\x18\x04 \x01(\x03\x12\x35\n\x0b\x63heckpoints\x18\x05 \x03(\x0b\x32 .modelstate.v1.ReplicaCheckpoint2\xbe\x02\n\x0e\x43lusterService\x12\x63\n\x10GetClusterStatus\x12&.modelstate.v1.GetClusterStatusRequest\x1a\'.modelstate.v1.GetClusterStatusResponse\x12l\n\x13MoveModuleToReplica\x12).modelstate.v1.MoveModuleToReplicaRequest\x1a*.modelstate.v1.MoveModuleToReplicaResponse\x12Y\n\x0cImportModule\x12\".modelstate.v1.ImportModuleRequest\x1a#.modelstate.v1.ImportModuleResponse(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bmodelstate/v1/cluster.proto\x12\rmodelstate.v1\"=\n\x1aMoveModuleToReplicaRequest\x12\x0e\n\x06module\x18\x01 \x01(\t\x12\x0f\n\x07replica\x18\x02 \x01(\t\"f\n\x1bMoveModuleToReplicaResponse\x12\x0e\n\x06module\x18\x01 \x01(\t\x12\x14\n\x0c\x66rom_replica\x18\x02 \x01(\t\x12\x12\n\nto_replica\x18\x03 \x01(\t\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\"\xae\x01\n\x12ImportModuleHeader\x12\x0e\n\x06module\x18\x01 \x01(\t\x12\x14\n\x0c\x66rom_replica\x18\x02 \x01(\t\x12\x35\n\x05\x66iles\x18\x03 \x03(\x0b\x32&.modelstate.v1.ImportModuleHeader.File\x12\x16\n\x0eowner_revision\x18\x04 \x01(\x03\x1a#\n\x04\x46ile\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\"b\n\x13ImportModuleRequest\x12\x33\n\x06header\x18\x01 \x01(\x0b\x32!.modelstate.v1.ImportModuleHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"\'\n\x14ImportModuleResponse\x12\x0f\n\x07replica\x18\x01 \x01(\t\"\x19\n\x17GetClusterStatusRequest\"o\n\rClusterMember\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x10\n\x08lease_id\x18\x03 \x01(\x03\x12\x19\n\x11lease_ttl_seconds\x18\x04 \x01(\x03\x12\x0f\n\x07modules\x18\x05 \x01(\x04\"D\n\x0fModulePlacement\x12\x0e\n\x06module\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x12\n\nowner_live\x18\x03 \x01(\x08\"H\n\x11ReplicaCheckpoint\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\x14\n\x0cverifier_key\x18\x02 \x01(\t\x12\x0c\n\x04note\x18\x03 \x01(\t\"\xdc\x01\n\x18GetClusterStatusResponse\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12-\n\x07members\x18\x02 \x03(\x0b\x32\x1c.modelstate.v1.ClusterMember\x12\x32\n\nplacements\x18\x03 \x03(\x0b\x32\x1e.modelstate.v1.ModulePlacement\x12\x15\n\retcd_revision\x18\x04 \x01(\x03\x12\x35\n\x0b\x63heckpoints\x18\x05 \x03(\x0b\x32 .modelstate.v1.ReplicaCheckpoint2\xbe\x02\n\x0e\x43lusterService\x12\x63\n\x10GetClusterStatus\x12&.modelstate.v1.GetClusterStatusRequest\x1a\'.modelstate.v1.GetClusterStatusResponse\x12l\n\x13MoveModuleToReplica\x12).modelstate.v1.MoveModuleToReplicaRequest\x1a*.modelstate.v1.MoveModuleToReplicaResponse\x12Y\n\x0cImportModule\x12\".modelstate.v1.ImportModuleRequest\x1a#.modelstate.v1.ImportModuleResponse(\x01\x62\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'modelstate.v1.cluster_pb2', globals())
@@ -25,23 +25,23 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _MOVEMODULETOREPLICARESPONSE._serialized_start=109
   _MOVEMODULETOREPLICARESPONSE._serialized_end=211
   _IMPORTMODULEHEADER._serialized_start=214
-  _IMPORTMODULEHEADER._serialized_end=364
-  _IMPORTMODULEHEADER_FILE._serialized_start=329
-  _IMPORTMODULEHEADER_FILE._serialized_end=364
-  _IMPORTMODULEREQUEST._serialized_start=366
-  _IMPORTMODULEREQUEST._serialized_end=464
-  _IMPORTMODULERESPONSE._serialized_start=466
-  _IMPORTMODULERESPONSE._serialized_end=505
-  _GETCLUSTERSTATUSREQUEST._serialized_start=507
-  _GETCLUSTERSTATUSREQUEST._serialized_end=532
-  _CLUSTERMEMBER._serialized_start=534
-  _CLUSTERMEMBER._serialized_end=645
-  _MODULEPLACEMENT._serialized_start=647
-  _MODULEPLACEMENT._serialized_end=715
-  _REPLICACHECKPOINT._serialized_start=717
-  _REPLICACHECKPOINT._serialized_end=789
-  _GETCLUSTERSTATUSRESPONSE._serialized_start=792
-  _GETCLUSTERSTATUSRESPONSE._serialized_end=1012
-  _CLUSTERSERVICE._serialized_start=1015
-  _CLUSTERSERVICE._serialized_end=1333
+  _IMPORTMODULEHEADER._serialized_end=388
+  _IMPORTMODULEHEADER_FILE._serialized_start=353
+  _IMPORTMODULEHEADER_FILE._serialized_end=388
+  _IMPORTMODULEREQUEST._serialized_start=390
+  _IMPORTMODULEREQUEST._serialized_end=488
+  _IMPORTMODULERESPONSE._serialized_start=490
+  _IMPORTMODULERESPONSE._serialized_end=529
+  _GETCLUSTERSTATUSREQUEST._serialized_start=531
+  _GETCLUSTERSTATUSREQUEST._serialized_end=556
+  _CLUSTERMEMBER._serialized_start=558
+  _CLUSTERMEMBER._serialized_end=669
+  _MODULEPLACEMENT._serialized_start=671
+  _MODULEPLACEMENT._serialized_end=739
+  _REPLICACHECKPOINT._serialized_start=741
+  _REPLICACHECKPOINT._serialized_end=813
+  _GETCLUSTERSTATUSRESPONSE._serialized_start=816
+  _GETCLUSTERSTATUSRESPONSE._serialized_end=1036
+  _CLUSTERSERVICE._serialized_start=1039
+  _CLUSTERSERVICE._serialized_end=1357
 # @@protoc_insertion_point(module_scope)
