@@ -21,6 +21,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "proto/service_convert.h"
+#include "server/cluster_pages.h"
 #include "server/forwarding.h"
 #include "server/subscription_reactor.h"
 
@@ -349,6 +350,14 @@ std::optional<grpc::Status> DownloadFromOwner(
   return ForwardDownload(*router, **owner, context, call, request, writer);
 }
 
+// A replica's failure, as the cluster call's.
+grpc::Status FromReplica(const std::string& replica,
+                         const grpc::Status& status) {
+  return grpc::Status(
+      status.error_code(),
+      absl::StrCat("replica ", replica, ": ", status.error_message()));
+}
+
 }  // namespace
 
 std::function<absl::Status()> ModelStateServiceImpl::AuthenticatesAs(
@@ -370,46 +379,17 @@ absl::StatusOr<Caller> ModelStateServiceImpl::Authenticate(
 grpc::Status ModelStateServiceImpl::ListClusterModules(
     grpc::ServerContext* context, const v1::ListModulesRequest* request,
     v1::ListModulesResponse* response) {
-  // Each replica's page after the token, merged by name: module names are
-  // unique across the cluster and every page is sorted, so the first
-  // page_size names of the merge are the cluster's page.
-  v1::ListModulesResponse local;
-  grpc::Status status = ListLocalModules(context, request, &local);
+  std::vector<v1::ListModulesResponse> pages(1);
+  grpc::Status status = ListLocalModules(context, request, &pages[0]);
   if (!status.ok()) return status;
   absl::StatusOr<std::vector<Peer>> others = router_->OtherMembers();
   if (!others.ok()) return convert::ToGrpcStatus(others.status());
-  std::vector<v1::ModuleSummary> merged(local.modules().begin(),
-                                        local.modules().end());
-  bool more = !local.next_page_token().empty();
   for (const Peer& peer : *others) {
-    v1::ListModulesResponse remote;
     status = ForwardUnary(*router_, peer, context, &Stub::ListModules, *request,
-                          &remote);
-    if (!status.ok()) {
-      return grpc::Status(
-          status.error_code(),
-          absl::StrCat("replica ", peer.replica, ": ", status.error_message()));
-    }
-    merged.insert(merged.end(), remote.modules().begin(),
-                  remote.modules().end());
-    more = more || !remote.next_page_token().empty();
+                          &pages.emplace_back());
+    if (!status.ok()) return FromReplica(peer.replica, status);
   }
-  std::sort(merged.begin(), merged.end(), [](const auto& a, const auto& b) {
-    return a.module() < b.module();
-  });
-  const size_t page_size = request->page_size() > 0
-                               ? static_cast<size_t>(request->page_size())
-                               : 100;
-  if (merged.size() > page_size) {
-    merged.resize(page_size);
-    more = true;
-  }
-  for (v1::ModuleSummary& summary : merged) {
-    *response->add_modules() = std::move(summary);
-  }
-  if (more && !merged.empty()) {
-    response->set_next_page_token(response->modules().rbegin()->module());
-  }
+  *response = MergeModulePages(std::move(pages), request->page_size());
   return grpc::Status::OK;
 }
 
@@ -421,32 +401,17 @@ grpc::Status NotAClusterMember() {
       "cluster: this server is not a cluster member (--etcd_endpoints)"));
 }
 
-// Time order across replicas; a replica's own records are in seq order.
-absl::Time RecordTime(const v1::AuditRecordProto& record) {
-  absl::Time time = absl::InfinitePast();
-  std::string error;
-  absl::ParseTime(absl::RFC3339_full, record.time(), &time, &error);
-  return time;
-}
-
 }  // namespace
 
 grpc::Status ModelStateServiceImpl::QueryClusterAudit(
     grpc::ServerContext* context, const v1::QueryAuditRequest* request,
     v1::QueryAuditResponse* response) {
-  // Each replica's first `limit` records after its own after_seq, merged
-  // by time: the first `limit` of the merge are the cluster's page, and
-  // each replica's next page starts after its last record on this one.
+  // Each replica's first `limit` records after its own after_seq.
   absl::StatusOr<std::vector<Peer>> others = router_->OtherMembers();
   if (!others.ok()) return convert::ToGrpcStatus(others.status());
-  struct Page {
-    std::string replica;
-    uint64_t after_seq = 0;
-    v1::QueryAuditResponse records;
-  };
-  std::vector<Page> pages(others->size() + 1);
+  std::vector<ReplicaAuditPage> pages(others->size() + 1);
   for (size_t i = 0; i < pages.size(); ++i) {
-    Page& page = pages[i];
+    ReplicaAuditPage& page = pages[i];
     page.replica = i == 0 ? router_->replica() : (*others)[i - 1].replica;
     auto after = request->after_seqs().find(page.replica);
     if (after != request->after_seqs().end()) page.after_seq = after->second;
@@ -458,50 +423,10 @@ grpc::Status ModelStateServiceImpl::QueryClusterAudit(
         i == 0 ? QueryAudit(context, &own, &page.records)
                : ForwardUnary(*router_, (*others)[i - 1], context,
                               &Stub::QueryAudit, own, &page.records);
-    if (!status.ok()) {
-      return grpc::Status(
-          status.error_code(),
-          absl::StrCat("replica ", page.replica, ": ", status.error_message()));
-    }
+    if (!status.ok()) return FromReplica(page.replica, status);
   }
-  struct Entry {
-    absl::Time time;
-    size_t page;
-    v1::AuditRecordProto* record;
-  };
-  std::vector<Entry> merged;
-  bool more = false;
-  for (size_t i = 0; i < pages.size(); ++i) {
-    for (v1::AuditRecordProto& record : *pages[i].records.mutable_records()) {
-      merged.push_back({RecordTime(record), i, &record});
-    }
-    more = more || pages[i].records.next_after_seq() != 0;
-  }
-  std::stable_sort(
-      merged.begin(), merged.end(), [](const Entry& a, const Entry& b) {
-        return a.time != b.time ? a.time < b.time : a.page < b.page;
-      });
-  const size_t limit =
-      request->limit() > 0 ? static_cast<size_t>(request->limit()) : 100;
-  if (merged.size() > limit) {
-    merged.resize(limit);
-    more = true;
-  }
-  for (Entry& entry : merged) {
-    Page& page = pages[entry.page];
-    page.after_seq = entry.record->seq();
-    entry.record->set_replica(page.replica);
-    *response->add_records() = std::move(*entry.record);
-  }
-  std::set<std::string> merged_replicas;
-  for (const Page& page : pages) {
-    merged_replicas.insert(page.replica);
-    response->add_replicas(page.replica);
-    if (more)
-      (*response->mutable_next_after_seqs())[page.replica] = page.after_seq;
-  }
-  // The replicas that have a log (they recorded its checkpoint in etcd)
-  // but no live lease: their records are not here.
+  // The replicas that have a log (they recorded its checkpoint in etcd):
+  // those without a live lease have no page here.
   std::shared_ptr<ClusterMember> member = router_->member();
   absl::StatusOr<std::vector<RecordedCheckpoint>> known =
       member == nullptr
@@ -509,11 +434,11 @@ grpc::Status ModelStateServiceImpl::QueryClusterAudit(
                 absl::UnavailableError("this replica is still joining"))
           : member->Checkpoints();
   if (!known.ok()) return convert::ToGrpcStatus(known.status());
+  std::vector<std::string> logged;
   for (const RecordedCheckpoint& checkpoint : *known) {
-    if (merged_replicas.count(checkpoint.replica) == 0) {
-      response->add_missing_replicas(checkpoint.replica);
-    }
+    logged.push_back(checkpoint.replica);
   }
+  *response = MergeAuditPages(std::move(pages), request->limit(), logged);
   return grpc::Status::OK;
 }
 
@@ -977,30 +902,28 @@ grpc::Status ModelStateServiceImpl::WatchClusterAudit(
   auto follow = [&](const Peer& peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (!watched.insert(peer.replica).second) return;
     calls.push_back(router_->ForwardingContext(*context));
-    threads.emplace_back([&, peer, call = calls.back().get(),
-                          remote = own(peer.replica)] {
-      Stub stub(peer.channel);
-      std::unique_ptr<grpc::ClientReader<v1::AuditRecordProto>> reader =
-          stub.WatchAudit(call, remote);
-      AuditSink write = writes_as(peer.replica);
-      v1::AuditRecordProto record;
-      bool written = true;
-      while (!stop.load() && written && reader->Read(&record)) {
-        written = write(record);
-      }
-      const bool was_stopped = stop.exchange(true);
-      call->TryCancel();
-      grpc::Status status = reader->Finish();
-      if (was_stopped || !written) return;
-      if (status.ok()) {
-        status = grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                              "its audit watch ended");
-      }
-      MutexLock lock(&mu);
-      failure = grpc::Status(
-          status.error_code(),
-          absl::StrCat("replica ", peer.replica, ": ", status.error_message()));
-    });
+    threads.emplace_back(
+        [&, peer, call = calls.back().get(), remote = own(peer.replica)] {
+          Stub stub(peer.channel);
+          std::unique_ptr<grpc::ClientReader<v1::AuditRecordProto>> reader =
+              stub.WatchAudit(call, remote);
+          AuditSink write = writes_as(peer.replica);
+          v1::AuditRecordProto record;
+          bool written = true;
+          while (!stop.load() && written && reader->Read(&record)) {
+            written = write(record);
+          }
+          const bool was_stopped = stop.exchange(true);
+          call->TryCancel();
+          grpc::Status status = reader->Finish();
+          if (was_stopped || !written) return;
+          if (status.ok()) {
+            status = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                  "its audit watch ended");
+          }
+          MutexLock lock(&mu);
+          failure = FromReplica(peer.replica, status);
+        });
   };
   {
     MutexLock lock(&mu);
