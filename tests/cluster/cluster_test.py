@@ -204,11 +204,30 @@ class ClusterTest(unittest.TestCase):
         self.addCleanup(channel.close)
         return pb_grpc.ModelStateServiceStub(channel)
 
-    def cluster_status(self, replica="r0"):
+    def cluster_stub(self, replica):
         channel = grpc.insecure_channel(self.servers[replica].address)
         self.addCleanup(channel.close)
-        return cluster_pb2_grpc.ClusterServiceStub(channel).GetClusterStatus(
+        return cluster_pb2_grpc.ClusterServiceStub(channel)
+
+    def cluster_status(self, replica="r0"):
+        return self.cluster_stub(replica).GetClusterStatus(
             cluster_pb2.GetClusterStatusRequest(), timeout=TIMEOUT)
+
+    def etcdctl(self, *args):
+        return subprocess.run(
+            ["etcdctl", "--endpoints=" + self.etcd.endpoint] + list(args),
+            check=True, capture_output=True,
+            env=dict(os.environ, ETCDCTL_API="3")).stdout
+
+    def placed(self, module, seed):
+        """Builds `module`; returns (its owner, another replica, the owner's
+        directory of it)."""
+        self.build("r0", module, seed=seed)
+        source = self.owners()[module]
+        target = [r for r in sorted(self.servers) if r != source][0]
+        ns, name = module.split("/")
+        return source, target, os.path.join(self.servers[source].dir, "data",
+                                            "modules", ns, name)
 
     def owners(self):
         return {p.module: p.owner for p in self.cluster_status().placements}
@@ -971,9 +990,7 @@ class ClusterTest(unittest.TestCase):
     def test_9f_cluster_move_refuses_what_it_cannot_do(self):
         self.build("r0", "move/n")
         owner = self.owners()["move/n"]
-        channel = grpc.insecure_channel(self.servers["r1"].address)
-        self.addCleanup(channel.close)
-        cluster = cluster_pb2_grpc.ClusterServiceStub(channel)
+        cluster = self.cluster_stub("r1")
 
         def move(module, replica):
             with self.assertRaises(grpc.RpcError) as e:
@@ -1024,13 +1041,9 @@ class ClusterTest(unittest.TestCase):
         """Builds `module`, keeps a copy of its owner's directory aside and
         moves it to another replica; returns (old owner, new owner, the old
         owner's module directory, the kept copy)."""
-        self.build("r0", module, seed=seed)
-        source = self.owners()[module]
-        target = [r for r in sorted(self.servers) if r != source][0]
-        ns, name = module.split("/")
-        source_dir = os.path.join(self.servers[source].dir, "data",
-                                  "modules", ns, name)
-        kept = os.path.join(self.servers[source].dir, "kept-" + ns)
+        source, target, source_dir = self.placed(module, seed)
+        kept = os.path.join(self.servers[source].dir,
+                            "kept-" + module.split("/")[0])
         shutil.copytree(source_dir, kept)
         moved = self.cli(source, "cluster", "move", module, target)
         self.assertEqual(moved.returncode, 0, moved.stdout + moved.stderr)
@@ -1149,10 +1162,7 @@ class ClusterTest(unittest.TestCase):
                                   "modules", "left", "m")
         with open(os.path.join(source_dir, "moving.json"), "w") as f:
             json.dump({"move": "out", "peer": "elsewhere"}, f)
-        subprocess.run(["etcdctl", "--endpoints=" + self.etcd.endpoint,
-                        "del", "/modelstate/owners/" + module],
-                       check=True, capture_output=True,
-                       env=dict(os.environ, ETCDCTL_API="3"))
+        self.etcdctl("del", "/modelstate/owners/" + module)
         with self.assertRaises(grpc.RpcError) as e:
             self.state(source, module)
         self.assertEqual(e.exception.code(),
@@ -1177,11 +1187,7 @@ class ClusterTest(unittest.TestCase):
 
 
     def owner_revision(self, module):
-        out = subprocess.run(
-            ["etcdctl", "--endpoints=" + self.etcd.endpoint, "get",
-             "/modelstate/owners/" + module, "-w", "json"],
-            check=True, capture_output=True,
-            env=dict(os.environ, ETCDCTL_API="3")).stdout
+        out = self.etcdctl("get", "/modelstate/owners/" + module, "-w", "json")
         return int(json.loads(out)["kvs"][0]["mod_revision"])
 
     def test_9l_a_move_whose_call_timed_out_is_called_off(self):
@@ -1190,14 +1196,8 @@ class ClusterTest(unittest.TestCase):
         # move off in etcd, so it knows the module stays, keeps serving it
         # and drops its mark at once instead of at its next start.
         module = "calloff/m"
-        self.build("r0", module, seed=16)
-        source = self.owners()[module]
-        target = [r for r in sorted(self.servers) if r != source][0]
-        source_dir = os.path.join(self.servers[source].dir, "data",
-                                  "modules", "calloff", "m")
-        channel = grpc.insecure_channel(self.servers[source].address)
-        self.addCleanup(channel.close)
-        cluster = cluster_pb2_grpc.ClusterServiceStub(channel)
+        source, target, source_dir = self.placed(module, seed=16)
+        cluster = self.cluster_stub(source)
         stopped = self.servers[target].process
         stopped.send_signal(signal.SIGSTOP)
         try:
@@ -1227,16 +1227,9 @@ class ClusterTest(unittest.TestCase):
         # sender keeps serving the module, and a second owner's copy would
         # be taken by the next build.
         module = "calledoff/m"
-        self.build("r0", module, seed=17)
-        source = self.owners()[module]
-        target = [r for r in sorted(self.servers) if r != source][0]
-        source_dir = os.path.join(self.servers[source].dir, "data",
-                                  "modules", "calledoff", "m")
+        source, target, source_dir = self.placed(module, seed=17)
         began = self.owner_revision(module)
-        subprocess.run(["etcdctl", "--endpoints=" + self.etcd.endpoint,
-                        "put", "/modelstate/owners/" + module, source],
-                       check=True, capture_output=True,
-                       env=dict(os.environ, ETCDCTL_API="3"))
+        self.etcdctl("put", "/modelstate/owners/" + module, source)
         self.assertGreater(self.owner_revision(module), began)
         names = sorted(n for n in os.listdir(source_dir)
                        if n.endswith(".safetensors")) + ["manifest.json"]
@@ -1252,9 +1245,7 @@ class ClusterTest(unittest.TestCase):
             messages.append(cluster_pb2.ImportModuleRequest(data=data))
         with open(self.secret) as f:
             secret = f.read().strip()
-        channel = grpc.insecure_channel(self.servers[target].address)
-        self.addCleanup(channel.close)
-        cluster = cluster_pb2_grpc.ClusterServiceStub(channel)
+        cluster = self.cluster_stub(target)
         with self.assertRaises(grpc.RpcError) as e:
             cluster.ImportModule(iter(messages), timeout=TIMEOUT, metadata=[
                 ("x-modelstate-replica-secret", secret),
