@@ -2,7 +2,16 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
+
 namespace modelstate::server {
+
+grpc::Status FromReplica(const std::string& replica,
+                         const grpc::Status& status) {
+  return grpc::Status(
+      status.error_code(),
+      absl::StrCat("replica ", replica, ": ", status.error_message()));
+}
 
 void PassOnTrailers(const grpc::ClientContext& from,
                     grpc::ServerContextBase* to) {

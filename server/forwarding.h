@@ -15,6 +15,7 @@
 #define MODELSTATE_SERVER_FORWARDING_H_
 
 #include <memory>
+#include <string>
 
 #include "grpcpp/grpcpp.h"
 #include "modelstate/v1/model_state_service.grpc.pb.h"
@@ -23,6 +24,11 @@
 namespace modelstate::server {
 
 using Stub = v1::ModelStateService::Stub;
+
+// A replica's failure, as the status of the call that asked it: the same
+// code, the message naming the replica.
+grpc::Status FromReplica(const std::string& replica,
+                         const grpc::Status& status);
 
 // The owner's trailing metadata, as this call's.
 void PassOnTrailers(const grpc::ClientContext& from,

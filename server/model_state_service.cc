@@ -4,16 +4,13 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <set>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "base/shared_memory.h"
@@ -21,6 +18,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "proto/service_convert.h"
+#include "server/cluster_audit_watch.h"
 #include "server/cluster_pages.h"
 #include "server/forwarding.h"
 #include "server/subscription_reactor.h"
@@ -31,7 +29,6 @@ namespace {
 using ChunkWriter = grpc::ServerWriter<v1::StateDictChunk>;
 using LoadReader = grpc::ServerReader<v1::LoadStateDictRequest>;
 using AuditWriter = grpc::ServerWriter<v1::AuditRecordProto>;
-using AuditSink = std::function<bool(v1::AuditRecordProto& record)>;
 
 absl::Status ClientWentAway() {
   return absl::CancelledError("client went away");
@@ -348,14 +345,6 @@ std::optional<grpc::Status> DownloadFromOwner(
   if (!owner.ok()) return convert::ToGrpcStatus(owner.status());
   if (!owner->has_value()) return std::nullopt;
   return ForwardDownload(*router, **owner, context, call, request, writer);
-}
-
-// A replica's failure, as the cluster call's.
-grpc::Status FromReplica(const std::string& replica,
-                         const grpc::Status& status) {
-  return grpc::Status(
-      status.error_code(),
-      absl::StrCat("replica ", replica, ": ", status.error_message()));
 }
 
 }  // namespace
@@ -870,85 +859,12 @@ grpc::Status ModelStateServiceImpl::WatchOwnAudit(
 grpc::Status ModelStateServiceImpl::WatchClusterAudit(
     grpc::ServerContext* context, const v1::WatchAuditRequest* request,
     AuditWriter* writer) {
-  // This replica's records on this thread, each other replica's from a
-  // forwarded watch on a thread of its own, started for the members live
-  // now and, every relay_refresh, for members that joined since; one
-  // writer, one write at a time. The first to fail stops them all.
-  absl::StatusOr<std::vector<Peer>> first = router_->OtherMembers();
-  if (!first.ok()) return convert::ToGrpcStatus(first.status());
-  Mutex mu;
-  grpc::Status failure;  // guarded by mu
-  std::atomic<bool> stop{false};
-  absl::Notification stopped;
-  auto writes_as = [&](const std::string& replica) -> AuditSink {
-    return [&, replica](v1::AuditRecordProto& record) {
-      record.set_replica(replica);
-      MutexLock lock(&mu);
-      return writer->Write(record);
-    };
-  };
-  auto own = [request](const std::string& replica) {
-    v1::WatchAuditRequest own = *request;
-    own.set_cluster(false);
-    own.clear_after_seqs();
-    auto after = request->after_seqs().find(replica);
-    if (after != request->after_seqs().end()) own.set_after_seq(after->second);
-    return own;
-  };
-  // Guarded by mu: who is watched, and how.
-  std::set<std::string> watched;
-  std::vector<std::unique_ptr<grpc::ClientContext>> calls;
-  std::vector<std::thread> threads;
-  auto follow = [&](const Peer& peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (!watched.insert(peer.replica).second) return;
-    calls.push_back(router_->ForwardingContext(*context));
-    threads.emplace_back(
-        [&, peer, call = calls.back().get(), remote = own(peer.replica)] {
-          Stub stub(peer.channel);
-          std::unique_ptr<grpc::ClientReader<v1::AuditRecordProto>> reader =
-              stub.WatchAudit(call, remote);
-          AuditSink write = writes_as(peer.replica);
-          v1::AuditRecordProto record;
-          bool written = true;
-          while (!stop.load() && written && reader->Read(&record)) {
-            written = write(record);
-          }
-          const bool was_stopped = stop.exchange(true);
-          call->TryCancel();
-          grpc::Status status = reader->Finish();
-          if (was_stopped || !written) return;
-          if (status.ok()) {
-            status = grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                  "its audit watch ended");
-          }
-          MutexLock lock(&mu);
-          failure = FromReplica(peer.replica, status);
-        });
-  };
-  {
-    MutexLock lock(&mu);
-    for (const Peer& peer : *first) follow(peer);
-  }
-  std::thread joiners([&] {
-    while (!stopped.WaitForNotificationWithTimeout(router_->relay_refresh())) {
-      absl::StatusOr<std::vector<Peer>> now = router_->OtherMembers();
-      if (!now.ok()) continue;  // etcd away: try again
-      MutexLock lock(&mu);
-      for (const Peer& peer : *now) follow(peer);
-    }
-  });
-  grpc::Status local = WatchOwnAudit(context, own(router_->replica()),
-                                     writes_as(router_->replica()), &stop);
-  stop.store(true);
-  stopped.Notify();
-  joiners.join();
-  {
-    MutexLock lock(&mu);
-    for (const auto& call : calls) call->TryCancel();
-  }
-  for (std::thread& thread : threads) thread.join();
-  MutexLock lock(&mu);
-  return failure.ok() ? local : failure;
+  return WatchEveryReplica(
+      *router_, context, *request, writer,
+      [&](const v1::WatchAuditRequest& own, const AuditSink& write,
+          const std::atomic<bool>* stop) {
+        return WatchOwnAudit(context, own, write, stop);
+      });
 }
 
 grpc::Status ModelStateServiceImpl::VerifyAudit(

@@ -22,6 +22,7 @@
 #include "grpcpp/grpcpp.h"
 #include "modelstate/v1/model_state_service.grpc.pb.h"
 #include "server/async_calls.h"
+#include "server/cluster_audit_watch.h"
 #include "server/cluster_router.h"
 #include "server/metrics.h"
 #include "server/shared_memory_exchange.h"
@@ -176,8 +177,6 @@ class ModelStateServiceImpl final
   grpc::Status ListClusterModules(grpc::ServerContext* context,
                                   const v1::ListModulesRequest* request,
                                   v1::ListModulesResponse* response);
-  // Where a watch's records go; false when the caller has gone.
-  using AuditSink = std::function<bool(v1::AuditRecordProto& record)>;
   // WatchAudit of this replica's own log (until cancelled, or `stop`).
   grpc::Status WatchOwnAudit(grpc::ServerContext* context,
                              const v1::WatchAuditRequest& request,
