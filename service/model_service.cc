@@ -55,6 +55,17 @@ bool Everywhere(const std::vector<std::string>& namespaces) {
   return namespaces.size() == 1 && namespaces.front() == kAnyNamespace;
 }
 
+// The namespaces whose subscribers `caller` may learn of (MayLearnOf): those
+// it may review or audit.
+std::vector<std::string> MayLearnOfNamespaces(const Caller& caller) {
+  std::vector<std::string> mine =
+      caller.principal.NamespacesFor(Permission::kSubscribe);
+  for (std::string& ns : caller.principal.NamespacesFor(Permission::kAudit)) {
+    mine.push_back(std::move(ns));
+  }
+  return mine;
+}
+
 }  // namespace
 
 ModelService::ModelService(ModelStore* store, SubscriberHub* hub,
@@ -450,6 +461,8 @@ absl::Status ModelService::Admit(const Caller& caller, SubscriptionSpec& spec) {
   std::vector<std::string> visible =
       caller.principal.NamespacesFor(Permission::kSubscribe);
   if (!Everywhere(visible)) spec.visible_namespaces = std::move(visible);
+  // Whom the chains it is sent name: those ListSubscribers shows it.
+  spec.learns_of = MayLearnOfNamespaces(caller);
   return absl::OkStatus();
 }
 
@@ -526,29 +539,12 @@ absl::StatusOr<std::vector<SubscriberInfo>> ModelService::ListSubscribers(
                                                     Permission::kSubscribe));
   }
   // A subscriber is listed, with its filters, only to a caller who may
-  // review or audit every namespace it may see: one team's reviewers never
-  // learn what another team's (or an admin's) subscribers watch for.
-  std::vector<std::string> mine =
-      caller.principal.NamespacesFor(Permission::kSubscribe);
-  for (std::string& ns : caller.principal.NamespacesFor(Permission::kAudit)) {
-    mine.push_back(std::move(ns));
-  }
-  auto covered = [&](absl::string_view ns) {
-    return absl::c_linear_search(mine, "*") || absl::c_linear_search(mine, ns);
-  };
+  // review or audit every namespace it may see (MayLearnOf), the rule
+  // chains name earlier interceptors by.
+  const std::vector<std::string> mine = MayLearnOfNamespaces(caller);
   std::vector<SubscriberInfo> listed;
   for (SubscriberInfo& info : hub_->List()) {
-    // What it may see: its filter's namespaces within its visible ones.
-    std::vector<std::string> sees;
-    const std::vector<std::string>& visible = info.spec.visible_namespaces;
-    for (const std::string& ns : info.spec.filter.namespaces) {
-      if (visible.empty() || absl::c_linear_search(visible, ns)) {
-        sees.push_back(ns);
-      }
-    }
-    if (info.spec.filter.namespaces.empty()) sees = visible;
-    const bool everywhere = sees.empty() && info.spec.filter.namespaces.empty();
-    if (everywhere ? covered("*") : absl::c_all_of(sees, covered)) {
+    if (MayLearnOf(mine, NamespacesSeenBy(info.spec))) {
       listed.push_back(std::move(info));
     }
   }

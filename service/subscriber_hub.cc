@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -137,6 +138,8 @@ struct SubscriberHub::Pending {
   absl::flat_hash_map<uint64_t, SubscriptionSpec> chain_specs;  // by order
   size_t stage = 0;
   std::vector<ChainStep> steps;
+  // NamespacesSeenBy of each step's subscriber: who may learn of it.
+  std::vector<std::vector<std::string>> step_seen;
   uint64_t waiting_on = 0;  // subscriber id, 0 when not sent
   absl::Time sent_at;
   bool done = false;
@@ -193,6 +196,32 @@ audit_events::AnswerFacts AnswerFactsOf(const std::string& subscriber,
 std::string NotInterceptingAnyMore(SubscriberMode mode) {
   return mode == SubscriberMode::kDryRun ? "reconnected as a dry-run subscriber"
                                          : "reconnected as an observer";
+}
+
+// Why an event ended in `result` (`modified` by an interceptor), as an
+// observer whose view of its chain is `shown` (its steps, with the
+// subscribers it may not learn of hidden) may learn: a reason that names
+// such a subscriber (a reject, a failure closed, a modification) names
+// kHiddenSubscriber instead, without the subscriber's own words.
+std::string OutcomeReasonShown(const HookDecision& result, bool modified,
+                               const std::vector<ChainStep>& shown) {
+  if (shown.empty()) return result.reason;  // no subscriber decided
+  const ChainStep& last = shown.back();
+  if (result.blocked()) {
+    // Only the last step blocks (a reject or a failure closed).
+    if (last.subscriber != kHiddenSubscriber) return result.reason;
+    if (last.verdict == "reject") {
+      return absl::StrCat("rejected by ", kHiddenSubscriber);
+    }
+    return absl::StrCat("subscriber ", kHiddenSubscriber, " failed (",
+                        last.verdict, ")");
+  }
+  if (!modified) return result.reason;
+  std::vector<std::string> who;
+  for (const ChainStep& step : shown) {
+    if (step.verdict == "modify") who.push_back(step.subscriber);
+  }
+  return absl::StrCat("modified by ", absl::StrJoin(who, ", "));
 }
 
 std::string EntryPath(const RegistrationEvent& event) {
@@ -661,6 +690,28 @@ std::vector<SubscriberInfo> SubscriberHub::List() const {
   return out;
 }
 
+std::vector<std::string> NamespacesSeenBy(const SubscriptionSpec& spec) {
+  const std::vector<std::string>& visible = spec.visible_namespaces;
+  if (spec.filter.namespaces.empty()) {
+    return visible.empty() ? std::vector<std::string>{"*"} : visible;
+  }
+  std::vector<std::string> seen;
+  for (const std::string& ns : spec.filter.namespaces) {
+    if (visible.empty() || absl::c_linear_search(visible, ns)) {
+      seen.push_back(ns);
+    }
+  }
+  return seen;
+}
+
+bool MayLearnOf(const std::vector<std::string>& namespaces,
+                const std::vector<std::string>& seen) {
+  if (absl::c_linear_search(namespaces, "*")) return true;
+  return absl::c_all_of(seen, [&](const std::string& ns) {
+    return absl::c_linear_search(namespaces, ns);
+  });
+}
+
 bool SubscriberHub::Matches(const Subscriber& s, const HookEvent& e) const {
   const SubscriptionSpec& spec = s.spec;
   auto contains = [](const auto& list, const auto& value) {
@@ -683,6 +734,15 @@ std::shared_ptr<const HookEvent> SubscriberHub::EventFor(
   event->value = p.value;
   event->value_sha256 = p.value_sha256;
   event->chain = p.steps;
+  for (size_t i = 0; i < event->chain.size(); ++i) {
+    // A later subscriber learns what an earlier one did, but not who it is
+    // nor why, unless ListSubscribers would show it that subscriber: a
+    // team's reviewer must not learn an admin's policy from its reasons.
+    if (!MayLearnOf(s.spec.learns_of, p.step_seen[i])) {
+      event->chain[i].subscriber = kHiddenSubscriber;
+      event->chain[i].reason.clear();
+    }
+  }
   const Tensor& t = p.value.tensor;
   event->data_included = s.spec.include_data && t.defined() &&
                          t.device().has_storage() &&
@@ -757,6 +817,7 @@ void SubscriberHub::FailLocked(Pending& p, const Subscriber& s,
   p.steps.push_back(ChainStep{s.spec.name,
                               closed ? "failed-closed" : "failed-open",
                               absl::StrCat(s.spec.name, " ", why)});
+  p.step_seen.push_back(NamespacesSeenBy(s.spec));
   audit_events::AnswerFacts failure;
   failure.event = &p.base;
   failure.event_id = p.event_id;
@@ -969,6 +1030,7 @@ void SubscriberHub::Answer(uint64_t subscriber_id, SubscriberAnswer answer) {
         p.steps.push_back(ChainStep{s.spec.name,
                                     std::string(VerdictName(answer.verdict)),
                                     answer.reason});
+        p.step_seen.push_back(NamespacesSeenBy(s.spec));
         if (answer.verdict == Verdict::kReject) {
           HookDecision d;
           d.kind = HookResult::Kind::kBlock;
@@ -1137,7 +1199,8 @@ void SubscriberHub::FinishEventsLocked(
       if (!p->result.blocked()) ev->value = p->result.value;
       ev->is_outcome = true;
       ev->outcome = p->result.kind;
-      ev->outcome_reason = p->result.reason;
+      ev->outcome_reason =
+          OutcomeReasonShown(p->result, p->modified, ev->chain);
       sends.emplace_back(sub->channel, ev);
     }
   }

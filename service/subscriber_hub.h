@@ -111,6 +111,12 @@ struct SubscriptionSpec {
   // Namespaces this subscriber may see at all (set by the server from the
   // caller's identity; empty: every namespace).
   std::vector<std::string> visible_namespaces;
+  // Namespaces whose subscribers this one may learn of: those the caller
+  // may review or audit ("*": every namespace; set by the server from the
+  // caller's identity). An earlier interceptor of a chain that may see a
+  // namespace outside them is not named to this one, nor its reason given
+  // (see HookEvent::chain), as ListSubscribers would not list it.
+  std::vector<std::string> learns_of = {"*"};
   // Set by the server when callers are authenticated: the name is bound to
   // this identity for the hub's lifetime, so nobody else can take over a
   // subscriber's place (and its pending events). Empty: names are unbound.
@@ -123,8 +129,26 @@ struct SubscriptionSpec {
 // example "encoder.0.weight").
 uint64_t ReinitSeed(uint64_t request_seed, absl::string_view entry_path);
 
+// The namespaces whose events subscriber `spec` may be sent: its filter's
+// within its visible ones; {"*"} when any.
+std::vector<std::string> NamespacesSeenBy(const SubscriptionSpec& spec);
+
+// Whether a caller who may review or audit `namespaces` ("*": all) may learn
+// of a subscriber that sees `seen` (NamespacesSeenBy): its name, filters and
+// reasons. Only when they cover every namespace it sees, so one team's
+// reviewers never learn what another team's (or an admin's) subscribers
+// watch for. ListSubscribers lists by it; chains name by it.
+bool MayLearnOf(const std::vector<std::string>& namespaces,
+                const std::vector<std::string>& seen);
+
+// What a chain step names instead of a subscriber its recipient may not
+// learn of (never a valid subscriber name).
+inline constexpr char kHiddenSubscriber[] = "(hidden)";
+
 // What an earlier interceptor of the chain did.
 struct ChainStep {
+  // kHiddenSubscriber, with an empty reason, when the recipient may not
+  // learn of it (SubscriptionSpec::learns_of); the verdict is always given.
   std::string subscriber;
   std::string
       verdict;  // "approve", "modify", "reject", "failed-open", "failed-closed"
@@ -149,8 +173,12 @@ struct HookEvent {
   SlotValue value;
   std::string value_sha256;    // content hash of value.tensor ("" if none)
   bool data_included = false;  // value.tensor's bytes are to be sent
+  // What the earlier interceptors did, as this subscriber may learn of it
+  // (the audit log records every step in full).
   std::vector<ChainStep> chain;
-  // For observers: the final outcome.
+  // For observers: the final outcome. A reason that names a subscriber the
+  // observer may not learn of names kHiddenSubscriber instead, without that
+  // subscriber's own reason.
   bool is_outcome = false;
   HookResult::Kind outcome = HookResult::Kind::kKeep;
   std::string outcome_reason;

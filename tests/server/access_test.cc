@@ -690,6 +690,88 @@ TEST_F(AccessTest, ListSubscribersShowsOnlyWhatTheCallerMayReview) {
   (*root_sub)->Stop();
 }
 
+// A chain shows a team's reviewer what an admin's interceptor did, but not
+// its name nor its reason (ListSubscribers hides it from the reviewer);
+// the audit log keeps both.
+TEST_F(AccessTest, AChainHidesSubscribersTheReviewerMayNotList) {
+  std::unique_ptr<client::ModelStateClient> root = As("root-token");
+  std::unique_ptr<client::ModelStateClient> rev = As("rev-token");
+  const std::string secret = "policy SEC-42: no biases in team-a";
+  v1::Subscription admin;
+  admin.set_name("root-secret-policy");
+  admin.set_priority(-10);
+  auto root_sub =
+      client::Subscriber::Start(*root, admin, [&](const v1::HookEventProto& e) {
+        v1::HookAnswer a;
+        a.set_event_id(e.event_id());
+        const bool bias = e.name() == "bias";
+        a.set_verdict(bias ? v1::HookAnswer::REJECT : v1::HookAnswer::APPROVE);
+        a.set_reason(bias ? secret : "scanned by root");
+        return a;
+      });
+  ASSERT_THAT(root_sub, IsOk());
+  std::mutex mu;
+  std::vector<v1::HookEventProto> gated, watched;
+  v1::Subscription gate;
+  gate.set_name("rev-chain-gate");
+  gate.set_priority(10);
+  auto gate_sub =
+      client::Subscriber::Start(*rev, gate, [&](const v1::HookEventProto& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        gated.push_back(e);
+        v1::HookAnswer a;
+        a.set_event_id(e.event_id());
+        a.set_verdict(v1::HookAnswer::APPROVE);
+        return a;
+      });
+  ASSERT_THAT(gate_sub, IsOk());
+  v1::Subscription watch;
+  watch.set_name("rev-chain-watch");
+  watch.set_mode(v1::Subscription::MODE_OBSERVE);
+  auto watch_sub =
+      client::Subscriber::Start(*rev, watch, [&](const v1::HookEventProto& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        watched.push_back(e);
+        return v1::HookAnswer();
+      });
+  ASSERT_THAT(watch_sub, IsOk());
+  ASSERT_THAT(root->BuildModule(BuildRequest("team-a/chained", kNet)), IsOk());
+  for (int i = 0; i < 1000; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (watched.size() >= 2) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  (*watch_sub)->Stop();
+  (*gate_sub)->Stop();
+  (*root_sub)->Stop();
+
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(gated.size(), 1u);  // the bias never reached it
+  ASSERT_EQ(gated[0].chain_size(), 1);
+  EXPECT_EQ(gated[0].chain(0).subscriber(), "(hidden)");
+  EXPECT_EQ(gated[0].chain(0).verdict(), "approve");
+  EXPECT_EQ(gated[0].chain(0).reason(), "");
+  ASSERT_EQ(watched.size(), 2u);
+  for (const v1::HookEventProto& e : watched) {
+    SCOPED_TRACE(e.name());
+    EXPECT_THAT(e.DebugString(), Not(HasSubstr("root-secret-policy")));
+    EXPECT_THAT(e.DebugString(), Not(HasSubstr("SEC-42")));
+    if (e.name() == "bias") {
+      EXPECT_EQ(e.outcome_reason(), "rejected by (hidden)");
+    }
+  }
+  // The audit log names the subscriber and keeps its reason.
+  bool recorded = false;
+  for (const v1::AuditRecordProto& r : Records("answer", "root")) {
+    const Json details = Json::parse(r.details_json());
+    recorded |= details.value("subscriber", "") == "root-secret-policy" &&
+                details.value("reason", "") == secret;
+  }
+  EXPECT_TRUE(recorded);
+}
+
 // A subscriber's answer that approves every event.
 v1::HookAnswer Approve(const v1::HookEventProto& e) {
   v1::HookAnswer a;

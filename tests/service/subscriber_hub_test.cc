@@ -450,6 +450,134 @@ TEST_F(HubTest, ObserversReceiveFinalOutcomes) {
   EXPECT_EQ(seen[1].outcome_reason, "rejected by blocker: no bias");
 }
 
+// A chain names an earlier interceptor, and gives its reason, only to a
+// subscriber that ListSubscribers would show it to (MayLearnOf): a team's
+// reviewer learns that an admin's subscriber rejected or modified, not who
+// it is nor why.
+TEST_F(HubTest, AChainNamesOnlySubscribersTheRecipientMayLearnOf) {
+  auto team = [](std::string name, SubscriberMode mode, int priority) {
+    SubscriptionSpec spec = Spec(std::move(name), mode, priority);
+    spec.visible_namespaces = {"t"};
+    spec.learns_of = {"t"};
+    return spec;
+  };
+  // An admin's: sees every namespace (learns_of stays "*").
+  Add(Spec("admin-policy", SubscriberMode::kIntercept, 0),
+      [](const HookEvent& e) {
+        if (e.name == "bias") {
+          return Verdict_(e, Verdict::kReject, "admin secret: no biases");
+        }
+        SubscriberAnswer a = Verdict_(e, Verdict::kModify, "admin cast");
+        a.transform = Transform{DType::kFloat64, std::nullopt, std::nullopt,
+                                std::nullopt, std::nullopt};
+        return a;
+      });
+  // The team's own, which the team may learn of.
+  Add(team("team-first", SubscriberMode::kIntercept, 1),
+      [](const HookEvent& e) {
+        return Verdict_(e, Verdict::kApprove, "team reason");
+      });
+  auto gate =
+      Add(team("team-gate", SubscriberMode::kIntercept, 2),
+          [](const HookEvent& e) { return Verdict_(e, Verdict::kApprove); });
+  auto no_answer = [](const HookEvent&) {
+    return std::optional<SubscriberAnswer>();
+  };
+  auto team_watch =
+      Add(team("team-watch", SubscriberMode::kObserve, 0), no_answer);
+  auto admin_watch =
+      Add(Spec("admin-watch", SubscriberMode::kObserve), no_answer);
+  ASSERT_THAT(Build("t/hidden", R"({"type": "Linear", "args": [3, 2]})"),
+              IsOk());
+
+  std::vector<HookEvent> gated = gate->events();
+  ASSERT_EQ(gated.size(), 1u);  // the bias was rejected before its turn
+  EXPECT_EQ(gated[0].name, "weight");
+  ASSERT_EQ(gated[0].chain.size(), 2u);
+  EXPECT_EQ(gated[0].chain[0].subscriber, kHiddenSubscriber);
+  EXPECT_EQ(gated[0].chain[0].verdict, "modify");
+  EXPECT_EQ(gated[0].chain[0].reason, "");
+  EXPECT_EQ(gated[0].chain[1].subscriber, "team-first");
+  EXPECT_EQ(gated[0].chain[1].reason, "team reason");
+  // What the admin's subscriber did is still done.
+  EXPECT_EQ(gated[0].value.tensor.dtype(), DType::kFloat64);
+
+  for (int i = 0; i < 1000 && (team_watch->events().size() < 2 ||
+                               admin_watch->events().size() < 2);
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::vector<HookEvent> team_seen = team_watch->events();
+  ASSERT_EQ(team_seen.size(), 2u);
+  EXPECT_EQ(team_seen[0].name, "weight");
+  EXPECT_EQ(team_seen[0].outcome_reason, "modified by (hidden)");
+  ASSERT_EQ(team_seen[0].chain.size(), 3u);
+  EXPECT_EQ(team_seen[0].chain[0].subscriber, kHiddenSubscriber);
+  EXPECT_EQ(team_seen[0].chain[2].subscriber, "team-gate");
+  EXPECT_EQ(team_seen[1].name, "bias");
+  EXPECT_EQ(team_seen[1].outcome, HookResult::Kind::kBlock);
+  EXPECT_EQ(team_seen[1].outcome_reason, "rejected by (hidden)");
+  ASSERT_EQ(team_seen[1].chain.size(), 1u);
+  EXPECT_EQ(team_seen[1].chain[0].subscriber, kHiddenSubscriber);
+  EXPECT_EQ(team_seen[1].chain[0].verdict, "reject");
+  EXPECT_EQ(team_seen[1].chain[0].reason, "");
+
+  // Whoever may learn of every subscriber sees the chain in full.
+  std::vector<HookEvent> admin_seen = admin_watch->events();
+  ASSERT_EQ(admin_seen.size(), 2u);
+  EXPECT_EQ(admin_seen[0].outcome_reason, "modified by admin-policy");
+  EXPECT_EQ(admin_seen[0].chain[0].subscriber, "admin-policy");
+  EXPECT_EQ(admin_seen[0].chain[0].reason, "admin cast");
+  EXPECT_EQ(admin_seen[1].outcome_reason,
+            "rejected by admin-policy: admin secret: no biases");
+  EXPECT_EQ(admin_seen[1].chain[0].reason, "admin secret: no biases");
+}
+
+// A failure names the subscriber in its reason: hidden alike.
+TEST_F(HubTest, AHiddenSubscribersFailureIsNotNamedToTheTeam) {
+  SubscriptionSpec silent = Spec("admin-silent");
+  silent.timeout = absl::Milliseconds(50);
+  silent.failure_policy = FailurePolicy::kFailOpen;
+  Add(silent,
+      [](const HookEvent&) { return std::optional<SubscriberAnswer>(); });
+  SubscriptionSpec gate_spec = Spec("team-gate", SubscriberMode::kIntercept, 1);
+  gate_spec.visible_namespaces = {"t"};
+  gate_spec.learns_of = {"t"};
+  auto gate = Add(gate_spec, [](const HookEvent& e) {
+    return Verdict_(e, Verdict::kApprove);
+  });
+  ASSERT_THAT(Build("t/failed", R"({"type": "Net", "members": [
+          {"parameter": {"name": "w", "shape": [2]}}]})"),
+              IsOk());
+  std::vector<HookEvent> seen = gate->events();
+  ASSERT_EQ(seen.size(), 1u);
+  ASSERT_EQ(seen[0].chain.size(), 1u);
+  EXPECT_EQ(seen[0].chain[0].subscriber, kHiddenSubscriber);
+  EXPECT_EQ(seen[0].chain[0].verdict, "failed-open");
+  EXPECT_EQ(seen[0].chain[0].reason, "");
+}
+
+// ListSubscribers' rule, which chains share.
+TEST(MayLearnOfTest, TheCallerMustCoverEveryNamespaceTheSubscriberSees) {
+  SubscriptionSpec everywhere;
+  EXPECT_EQ(NamespacesSeenBy(everywhere), std::vector<std::string>{"*"});
+  SubscriptionSpec team;
+  team.visible_namespaces = {"a", "b"};
+  team.filter.namespaces = {"b", "c"};  // "c" is never sent to it
+  EXPECT_EQ(NamespacesSeenBy(team), std::vector<std::string>{"b"});
+  team.filter.namespaces.clear();
+  EXPECT_EQ(NamespacesSeenBy(team), (std::vector<std::string>{"a", "b"}));
+  SubscriptionSpec filtered;
+  filtered.filter.namespaces = {"b"};
+  EXPECT_EQ(NamespacesSeenBy(filtered), std::vector<std::string>{"b"});
+
+  EXPECT_TRUE(MayLearnOf({"*"}, {"*"}));
+  EXPECT_FALSE(MayLearnOf({"a", "b"}, {"*"}));
+  EXPECT_TRUE(MayLearnOf({"a", "b"}, {"a", "b"}));
+  EXPECT_FALSE(MayLearnOf({"a"}, {"a", "b"}));
+  EXPECT_TRUE(MayLearnOf({"b"}, {"b"}));
+}
+
 TEST_F(HubTest, FiltersSelectEvents) {
   SubscriptionSpec spec = Spec("picky");
   spec.filter.kinds = {EntryKind::kBuffer};
