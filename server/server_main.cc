@@ -33,6 +33,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -335,10 +336,24 @@ absl::Status ClusterFromFlags(modelstate::server::ServerConfig& config) {
   cluster.etcd.user = absl::GetFlag(FLAGS_etcd_user);
   const std::string password_file = absl::GetFlag(FLAGS_etcd_password_file);
   if (!password_file.empty()) {
-    absl::StatusOr<std::string> password = modelstate::ReadFile(password_file);
+    // Guarded like the other credentials: whoever can write it chooses the
+    // etcd user this replica logs in as, and so what membership and
+    // placement it reads and writes.
+    uint32_t mode = 0;
+    absl::StatusOr<std::string> password =
+        modelstate::ReadGuardedFile(password_file, &mode);
     if (!password.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("etcd_password_file: ", password.status().message()));
+          absl::StrCat("--etcd_password_file: ", password.status().message()));
+    }
+    // Readable by others is only warned about, as the TLS key is: a
+    // Kubernetes Secret is mounted 0644 unless its defaultMode says
+    // otherwise.
+    if ((mode & S_IROTH) != 0) {
+      LogLine(absl::StrFormat(
+          "warning: --etcd_password_file %s is readable by others (mode "
+          "%04o); chmod o-r it (or a Secret's defaultMode 0440)",
+          password_file, mode));
     }
     cluster.etcd.password =
         std::string(absl::StripTrailingAsciiWhitespace(*password));

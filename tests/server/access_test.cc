@@ -41,6 +41,7 @@
 #include "service/data_dir.h"
 #include "tests/testing/in_process_server.h"
 #include "tests/testing/requests.h"
+#include "tests/testing/run_command.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_server.h"
 
@@ -1514,6 +1515,57 @@ TEST(AccessStartTest, RefusesATokenOrQuotaFileOthersMayWrite) {
     Chmod(quotas, mode);
     TestServer server(flags);
     EXPECT_THAT(server.Start(), IsOk());
+  }
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+}
+
+// The etcd password is guarded like the other credentials (whoever can
+// write it picks the etcd user a replica logs in as). Checked when the
+// flags are read, before the data directory or etcd is touched: a refused
+// file exits 2; an accepted one goes on to etcd, here a port nobody
+// listens on.
+TEST(AccessStartTest, RefusesAnEtcdPasswordFileOthersMayWrite) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    absl::StrCat("access-etcd-", getpid());
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path password = dir / "etcd-password";
+  const std::filesystem::path secret = dir / "cluster-secret";
+  WriteText(password, "etcd-password\n");
+  WriteText(secret, "a-cluster-secret-of-some-length\n");
+  Chmod(secret, 0600);
+  auto run = [&] {
+    return testing::RunCommand(
+        {MODELSTATE_SERVER_BINARY, "--data_dir=" + (dir / "data").string(),
+         "--listen=127.0.0.1:0", "--etcd_endpoints=127.0.0.1:1",
+         "--etcd_user=modelstate", "--etcd_password_file=" + password.string(),
+         "--cluster_secret_file=" + secret.string()},
+        {}, std::chrono::seconds(20));
+  };
+  for (const auto& [mode, says] : std::vector<std::pair<int, std::string>>{
+           {0664, "--etcd_password_file: " + password.string() +
+                      " is writable by its group (mode 0664)"},
+           {0602, "is writable by others (mode 0602)"},
+           {0666, "is writable by its group and others (mode 0666)"}}) {
+    SCOPED_TRACE(says);
+    Chmod(password, mode);
+    testing::CommandResult refused = run();
+    EXPECT_EQ(refused.exit_code, 2) << refused.err;
+    EXPECT_THAT(refused.err, HasSubstr(says));
+    EXPECT_FALSE(std::filesystem::exists(dir / "data"));
+  }
+  for (int mode : {0600, 0640, 0440, 0644}) {
+    SCOPED_TRACE(mode);
+    Chmod(password, mode);
+    testing::CommandResult accepted = run();
+    EXPECT_THAT(accepted.err, Not(HasSubstr("is writable by")));
+    EXPECT_THAT(accepted.err, HasSubstr("cannot join the cluster"));
+    // A password others may read is a warning, as a TLS key's is.
+    EXPECT_EQ(absl::StrContains(accepted.err, "is readable by others"),
+              (mode & 04) != 0)
+        << accepted.err;
+    std::error_code ignored;
+    std::filesystem::remove_all(dir / "data", ignored);
   }
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
