@@ -58,9 +58,11 @@ absl::StatusOr<std::string> ReadFile(const std::string& path);
 // may write it, as sshd's StrictModes refuses such files, since whoever can
 // write it can grant themselves anything. Only the mode is checked, not the
 // owner: a bind-mounted file keeps its host owner, which means nothing in
-// the container. The mode is that of the file opened (fstat), so a file
-// swapped in between check and read is checked itself. `mode`, when not
-// null, gets its permission bits.
+// the container. The mode is that of the file opened (fstat), after every
+// symlink (a Kubernetes Secret's file is a link into "..data", a link to
+// a timestamped directory), so a file swapped in between check and read is
+// checked itself. The directories on the way are not checked. `mode`, when
+// not null, gets its permission bits.
 absl::StatusOr<std::string> ReadGuardedFile(const std::string& path,
                                             uint32_t* mode = nullptr);
 
