@@ -4,7 +4,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "base/file_util.h"
 #include "base/status_macros.h"
 #include "etcd/etcd_v3.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -70,15 +69,11 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(
   }
   std::shared_ptr<grpc::ChannelCredentials> credentials =
       grpc::InsecureChannelCredentials();
-  if (!options.ca_file.empty()) {
+  if (!options.ca_pem.empty()) {
     grpc::SslCredentialsOptions ssl;
-    MODELSTATE_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFile(options.ca_file));
-    if (!options.cert_file.empty()) {
-      MODELSTATE_ASSIGN_OR_RETURN(ssl.pem_cert_chain,
-                                  ReadFile(options.cert_file));
-      MODELSTATE_ASSIGN_OR_RETURN(ssl.pem_private_key,
-                                  ReadFile(options.key_file));
-    }
+    ssl.pem_root_certs = options.ca_pem;
+    ssl.pem_cert_chain = options.cert_pem;
+    ssl.pem_private_key = options.key_pem;
     credentials = grpc::SslCredentials(ssl);
   }
   auto client = std::unique_ptr<EtcdClient>(new EtcdClient(options));

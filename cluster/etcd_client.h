@@ -38,11 +38,12 @@ namespace modelstate {
 struct EtcdOptions {
   // host:port of each etcd member; at least one.
   std::vector<std::string> endpoints;
-  // TLS to etcd: the CA that signed its certificate ("" for plaintext),
-  // and the client certificate and key it asks for ("" for none).
-  std::string ca_file;
-  std::string cert_file;
-  std::string key_file;
+  // TLS to etcd (PEM text, not paths): the CA that signed its certificate
+  // ("" for plaintext), and the client certificate and key it asks for
+  // ("" for none).
+  std::string ca_pem;
+  std::string cert_pem;
+  std::string key_pem;
   // etcd's authentication: a user and its password ("" for none).
   std::string user;
   std::string password;
@@ -66,8 +67,8 @@ struct EtcdLease {
 // Thread-safe.
 class EtcdClient {
  public:
-  // INVALID_ARGUMENT without endpoints or for unreadable TLS files; does
-  // not contact etcd (the first call does).
+  // INVALID_ARGUMENT without endpoints; does not contact etcd (the first
+  // call does).
   static absl::StatusOr<std::unique_ptr<EtcdClient>> Create(
       EtcdOptions options);
   ~EtcdClient();

@@ -324,40 +324,73 @@ modelstate::Limits LimitsFromFlags() {
   return limits;
 }
 
+// The file at `path`, given as --`flag` ("" when `path` is empty).
+// `guarded`: refused when its group or others may write it (ReadGuardedFile);
+// `secret`: a warning when others may read it. Only warned about, as the
+// server's TLS key is: a Kubernetes Secret is mounted 0644 unless its
+// defaultMode says otherwise.
+absl::StatusOr<std::string> ReadCredential(absl::string_view flag,
+                                           const std::string& path,
+                                           bool guarded, bool secret) {
+  if (path.empty()) return std::string();
+  uint32_t mode = 0;
+  absl::StatusOr<std::string> text =
+      guarded ? modelstate::ReadGuardedFile(path, &mode)
+              : modelstate::ReadFile(path);
+  if (!text.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": ", text.status().message()));
+  }
+  if (secret && (mode & S_IROTH) != 0) {
+    LogLine(absl::StrFormat(
+        "warning: --%s %s is readable by others (mode %04o); chmod o-r it "
+        "(or a Secret's defaultMode 0440)",
+        flag, path, mode));
+  }
+  return text;
+}
+
 // The --etcd_* and cluster flags into `config`.
 absl::Status ClusterFromFlags(modelstate::server::ServerConfig& config) {
   const std::string endpoints = absl::GetFlag(FLAGS_etcd_endpoints);
   if (endpoints.empty()) return absl::OkStatus();
   modelstate::ClusterOptions& cluster = config.cluster;
   cluster.etcd.endpoints = absl::StrSplit(endpoints, ',', absl::SkipEmpty());
-  cluster.etcd.ca_file = absl::GetFlag(FLAGS_etcd_ca_file);
-  cluster.etcd.cert_file = absl::GetFlag(FLAGS_etcd_cert_file);
-  cluster.etcd.key_file = absl::GetFlag(FLAGS_etcd_key_file);
-  cluster.etcd.user = absl::GetFlag(FLAGS_etcd_user);
-  const std::string password_file = absl::GetFlag(FLAGS_etcd_password_file);
-  if (!password_file.empty()) {
-    // Guarded like the other credentials: whoever can write it chooses the
-    // etcd user this replica logs in as, and so what membership and
-    // placement it reads and writes.
-    uint32_t mode = 0;
-    absl::StatusOr<std::string> password =
-        modelstate::ReadGuardedFile(password_file, &mode);
-    if (!password.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--etcd_password_file: ", password.status().message()));
-    }
-    // Readable by others is only warned about, as the TLS key is: a
-    // Kubernetes Secret is mounted 0644 unless its defaultMode says
-    // otherwise.
-    if ((mode & S_IROTH) != 0) {
-      LogLine(absl::StrFormat(
-          "warning: --etcd_password_file %s is readable by others (mode "
-          "%04o); chmod o-r it (or a Secret's defaultMode 0440)",
-          password_file, mode));
-    }
-    cluster.etcd.password =
-        std::string(absl::StripTrailingAsciiWhitespace(*password));
+  // Guarded like the other credentials: whoever can write the password or
+  // the key chooses the etcd identity this replica logs in as, whoever can
+  // write the CA chooses the etcd it believes, and so what membership and
+  // placement it reads and writes.
+  MODELSTATE_ASSIGN_OR_RETURN(
+      cluster.etcd.ca_pem,
+      ReadCredential("etcd_ca_file", absl::GetFlag(FLAGS_etcd_ca_file),
+                     /*guarded=*/true,
+                     /*secret=*/false));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      cluster.etcd.cert_pem,
+      ReadCredential("etcd_cert_file", absl::GetFlag(FLAGS_etcd_cert_file),
+                     /*guarded=*/false,
+                     /*secret=*/false));
+  MODELSTATE_ASSIGN_OR_RETURN(
+      cluster.etcd.key_pem,
+      ReadCredential("etcd_key_file", absl::GetFlag(FLAGS_etcd_key_file),
+                     /*guarded=*/true, /*secret=*/true));
+  if (cluster.etcd.cert_pem.empty() != cluster.etcd.key_pem.empty()) {
+    return absl::InvalidArgumentError(
+        "--etcd_cert_file and --etcd_key_file: give both or neither");
   }
+  if (!cluster.etcd.cert_pem.empty() && cluster.etcd.ca_pem.empty()) {
+    return absl::InvalidArgumentError(
+        "--etcd_cert_file: a client certificate for etcd needs "
+        "--etcd_ca_file (TLS to etcd)");
+  }
+  cluster.etcd.user = absl::GetFlag(FLAGS_etcd_user);
+  MODELSTATE_ASSIGN_OR_RETURN(
+      std::string password,
+      ReadCredential("etcd_password_file",
+                     absl::GetFlag(FLAGS_etcd_password_file), /*guarded=*/true,
+                     /*secret=*/true));
+  cluster.etcd.password =
+      std::string(absl::StripTrailingAsciiWhitespace(password));
   cluster.replica_id = absl::GetFlag(FLAGS_replica_id);
   if (cluster.replica_id.empty()) {
     char host[256] = {};

@@ -54,8 +54,10 @@ Checked through the real Python client's stubs, against every replica:
 - etcd with authentication on (--etcd_user, --etcd_password_file): a
   server with the password joins, one with a wrong password does not
   start; an endpoint list whose first endpoint is dead still works;
-- TLS servers with mutual TLS (certificates made by the openssl command):
-  replicas call each other over TLS, presenting their own certificate and
+- TLS servers with mutual TLS (certificates made by the openssl command),
+  on an etcd that requires client certificates too: replicas reach etcd
+  with --etcd_ca_file/--etcd_cert_file/--etcd_key_file (a key or CA others
+  may write is refused at start), call each other over TLS, presenting their own certificate and
   trusting --cluster_ca_file; a module read through the replica that does
   not own it matches the owner's bytes, a subscriber on one replica
   rejects a registration on the other, and the owner audits the caller by
@@ -1305,12 +1307,20 @@ class TlsClusterTest(unittest.TestCase):
                           os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
             json.dump({"principals": [
                 {"identity": "carol-cert", "roles": {"admin": ["*"]}}]}, f)
-        with open(os.path.join(d, "secret"), "w") as f:
+        with open(os.open(os.path.join(d, "secret"),
+                          os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
             f.write("a-cluster-secret-for-tls-replicas\n")
-        cls.etcd = Etcd()
         files = {name: os.path.join(d, name) for name in
                  ("ca.pem", "replica.pem", "replica.key", "tokens.json",
                   "secret")}
+        # etcd over mutual TLS too, with the same CA: each replica presents
+        # its certificate to etcd as to the other replicas.
+        cls.etcd = Etcd(tls={"cert": files["replica.pem"],
+                             "key": files["replica.key"],
+                             "ca": files["ca.pem"]})
+        cls.etcd_tls = ["--etcd_ca_file=" + files["ca.pem"],
+                        "--etcd_cert_file=" + files["replica.pem"],
+                        "--etcd_key_file=" + files["replica.key"]]
         cls.servers = {}
         for replica in ("t0", "t1"):
             cls.servers[replica] = server_process.Server(
@@ -1321,7 +1331,7 @@ class TlsClusterTest(unittest.TestCase):
                 "--tls_key_file=" + files["replica.key"],
                 "--tls_client_ca_file=" + files["ca.pem"],
                 "--cluster_ca_file=" + files["ca.pem"],
-                "--token_file=" + files["tokens.json"])
+                "--token_file=" + files["tokens.json"], *cls.etcd_tls)
 
     @classmethod
     def tearDownClass(cls):
@@ -1393,6 +1403,40 @@ class TlsClusterTest(unittest.TestCase):
             self.assertEqual([r.identity for r in records], ["carol-cert"])
 
 
+    def test_etcd_credentials_others_may_write_are_refused(self):
+        # Whoever may write the key chooses the identity a replica shows
+        # etcd; whoever may write the CA chooses the etcd it believes.
+        d = tempfile.mkdtemp(dir=self.dir)
+        secret = os.path.join(self.dir, "secret")
+
+        def start(*flags):
+            return subprocess.run(
+                [SERVER_BINARY, "--listen=127.0.0.1:0",
+                 "--data_dir=" + os.path.join(d, "data"),
+                 "--etcd_endpoints=" + self.etcd.endpoint,
+                 "--replica_id=t9", "--cluster_key_prefix=/tls/",
+                 "--cluster_secret_file=" + secret] + list(flags),
+                capture_output=True, text=True, timeout=30)
+        for flag, name in (("etcd_key_file", "replica.key"),
+                           ("etcd_ca_file", "ca.pem")):
+            loose = os.path.join(d, name)
+            shutil.copy(os.path.join(self.dir, name), loose)
+            os.chmod(loose, 0o666)
+            kept = [a for a in self.etcd_tls
+                    if not a.startswith("--%s=" % flag)]
+            run = start(*kept, "--%s=%s" % (flag, loose))
+            self.assertEqual(run.returncode, 2, run.stderr)
+            self.assertIn("--%s: %s is writable by its group and others "
+                          "(mode 0666)" % (flag, loose), run.stderr)
+            self.assertFalse(os.path.exists(os.path.join(d, "data")))
+        # A client certificate needs its key, and TLS to etcd.
+        run = start(self.etcd_tls[0], self.etcd_tls[1])
+        self.assertEqual(run.returncode, 2, run.stderr)
+        self.assertIn("give both or neither", run.stderr)
+        run = start(self.etcd_tls[1], self.etcd_tls[2])
+        self.assertEqual(run.returncode, 2, run.stderr)
+        self.assertIn("needs --etcd_ca_file", run.stderr)
+
 class EtcdAuthTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -1420,7 +1464,9 @@ class EtcdAuthTest(unittest.TestCase):
 
     def password_file(self, password):
         path = os.path.join(self.dir, password)
-        with open(path, "w") as f:
+        # 0600 whatever the umask: the server refuses a password file
+        # others may write.
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
             f.write(password + "\n")
         return path
 

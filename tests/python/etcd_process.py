@@ -21,7 +21,10 @@ def free_port():
 class Etcd:
     """Debian's etcd on two free loopback ports, in its own directory."""
 
-    def __init__(self):
+    def __init__(self, tls=None):
+        """tls: {"cert", "key", "ca"} (PEM paths) to serve clients over
+        TLS, requiring client certificates signed by "ca"."""
+        self.tls = tls
         self.dir = tempfile.mkdtemp(prefix="modelstate-etcd-")
         self.client_port, self.peer_port = free_port(), free_port()
         self.endpoint = "127.0.0.1:%d" % self.client_port
@@ -29,14 +32,20 @@ class Etcd:
         self.start()
 
     def start(self):
-        client = "http://127.0.0.1:%d" % self.client_port
+        scheme = "https" if self.tls else "http"
+        client = "%s://127.0.0.1:%d" % (scheme, self.client_port)
         peer = "http://127.0.0.1:%d" % self.peer_port
+        tls = []
+        if self.tls:
+            tls = ["--cert-file", self.tls["cert"], "--key-file",
+                   self.tls["key"], "--trusted-ca-file", self.tls["ca"],
+                   "--client-cert-auth"]
         self.process = subprocess.Popen(
             ["etcd", "--name", "t", "--data-dir",
              os.path.join(self.dir, "data"),
              "--listen-client-urls", client, "--advertise-client-urls", client,
              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", "t=" + peer],
+             "--initial-cluster", "t=" + peer] + tls,
             stdout=self.log, stderr=subprocess.STDOUT,
             preexec_fn=server_process._die_with_parent)
         deadline = time.time() + 30
