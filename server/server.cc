@@ -36,6 +36,7 @@
 #include "server/health_service.h"
 #include "server/metrics.h"
 #include "server/model_state_service.h"
+#include "server/server_tls.h"
 #include "service/audit_log.h"
 #include "service/authenticator.h"
 #include "service/checkpoint_signer.h"
@@ -98,8 +99,9 @@ absl::StatusOr<std::string> ReadPem(absl::string_view flag,
 }
 
 // TLS when a certificate is given, requiring verified client certificates
-// when a client CA is; plaintext otherwise.
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
+// when a client CA is; plaintext (null) otherwise. The files are re-read
+// while the server runs (ServerTls), with the checks made here at start.
+absl::StatusOr<std::shared_ptr<ServerTls>> PrepareTls(
     const ServerConfig& config) {
   const std::string& cert = config.tls_cert_file;
   const std::string& key = config.tls_key_file;
@@ -113,32 +115,28 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
       return absl::InvalidArgumentError(
           "--tls_client_ca_file needs --tls_cert_file and --tls_key_file");
     }
-    return grpc::InsecureServerCredentials();
+    return nullptr;
   }
-  grpc::SslServerCredentialsOptions options(
-      client_ca.empty()
-          ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
-          : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-  MODELSTATE_ASSIGN_OR_RETURN(pair.cert_chain, ReadPem("tls_cert_file", cert));
-  uint32_t key_mode = 0;
-  MODELSTATE_ASSIGN_OR_RETURN(pair.private_key,
-                              ReadPem("tls_key_file", key, true, &key_mode));
-  // A key others may read is only warned about: a Kubernetes Secret is
-  // mounted 0644 unless its defaultMode says otherwise, and in a container
-  // of one user "others" is nobody. Writable by others is refused above.
-  if ((key_mode & S_IROTH) != 0) {
-    LogLine(absl::StrFormat(
-        "warning: --tls_key_file %s is readable by others (mode %04o); "
-        "chmod o-r it (or a Secret's defaultMode 0440)",
-        key, key_mode));
+  if (config.tls_refresh < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "--tls_refresh_seconds must not be negative (0: on SIGHUP only)");
   }
-  options.pem_key_cert_pairs.push_back(std::move(pair));
-  if (!client_ca.empty()) {
-    MODELSTATE_ASSIGN_OR_RETURN(options.pem_root_certs,
-                                ReadPem("tls_client_ca_file", client_ca, true));
-  }
-  return grpc::SslServerCredentials(options);
+  MODELSTATE_ASSIGN_OR_RETURN(
+      std::shared_ptr<ServerTls> tls,
+      ServerTls::Create({.cert = cert, .key = key, .client_ca = client_ca}));
+  return tls;
+}
+
+// A key others may read is only warned about: a Kubernetes Secret is
+// mounted 0644 unless its defaultMode says otherwise, and in a container
+// of one user "others" is nobody. Writable by others is refused.
+void WarnAboutReadableKey(const std::string& key) {
+  struct stat st;
+  if (stat(key.c_str(), &st) != 0 || (st.st_mode & S_IROTH) == 0) return;
+  LogLine(absl::StrFormat(
+      "warning: --tls_key_file %s is readable by others (mode %04o); "
+      "chmod o-r it (or a Secret's defaultMode 0440)",
+      key, st.st_mode & 07777));
 }
 
 absl::StatusOr<QuotaPolicy> LoadQuotas(const ServerConfig& config) {
@@ -152,7 +150,7 @@ absl::StatusOr<QuotaPolicy> LoadQuotas(const ServerConfig& config) {
 
 // Who may connect, and how: what a server must not even start without.
 struct Security {
-  std::shared_ptr<grpc::ServerCredentials> credentials;
+  std::shared_ptr<ServerTls> tls;  // null: plaintext
   std::unique_ptr<Authenticator> auth;
   QuotaPolicy quotas;
 };
@@ -193,7 +191,7 @@ absl::StatusOr<Security> PrepareSecurity(const ServerConfig& config) {
   }
   // Unauthenticated plain HTTP: checked with the other exposure rules.
   MODELSTATE_RETURN_IF_ERROR(CheckMetricsListen(config.metrics_listen));
-  MODELSTATE_ASSIGN_OR_RETURN(security.credentials, ServerCredentials(config));
+  MODELSTATE_ASSIGN_OR_RETURN(security.tls, PrepareTls(config));
   const bool tls = !config.tls_cert_file.empty();
   const bool mtls = !config.tls_client_ca_file.empty();
   if (mtls && config.token_file.empty()) {
@@ -308,7 +306,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
   server->metrics_ = std::make_unique<ServerMetrics>();
   MODELSTATE_RETURN_IF_ERROR(server->OpenState());
   server->store_->set_quotas(std::move(security.quotas));
-  MODELSTATE_RETURN_IF_ERROR(server->Listen(std::move(security.credentials)));
+  server->tls_ = std::move(security.tls);
+  MODELSTATE_RETURN_IF_ERROR(server->Listen(
+      server->tls_ != nullptr ? server->tls_->Credentials()
+                              : grpc::InsecureServerCredentials()));
+  if (server->tls_ != nullptr) {
+    WarnAboutReadableKey(server->config_.tls_key_file);
+    server->tls_->StartRefresh(
+        server->config_.tls_refresh,
+        [](const std::string& line) { LogLine(absl::StrCat("TLS: ", line)); });
+  }
   MODELSTATE_RETURN_IF_ERROR(server->ListenForHealth());
   MODELSTATE_RETURN_IF_ERROR(server->ServeMetrics());
   MODELSTATE_RETURN_IF_ERROR(server->JoinCluster());
@@ -577,7 +584,7 @@ absl::Status Server::JoinCluster() {
 }
 
 absl::Status Server::Listen(
-    std::shared_ptr<grpc::ServerCredentials> credentials) {
+    const std::shared_ptr<grpc::ServerCredentials>& credentials) {
   grpc::ServerBuilder builder;
   // Ours, not gRPC's (health_service.h says why).
   builder.SetOption(
@@ -633,6 +640,7 @@ absl::Status Server::Listen(
   LogLine(absl::StrCat(
       "modelstate-server listening on ", address_,
       tls ? (mtls ? " (mutual TLS)" : " (TLS)") : " (plaintext)",
+      tls ? absl::StrCat("; certificate ", tls_->summary()) : "",
       auth_->enabled()
           ? absl::StrCat("; ", config_.token_file, " authenticates callers")
           : "; no authentication (no --token_file): loopback only, every "
@@ -709,6 +717,11 @@ std::shared_ptr<grpc::Channel> Server::InProcessChannel() {
 }
 
 void Server::Reload(absl::string_view why) {
+  if (tls_ != nullptr) {
+    const std::string line = tls_->Reload();
+    LogLine(absl::StrCat(
+        why, ": ", line.empty() ? "the TLS files are as in force" : line));
+  }
   if (auth_->enabled()) {
     absl::StatusOr<size_t> loaded = auth_->Reload();
     LogLine(loaded.ok() ? absl::StrCat(why, ": ", *loaded, " principals from ",

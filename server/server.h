@@ -55,6 +55,7 @@ class HealthService;
 class MetricsHttpServer;
 class ModelStateServiceImpl;
 class ServerMetrics;
+class ServerTls;
 
 // Everything a server is started with: modelstate-server's flags. The
 // flags take their defaults from here (and from Limits).
@@ -77,6 +78,9 @@ struct ServerConfig {
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_client_ca_file;
+  // How often the three TLS files are re-read (SIGHUP re-reads them too);
+  // zero: on SIGHUP only.
+  absl::Duration tls_refresh = absl::Seconds(60);
   // Principals and roles (JSON); "": no authentication, loopback only.
   std::string token_file;
   // Allow plaintext on a non-loopback address.
@@ -162,8 +166,9 @@ class Server {
   // bearer tokens work), with the server's message size limit.
   std::shared_ptr<grpc::Channel> InProcessChannel();
 
-  // Re-reads the token file and the quota file; a file that cannot be read
-  // keeps what is in force. Logs what happened, each line after `why`.
+  // Re-reads the TLS files, the token file and the quota file; a file that
+  // cannot be read (or fails a check) keeps what is in force. Logs what
+  // happened, each line after `why`.
   void Reload(absl::string_view why = "reload");
   // Health turns NOT_SERVING at once, subscribers are disconnected, new
   // calls are refused, and running calls get shutdown_grace_seconds before
@@ -180,7 +185,8 @@ class Server {
  private:
   Server();
   absl::Status OpenState();
-  absl::Status Listen(std::shared_ptr<grpc::ServerCredentials> credentials);
+  absl::Status Listen(
+      const std::shared_ptr<grpc::ServerCredentials>& credentials);
   absl::Status ListenForHealth();
   absl::Status ServeMetrics();
   absl::Status PrepareCluster();
@@ -205,6 +211,7 @@ class Server {
   std::unique_ptr<ClusterServiceImpl> cluster_handlers_;
   std::unique_ptr<HealthService> health_;
   // Declared before the servers that use them, so destroyed after.
+  std::shared_ptr<ServerTls> tls_;  // gRPC calls into it at each handshake
   std::unique_ptr<AsyncCallQueue> calls_;  // server_'s streams
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<HealthService> health_only_;  // health_server_'s service

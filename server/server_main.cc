@@ -4,7 +4,8 @@
 //
 // SIGTERM / SIGINT shut it down cleanly: new calls are refused, running
 // calls get --shutdown_grace_seconds to finish, then are cancelled. SIGHUP
-// re-reads --token_file and --quota_file (a bad file keeps the old one).
+// re-reads --token_file, --quota_file and the TLS files (a bad file keeps
+// the old one); the TLS files are also re-read every --tls_refresh_seconds.
 //
 // Without --token_file there is no authentication: every caller is an admin,
 // so the server then listens on loopback addresses only. Plaintext on a
@@ -105,6 +106,11 @@ ABSL_FLAG(std::string, tls_key_file, Defaults().tls_key_file,
 ABSL_FLAG(std::string, tls_client_ca_file, Defaults().tls_client_ca_file,
           "CA bundle (PEM) that client certificates must chain to: mutual "
           "TLS; a certificate's CN names a principal of --token_file");
+ABSL_FLAG(int, tls_refresh_seconds,
+          static_cast<int>(absl::ToInt64Seconds(Defaults().tls_refresh)),
+          "How often the TLS certificate, key and client CA files are "
+          "re-read (a rotated Secret is served to new connections; a bad "
+          "file keeps the ones in force); 0: on SIGHUP only");
 ABSL_FLAG(std::string, token_file, Defaults().token_file,
           "Principals, their token hashes and roles (JSON; see README "
           "\"Deploy\"); turns on authentication; re-read on SIGHUP");
@@ -422,6 +428,7 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
   config.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   config.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
   config.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
+  config.tls_refresh = absl::Seconds(absl::GetFlag(FLAGS_tls_refresh_seconds));
   config.token_file = absl::GetFlag(FLAGS_token_file);
   config.plaintext = absl::GetFlag(FLAGS_plaintext);
   config.health_listen = absl::GetFlag(FLAGS_health_listen);

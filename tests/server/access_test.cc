@@ -1728,6 +1728,218 @@ TEST_F(TlsTest, MutualTlsNamesThePrincipalByTheCertificate) {
       grpc::StatusCode::PERMISSION_DENIED);
 }
 
+// The files of a Kubernetes Secret volume as cert-manager rotates them:
+// the flags name DIR/current/tls.*, and `current` is a symlink swapped at
+// once to a new directory (the kubelet's ..data).
+class SecretVolume {
+ public:
+  explicit SecretVolume(std::filesystem::path dir) : dir_(std::move(dir)) {
+    std::filesystem::create_directories(dir_);
+  }
+  std::string File(const std::string& name) const {
+    return (dir_ / "current" / name).string();
+  }
+  // A new version holding `files` (name -> path to copy), made current.
+  void Publish(const std::map<std::string, std::filesystem::path>& files,
+               int key_mode = 0600) {
+    const std::filesystem::path version = dir_ / absl::StrCat("v", ++versions_);
+    std::filesystem::create_directories(version);
+    for (const auto& [name, from] : files) {
+      std::filesystem::copy_file(from, version / name);
+      Chmod(version / name, name == "tls.key" ? key_mode : 0644);
+    }
+    const std::filesystem::path next = dir_ / "current.next";
+    std::filesystem::create_directory_symlink(version.filename(), next);
+    std::filesystem::rename(next, dir_ / "current");
+  }
+
+ private:
+  const std::filesystem::path dir_;
+  int versions_ = 0;
+};
+
+// The common name of the certificate the server presented on the
+// connection `stub`'s channel uses (after a call), or "error: ...".
+std::string PeerCommonName(v1::ModelStateService::Stub& stub) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(5));
+  v1::ListModulesResponse response;
+  grpc::Status s = stub.ListModules(&context, {}, &response);
+  if (!s.ok()) return "error: " + s.error_message();
+  std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  std::vector<grpc::string_ref> names =
+      auth->FindPropertyValues("x509_common_name");
+  return names.empty() ? "" : std::string(names[0].data(), names[0].size());
+}
+
+// A rotated Secret is served without a restart: a new connection gets the
+// new certificate and is checked against the new client CA, a connection
+// made before keeps working, and a bad new file (key not the
+// certificate's, unparsable, writable by others) keeps the material in
+// force, logged once, TLS never off.
+TEST_F(TlsTest, ARotatedSecretIsServedToNewConnectionsAndABadOneIsKept) {
+  const std::string d = dir_->string();
+  // A new server certificate (another CN and key) from the same CA, and a
+  // second CA with a client certificate for alice-cert.
+  const std::string ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1";
+  const std::string script = absl::StrCat(
+      "set -e; cd ", d, "; ", "openssl req ", ec,
+      " -nodes -keyout rotated.key -out rotated.csr -subj /CN=rotated; ",
+      "openssl x509 -req -in rotated.csr -CA ca.pem -CAkey ca.key "
+      "-CAcreateserial -out rotated.pem -days 2 -extfile server.ext; ",
+      "openssl req -x509 ", ec,
+      " -nodes -keyout ca2.key -out ca2.pem -days 2 -subj /CN=test-ca-2; ",
+      "openssl req ", ec,
+      " -nodes -keyout client2.key -out client2.csr -subj /CN=alice-cert; ",
+      "openssl x509 -req -in client2.csr -CA ca2.pem -CAkey ca2.key "
+      "-CAcreateserial -out client2.pem -days 2 -extfile client.ext; ",
+      "cat ca.pem ca2.pem > both-ca.pem; head -c 300 rotated.pem > torn.pem",
+      " 2>/dev/null");
+  ASSERT_EQ(std::system(script.c_str()), 0) << script;
+  SecretVolume secret(*dir_ / "secret");
+  secret.Publish({{"tls.crt", *dir_ / "server.pem"},
+                  {"tls.key", *dir_ / "server.key"},
+                  {"ca.crt", *dir_ / "ca.pem"}});
+  TestServer server({"--tls_cert_file=" + secret.File("tls.crt"),
+                     "--tls_key_file=" + secret.File("tls.key"),
+                     "--tls_client_ca_file=" + secret.File("ca.crt"),
+                     "--tls_refresh_seconds=1",
+                     Flag("token_file", "tokens.json")});
+  ASSERT_THAT(server.Start(), IsOk());
+  EXPECT_THAT(server.Log(), HasSubstr("certificate subject /CN=localhost"));
+  // Each stub on a channel of its own (no shared subchannel): its own
+  // connection, made when it first calls.
+  auto connect = [&](const std::string& cert, const std::string& key) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = Read("ca.pem");
+    ssl.pem_cert_chain = Read(cert);
+    ssl.pem_private_key = Read(key);
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    return v1::ModelStateService::NewStub(grpc::CreateCustomChannel(
+        server.address(), grpc::SslCredentials(ssl), args));
+  };
+  auto before = connect("client.pem", "client.key");
+  ASSERT_EQ(PeerCommonName(*before), "localhost");
+  // Not yet trusted: ca2's client certificate fails the handshake.
+  EXPECT_THAT(PeerCommonName(*connect("client2.pem", "client2.key")),
+              HasSubstr("error"));
+  auto wait_for_log = [&](const std::string& text, int after) {
+    for (int i = 0; i < 300; ++i) {
+      if (server.Log().find(text, after) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  };
+
+  size_t mark = server.Log().size();
+  secret.Publish({{"tls.crt", *dir_ / "rotated.pem"},
+                  {"tls.key", *dir_ / "rotated.key"},
+                  {"ca.crt", *dir_ / "both-ca.pem"}});
+  ASSERT_TRUE(wait_for_log("certificate subject /CN=rotated", mark))
+      << server.Log();
+  EXPECT_EQ(PeerCommonName(*connect("client.pem", "client.key")), "rotated");
+  EXPECT_EQ(PeerCommonName(*connect("client2.pem", "client2.key")), "rotated");
+  // The connection made before goes on, with the session it has.
+  EXPECT_EQ(PeerCommonName(*before), "localhost");
+
+  // Bad versions: each is logged, and the rotated certificate stays.
+  struct BadVersion {
+    std::map<std::string, std::filesystem::path> files;
+    int key_mode;
+    std::string logged;
+  };
+  const std::vector<BadVersion> bad = {
+      {{{"tls.crt", *dir_ / "rotated.pem"},
+        {"tls.key", *dir_ / "server.key"},
+        {"ca.crt", *dir_ / "both-ca.pem"}},
+       0600,
+       "is not the key of the first certificate"},
+      {{{"tls.crt", *dir_ / "torn.pem"},
+        {"tls.key", *dir_ / "rotated.key"},
+        {"ca.crt", *dir_ / "both-ca.pem"}},
+       0600,
+       "does not parse"},
+      {{{"tls.crt", *dir_ / "server.pem"},
+        {"tls.key", *dir_ / "server.key"},
+        {"ca.crt", *dir_ / "both-ca.pem"}},
+       0660,
+       "is writable by its group"},
+  };
+  for (const BadVersion& version : bad) {
+    mark = server.Log().size();
+    secret.Publish(version.files, version.key_mode);
+    ASSERT_TRUE(wait_for_log(version.logged, mark)) << server.Log();
+    EXPECT_THAT(server.Log().substr(mark),
+                HasSubstr("kept the TLS certificate in force (subject "
+                          "/CN=rotated"));
+    EXPECT_EQ(PeerCommonName(*connect("client.pem", "client.key")), "rotated");
+  }
+  // Reported once, not at every refresh.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  const std::string log = server.Log().substr(mark);
+  EXPECT_EQ(log.find("is writable by its group"),
+            log.rfind("is writable by its group"))
+      << log;
+
+  // ca2 is trusted until the CA file says otherwise.
+  mark = server.Log().size();
+  secret.Publish({{"tls.crt", *dir_ / "server.pem"},
+                  {"tls.key", *dir_ / "server.key"},
+                  {"ca.crt", *dir_ / "ca.pem"}});
+  ASSERT_TRUE(wait_for_log("certificate subject /CN=localhost", mark))
+      << server.Log();
+  EXPECT_EQ(PeerCommonName(*connect("client.pem", "client.key")), "localhost");
+  EXPECT_THAT(PeerCommonName(*connect("client2.pem", "client2.key")),
+              HasSubstr("error"));
+}
+
+// With --tls_refresh_seconds=0 the files are re-read on SIGHUP only.
+TEST_F(TlsTest, SighupReReadsTheTlsFiles) {
+  const std::string d = dir_->string();
+  const std::string script = absl::StrCat(
+      "set -e; cd ", d, "; ",
+      "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
+      "-keyout hup.key -out hup.csr -subj /CN=after-hup; ",
+      "openssl x509 -req -in hup.csr -CA ca.pem -CAkey ca.key "
+      "-CAcreateserial -out hup.pem -days 2 -extfile server.ext 2>/dev/null");
+  ASSERT_EQ(std::system(script.c_str()), 0) << script;
+  SecretVolume secret(*dir_ / "hup-secret");
+  secret.Publish(
+      {{"tls.crt", *dir_ / "server.pem"}, {"tls.key", *dir_ / "server.key"}});
+  TestServer server({"--tls_cert_file=" + secret.File("tls.crt"),
+                     "--tls_key_file=" + secret.File("tls.key"),
+                     "--tls_refresh_seconds=0",
+                     Flag("token_file", "tokens.json")});
+  ASSERT_THAT(server.Start(), IsOk());
+  secret.Publish(
+      {{"tls.crt", *dir_ / "hup.pem"}, {"tls.key", *dir_ / "hup.key"}});
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_THAT(server.Log(), Not(HasSubstr("/CN=after-hup")));
+  ASSERT_EQ(kill(server.pid(), SIGHUP), 0);
+  for (int i = 0; i < 300; ++i) {
+    if (absl::StrContains(server.Log(), "/CN=after-hup")) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_THAT(server.Log(), HasSubstr("SIGHUP: new TLS connections get the "
+                                      "certificate subject /CN=after-hup"));
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = Read("ca.pem");
+  auto stub = v1::ModelStateService::NewStub(
+      grpc::CreateChannel(server.address(), grpc::SslCredentials(ssl)));
+  grpc::ClientContext context;
+  context.AddMetadata("authorization", "Bearer tok-token");
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(5));
+  v1::ListModulesResponse response;
+  ASSERT_TRUE(stub->ListModules(&context, {}, &response).ok());
+  std::vector<grpc::string_ref> names =
+      context.auth_context()->FindPropertyValues("x509_common_name");
+  ASSERT_EQ(names.size(), 1u);
+  EXPECT_EQ(std::string(names[0].data(), names[0].size()), "after-hup");
+}
+
 // ------------------------------------------------------------------ quotas
 
 TEST(QuotaTest, NamespaceQuotasFromFlagsAndFile) {

@@ -1,0 +1,104 @@
+// The server's TLS material, re-read while it serves: cert-manager (or any
+// rotation) replaces a Kubernetes Secret's files in place, and the server
+// must present the new certificate, and trust a new client CA, without a
+// restart that would drop every stream.
+#ifndef MODELSTATE_SERVER_SERVER_TLS_H_
+#define MODELSTATE_SERVER_SERVER_TLS_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "base/sync.h"
+#include "grpc/grpc_security.h"
+#include "grpcpp/security/server_credentials.h"
+
+namespace modelstate::server {
+
+struct TlsFiles {
+  std::string cert;       // certificate chain (PEM), leaf first
+  std::string key;        // its private key (PEM)
+  std::string client_ca;  // "": no client certificates asked for
+};
+
+// One reading of the three files, checked: the chain parses, the key
+// parses and is the leaf's, the client CA holds a certificate. The key and
+// the client CA are refused when group or others may write them.
+struct TlsMaterial {
+  std::string cert_chain;
+  std::string private_key;
+  std::string client_ca;
+  // Of the leaf, for the log: "CN=..., serial ..., valid until ...".
+  std::string summary;
+  // The key's mode, for the warning about a key others may read.
+  uint32_t key_mode = 0;
+};
+absl::StatusOr<TlsMaterial> ReadTlsMaterial(const TlsFiles& files);
+
+// Serves the material in force to gRPC, which asks for it at each TLS
+// handshake (the SSL credentials' certificate config fetcher): a
+// connection made after a reload sees the new certificate and CA, one made
+// before keeps its session. A reload that finds a bad file (unreadable,
+// unparsable, a key not the certificate's, a key or CA others may write)
+// keeps the material in force, so TLS never goes down and never falls back
+// to anything weaker.
+class ServerTls {
+ public:
+  // Refuses (INVALID_ARGUMENT naming the flag) what ReadTlsMaterial does.
+  static absl::StatusOr<std::shared_ptr<ServerTls>> Create(TlsFiles files);
+  ~ServerTls();
+
+  // Credentials for one listening port. gRPC calls back into this object
+  // at each handshake: it must outlive the grpc::Server they are given to.
+  std::shared_ptr<grpc::ServerCredentials> Credentials();
+
+  // Re-reads the files. A line for the log when something happened (a new
+  // certificate in force, or a bad file kept out), "" when they are as in
+  // force. A bad file is reported once until it changes, so that a
+  // periodic check does not repeat it every interval.
+  std::string Reload();
+
+  // Calls Reload every `interval` (none when it is zero) on a thread of
+  // its own, handing each non-empty line to `log`; stopped by the
+  // destructor.
+  void StartRefresh(absl::Duration interval,
+                    std::function<void(const std::string&)> log);
+
+  // The leaf certificate in force (TlsMaterial::summary).
+  std::string summary() const;
+
+ private:
+  explicit ServerTls(TlsFiles files, TlsMaterial material);
+  // grpc_ssl_server_certificate_config_callback.
+  static grpc_ssl_certificate_config_reload_status Fetch(
+      void* self, grpc_ssl_server_certificate_config** config);
+
+  // What one port's security connector was handed.
+  struct Fetcher {
+    ServerTls* tls = nullptr;
+    uint64_t handed = 0;
+  };
+
+  const TlsFiles files_;
+  mutable Mutex mu_;
+  std::vector<std::unique_ptr<Fetcher>> fetchers_ ABSL_GUARDED_BY(mu_);
+  TlsMaterial material_ ABSL_GUARDED_BY(mu_);
+  // Bumped by each reload that changes the material; a connector is handed
+  // a new config when the one it has is older.
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
+  // The last bad reading reported, so that it is not reported again.
+  std::string last_error_ ABSL_GUARDED_BY(mu_);
+  Mutex stop_mu_;
+  bool stop_ ABSL_GUARDED_BY(stop_mu_) = false;
+  CondVar wake_;
+  std::thread refresh_;
+};
+
+}  // namespace modelstate::server
+
+#endif  // MODELSTATE_SERVER_SERVER_TLS_H_
