@@ -46,6 +46,7 @@ absl::Status SendStateDict(grpc::ServerContext* context,
   if (metadata_only) return absl::OkStatus();
   while (reader.remaining() > 0) {
     if (context->IsCancelled()) return absl::CancelledError("client cancelled");
+    MODELSTATE_RETURN_IF_ERROR(download.transfer->status());
     message.Clear();
     std::string* data = message.mutable_data();
     data->reserve(std::min<uint64_t>(download.chunk_bytes, reader.remaining()));
@@ -69,6 +70,7 @@ absl::Status RingStalled() {
 // Each stretch of the stream written where the client's direct `table`
 // says, in `peer`'s memory, and announced by a direct_bytes message.
 absl::Status SendStateDictDirect(grpc::ServerContext* context,
+                                 const Transfer& transfer,
                                  StateDictReader& reader, SharedRing& ring,
                                  const SharedRing::DirectTable& table,
                                  const PeerMemory& peer, ChunkWriter* writer) {
@@ -90,6 +92,7 @@ absl::Status SendStateDictDirect(grpc::ServerContext* context,
   v1::StateDictChunk message;
   while (reader.remaining() > 0) {
     if (context->IsCancelled()) return ClientWentAway();
+    MODELSTATE_RETURN_IF_ERROR(transfer.status());
     MODELSTATE_RETURN_IF_ERROR(peer.CheckAlive());
     MODELSTATE_ASSIGN_OR_RETURN(
         size_t n, reader.ReadTo(kStretchBytes, [&](absl::string_view piece) {
@@ -161,8 +164,8 @@ absl::Status SendStateDictThroughRing(grpc::ServerContext* context,
       absl::Status writable =
           CheckDirectTable(reader.layout(), table->targets, *lease.peer());
       if (writable.ok()) {
-        return SendStateDictDirect(context, reader, ring, *table, *lease.peer(),
-                                   writer);
+        return SendStateDictDirect(context, *download.transfer, reader, ring,
+                                   *table, *lease.peer(), writer);
       }
       if (!absl::IsFailedPrecondition(writable)) return writable;
     }
@@ -172,6 +175,7 @@ absl::Status SendStateDictThroughRing(grpc::ServerContext* context,
                           [&] { return context->IsCancelled(); })) {
       return context->IsCancelled() ? ClientWentAway() : RingStalled();
     }
+    MODELSTATE_RETURN_IF_ERROR(download.transfer->status());
     MODELSTATE_ASSIGN_OR_RETURN(
         size_t n, reader.ReadInto(ring.slot_bytes(), ring.slot(chunk)));
     if (n == 0) break;
@@ -646,6 +650,9 @@ grpc::Status ModelStateServiceImpl::GetStateDict(
         MODELSTATE_ASSIGN_OR_RETURN(
             StateDictDownload download,
             service_->GetStateDict(caller, std::move(args)));
+        // A revoked caller's stream ends at its next chunk; one that
+        // stalls is cancelled (ModelService::RecheckTransfers).
+        download.transfer->set_stop([context] { context->TryCancel(); });
         if (request->shared_memory_ring().empty() || request->metadata_only()) {
           return SendStateDict(context, download, request->metadata_only(),
                                writer);
@@ -688,6 +695,7 @@ grpc::Status ModelStateServiceImpl::LoadStateDict(
         MODELSTATE_ASSIGN_OR_RETURN(
             std::unique_ptr<LoadSession> session,
             service_->LoadStateDict(caller, std::move(args), std::move(slot)));
+        session->transfer().set_stop([context] { context->TryCancel(); });
         absl::Status received;
         if (start.shared_memory_ring().empty()) {
           received = ReceiveLoadData(context, reader, *session);

@@ -728,9 +728,12 @@ void Server::Reload(absl::string_view why) {
                                        config_.token_file)
                         : absl::StrCat(why, ": kept the principals in force: ",
                                        loaded.status().message()));
-    // Open subscriptions were authorised by the old file; audit watches
-    // notice the new one within a second on their own.
-    if (loaded.ok()) service_->RecheckSubscribers();
+    // Open subscriptions and transfers were authorised by the old file;
+    // audit watches notice the new one within a second on their own.
+    if (loaded.ok()) {
+      service_->RecheckSubscribers();
+      service_->RecheckTransfers();
+    }
   }
   absl::StatusOr<QuotaPolicy> quotas = LoadQuotas(config_);
   if (quotas.ok()) {

@@ -100,10 +100,8 @@ absl::Status AccessGate::AllowAdmin(const Caller& caller,
                   " (needs the admin role in every namespace)")));
 }
 
-absl::Status AccessGate::StillAllows(const Caller& caller,
-                                     absl::string_view rpc,
-                                     Permission permission) {
-  if (!authenticates()) return absl::OkStatus();
+absl::StatusOr<Principal> AccessGate::StillNamed(const Caller& caller,
+                                                 absl::string_view rpc) {
   const std::string& identity = caller.principal.identity;
   absl::StatusOr<Principal> now = auth_->Authenticate(caller.credentials);
   if (!now.ok() || now->identity != identity) {
@@ -114,6 +112,31 @@ absl::Status AccessGate::StillAllows(const Caller& caller,
             "' by the credentials this stream was opened with",
             now.ok() ? "" : absl::StrCat(" (", now.status().message(), ")"))));
   }
+  return now;
+}
+
+absl::Status AccessGate::StillAllowsIn(const Caller& caller,
+                                       absl::string_view rpc,
+                                       Permission permission,
+                                       const ModuleName& module) {
+  if (!authenticates()) return absl::OkStatus();
+  MODELSTATE_ASSIGN_OR_RETURN(Principal now, StillNamed(caller, rpc));
+  if (now.Allows(permission, module.ns)) return absl::OkStatus();
+  return Deny(
+      caller, rpc, module,
+      absl::PermissionDeniedError(absl::StrCat(
+          "'", caller.principal.identity, "' may no longer ", rpc,
+          " in namespace '", module.ns, "' (needs ", PermissionName(permission),
+          " permission; the token file was reloaded)")));
+}
+
+absl::Status AccessGate::StillAllows(const Caller& caller,
+                                     absl::string_view rpc,
+                                     Permission permission) {
+  if (!authenticates()) return absl::OkStatus();
+  const std::string& identity = caller.principal.identity;
+  absl::StatusOr<Principal> now = StillNamed(caller, rpc);
+  if (!now.ok()) return now.status();
   const std::vector<std::string> had =
       caller.principal.NamespacesFor(permission);
   const std::vector<std::string> has = now->NamespacesFor(permission);

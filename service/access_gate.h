@@ -99,6 +99,14 @@ class AccessGate {
   // registrations, or an audit watch, running until it disconnects.
   absl::Status StillAllows(const Caller& caller, absl::string_view rpc,
                            Permission permission);
+  // For a transfer of `module` (GetStateDict, LoadStateDict) opened by
+  // `caller`, asked again once the token file was reloaded: OK while its
+  // credentials still name the same identity and it still holds
+  // `permission` in the module's namespace (other namespaces it lost do
+  // not matter to this transfer). Otherwise UNAUTHENTICATED or
+  // PERMISSION_DENIED, recorded, as StillAllows.
+  absl::Status StillAllowsIn(const Caller& caller, absl::string_view rpc,
+                             Permission permission, const ModuleName& module);
   // Authenticator::generation(); 0 without authentication.
   uint64_t policy_generation() const {
     return auth_ != nullptr ? auth_->generation() : 0;
@@ -113,6 +121,10 @@ class AccessGate {
   void FlushDenials() { denials_.Stop(); }
 
  private:
+  // The principal `caller`'s credentials name now, if it is still the
+  // same identity; otherwise UNAUTHENTICATED, recorded.
+  absl::StatusOr<Principal> StillNamed(const Caller& caller,
+                                       absl::string_view rpc);
   absl::Status Deny(const Caller& caller, absl::string_view rpc,
                     const ModuleName& module, absl::Status denied);
   const Authenticator* const auth_;

@@ -271,6 +271,9 @@ absl::StatusOr<StateDictDownload> ModelService::GetStateDict(
   MODELSTATE_RETURN_IF_ERROR(
       gate_.Allow(caller, "GetStateDict", Permission::kRead, args.module));
   StateDictDownload download;
+  MODELSTATE_ASSIGN_OR_RETURN(
+      download.transfer,
+      TrackTransfer(caller, "GetStateDict", Permission::kRead, args.module));
   MODELSTATE_ASSIGN_OR_RETURN(download.slot,
                               streams_.Acquire(caller.ctx.identity));
   const Limits& limits = options_.limits;
@@ -308,6 +311,9 @@ absl::StatusOr<std::unique_ptr<LoadSession>> ModelService::LoadStateDict(
   MODELSTATE_RETURN_IF_ERROR(
       gate_.Allow(caller, "LoadStateDict", Permission::kWrite, args.module));
   std::unique_ptr<LoadSession> session(new LoadSession());
+  MODELSTATE_ASSIGN_OR_RETURN(
+      session->transfer_,
+      TrackTransfer(caller, "LoadStateDict", Permission::kWrite, args.module));
   if (slot == nullptr) {
     MODELSTATE_ASSIGN_OR_RETURN(slot, streams_.Acquire(caller.ctx.identity));
   }
@@ -344,12 +350,18 @@ absl::StatusOr<std::unique_ptr<LoadSession>> ModelService::LoadStateDict(
 LoadSession::~LoadSession() = default;
 
 absl::Status LoadSession::Append(std::string bytes) {
+  MODELSTATE_RETURN_IF_ERROR(transfer_->status());
   if (staged_ != nullptr) return staged_->Append(std::move(bytes));
   digest_->Update(bytes);
   return assembler_->Append(bytes);
 }
 
 absl::StatusOr<LoadResult> LoadSession::Finish() {
+  // Revoked after its last bytes came: nothing is applied. (A reload after
+  // this check finds the load already applying, as if it came after it.)
+  if (absl::Status revoked = transfer_->status(); !revoked.ok()) {
+    return Fail(std::move(revoked));
+  }
   // The staged bytes' digest is complete once they are all observed; a
   // write error is the load's, reported by LoadStaged.
   if (staged_ != nullptr) staged_->Drain().IgnoreError();
@@ -529,6 +541,78 @@ void ModelService::RecheckSubscribers() {
     // Detached before its stream ends, like any subscriber that leaves:
     // what it held fails by its policy, and it decides nothing more.
     if (!still.ok()) hub_->Disconnect(id, still, caller.ctx);
+  }
+}
+
+Transfer::~Transfer() {
+  MutexLock lock(&service_->transfers_mu_);
+  service_->transfers_.erase(id_);
+}
+
+absl::Status Transfer::status() const {
+  MutexLock lock(&mu_);
+  return status_;
+}
+
+void Transfer::set_stop(std::function<void()> stop) {
+  MutexLock lock(&mu_);
+  stop_ = std::move(stop);
+}
+
+absl::StatusOr<std::unique_ptr<Transfer>> ModelService::TrackTransfer(
+    const Caller& caller, const char* rpc, Permission permission,
+    const ModuleName& module) {
+  std::unique_ptr<Transfer> transfer(new Transfer());
+  transfer->service_ = this;
+  transfer->caller_ = caller;
+  transfer->rpc_ = rpc;
+  transfer->permission_ = permission;
+  transfer->module_ = module;
+  MutexLock lock(&transfers_mu_);
+  // A reload that came before this lock (its generation is the current
+  // one) may have rechecked the transfers already: asked here. One that
+  // comes after finds this transfer tracked.
+  if (gate_.policy_generation() != caller.policy_generation) {
+    MODELSTATE_RETURN_IF_ERROR(
+        gate_.StillAllowsIn(caller, rpc, permission, module));
+  }
+  transfer->id_ = ++next_transfer_id_;
+  transfers_.emplace(transfer->id_, transfer.get());
+  return transfer;
+}
+
+void ModelService::RecheckTransfers(absl::Duration grace) {
+  std::vector<uint64_t> revoked;
+  {
+    MutexLock lock(&transfers_mu_);
+    for (const auto& [id, transfer] : transfers_) {
+      absl::Status still =
+          gate_.StillAllowsIn(transfer->caller_, transfer->rpc_,
+                              transfer->permission_, transfer->module_);
+      if (still.ok()) continue;
+      MutexLock revoking(&transfer->mu_);
+      transfer->status_ = std::move(still);
+      revoked.push_back(id);
+    }
+  }
+  // Most end at their next message; a stalled one would hold its call (and
+  // a GetStateDict its snapshot) until its deadline.
+  const absl::Time deadline = absl::Now() + grace;
+  while (!revoked.empty()) {
+    {
+      MutexLock lock(&transfers_mu_);
+      std::erase_if(revoked,
+                    [&](uint64_t id) { return !transfers_.contains(id); });
+      if (absl::Now() >= deadline) {
+        for (uint64_t id : revoked) {
+          Transfer* transfer = transfers_.at(id);
+          MutexLock stopping(&transfer->mu_);
+          if (transfer->stop_) transfer->stop_();
+        }
+        return;
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(10));
   }
 }
 

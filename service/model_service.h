@@ -117,10 +117,45 @@ struct GetStateDictArgs {
 
 // A state_dict on its way out: its header and bytes in chunks. Holds one of
 // the caller's stream slots while it lives.
+// A GetStateDict or LoadStateDict under way, known to its service so that
+// a reload of the token file that revokes its caller stops it
+// (ModelService::RecheckTransfers): a leaked token revoked must not go on
+// taking state out, or putting it in. Untracked when destroyed.
+// Thread-safe.
+class Transfer {
+ public:
+  ~Transfer();
+  Transfer(const Transfer&) = delete;
+  Transfer& operator=(const Transfer&) = delete;
+
+  // OK, or why a reload revoked the transfer (UNAUTHENTICATED or
+  // PERMISSION_DENIED): the stream ends with it at its next message.
+  absl::Status status() const;
+  // Called when a revoked transfer is still under way after a grace
+  // period (a client that stalls sends or reads no next message), while
+  // the transfer is still tracked: the handler cancels its call there.
+  void set_stop(std::function<void()> stop);
+
+ private:
+  friend class ModelService;
+  Transfer() = default;
+
+  ModelService* service_ = nullptr;
+  uint64_t id_ = 0;
+  Caller caller_;
+  const char* rpc_ = "";
+  Permission permission_ = Permission::kRead;
+  ModuleName module_;
+  mutable Mutex mu_;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> stop_ ABSL_GUARDED_BY(mu_);
+};
+
 struct StateDictDownload {
   std::unique_ptr<StateDictReader> reader;
   uint32_t chunk_bytes = 0;
   std::unique_ptr<StreamLimiter::Slot> slot;
+  std::unique_ptr<Transfer> transfer;  // never null
 };
 
 struct LoadStateDictArgs {
@@ -146,6 +181,9 @@ class LoadSession {
   // The stream ended early (cancelled, or a message out of place): records
   // the failed load and returns `why`.
   absl::Status Fail(absl::Status why);
+  // Append and Finish fail with its status once it is revoked: a revoked
+  // load applies nothing.
+  Transfer& transfer() { return *transfer_; }
 
  private:
   friend class ModelService;
@@ -163,6 +201,7 @@ class LoadSession {
   std::unique_ptr<StagedStateDict> staged_;        // copying loads
   std::unique_ptr<StateDictAssembler> assembler_;  // assigning loads
   std::unique_ptr<StreamLimiter::Slot> slot_;
+  std::unique_ptr<Transfer> transfer_;
 };
 
 struct MoveModuleArgs {
@@ -203,6 +242,7 @@ class SubscriberSession {
   SubscriberSession() = default;
 
   ModelService* service_ = nullptr;
+  uint64_t id_ = 0;
   Caller caller_;
   std::unique_ptr<StreamLimiter::Slot> slot_;
   uint64_t subscriber_id_ = 0;
@@ -390,6 +430,12 @@ class ModelService {
   // the namespaces it could when it subscribed (UNAUTHENTICATED or
   // PERMISSION_DENIED, recorded). Audit watches ask on their own.
   void RecheckSubscribers();
+  // After the token file was reloaded: revokes every GetStateDict and
+  // LoadStateDict under way whose caller's credentials no longer name a
+  // principal with its permission in the module's namespace (recorded as
+  // denied); each ends with that status at its next message. Those still
+  // under way after `grace` are stopped (Transfer::set_stop).
+  void RecheckTransfers(absl::Duration grace = absl::Seconds(1));
   // Frees a subscriber name for any identity: admins only; the hub's
   // errors otherwise (SubscriberHub::ReleaseName); INVALID_ARGUMENT naming
   // the field for an empty name.
@@ -454,6 +500,14 @@ class ModelService {
 
  private:
   friend class SubscriberSession;
+  friend class Transfer;
+
+  // A transfer of `module` by `caller`, tracked; refused as
+  // RecheckTransfers would when a reload came since `caller` was
+  // authenticated.
+  absl::StatusOr<std::unique_ptr<Transfer>> TrackTransfer(
+      const Caller& caller, const char* rpc, Permission permission,
+      const ModuleName& module);
 
   // The subscribers attached now, by hub id, with the callers that opened
   // them (RecheckSubscribers).
@@ -486,6 +540,13 @@ class ModelService {
   mutable Mutex subscribers_mu_;
   absl::flat_hash_map<uint64_t, Caller> subscribers_
       ABSL_GUARDED_BY(subscribers_mu_);
+  // Held while a transfer is tracked or untracked, and by RecheckTransfers
+  // while it looks at them: a tracked transfer's call is still under way.
+  Mutex transfers_mu_;
+  // By an id of their own (an address may be reused by the next one).
+  absl::flat_hash_map<uint64_t, Transfer*> transfers_
+      ABSL_GUARDED_BY(transfers_mu_);
+  uint64_t next_transfer_id_ ABSL_GUARDED_BY(transfers_mu_) = 0;
 };
 
 }  // namespace modelstate

@@ -1413,6 +1413,196 @@ TEST(AccessReloadTest, ASubscriptionRevokedBeforeItAttachesIsNeverAttached) {
   std::filesystem::remove_all(dir, ignored);
 }
 
+// 64 x Linear(512, 512) in `module`: 64 MiB of state, far more than the
+// flow-control windows hold, so that a transfer of it is still under way
+// when the test reloads the token file.
+void BuildBig(client::ModelStateClient& c, const std::string& module) {
+  std::string spec = R"({"type": "Sequential", "children": [)";
+  for (int i = 0; i < 64; ++i) {
+    absl::StrAppend(&spec, i == 0 ? "" : ",",
+                    R"({"spec": {"type": "Linear", "args": [512, 512]}})");
+  }
+  spec += "]}";
+  ASSERT_THAT(c.BuildModule(BuildRequest(module, spec)), IsOk());
+}
+
+// The first 64 KiB of `module`'s state as GetStateDict streams it.
+std::string FirstBytes(client::ModelStateClient& c, const std::string& module) {
+  auto context = c.NewContext(absl::Seconds(10));
+  v1::GetStateDictRequest request;
+  request.set_module(module);
+  request.set_chunk_bytes(64 << 10);
+  auto reader = c.stub().GetStateDict(context.get(), request);
+  v1::StateDictChunk chunk;
+  if (!reader->Read(&chunk) || !reader->Read(&chunk)) return "";
+  context->TryCancel();
+  (void)reader->Finish();
+  return chunk.data();
+}
+
+// Waits for the server's log to say that a SIGHUP was handled `count`
+// times.
+void AwaitReloads(const TestServer& server, int count) {
+  for (int i = 0; i < 300; ++i) {
+    const std::string log = server.Log();
+    int seen = 0;
+    for (size_t at = log.find("SIGHUP: "); at != std::string::npos;
+         at = log.find("SIGHUP: ", at + 1)) {
+      ++seen;
+    }
+    if (seen >= count) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  FAIL() << "no reload: " << server.Log();
+}
+
+// A reload that revokes a caller ends its GetStateDict or LoadStateDict
+// under way: a leaked token revoked must stop taking state out (or putting
+// it in) at once, not when its transfer of many GB finishes. The stream
+// ends at its next message with the reason, recorded as denied; a revoked
+// load applies nothing; a transfer whose caller keeps its rights goes on;
+// a revoked client that stalls is cancelled.
+TEST(AccessReloadTest, AReloadEndsTheTransfersOfRevokedCallers) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      absl::StrCat("access-revoke-transfer-", getpid());
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path tokens = dir / "tokens.json";
+  std::vector<Who> people = People();
+  people.push_back({"stall", "stall-token", {{"reader", {"team-a"}}}});
+  WriteText(tokens, TokenFile(people));
+  TestServer server({"--token_file=" + tokens.string()});
+  ASSERT_THAT(server.Start(), IsOk());
+  auto as = [&](const std::string& token) {
+    return ClientWithToken(server, token);
+  };
+  std::unique_ptr<client::ModelStateClient> root = as("root-token");
+  BuildBig(*root, "team-a/big");
+  const std::string before = FirstBytes(*root, "team-a/big");
+  ASSERT_EQ(before.size(), 64u << 10);
+  ASSERT_NE(before, std::string(before.size(), '\0'));
+
+  // rita reads slowly (revoked: her token goes), root reads (kept), stall
+  // stops reading (revoked), alice loads zeros (loses builder).
+  auto get = [&](client::ModelStateClient& c, grpc::ClientContext* context) {
+    v1::GetStateDictRequest request;
+    request.set_module("team-a/big");
+    request.set_chunk_bytes(64 << 10);
+    auto reader = c.stub().GetStateDict(context, request);
+    v1::StateDictChunk chunk;
+    EXPECT_TRUE(reader->Read(&chunk) && chunk.has_header());
+    EXPECT_TRUE(reader->Read(&chunk));
+    return reader;
+  };
+  std::unique_ptr<client::ModelStateClient> rita = as("rita-token");
+  auto rita_context = rita->NewContext(absl::Seconds(30));
+  auto rita_reader = get(*rita, rita_context.get());
+  auto root_context = root->NewContext(absl::Seconds(30));
+  auto root_reader = get(*root, root_context.get());
+  std::unique_ptr<client::ModelStateClient> stall = as("stall-token");
+  auto stall_context = stall->NewContext(absl::Seconds(30));
+  auto stall_reader = get(*stall, stall_context.get());
+
+  std::unique_ptr<client::ModelStateClient> alice = as("alice-token");
+  auto load_context = alice->NewContext(absl::Seconds(30));
+  v1::LoadStateDictResponse load_response;
+  auto loader = alice->stub().LoadStateDict(load_context.get(), &load_response);
+  {
+    StateDict zeros;
+    for (int i = 0; i < 64; ++i) {
+      zeros.tensors.Set(absl::StrCat(i, ".weight"),
+                        *Tensor::Zeros(DType::kFloat32, {512, 512}));
+      zeros.tensors.Set(absl::StrCat(i, ".bias"),
+                        *Tensor::Zeros(DType::kFloat32, {512}));
+    }
+    v1::LoadStateDictRequest start;
+    start.mutable_start()->set_module("team-a/big");
+    convert::LayoutToHeader(LayoutOf(zeros),
+                            start.mutable_start()->mutable_header());
+    ASSERT_TRUE(loader->Write(start));
+  }
+  v1::LoadStateDictRequest data;
+  data.set_data(std::string(1 << 20, '\0'));
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(loader->Write(data));
+
+  std::vector<Who> after;
+  for (Who w : people) {
+    if (w.identity == "rita" || w.identity == "stall") continue;
+    if (w.identity == "alice") w.roles = {{"reader", {"team-a"}}};
+    after.push_back(w);
+  }
+  WriteText(tokens, TokenFile(after));
+  ASSERT_EQ(kill(server.pid(), SIGHUP), 0);
+  AwaitReloads(server, 1);
+
+  // rita reads on, slowly: what was in flight, then the reason.
+  v1::StateDictChunk chunk;
+  size_t rita_bytes = 0;
+  while (rita_reader->Read(&chunk)) {
+    rita_bytes += chunk.data().size();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  grpc::Status rita_status = rita_reader->Finish();
+  EXPECT_EQ(rita_status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+      << rita_status.error_message();
+  EXPECT_THAT(rita_status.error_message(), HasSubstr("no longer names 'rita'"));
+  EXPECT_LT(rita_bytes, 48u << 20);
+
+  // alice's next message is refused, and nothing of hers is loaded.
+  for (int i = 4; i < 64 && loader->Write(data); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  loader->WritesDone();
+  grpc::Status load_status = loader->Finish();
+  EXPECT_EQ(load_status.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << load_status.error_message();
+  EXPECT_THAT(load_status.error_message(),
+              HasSubstr("'alice' may no longer LoadStateDict in namespace "
+                        "'team-a'"));
+  EXPECT_EQ(FirstBytes(*root, "team-a/big"), before);
+
+  // root's goes on to the end.
+  size_t root_bytes = 0;
+  while (root_reader->Read(&chunk)) root_bytes += chunk.data().size();
+  EXPECT_THAT(root_reader->Finish().error_code(), grpc::StatusCode::OK);
+  EXPECT_EQ(root_bytes + (64u << 10), 64u * (512 * 512 + 512) * 4);
+
+  // stall never read: cancelled after the grace, well before its deadline.
+  const auto started = std::chrono::steady_clock::now();
+  while (stall_reader->Read(&chunk)) {
+  }
+  grpc::Status stalled = stall_reader->Finish();
+  EXPECT_NE(stalled.error_code(), grpc::StatusCode::OK);
+  EXPECT_LT(std::chrono::steady_clock::now() - started,
+            std::chrono::seconds(10));
+
+  // Each revocation is recorded, under the revoked identity.
+  v1::QueryAuditRequest query;
+  query.mutable_filter()->set_type("denied");
+  query.set_limit(1000);
+  v1::QueryAuditResponse records;
+  auto query_context = root->NewContext(absl::Seconds(10));
+  ASSERT_TRUE(
+      root->stub().QueryAudit(query_context.get(), query, &records).ok());
+  std::set<std::string> denied;
+  for (const v1::AuditRecordProto& r : records.records()) {
+    denied.insert(r.identity());
+  }
+  EXPECT_THAT(denied, Contains("rita"));
+  EXPECT_THAT(denied, Contains("alice"));
+  EXPECT_THAT(denied, Contains("stall"));
+  // And alice's load as one that failed.
+  query.mutable_filter()->set_type("load_state_dict");
+  query.mutable_filter()->set_identity("alice");
+  auto load_query = root->NewContext(absl::Seconds(10));
+  ASSERT_TRUE(root->stub().QueryAudit(load_query.get(), query, &records).ok());
+  ASSERT_EQ(records.records_size(), 1);
+  EXPECT_THAT(records.records(0).DebugString(), HasSubstr("may no longer"));
+  server.Stop();
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+}
+
 // ------------------------------------------------------- start-up refusals
 
 TEST(AccessStartTest, RefusesUnsafeConfigurations) {
