@@ -258,6 +258,12 @@ absl::StatusOr<std::vector<AttestedResource>> VerifyOmsBundle(
   MODELSTATE_ASSIGN_OR_RETURN(DsseEnvelope envelope,
                               DsseFromJson(bundle["dsseEnvelope"].dump()));
   MODELSTATE_RETURN_IF_ERROR(VerifyDsse(envelope, public_key));
+  // DSSE: a payload type the verifier does not expect is rejected, even
+  // under a good signature; OMS's statement is an in-toto one.
+  if (envelope.payload_type != kInTotoPayloadType) {
+    return BundleError(absl::StrCat("payloadType is \"", envelope.payload_type,
+                                    "\", not \"", kInTotoPayloadType, "\""));
+  }
   MODELSTATE_ASSIGN_OR_RETURN(InTotoStatement statement,
                               InTotoStatementFromJson(envelope.payload));
   if (statement.predicate_type != kOmsPredicateType) {

@@ -88,10 +88,10 @@ absl::StatusOr<InTotoStatement> OmsStatement(
 absl::StatusOr<std::string> SignOmsBundle(absl::string_view model_name,
                                           std::vector<AttestedResource> files,
                                           const Ed25519PrivateKey& key);
-// Checks a bundle: its DSSE signature under `public_key`, the predicate
-// type, the serialization method, and that the subject is the digest of the
-// listed resources. Returns the resources. INVALID_ARGUMENT naming what
-// failed.
+// Checks a bundle: its DSSE signature under `public_key`, the payload type
+// (in-toto's), the predicate type, the serialization method, and that the
+// subject is the digest of the listed resources. Returns the resources.
+// INVALID_ARGUMENT naming what failed.
 absl::StatusOr<std::vector<AttestedResource>> VerifyOmsBundle(
     absl::string_view bundle_json, absl::string_view public_key);
 

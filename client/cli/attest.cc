@@ -28,6 +28,7 @@
 #include "base/status_macros.h"
 #include "client/cli/command.h"
 #include "client/cli/interrupt.h"
+#include "client/cli/output.h"
 #include "core/safetensors.h"
 #include "core/state_digest.h"
 #include "modelstate/v1/model_state_service.pb.h"
@@ -95,7 +96,21 @@ absl::StatusOr<VerifierKey> KeyArgument(const std::string& key_or_file) {
   return key;
 }
 
-// Compares the statement's subjects with what `state` holds, by name.
+// The subject annotation `key` ("dtype", "shape") as compact JSON text, or
+// "" when the annotations lack it.
+std::string Annotation(const AttestedResource& r, const char* key) {
+  const nlohmann::json annotations =
+      nlohmann::json::parse(r.annotations_json, nullptr, false);
+  if (!annotations.is_object() || !annotations.contains(key)) return "";
+  return annotations[key].dump();
+}
+
+// Compares the statement's subjects with what `state` holds, by name: the
+// digest, and the dtype and shape the statement annotates. The digest
+// covers the raw bytes alone, so the same bytes read as another dtype or
+// shape (a float32[2, 4] entry replaced by an int32[4, 2] one, zeros of
+// float32[8] by zeros of float16[16]) match it: only the annotations,
+// which the signature binds too, tell such an entry from the attested one.
 absl::Status CompareSubjects(Context& c, const InTotoStatement& statement,
                              const StateDict& state, absl::string_view source) {
   MODELSTATE_ASSIGN_OR_RETURN(std::vector<AttestedResource> actual,
@@ -103,15 +118,29 @@ absl::Status CompareSubjects(Context& c, const InTotoStatement& statement,
   std::map<std::string, const AttestedResource*> by_name;
   for (const AttestedResource& r : actual) by_name[r.name] = &r;
   for (const AttestedResource& s : statement.subjects) {
+    const std::string what = absl::StrCat("subject '", s.name, "'");
     auto it = by_name.find(s.name);
     if (it == by_name.end()) {
-      return CheckFailed(c, absl::StrCat("subject '", s.name, "'"),
-                         absl::StrCat("not in ", source));
+      return CheckFailed(c, what, absl::StrCat("not in ", source));
     }
     if (it->second->sha256 != s.sha256) {
-      return CheckFailed(c, absl::StrCat("subject '", s.name, "'"),
+      return CheckFailed(c, what,
                          absl::StrCat("digest ", it->second->sha256, " in ",
                                       source, ", attested ", s.sha256));
+    }
+    for (const char* key : {"dtype", "shape"}) {
+      const std::string attested = Annotation(s, key);
+      if (attested.empty()) {
+        return CheckFailed(
+            c, what,
+            absl::StrCat("the attestation gives no ", key, " to check"));
+      }
+      const std::string found = Annotation(*it->second, key);
+      if (found != attested) {
+        return CheckFailed(c, what,
+                           absl::StrCat(key, " ", found, " in ", source,
+                                        ", attested ", attested));
+      }
     }
     by_name.erase(it);
   }
@@ -203,6 +232,20 @@ absl::Status CheckInclusions(Context& c, const InTotoStatement& statement,
   return absl::OkStatus();
 }
 
+// The module the statement attests (its buildDefinition's
+// externalParameters.module), or "" when it names none.
+std::string AttestedModule(const InTotoStatement& statement) {
+  const nlohmann::json predicate =
+      nlohmann::json::parse(statement.predicate_json, nullptr, false);
+  const nlohmann::json::json_pointer where(
+      "/buildDefinition/externalParameters/module");
+  if (!predicate.is_object() || !predicate.contains(where) ||
+      !predicate[where].is_string()) {
+    return "";
+  }
+  return predicate[where].get<std::string>();
+}
+
 absl::Status RunVerify(Context& c, const VerifyArgs& a) {
   MODELSTATE_ASSIGN_OR_RETURN(VerifierKey key, KeyArgument(a.key));
   MODELSTATE_ASSIGN_OR_RETURN(std::string text, ReadInputFile(a.envelope));
@@ -213,6 +256,13 @@ absl::Status RunVerify(Context& c, const VerifyArgs& a) {
   if (absl::Status s = VerifyDsse(*envelope, key.public_key); !s.ok()) {
     return CheckFailed(c, "signature", s.message());
   }
+  // DSSE: a verifier rejects a payload type it does not expect, so that a
+  // signature over another kind of payload never passes for a statement.
+  if (envelope->payload_type != kInTotoPayloadType) {
+    return CheckFailed(
+        c, "payloadType",
+        absl::StrCat(envelope->payload_type, ", not ", kInTotoPayloadType));
+  }
   absl::StatusOr<InTotoStatement> statement =
       InTotoStatementFromJson(envelope->payload);
   if (!statement.ok()) {
@@ -220,6 +270,20 @@ absl::Status RunVerify(Context& c, const VerifyArgs& a) {
   }
   if (statement->predicate_type != kSlsaProvenanceV1) {
     return CheckFailed(c, "predicateType", statement->predicate_type);
+  }
+  if (a.module.has_value()) {
+    // The digests alone would let one module's attestation vouch for
+    // another that holds the same bytes (two builds of one spec and seed),
+    // citing a history that is not the other's.
+    const std::string attested = AttestedModule(*statement);
+    const std::string wanted = FullName(*a.module);
+    if (attested != wanted) {
+      return CheckFailed(c, "module",
+                         attested.empty()
+                             ? std::string("the attestation names no module")
+                             : absl::StrCat("the attestation is of ", attested,
+                                            ", not ", wanted));
+    }
   }
   c.out() << "signature: OK (" << key.name << ")\n";
   if (a.file.has_value()) {
@@ -352,10 +416,12 @@ void AddAttestCommands(CommandSet& commands) {
   CLI::App* v = commands.Add(
       {"verify-attestation", "check an attestation",
        "Checks the envelope's signature with --key (the log's verifier key "
-       "or a file holding it), then the attested digests against a "
-       "safetensors file (--file) or the live module (--module), and with "
-       "--online each cited audit record's inclusion under the cited "
-       "checkpoint. Exit status 1 names the first check that failed.",
+       "or a file holding it) and its in-toto payload type, then the "
+       "attested digests, dtypes and shapes against a safetensors file "
+       "(--file) or the live module (--module, which must be the attested "
+       "module), and with --online each cited audit record's inclusion "
+       "under the cited checkpoint. Exit status 1 names the first check "
+       "that failed.",
        "modelstatectl verify-attestation mlp.dsse.json --key key.vkey "
        "--file mlp.safetensors"},
       [verify](Context& c) { return RunVerify(c, *verify); });

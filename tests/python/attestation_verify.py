@@ -130,7 +130,11 @@ class AttestationTest(unittest.TestCase):
             t = tensors[s["name"]]
             self.assertEqual(s["digest"]["sha256"], tensor_digest(t),
                              s["name"])
+            # The digest covers the raw bytes alone: the dtype and shape
+            # the signature binds are checked beside it.
             self.assertEqual(s["annotations"]["shape"], list(t.shape))
+            self.assertEqual(s["annotations"]["dtype"],
+                             str(t.dtype).replace("torch.", ""))
         self.assertEqual(statement["subject"][0]["annotations"]["dtype"],
                          "float16")
         build = statement["predicate"]["buildDefinition"][

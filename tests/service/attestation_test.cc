@@ -36,6 +36,7 @@ namespace {
 using ::modelstate::testing::BuildRequest;
 using ::modelstate::testing::InProcessServer;
 using ::modelstate::testing::IsOk;
+using ::modelstate::testing::ParseJson;
 using ::modelstate::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -97,6 +98,16 @@ TEST(AttestationFormatTest, OmsBundleVerifiesAndDetectsTampering) {
   auto other = Ed25519PrivateKey::FromSeed(std::string(32, '\x08'));
   EXPECT_THAT(VerifyOmsBundle(*bundle, other->public_key()).status(),
               StatusIs(absl::StatusCode::kInvalidArgument));
+
+  // The same statement, validly signed as another payload type: DSSE says
+  // a verifier rejects a type it does not expect.
+  auto retyped = SignDsse("text/plain", env->payload, *key);
+  ASSERT_THAT(retyped.status(), IsOk());
+  nlohmann::json wrong_type = nlohmann::json::parse(*bundle);
+  wrong_type["dsseEnvelope"] = nlohmann::json::parse(DsseToJson(*retyped));
+  EXPECT_THAT(
+      VerifyOmsBundle(wrong_type.dump(), key->public_key()).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("payloadType")));
 }
 
 TEST(BuildRecordTest, TheSpecIsRecordedWithItsArgumentsAndDigest) {
@@ -359,6 +370,82 @@ TEST_F(AttestServerTest, VerifyNamesWhatFailed) {
   EXPECT_THAT(
       client_->AttestModule("").status(),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("module")));
+}
+
+// What a digest of raw bytes cannot tell: another module holding the same
+// bytes, and an entry whose bytes stayed while its dtype or shape changed.
+// The attestation names its module and annotates each subject's dtype and
+// shape, and the signature binds them: the verifier checks them, and
+// rejects a payload type other than in-toto's.
+TEST_F(AttestServerTest, VerifyChecksModuleDtypeShapeAndPayloadType) {
+  const std::string spec = R"({"type": "Host", "custom": true, "members": [
+      {"parameter": {"name": "w", "shape": [2, 4], "init": {"kind": "normal"}}},
+      {"buffer": {"name": "z", "shape": [8], "init": {"kind": "zeros"}}}]})";
+  // Same spec, same seed: the same bytes.
+  ASSERT_THAT(client_->BuildModule(BuildRequest("team/one", spec, 7)).status(),
+              IsOk());
+  ASSERT_THAT(client_->BuildModule(BuildRequest("team/two", spec, 7)).status(),
+              IsOk());
+  auto attested = client_->AttestModule("team/one");
+  ASSERT_THAT(attested.status(), IsOk());
+  const std::string key = attested->verifier_key();
+  const std::string dsse = Path("one.dsse.json");
+  std::ofstream(dsse) << attested->envelope();
+  CliResult r = Cli({"verify-attestation", dsse, "--key", key, "--module",
+                     "team/one", "--online"});
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+
+  // Another module with the same bytes is not the attested one.
+  r = Cli({"verify-attestation", dsse, "--key", key, "--module", "team/two"});
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("FAILED: module: the attestation is of "
+                               "team/one, not team/two"));
+
+  // A file whose weight has the attested bytes as int32[4, 2].
+  StateDict state = *client_->GetStateDict("team/one");
+  for (auto& item : state.tensors) {
+    if (item.key != "w") continue;
+    auto reread = Tensor::FromBytes(DType::kInt32, {4, 2},
+                                    testing::HostBytes(item.value));
+    ASSERT_THAT(reread.status(), IsOk());
+    item.value = *reread;
+  }
+  const std::string file = Path("one-reinterpreted.safetensors");
+  ASSERT_THAT(WriteSafetensorsFile(file, state), IsOk());
+  r = Cli({"verify-attestation", dsse, "--key", key, "--file", file});
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("FAILED: subject 'w': dtype \"int32\" in " +
+                               file + ", attested \"float32\""));
+
+  // The live module changed after the attestation: its zero buffer
+  // float32[8] became float16[16] zeros, the same 32 bytes.
+  v1::RemoveEntryRequest remove;
+  remove.set_module("team/one");
+  remove.set_name("z");
+  ASSERT_THAT(client_->RemoveEntry(remove).status(), IsOk());
+  ASSERT_THAT(client_->RegisterBuffer(ParseJson<v1::RegisterTensorRequest>(
+                  R"({"module": "team/one", "name": "z",
+                      "init": {"shape": [16], "dtype": "float16",
+                               "init": {"kind": "zeros"}}})")),
+              IsOk());
+  r = Cli({"verify-attestation", dsse, "--key", key, "--module", "team/one"});
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("FAILED: subject 'z': dtype \"float16\" in "
+                               "module team/one, attested \"float32\""));
+
+  // The statement, validly signed under another payload type.
+  auto envelope = DsseFromJson(attested->envelope());
+  ASSERT_THAT(envelope.status(), IsOk());
+  auto signing_key = Ed25519PrivateKey::FromPem(
+      *ReadFile((server_.data_dir() / "audit.key").string()));
+  ASSERT_THAT(signing_key.status(), IsOk());
+  auto retyped = SignDsse("text/plain", envelope->payload, *signing_key);
+  ASSERT_THAT(retyped.status(), IsOk());
+  const std::string plain = Path("plain.dsse.json");
+  std::ofstream(plain) << DsseToJson(*retyped);
+  r = Cli({"verify-attestation", plain, "--key", key});
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("FAILED: payloadType: text/plain"));
 }
 
 TEST(StateDigestTest, StreamDigestSplitsEntriesAtTheirBoundaries) {
