@@ -52,6 +52,8 @@ AttestJson BuildDefinition(const AttestationFacts& facts) {
   AttestJson loads = AttestJson::array();
   for (const AuditRecord& r : facts.records) {
     AttestJson details = RecordDetails(r);
+    // A failed change listed because it may have applied in part.
+    if (r.outcome == "error") details["outcome"] = r.outcome;
     if (r.type == "build") {
       AttestJson build = AttestJson::object();
       for (const char* key : {"type", "spec", "spec_sha256", "seed", "dtype",
@@ -71,7 +73,13 @@ AttestJson BuildDefinition(const AttestationFacts& facts) {
       load["annotations"] = std::move(details);
       loads.push_back(std::move(load));
     } else if (r.type == "register" || r.type == "move" ||
-               r.type == "set_training" || r.type == "forward") {
+               r.type == "set_training" || r.type == "forward" ||
+               r.type == "move_out" || r.type == "move_in") {
+      // A cluster move: between a move_out and the move_in that brought
+      // the module back, it was shaped on another replica, whose records
+      // (a load, a registration) are in that replica's log, not cited
+      // here. The moves are listed, naming the replicas, so that the
+      // statement never passes that span off as no change.
       details["seq"] = r.seq;
       details["type"] = r.type;
       changes.push_back(std::move(details));
@@ -136,6 +144,20 @@ absl::StatusOr<AttestJson> RunDetails(const AttestationFacts& facts) {
           {{"identities", identities}, {"subscribers", subscribers}}}}}}};
 }
 
+// Whether a change that failed may still have changed the module: a
+// non-atomic load keeps the entries it copied before the error (PyTorch's
+// partial behaviour), and a training-mode forward keeps the buffer updates
+// of the layers that ran before the one that failed (a forward is recorded
+// only when it may change the module). Other changes fail whole.
+bool FailedYetMayHaveChanged(const AuditRecord& r) {
+  if (r.type == "forward") return true;
+  if (r.type != "load_state_dict") return false;
+  const AttestJson details = RecordDetails(r);
+  auto atomic = details.find("atomic");
+  return atomic != details.end() && atomic->is_boolean() &&
+         !atomic->get<bool>();
+}
+
 }  // namespace
 
 std::vector<AuditRecord> RecordsThatShaped(
@@ -150,7 +172,8 @@ std::vector<AuditRecord> RecordsThatShaped(
   std::vector<AuditRecord> out;
   for (size_t i = start; i < module_records.size(); ++i) {
     const AuditRecord& r = module_records[i];
-    if (r.type == "denied" || r.outcome == "error") continue;
+    if (r.type == "denied") continue;
+    if (r.outcome == "error" && !FailedYetMayHaveChanged(r)) continue;
     out.push_back(r);
   }
   return out;

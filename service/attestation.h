@@ -4,8 +4,9 @@
 // raw little-endian bytes, dtype and shape), in state_dict order. Its
 // predicate is SLSA Provenance v1 built from the audit records of the
 // module's current life: buildDefinition (the build's type, seed, dtype and
-// device; each load with the digest the log recorded), runDetails (this
-// server's version, the log's identity, who did what), and as byproducts
+// device; the later changes, cluster moves included; each load with the
+// digest the log recorded), runDetails (this server's version, the log's
+// identity, who did what), and as byproducts
 // the signed checkpoint that covers those records and, for each record, its
 // seq, type and RFC 6962 leaf hash, so that anyone holding the log's key
 // can check each record's inclusion.
@@ -46,7 +47,9 @@ inline constexpr absl::string_view kRecordsByproduct = "audit-records";
 // Of one module's records (all with its namespace and name, in seq order),
 // those of its current life that shaped it: everything after its last
 // successful delete, except refused calls ("denied") and changes that
-// failed (outcome "error"), which changed nothing.
+// failed (outcome "error") whole. A failed non-atomic load and a failed
+// forward (one that may write buffers) are kept: they may have changed the
+// module before they failed.
 std::vector<AuditRecord> RecordsThatShaped(
     absl::Span<const AuditRecord> module_records);
 

@@ -207,6 +207,63 @@ TEST(AttestationRecordsTest, CurrentLifeWithoutFailuresOrDenials) {
   EXPECT_THAT(seqs, ElementsAre(3, 6));
 }
 
+// A failed non-atomic load keeps the entries it copied before the error,
+// and a failed training-mode forward the buffer updates of the layers that
+// ran: those failures changed the module, and the attestation cites them.
+TEST(AttestationRecordsTest, FailuresThatMayHaveChangedTheModuleAreKept) {
+  const char* types[] = {"build", "load_state_dict", "load_state_dict",
+                         "forward", "move"};
+  const char* details[] = {"{}", R"({"atomic":true})", R"({"atomic":false})",
+                           R"({"training":true})", "{}"};
+  const char* outcomes[] = {"ok", "error", "error", "error", "error"};
+  std::vector<AuditRecord> records(5);
+  for (size_t i = 0; i < records.size(); ++i) {
+    records[i].seq = i + 1;
+    records[i].type = types[i];
+    records[i].details_json = details[i];
+    records[i].outcome = outcomes[i];
+  }
+  std::vector<uint64_t> seqs;
+  for (const AuditRecord& r : RecordsThatShaped(records)) seqs.push_back(r.seq);
+  EXPECT_THAT(seqs, ElementsAre(1, 3, 4));
+}
+
+// A module moved to another replica and back was shaped there too (a load
+// in that replica's log): the statement lists both moves, naming the
+// replicas, rather than show the build as the last change.
+TEST(AttestationRecordsTest, ClusterMovesAreListedAsChanges) {
+  const char* types[] = {"build", "move_out", "move_in"};
+  const char* details[] = {R"({"seed":5,"type":"Linear"})",
+                           R"({"bytes":2710,"to_replica":"r1"})",
+                           R"({"bytes":2728,"from_replica":"r1"})"};
+  AttestationFacts facts;
+  facts.module = "team/m";
+  for (int i = 0; i < 3; ++i) {
+    AuditRecord r;
+    r.seq = i + 5;
+    r.type = types[i];
+    r.outcome = "ok";
+    r.ns = "team";
+    r.module = "m";
+    r.details_json = details[i];
+    facts.records.push_back(r);
+  }
+  StateDict state;
+  state.tensors.Set("w", testing::Zeros({2}));
+  facts.state = &state;
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(InTotoStatement statement,
+                                  ModuleStatement(facts));
+  const auto predicate = nlohmann::json::parse(statement.predicate_json);
+  const auto& changes =
+      predicate["buildDefinition"]["externalParameters"]["changes"];
+  ASSERT_EQ(changes.size(), 2u) << changes.dump();
+  EXPECT_EQ(changes[0]["type"], "move_out");
+  EXPECT_EQ(changes[0]["to_replica"], "r1");
+  EXPECT_EQ(changes[1]["type"], "move_in");
+  EXPECT_EQ(changes[1]["from_replica"], "r1");
+  EXPECT_EQ(changes[1]["seq"], 7);
+}
+
 struct CliResult {
   int code = 0;
   std::string out;
