@@ -1404,6 +1404,21 @@ absl::StatusOr<AuditVerification> AuditLog::Verify(
         if (leaves != nullptr) leaves->push_back(AuditLeafHash(line));
         return absl::OkStatus();
       }));
+  if (leaves != nullptr && !walk.verification.ok) {
+    // The leaves of the lines from the broken one on too: the tree is over
+    // the lines as stored, whatever their chain, and without them a record
+    // changed in place would compare with a checkpoint as a log cut short
+    // there, not as the rewrite it is.
+    LineReader rest(fd, path, 0);
+    leaves->clear();
+    for (;;) {
+      bool terminated = false;
+      MODELSTATE_ASSIGN_OR_RETURN(std::optional<absl::string_view> line,
+                                  rest.Next(&terminated));
+      if (!line.has_value()) break;
+      leaves->push_back(AuditLeafHash(*line));
+    }
+  }
   return walk.verification;
 }
 

@@ -203,7 +203,10 @@ class AuditLog {
   // the first broken record, reading the file in chunks (memory does not
   // grow with the log; `leaves` does). NOT_FOUND if there is no file; an empty
   // file is a valid, empty chain. Any byte change in a stored line is detected.
-  // `leaves` (may be null) receives the leaf hash of each valid record.
+  // `leaves` (may be null) receives the leaf hash of each line, the lines
+  // from a broken record on included (the tree is over the lines as stored),
+  // so that a comparison with a checkpoint tells a record rewritten in place
+  // from records cut off.
   static absl::StatusOr<AuditVerification> Verify(
       const std::string& path, std::vector<MerkleHash>* leaves = nullptr);
 

@@ -226,6 +226,38 @@ TEST_F(AuditTreeTest, StartRefusesARewrittenLogNamingTheFirstDifference) {
                                                   "seq 6"))));
 }
 
+// Offline (`audit verify --file --key`): a record changed in place breaks
+// the chain there, and the log's tree still has every line, so the
+// comparison with the checkpoint says rewritten, not cut off.
+TEST_F(AuditTreeTest, OfflineCheckOfARecordChangedInPlaceSaysRewritten) {
+  Checkpoint checkpoint;
+  {
+    auto log = OpenLog();
+    ASSERT_THAT(log.status(), IsOk());
+    AppendRecords(**log, 10);
+    auto key = Ed25519PrivateKey::Generate();
+    auto signer = CheckpointSigner::Create(log->get(), *key, SignerOptions());
+    ASSERT_THAT(signer.status(), IsOk());
+    checkpoint = (*signer)->LatestCheckpoint();
+  }
+  ASSERT_EQ(checkpoint.size, 10u);
+  std::vector<std::string> lines = Lines();
+  const size_t at = lines[2].find("\"type\":\"") + 8;
+  lines[2][at] = lines[2][at] == 'x' ? 'y' : 'x';
+  WriteLines(lines);
+  std::vector<MerkleHash> leaves;
+  auto chain = AuditLog::Verify(Path("audit.log"), &leaves);
+  ASSERT_THAT(chain.status(), IsOk());
+  EXPECT_FALSE(chain->ok);
+  EXPECT_EQ(chain->broken_seq, 3u);
+  EXPECT_EQ(leaves.size(), 10u);
+  CheckpointComparison cmp =
+      CompareWithCheckpoint(leaves, checkpoint, nullptr, 0);
+  EXPECT_FALSE(cmp.ok);
+  EXPECT_THAT(cmp.problem, HasSubstr("rewritten"));
+  EXPECT_THAT(cmp.problem, ::testing::Not(HasSubstr("cut off")));
+}
+
 TEST_F(AuditTreeTest, SignerSignsWhileRecordsArriveAndTakesCosignatures) {
   auto log = OpenLog();
   ASSERT_THAT(log.status(), IsOk());
