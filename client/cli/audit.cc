@@ -221,6 +221,9 @@ void AddAuditCommand(CommandSet& commands) {
            "private key file (created if absent)");
   AddValue(audit, "--checkpoint", args->checkpoint, "FILE",
            "a saved checkpoint to check against (verify, prove, consistency)");
+  AddValue(audit, "--checkpoint-key", args->checkpoint_key, "KEY",
+           "consistency: the verifier key --checkpoint was signed with, when "
+           "the log's key was rotated since (default: --key)");
   AddValue(audit, "--hashes", args->hashes, "FILE",
            "verify: a copy of audit.hashes, to name the first differing seq");
   AddValue(audit, "--size", args->size, "N", "prove: the tree size")

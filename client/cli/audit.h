@@ -39,10 +39,13 @@ struct AuditArgs {
   // witness's private key file.
   std::optional<std::string> key;
   std::optional<std::string> checkpoint;  // a saved checkpoint note
-  std::optional<std::string> hashes;      // a copy of audit.hashes
-  std::optional<uint64_t> size;           // prove: the tree size
-  bool fresh = false;                     // checkpoint: sign one now
-  bool cluster = false;                   // verify: every replica's log
+  // consistency: the key --checkpoint was signed with, when the log's key
+  // was rotated since (default: --key).
+  std::optional<std::string> checkpoint_key;
+  std::optional<std::string> hashes;  // a copy of audit.hashes
+  std::optional<uint64_t> size;       // prove: the tree size
+  bool fresh = false;                 // checkpoint: sign one now
+  bool cluster = false;               // verify: every replica's log
   // witness
   std::optional<std::string> state;  // its state directory
   std::optional<std::string> name;   // its key name

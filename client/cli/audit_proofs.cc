@@ -203,8 +203,12 @@ absl::Status RunConsistency(Context& c, const AuditArgs& a) {
     return absl::OkStatus();
   }
   // The old checkpoint from --checkpoint, the new one the server's latest.
+  // Across a key rotation they are signed by different keys: the old one
+  // is checked with --checkpoint-key, the one its signer published then.
+  AuditArgs old_args = a;
+  if (a.checkpoint_key.has_value()) old_args.key = a.checkpoint_key;
   MODELSTATE_ASSIGN_OR_RETURN(TrustedCheckpoint old_cp,
-                              GetTrustedCheckpoint(c, a));
+                              GetTrustedCheckpoint(c, old_args));
   AuditArgs latest_args = a;
   latest_args.checkpoint.reset();
   MODELSTATE_ASSIGN_OR_RETURN(TrustedCheckpoint new_cp,

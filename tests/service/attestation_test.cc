@@ -12,8 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "base/checkpoint.h"
 #include "base/dsse.h"
 #include "base/file_util.h"
 #include "base/sha256.h"
@@ -503,6 +505,59 @@ TEST_F(AttestServerTest, VerifyChecksModuleDtypeShapeAndPayloadType) {
   r = Cli({"verify-attestation", plain, "--key", key});
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("FAILED: payloadType: text/plain"));
+}
+
+// After a key rotation (README "Rotating the key") the checkpoint a
+// verifier kept is signed with the old key and the latest with the new one:
+// `audit consistency` checks each with its own key (--checkpoint-key for
+// the old), and with one key for both it cannot check the step at all.
+TEST_F(AttestServerTest, ConsistencyAcrossAKeyRotationTakesBothKeys) {
+  const std::string spec = R"({"type": "Linear", "args": [2, 2]})";
+  ASSERT_THAT(client_->BuildModule(BuildRequest("team/r1", spec)).status(),
+              IsOk());
+  CliResult r = Cli({"audit", "checkpoint", "--fresh"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string old_note = r.out;
+  const std::string old_cp = Path("old.checkpoint");
+  std::ofstream(old_cp) << old_note;
+  auto old_size = ParseCheckpoint(ParseSignedNote(old_note)->text);
+  ASSERT_THAT(old_size.status(), IsOk());
+  r = Cli({"audit", "key"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string old_key(absl::StripAsciiWhitespace(r.out));
+
+  // Stop, move the key away, start: a new key is created.
+  server_.Stop();
+  std::filesystem::rename(server_.data_dir() / "audit.key",
+                          server_.dir() / "old.key");
+  ASSERT_THAT(server_.Start(), IsOk());
+  client_ = server_.NewClient();
+  ASSERT_THAT(client_->BuildModule(BuildRequest("team/r2", spec)).status(),
+              IsOk());
+  r = Cli({"audit", "key"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string new_key(absl::StripAsciiWhitespace(r.out));
+  ASSERT_NE(new_key, old_key);
+  r = Cli({"audit", "checkpoint", "--fresh", "--key", new_key});
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto new_size = ParseCheckpoint(ParseSignedNote(r.out)->text);
+  ASSERT_THAT(new_size.status(), IsOk());
+  const std::string sizes[] = {absl::StrCat(old_size->size),
+                               absl::StrCat(new_size->size)};
+
+  r = Cli({"audit", "consistency", sizes[0], sizes[1], "--checkpoint", old_cp,
+           "--key", new_key});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("not signed by"));
+  r = Cli({"audit", "consistency", sizes[0], sizes[1], "--checkpoint", old_cp,
+           "--checkpoint-key", old_key, "--key", new_key});
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("ok: the tree of size " + sizes[1] +
+                               " extends the checkpoint of size " + sizes[0]));
+  // The old key is no key for the new checkpoint.
+  r = Cli({"audit", "consistency", sizes[0], sizes[1], "--checkpoint", old_cp,
+           "--checkpoint-key", old_key, "--key", old_key});
+  EXPECT_EQ(r.code, 1);
 }
 
 TEST(StateDigestTest, StreamDigestSplitsEntriesAtTheirBoundaries) {
