@@ -465,9 +465,14 @@ grpc::Status ModelStateServiceImpl::BuildModule(
       [&](const Caller& caller) -> absl::Status {
         MODELSTATE_ASSIGN_OR_RETURN(
             BuildModuleArgs args, convert::BuildModuleArgsFromProto(*request));
+        // A build of a name another build holds waits for that one's
+        // outcome, as long as this call lasts.
+        Caller waiting = caller;
+        waiting.ctx.deadline = absl::FromChrono(context->deadline());
+        waiting.ctx.cancelled = [context] { return context->IsCancelled(); };
         MODELSTATE_ASSIGN_OR_RETURN(
             BuildOutcome outcome,
-            service_->BuildModule(caller, args, [&](const Module& root) {
+            service_->BuildModule(waiting, args, [&](const Module& root) {
               convert::ModuleInfoToProto(root, false, response->mutable_info());
             }));
         convert::BuildOutcomeToProto(args.module, outcome, response);

@@ -600,27 +600,49 @@ std::vector<HookDecision> ModelStore::Decide(
   return finals;
 }
 
+absl::Status ModelStore::ClaimName(const OperationContext& ctx,
+                                   const ModuleName& name) {
+  // A cancelled call is noticed within this long.
+  constexpr absl::Duration kCancelPoll = absl::Milliseconds(100);
+  MutexLock lock(&mu_);
+  // The claim is looked at before entries_: a build holds it until its
+  // module is saved and recorded, or taken out again when that fails.
+  while (building_.contains(name.full())) {
+    if (ctx.cancelled && ctx.cancelled()) {
+      return absl::CancelledError(absl::StrCat(
+          "cancelled while waiting for another build of '", name.full(), "'"));
+    }
+    const absl::Time now = absl::Now();
+    if (now >= ctx.deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("the deadline passed while another build of '",
+                       name.full(), "' was under way"));
+    }
+    absl::Time until = ctx.deadline;
+    if (ctx.cancelled) until = std::min(until, now + kCancelPoll);
+    claim_released_.WaitWithDeadline(&mu_, until);
+  }
+  if (entries_.contains(name.full())) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("module '", name.full(), "' already exists"));
+  }
+  building_.insert(name.full());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<BuildOutcome> ModelStore::Build(const OperationContext& ctx,
                                                const ModuleName& name,
                                                const ModuleSpec& spec,
                                                const BuildOptions& options,
                                                bool all_or_nothing) {
   // The name is claimed before any quota is reserved: of concurrent
-  // builds of one new name, one goes on and the others are ALREADY_EXISTS
-  // at once, instead of RESOURCE_EXHAUSTED for the max_modules slot the
-  // first one holds (or building, and sending hooks their events, only to
-  // find the name taken at the end).
-  {
-    MutexLock lock(&mu_);
-    if (entries_.contains(name.full())) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("module '", name.full(), "' already exists"));
-    }
-    if (!building_.insert(name.full()).second) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "module '", name.full(), "' is being built by another call"));
-    }
-  }
+  // builds of one new name, one goes on and the others wait for it,
+  // instead of RESOURCE_EXHAUSTED for the max_modules slot the first one
+  // holds (or building, and sending hooks their events, only to find the
+  // name taken at the end). A waiter is ALREADY_EXISTS once the first is
+  // hosted, and builds itself when the first stored nothing: refusing it
+  // at once would say the name exists when it may end up free.
+  MODELSTATE_RETURN_IF_ERROR(ClaimName(ctx, name));
   // Given up on every return, once the module is hosted or not.
   struct Claim {
     ModelStore* store;
@@ -628,6 +650,7 @@ absl::StatusOr<BuildOutcome> ModelStore::Build(const OperationContext& ctx,
     ~Claim() {
       MutexLock lock(&store->mu_);
       store->building_.erase(name);
+      store->claim_released_.SignalAll();
     }
   } claim{this, name.full()};
   if (ModuleRepository* repo = repository(); repo != nullptr) {

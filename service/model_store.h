@@ -473,6 +473,11 @@ class ModelStore {
       const OperationContext& ctx, const ModuleName& name,
       const StateDict& state_dict, const LoadOptions& options,
       StagedStateDict* staged, absl::string_view sha256, uint64_t incarnation);
+  // Claims `name` for a build (building_). While another build holds it,
+  // waits for that one's outcome, up to ctx's deadline or cancellation
+  // (DEADLINE_EXCEEDED, CANCELLED); ALREADY_EXISTS if the name is hosted.
+  absl::Status ClaimName(const OperationContext& ctx, const ModuleName& name)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // A new entry, with the next incarnation.
   std::shared_ptr<Entry> NewEntry(const ModuleName& name,
                                   std::shared_ptr<Module> root);
@@ -491,8 +496,10 @@ class ModelStore {
   QuotaPolicy quotas_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Reserved, std::less<>> reserved_ ABSL_GUARDED_BY(mu_);
   // Names a Build has claimed and not yet hosted or given up: a second
-  // build of one meanwhile is ALREADY_EXISTS before it reserves quota.
+  // build of one meanwhile waits, before it reserves quota, for the claim
+  // to be released (claim_released_).
   std::set<std::string, std::less<>> building_ ABSL_GUARDED_BY(mu_);
+  CondVar claim_released_;
   // Moves whenever a namespace's modules or reservations change: a quota
   // check that summed the bytes of a namespace at an older epoch sums again.
   uint64_t quota_epoch_ ABSL_GUARDED_BY(mu_) = 0;

@@ -11,7 +11,10 @@
 #define MODELSTATE_SERVICE_OPERATION_CONTEXT_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
+
+#include "absl/time/time.h"
 
 namespace modelstate {
 
@@ -27,6 +30,12 @@ struct OperationContext {
   // subscriber's re-initialise transform without its own seed derives one
   // from it and the entry's path, so the same request builds the same values.
   uint64_t seed = 0;
+  // How long the call may wait for other calls' work (a build of a name
+  // that another build holds waits for its outcome): until `deadline`, or
+  // until `cancelled` (may be null: never) says its client stopped the
+  // call. Never stored or sent to hooks.
+  absl::Time deadline = absl::InfiniteFuture();
+  std::function<bool()> cancelled = nullptr;
 };
 
 }  // namespace modelstate

@@ -756,9 +756,8 @@ TEST_F(ModelStoreTest, ADeciderHoldsWritersOfTheModuleButNotItsReaders) {
 }
 
 // Concurrent builds of one new name: while the first holds the namespace's
-// last max_modules slot (its hooks deciding), the others are
-// ALREADY_EXISTS, not RESOURCE_EXHAUSTED for the slot it holds. A build
-// that stores nothing gives the name back.
+// last max_modules slot (its hooks deciding), the others wait for it and
+// are then ALREADY_EXISTS, not RESOURCE_EXHAUSTED for the slot it held.
 TEST_F(ModelStoreTest, ABuildOfANameBeingBuiltIsAlreadyExistsNotOverQuota) {
   QuotaPolicy quotas;
   quotas.defaults.max_modules = 2;
@@ -770,23 +769,105 @@ TEST_F(ModelStoreTest, ABuildOfANameBeingBuiltIsAlreadyExistsNotOverQuota) {
   std::thread building([&] { first = Build("t/new"); });
   ASSERT_TRUE(
       decider.deciding_.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  for (int i = 0; i < 7; ++i) {
-    EXPECT_THAT(Build("t/new").status(),
-                StatusIs(absl::StatusCode::kAlreadyExists,
-                         HasSubstr("'t/new' is being built")));
+  std::vector<absl::StatusOr<BuildOutcome>> others(7);
+  std::atomic<int> returned{0};
+  std::vector<std::thread> waiting;
+  for (auto& other : others) {
+    waiting.emplace_back([&] {
+      other = Build("t/new");
+      ++returned;
+    });
   }
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(returned, 0);  // they wait for the first
   decider.release_.Notify();
   building.join();
+  for (std::thread& t : waiting) t.join();
   store_->set_decider(nullptr);
   EXPECT_THAT(first.status(), IsOk());
-  EXPECT_THAT(Build("t/new").status(),
-              StatusIs(absl::StatusCode::kAlreadyExists,
-                       HasSubstr("'t/new' already exists")));
+  for (const auto& other : others) {
+    EXPECT_THAT(other.status(), StatusIs(absl::StatusCode::kAlreadyExists,
+                                         HasSubstr("'t/new' already exists")));
+  }
   EXPECT_THAT(Build("t/x").status(),
               StatusIs(absl::StatusCode::kResourceExhausted));
   quotas.defaults.max_modules = 3;
   store_->set_quotas(quotas);
   EXPECT_THAT(Build("t/x").status(), IsOk());
+}
+
+// A build that waited for another of the same name which then stored
+// nothing (its hooks blocked an all_or_nothing build) builds the name
+// itself: being told ALREADY_EXISTS for a name left free would be false.
+TEST_F(ModelStoreTest, ABuildWaitingForOneThatStoresNothingBuildsTheName) {
+  QuotaPolicy quotas;
+  quotas.defaults.max_modules = 1;
+  store_->set_quotas(quotas);
+  BlockingDecider decider;
+  decider.block_ = true;
+  store_->set_decider(&decider);
+  absl::StatusOr<BuildOutcome> first;
+  std::thread building([&] {
+    BuildOptions options;
+    options.hooks = nullptr;
+    first = store_->Build(ctx_, Name("t/new"), SpecFromJson(kLinear), options,
+                          /*all_or_nothing=*/true);
+  });
+  ASSERT_TRUE(
+      decider.deciding_.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  absl::StatusOr<BuildOutcome> second;
+  std::atomic<bool> returned{false};
+  std::thread waiting([&] {
+    second = Build("t/new");
+    returned = true;
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(returned);
+  // The first holds the decider it asked; the second's registrations pass.
+  store_->set_decider(nullptr);
+  decider.release_.Notify();
+  building.join();
+  waiting.join();
+  EXPECT_THAT(first.status(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                       HasSubstr("stored nothing")));
+  EXPECT_THAT(second.status(), IsOk());
+  EXPECT_EQ(State("t/new").tensors.size(), 2u);
+}
+
+// The wait for another build of the name lasts as long as the call: its
+// deadline, or its client's cancellation, ends it with nothing claimed.
+TEST_F(ModelStoreTest, AWaitForAnotherBuildEndsAtTheCallsDeadlineOrCancel) {
+  BlockingDecider decider;
+  store_->set_decider(&decider);
+  absl::StatusOr<BuildOutcome> first;
+  std::thread building([&] { first = Build("t/new"); });
+  ASSERT_TRUE(
+      decider.deciding_.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  BuildOptions options;
+  options.hooks = nullptr;
+  OperationContext late = ctx_;
+  late.deadline = absl::Now() + absl::Milliseconds(50);
+  EXPECT_THAT(
+      store_->Build(late, Name("t/new"), SpecFromJson(kLinear), options, false)
+          .status(),
+      StatusIs(absl::StatusCode::kDeadlineExceeded,
+               HasSubstr("another build of 't/new'")));
+  std::atomic<bool> cancel{false};
+  OperationContext cancelled = ctx_;
+  cancelled.cancelled = [&] { return cancel.load(); };
+  absl::StatusOr<BuildOutcome> third;
+  std::thread waiting([&] {
+    third = store_->Build(cancelled, Name("t/new"), SpecFromJson(kLinear),
+                          options, false);
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  cancel = true;
+  waiting.join();  // before the first is released
+  EXPECT_THAT(third.status(), StatusIs(absl::StatusCode::kCancelled));
+  decider.release_.Notify();
+  building.join();
+  store_->set_decider(nullptr);
+  EXPECT_THAT(first.status(), IsOk());
 }
 
 // A module deleted while a streamed load's bytes come: the load fails
