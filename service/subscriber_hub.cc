@@ -45,9 +45,7 @@ struct SubscriberHub::Subscriber {
   std::deque<uint64_t> settled_order;
   absl::flat_hash_set<uint64_t> settled;
   // Dry runs waiting for its answer (a dry-run subscriber's), oldest first:
-  // event id -> the bytes of tensor data the run holds, and their sum,
-  // bounded (max_dry_run_bytes_) so that a dry-run subscriber that never
-  // answers cannot hold deleted modules' tensors by the gigabyte.
+  // event id -> the bytes of tensor data the run holds, and their sum.
   std::map<uint64_t, uint64_t> dry_awaiting;
   uint64_t dry_awaiting_bytes = 0;
 
@@ -853,7 +851,7 @@ void SubscriberHub::DryRunAnswerLocked(Subscriber& s,
   } else if (!awaited) {
     // Never sent to it (another subscriber's event, maybe of a namespace
     // it may not see), older than ten minutes, or forgotten to keep what
-    // its unanswered dry runs hold within max_dry_run_bytes_.
+    // the unanswered dry runs hold within max_dry_run_bytes_.
     facts.outcome = "invalid";
     facts.problem = "unknown event id";
   } else {
@@ -906,19 +904,39 @@ void SubscriberHub::StopAwaitingLocked(Subscriber& s, uint64_t event_id) {
   auto run = dry_runs_.find(event_id);
   if (run == dry_runs_.end()) return;
   run->second->awaiting.erase(s.spec.name);
-  if (run->second->awaiting.empty()) dry_runs_.erase(run);
+  if (run->second->awaiting.empty()) EraseDryRunLocked(run);
+}
+
+SubscriberHub::DryRuns::iterator SubscriberHub::EraseDryRunLocked(
+    DryRuns::iterator run) {
+  dry_run_bytes_ -= run->second->bytes;
+  // Its subscribers await it no more: their answers to it are "unknown
+  // event id".
+  for (auto& [id, sub] : subscribers_) {
+    if (run->second->awaiting.empty()) break;
+    if (!run->second->awaiting.contains(sub->spec.name)) continue;
+    auto held = sub->dry_awaiting.find(run->first);
+    if (held == sub->dry_awaiting.end()) continue;
+    sub->dry_awaiting_bytes -= held->second;
+    sub->dry_awaiting.erase(held);
+  }
+  return dry_runs_.erase(run);
 }
 
 void SubscriberHub::AwaitDryRunLocked(Subscriber& s, uint64_t event_id,
                                       uint64_t bytes) {
   if (!s.dry_awaiting.emplace(event_id, bytes).second) return;
   s.dry_awaiting_bytes += bytes;
-  // Its oldest unanswered runs are forgotten first: a dry-run subscriber
-  // answers in order, if at all. The newest is kept even when it alone is
-  // over the bound, so that a tensor that large still gets its answer.
-  while (s.dry_awaiting_bytes > max_dry_run_bytes_ &&
-         s.dry_awaiting.size() > 1) {
-    StopAwaitingLocked(s, s.dry_awaiting.begin()->first);
+  // The bound is on every dry run together, each counted once however
+  // many subscribers await it: one per subscriber multiplied it by the
+  // subscribers a client connects (each may filter other modules, so that
+  // their runs differ). The oldest are forgotten first: a dry-run
+  // subscriber answers in order, if at all. The newest is kept even when
+  // it alone is over the bound, so that a tensor that large still gets its
+  // answer.
+  while (dry_run_bytes_ > max_dry_run_bytes_ && !dry_runs_.empty() &&
+         dry_runs_.begin()->first != event_id) {
+    EraseDryRunLocked(dry_runs_.begin());
   }
 }
 
@@ -926,7 +944,7 @@ void SubscriberHub::ForgetDryRunsLocked(const std::string& name) {
   for (auto it = dry_runs_.begin(); it != dry_runs_.end();) {
     it->second->awaiting.erase(name);
     if (it->second->awaiting.empty()) {
-      dry_runs_.erase(it++);
+      it = EraseDryRunLocked(it);
     } else {
       ++it;
     }
@@ -1118,6 +1136,7 @@ void SubscriberHub::RouteLocked(
       run->request_seed = p.request_seed;
       const Tensor& t = run->event->value.tensor;
       run->bytes = t.defined() && t.device().has_storage() ? t.nbytes() : 0;
+      dry_run_bytes_ += run->bytes;
     }
     run->awaiting.insert(sub->spec.name);
     AwaitDryRunLocked(*sub, p.event_id, run->bytes);
@@ -1183,7 +1202,7 @@ void SubscriberHub::FinishEventsLocked(
   }
   for (auto it = dry_runs_.begin(); it != dry_runs_.end();) {
     if (it->second->sent_at < expired) {
-      dry_runs_.erase(it++);
+      it = EraseDryRunLocked(it);
     } else {
       ++it;
     }

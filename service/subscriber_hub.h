@@ -310,10 +310,11 @@ class SubscriberHub : public RegistrationDecider {
   void set_stray_answers_metric(metrics::Family<metrics::Counter>* total) {
     stray_answers_total_ = total;
   }
-  // The most bytes of tensor data the dry runs a dry-run subscriber has
-  // yet to answer may hold (they hold the proposed tensors, which outlive
-  // a deleted module): past it, its oldest are forgotten and answers to
-  // them are "unknown event id". Before the first Attach.
+  // The most bytes of tensor data the dry runs that dry-run subscribers
+  // have yet to answer may hold, all subscribers together, each run
+  // counted once (they hold the proposed tensors, which outlive a deleted
+  // module): past it, the oldest are forgotten and answers to them are
+  // "unknown event id". Before the first Attach.
   void set_max_dry_run_bytes(uint64_t bytes) { max_dry_run_bytes_ = bytes; }
 
   // RegistrationDecider: the remote chains for `records`.
@@ -369,13 +370,18 @@ class SubscriberHub : public RegistrationDecider {
   void DryRunAnswerLocked(Subscriber& s, const SubscriberAnswer& answer,
                           absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `s` (a dry-run subscriber) is sent dry run `event_id`, holding `bytes`
-  // of tensor data; its oldest runs are forgotten while what it awaits
-  // holds more than max_dry_run_bytes_.
+  // of tensor data; the oldest runs (any subscriber's) are forgotten while
+  // all of them hold more than max_dry_run_bytes_.
   void AwaitDryRunLocked(Subscriber& s, uint64_t event_id, uint64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `s` answers dry run `event_id` no more (it answered, or the run is
   // forgotten); the run goes once no subscriber is left to answer it.
   void StopAwaitingLocked(Subscriber& s, uint64_t event_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ordered by event id: oldest first.
+  using DryRuns = std::map<uint64_t, std::unique_ptr<DryRun>>;
+  // Forgets `run` (its subscribers await it no more); the next one.
+  DryRuns::iterator EraseDryRunLocked(DryRuns::iterator run)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Subscriber `name` is gone: no dry run waits for its answer any more.
   void ForgetDryRunsLocked(const std::string& name)
@@ -420,9 +426,10 @@ class SubscriberHub : public RegistrationDecider {
   absl::flat_hash_map<uint64_t, Pending*> pending_ ABSL_GUARDED_BY(mu_);
   // Dry-run events whose answers are still welcome: until each dry-run
   // subscriber it went to has answered or gone, for 10 minutes at most,
-  // and within each subscriber's max_dry_run_bytes_.
-  absl::flat_hash_map<uint64_t, std::unique_ptr<DryRun>> dry_runs_
-      ABSL_GUARDED_BY(mu_);
+  // and while all of them hold at most max_dry_run_bytes_ (dry_run_bytes_,
+  // the sum of their DryRun::bytes).
+  DryRuns dry_runs_ ABSL_GUARDED_BY(mu_);
+  uint64_t dry_run_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Names bound to identities (SubscriptionSpec::owner_identity).
   absl::flat_hash_map<std::string, std::string> owner_by_name_
       ABSL_GUARDED_BY(mu_);

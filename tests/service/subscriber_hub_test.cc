@@ -1456,6 +1456,60 @@ TEST_F(AuditedHubTest, ASilentDryRunSubscriberHoldsBoundedBytes) {
   hub_->Detach(id, {});
 }
 
+// The bound is on every dry run together: four silent dry-run subscribers
+// of one client, each filtering another parameter (so that their runs
+// differ), held 400 bytes each, 1600 in all, over a bound of 1000; a client
+// holds what one subscriber may, however many names it subscribes under.
+TEST_F(AuditedHubTest, SilentDryRunSubscribersTogetherHoldBoundedBytes) {
+  hub_->set_max_dry_run_bytes(1000);
+  std::vector<uint64_t> ids;
+  for (const char* name : {"a", "b", "c", "d"}) {
+    SubscriptionSpec spec =
+        Spec(absl::StrCat("mute-", name), SubscriberMode::kDryRun);
+    spec.filter.name_glob = name;
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(
+        uint64_t id, hub_->Attach(spec, std::make_shared<SilentChannel>(), {}));
+    ids.push_back(id);
+  }
+  std::vector<std::weak_ptr<Storage>> storages;
+  {
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(
+        BuildOutcome b, Build("t/mute", R"({"type": "Net", "members": [
+            {"parameter": {"name": "a", "shape": [100]}},
+            {"parameter": {"name": "b", "shape": [100]}},
+            {"parameter": {"name": "c", "shape": [100]}},
+            {"parameter": {"name": "d", "shape": [100]}}]})"));
+    ASSERT_EQ(b.registrations.size(), 4u);
+    for (const auto& r : b.registrations) {
+      storages.push_back(r.final.value.tensor.storage());
+    }
+  }
+  AuditQuery q;
+  q.type = "registration";
+  std::vector<AuditRecord> registrations = *log_->Query(q);
+  ASSERT_EQ(registrations.size(), 4u);
+  ASSERT_THAT(store_.Delete({"alice", "req-2"}, *ParseModuleName("t/mute")),
+              IsOk());
+  EXPECT_TRUE(storages[0].expired());
+  EXPECT_TRUE(storages[1].expired());
+  EXPECT_FALSE(storages[2].expired());
+  EXPECT_FALSE(storages[3].expired());
+  // Each subscriber answers its own event: the forgotten ones are unknown.
+  for (size_t i = 0; i < registrations.size(); ++i) {
+    SubscriberAnswer a;
+    a.event_id =
+        nlohmann::json::parse(registrations[i].details_json)["event_id"];
+    hub_->Answer(ids[i], a);
+  }
+  std::vector<std::string> outcomes;
+  for (const AuditRecord& r : Answers(4)) outcomes.push_back(r.outcome);
+  EXPECT_THAT(outcomes,
+              ElementsAre("invalid", "invalid", "approve", "approve"));
+  EXPECT_TRUE(storages[2].expired());
+  EXPECT_TRUE(storages[3].expired());
+  for (uint64_t id : ids) hub_->Detach(id, {});
+}
+
 // The bound forgets older runs, never the newest: a tensor larger than the
 // bound alone is still answered (it used to be forgotten as it was sent).
 TEST_F(AuditedHubTest, ADryRunOfATensorOverTheBoundIsStillAnswered) {
