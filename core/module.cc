@@ -1251,17 +1251,20 @@ absl::Status Module::To(std::optional<Device> device,
   return absl::OkStatus();
 }
 
-absl::Status Module::Type(DType dtype) {
+absl::Status Module::Type(DType dtype, std::optional<Device> device) {
+  if (device.has_value())
+    MODELSTATE_RETURN_IF_ERROR(CheckDeviceAvailable(*device));
   ConversionSeen done;
   std::vector<PlannedConversion> plan;
   MODELSTATE_RETURN_IF_ERROR(PlanConversion(
-      *this, std::nullopt, [&](DType) { return dtype; }, done, plan));
-  // A parameter that requires grad cannot become an integer tensor.
+      *this, device, [&](DType) { return dtype; }, done, plan));
+  // A parameter that requires grad cannot become an integer tensor: torch
+  // 1.13 fails in `param.data = ...` (set_data) with these words.
   for (const PlannedConversion& c : plan) {
     if (c.is_parameter && c.tensor.requires_grad() && !IsFloatingPoint(dtype)) {
       return absl::InvalidArgumentError(
-          "Only Tensors of floating point and complex dtype can require "
-          "gradients");
+          "data set to a tensor that requires gradients must be floating "
+          "point or complex dtype");
     }
   }
   ModuleInternals::ApplyConversions(plan);

@@ -294,8 +294,13 @@ class Module : public std::enable_shared_from_this<Module> {
   absl::Status Float() { return To(std::nullopt, DType::kFloat32); }
   absl::Status Double() { return To(std::nullopt, DType::kFloat64); }
   absl::Status BFloat16() { return To(std::nullopt, DType::kBFloat16); }
-  // PyTorch's type(dtype): converts every tensor, integer buffers included.
-  absl::Status Type(DType dtype);
+  // PyTorch's type(dtype): converts every tensor, integer and bool ones
+  // included (a buffer tied into several modules becomes one per module,
+  // as in PyTorch; a tied parameter stays tied), and moves each to `device`
+  // if given. INVALID_ARGUMENT with PyTorch's text for a non-floating dtype
+  // while a parameter requires grad; FAILED_PRECONDITION for a device that
+  // is not available.
+  absl::Status Type(DType dtype, std::optional<Device> device = std::nullopt);
   // Sets requires_grad on every parameter (deduplicated). INVALID_ARGUMENT
   // (and nothing changed) if `value` is true and a parameter is not floating.
   absl::Status RequiresGrad(bool value = true);

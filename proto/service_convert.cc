@@ -775,6 +775,11 @@ absl::StatusOr<MoveModuleArgs> MoveModuleArgsFromProto(
     MODELSTATE_ASSIGN_OR_RETURN(
         args.dtype, ParseDTypeField(request.dtype(), "dtype", std::nullopt));
   }
+  args.convert_all = request.convert_all();
+  if (args.convert_all && !args.dtype.has_value()) {
+    return absl::InvalidArgumentError(
+        "convert_all: needs the dtype every tensor converts to");
+  }
   return args;
 }
 

@@ -332,10 +332,12 @@ AuditRecord LoadStateDict(const OperationContext& ctx, const ModuleName& module,
 
 AuditRecord Move(const OperationContext& ctx, const ModuleName& module,
                  std::optional<Device> device, std::optional<DType> dtype,
-                 const absl::Status& result) {
+                 bool convert_all, const absl::Status& result) {
   Json details = Json::object();
   if (device.has_value()) details["device"] = device->ToString();
   if (dtype.has_value()) details["dtype"] = std::string(DTypeName(*dtype));
+  // Only when set: records of to() read as they always did.
+  if (convert_all) details["convert_all"] = true;
   return Change(AuditType::kMove, ctx, module, std::move(details), result);
 }
 

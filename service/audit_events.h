@@ -107,9 +107,10 @@ AuditRecord LoadStateDict(const OperationContext& ctx, const ModuleName& module,
                           const IncompatibleKeys* keys,
                           const absl::Status& result,
                           absl::string_view sha256 = {});
+// `convert_all`: type(dtype), every tensor converted ("convert_all": true).
 AuditRecord Move(const OperationContext& ctx, const ModuleName& module,
                  std::optional<Device> device, std::optional<DType> dtype,
-                 const absl::Status& result);
+                 bool convert_all, const absl::Status& result);
 AuditRecord SetTraining(const OperationContext& ctx, const ModuleName& module,
                         bool training, const absl::Status& result);
 // A training-mode forward (an eval-mode one changes nothing and is not

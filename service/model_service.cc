@@ -386,8 +386,8 @@ absl::Status ModelService::MoveModule(const Caller& caller,
                                       ModuleVisitor describe) {
   MODELSTATE_RETURN_IF_ERROR(
       gate_.Allow(caller, "MoveModule", Permission::kWrite, args.module));
-  MODELSTATE_RETURN_IF_ERROR(
-      store_->Move(caller.ctx, args.module, args.device, args.dtype));
+  MODELSTATE_RETURN_IF_ERROR(store_->Move(caller.ctx, args.module, args.device,
+                                          args.dtype, args.convert_all));
   return store_->Read(args.module, [&](const Module& root) {
     describe(root);
     return absl::OkStatus();

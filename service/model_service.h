@@ -208,6 +208,9 @@ struct MoveModuleArgs {
   ModuleName module;
   std::optional<Device> device;
   std::optional<DType> dtype;
+  // Module.type(): `dtype` (set) converts every tensor, not only floating
+  // ones.
+  bool convert_all = false;
 };
 
 struct ForwardArgs {

@@ -306,12 +306,16 @@ uint64_t HeldBytes(const Module& module) {
 // per slot afterwards; parameters keep their ties (one moved to or from
 // meta, which does not, holds no bytes there).
 uint64_t HeldBytesAfterMove(const Module& module, std::optional<Device> device,
-                            std::optional<DType> dtype) {
+                            std::optional<DType> dtype, bool convert_all) {
   uint64_t total = 0;
+  // type() converts integer and bool tensors too: an int8 buffer made
+  // float64 holds eight times its bytes.
   auto target = [&](const Tensor& t) {
     return std::make_pair(
         device.value_or(t.device()),
-        dtype.has_value() && IsFloatingPoint(t.dtype()) ? *dtype : t.dtype());
+        dtype.has_value() && (convert_all || IsFloatingPoint(t.dtype()))
+            ? *dtype
+            : t.dtype());
   };
   auto add = [&](const Tensor& t) {
     auto [d, type] = target(t);
@@ -1146,11 +1150,16 @@ absl::StatusOr<LoadResult> ModelStore::LoadImpl(
 absl::Status ModelStore::Move(const OperationContext& ctx,
                               const ModuleName& name,
                               std::optional<Device> device,
-                              std::optional<DType> dtype) {
+                              std::optional<DType> dtype, bool convert_all) {
+  if (convert_all && !dtype.has_value()) {
+    return absl::InvalidArgumentError(
+        "convert_all: needs the dtype every tensor converts to");
+  }
   MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
   MutexLock gate(&entry->gate);
   auto recorded = [&](const absl::Status& result) {
-    return Record(result, audit_events::Move(ctx, name, device, dtype, result));
+    return Record(result, audit_events::Move(ctx, name, device, dtype,
+                                             convert_all, result));
   };
   uint64_t bytes_after = 0;
   {
@@ -1158,7 +1167,7 @@ absl::Status ModelStore::Move(const OperationContext& ctx,
     if (entry->deleted) {
       return Gone(*entry);
     }
-    bytes_after = HeldBytesAfterMove(*entry->root, device, dtype);
+    bytes_after = HeldBytesAfterMove(*entry->root, device, dtype, convert_all);
   }
   QuotaHold hold;
   if (absl::Status quota = Reserve(name, 0, bytes_after, entry.get(), hold);
@@ -1172,7 +1181,10 @@ absl::Status ModelStore::Move(const OperationContext& ctx,
       return Gone(*entry);
     }
     result = CheckHeldBytes(*entry->root);
-    if (result.ok()) result = entry->root->To(device, dtype);
+    if (result.ok()) {
+      result = convert_all ? entry->root->Type(*dtype, device)
+                           : entry->root->To(device, dtype);
+    }
     if (result.ok()) result = Persist(ctx, *entry, AuditType::kMove);
   }
   return recorded(result);

@@ -242,9 +242,12 @@ class ModelStore {
                                  const ModuleName& name,
                                  const LoadOptions& options, absl::Status why);
 
-  // module.to(device, dtype). Errors as Module::To.
+  // module.to(device, dtype). Errors as Module::To. With `convert_all`
+  // (and `dtype`): module.type(dtype) on `device`, every tensor converted,
+  // integer and bool ones too; errors as Module::Type.
   absl::Status Move(const OperationContext& ctx, const ModuleName& name,
-                    std::optional<Device> device, std::optional<DType> dtype);
+                    std::optional<Device> device, std::optional<DType> dtype,
+                    bool convert_all = false);
 
   absl::Status SetTraining(const OperationContext& ctx, const ModuleName& name,
                            bool training);

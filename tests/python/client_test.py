@@ -438,13 +438,58 @@ class StateTest(unittest.TestCase):
                     [(k, v.dtype) for k, v in local.state_dict().items()])
         with self.assertRaisesRegex(ValueError, r"^invalid type: 'float64'$"):
             remote.type("float64")
-        # Integer buffers become floating in torch; the server converts
-        # floating tensors only, and nothing changes.
+
+    def test_type_converts_integer_and_bool_tensors_as_torch(self):
+        # Module.type() is _apply(lambda t: t.type(dst)): unlike to(), it
+        # converts integer and bool buffers too (MoveModule convert_all). A
+        # tied parameter stays tied; a buffer tied into two modules becomes
+        # two tensors, as in torch.
+        class Mixed(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(2, 2)
+                self.register_buffer("count", torch.tensor([3, 4]))
+                self.register_buffer("flag", torch.tensor([True, False]))
+                self.sub = nn.Module()
+                self.sub.w = self.lin.weight
+                self.sub.register_buffer("count", self.count)
+
+        def described(m):
+            return ([(k, v.dtype, v.tolist())
+                     for k, v in m.state_dict().items()],
+                    [k for k, _ in m.named_parameters()],
+                    [k for k, _ in m.named_buffers()])
+
+        for i, dst in enumerate((torch.float64, "torch.HalfTensor",
+                                 torch.float32)):
+            with self.subTest(dst):
+                torch.manual_seed(0)
+                local = Mixed()
+                remote = ms.push(local, f"type/mixed{i}")
+                local.type(dst)
+                self.assertIs(remote.type(dst), remote)
+                self.assertEqual(described(remote), described(local))
+        # An integer dtype while a parameter requires grad: torch's error
+        # (set_data), and here nothing changes.
+        local = Mixed()
+        remote = ms.push(local, "type/int")
+        with self.assertRaises(RuntimeError) as want:
+            local.type(torch.int64)
+        with self.assertRaises(RuntimeError) as got:
+            remote.type(torch.int64)
+        self.assertEqual(str(got.exception), str(want.exception))
+        self.assertEqual(remote.state_dict()["count"].dtype, torch.int64)
+        # Without grad, every tensor becomes an integer one.
+        local = Mixed().requires_grad_(False)
+        remote = ms.push(local, "type/int32")
+        local.type(torch.int32)
+        remote.type(torch.int32)
+        self.assertEqual(described(remote), described(local))
+        # BatchNorm's num_batches_tracked converts too.
         bn = ms.build({"type": "BatchNorm1d", "args": [2]}, "type/bn")
-        with self.assertRaisesRegex(NotImplementedError,
-                                    r"num_batches_tracked \(int64\)"):
-            bn.type(torch.float64)
-        self.assertEqual(bn.state_dict()["weight"].dtype, torch.float32)
+        local_bn = nn.BatchNorm1d(2).type(torch.float64)
+        bn.type(torch.float64)
+        self.assertEqual(described(bn), described(local_bn))
 
     def test_a_non_tensor_extra_state_is_torchs_tensor_error(self):
         remote = ms.build({"type": "Sequential", "children": [

@@ -41,6 +41,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::modelstate::testing::ExpectSameState;
 using ::modelstate::testing::Filled;
+using ::modelstate::testing::HostBytes;
 using ::modelstate::testing::IsOk;
 using ::modelstate::testing::SpecFromJson;
 using ::modelstate::testing::StatusIs;
@@ -370,6 +371,59 @@ TEST_F(ModelStoreTest, QuotasLimitModulesAndBytesPerNamespace) {
       StatusIs(absl::StatusCode::kResourceExhausted,
                HasSubstr("max_bytes (100)")));
   EXPECT_THAT(Build("other/one").status(), IsOk());  // no quota there
+}
+
+// type(dtype) (convert_all) converts integer and bool buffers too, as
+// torch's Module.type() does; to() leaves them. The quota counts what they
+// become: an int8 buffer made float64 holds eight times its bytes.
+TEST_F(ModelStoreTest, ATypeMoveConvertsIntegerBuffersAndCountsThem) {
+  MakeDurable();
+  QuotaPolicy quotas;
+  quotas.namespaces["small"].max_bytes = 100;
+  store_->set_quotas(quotas);
+  // float32 [2] parameter (8 bytes), int8 [10] and bool [2] buffers (12).
+  ASSERT_THAT(Build("small/mixed", R"({"type": "Net", "members": [
+                  {"parameter": {"name": "w", "shape": [2]}},
+                  {"buffer": {"name": "i", "shape": [10], "dtype": "int8",
+                              "init": {"kind": "ones"}}},
+                  {"buffer": {"name": "b", "shape": [2], "dtype": "bool",
+                              "init": {"kind": "ones"}}}]})")
+                  .status(),
+              IsOk());
+  // to(float64): the parameter only, 16 + 12 bytes.
+  ASSERT_THAT(
+      store_->Move(ctx_, Name("small/mixed"), std::nullopt, DType::kFloat64),
+      IsOk());
+  EXPECT_EQ(State("small/mixed").tensors.Find("i")->dtype(), DType::kInt8);
+  // type(float64): 14 elements * 8 = 112 bytes, over 100; nothing changes.
+  EXPECT_THAT(store_->Move(ctx_, Name("small/mixed"), std::nullopt,
+                           DType::kFloat64, /*convert_all=*/true),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("max_bytes (100)")));
+  EXPECT_EQ(State("small/mixed").tensors.Find("i")->dtype(), DType::kInt8);
+  ASSERT_THAT(store_->Move(ctx_, Name("small/mixed"), std::nullopt,
+                           DType::kFloat32, /*convert_all=*/true),
+              IsOk());
+  StateDict state = State("small/mixed");
+  for (const auto& item : state.tensors) {
+    EXPECT_EQ(item.value.dtype(), DType::kFloat32) << item.key;
+  }
+  EXPECT_EQ(HostBytes(*state.tensors.Find("b")),
+            HostBytes(Filled(DType::kFloat32, {2}, 1.0)));
+  // An integer dtype while the parameter requires grad: torch's words.
+  EXPECT_THAT(store_->Move(ctx_, Name("small/mixed"), std::nullopt,
+                           DType::kInt32, /*convert_all=*/true),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("data set to a tensor that requires "
+                                 "gradients must be floating point")));
+  EXPECT_THAT(store_->Move(ctx_, Name("small/mixed"), std::nullopt,
+                           std::nullopt, /*convert_all=*/true),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  std::vector<AuditRecord> moves = Records("move");
+  ASSERT_EQ(moves.size(), 4u);
+  EXPECT_EQ(nlohmann::json::parse(moves[0].details_json).count("convert_all"),
+            0u);
+  EXPECT_EQ(nlohmann::json::parse(moves[2].details_json)["convert_all"], true);
 }
 
 // torch's to() gives each slot of a tied buffer its own converted tensor,

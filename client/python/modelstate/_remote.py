@@ -677,26 +677,19 @@ class RemoteModule:
     def type(self, dst_type):
         """PyTorch's type(dst_type): every parameter and buffer becomes
         `dst_type` (a dtype, or a tensor type such as torch.DoubleTensor or
-        "torch.cuda.HalfTensor", which also picks the device). The server
-        converts floating tensors only (MoveModule), so a call that would
-        change a tensor of another dtype, or make a floating one an
-        integer, raises NotImplementedError before anything changes.
-        Returns self."""
+        "torch.cuda.HalfTensor", which also picks the device), integer and
+        bool ones included, unlike to() (MoveModule with convert_all). As
+        in torch, a buffer tied into several modules becomes one tensor per
+        module, and an integer dtype while a parameter requires grad is a
+        RuntimeError (here nothing changes). Returns self."""
         self._whole_module_only("type()")
         dtype, device = _parse_type(dst_type)
-        number = _tensors.dtype_number(dtype)
-        floating = _tensors.dtype_name(number) in _FLOATING
-        held = []
-        for key, tensor in entry_tensors(self.info().info).items():
-            if (_tensors.dtype_name(tensor.dtype) in _FLOATING) != floating \
-                    or (not floating and tensor.dtype != number):
-                held.append(f"{key} ({_tensors.dtype_name(tensor.dtype)})")
-        if held:
-            raise NotImplementedError(
-                f"type({dst_type}): the server converts floating tensors to "
-                f"floating dtypes only, and this would convert "
-                f"{', '.join(held)}")
-        return self.to(device=device, dtype=dtype if floating else None)
+        request = pb.MoveModuleRequest(module=self.name, dtype=str(dtype),
+                                       convert_all=True)
+        if device is not None:
+            request.device = str(device)
+        self._client._call("MoveModule", request)
+        return self
 
     def train(self, mode=True):
         self._whole_module_only("train()")
