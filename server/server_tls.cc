@@ -1,3 +1,4 @@
+// File: server_tls.cc
 #include "server/server_tls.h"
 
 #include <openssl/bio.h>

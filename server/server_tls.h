@@ -1,7 +1,19 @@
+// File: server_tls.h
 // The server's TLS material, re-read while it serves: cert-manager (or any
 // rotation) replaces a Kubernetes Secret's files in place, and the server
 // must present the new certificate, and trust a new client CA, without a
 // restart that would drop every stream.
+//
+// Example:
+//   MODELSTATE_ASSIGN_OR_RETURN(
+//       std::shared_ptr<ServerTls> tls,
+//       ServerTls::Create({"/tls/tls.crt", "/tls/tls.key", "/tls/ca.crt"}));
+//   builder.AddListeningPort("0.0.0.0:50051", tls->Credentials());
+//   ...  // build and start the grpc::Server
+//   tls->StartRefresh(absl::Seconds(60), [](const std::string& line) {
+//     LogLine(line);
+//   });
+//   // On SIGHUP: LogLine(tls->Reload());
 #ifndef MODELSTATE_SERVER_SERVER_TLS_H_
 #define MODELSTATE_SERVER_SERVER_TLS_H_
 
