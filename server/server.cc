@@ -117,9 +117,9 @@ absl::StatusOr<std::shared_ptr<ServerTls>> PrepareTls(
     }
     return nullptr;
   }
-  if (config.tls_refresh < absl::ZeroDuration()) {
+  if (config.reload_interval < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
-        "--tls_refresh_seconds must not be negative (0: on SIGHUP only)");
+        "--reload_seconds must not be negative (0: on SIGHUP only)");
   }
   MODELSTATE_ASSIGN_OR_RETURN(
       std::shared_ptr<ServerTls> tls,
@@ -312,10 +312,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerConfig config) {
                               : grpc::InsecureServerCredentials()));
   if (server->tls_ != nullptr) {
     WarnAboutReadableKey(server->config_.tls_key_file);
-    server->tls_->StartRefresh(
-        server->config_.tls_refresh,
-        [](const std::string& line) { LogLine(absl::StrCat("TLS: ", line)); });
   }
+  server->StartReloads();
   MODELSTATE_RETURN_IF_ERROR(server->ListenForHealth());
   MODELSTATE_RETURN_IF_ERROR(server->ServeMetrics());
   MODELSTATE_RETURN_IF_ERROR(server->JoinCluster());
@@ -716,36 +714,94 @@ std::shared_ptr<grpc::Channel> Server::InProcessChannel() {
   return server_->InProcessChannel(args);
 }
 
+namespace {
+
+// The bytes of `path` now ("" when it is unset or cannot be read: a file
+// being replaced is looked at again next time).
+std::string BytesOf(const std::string& path) {
+  if (path.empty()) return std::string();
+  absl::StatusOr<std::string> bytes = ReadFile(path);
+  return bytes.ok() ? *std::move(bytes) : std::string();
+}
+
+}  // namespace
+
 void Server::Reload(absl::string_view why) {
+  MutexLock lock(&reload_mu_);
   if (tls_ != nullptr) {
     const std::string line = tls_->Reload();
     LogLine(absl::StrCat(
         why, ": ", line.empty() ? "the TLS files are as in force" : line));
   }
-  if (auth_->enabled()) {
-    absl::StatusOr<size_t> loaded = auth_->Reload();
-    LogLine(loaded.ok() ? absl::StrCat(why, ": ", *loaded, " principals from ",
-                                       config_.token_file)
-                        : absl::StrCat(why, ": kept the principals in force: ",
-                                       loaded.status().message()));
-    // Open subscriptions and transfers were authorised by the old file;
-    // audit watches notice the new one within a second on their own.
-    if (loaded.ok()) {
-      service_->RecheckSubscribers();
-      service_->RecheckTransfers();
-    }
+  ReloadTokens(why);
+  ReloadQuotas(why);
+}
+
+void Server::ReloadChanged() {
+  MutexLock lock(&reload_mu_);
+  if (tls_ != nullptr) {
+    const std::string line = tls_->Reload();
+    if (!line.empty()) LogLine(absl::StrCat("TLS: ", line));
   }
+  if (std::string now = BytesOf(config_.token_file);
+      !now.empty() && now != token_bytes_) {
+    ReloadTokens("the token file changed");
+  }
+  if (std::string now = BytesOf(config_.quota_file);
+      !now.empty() && now != quota_bytes_) {
+    ReloadQuotas("the quota file changed");
+  }
+}
+
+void Server::ReloadTokens(absl::string_view why) {
+  if (!auth_->enabled()) return;
+  // Read before the reload: a change made meanwhile is found next time.
+  token_bytes_ = BytesOf(config_.token_file);
+  absl::StatusOr<size_t> loaded = auth_->Reload();
+  LogLine(loaded.ok() ? absl::StrCat(why, ": ", *loaded, " principals from ",
+                                     config_.token_file)
+                      : absl::StrCat(why, ": kept the principals in force: ",
+                                     loaded.status().message()));
+  // Open subscriptions and transfers were authorised by the old file;
+  // audit watches notice the new one within a second on their own.
+  if (loaded.ok()) {
+    service_->RecheckSubscribers();
+    service_->RecheckTransfers();
+  }
+}
+
+void Server::ReloadQuotas(absl::string_view why) {
+  quota_bytes_ = BytesOf(config_.quota_file);
   absl::StatusOr<QuotaPolicy> quotas = LoadQuotas(config_);
   if (quotas.ok()) {
     store_->set_quotas(*std::move(quotas));
+    if (!config_.quota_file.empty()) {
+      LogLine(absl::StrCat(why, ": quotas from ", config_.quota_file));
+    }
   } else {
     LogLine(absl::StrCat(
         why, ": kept the quotas in force: ", quotas.status().message()));
   }
 }
 
+void Server::StartReloads() {
+  {
+    MutexLock lock(&reload_mu_);
+    token_bytes_ = BytesOf(config_.token_file);
+    quota_bytes_ = BytesOf(config_.quota_file);
+  }
+  if (config_.reload_interval <= absl::ZeroDuration()) return;
+  reloads_ = std::thread([this] {
+    while (!stop_reloads_.WaitForNotificationWithTimeout(
+        config_.reload_interval)) {
+      ReloadChanged();
+    }
+  });
+}
+
 void Server::Shutdown() {
   if (server_ == nullptr || shut_down_.exchange(true)) return;
+  stop_reloads_.Notify();
   health_->Shutdown();
   if (health_only_ != nullptr) health_only_->Shutdown();
   hub_->CloseAll(absl::UnavailableError("server shutting down"));
@@ -756,6 +812,7 @@ void Server::Shutdown() {
 void Server::Wait() {
   if (server_ == nullptr) return;
   server_->Wait();
+  if (reloads_.joinable()) reloads_.join();
   calls_->Shutdown();  // after the server's
   if (health_server_ != nullptr) {
     health_server_->Shutdown();

@@ -24,11 +24,14 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "base/sync.h"
 #include "cluster/cluster_member.h"
 #include "grpcpp/grpcpp.h"
 #include "service/limits.h"
@@ -78,9 +81,11 @@ struct ServerConfig {
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_client_ca_file;
-  // How often the three TLS files are re-read (SIGHUP re-reads them too);
-  // zero: on SIGHUP only.
-  absl::Duration tls_refresh = absl::Seconds(60);
+  // How often the TLS files, the token file and the quota file are
+  // checked and, if changed, re-read (SIGHUP re-reads them too): a
+  // Kubernetes Secret or ConfigMap is updated in place, and nothing
+  // signals the container. Zero: on SIGHUP only.
+  absl::Duration reload_interval = absl::Seconds(60);
   // Principals and roles (JSON); "": no authentication, loopback only.
   std::string token_file;
   // Allow plaintext on a non-loopback address.
@@ -170,6 +175,10 @@ class Server {
   // cannot be read (or fails a check) keeps what is in force. Logs what
   // happened, each line after `why`.
   void Reload(absl::string_view why = "reload");
+  // What reload_interval runs: the TLS files re-read (logged only when
+  // something changed), and the token and quota files re-read only when
+  // their bytes changed since they were last read.
+  void ReloadChanged();
   // Health turns NOT_SERVING at once, subscribers are disconnected, new
   // calls are refused, and running calls get shutdown_grace_seconds before
   // they are cancelled. Returns at once; later calls do nothing.
@@ -192,8 +201,23 @@ class Server {
   absl::Status PrepareCluster();
   absl::Status OpenSharedMemory();
   absl::Status JoinCluster();
+  // Reload's parts. The token file's: open subscriptions and transfers are
+  // checked against the new principals.
+  void ReloadTokens(absl::string_view why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(reload_mu_);
+  void ReloadQuotas(absl::string_view why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(reload_mu_);
+  // Runs ReloadChanged every reload_interval until Shutdown.
+  void StartReloads();
 
   ServerConfig config_;
+  // One reload at a time (SIGHUP's and the interval's), and the bytes of
+  // the token and quota files as last read, to tell a change.
+  Mutex reload_mu_;
+  std::string token_bytes_ ABSL_GUARDED_BY(reload_mu_);
+  std::string quota_bytes_ ABSL_GUARDED_BY(reload_mu_);
+  absl::Notification stop_reloads_;
+  std::thread reloads_;
   // Declared in dependency order: each member is destroyed before the
   // ones it uses.
   std::unique_ptr<ServerMetrics> metrics_;

@@ -5,7 +5,7 @@
 // SIGTERM / SIGINT shut it down cleanly: new calls are refused, running
 // calls get --shutdown_grace_seconds to finish, then are cancelled. SIGHUP
 // re-reads --token_file, --quota_file and the TLS files (a bad file keeps
-// the old one); the TLS files are also re-read every --tls_refresh_seconds.
+// the old one); they are also re-read when changed, every --reload_seconds.
 //
 // Without --token_file there is no authentication: every caller is an admin,
 // so the server then listens on loopback addresses only. Plaintext on a
@@ -106,21 +106,24 @@ ABSL_FLAG(std::string, tls_key_file, Defaults().tls_key_file,
 ABSL_FLAG(std::string, tls_client_ca_file, Defaults().tls_client_ca_file,
           "CA bundle (PEM) that client certificates must chain to: mutual "
           "TLS; a certificate's CN names a principal of --token_file");
-ABSL_FLAG(int, tls_refresh_seconds,
-          static_cast<int>(absl::ToInt64Seconds(Defaults().tls_refresh)),
-          "How often the TLS certificate, key and client CA files are "
-          "re-read (a rotated Secret is served to new connections; a bad "
-          "file keeps the ones in force); 0: on SIGHUP only");
+ABSL_FLAG(int, reload_seconds,
+          static_cast<int>(absl::ToInt64Seconds(Defaults().reload_interval)),
+          "How often the TLS files, the token file and the quota file are "
+          "checked and re-read when changed (a rotated Secret is served to "
+          "new connections; a bad file keeps the ones in force); 0: on "
+          "SIGHUP only");
 ABSL_FLAG(std::string, token_file, Defaults().token_file,
           "Principals, their token hashes and roles (JSON; see README "
-          "\"Deploy\"); turns on authentication; re-read on SIGHUP");
+          "\"Deploy\"); turns on authentication; re-read on SIGHUP and when "
+          "changed (--reload_seconds)");
 ABSL_FLAG(bool, plaintext, Defaults().plaintext,
           "Allow plaintext on a non-loopback --listen address");
 ABSL_FLAG(std::string, health_listen, Defaults().health_listen,
           "A second, plaintext address serving only grpc.health.v1 (for "
           "probes that cannot present credentials); empty: none");
 ABSL_FLAG(std::string, quota_file, Defaults().quota_file,
-          "Per-namespace quotas (JSON; see README); re-read on SIGHUP");
+          "Per-namespace quotas (JSON; see README); re-read on SIGHUP and "
+          "when changed (--reload_seconds)");
 ABSL_FLAG(int64_t, namespace_max_modules,
           Defaults().namespace_quota.max_modules,
           "Most modules in one namespace (0: unlimited; --quota_file may "
@@ -428,7 +431,7 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
   config.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   config.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
   config.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
-  config.tls_refresh = absl::Seconds(absl::GetFlag(FLAGS_tls_refresh_seconds));
+  config.reload_interval = absl::Seconds(absl::GetFlag(FLAGS_reload_seconds));
   config.token_file = absl::GetFlag(FLAGS_token_file);
   config.plaintext = absl::GetFlag(FLAGS_plaintext);
   config.health_listen = absl::GetFlag(FLAGS_health_listen);

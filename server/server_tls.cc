@@ -202,14 +202,7 @@ absl::StatusOr<std::shared_ptr<ServerTls>> ServerTls::Create(TlsFiles files) {
 ServerTls::ServerTls(TlsFiles files, TlsMaterial material)
     : files_(std::move(files)), material_(std::move(material)) {}
 
-ServerTls::~ServerTls() {
-  {
-    MutexLock lock(&stop_mu_);
-    stop_ = true;
-  }
-  wake_.SignalAll();
-  if (refresh_.joinable()) refresh_.join();
-}
+ServerTls::~ServerTls() = default;
 
 std::shared_ptr<grpc::ServerCredentials> ServerTls::Credentials() {
   // Each port's security connector fetches its first config when it is
@@ -291,25 +284,6 @@ std::string ServerTls::Reload() {
                                     files_.key, material_.key_mode));
   }
   return line;
-}
-
-void ServerTls::StartRefresh(absl::Duration interval,
-                             std::function<void(const std::string&)> log) {
-  if (interval <= absl::ZeroDuration()) return;
-  refresh_ = std::thread([this, interval, log = std::move(log)] {
-    for (;;) {
-      {
-        MutexLock lock(&stop_mu_);
-        const absl::Time next = absl::Now() + interval;
-        while (!stop_ && absl::Now() < next) {
-          wake_.WaitWithDeadline(&stop_mu_, next);
-        }
-        if (stop_) return;
-      }
-      std::string line = Reload();
-      if (!line.empty()) log(line);
-    }
-  });
 }
 
 std::string ServerTls::summary() const {

@@ -10,10 +10,8 @@
 //       ServerTls::Create({"/tls/tls.crt", "/tls/tls.key", "/tls/ca.crt"}));
 //   builder.AddListeningPort("0.0.0.0:50051", tls->Credentials());
 //   ...  // build and start the grpc::Server
-//   tls->StartRefresh(absl::Seconds(60), [](const std::string& line) {
-//     LogLine(line);
-//   });
-//   // On SIGHUP: LogLine(tls->Reload());
+//   // Every minute and on SIGHUP (Server does both):
+//   if (std::string line = tls->Reload(); !line.empty()) LogLine(line);
 #ifndef MODELSTATE_SERVER_SERVER_TLS_H_
 #define MODELSTATE_SERVER_SERVER_TLS_H_
 
@@ -21,7 +19,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -75,12 +72,6 @@ class ServerTls {
   // periodic check does not repeat it every interval.
   std::string Reload();
 
-  // Calls Reload every `interval` (none when it is zero) on a thread of
-  // its own, handing each non-empty line to `log`; stopped by the
-  // destructor.
-  void StartRefresh(absl::Duration interval,
-                    std::function<void(const std::string&)> log);
-
   // The leaf certificate in force (TlsMaterial::summary).
   std::string summary() const;
 
@@ -105,10 +96,6 @@ class ServerTls {
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
   // The last bad reading reported, so that it is not reported again.
   std::string last_error_ ABSL_GUARDED_BY(mu_);
-  Mutex stop_mu_;
-  bool stop_ ABSL_GUARDED_BY(stop_mu_) = false;
-  CondVar wake_;
-  std::thread refresh_;
 };
 
 }  // namespace modelstate::server

@@ -107,6 +107,11 @@ class AccessGate {
   // PERMISSION_DENIED, recorded, as StillAllows.
   absl::Status StillAllowsIn(const Caller& caller, absl::string_view rpc,
                              Permission permission, const ModuleName& module);
+  // The principal `caller`'s credentials name now, if it is still the
+  // same identity; otherwise UNAUTHENTICATED, recorded. Without
+  // authentication, `caller`'s own principal.
+  absl::StatusOr<Principal> StillNamed(const Caller& caller,
+                                       absl::string_view rpc);
   // Authenticator::generation(); 0 without authentication.
   uint64_t policy_generation() const {
     return auth_ != nullptr ? auth_->generation() : 0;
@@ -121,10 +126,6 @@ class AccessGate {
   void FlushDenials() { denials_.Stop(); }
 
  private:
-  // The principal `caller`'s credentials name now, if it is still the
-  // same identity; otherwise UNAUTHENTICATED, recorded.
-  absl::StatusOr<Principal> StillNamed(const Caller& caller,
-                                       absl::string_view rpc);
   absl::Status Deny(const Caller& caller, absl::string_view rpc,
                     const ModuleName& module, absl::Status denied);
   const Authenticator* const auth_;

@@ -358,8 +358,10 @@ absl::Status LoadSession::Append(std::string bytes) {
 
 absl::StatusOr<LoadResult> LoadSession::Finish() {
   // Revoked after its last bytes came: nothing is applied. (A reload after
-  // this check finds the load already applying, as if it came after it.)
-  if (absl::Status revoked = transfer_->status(); !revoked.ok()) {
+  // this commit finds the load already applying, as if it came after it:
+  // it is neither revoked nor recorded as denied, even while it waits for
+  // the module's gate.)
+  if (absl::Status revoked = transfer_->Commit(); !revoked.ok()) {
     return Fail(std::move(revoked));
   }
   // The staged bytes' digest is complete once they are all observed; a
@@ -492,6 +494,12 @@ absl::StatusOr<uint64_t> SubscriberSession::Attach(
   if (service_->gate_.policy_generation() != caller_.policy_generation) {
     MODELSTATE_RETURN_IF_ERROR(service_->gate_.StillAllows(
         caller_, "Subscribe", Permission::kSubscribe));
+    // Whom its chains name, as the reloaded file says.
+    MODELSTATE_ASSIGN_OR_RETURN(
+        Principal now, service_->gate_.StillNamed(caller_, "Subscribe"));
+    Caller reloaded = caller_;
+    reloaded.principal = std::move(now);
+    spec.learns_of = MayLearnOfNamespaces(reloaded);
   }
   MODELSTATE_ASSIGN_OR_RETURN(
       subscriber_id_,
@@ -527,6 +535,24 @@ void ModelService::ForgetSubscriber(uint64_t id) {
   subscribers_.erase(id);
 }
 
+absl::Status ModelService::StillLearnsOf(const Caller& caller) {
+  if (!gate_.authenticates()) return absl::OkStatus();
+  absl::StatusOr<Principal> now = gate_.StillNamed(caller, "Subscribe");
+  if (!now.ok()) return now.status();
+  Caller reloaded = caller;
+  reloaded.principal = *std::move(now);
+  // Its chains name the subscribers it could list when it attached; once
+  // it may list fewer, they would go on naming them (and their reasons).
+  if (MayLearnOf(MayLearnOfNamespaces(reloaded),
+                 MayLearnOfNamespaces(caller))) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "the reloaded token file narrows the subscribers '",
+      caller.principal.identity,
+      "' may learn of (its review and audit namespaces); subscribe again"));
+}
+
 void ModelService::RecheckSubscribers() {
   std::vector<std::pair<uint64_t, Caller>> open;
   {
@@ -538,6 +564,7 @@ void ModelService::RecheckSubscribers() {
   for (const auto& [id, caller] : open) {
     absl::Status still =
         gate_.StillAllows(caller, "Subscribe", Permission::kSubscribe);
+    if (still.ok()) still = StillLearnsOf(caller);
     // Detached before its stream ends, like any subscriber that leaves:
     // what it held fails by its policy, and it decides nothing more.
     if (!still.ok()) hub_->Disconnect(id, still, caller.ctx);
@@ -551,6 +578,12 @@ Transfer::~Transfer() {
 
 absl::Status Transfer::status() const {
   MutexLock lock(&mu_);
+  return status_;
+}
+
+absl::Status Transfer::Commit() {
+  MutexLock lock(&mu_);
+  committed_ = status_.ok();
   return status_;
 }
 
@@ -586,11 +619,15 @@ void ModelService::RecheckTransfers(absl::Duration grace) {
   {
     MutexLock lock(&transfers_mu_);
     for (const auto& [id, transfer] : transfers_) {
+      // Held across the check, so that a load cannot commit in between
+      // and apply after its denial was recorded.
+      MutexLock revoking(&transfer->mu_);
+      // Committed, or revoked by an earlier reload: nothing to decide.
+      if (transfer->committed_ || !transfer->status_.ok()) continue;
       absl::Status still =
           gate_.StillAllowsIn(transfer->caller_, transfer->rpc_,
                               transfer->permission_, transfer->module_);
       if (still.ok()) continue;
-      MutexLock revoking(&transfer->mu_);
       transfer->status_ = std::move(still);
       revoked.push_back(id);
     }

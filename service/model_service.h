@@ -131,6 +131,10 @@ class Transfer {
   // OK, or why a reload revoked the transfer (UNAUTHENTICATED or
   // PERMISSION_DENIED): the stream ends with it at its next message.
   absl::Status status() const;
+  // A load's point of no return: its status, and from then on a reload
+  // leaves it alone (it is already applying, as if the reload came after
+  // it), neither revoking it nor recording a denial for it.
+  absl::Status Commit();
   // Called when a revoked transfer is still under way after a grace
   // period (a client that stalls sends or reads no next message), while
   // the transfer is still tracked: the handler cancels its call there.
@@ -148,6 +152,7 @@ class Transfer {
   ModuleName module_;
   mutable Mutex mu_;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
+  bool committed_ ABSL_GUARDED_BY(mu_) = false;
   std::function<void()> stop_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -515,6 +520,9 @@ class ModelService {
   // The subscribers attached now, by hub id, with the callers that opened
   // them (RecheckSubscribers).
   void TrackSubscriber(uint64_t id, const Caller& caller);
+  // OK unless a reload narrowed the subscribers `caller` may learn of
+  // (MayLearnOf), which its chains would otherwise go on naming.
+  absl::Status StillLearnsOf(const Caller& caller);
   void ForgetSubscriber(uint64_t id);
 
   absl::StatusOr<std::vector<RegistrationResult>> Register(

@@ -1334,6 +1334,107 @@ TEST(AccessReloadTest, AReloadEndsTheStreamsOfRevokedCallers) {
   std::filesystem::remove_all(dir, ignored);
 }
 
+// A reload that narrows whom a subscriber may learn of (its auditor role
+// shrinks, its reviewer role stays) ends the subscription: the chains it
+// is sent would otherwise go on naming subscribers ListSubscribers now
+// hides from it, with their reasons.
+TEST(AccessReloadTest, AReloadThatNarrowsWhomASubscriberMayLearnOfEndsIt) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    absl::StrCat("access-learns-of-", getpid());
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path tokens = dir / "tokens.json";
+  std::vector<Who> people = People();
+  people.push_back(
+      {"carol", "carol-token", {{"reviewer", {"team-a"}}, {"auditor", {"*"}}}});
+  WriteText(tokens, TokenFile(people));
+  TestServer server(
+      {absl::StrCat("--token_file=", tokens.string()), "--reload_seconds=0"});
+  ASSERT_THAT(server.Start(), IsOk());
+  std::unique_ptr<client::ModelStateClient> carol =
+      ClientWithToken(server, "carol-token");
+  std::unique_ptr<client::ModelStateClient> rev =
+      ClientWithToken(server, "rev-token");
+  auto subscribe = [](client::ModelStateClient& c, const std::string& name,
+                      grpc::ClientContext* context) {
+    auto stream = c.stub().Subscribe(context);
+    v1::SubscribeRequest request;
+    request.mutable_subscription()->set_name(name);
+    request.mutable_subscription()->add_namespaces("team-a");
+    EXPECT_TRUE(stream->Write(request));
+    v1::SubscribeResponse ack;
+    EXPECT_TRUE(stream->Read(&ack) && ack.has_ack());
+    return stream;
+  };
+  auto carol_context = carol->NewContext(absl::Seconds(20));
+  auto narrowed = subscribe(*carol, "carol-hook", carol_context.get());
+  auto rev_context = rev->NewContext(absl::Seconds(20));
+  auto kept = subscribe(*rev, "rev-hook", rev_context.get());
+
+  // carol keeps reviewing team-a; only her audit of every namespace goes.
+  people.back().roles = {{"reviewer", {"team-a"}}, {"auditor", {"team-a"}}};
+  WriteText(tokens, TokenFile(people));
+  ASSERT_EQ(kill(server.pid(), SIGHUP), 0);
+  v1::SubscribeResponse event;
+  EXPECT_FALSE(narrowed->Read(&event));
+  grpc::Status ended = narrowed->Finish();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << ended.error_message();
+  EXPECT_THAT(ended.error_message(),
+              HasSubstr("narrows the subscribers 'carol' may learn of"));
+  // rev's view did not change: its subscription stays.
+  kept->WritesDone();
+  while (kept->Read(&event)) {
+  }
+  EXPECT_THAT(kept->Finish().error_code(), grpc::StatusCode::OK);
+  server.Stop();
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+}
+
+// --reload_seconds: a token file changed in place (as the kubelet updates
+// a Secret, signalling nobody) is read again without a SIGHUP; a file that
+// did not change is not reloaded.
+TEST(AccessReloadTest, AChangedTokenFileIsReadWithoutASighup) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      absl::StrCat("access-reload-interval-", getpid());
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path tokens = dir / "tokens.json";
+  WriteText(tokens, TokenFile(People()));
+  TestServer server(
+      {absl::StrCat("--token_file=", tokens.string()), "--reload_seconds=1"});
+  ASSERT_THAT(server.Start(), IsOk());
+  ASSERT_THAT(ClientWithToken(server, "root-token")
+                  ->BuildModule(BuildRequest("team-a/base", kNet)),
+              IsOk());
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  EXPECT_THAT(server.Log(), Not(HasSubstr("the token file changed")));
+  std::vector<Who> people;
+  for (const Who& w : People()) {
+    if (w.identity != "rita") people.push_back(w);
+  }
+  people.push_back({"carol", "carol-token", {{"reader", {"team-a"}}}});
+  WriteText(tokens, TokenFile(people));
+  absl::Status carol;
+  for (int i = 0; i < 300; ++i) {
+    carol = ClientWithToken(server, "carol-token")
+                ->GetStateDict("team-a/base")
+                .status();
+    if (carol.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_THAT(carol, IsOk());
+  EXPECT_EQ(ClientWithToken(server, "rita-token")
+                ->GetStateDict("team-a/base")
+                .status()
+                .code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(server.Log(), HasSubstr("the token file changed: "));
+  server.Stop();
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+}
+
 // A subscription whose stream opened before a reload that revoked its
 // caller, and whose first message came after, is refused before the hub
 // attaches it: attached first (and checked after), it was recorded as a
@@ -1994,8 +2095,7 @@ TEST_F(TlsTest, ARotatedSecretIsServedToNewConnectionsAndABadOneIsKept) {
   TestServer server({"--tls_cert_file=" + secret.File("tls.crt"),
                      "--tls_key_file=" + secret.File("tls.key"),
                      "--tls_client_ca_file=" + secret.File("ca.crt"),
-                     "--tls_refresh_seconds=1",
-                     Flag("token_file", "tokens.json")});
+                     "--reload_seconds=1", Flag("token_file", "tokens.json")});
   ASSERT_THAT(server.Start(), IsOk());
   EXPECT_THAT(server.Log(), HasSubstr("certificate subject /CN=localhost"));
   // Each stub on a channel of its own (no shared subchannel): its own
@@ -2085,7 +2185,7 @@ TEST_F(TlsTest, ARotatedSecretIsServedToNewConnectionsAndABadOneIsKept) {
               HasSubstr("error"));
 }
 
-// With --tls_refresh_seconds=0 the files are re-read on SIGHUP only.
+// With --reload_seconds=0 the TLS files are re-read on SIGHUP only.
 TEST_F(TlsTest, SighupReReadsTheTlsFiles) {
   const std::string d = dir_->string();
   const std::string script = absl::StrCat(
@@ -2100,8 +2200,7 @@ TEST_F(TlsTest, SighupReReadsTheTlsFiles) {
       {{"tls.crt", *dir_ / "server.pem"}, {"tls.key", *dir_ / "server.key"}});
   TestServer server({"--tls_cert_file=" + secret.File("tls.crt"),
                      "--tls_key_file=" + secret.File("tls.key"),
-                     "--tls_refresh_seconds=0",
-                     Flag("token_file", "tokens.json")});
+                     "--reload_seconds=0", Flag("token_file", "tokens.json")});
   ASSERT_THAT(server.Start(), IsOk());
   secret.Publish(
       {{"tls.crt", *dir_ / "hup.pem"}, {"tls.key", *dir_ / "hup.key"}});
