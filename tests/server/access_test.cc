@@ -1334,6 +1334,89 @@ TEST(AccessReloadTest, AReloadEndsTheStreamsOfRevokedCallers) {
   std::filesystem::remove_all(dir, ignored);
 }
 
+void AwaitReloads(const TestServer& server, int count);
+
+// A load whose bytes all came before the reload, waiting for the module's
+// gate (held here by a registration its interceptor decides slowly), is
+// already applying: the reload neither revokes nor records it as denied,
+// and the client is told what happened (before: denied, then CANCELLED
+// after a second, and applied all the same).
+TEST(AccessReloadTest, ALoadAlreadyApplyingIsLeftAloneByAReload) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      absl::StrCat("access-committed-load-", getpid());
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path tokens = dir / "tokens.json";
+  WriteText(tokens, TokenFile(People()));
+  TestServer server({"--token_file=" + tokens.string(), "--reload_seconds=0"});
+  ASSERT_THAT(server.Start(), IsOk());
+  std::unique_ptr<client::ModelStateClient> root =
+      ClientWithToken(server, "root-token");
+  ASSERT_THAT(root->BuildModule(BuildRequest("team-a/m", kNet)), IsOk());
+  absl::Notification holding;
+  v1::Subscription slow;
+  slow.set_name("root-slow");
+  slow.add_namespaces("team-a");
+  auto hook =
+      client::Subscriber::Start(*root, slow, [&](const v1::HookEventProto& e) {
+        if (e.name() == "held") {
+          holding.Notify();
+          std::this_thread::sleep_for(std::chrono::seconds(3));
+        }
+        v1::HookAnswer a;
+        a.set_event_id(e.event_id());
+        a.set_verdict(v1::HookAnswer::APPROVE);
+        return a;
+      });
+  ASSERT_THAT(hook, IsOk());
+  std::thread registering([&] {
+    v1::RegisterTensorRequest r;
+    r.set_module("team-a/m");
+    r.set_name("held");
+    r.set_none(true);
+    EXPECT_THAT(root->RegisterBuffer(r), IsOk());
+  });
+  ASSERT_TRUE(holding.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  absl::StatusOr<v1::LoadStateDictResponse> loaded;
+  std::thread loading([&] {
+    StateDict sevens;
+    sevens.tensors.Set("bias", *Tensor::Full(DType::kFloat32, {3}, 7.0));
+    client::LoadStateDictOptions options;
+    options.load.strict = false;
+    loaded = ClientWithToken(server, "alice-token")
+                 ->LoadStateDict("team-a/m", sevens, options);
+  });
+  // alice's bytes are in; her load waits for the gate. Then she loses
+  // builder.
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  std::vector<Who> after;
+  for (Who w : People()) {
+    if (w.identity == "alice") w.roles = {{"reader", {"team-a"}}};
+    after.push_back(w);
+  }
+  WriteText(tokens, TokenFile(after));
+  ASSERT_EQ(kill(server.pid(), SIGHUP), 0);
+  AwaitReloads(server, 1);
+  loading.join();
+  registering.join();
+  (*hook)->Stop();
+  EXPECT_THAT(loaded.status(), IsOk());
+  absl::StatusOr<StateDict> now = root->GetStateDict("team-a/m");
+  ASSERT_THAT(now, IsOk());
+  EXPECT_EQ(now->tensors.Find("bias")->data<float>()[0], 7.0f);
+  v1::QueryAuditRequest query;
+  query.mutable_filter()->set_type("denied");
+  query.mutable_filter()->set_identity("alice");
+  v1::QueryAuditResponse records;
+  auto query_context = root->NewContext(absl::Seconds(10));
+  ASSERT_TRUE(
+      root->stub().QueryAudit(query_context.get(), query, &records).ok());
+  EXPECT_EQ(records.records_size(), 0) << records.DebugString();
+  server.Stop();
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+}
+
 // A reload that narrows whom a subscriber may learn of (its auditor role
 // shrinks, its reviewer role stays) ends the subscription: the chains it
 // is sent would otherwise go on naming subscribers ListSubscribers now
