@@ -228,22 +228,27 @@ std::shared_ptr<grpc::ServerCredentials> ServerTls::Credentials() {
 grpc_ssl_certificate_config_reload_status ServerTls::Fetch(
     void* user_data, grpc_ssl_server_certificate_config** config) {
   Fetcher* fetcher = static_cast<Fetcher*>(user_data);
-  ServerTls* tls = fetcher->tls;
-  MutexLock lock(&tls->mu_);
-  if (fetcher->handed == tls->generation_) {
+  return fetcher->tls->HandOut(*fetcher, config);
+}
+
+grpc_ssl_certificate_config_reload_status ServerTls::HandOut(
+    Fetcher& fetcher, grpc_ssl_server_certificate_config** config) {
+  MutexLock lock(&mu_);
+  if (fetcher.handed == generation_) {
     return GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_UNCHANGED;
   }
-  const TlsMaterial& m = tls->material_;
-  grpc_ssl_pem_key_cert_pair pair{m.private_key.c_str(), m.cert_chain.c_str()};
+  grpc_ssl_pem_key_cert_pair pair{material_.private_key.c_str(),
+                                  material_.cert_chain.c_str()};
   // gRPC 1.51 asserts that a fetched config has root certificates even
   // when no client certificate is asked for (and then aborts the
   // process), and refuses an empty bundle. Without a client CA the
   // server's own chain stands in: the handshake then never requests a
   // client certificate, so nothing is ever checked against it.
-  const std::string& roots = m.client_ca.empty() ? m.cert_chain : m.client_ca;
+  const std::string& roots =
+      material_.client_ca.empty() ? material_.cert_chain : material_.client_ca;
   // Copies the strings.
   *config = grpc_ssl_server_certificate_config_create(roots.c_str(), &pair, 1);
-  fetcher->handed = tls->generation_;
+  fetcher.handed = generation_;
   return GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_NEW;
 }
 

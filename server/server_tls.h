@@ -86,6 +86,9 @@ class ServerTls {
     ServerTls* tls = nullptr;
     uint64_t handed = 0;
   };
+  // Fetch's work: the material in force, if `fetcher` has not had it yet.
+  grpc_ssl_certificate_config_reload_status HandOut(
+      Fetcher& fetcher, grpc_ssl_server_certificate_config** config);
 
   const TlsFiles files_;
   mutable Mutex mu_;

@@ -638,8 +638,11 @@ void ModelService::RecheckTransfers(absl::Duration grace) {
   while (!revoked.empty()) {
     {
       MutexLock lock(&transfers_mu_);
-      std::erase_if(revoked,
-                    [&](uint64_t id) { return !transfers_.contains(id); });
+      std::vector<uint64_t> running;
+      for (uint64_t id : revoked) {
+        if (transfers_.contains(id)) running.push_back(id);
+      }
+      revoked.swap(running);
       if (absl::Now() >= deadline) {
         for (uint64_t id : revoked) {
           Transfer* transfer = transfers_.at(id);
