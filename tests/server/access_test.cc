@@ -1242,6 +1242,23 @@ TEST(AccessReloadTest, AReloadOfAFileOthersMayWriteKeepsTheOld) {
 // deciding registrations (it blocked them after its revocation before), nor
 // an auditor who lost a namespace go on reading its records. A stream whose
 // caller keeps its rights goes on.
+// An interceptor of team-a (fail-open) on a raw stream, acknowledged.
+std::unique_ptr<
+    grpc::ClientReaderWriter<v1::SubscribeRequest, v1::SubscribeResponse>>
+SubscribeToTeamA(client::ModelStateClient& c, const std::string& name,
+                 grpc::ClientContext* context) {
+  auto stream = c.stub().Subscribe(context);
+  v1::SubscribeRequest request;
+  request.mutable_subscription()->set_name(name);
+  request.mutable_subscription()->add_namespaces("team-a");
+  request.mutable_subscription()->set_failure_policy(
+      v1::Subscription::FAIL_OPEN);
+  EXPECT_TRUE(stream->Write(request));
+  v1::SubscribeResponse ack;
+  EXPECT_TRUE(stream->Read(&ack) && ack.has_ack());
+  return stream;
+}
+
 TEST(AccessReloadTest, AReloadEndsTheStreamsOfRevokedCallers) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() /
                                     absl::StrCat("access-revoke-", getpid());
@@ -1259,23 +1276,10 @@ TEST(AccessReloadTest, AReloadEndsTheStreamsOfRevokedCallers) {
   // A record in team-a, so that the watch shows it is open.
   ASSERT_THAT(root->BuildModule(BuildRequest("team-a/base", kNet)), IsOk());
   // Interceptors of team-a: rev's token is revoked, root's stays.
-  auto subscribe = [](client::ModelStateClient& c, const std::string& name,
-                      grpc::ClientContext* context) {
-    auto stream = c.stub().Subscribe(context);
-    v1::SubscribeRequest request;
-    request.mutable_subscription()->set_name(name);
-    request.mutable_subscription()->add_namespaces("team-a");
-    request.mutable_subscription()->set_failure_policy(
-        v1::Subscription::FAIL_OPEN);
-    EXPECT_TRUE(stream->Write(request));
-    v1::SubscribeResponse ack;
-    EXPECT_TRUE(stream->Read(&ack) && ack.has_ack());
-    return stream;
-  };
   auto rev_context = rev->NewContext(absl::Seconds(20));
-  auto revoked = subscribe(*rev, "rev-hook", rev_context.get());
+  auto revoked = SubscribeToTeamA(*rev, "rev-hook", rev_context.get());
   auto root_context = root->NewContext(absl::Seconds(20));
-  auto kept = subscribe(*root, "root-hook", root_context.get());
+  auto kept = SubscribeToTeamA(*root, "root-hook", root_context.get());
   auto watch_context = aud->NewContext(absl::Seconds(20));
   v1::WatchAuditRequest watch_request;
   watch_request.mutable_filter()->set_namespace_("team-a");
@@ -1437,21 +1441,10 @@ TEST(AccessReloadTest, AReloadThatNarrowsWhomASubscriberMayLearnOfEndsIt) {
       ClientWithToken(server, "carol-token");
   std::unique_ptr<client::ModelStateClient> rev =
       ClientWithToken(server, "rev-token");
-  auto subscribe = [](client::ModelStateClient& c, const std::string& name,
-                      grpc::ClientContext* context) {
-    auto stream = c.stub().Subscribe(context);
-    v1::SubscribeRequest request;
-    request.mutable_subscription()->set_name(name);
-    request.mutable_subscription()->add_namespaces("team-a");
-    EXPECT_TRUE(stream->Write(request));
-    v1::SubscribeResponse ack;
-    EXPECT_TRUE(stream->Read(&ack) && ack.has_ack());
-    return stream;
-  };
   auto carol_context = carol->NewContext(absl::Seconds(20));
-  auto narrowed = subscribe(*carol, "carol-hook", carol_context.get());
+  auto narrowed = SubscribeToTeamA(*carol, "carol-hook", carol_context.get());
   auto rev_context = rev->NewContext(absl::Seconds(20));
-  auto kept = subscribe(*rev, "rev-hook", rev_context.get());
+  auto kept = SubscribeToTeamA(*rev, "rev-hook", rev_context.get());
 
   // carol keeps reviewing team-a; only her audit of every namespace goes.
   people.back().roles = {{"reviewer", {"team-a"}}, {"auditor", {"team-a"}}};
