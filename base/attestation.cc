@@ -22,6 +22,17 @@ absl::Status StatementError(absl::string_view field, absl::string_view what) {
       absl::StrCat("in-toto statement: ", field, " ", what));
 }
 
+// Whether `j` is an object whose member `key` is the text `text`. Unlike
+// nlohmann's value(key, default), a member of another type (a number where
+// text belongs, in a file or a signed statement) is a mismatch, not an
+// exception.
+bool HasText(const OrderedJson& j, const char* key, absl::string_view text) {
+  if (!j.is_object()) return false;
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() &&
+         it->get_ref<const std::string&>() == text;
+}
+
 // `text` parsed as a JSON object, or INVALID_ARGUMENT naming `field`.
 absl::StatusOr<OrderedJson> ObjectOf(absl::string_view text,
                                      absl::string_view field) {
@@ -95,8 +106,7 @@ absl::Status BundleError(absl::string_view what) {
 absl::StatusOr<std::vector<AttestedResource>> OmsResources(
     const OrderedJson& predicate) {
   if (!predicate.contains("serialization") ||
-      !predicate["serialization"].is_object() ||
-      predicate["serialization"].value("method", "") != "files") {
+      !HasText(predicate["serialization"], "method", "files")) {
     return BundleError("predicate.serialization.method is not \"files\"");
   }
   if (!predicate.contains("resources") || !predicate["resources"].is_array()) {
@@ -104,7 +114,7 @@ absl::StatusOr<std::vector<AttestedResource>> OmsResources(
   }
   std::vector<AttestedResource> files;
   for (const OrderedJson& r : predicate["resources"]) {
-    if (!r.is_object() || r.value("algorithm", "") != "sha256" ||
+    if (!r.is_object() || !HasText(r, "algorithm", "sha256") ||
         !r.contains("digest") || !r["digest"].is_string() ||
         !IsSha256Hex(r["digest"].get<std::string>()) || !r.contains("name") ||
         !r["name"].is_string()) {
@@ -181,7 +191,7 @@ absl::StatusOr<std::string> InTotoStatementToJson(const InTotoStatement& s) {
 absl::StatusOr<InTotoStatement> InTotoStatementFromJson(
     absl::string_view json) {
   MODELSTATE_ASSIGN_OR_RETURN(OrderedJson j, ObjectOf(json, "(the whole)"));
-  if (j.value("_type", "") != kInTotoStatementType) {
+  if (!HasText(j, "_type", kInTotoStatementType)) {
     return StatementError(
         "_type", absl::StrCat("is not \"", kInTotoStatementType, "\""));
   }
@@ -248,7 +258,7 @@ absl::StatusOr<std::vector<AttestedResource>> VerifyOmsBundle(
   if (bundle.is_discarded() || !bundle.is_object()) {
     return BundleError("not a JSON object");
   }
-  if (bundle.value("mediaType", "") != kSigstoreBundleMediaType) {
+  if (!HasText(bundle, "mediaType", kSigstoreBundleMediaType)) {
     return BundleError(
         absl::StrCat("mediaType is not \"", kSigstoreBundleMediaType, "\""));
   }

@@ -5,12 +5,14 @@
 // runs here, against the key the user holds. Also get-state --sign's half
 // (SignWrittenStateFile) and verify-bundle, which checks such a bundle
 // against a key and the file.
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "base/attestation.h"
 #include "base/checkpoint.h"
 #include "base/dsse.h"
@@ -38,6 +41,10 @@ namespace modelstate::cli {
 namespace {
 
 constexpr int kVerifyHashThreads = 2;
+// The byproducts that tie an attestation to the log (service/attestation.h
+// names them on the server's side).
+constexpr absl::string_view kCheckpointByproductName = "audit-checkpoint";
+constexpr absl::string_view kRecordsByproductName = "audit-records";
 
 struct AttestArgs {
   std::string module;
@@ -153,61 +160,180 @@ absl::Status CompareSubjects(Context& c, const InTotoStatement& statement,
   return absl::OkStatus();
 }
 
-// The checkpoint note and the records (seq, leaf hash) the statement cites.
+// What --online reads from the predicate: the checkpoint note, the records
+// (seq, leaf hash) it cites, and the record that began the attested life.
 struct CitedRecords {
   std::string checkpoint_note;
   std::vector<std::pair<uint64_t, std::string>> records;
+  // buildDefinition.externalParameters.build.seq: the build record, one of
+  // `records`. Unset for a module that came by a cluster move and was never
+  // built on this replica; its life then begins at the first cited record.
+  std::optional<uint64_t> build_seq;
 };
 
-absl::StatusOr<CitedRecords> Cited(const InTotoStatement& statement) {
-  nlohmann::json predicate = nlohmann::json::parse(statement.predicate_json);
-  CitedRecords out;
-  const nlohmann::json* byproducts = nullptr;
-  if (predicate.contains("runDetails") &&
-      predicate["runDetails"].contains("byproducts")) {
-    byproducts = &predicate["runDetails"]["byproducts"];
+// The member `key` of `j`, or null when `j` is no object or lacks it. The
+// predicate is read through this and type checks alone: it is signed by
+// the log's key, yet a verifier must not trust its shape (nlohmann's
+// operator[] on a missing key of a const object is undefined, and get<>()
+// and value() of the wrong type throw).
+const nlohmann::json* Member(const nlohmann::json& j, const char* key) {
+  if (!j.is_object()) return nullptr;
+  auto it = j.find(key);
+  return it == j.end() ? nullptr : &*it;
+}
+
+absl::Status Malformed(absl::string_view where, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat(where, " ", why));
+}
+
+// An audit record's seq: an integer of at least 1 (seqs count from 1).
+absl::StatusOr<uint64_t> SeqAt(const nlohmann::json* seq,
+                               absl::string_view where) {
+  if (seq == nullptr || !seq->is_number_unsigned() ||
+      seq->get<uint64_t>() == 0) {
+    return Malformed(where, "is not an audit record seq (an integer >= 1)");
   }
-  if (byproducts == nullptr || !byproducts->is_array()) {
-    return absl::InvalidArgumentError(
-        "predicate.runDetails.byproducts is missing");
+  return seq->get<uint64_t>();
+}
+
+bool IsLowerHex64(const std::string& s) {
+  if (s.size() != 64) return false;
+  for (char ch : s) {
+    if (!absl::ascii_isdigit(ch) && !(ch >= 'a' && ch <= 'f')) return false;
   }
-  for (const nlohmann::json& b : *byproducts) {
-    const std::string name = b.value("name", "");
-    if (name == "audit-checkpoint" && b.contains("content")) {
-      if (!absl::Base64Unescape(b["content"].get<std::string>(),
-                                &out.checkpoint_note)) {
-        return absl::InvalidArgumentError("audit-checkpoint: bad base64");
-      }
-    } else if (name == "audit-records") {
-      for (const nlohmann::json& r : b["annotations"]["records"]) {
-        out.records.emplace_back(r.value("seq", uint64_t{0}),
-                                 r.value("leaf_hash", ""));
-      }
+  return true;
+}
+
+absl::Status ReadCheckpoint(const nlohmann::json& b, absl::string_view where,
+                            CitedRecords& out) {
+  const nlohmann::json* content = Member(b, "content");
+  if (content == nullptr || !content->is_string()) {
+    return Malformed(where, "has no content (text)");
+  }
+  if (!absl::Base64Unescape(content->get_ref<const std::string&>(),
+                            &out.checkpoint_note) ||
+      out.checkpoint_note.empty()) {
+    return Malformed(absl::StrCat(where, ".content"),
+                     "is not a base64 checkpoint note");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadRecords(const nlohmann::json& b, absl::string_view where,
+                         CitedRecords& out) {
+  const nlohmann::json* annotations = Member(b, "annotations");
+  const nlohmann::json* records =
+      annotations == nullptr ? nullptr : Member(*annotations, "records");
+  if (records == nullptr || !records->is_array()) {
+    return Malformed(absl::StrCat(where, ".annotations.records"),
+                     "is missing or not an array");
+  }
+  std::set<uint64_t> seen;
+  for (size_t i = 0; i < records->size(); ++i) {
+    const nlohmann::json& r = (*records)[i];
+    const std::string at = absl::StrCat(where, ".annotations.records[", i, "]");
+    if (!r.is_object()) return Malformed(at, "is not an object");
+    MODELSTATE_ASSIGN_OR_RETURN(
+        uint64_t seq, SeqAt(Member(r, "seq"), absl::StrCat(at, ".seq")));
+    // Each seq is one inclusion proof to fetch: a repeated one proves
+    // nothing more and would let a statement ask for any number of them.
+    if (!seen.insert(seq).second) {
+      return Malformed(at, absl::StrCat("repeats seq ", seq));
     }
+    const nlohmann::json* leaf = Member(r, "leaf_hash");
+    if (leaf == nullptr || !leaf->is_string() ||
+        !IsLowerHex64(leaf->get_ref<const std::string&>())) {
+      return Malformed(absl::StrCat(at, ".leaf_hash"),
+                       "is not a SHA-256 in lowercase hex");
+    }
+    out.records.emplace_back(seq, leaf->get<std::string>());
   }
-  if (out.checkpoint_note.empty()) {
-    return absl::InvalidArgumentError("no audit-checkpoint byproduct");
+  return absl::OkStatus();
+}
+
+// The byproducts' checkpoint and records, each given once, at least one
+// record, and the build record among them. INVALID_ARGUMENT naming the
+// field that is missing or malformed.
+absl::StatusOr<CitedRecords> Cited(const InTotoStatement& statement) {
+  const nlohmann::json predicate =
+      nlohmann::json::parse(statement.predicate_json, nullptr, false);
+  const nlohmann::json* run = Member(predicate, "runDetails");
+  const nlohmann::json* byproducts =
+      run == nullptr ? nullptr : Member(*run, "byproducts");
+  if (byproducts == nullptr || !byproducts->is_array()) {
+    return Malformed("runDetails.byproducts", "is missing or not an array");
+  }
+  CitedRecords out;
+  bool checkpoint = false;
+  bool records = false;
+  for (size_t i = 0; i < byproducts->size(); ++i) {
+    const nlohmann::json& b = (*byproducts)[i];
+    const std::string where = absl::StrCat("runDetails.byproducts[", i, "]");
+    if (!b.is_object()) return Malformed(where, "is not an object");
+    // Byproducts of other names (participants, any a later server adds)
+    // are not checked here.
+    const nlohmann::json* name = Member(b, "name");
+    if (name == nullptr || !name->is_string()) continue;
+    const std::string& n = name->get_ref<const std::string&>();
+    bool* seen = n == kCheckpointByproductName ? &checkpoint
+                 : n == kRecordsByproductName  ? &records
+                                               : nullptr;
+    if (seen == nullptr) continue;
+    // Two would leave it to the verifier which one the statement means.
+    if (*seen) return Malformed(where, absl::StrCat("repeats ", n));
+    *seen = true;
+    MODELSTATE_RETURN_IF_ERROR(n == kCheckpointByproductName
+                                   ? ReadCheckpoint(b, where, out)
+                                   : ReadRecords(b, where, out));
+  }
+  if (!checkpoint) {
+    return Malformed("runDetails.byproducts",
+                     absl::StrCat("has no ", kCheckpointByproductName));
+  }
+  // Every module's life begins with a record (its build, or the move that
+  // brought it): a statement citing none ties its digests to no history,
+  // and must not pass as checked against the log.
+  if (out.records.empty()) {
+    return Malformed(
+        "runDetails.byproducts",
+        absl::StrCat("cite no audit records (", kRecordsByproductName, ")"));
+  }
+  const nlohmann::json* definition = Member(predicate, "buildDefinition");
+  const nlohmann::json* external =
+      definition == nullptr ? nullptr
+                            : Member(*definition, "externalParameters");
+  const nlohmann::json* build =
+      external == nullptr ? nullptr : Member(*external, "build");
+  if (build != nullptr) {
+    const std::string where = "buildDefinition.externalParameters.build.seq";
+    MODELSTATE_ASSIGN_OR_RETURN(out.build_seq,
+                                SeqAt(Member(*build, "seq"), where));
+    bool cited = false;
+    for (const auto& record : out.records)
+      cited |= record.first == *out.build_seq;
+    if (!cited) {
+      return Malformed(where, absl::StrCat(*out.build_seq,
+                                           " is not among the cited records"));
+    }
   }
   return out;
 }
 
 // Each cited record's inclusion proof, from the server, checked against
 // the cited checkpoint (whose signature is checked with `key` first).
-absl::Status CheckInclusions(Context& c, const InTotoStatement& statement,
+absl::Status CheckInclusions(Context& c, const CitedRecords& cited,
                              const std::string& key) {
-  absl::StatusOr<CitedRecords> cited = Cited(statement);
-  if (!cited.ok()) return CheckFailed(c, "predicate", cited.status().message());
   MODELSTATE_ASSIGN_OR_RETURN(Ed25519NoteVerifier verifier,
                               Ed25519NoteVerifier::Parse(key));
   const NoteVerifier* verifiers[] = {&verifier};
   absl::StatusOr<OpenedCheckpoint> opened =
-      OpenCheckpoint(cited->checkpoint_note, verifiers);
+      OpenCheckpoint(cited.checkpoint_note, verifiers);
   if (!opened.ok()) {
     return CheckFailed(c, "checkpoint", opened.status().message());
   }
   const Checkpoint& checkpoint = opened->checkpoint;
   MODELSTATE_ASSIGN_OR_RETURN(auto* rpc, c.Client());
-  for (const auto& [seq, leaf_hex] : cited->records) {
+  for (const auto& [seq, leaf_hex] : cited.records) {
     const std::string what = absl::StrCat("record ", seq);
     absl::StatusOr<v1::GetInclusionProofResponse> proof =
         rpc->GetInclusionProof(seq, checkpoint.size);
@@ -226,9 +352,59 @@ absl::Status CheckInclusions(Context& c, const InTotoStatement& statement,
         VerifyInclusion(leaf, seq - 1, checkpoint.size, checkpoint.root, path);
     if (!included.ok()) return CheckFailed(c, what, included.message());
   }
-  c.out() << "records: " << cited->records.size()
+  c.out() << "records: " << cited.records.size()
           << " included in the checkpoint of " << checkpoint.size
           << " records\n";
+  return absl::OkStatus();
+}
+
+// That the live module `module` is the attested one, not a later module
+// of the same name: no successful delete or build of it in the log after
+// the record that began the attested life. Neither the bytes nor the
+// records can tell: a delete and a rebuild from the same spec and seed
+// give the same bytes, and the records of the earlier life stay in the
+// log, where they verify. Only records of this server's log are seen (in
+// a cluster, a delete on another replica is in that replica's log).
+absl::Status CheckIncarnation(Context& c, const CitedRecords& cited,
+                              const std::string& module) {
+  const std::string full = FullName(module);
+  const std::pair<std::string, std::string> name =
+      absl::StrSplit(full, absl::MaxSplits('/', 1));
+  // The first cited record begins the life when no build is cited: the
+  // records are those after the module's last delete.
+  uint64_t begun = cited.records.front().first;
+  for (const auto& record : cited.records)
+    begun = std::min(begun, record.first);
+  begun = cited.build_seq.value_or(begun);
+  MODELSTATE_ASSIGN_OR_RETURN(auto* rpc, c.Client());
+  for (const char* type : {"delete", "build"}) {
+    v1::QueryAuditRequest request;
+    request.mutable_filter()->set_namespace_(name.first);
+    request.mutable_filter()->set_module(name.second);
+    request.mutable_filter()->set_type(type);
+    request.mutable_filter()->set_outcome("ok");
+    request.set_after_seq(begun);
+    request.set_limit(1);
+    absl::StatusOr<v1::QueryAuditResponse> later = rpc->QueryAudit(request);
+    if (!later.ok()) {
+      return CheckFailed(c, "module",
+                         absl::StrCat("cannot read its audit records: ",
+                                      later.status().ToString()));
+    }
+    if (!later->records().empty()) {
+      return CheckFailed(
+          c, "module",
+          absl::StrCat(
+              full, " was ",
+              absl::string_view(type) == "delete" ? "deleted" : "built again",
+              " (audit record ", later->records(0).seq(),
+              ") after the attested life began (record ", begun,
+              "): the live module is a later one of that name, "
+              "whatever its bytes"));
+    }
+  }
+  c.out() << "module: " << full << " is the attested one (its life began "
+          << "at audit record " << begun << ")\n";
   return absl::OkStatus();
 }
 
@@ -297,8 +473,18 @@ absl::Status RunVerify(Context& c, const VerifyArgs& a) {
         c, *statement, state, absl::StrCat("module ", *a.module)));
   }
   if (a.online) {
+    absl::StatusOr<CitedRecords> cited = Cited(*statement);
+    if (!cited.ok()) {
+      return CheckFailed(c, "predicate", cited.status().message());
+    }
     MODELSTATE_RETURN_IF_ERROR(
-        CheckInclusions(c, *statement, FormatVerifierKey(key)));
+        CheckInclusions(c, *cited, FormatVerifierKey(key)));
+    if (a.module.has_value()) {
+      MODELSTATE_RETURN_IF_ERROR(CheckIncarnation(c, *cited, *a.module));
+    }
+  } else if (a.module.has_value()) {
+    c.out() << "module: not checked for a later module of the same name "
+               "(--online checks it)\n";
   }
   c.out() << "OK\n";
   return absl::OkStatus();

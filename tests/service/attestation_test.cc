@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -63,6 +64,9 @@ TEST(AttestationFormatTest, StatementRoundTripsAndRejectsBadDigests) {
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("subject[0]")));
   EXPECT_THAT(InTotoStatementFromJson(R"({"_type":"other"})").status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("_type")));
+  // A member of another type is a mismatch too, never an exception.
+  EXPECT_THAT(InTotoStatementFromJson(R"({"_type":5})").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("_type")));
 }
 
 TEST(AttestationFormatTest, ParallelHashesEqualSerialOnes) {
@@ -110,6 +114,27 @@ TEST(AttestationFormatTest, OmsBundleVerifiesAndDetectsTampering) {
   EXPECT_THAT(
       VerifyOmsBundle(wrong_type.dump(), key->public_key()).status(),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("payloadType")));
+
+  // Members of another type, before the signature is checked (anyone's
+  // file) and in a validly signed predicate: errors, never exceptions.
+  nlohmann::json numeric_type = nlohmann::json::parse(*bundle);
+  numeric_type["mediaType"] = 3;
+  EXPECT_THAT(
+      VerifyOmsBundle(numeric_type.dump(), key->public_key()).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("mediaType")));
+  for (const char* pointer : {"/predicate/serialization/method",
+                              "/predicate/resources/0/algorithm"}) {
+    SCOPED_TRACE(pointer);
+    nlohmann::json payload = nlohmann::json::parse(env->payload);
+    payload[nlohmann::json::json_pointer(pointer)] = 1;
+    auto resigned = SignDsse(kInTotoPayloadType, payload.dump(), *key);
+    ASSERT_THAT(resigned.status(), IsOk());
+    nlohmann::json numeric = nlohmann::json::parse(*bundle);
+    numeric["dsseEnvelope"] = nlohmann::json::parse(DsseToJson(*resigned));
+    EXPECT_THAT(
+        VerifyOmsBundle(numeric.dump(), key->public_key()).status(),
+        StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("predicate")));
+  }
 }
 
 TEST(BuildRecordTest, TheSpecIsRecordedWithItsArgumentsAndDigest) {
@@ -703,6 +728,210 @@ TEST_F(AttestServerTest, GetStateSignWritesABundleForTheFile) {
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("file_name")));
   EXPECT_THAT(client_->SignStateFile("team/none", {}, "x").status(),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("team/none")));
+}
+
+// A module deleted and built again from the same spec and seed holds the
+// same bytes, and the old attestation's records stay in the log, where
+// they verify. The attestation names the build record that began its
+// life; --online with --module finds the later delete in the log and says
+// that the live module is another one of that name.
+TEST_F(AttestServerTest, OnlineVerifyTellsALaterModuleOfTheSameName) {
+  const std::string spec = R"({"type": "Linear", "args": [4, 3]})";
+  ASSERT_THAT(client_->BuildModule(BuildRequest("team/re", spec, 7)).status(),
+              IsOk());
+  auto attested = client_->AttestModule("team/re");
+  ASSERT_THAT(attested.status(), IsOk());
+  const std::string key = attested->verifier_key();
+  const std::string old_dsse = Path("re-old.dsse.json");
+  std::ofstream(old_dsse) << attested->envelope();
+  auto statement =
+      InTotoStatementFromJson(DsseFromJson(attested->envelope())->payload);
+  ASSERT_THAT(statement.status(), IsOk());
+  const uint64_t build_seq = nlohmann::json::parse(
+      statement->predicate_json)["buildDefinition"]["externalParameters"]
+                                ["build"]["seq"];
+
+  CliResult r = Cli({"verify-attestation", old_dsse, "--key", key, "--module",
+                     "team/re", "--online"});
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat(
+                         "module: team/re is the attested one (its life began "
+                         "at audit record ",
+                         build_seq, ")")));
+
+  ASSERT_THAT(client_->DeleteModule("team/re"), IsOk());
+  ASSERT_THAT(client_->BuildModule(BuildRequest("team/re", spec, 7)).status(),
+              IsOk());
+  r = Cli({"verify-attestation", old_dsse, "--key", key, "--module", "team/re",
+           "--online"});
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("digests: 2 entries match module team/re"));
+  EXPECT_THAT(r.out, HasSubstr("included in the checkpoint"));
+  EXPECT_THAT(r.out,
+              HasSubstr(absl::StrCat(
+                  "FAILED: module: team/re was deleted (audit record ")));
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat(
+                         ") after the attested life began (record ", build_seq,
+                         "): the live module is a later one of that name")));
+
+  // Offline, the bytes match and nothing tells: the output says what was
+  // not checked.
+  r = Cli(
+      {"verify-attestation", old_dsse, "--key", key, "--module", "team/re"});
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("module: not checked for a later module of "
+                               "the same name (--online checks it)"));
+  // Without --module the statement is about the past, which stays true.
+  r = Cli({"verify-attestation", old_dsse, "--key", key, "--online"});
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+
+  // The new module's own attestation verifies.
+  auto fresh = client_->AttestModule("team/re");
+  ASSERT_THAT(fresh.status(), IsOk());
+  const std::string new_dsse = Path("re-new.dsse.json");
+  std::ofstream(new_dsse) << fresh->envelope();
+  r = Cli({"verify-attestation", new_dsse, "--key", key, "--module", "team/re",
+           "--online"});
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+
+  // A module that came by a cluster move cites no build: its life begins
+  // at its first cited record, and the later delete is found all the same.
+  auto signing_key = Ed25519PrivateKey::FromPem(
+      *ReadFile((server_.data_dir() / "audit.key").string()));
+  ASSERT_THAT(signing_key.status(), IsOk());
+  nlohmann::json predicate = nlohmann::json::parse(statement->predicate_json);
+  predicate["buildDefinition"]["externalParameters"].erase("build");
+  statement->predicate_json = predicate.dump();
+  auto unbuilt = SignDsse(kInTotoPayloadType,
+                          *InTotoStatementToJson(*statement), *signing_key);
+  ASSERT_THAT(unbuilt.status(), IsOk());
+  const std::string moved_dsse = Path("re-moved.dsse.json");
+  std::ofstream(moved_dsse) << DsseToJson(*unbuilt);
+  r = Cli({"verify-attestation", moved_dsse, "--key", key, "--module",
+           "team/re", "--online"});
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("FAILED: module: team/re was deleted"));
+}
+
+// A statement signed with the log's own key yet malformed (a server bug,
+// a stolen key): each is a FAILED line naming the field, never a crash
+// (nlohmann throws on a wrong type, and its const operator[] on a missing
+// key is undefined) nor an OK that checked nothing.
+TEST_F(AttestServerTest, VerifyRejectsMalformedSignedPredicates) {
+  ASSERT_THAT(client_
+                  ->BuildModule(BuildRequest(
+                      "team/mal", R"({"type": "Linear", "args": [3, 2]})"))
+                  .status(),
+              IsOk());
+  auto attested = client_->AttestModule("team/mal");
+  ASSERT_THAT(attested.status(), IsOk());
+  const std::string key = attested->verifier_key();
+  auto signing_key = Ed25519PrivateKey::FromPem(
+      *ReadFile((server_.data_dir() / "audit.key").string()));
+  ASSERT_THAT(signing_key.status(), IsOk());
+  const nlohmann::json original =
+      nlohmann::json::parse(DsseFromJson(attested->envelope())->payload);
+  const std::string bp = "/predicate/runDetails/byproducts";
+  const std::string records = bp + "/1/annotations/records";
+  using Json = nlohmann::json;
+  using Pointer = Json::json_pointer;
+  struct Case {
+    std::string what;
+    std::function<void(Json&)> change;
+    std::string failed;  // the FAILED line's start
+  };
+  auto set = [](std::string at, Json value) {
+    return [at, value](Json& s) { s[Pointer(at)] = value; };
+  };
+  auto erase = [](std::string at) {
+    return [at](Json& s) {
+      Pointer p(at);
+      const std::string last = p.back();
+      p.pop_back();
+      Json& parent = s[p];
+      if (parent.is_array()) {
+        parent.erase(std::stoul(last));
+      } else {
+        parent.erase(last);
+      }
+    };
+  };
+  const std::vector<Case> cases = {
+      {"_type a number", set("/_type", 5), "FAILED: statement: "},
+      {"runDetails not an object", set("/predicate/runDetails", Json::array()),
+       "FAILED: predicate: runDetails.byproducts is missing or not an array"},
+      {"byproduct a number", set(bp + "/0", 7),
+       "FAILED: predicate: runDetails.byproducts[0] is not an object"},
+      {"checkpoint's name a number", set(bp + "/0/name", 3),
+       "FAILED: predicate: runDetails.byproducts has no audit-checkpoint"},
+      {"checkpoint's content a number", set(bp + "/0/content", 3),
+       "FAILED: predicate: runDetails.byproducts[0] has no content (text)"},
+      {"checkpoint's content not base64", set(bp + "/0/content", "@@"),
+       "FAILED: predicate: runDetails.byproducts[0].content is not a base64"},
+      {"records without annotations", erase(bp + "/1/annotations"),
+       "FAILED: predicate: runDetails.byproducts[1].annotations.records is "
+       "missing or not an array"},
+      {"records an object", set(records, Json{{"a", 1}}),
+       "FAILED: predicate: runDetails.byproducts[1].annotations.records is "
+       "missing or not an array"},
+      {"a record text", set(records + "/0", "x"),
+       "FAILED: predicate: runDetails.byproducts[1].annotations.records[0] is "
+       "not an object"},
+      {"seq text", set(records + "/0/seq", "1"),
+       "FAILED: predicate: runDetails.byproducts[1].annotations.records[0].seq "
+       "is not an audit record seq"},
+      {"seq missing", erase(records + "/0/seq"),
+       "FAILED: predicate: runDetails.byproducts[1].annotations.records[0].seq "
+       "is not an audit record seq"},
+      {"seq negative", set(records + "/0/seq", -1),
+       "FAILED: predicate: runDetails.byproducts[1].annotations.records[0].seq "
+       "is not an audit record seq"},
+      {"seq 0", set(records + "/0/seq", 0),
+       "FAILED: predicate: runDetails.byproducts[1].annotations.records[0].seq "
+       "is not an audit record seq"},
+      {"leaf hash a number", set(records + "/0/leaf_hash", 1),
+       "FAILED: predicate: runDetails.byproducts[1].annotations.records[0]."
+       "leaf_hash is not a SHA-256 in lowercase hex"},
+      {"no records", set(records, Json::array()),
+       "FAILED: predicate: runDetails.byproducts cite no audit records"},
+      {"no records byproduct", erase(bp + "/1"),
+       "FAILED: predicate: runDetails.byproducts cite no audit records"},
+      {"a record twice",
+       [&](Json& s) {
+         Json& list = s[Pointer(records)];
+         list.push_back(list[0]);
+       },
+       "FAILED: predicate: runDetails.byproducts[1].annotations.records["},
+      {"two checkpoints",
+       [&](Json& s) {
+         Json& list = s[Pointer(bp)];
+         list.push_back(list[0]);
+       },
+       "FAILED: predicate: runDetails.byproducts[3] repeats audit-checkpoint"},
+      {"build seq text",
+       set("/predicate/buildDefinition/externalParameters/build/seq", "x"),
+       "FAILED: predicate: buildDefinition.externalParameters.build.seq is "
+       "not an audit record seq"},
+      {"build seq not cited",
+       set("/predicate/buildDefinition/externalParameters/build/seq", 99999),
+       "FAILED: predicate: buildDefinition.externalParameters.build.seq 99999 "
+       "is not among the cited records"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    Json statement = original;
+    c.change(statement);
+    auto signed_envelope =
+        SignDsse(kInTotoPayloadType, statement.dump(), *signing_key);
+    ASSERT_THAT(signed_envelope.status(), IsOk());
+    const std::string file = Path("malformed.dsse.json");
+    std::ofstream(file, std::ios::trunc) << DsseToJson(*signed_envelope);
+    CliResult r = Cli({"verify-attestation", file, "--key", key, "--module",
+                       "team/mal", "--online"});
+    EXPECT_EQ(r.code, 1) << r.out << r.err;
+    EXPECT_THAT(r.out, HasSubstr(c.failed)) << r.out << r.err;
+    EXPECT_THAT(r.out, ::testing::Not(HasSubstr("\nOK\n")));
+  }
 }
 
 }  // namespace
