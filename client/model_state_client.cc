@@ -203,6 +203,15 @@ absl::Status ModelStateClient::DeleteModule(absl::string_view module) {
       .status();
 }
 
+absl::StatusOr<v1::MoveModuleResponse> ModelStateClient::TypeModule(
+    absl::string_view module, absl::string_view dtype) {
+  v1::MoveModuleRequest request;
+  request.set_module(std::string(module));
+  request.set_dtype(std::string(dtype));
+  request.set_convert_all(true);
+  return MoveModule(request);
+}
+
 absl::Status ModelStateClient::SetTraining(absl::string_view module,
                                            bool training) {
   v1::SetTrainingRequest request;

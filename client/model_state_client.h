@@ -234,8 +234,17 @@ class ModelStateClient {
       const v1::ListDevicesRequest& request = {});
   absl::StatusOr<v1::GetSharedMemoryInfoResponse> GetSharedMemoryInfo();
   absl::Status DeleteModule(absl::string_view module);
+  // module.to(device, dtype): floating tensors change dtype, all move. With
+  // request.convert_all(), module.type(dtype) instead (see TypeModule).
   absl::StatusOr<v1::MoveModuleResponse> MoveModule(
       const v1::MoveModuleRequest& request);
+  // PyTorch's module.type(dtype): every parameter and buffer becomes
+  // `dtype` (any dtype, "float64", "int32", ...), integer and bool ones
+  // included, which to() leaves alone; a buffer tied into several modules
+  // becomes one tensor per module, as in torch. MoveModule with
+  // convert_all.
+  absl::StatusOr<v1::MoveModuleResponse> TypeModule(absl::string_view module,
+                                                    absl::string_view dtype);
   absl::Status SetTraining(absl::string_view module, bool training);
   absl::StatusOr<v1::ForwardResponse> Forward(
       const v1::ForwardRequest& request);

@@ -247,6 +247,7 @@ struct ToArgs {
   std::string module;
   std::optional<std::string> device;
   std::optional<std::string> dtype;
+  bool convert_all = false;
 };
 
 void CountTensors(const v1::ModuleInfo& info,
@@ -276,10 +277,14 @@ absl::Status RunTo(Context& c, const ToArgs& a) {
   if (!a.device.has_value() && !a.dtype.has_value()) {
     return UsageError("give --device, --dtype or both");
   }
+  if (a.convert_all && !a.dtype.has_value()) {
+    return UsageError("--convert-all needs --dtype, every tensor's new dtype");
+  }
   v1::MoveModuleRequest request;
   request.set_module(a.module);
   request.set_device(a.device.value_or(""));
   request.set_dtype(a.dtype.value_or(""));
+  request.set_convert_all(a.convert_all);
   MODELSTATE_ASSIGN_OR_RETURN(auto* rpc, c.Client());
   MODELSTATE_ASSIGN_OR_RETURN(v1::MoveModuleResponse response,
                               rpc->MoveModule(request));
@@ -287,7 +292,8 @@ absl::Status RunTo(Context& c, const ToArgs& a) {
   std::map<std::string, int> dtypes;
   std::map<std::string, int> devices;
   CountTensors(response.info(), &dtypes, &devices);
-  c.out() << "moved " << FullName(a.module) << "\n"
+  c.out() << (a.convert_all ? "converted " : "moved ") << FullName(a.module)
+          << "\n"
           << "dtypes: " << CountList(dtypes) << "\n"
           << "devices: " << CountList(devices) << "\n";
   return absl::OkStatus();
@@ -299,13 +305,18 @@ void AddTo(CommandSet& commands) {
       {"to", "convert a module's dtype or move it to a device",
        "PyTorch's module.to(device, dtype): floating-point tensors change "
        "dtype, all tensors move. At least one of --device and --dtype is "
-       "needed.",
+       "needed. With --convert-all, module.type(dtype): every tensor, "
+       "integer and bool ones included, becomes --dtype, which may be any "
+       "dtype.",
        "modelstatectl to team/mlp --dtype float16"},
       [args](Context& c) { return RunTo(c, *args); });
   AddModuleArgument(to, args->module);
   AddValue(to, "--device", args->device, "D", "cpu, meta or cuda:N");
   AddValue(to, "--dtype", args->dtype, "DT",
-           "a floating dtype, any spelling (float16, bfloat16, double, ...)");
+           "a floating dtype, any spelling (float16, bfloat16, double, ...); "
+           "any dtype with --convert-all");
+  AddFlag(to, "--convert-all", args->convert_all,
+          "module.type(dtype): convert integer and bool tensors too");
 }
 
 // ------------------------------------------------------------------- forward

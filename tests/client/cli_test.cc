@@ -460,6 +460,35 @@ TEST_F(CliTest, ListFollowsPagesAndStopsAtTheLimit) {
 
 // ----------------------------------------------------------- rm, train, eval
 
+// --convert-all is torch's module.type(dtype) (MoveModule's convert_all):
+// the integer buffer converts too, which to() leaves alone.
+TEST_F(CliTest, ToConvertAllIsModuleType) {
+  Build("convert/bn", R"({"type": "BatchNorm1d", "args": [3]})");
+  // to(): the integer buffer stays as it is.
+  CommandResult r = Cli({"to", "convert/bn", "--dtype", "float64"});
+  ASSERT_EQ(r.exit_code, 0) << Show(r);
+  EXPECT_THAT(r.out,
+              HasSubstr("dtypes: float64 (4 tensors), int64 (1 tensor)\n"));
+
+  r = Cli({"to", "convert/bn", "--dtype", "float64", "--convert-all"});
+  ASSERT_EQ(r.exit_code, 0) << Show(r);
+  EXPECT_EQ(r.out,
+            "converted convert/bn\n"
+            "dtypes: float64 (5 tensors)\n"
+            "devices: cpu (5 tensors)\n");
+  EXPECT_EQ(State("convert/bn").tensors.Find("num_batches_tracked")->dtype(),
+            DType::kFloat64);
+
+  // An integer dtype while a parameter requires grad: torch's error, and
+  // nothing changes.
+  r = Cli({"to", "convert/bn", "--dtype", "int32", "--convert-all"});
+  EXPECT_EQ(r.exit_code, 1) << Show(r);
+  EXPECT_THAT(r.err, HasSubstr("data set to a tensor that requires gradients "
+                               "must be floating point"));
+  EXPECT_EQ(State("convert/bn").tensors.Find("weight")->dtype(),
+            DType::kFloat64);
+}
+
 TEST_F(CliTest, RemoveThenDescribeIsNotFound) {
   Build("rm/gone", R"({"type": "Linear", "args": [2, 2]})");
   CommandResult r = Cli({"rm", "rm/gone"});
@@ -522,7 +551,7 @@ TEST_F(CliTest, EveryCommandHasHelp) {
        {"load-state",
         {"MODULE", "FILE.safetensors", "--strict", "--no-strict", "--no-atomic",
          "--assign", "--chunk-kib"}},
-       {"to", {"MODULE", "--device", "--dtype"}},
+       {"to", {"MODULE", "--device", "--dtype", "--convert-all"}},
        {"train", {"MODULE"}},
        {"eval", {"MODULE"}},
        {"health", {}},
@@ -581,6 +610,9 @@ TEST_F(CliTest, UsageErrorsExitTwo) {
        "build: --seed: expected a non-negative integer, got '-1'",
        "build"},
       {{"to", "m"}, "to: give --device, --dtype or both", "to"},
+      {{"to", "m", "--device", "cpu", "--convert-all"},
+       "to: --convert-all needs --dtype, every tensor's new dtype",
+       "to"},
       {{"get-state", "m"}, "get-state: missing option -o FILE", "get-state"},
       {{"load-state", "m", "f", "--strict", "--no-strict"},
        "load-state: --strict and --no-strict exclude each other",

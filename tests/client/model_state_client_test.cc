@@ -67,6 +67,41 @@ TEST_F(ModelStateClientTest, QueryAuditPagesThroughTheMatchingRecords) {
   EXPECT_EQ(second.next_after_seq(), 0u);
 }
 
+// TypeModule is torch's module.type(dtype): integer buffers convert too
+// (to() leaves them), and the audit record says which call it was.
+TEST_F(ModelStateClientTest, TypeModuleConvertsEveryTensor) {
+  ASSERT_THAT(client_->BuildModule(BuildRequest(
+                  "typed/bn", R"({"type": "BatchNorm1d", "args": [2]})")),
+              IsOk());
+  absl::StatusOr<v1::MoveModuleResponse> typed =
+      client_->TypeModule("typed/bn", "float64");
+  ASSERT_THAT(typed, IsOk());
+  ASSERT_EQ(typed->info().buffers_size(), 3);
+  for (const v1::EntryInfo& e : typed->info().buffers()) {
+    EXPECT_EQ(e.tensor().dtype(), v1::DTYPE_FLOAT64) << e.name();
+  }
+  for (const v1::EntryInfo& e : typed->info().parameters()) {
+    EXPECT_EQ(e.tensor().dtype(), v1::DTYPE_FLOAT64) << e.name();
+  }
+  ASSERT_EQ(typed->audit_seqs_size(), 1);
+  v1::QueryAuditRequest query;
+  query.set_after_seq(typed->audit_seqs(0) - 1);
+  query.set_limit(1);
+  absl::StatusOr<v1::QueryAuditResponse> record = client_->QueryAudit(query);
+  ASSERT_THAT(record, IsOk());
+  ASSERT_EQ(record->records_size(), 1);
+  EXPECT_EQ(record->records(0).type(), "move");
+  EXPECT_THAT(record->records(0).details_json(), HasSubstr("convert_all"));
+
+  // An integer dtype while a parameter requires grad is torch's error; an
+  // unknown dtype the server's INVALID_ARGUMENT.
+  EXPECT_THAT(client_->TypeModule("typed/bn", "int32"),
+              StatusIs(Code::kInvalidArgument,
+                       HasSubstr("requires gradients must be floating")));
+  EXPECT_THAT(client_->TypeModule("typed/bn", "float17"),
+              StatusIs(Code::kInvalidArgument, HasSubstr("float17")));
+}
+
 TEST_F(ModelStateClientTest, QueryAuditNamesABadFilterField) {
   v1::QueryAuditRequest request;
   request.mutable_filter()->set_since("yesterday");
