@@ -100,35 +100,54 @@ absl::Status AccessGate::AllowAdmin(const Caller& caller,
                   " (needs the admin role in every namespace)")));
 }
 
-absl::StatusOr<Principal> AccessGate::StillNamed(const Caller& caller,
-                                                 absl::string_view rpc) {
+absl::StatusOr<Principal> AccessGate::NamedNow(const Caller& caller) const {
   if (!authenticates()) return caller.principal;
   const std::string& identity = caller.principal.identity;
   absl::StatusOr<Principal> now = auth_->Authenticate(caller.credentials);
   if (!now.ok() || now->identity != identity) {
-    return Deny(
-        caller, rpc, ModuleName{},
-        absl::UnauthenticatedError(absl::StrCat(
-            "the reloaded token file no longer names '", identity,
-            "' by the credentials this stream was opened with",
-            now.ok() ? "" : absl::StrCat(" (", now.status().message(), ")"))));
+    return absl::UnauthenticatedError(absl::StrCat(
+        "the reloaded token file no longer names '", identity,
+        "' by the credentials this stream was opened with",
+        now.ok() ? "" : absl::StrCat(" (", now.status().message(), ")")));
   }
   return now;
+}
+
+absl::StatusOr<Principal> AccessGate::StillNamed(const Caller& caller,
+                                                 absl::string_view rpc) {
+  absl::StatusOr<Principal> now = NamedNow(caller);
+  if (!now.ok()) return Deny(caller, rpc, ModuleName{}, now.status());
+  return now;
+}
+
+std::optional<AccessGate::Refusal> AccessGate::StillAllowsInUnrecorded(
+    const Caller& caller, absl::string_view rpc, Permission permission,
+    const ModuleName& module) const {
+  if (!authenticates()) return std::nullopt;
+  absl::StatusOr<Principal> now = NamedNow(caller);
+  if (!now.ok()) return Refusal{ModuleName{}, now.status()};
+  if (now->Allows(permission, module.ns)) return std::nullopt;
+  return Refusal{module, absl::PermissionDeniedError(absl::StrCat(
+                             "'", caller.principal.identity, "' may no longer ",
+                             rpc, " in namespace '", module.ns, "' (needs ",
+                             PermissionName(permission),
+                             " permission; the token file was "
+                             "reloaded)"))};
+}
+
+absl::Status AccessGate::Refuse(const Caller& caller, absl::string_view rpc,
+                                Refusal refusal) {
+  return Deny(caller, rpc, refusal.module, std::move(refusal.status));
 }
 
 absl::Status AccessGate::StillAllowsIn(const Caller& caller,
                                        absl::string_view rpc,
                                        Permission permission,
                                        const ModuleName& module) {
-  if (!authenticates()) return absl::OkStatus();
-  MODELSTATE_ASSIGN_OR_RETURN(Principal now, StillNamed(caller, rpc));
-  if (now.Allows(permission, module.ns)) return absl::OkStatus();
-  return Deny(
-      caller, rpc, module,
-      absl::PermissionDeniedError(absl::StrCat(
-          "'", caller.principal.identity, "' may no longer ", rpc,
-          " in namespace '", module.ns, "' (needs ", PermissionName(permission),
-          " permission; the token file was reloaded)")));
+  std::optional<Refusal> refusal =
+      StillAllowsInUnrecorded(caller, rpc, permission, module);
+  if (!refusal.has_value()) return absl::OkStatus();
+  return Refuse(caller, rpc, *std::move(refusal));
 }
 
 absl::Status AccessGate::StillAllows(const Caller& caller,

@@ -21,6 +21,7 @@
 #define MODELSTATE_SERVICE_ACCESS_GATE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -100,13 +101,29 @@ class AccessGate {
   absl::Status StillAllows(const Caller& caller, absl::string_view rpc,
                            Permission permission);
   // For a transfer of `module` (GetStateDict, LoadStateDict) opened by
-  // `caller`, asked again once the token file was reloaded: OK while its
+  // `caller`, or a build of it that waited for another (BuildModule),
+  // asked again once the token file was reloaded: OK while its
   // credentials still name the same identity and it still holds
   // `permission` in the module's namespace (other namespaces it lost do
   // not matter to this transfer). Otherwise UNAUTHENTICATED or
   // PERMISSION_DENIED, recorded, as StillAllows.
   absl::Status StillAllowsIn(const Caller& caller, absl::string_view rpc,
                              Permission permission, const ModuleName& module);
+  // A refusal decided but not yet recorded: the module it is recorded
+  // under (none when the credentials no longer name the identity) and why.
+  struct Refusal {
+    ModuleName module;
+    absl::Status status;
+  };
+  // StillAllowsIn's decision without its record: nullopt when allowed.
+  // For callers that decide under a lock and record (Refuse) after it,
+  // since recording appends to the audit log, which may sync to disk.
+  std::optional<Refusal> StillAllowsInUnrecorded(
+      const Caller& caller, absl::string_view rpc, Permission permission,
+      const ModuleName& module) const;
+  // Records `refusal` of `caller`'s `rpc` as a denial; its status.
+  absl::Status Refuse(const Caller& caller, absl::string_view rpc,
+                      Refusal refusal);
   // The principal `caller`'s credentials name now, if it is still the
   // same identity; otherwise UNAUTHENTICATED, recorded. Without
   // authentication, `caller`'s own principal.
@@ -128,6 +145,8 @@ class AccessGate {
  private:
   absl::Status Deny(const Caller& caller, absl::string_view rpc,
                     const ModuleName& module, absl::Status denied);
+  // StillNamed's decision without its record.
+  absl::StatusOr<Principal> NamedNow(const Caller& caller) const;
   const Authenticator* const auth_;
   AuditLog* const audit_;
   DenialRecorder denials_;

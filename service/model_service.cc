@@ -601,36 +601,58 @@ absl::StatusOr<std::unique_ptr<Transfer>> ModelService::TrackTransfer(
   transfer->rpc_ = rpc;
   transfer->permission_ = permission;
   transfer->module_ = module;
-  MutexLock lock(&transfers_mu_);
-  // A reload that came before this lock (its generation is the current
-  // one) may have rechecked the transfers already: asked here. One that
-  // comes after finds this transfer tracked.
-  if (gate_.policy_generation() != caller.policy_generation) {
-    MODELSTATE_RETURN_IF_ERROR(
-        gate_.StillAllowsIn(caller, rpc, permission, module));
+  std::optional<AccessGate::Refusal> refusal;
+  {
+    MutexLock lock(&transfers_mu_);
+    // A reload that came before this lock (its generation is the current
+    // one) may have rechecked the transfers already: asked here. One that
+    // comes after finds this transfer tracked. Recorded after the lock: an
+    // audit append may sync to disk.
+    if (gate_.policy_generation() != caller.policy_generation) {
+      refusal = gate_.StillAllowsInUnrecorded(caller, rpc, permission, module);
+    }
+    if (!refusal.has_value()) {
+      transfer->id_ = ++next_transfer_id_;
+      transfers_.emplace(transfer->id_, transfer.get());
+      return transfer;
+    }
   }
-  transfer->id_ = ++next_transfer_id_;
-  transfers_.emplace(transfer->id_, transfer.get());
-  return transfer;
+  // Never tracked: its destructor erases nothing.
+  return gate_.Refuse(caller, rpc, *std::move(refusal));
 }
 
 void ModelService::RecheckTransfers(absl::Duration grace) {
   std::vector<uint64_t> revoked;
+  // Recorded once the locks are let go: an audit append may sync to disk,
+  // and every transfer starting or ending would wait for it.
+  struct Denial {
+    Caller caller;
+    const char* rpc;
+    AccessGate::Refusal refusal;
+  };
+  std::vector<Denial> denials;
   {
     MutexLock lock(&transfers_mu_);
     for (const auto& [id, transfer] : transfers_) {
-      // Held across the check, so that a load cannot commit in between
-      // and apply after its denial was recorded.
+      // Held across the decision, so that a load cannot commit in between
+      // and apply after it was revoked (its denial is recorded below).
       MutexLock revoking(&transfer->mu_);
       // Committed, or revoked by an earlier reload: nothing to decide.
       if (transfer->committed_ || !transfer->status_.ok()) continue;
-      absl::Status still =
-          gate_.StillAllowsIn(transfer->caller_, transfer->rpc_,
-                              transfer->permission_, transfer->module_);
-      if (still.ok()) continue;
-      transfer->status_ = std::move(still);
+      std::optional<AccessGate::Refusal> refusal =
+          gate_.StillAllowsInUnrecorded(transfer->caller_, transfer->rpc_,
+                                        transfer->permission_,
+                                        transfer->module_);
+      if (!refusal.has_value()) continue;
+      transfer->status_ = refusal->status;
       revoked.push_back(id);
+      denials.push_back(
+          Denial{transfer->caller_, transfer->rpc_, *std::move(refusal)});
     }
+  }
+  for (Denial& denial : denials) {
+    gate_.Refuse(denial.caller, denial.rpc, std::move(denial.refusal))
+        .IgnoreError();
   }
   // Most end at their next message; a stalled one would hold its call (and
   // a GetStateDict its snapshot) until its deadline.
