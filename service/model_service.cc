@@ -380,6 +380,12 @@ absl::StatusOr<LoadResult> LoadSession::Finish() {
 }
 
 absl::Status LoadSession::Fail(absl::Status why) {
+  // A revoked load that stalled is cancelled by the reload
+  // (RecheckTransfers), so what ends its stream reads as the client's
+  // cancellation: the revocation is why it failed, and what is recorded.
+  if (absl::Status revoked = transfer_->status(); !revoked.ok()) {
+    why = std::move(revoked);
+  }
   return store_->RecordLoadFailure(ctx_, module_, options_, std::move(why));
 }
 

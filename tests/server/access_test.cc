@@ -1780,6 +1780,72 @@ TEST(AccessReloadTest, AReloadEndsTheTransfersOfRevokedCallers) {
   std::filesystem::remove_all(dir, ignored);
 }
 
+// A revoked load that stops sending is cancelled by the reload after its
+// grace; what ends its stream then reads as the client's cancellation. Its
+// record says it was revoked, as for a revoked load that keeps sending.
+TEST(AccessReloadTest, ARevokedLoadThatStallsIsRecordedAsRevoked) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      absl::StrCat("access-revoke-stalled-load-", getpid());
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path tokens = dir / "tokens.json";
+  WriteText(tokens, TokenFile(People()));
+  // A small window: once alice's writes below went through, the server
+  // has read most of them, so her load was under way before the reload.
+  TestServer server({"--token_file=" + tokens.string(), "--reload_seconds=0",
+                     "--stream_window_kib=64"});
+  ASSERT_THAT(server.Start(), IsOk());
+  std::unique_ptr<client::ModelStateClient> root =
+      ClientWithToken(server, "root-token");
+  ASSERT_THAT(root->BuildModule(BuildRequest(
+                  "team-a/m", R"({"type": "Linear", "args": [1024, 1024]})")),
+              IsOk());
+  std::unique_ptr<client::ModelStateClient> alice =
+      ClientWithToken(server, "alice-token");
+  auto load_context = alice->NewContext(absl::Seconds(30));
+  v1::LoadStateDictResponse load_response;
+  auto loader = alice->stub().LoadStateDict(load_context.get(), &load_response);
+  StateDict zeros;
+  zeros.tensors.Set("weight", *Tensor::Zeros(DType::kFloat32, {1024, 1024}));
+  zeros.tensors.Set("bias", *Tensor::Zeros(DType::kFloat32, {1024}));
+  v1::LoadStateDictRequest start;
+  start.mutable_start()->set_module("team-a/m");
+  convert::LayoutToHeader(LayoutOf(zeros),
+                          start.mutable_start()->mutable_header());
+  ASSERT_TRUE(loader->Write(start));
+  v1::LoadStateDictRequest data;
+  data.set_data(std::string(64 << 10, '\0'));
+  for (int i = 0; i < 16; ++i) ASSERT_TRUE(loader->Write(data));
+  // Then alice stalls, and loses builder.
+  std::vector<Who> after;
+  for (Who w : People()) {
+    if (w.identity == "alice") w.roles = {{"reader", {"team-a"}}};
+    after.push_back(w);
+  }
+  WriteText(tokens, TokenFile(after));
+  ASSERT_EQ(kill(server.pid(), SIGHUP), 0);
+  AwaitReloads(server, 1);
+  v1::QueryAuditRequest query;
+  query.mutable_filter()->set_type("load_state_dict");
+  query.mutable_filter()->set_identity("alice");
+  absl::StatusOr<v1::QueryAuditResponse> records;
+  for (int i = 0; i < 500; ++i) {
+    records = root->QueryAudit(query);
+    ASSERT_THAT(records, IsOk());
+    if (records->records_size() > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(records->records_size(), 1) << server.Log();
+  const std::string recorded = records->records(0).DebugString();
+  EXPECT_THAT(recorded, HasSubstr("PERMISSION_DENIED"));
+  EXPECT_THAT(recorded, HasSubstr("may no longer LoadStateDict"));
+  EXPECT_THAT(recorded, Not(HasSubstr("client cancelled")));
+  EXPECT_NE(loader->Finish().error_code(), grpc::StatusCode::OK);
+  server.Stop();
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+}
+
 // ------------------------------------------------------- start-up refusals
 
 TEST(AccessStartTest, RefusesUnsafeConfigurations) {
