@@ -499,6 +499,25 @@ absl::StatusOr<uint64_t> SubscriberHub::Attach(
       auto [owner, first] =
           owner_by_name_.try_emplace(spec.name, spec.owner_identity);
       if (!first && owner->second != spec.owner_identity) {
+        // The owner is named only to a caller that may learn of the
+        // subscriber (as ListSubscribers lists it); to others the name
+        // would otherwise tell who watches which namespaces. A name bound
+        // with no subscriber connected shows none of its namespaces, so
+        // only a caller who may learn of every subscriber is told its owner.
+        const Subscriber* holder = nullptr;
+        for (const auto& entry : subscribers_) {
+          if (entry.second->spec.name == spec.name) holder = entry.second.get();
+        }
+        const bool may_learn =
+            holder != nullptr
+                ? MayLearnOf(spec.learns_of, NamespacesSeenBy(holder->spec))
+                : MayLearnOf(spec.learns_of, {"*"});
+        if (!may_learn) {
+          return absl::PermissionDeniedError(
+              absl::StrCat("name: subscriber '", spec.name,
+                           "' is taken by another identity; '",
+                           spec.owner_identity, "' may not take its place"));
+        }
         return absl::PermissionDeniedError(absl::StrCat(
             "name: subscriber '", spec.name, "' belongs to '", owner->second,
             "'; '", spec.owner_identity, "' may not take its place"));

@@ -41,6 +41,7 @@ using ::modelstate::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // nullopt: never answer.
 using AnswerFn =
@@ -534,6 +535,48 @@ TEST_F(HubTest, AChainNamesOnlySubscribersTheRecipientMayLearnOf) {
 }
 
 // A failure names the subscriber in its reason: hidden alike.
+// A name bound to another identity is refused with the field named; its
+// owner is named only to a caller that may learn of the subscriber under
+// it (as ListSubscribers would list it), or, with none connected, of every
+// subscriber. Otherwise trying names would tell who watches what.
+TEST_F(HubTest, ATakenNameNamesItsOwnerOnlyToWhoMayLearnOfIt) {
+  auto approve = [](const HookEvent& e) {
+    return Verdict_(e, Verdict::kApprove);
+  };
+  SubscriptionSpec owned = Spec("guard");
+  owned.owner_identity = "root";
+  owned.filter.namespaces = {"t"};
+  auto guard = Add(owned, approve);
+  auto attach = [&](const std::string& identity,
+                    std::vector<std::string> learns_of) {
+    SubscriptionSpec spec = Spec("guard");
+    spec.owner_identity = identity;
+    spec.learns_of = std::move(learns_of);
+    auto s = std::make_shared<FakeSubscriber>(&hub_, approve);
+    subscribers_.push_back(s);
+    return s->Attach(std::move(spec));
+  };
+  const auto hidden =
+      StatusIs(absl::StatusCode::kPermissionDenied,
+               AllOf(HasSubstr("name: subscriber 'guard' is taken by another "
+                               "identity; 'bob' may not take its place"),
+                     Not(HasSubstr("root"))));
+  const auto named =
+      StatusIs(absl::StatusCode::kPermissionDenied,
+               HasSubstr("name: subscriber 'guard' belongs to 'root'"));
+  // Another team's reviewer may not learn of a subscriber that sees t.
+  EXPECT_THAT(attach("bob", {"u"}), hidden);
+  // t's own reviewer may, as its chains and ListSubscribers name it.
+  EXPECT_THAT(attach("rev", {"t"}), named);
+  EXPECT_THAT(attach("adm", {"*"}), named);
+  // Bound with nobody connected: only who may learn of everything.
+  guard->Detach();
+  EXPECT_THAT(attach("bob", {"t"}), hidden);
+  EXPECT_THAT(attach("adm", {"*"}), named);
+  // The owner still takes it back.
+  EXPECT_THAT(attach("root", {"*"}), IsOk());
+}
+
 TEST_F(HubTest, AHiddenSubscribersFailureIsNotNamedToTheTeam) {
   SubscriptionSpec silent = Spec("admin-silent");
   silent.timeout = absl::Milliseconds(50);
