@@ -136,6 +136,9 @@ ABSL_FLAG(int, max_streams_per_identity,
           Defaults().limits.max_streams_per_identity,
           "Streams (state_dict transfers, audit watches, subscriptions) one "
           "authenticated identity may have open at once (0: unlimited)");
+ABSL_FLAG(int, max_build_waiters, Defaults().limits.max_build_waiters,
+          "Builds that may wait at once for another build of the same "
+          "module name (0: unlimited); further ones are RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, audit_denied_interval_s,
           absl::ToInt64Seconds(Defaults().limits.denied_audit_interval),
           "Refused calls are audited once per (peer address, identity, rpc, "
@@ -287,6 +290,9 @@ absl::Status CheckLimitFlags() {
   MODELSTATE_RETURN_IF_ERROR(InRange(
       "max_streams_per_identity", absl::GetFlag(FLAGS_max_streams_per_identity),
       0, std::numeric_limits<int>::max(), "0: unlimited"));
+  MODELSTATE_RETURN_IF_ERROR(
+      InRange("max_build_waiters", absl::GetFlag(FLAGS_max_build_waiters), 0,
+              std::numeric_limits<int>::max(), "0: unlimited"));
   MODELSTATE_RETURN_IF_ERROR(InRange(
       "audit_denied_interval_s", absl::GetFlag(FLAGS_audit_denied_interval_s),
       0, 86400, "s, 0: a record per refused call"));
@@ -328,6 +334,7 @@ modelstate::Limits LimitsFromFlags() {
       << 20;
   limits.max_streams_per_identity =
       absl::GetFlag(FLAGS_max_streams_per_identity);
+  limits.max_build_waiters = absl::GetFlag(FLAGS_max_build_waiters);
   limits.denied_audit_interval =
       absl::Seconds(absl::GetFlag(FLAGS_audit_denied_interval_s));
   return limits;

@@ -107,7 +107,7 @@ absl::StatusOr<Principal> AccessGate::NamedNow(const Caller& caller) const {
   if (!now.ok() || now->identity != identity) {
     return absl::UnauthenticatedError(absl::StrCat(
         "the reloaded token file no longer names '", identity,
-        "' by the credentials this stream was opened with",
+        "' by the credentials this call was made with",
         now.ok() ? "" : absl::StrCat(" (", now.status().message(), ")")));
   }
   return now;

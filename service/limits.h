@@ -51,6 +51,10 @@ struct Limits {
   // authentication streams are not counted (every caller is the same
   // anonymous admin).
   int max_streams_per_identity = 16;
+  // Builds that may wait at once for another build of the same name (each
+  // holds a server thread while that one's hooks decide); further ones are
+  // RESOURCE_EXHAUSTED at once. 0: unlimited.
+  int max_build_waiters = 16;
   // A subscriber's timeout per event when its subscription leaves
   // timeout_ms 0.
   absl::Duration subscriber_timeout = absl::Seconds(10);

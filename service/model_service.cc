@@ -79,7 +79,9 @@ ModelService::ModelService(ModelStore* store, SubscriberHub* hub,
       // Without authentication there are no identities to count, only peer
       // addresses, which channels share.
       streams_(gate_.authenticates() ? options_.limits.max_streams_per_identity
-                                     : 0) {}
+                                     : 0) {
+  store_->set_max_build_waiters(options_.limits.max_build_waiters);
+}
 
 absl::StatusOr<Caller> ModelService::Authenticate(
     const Credentials& credentials, absl::string_view rpc) {
@@ -95,9 +97,19 @@ absl::StatusOr<BuildOutcome> ModelService::BuildModule(
   options.device = args.device;
   options.dtype = args.dtype;
   options.limits = BuildLimitsFrom(options_.limits);
-  MODELSTATE_ASSIGN_OR_RETURN(BuildOutcome outcome,
-                              store_->Build(caller.ctx, args.module, args.spec,
-                                            options, args.all_or_nothing));
+  // A build that waited for another of its name goes on only if a reload
+  // during the wait left the caller its rights (ModelStore::ClaimName).
+  OperationContext ctx = caller.ctx;
+  ctx.still_allowed = [this, &caller, &args]() -> absl::Status {
+    if (gate_.policy_generation() == caller.policy_generation) {
+      return absl::OkStatus();
+    }
+    return gate_.StillAllowsIn(caller, "BuildModule", Permission::kWrite,
+                               args.module);
+  };
+  MODELSTATE_ASSIGN_OR_RETURN(
+      BuildOutcome outcome,
+      store_->Build(ctx, args.module, args.spec, options, args.all_or_nothing));
   MODELSTATE_RETURN_IF_ERROR(store_->Read(args.module, [&](const Module& m) {
     describe(m);
     return absl::OkStatus();

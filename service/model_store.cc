@@ -608,30 +608,80 @@ absl::Status ModelStore::ClaimName(const OperationContext& ctx,
                                    const ModuleName& name) {
   // A cancelled call is noticed within this long.
   constexpr absl::Duration kCancelPoll = absl::Milliseconds(100);
-  MutexLock lock(&mu_);
-  // The claim is looked at before entries_: a build holds it until its
-  // module is saved and recorded, or taken out again when that fails.
-  while (building_.contains(name.full())) {
-    if (ctx.cancelled && ctx.cancelled()) {
-      return absl::CancelledError(absl::StrCat(
-          "cancelled while waiting for another build of '", name.full(), "'"));
+  bool waited = false;
+  {
+    MutexLock lock(&mu_);
+    // The claim is looked at before entries_: a build holds it until its
+    // module is saved and recorded, or taken out again when that fails.
+    if (building_.contains(name.full())) {
+      auto it = build_waiters_.try_emplace(name.full(), 0).first;
+      const int waiters = it->second;
+      if (max_build_waiters_ > 0 && waiters >= max_build_waiters_) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("module: another build of '", name.full(),
+                         "' is under way and ", waiters,
+                         " more wait for it (the max_build_waiters limit); try "
+                         "again once it is done"));
+      }
+      it->second = waiters + 1;
+      waited = true;
     }
-    const absl::Time now = absl::Now();
-    if (now >= ctx.deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("the deadline passed while another build of '",
-                       name.full(), "' was under way"));
+    absl::Status waited_out = absl::OkStatus();
+    while (building_.contains(name.full())) {
+      if (ctx.cancelled && ctx.cancelled()) {
+        waited_out = absl::CancelledError(
+            absl::StrCat("cancelled while waiting for another build of '",
+                         name.full(), "'"));
+        break;
+      }
+      const absl::Time now = absl::Now();
+      if (now >= ctx.deadline) {
+        waited_out = absl::DeadlineExceededError(
+            absl::StrCat("the deadline passed while another build of '",
+                         name.full(), "' was under way"));
+        break;
+      }
+      absl::Time until = ctx.deadline;
+      if (ctx.cancelled) until = std::min(until, now + kCancelPoll);
+      claim_released_.WaitWithDeadline(&mu_, until);
     }
-    absl::Time until = ctx.deadline;
-    if (ctx.cancelled) until = std::min(until, now + kCancelPoll);
-    claim_released_.WaitWithDeadline(&mu_, until);
+    if (waited) {
+      auto it = build_waiters_.find(name.full());
+      if (--it->second == 0) build_waiters_.erase(it);
+    }
+    MODELSTATE_RETURN_IF_ERROR(waited_out);
+    if (!waited || !ctx.still_allowed) {
+      if (entries_.contains(name.full())) {
+        return absl::AlreadyExistsError(
+            absl::StrCat("module '", name.full(), "' already exists"));
+      }
+      building_.insert(name.full());
+      return absl::OkStatus();
+    }
+    // Claimed while the caller is asked again, so that no other build
+    // takes the name meanwhile; released below if it may not go on.
+    building_.insert(name.full());
   }
-  if (entries_.contains(name.full())) {
-    return absl::AlreadyExistsError(
+  // After a wait, which may have lasted as long as another build's hooks:
+  // a caller revoked meanwhile is refused as a fresh call would be, before
+  // it learns whether the name exists. Asked without the lock, since a
+  // refusal is recorded in the audit log.
+  absl::Status still = ctx.still_allowed();
+  MutexLock lock(&mu_);
+  if (still.ok() && entries_.contains(name.full())) {
+    still = absl::AlreadyExistsError(
         absl::StrCat("module '", name.full(), "' already exists"));
   }
-  building_.insert(name.full());
-  return absl::OkStatus();
+  if (!still.ok()) {
+    building_.erase(name.full());
+    claim_released_.SignalAll();
+  }
+  return still;
+}
+
+void ModelStore::set_max_build_waiters(int max_waiters) {
+  MutexLock lock(&mu_);
+  max_build_waiters_ = max_waiters;
 }
 
 absl::StatusOr<BuildOutcome> ModelStore::Build(const OperationContext& ctx,

@@ -144,6 +144,10 @@ class ModelStore {
   // lease was live and then waited (a stream, a hook) does not land after
   // the lease lapsed. Empty (the default): every change may land.
   void set_write_fence(std::function<absl::Status()> fence);
+  // How many builds may wait at once for another build of the same name
+  // (Limits::max_build_waiters; 0, the default: any number). Each waiter
+  // holds its caller's thread for as long as that build's hooks take.
+  void set_max_build_waiters(int max_waiters);
 
   // Per-namespace limits on modules and tensor bytes held (on devices with
   // storage; meta tensors hold none), checked before a build, registration
@@ -478,7 +482,9 @@ class ModelStore {
       StagedStateDict* staged, absl::string_view sha256, uint64_t incarnation);
   // Claims `name` for a build (building_). While another build holds it,
   // waits for that one's outcome, up to ctx's deadline or cancellation
-  // (DEADLINE_EXCEEDED, CANCELLED); ALREADY_EXISTS if the name is hosted.
+  // (DEADLINE_EXCEEDED, CANCELLED), unless max_build_waiters builds wait
+  // already (RESOURCE_EXHAUSTED); after a wait, asks ctx.still_allowed
+  // (its status if not OK); ALREADY_EXISTS if the name is hosted.
   absl::Status ClaimName(const OperationContext& ctx, const ModuleName& name)
       ABSL_LOCKS_EXCLUDED(mu_);
   // A new entry, with the next incarnation.
@@ -503,6 +509,9 @@ class ModelStore {
   // to be released (claim_released_).
   std::set<std::string, std::less<>> building_ ABSL_GUARDED_BY(mu_);
   CondVar claim_released_;
+  // Builds waiting for each claimed name, and how many may.
+  std::map<std::string, int, std::less<>> build_waiters_ ABSL_GUARDED_BY(mu_);
+  int max_build_waiters_ ABSL_GUARDED_BY(mu_) = 0;
   // Moves whenever a namespace's modules or reservations change: a quota
   // check that summed the bytes of a namespace at an older epoch sums again.
   uint64_t quota_epoch_ ABSL_GUARDED_BY(mu_) = 0;

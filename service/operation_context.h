@@ -14,6 +14,7 @@
 #include <functional>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 
 namespace modelstate {
@@ -36,6 +37,11 @@ struct OperationContext {
   // call. Never stored or sent to hooks.
   absl::Time deadline = absl::InfiniteFuture();
   std::function<bool()> cancelled = nullptr;
+  // Asked once such a wait is over, before the work it waited for goes on
+  // (may be null: nothing to ask): the caller's rights may have been
+  // revoked meanwhile (a token file reload), and the call must then fail as
+  // a fresh one would, recorded.
+  std::function<absl::Status()> still_allowed = nullptr;
 };
 
 }  // namespace modelstate

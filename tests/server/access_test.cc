@@ -1849,6 +1849,96 @@ TEST(AccessReloadTest, ARevokedLoadThatStallsIsRecordedAsRevoked) {
   std::filesystem::remove_all(dir, ignored);
 }
 
+// A build that waits for another of its name (held here by an interceptor
+// that decides slowly, then blocks it, so that the name stays free) while a
+// reload revokes its caller is refused once the wait ends, as a fresh call
+// would be, recorded as denied; it builds nothing.
+TEST(AccessReloadTest, ABuildWaitingWhenItsCallerIsRevokedBuildsNothing) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      absl::StrCat("access-revoke-waiting-build-", getpid());
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path tokens = dir / "tokens.json";
+  WriteText(tokens, TokenFile(People()));
+  TestServer server({"--token_file=" + tokens.string(), "--reload_seconds=0",
+                     "--max_build_waiters=1"});
+  ASSERT_THAT(server.Start(), IsOk());
+  std::unique_ptr<client::ModelStateClient> root =
+      ClientWithToken(server, "root-token");
+  absl::Notification holding;
+  absl::Notification release;
+  v1::Subscription slow;
+  slow.set_name("root-slow");
+  slow.add_namespaces("team-a");
+  auto hook =
+      client::Subscriber::Start(*root, slow, [&](const v1::HookEventProto& e) {
+        if (!holding.HasBeenNotified()) holding.Notify();
+        release.WaitForNotificationWithTimeout(absl::Seconds(20));
+        v1::HookAnswer a;
+        a.set_event_id(e.event_id());
+        a.set_verdict(v1::HookAnswer::REJECT);
+        a.set_reason("not now");
+        return a;
+      });
+  ASSERT_THAT(hook, IsOk());
+  absl::StatusOr<v1::BuildModuleResponse> first;
+  std::thread building([&] {
+    v1::BuildModuleRequest request = BuildRequest("team-a/x", kNet);
+    request.set_all_or_nothing(true);
+    first = root->BuildModule(request);
+  });
+  ASSERT_TRUE(holding.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  absl::StatusOr<v1::BuildModuleResponse> second;
+  std::thread waiting([&] {
+    second = ClientWithToken(server, "alice-token")
+                 ->BuildModule(BuildRequest("team-a/x", kNet));
+  });
+  // alice's build waits for root's, the one waiter allowed: another build
+  // of the name is refused at once, naming the limit. Then her token goes.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto probe_context = root->NewContext(absl::Seconds(5));
+  v1::BuildModuleResponse probe_response;
+  const grpc::Status probed = root->stub().BuildModule(
+      probe_context.get(), BuildRequest("team-a/x", kNet), &probe_response);
+  EXPECT_EQ(probed.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << probed.error_message();
+  EXPECT_THAT(probed.error_message(),
+              HasSubstr("module: another build of 'team-a/x' is under way "
+                        "and 1 more wait for it (the max_build_waiters "
+                        "limit)"));
+  std::vector<Who> after;
+  for (const Who& w : People()) {
+    if (w.identity != "alice") after.push_back(w);
+  }
+  WriteText(tokens, TokenFile(after));
+  ASSERT_EQ(kill(server.pid(), SIGHUP), 0);
+  AwaitReloads(server, 1);
+  release.Notify();
+  building.join();
+  waiting.join();
+  (*hook)->Stop();
+  EXPECT_THAT(first.status(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                       HasSubstr("stored nothing")));
+  // (A call that began after the reload would be refused at its start, for
+  // an unknown token, not in these words.)
+  EXPECT_THAT(second.status(), StatusIs(absl::StatusCode::kUnauthenticated,
+                                        HasSubstr("no longer names 'alice'")));
+  v1::GetModuleRequest get;
+  get.set_module("team-a/x");
+  EXPECT_THAT(root->GetModule(get).status(),
+              StatusIs(absl::StatusCode::kNotFound));
+  v1::QueryAuditRequest query;
+  query.mutable_filter()->set_type("denied");
+  query.mutable_filter()->set_identity("alice");
+  absl::StatusOr<v1::QueryAuditResponse> denied = root->QueryAudit(query);
+  ASSERT_THAT(denied, IsOk());
+  ASSERT_EQ(denied->records_size(), 1) << denied->DebugString();
+  EXPECT_THAT(denied->records(0).DebugString(), HasSubstr("BuildModule"));
+  server.Stop();
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+}
+
 // ------------------------------------------------------- start-up refusals
 
 TEST(AccessStartTest, RefusesUnsafeConfigurations) {

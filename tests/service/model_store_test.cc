@@ -924,6 +924,84 @@ TEST_F(ModelStoreTest, AWaitForAnotherBuildEndsAtTheCallsDeadlineOrCancel) {
   EXPECT_THAT(first.status(), IsOk());
 }
 
+// A build that waited for another of its name asks ctx.still_allowed once
+// the wait is over, before it learns whether the name exists or builds: a
+// caller revoked during the wait gets that refusal and builds nothing. A
+// build that did not wait is not asked (its call was authorised as it
+// began).
+TEST_F(ModelStoreTest, ABuildThatWaitedIsAskedAgainWhetherItMayGoOn) {
+  BlockingDecider decider;
+  decider.block_ = true;
+  store_->set_decider(&decider);
+  BuildOptions options;
+  options.hooks = nullptr;
+  absl::StatusOr<BuildOutcome> first;
+  std::thread building([&] {
+    first = store_->Build(ctx_, Name("t/new"), SpecFromJson(kLinear), options,
+                          /*all_or_nothing=*/true);
+  });
+  ASSERT_TRUE(
+      decider.deciding_.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  std::atomic<int> asked{0};
+  OperationContext revoked = ctx_;
+  revoked.still_allowed = [&] {
+    ++asked;
+    return absl::PermissionDeniedError("revoked while waiting");
+  };
+  absl::StatusOr<BuildOutcome> second;
+  std::thread waiting([&] {
+    second = store_->Build(revoked, Name("t/new"), SpecFromJson(kLinear),
+                           options, false);
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(asked, 0);  // not while it waits
+  store_->set_decider(nullptr);
+  decider.release_.Notify();
+  building.join();
+  waiting.join();
+  EXPECT_THAT(first.status(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                       HasSubstr("stored nothing")));
+  EXPECT_THAT(second.status(), StatusIs(absl::StatusCode::kPermissionDenied,
+                                        HasSubstr("revoked while waiting")));
+  EXPECT_EQ(asked, 1);
+  EXPECT_THAT(store_->Incarnation(Name("t/new")).status(),
+              StatusIs(absl::StatusCode::kNotFound));
+  // The refused waiter let the name go: a build without a wait is not
+  // asked, and builds it.
+  EXPECT_THAT(
+      store_
+          ->Build(revoked, Name("t/new"), SpecFromJson(kLinear), options, false)
+          .status(),
+      IsOk());
+  EXPECT_EQ(asked, 1);
+}
+
+// At most max_build_waiters builds wait for another build of one name; the
+// next is RESOURCE_EXHAUSTED at once, naming the limit, and the waiters go
+// on as before.
+TEST_F(ModelStoreTest, BuildsWaitingForOneNameAreBounded) {
+  store_->set_max_build_waiters(1);
+  BlockingDecider decider;
+  store_->set_decider(&decider);
+  absl::StatusOr<BuildOutcome> first;
+  std::thread building([&] { first = Build("t/new"); });
+  ASSERT_TRUE(
+      decider.deciding_.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  absl::StatusOr<BuildOutcome> second;
+  std::thread waiting([&] { second = Build("t/new"); });
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_THAT(Build("t/new").status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("module: another build of 't/new'"),
+                             HasSubstr("max_build_waiters"))));
+  decider.release_.Notify();
+  building.join();
+  waiting.join();
+  store_->set_decider(nullptr);
+  EXPECT_THAT(first.status(), IsOk());
+  EXPECT_THAT(second.status(), StatusIs(absl::StatusCode::kAlreadyExists));
+}
+
 // A module deleted while a streamed load's bytes come: the load fails
 // NOT_FOUND (not INTERNAL about a rename), recorded, and leaves no module
 // directory behind.
