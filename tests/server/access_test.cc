@@ -105,6 +105,32 @@ void Chmod(const std::filesystem::path& path, int mode) {
   std::filesystem::permissions(path, static_cast<std::filesystem::perms>(mode));
 }
 
+// A test's own directory ("<name>-<pid>" in the system's temporary
+// directory), removed with what it holds when the test ends, passed or
+// failed (an ASSERT no longer leaves it behind). Declared before the
+// TestServer that uses it, which then stops first.
+class TempDir {
+ public:
+  explicit TempDir(absl::string_view name)
+      : path_(std::filesystem::temp_directory_path() /
+              absl::StrCat(name, "-", getpid())) {
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  std::filesystem::path operator/(absl::string_view name) const {
+    return path_ / std::string(name);
+  }
+
+ private:
+  const std::filesystem::path path_;
+};
+
 // Whether `roles` (a Who::roles) grants `role_set` in `ns`.
 bool Grants(const Json& roles, const std::set<std::string>& role_set,
             const std::string& ns) {
@@ -1146,9 +1172,7 @@ TEST_F(AccessTest, StreamsWithoutAValidFirstMessageFail) {
 
 // The signal is the point: the server binary as a process.
 TEST(AccessReloadTest, SighupReloadsTheTokenFileAndABadOneKeepsTheOld) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    absl::StrCat("access-reload-", getpid());
-  std::filesystem::create_directories(dir);
+  const TempDir dir("access-reload");
   const std::filesystem::path tokens = dir / "tokens.json";
   WriteText(tokens, TokenFile(People()));
   TestServer server({absl::StrCat("--token_file=", tokens.string())});
@@ -1184,17 +1208,12 @@ TEST(AccessReloadTest, SighupReloadsTheTokenFileAndABadOneKeepsTheOld) {
               HasSubstr("principals[0].identity: must be a non-empty string"));
   EXPECT_THAT(as("carol-token")->GetStateDict("team-b/base").status(), IsOk());
   server.Stop();
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
 }
 
 // A reload finds the file as writable by others as a start would: it keeps
 // the principals (and quotas) in force, and says why.
 TEST(AccessReloadTest, AReloadOfAFileOthersMayWriteKeepsTheOld) {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() /
-      absl::StrCat("access-reload-modes-", getpid());
-  std::filesystem::create_directories(dir);
+  const TempDir dir("access-reload-modes");
   const std::filesystem::path tokens = dir / "tokens.json";
   const std::filesystem::path quotas = dir / "quotas.json";
   WriteText(tokens, TokenFile(People()));
@@ -1236,8 +1255,6 @@ TEST(AccessReloadTest, AReloadOfAFileOthersMayWriteKeepsTheOld) {
   }
   EXPECT_THAT(s, IsOk());
   server.Stop();
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
 }
 
 // A reload that revokes a token or takes a namespace away ends the streams
@@ -1263,9 +1280,7 @@ SubscribeToTeamA(client::ModelStateClient& c, const std::string& name,
 }
 
 TEST(AccessReloadTest, AReloadEndsTheStreamsOfRevokedCallers) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    absl::StrCat("access-revoke-", getpid());
-  std::filesystem::create_directories(dir);
+  const TempDir dir("access-revoke");
   const std::filesystem::path tokens = dir / "tokens.json";
   WriteText(tokens, TokenFile(People()));
   TestServer server({absl::StrCat("--token_file=", tokens.string())});
@@ -1337,8 +1352,6 @@ TEST(AccessReloadTest, AReloadEndsTheStreamsOfRevokedCallers) {
   }
   EXPECT_THAT(kept->Finish().error_code(), grpc::StatusCode::OK);
   server.Stop();
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
 }
 
 void AwaitReloads(const TestServer& server, int count);
@@ -1349,10 +1362,7 @@ void AwaitReloads(const TestServer& server, int count);
 // and the client is told what happened (before: denied, then CANCELLED
 // after a second, and applied all the same).
 TEST(AccessReloadTest, ALoadAlreadyApplyingIsLeftAloneByAReload) {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() /
-      absl::StrCat("access-committed-load-", getpid());
-  std::filesystem::create_directories(dir);
+  const TempDir dir("access-committed-load");
   const std::filesystem::path tokens = dir / "tokens.json";
   WriteText(tokens, TokenFile(People()));
   TestServer server({"--token_file=" + tokens.string(), "--reload_seconds=0"});
@@ -1420,8 +1430,6 @@ TEST(AccessReloadTest, ALoadAlreadyApplyingIsLeftAloneByAReload) {
       root->stub().QueryAudit(query_context.get(), query, &records).ok());
   EXPECT_EQ(records.records_size(), 0) << records.DebugString();
   server.Stop();
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
 }
 
 // A reload that narrows whom a subscriber may learn of (its auditor role
@@ -1429,9 +1437,7 @@ TEST(AccessReloadTest, ALoadAlreadyApplyingIsLeftAloneByAReload) {
 // is sent would otherwise go on naming subscribers ListSubscribers now
 // hides from it, with their reasons.
 TEST(AccessReloadTest, AReloadThatNarrowsWhomASubscriberMayLearnOfEndsIt) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    absl::StrCat("access-learns-of-", getpid());
-  std::filesystem::create_directories(dir);
+  const TempDir dir("access-learns-of");
   const std::filesystem::path tokens = dir / "tokens.json";
   std::vector<Who> people = People();
   people.push_back(
@@ -1466,18 +1472,13 @@ TEST(AccessReloadTest, AReloadThatNarrowsWhomASubscriberMayLearnOfEndsIt) {
   }
   EXPECT_THAT(kept->Finish().error_code(), grpc::StatusCode::OK);
   server.Stop();
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
 }
 
 // --reload_seconds: a token file changed in place (as the kubelet updates
 // a Secret, signalling nobody) is read again without a SIGHUP; a file that
 // did not change is not reloaded.
 TEST(AccessReloadTest, AChangedTokenFileIsReadWithoutASighup) {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() /
-      absl::StrCat("access-reload-interval-", getpid());
-  std::filesystem::create_directories(dir);
+  const TempDir dir("access-reload-interval");
   const std::filesystem::path tokens = dir / "tokens.json";
   WriteText(tokens, TokenFile(People()));
   TestServer server(
@@ -1510,8 +1511,6 @@ TEST(AccessReloadTest, AChangedTokenFileIsReadWithoutASighup) {
             absl::StatusCode::kUnauthenticated);
   EXPECT_THAT(server.Log(), HasSubstr("the token file changed: "));
   server.Stop();
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
 }
 
 // A subscription whose stream opened before a reload that revoked its
@@ -1520,10 +1519,7 @@ TEST(AccessReloadTest, AChangedTokenFileIsReadWithoutASighup) {
 // subscriber and could be sent held events, and decide them, until the
 // late check detached it.
 TEST(AccessReloadTest, ASubscriptionRevokedBeforeItAttachesIsNeverAttached) {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() /
-      absl::StrCat("access-revoke-attach-", getpid());
-  std::filesystem::create_directories(dir);
+  const TempDir dir("access-revoke-attach");
   const std::filesystem::path tokens = dir / "tokens.json";
   WriteText(tokens, TokenFile(People()));
   // One stream per identity: a second stream of rev's is refused once the
@@ -1589,8 +1585,6 @@ TEST(AccessReloadTest, ASubscriptionRevokedBeforeItAttachesIsNeverAttached) {
   EXPECT_THAT(types, Not(Contains("subscribe")));
   EXPECT_THAT(types, Contains("denied"));
   server.Stop();
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
 }
 
 // 64 x Linear(512, 512) in `module`: 64 MiB of state, far more than the
@@ -1643,10 +1637,7 @@ void AwaitReloads(const TestServer& server, int count) {
 // load applies nothing; a transfer whose caller keeps its rights goes on;
 // a revoked client that stalls is cancelled.
 TEST(AccessReloadTest, AReloadEndsTheTransfersOfRevokedCallers) {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() /
-      absl::StrCat("access-revoke-transfer-", getpid());
-  std::filesystem::create_directories(dir);
+  const TempDir dir("access-revoke-transfer");
   const std::filesystem::path tokens = dir / "tokens.json";
   std::vector<Who> people = People();
   people.push_back({"stall", "stall-token", {{"reader", {"team-a"}}}});
@@ -1779,18 +1770,13 @@ TEST(AccessReloadTest, AReloadEndsTheTransfersOfRevokedCallers) {
   ASSERT_EQ(records.records_size(), 1);
   EXPECT_THAT(records.records(0).DebugString(), HasSubstr("may no longer"));
   server.Stop();
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
 }
 
 // A revoked load that stops sending is cancelled by the reload after its
 // grace; what ends its stream then reads as the client's cancellation. Its
 // record says it was revoked, as for a revoked load that keeps sending.
 TEST(AccessReloadTest, ARevokedLoadThatStallsIsRecordedAsRevoked) {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() /
-      absl::StrCat("access-revoke-stalled-load-", getpid());
-  std::filesystem::create_directories(dir);
+  const TempDir dir("access-revoke-stalled-load");
   const std::filesystem::path tokens = dir / "tokens.json";
   WriteText(tokens, TokenFile(People()));
   // A small window: once alice's writes below went through, the server
@@ -1845,8 +1831,6 @@ TEST(AccessReloadTest, ARevokedLoadThatStallsIsRecordedAsRevoked) {
   EXPECT_THAT(recorded, Not(HasSubstr("client cancelled")));
   EXPECT_NE(loader->Finish().error_code(), grpc::StatusCode::OK);
   server.Stop();
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
 }
 
 // A build that waits for another of its name (held here by an interceptor
@@ -1854,10 +1838,7 @@ TEST(AccessReloadTest, ARevokedLoadThatStallsIsRecordedAsRevoked) {
 // reload revokes its caller is refused once the wait ends, as a fresh call
 // would be, recorded as denied; it builds nothing.
 TEST(AccessReloadTest, ABuildWaitingWhenItsCallerIsRevokedBuildsNothing) {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() /
-      absl::StrCat("access-revoke-waiting-build-", getpid());
-  std::filesystem::create_directories(dir);
+  const TempDir dir("access-revoke-waiting-build");
   const std::filesystem::path tokens = dir / "tokens.json";
   WriteText(tokens, TokenFile(People()));
   TestServer server({"--token_file=" + tokens.string(), "--reload_seconds=0",
@@ -1935,16 +1916,12 @@ TEST(AccessReloadTest, ABuildWaitingWhenItsCallerIsRevokedBuildsNothing) {
   ASSERT_EQ(denied->records_size(), 1) << denied->DebugString();
   EXPECT_THAT(denied->records(0).DebugString(), HasSubstr("BuildModule"));
   server.Stop();
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
 }
 
 // ------------------------------------------------------- start-up refusals
 
 TEST(AccessStartTest, RefusesUnsafeConfigurations) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    absl::StrCat("access-start-", getpid());
-  std::filesystem::create_directories(dir);
+  const TempDir dir("access-start");
   WriteText(dir / "tokens.json", TokenFile(People()));
   const std::string tokens = "--token_file=" + (dir / "tokens.json").string();
   struct Case {
@@ -1995,8 +1972,6 @@ TEST(AccessStartTest, RefusesUnsafeConfigurations) {
     files += entry.is_regular_file();
   }
   EXPECT_GE(files, 3);  // the audit log, a manifest and a data file
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
 }
 
 // Like sshd's StrictModes: a token or quota file that group or others may
@@ -2004,9 +1979,7 @@ TEST(AccessStartTest, RefusesUnsafeConfigurations) {
 // start on one. Read-only for them (a Kubernetes Secret: 0644 or 0444,
 // root's) is fine.
 TEST(AccessStartTest, RefusesATokenOrQuotaFileOthersMayWrite) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    absl::StrCat("access-modes-", getpid());
-  std::filesystem::create_directories(dir);
+  const TempDir dir("access-modes");
   const std::filesystem::path tokens = dir / "tokens.json";
   const std::filesystem::path quotas = dir / "quotas.json";
   WriteText(tokens, TokenFile(People()));
@@ -2042,8 +2015,6 @@ TEST(AccessStartTest, RefusesATokenOrQuotaFileOthersMayWrite) {
     TestServer server(flags);
     EXPECT_THAT(server.Start(), IsOk());
   }
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
 }
 
 // The etcd password is guarded like the other credentials (whoever can
@@ -2052,9 +2023,7 @@ TEST(AccessStartTest, RefusesATokenOrQuotaFileOthersMayWrite) {
 // file exits 2; an accepted one goes on to etcd, here a port nobody
 // listens on.
 TEST(AccessStartTest, RefusesAnEtcdPasswordFileOthersMayWrite) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    absl::StrCat("access-etcd-", getpid());
-  std::filesystem::create_directories(dir);
+  const TempDir dir("access-etcd");
   const std::filesystem::path password = dir / "etcd-password";
   const std::filesystem::path secret = dir / "cluster-secret";
   WriteText(password, "etcd-password\n");
@@ -2093,8 +2062,6 @@ TEST(AccessStartTest, RefusesAnEtcdPasswordFileOthersMayWrite) {
     std::error_code ignored;
     std::filesystem::remove_all(dir / "data", ignored);
   }
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
 }
 
 // --------------------------------------------------------------- TLS, mTLS
@@ -2467,9 +2434,7 @@ TEST_F(TlsTest, SighupReReadsTheTlsFiles) {
 // ------------------------------------------------------------------ quotas
 
 TEST(QuotaTest, NamespaceQuotasFromFlagsAndFile) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    absl::StrCat("quota-test-", getpid());
-  std::filesystem::create_directories(dir);
+  const TempDir dir("quota-test");
   // Linear(4, 3) holds 60 bytes.
   WriteText(dir / "quotas.json",
             R"({"namespaces": {"small": {"max_bytes": 100}}})");
@@ -2516,8 +2481,6 @@ TEST(QuotaTest, NamespaceQuotasFromFlagsAndFile) {
   }
   EXPECT_THAT(s, IsOk());
   c.reset();
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
 }
 
 // A client that stops reading a large GetStateDict holds the server to its
