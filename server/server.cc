@@ -602,9 +602,17 @@ absl::Status Server::Listen(
     builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
                                config_.stream_window_kib << 10);
   }
-  if (config_.worker_threads > 0) {
+  // gRPC charges what every connection on this port reads (requests not
+  // yet whole included) to the quota; past its size it cancels streams
+  // (RESOURCE_EXHAUSTED) and closes idle connections. That bounds what
+  // callers who are then refused make the server hold: gRPC receives a
+  // request whole before the server can look at its token.
+  if (config_.worker_threads > 0 || config_.max_transport_mib > 0) {
     grpc::ResourceQuota quota("modelstate");
-    quota.SetMaxThreads(config_.worker_threads);
+    if (config_.worker_threads > 0) quota.SetMaxThreads(config_.worker_threads);
+    if (config_.max_transport_mib > 0) {
+      quota.Resize(static_cast<size_t>(config_.max_transport_mib) << 20);
+    }
     builder.SetResourceQuota(quota);
   }
   int port = 0;

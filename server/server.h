@@ -73,6 +73,10 @@ struct ServerConfig {
   int stream_window_kib = 8192;
   // Most threads serving calls (0: gRPC's default).
   int worker_threads = 0;
+  // MiB of memory gRPC may hold receiving requests on the listening port
+  // (its read buffers, requests not yet whole) before it cancels streams
+  // and closes idle connections (0: no limit).
+  int max_transport_mib = 0;
   // How long running calls may take to finish at Shutdown().
   int shutdown_grace_seconds = 10;
   Limits limits;

@@ -89,6 +89,11 @@ ABSL_FLAG(int64_t, max_entries, Defaults().limits.max_entries,
           "Most parameters, buffers and submodules in one module");
 ABSL_FLAG(int, worker_threads, Defaults().worker_threads,
           "Most threads serving calls (0: gRPC's default)");
+ABSL_FLAG(int, max_transport_mib, Defaults().max_transport_mib,
+          "MiB of memory that gRPC may hold receiving requests on the "
+          "listening port before it cancels streams (RESOURCE_EXHAUSTED): "
+          "bounds what callers who are then refused make the server hold "
+          "(0: no limit; else at least twice --max_message_mib)");
 ABSL_FLAG(int, max_queued_events,
           static_cast<int>(Defaults().limits.max_queued_events),
           "Events waiting for one subscriber before it is disconnected");
@@ -274,6 +279,15 @@ absl::Status CheckLimitFlags() {
   MODELSTATE_RETURN_IF_ERROR(InRange("worker_threads",
                                      absl::GetFlag(FLAGS_worker_threads), 0,
                                      100000, "0: gRPC's default"));
+  // A request larger than the quota is cancelled even alone, and one of the
+  // largest size must fit beside others being received.
+  const int64_t max_transport_mib = absl::GetFlag(FLAGS_max_transport_mib);
+  if (max_transport_mib != 0) {
+    MODELSTATE_RETURN_IF_ERROR(
+        InRange("max_transport_mib", max_transport_mib, 2 * max_message_mib,
+                std::numeric_limits<int>::max(),
+                "MiB, at least twice --max_message_mib; 0: no limit"));
+  }
   MODELSTATE_RETURN_IF_ERROR(InRange("max_queued_events",
                                      absl::GetFlag(FLAGS_max_queued_events), 1,
                                      std::numeric_limits<int>::max(), ""));
@@ -433,6 +447,7 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
   config.map_saved_bytes = absl::GetFlag(FLAGS_map_saved_bytes);
   config.stream_window_kib = absl::GetFlag(FLAGS_stream_window_kib);
   config.worker_threads = absl::GetFlag(FLAGS_worker_threads);
+  config.max_transport_mib = absl::GetFlag(FLAGS_max_transport_mib);
   config.shutdown_grace_seconds = absl::GetFlag(FLAGS_shutdown_grace_seconds);
   config.limits = LimitsFromFlags();
   config.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);

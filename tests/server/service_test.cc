@@ -1416,6 +1416,10 @@ TEST(ServerLifecycleTest, RefusesOutOfRangeFlagsWithExitCodeTwo) {
            {{"--max_message_mib=4096"},
             "--max_message_mib=4096: must be between 2 and 2047"},
            {{"--worker_threads=-3"}, "--worker_threads=-3"},
+           {{"--max_transport_mib=-1"}, "--max_transport_mib=-1"},
+           {{"--max_transport_mib=100", "--max_message_mib=64"},
+            "--max_transport_mib=100: must be between 128 and 2147483647 "
+            "(MiB, at least twice --max_message_mib; 0: no limit)"},
            {{"--max_tensor_mib=0"}, "--max_tensor_mib=0"},
            {{"--max_module_mib=-1"}, "--max_module_mib=-1"},
            {{"--max_entries=0"}, "--max_entries=0"},
