@@ -79,6 +79,13 @@ std::shared_ptr<ClusterMember> ClusterRouter::member() {
   return member_;
 }
 
+void ClusterRouter::set_peer_credentials(
+    std::shared_ptr<grpc::ChannelCredentials> peers) {
+  MutexLock lock(&mu_);
+  peers_ = std::move(peers);
+  channels_.clear();
+}
+
 std::shared_ptr<grpc::Channel> ClusterRouter::ChannelTo(
     const std::string& address) {
   MutexLock lock(&mu_);
@@ -88,6 +95,9 @@ std::shared_ptr<grpc::Channel> ClusterRouter::ChannelTo(
     // The owner enforces the message limit; the forwarder passes on.
     args.SetMaxReceiveMessageSize(std::numeric_limits<int>::max());
     args.SetMaxSendMessageSize(std::numeric_limits<int>::max());
+    // Its own connections: a channel made after new credentials
+    // (set_peer_credentials) must not share one made with the old.
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     channel = grpc::CreateCustomChannel(address, peers_, args);
   }
   return channel;

@@ -97,6 +97,11 @@ class ClusterRouter {
   void set_unsettled_move(std::function<bool(const ModuleName&)> unsettled) {
     unsettled_move_ = std::move(unsettled);
   }
+  // New credentials for calling the other replicas (a rotated certificate
+  // or CA, server/server_tls.h's PeerTls). The channels made with the old
+  // ones are dropped, as a channel reconnects with the credentials it was
+  // made with; calls under way finish on them (a Peer holds its channel).
+  void set_peer_credentials(std::shared_ptr<grpc::ChannelCredentials> peers);
   // How often a subscriber's home looks for members to relay from.
   absl::Duration relay_refresh() const { return options_.relay_refresh; }
 
@@ -156,8 +161,8 @@ class ClusterRouter {
 
   ClusterOptions options_;
   const std::string secret_;
-  const std::shared_ptr<grpc::ChannelCredentials> peers_;
   Mutex mu_;
+  std::shared_ptr<grpc::ChannelCredentials> peers_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<ClusterMember> member_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_
       ABSL_GUARDED_BY(mu_);

@@ -501,16 +501,15 @@ absl::Status Server::PrepareCluster() {
       return absl::InvalidArgumentError(
           "cluster_ca_file: required with --etcd_endpoints and TLS");
     }
-    grpc::SslCredentialsOptions ssl;
-    // Whoever can write the CA can pose as a replica.
+    // Whoever can write the CA can pose as a replica: it is read as a
+    // guarded file, as the client CA is. Re-read with the listening side's
+    // files (Reload), so that a rotation reaches the calls between
+    // replicas too.
     MODELSTATE_ASSIGN_OR_RETURN(
-        ssl.pem_root_certs,
-        ReadPem("cluster_ca_file", config_.cluster_ca_file, /*guarded=*/true));
-    MODELSTATE_ASSIGN_OR_RETURN(ssl.pem_cert_chain,
-                                ReadFile(config_.tls_cert_file));
-    MODELSTATE_ASSIGN_OR_RETURN(ssl.pem_private_key,
-                                ReadFile(config_.tls_key_file));
-    peers = grpc::SslCredentials(ssl);
+        peer_tls_,
+        PeerTls::Create({config_.tls_cert_file, config_.tls_key_file,
+                         config_.cluster_ca_file, "cluster_ca_file"}));
+    peers = peer_tls_->Credentials();
   }
   MODELSTATE_ASSIGN_OR_RETURN(
       router_, ClusterRouter::Create(std::move(options), std::move(secret),
@@ -741,6 +740,7 @@ void Server::Reload(absl::string_view why) {
     LogLine(absl::StrCat(
         why, ": ", line.empty() ? "the TLS files are as in force" : line));
   }
+  ReloadPeerTls(why);
   ReloadTokens(why);
   ReloadQuotas(why);
 }
@@ -751,6 +751,7 @@ void Server::ReloadChanged() {
     const std::string line = tls_->Reload();
     if (!line.empty()) LogLine(absl::StrCat("TLS: ", line));
   }
+  ReloadPeerTls("TLS");
   if (std::string now = BytesOf(config_.token_file);
       !now.empty() && now != token_bytes_) {
     ReloadTokens("the token file changed");
@@ -759,6 +760,16 @@ void Server::ReloadChanged() {
       !now.empty() && now != quota_bytes_) {
     ReloadQuotas("the quota file changed");
   }
+}
+
+void Server::ReloadPeerTls(absl::string_view why) {
+  if (peer_tls_ == nullptr) return;
+  bool taken = false;
+  const std::string line = peer_tls_->Reload(&taken);
+  // Channels made before keep the old set when they reconnect: the
+  // router makes new ones. Calls under way finish on theirs.
+  if (taken) router_->set_peer_credentials(peer_tls_->Credentials());
+  if (!line.empty()) LogLine(absl::StrCat(why, ": ", line));
 }
 
 void Server::ReloadTokens(absl::string_view why) {

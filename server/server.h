@@ -57,6 +57,7 @@ class ClusterServiceImpl;
 class HealthService;
 class MetricsHttpServer;
 class ModelStateServiceImpl;
+class PeerTls;
 class ServerMetrics;
 class ServerTls;
 
@@ -207,6 +208,8 @@ class Server {
   absl::Status JoinCluster();
   // Reload's parts. The token file's: open subscriptions and transfers are
   // checked against the new principals.
+  void ReloadPeerTls(absl::string_view why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(reload_mu_);
   void ReloadTokens(absl::string_view why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(reload_mu_);
   void ReloadQuotas(absl::string_view why)
@@ -233,6 +236,9 @@ class Server {
   std::unique_ptr<ModelStore> store_;
   std::unique_ptr<Scrubber> scrubber_;
   std::unique_ptr<ModelService> service_;
+  // What router_ presents to and trusts of the other replicas under TLS
+  // (null without TLS or a cluster); set before the reloads start.
+  std::unique_ptr<PeerTls> peer_tls_;
   std::unique_ptr<ClusterRouter> router_;
   std::unique_ptr<SharedMemoryExchange> shared_memory_;
   std::unique_ptr<ModelStateServiceImpl> handlers_;

@@ -195,7 +195,7 @@ ABSL_FLAG(std::string, cluster_secret_file, "",
           "16 bytes); required with --etcd_endpoints");
 ABSL_FLAG(std::string, cluster_ca_file, "",
           "CA bundle (PEM) of the other replicas' TLS certificates (TLS "
-          "servers)");
+          "servers); re-read with the TLS files");
 ABSL_FLAG(int64_t, cluster_lease_seconds, 10,
           "The replica's etcd lease: how long after it stops renewing it is "
           "still counted live");

@@ -130,12 +130,12 @@ absl::StatusOr<TlsMaterial> ReadTlsMaterial(const TlsFiles& files) {
     // Whoever may write the client CA mints identities.
     absl::StatusOr<std::string> ca = ReadGuardedFile(files.client_ca);
     if (!ca.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--tls_client_ca_file: ", ca.status().message()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", files.client_ca_flag, ": ", ca.status().message()));
     }
     material.client_ca = *std::move(ca);
     if (absl::Status parsed =
-            ParseCertificates("tls_client_ca_file", files.client_ca,
+            ParseCertificates(files.client_ca_flag, files.client_ca,
                               material.client_ca)
                 .status();
         !parsed.ok()) {
@@ -294,6 +294,76 @@ std::string ServerTls::Reload() {
 std::string ServerTls::summary() const {
   MutexLock lock(&mu_);
   return material_.summary;
+}
+
+namespace {
+
+std::shared_ptr<grpc::ChannelCredentials> ChannelCredentialsOf(
+    const TlsMaterial& material) {
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = material.client_ca;
+  ssl.pem_cert_chain = material.cert_chain;
+  ssl.pem_private_key = material.private_key;
+  return grpc::SslCredentials(ssl);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PeerTls>> PeerTls::Create(TlsFiles files) {
+  if (files.client_ca.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", files.client_ca_flag, ": required"));
+  }
+  absl::StatusOr<TlsMaterial> material = ReadTlsMaterial(files);
+  if (!material.ok()) return material.status();
+  return std::unique_ptr<PeerTls>(
+      new PeerTls(std::move(files), *std::move(material)));
+}
+
+PeerTls::PeerTls(TlsFiles files, TlsMaterial material)
+    : files_(std::move(files)),
+      material_(std::move(material)),
+      credentials_(ChannelCredentialsOf(material_)) {}
+
+std::shared_ptr<grpc::ChannelCredentials> PeerTls::Credentials() const {
+  MutexLock lock(&mu_);
+  return credentials_;
+}
+
+std::string PeerTls::Reload(bool* taken) {
+  *taken = false;
+  absl::StatusOr<TlsMaterial> read = ReadTlsMaterial(files_);
+  MutexLock lock(&mu_);
+  if (!read.ok()) {
+    std::string error(read.status().message());
+    if (error == last_error_) return "";
+    last_error_ = error;
+    return absl::StrCat("calls to other replicas keep the certificate and --",
+                        files_.client_ca_flag, " in force (", material_.summary,
+                        "): ", error);
+  }
+  const bool was_bad = !last_error_.empty();
+  last_error_.clear();
+  if (read->cert_chain == material_.cert_chain &&
+      read->private_key == material_.private_key &&
+      read->client_ca == material_.client_ca) {
+    return was_bad ? absl::StrCat(
+                         "the TLS files for calls to other replicas read "
+                         "well again; the set in force is unchanged (",
+                         material_.summary, ")")
+                   : "";
+  }
+  const bool new_ca = read->client_ca != material_.client_ca;
+  material_ = *std::move(read);
+  credentials_ = ChannelCredentialsOf(material_);
+  *taken = true;
+  return absl::StrCat(
+      "new connections to other replicas present the certificate ",
+      material_.summary,
+      new_ca ? absl::StrCat("; their certificates are checked against the "
+                            "new --",
+                            files_.client_ca_flag)
+             : "");
 }
 
 }  // namespace modelstate::server

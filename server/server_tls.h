@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "base/sync.h"
 #include "grpc/grpc_security.h"
+#include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 
 namespace modelstate::server {
@@ -33,6 +34,9 @@ struct TlsFiles {
   std::string cert;       // certificate chain (PEM), leaf first
   std::string key;        // its private key (PEM)
   std::string client_ca;  // "": no client certificates asked for
+  // The flag that names `client_ca`, for errors (PeerTls's CA is
+  // --cluster_ca_file).
+  std::string client_ca_flag = "tls_client_ca_file";
 };
 
 // One reading of the three files, checked: the chain parses, the key
@@ -98,6 +102,40 @@ class ServerTls {
   // a new config when the one it has is older.
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
   // The last bad reading reported, so that it is not reported again.
+  std::string last_error_ ABSL_GUARDED_BY(mu_);
+};
+
+// The other side of the calls between replicas: the certificate a replica
+// presents when it calls another (the listening one's files) and the CA it
+// checks the other's certificate against (--cluster_ca_file), re-read with
+// the listening side's so that a rotated certificate or CA reaches these
+// calls too. TlsFiles::client_ca is that CA, required; the checks and the
+// keeping of a bad set are ServerTls's.
+//
+// gRPC 1.51's SSL channel credentials are fixed when made, and the
+// experimental TLS ones take either fixed material or gRPC's file watcher
+// (which reads the files without these checks): so each reload that takes
+// a new set makes new credentials, and the caller makes new channels with
+// them (ClusterRouter::set_peer_credentials). Thread-safe.
+class PeerTls {
+ public:
+  static absl::StatusOr<std::unique_ptr<PeerTls>> Create(TlsFiles files);
+
+  // The credentials of the set in force (a new object after each reload
+  // that took a new set).
+  std::shared_ptr<grpc::ChannelCredentials> Credentials() const;
+
+  // Re-reads the files: as ServerTls::Reload. `*taken` tells whether a new
+  // set is in force (then Credentials() is new).
+  std::string Reload(bool* taken);
+
+ private:
+  PeerTls(TlsFiles files, TlsMaterial material);
+
+  const TlsFiles files_;
+  mutable Mutex mu_;
+  TlsMaterial material_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<grpc::ChannelCredentials> credentials_ ABSL_GUARDED_BY(mu_);
   std::string last_error_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -61,7 +61,11 @@ Checked through the real Python client's stubs, against every replica:
   trusting --cluster_ca_file; a module read through the replica that does
   not own it matches the owner's bytes, a subscriber on one replica
   rejects a registration on the other, and the owner audits the caller by
-  the client certificate's name.
+  the client certificate's name;
+- TLS certificates rotated to a new CA on running replicas (both CAs
+  trusted during the roll, then the old dropped), reloaded on SIGHUP: the
+  replicas still forward to each other, a bad set (a key not the
+  certificate's) is kept out of the calls between replicas and logged.
 
 Exits 77 (ctest SKIP_RETURN_CODE) when the etcd binary is absent.
 
@@ -1436,6 +1440,175 @@ class TlsClusterTest(unittest.TestCase):
         run = start(self.etcd_tls[1], self.etcd_tls[2])
         self.assertEqual(run.returncode, 2, run.stderr)
         self.assertIn("needs --etcd_ca_file", run.stderr)
+
+class TlsRotationTest(unittest.TestCase):
+    """Certificates rotated to a new CA on running TLS replicas, as
+    cert-manager does: the calls between replicas follow the reload (they
+    used to keep the certificate and --cluster_ca_file read at start)."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="modelstate-tls-roll-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        d = self.dir
+        with open(os.path.join(d, "replica.ext"), "w") as f:
+            f.write("subjectAltName=IP:127.0.0.1\n"
+                    "extendedKeyUsage=serverAuth,clientAuth\n")
+        with open(os.path.join(d, "client.ext"), "w") as f:
+            f.write("extendedKeyUsage=clientAuth\n")
+        ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+        script = ["set -e", "cd " + d]
+        for ca in ("old", "new"):
+            script += [
+                "openssl req -x509 %s -keyout %s-ca.key -out %s-ca.pem "
+                "-days 2 -subj /CN=%s-cluster-ca" % (ec, ca, ca, ca)]
+            for who, cn in (("replica", "replica"), ("client", "carol-cert")):
+                script += [
+                    "openssl req %s -keyout %s-%s.key -out %s-%s.csr "
+                    "-subj /CN=%s" % (ec, ca, who, ca, who, cn),
+                    "openssl x509 -req -in %s-%s.csr -CA %s-ca.pem "
+                    "-CAkey %s-ca.key -CAcreateserial -out %s-%s.pem -days 2 "
+                    "-extfile %s.ext" % (ca, who, ca, ca, ca, who, who)]
+        subprocess.run("; ".join(script), shell=True, check=True,
+                       capture_output=True)
+        self.install(ca=["old"], replica="old")
+        with open(os.open(os.path.join(d, "tokens.json"),
+                          os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            json.dump({"principals": [
+                {"identity": "carol-cert", "roles": {"admin": ["*"]}}]}, f)
+        with open(os.open(os.path.join(d, "secret"),
+                          os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write("a-cluster-secret-for-a-tls-roll\n")
+        self.etcd = Etcd()
+        self.addCleanup(self.etcd.stop)
+        self.servers = {}
+        for replica in ("r0", "r1"):
+            # As in the Kubernetes overlay: ca.pem is both the client CA
+            # and the cluster CA; the reloads come from SIGHUP here.
+            self.servers[replica] = server_process.Server(
+                SERVER_BINARY, "--etcd_endpoints=" + self.etcd.endpoint,
+                "--replica_id=" + replica, "--reload_seconds=0",
+                "--cluster_secret_file=" + os.path.join(d, "secret"),
+                "--tls_cert_file=" + os.path.join(d, "tls.crt"),
+                "--tls_key_file=" + os.path.join(d, "tls.key"),
+                "--tls_client_ca_file=" + os.path.join(d, "ca.pem"),
+                "--cluster_ca_file=" + os.path.join(d, "ca.pem"),
+                "--token_file=" + os.path.join(d, "tokens.json"))
+            self.addCleanup(self.servers[replica].stop)
+
+    def read(self, name):
+        with open(os.path.join(self.dir, name), "rb") as f:
+            return f.read()
+
+    def install(self, ca, replica):
+        """Swaps the files in place as the kubelet does (each renamed over
+        the old one): ca.pem holds the CAs `ca`, tls.crt / tls.key are the
+        replica certificate signed by CA `replica` (or the key of another
+        when `replica` is a pair (cert, key))."""
+        cert, key = replica if isinstance(replica, tuple) else (replica,) * 2
+        files = {"ca.pem": b"".join(self.read(c + "-ca.pem") for c in ca),
+                 "tls.crt": self.read(cert + "-replica.pem"),
+                 "tls.key": self.read(key + "-replica.key")}
+        for name, data in files.items():
+            path = os.path.join(self.dir, name)
+            with open(os.open(path + ".new", os.O_WRONLY | os.O_CREAT |
+                              os.O_TRUNC, 0o600), "wb") as f:
+                f.write(data)
+            os.replace(path + ".new", path)
+
+    def reload(self, expected):
+        """SIGHUP to every replica; returns once each has logged
+        `expected` one time more than before."""
+        def count(server):
+            with open(os.path.join(server.dir, "server.log")) as f:
+                return f.read().count(expected)
+        before = {r: count(s) for r, s in self.servers.items()}
+        for server in self.servers.values():
+            server.process.send_signal(signal.SIGHUP)
+        deadline = time.time() + TIMEOUT
+        for replica, server in self.servers.items():
+            while count(server) <= before[replica]:
+                self.assertLess(time.time(), deadline,
+                                "%s did not log %r" % (replica, expected))
+                time.sleep(0.05)
+
+    def stub(self, replica, client):
+        """As carol-cert, with the client certificate signed by CA
+        `client`; both CAs are trusted for the server's certificate."""
+        channel = grpc.secure_channel(
+            self.servers[replica].address, grpc.ssl_channel_credentials(
+                self.read("old-ca.pem") + self.read("new-ca.pem"),
+                self.read(client + "-client.key"),
+                self.read(client + "-client.pem")))
+        self.addCleanup(channel.close)
+        return pb_grpc.ModelStateServiceStub(channel)
+
+    def check_forwarding(self, owners, client, pairs):
+        """Each module of `owners` read through the other replica, for the
+        (reader, owner) `pairs`, matches its owner's bytes."""
+        for module, owner in owners.items():
+            other = "r1" if owner == "r0" else "r0"
+            if (other, owner) not in pairs:
+                continue
+            request = pb.GetStateDictRequest(module=module)
+            direct = list(self.stub(owner, client).GetStateDict(
+                request, timeout=TIMEOUT))
+            try:
+                forwarded = list(self.stub(other, client).GetStateDict(
+                    request, timeout=TIMEOUT))
+            except grpc.RpcError as e:
+                self.fail("%s through %s: %s %s" % (
+                    module, other, e.code(), e.details()))
+            self.assertEqual(b"".join(c.data for c in direct),
+                             b"".join(c.data for c in forwarded))
+
+    def test_a_certificate_rotated_to_a_new_ca_reaches_replica_calls(self):
+        # Two builds through r0: one lands on each replica, so r0 has
+        # called r1 (a channel made with the old certificate) and r1 has
+        # not called r0 yet.
+        for i in range(2):
+            request = pb.BuildModuleRequest(module="roll/m%d" % i, seed=i)
+            request.spec.type = "Linear"
+            request.spec.args.add().number_value = 4
+            request.spec.args.add().number_value = 3
+            self.stub("r0", "old").BuildModule(request, timeout=TIMEOUT)
+        channel = grpc.secure_channel(
+            self.servers["r0"].address, grpc.ssl_channel_credentials(
+                self.read("old-ca.pem"), self.read("old-client.key"),
+                self.read("old-client.pem")))
+        self.addCleanup(channel.close)
+        status = cluster_pb2_grpc.ClusterServiceStub(channel).GetClusterStatus(
+            cluster_pb2.GetClusterStatusRequest(), timeout=TIMEOUT)
+        owners = {p.module: p.owner for p in status.placements}
+        self.assertEqual(sorted(owners.values()), ["r0", "r1"])
+        # The roll: both CAs trusted, the certificate signed by the new one.
+        self.install(ca=["old", "new"], replica="new")
+        self.reload("new TLS connections get the certificate")
+        # r1 calls r0 for the first time: it must trust r0's new
+        # certificate, which the new CA alone signed.
+        self.check_forwarding(owners, "new", {("r1", "r0")})
+        # A bad set (the old key with the new certificate) is kept out of
+        # the calls between replicas too, and said so once.
+        self.install(ca=["old", "new"], replica=("new", "old"))
+        self.reload("calls to other replicas keep the certificate and "
+                    "--cluster_ca_file in force")
+        self.check_forwarding(owners, "new", {("r1", "r0"), ("r0", "r1")})
+        self.install(ca=["old", "new"], replica="new")
+        self.reload("the TLS files for calls to other replicas read well "
+                    "again")
+        # The old CA dropped: a replica that still presented the
+        # certificate it started with would be refused by the other.
+        self.install(ca=["new"], replica="new")
+        self.reload("client certificates are checked against the new "
+                    "--tls_client_ca_file")
+        self.check_forwarding(owners, "new", {("r1", "r0"), ("r0", "r1")})
+        for server in self.servers.values():
+            with open(os.path.join(server.dir, "server.log")) as f:
+                log = f.read()
+            self.assertIn("SIGHUP: new connections to other replicas present "
+                          "the certificate subject /CN=replica", log)
+            self.assertIn("their certificates are checked against the new "
+                          "--cluster_ca_file", log)
+
 
 class EtcdAuthTest(unittest.TestCase):
     @classmethod
