@@ -335,8 +335,21 @@ absl::Status Module::CheckNameFree(EntryKind kind,
 }
 
 bool Module::ContainsModule(const Module* target) const {
-  for (const auto& [path, m] : NamedModules()) {
-    if (m.get() == target) return true;
+  // Runs at each RegisterModule over the subtree being registered, and a
+  // build registers bottom up: a module at depth d is visited d times. So
+  // pointers only, where NamedModules would also build each one's path
+  // and copy each shared_ptr; `seen` keeps a shared submodule to one visit.
+  if (children_.empty()) return this == target;
+  absl::flat_hash_set<const Module*> seen = {this};
+  std::vector<const Module*> stack = {this};
+  while (!stack.empty()) {
+    const Module* m = stack.back();
+    stack.pop_back();
+    if (m == target) return true;
+    for (const auto& item : m->children_) {
+      const Module* child = item.value.get();
+      if (child != nullptr && seen.insert(child).second) stack.push_back(child);
+    }
   }
   return false;
 }

@@ -342,6 +342,7 @@ class Module : public std::enable_shared_from_this<Module> {
   SlotState ReadSlot(EntryKind kind, absl::string_view name) const;
   // ALREADY_EXISTS if `name` is taken by something other than `kind`.
   absl::Status CheckNameFree(EntryKind kind, absl::string_view name) const;
+  // Whether `target` is this module or one below it.
   bool ContainsModule(const Module* target) const;
 
   // Constant after construction.

@@ -257,5 +257,45 @@ TEST(ModuleToTest, TiesBreakWhereTorchMakesNewObjects) {
   EXPECT_EQ(Entry(*root, "a", "w").dtype(), DType::kFloat16);
 }
 
+// RegisterModule refuses a child that holds the module it is registered in
+// (PyTorch would make a cycle that named_modules' memo alone survives),
+// found through shared submodules too, and stores nothing.
+TEST(RegisterModuleTest, RefusesACycleThroughAnyPathAndStoresNothing) {
+  std::shared_ptr<Module> top = Module::Create("Top");
+  std::shared_ptr<Module> mid = Module::Create("Mid");
+  std::shared_ptr<Module> leaf = Module::Create("Leaf");
+  MODELSTATE_ASSERT_OK(top->RegisterModule("mid", mid).status());
+  MODELSTATE_ASSERT_OK(mid->RegisterModule("leaf", leaf).status());
+  // A chain of diamonds: each level holds the one below twice, so a walk
+  // without a memo would take 2^40 steps.
+  std::shared_ptr<Module> below = top;
+  for (int i = 0; i < 40; ++i) {
+    std::shared_ptr<Module> level = Module::Create("Level");
+    MODELSTATE_ASSERT_OK(level->RegisterModule("x", below).status());
+    MODELSTATE_ASSERT_OK(level->RegisterModule("y", below).status());
+    below = level;
+  }
+  const std::string cyclic = "would make the module tree cyclic";
+  EXPECT_THAT(leaf->RegisterModule("up", below),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr(
+                           "Registering 'up' in Leaf would make the module "
+                           "tree cyclic")));
+  EXPECT_THAT(leaf->RegisterModule("self", leaf),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr(cyclic)));
+  EXPECT_THAT(mid->RegisterModule("top", top),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr(cyclic)));
+  EXPECT_TRUE(leaf->NamedChildren().empty());
+  EXPECT_EQ(mid->NamedChildren().size(), 1u);
+  // Sharing without a cycle is allowed: the leaf again under the top, and
+  // the whole chain under a new root.
+  MODELSTATE_ASSERT_OK(top->RegisterModule("again", leaf).status());
+  std::shared_ptr<Module> root = Module::Create("Root");
+  MODELSTATE_ASSERT_OK(root->RegisterModule("chain", below).status());
+  EXPECT_EQ(root->NamedModules().size(), 44u);  // root, 40 levels, 3
+}
+
 }  // namespace
 }  // namespace modelstate
