@@ -360,6 +360,7 @@ class Module : public std::enable_shared_from_this<Module> {
   absl::flat_hash_set<std::string> non_persistent_;
   OrderedDict<std::shared_ptr<Module>> children_;
   OrderedDict<AttrValue> attributes_;
+  // Beyond those of every module (kModuleClassAttributes, shared).
   absl::flat_hash_set<std::string> class_attributes_;
   // Not module state: never saved, copied or hooked.
   ForwardHookList forward_hooks_;

@@ -4,10 +4,12 @@
 // a non-atomic load installs what it can, as PyTorch does.
 #include "core/module.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -295,6 +297,32 @@ TEST(RegisterModuleTest, RefusesACycleThroughAnyPathAndStoresNothing) {
   std::shared_ptr<Module> root = Module::Create("Root");
   MODELSTATE_ASSERT_OK(root->RegisterModule("chain", below).status());
   EXPECT_EQ(root->NamedModules().size(), 44u);  // root, 40 levels, 3
+}
+
+// The names every module's class has (dir(nn.Module())) are shared by all
+// modules; a module's own come on top, listed with them, once and sorted.
+TEST(ClassAttributeTest, EveryModulesNamesAndItsOwnAreListedSortedOnce) {
+  std::shared_ptr<Module> bare = Module::Create("Bare");
+  std::vector<std::string> names = bare->ClassAttributeNames();
+  EXPECT_EQ(names.size(), 101u);
+  EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
+  EXPECT_TRUE(bare->HasClassAttribute("__call__"));
+  EXPECT_FALSE(bare->HasClassAttribute("in_features"));
+  EXPECT_THAT(bare->RegisterParameter("forward", Tensor()),
+              StatusIs(absl::StatusCode::kAlreadyExists,
+                       ::testing::HasSubstr("attribute 'forward' already "
+                                            "exists")));
+  std::shared_ptr<Module> own = Module::Create("Own");
+  own->AddClassAttributes({"in_features", "forward", "aaa"});
+  std::vector<std::string> with_own = own->ClassAttributeNames();
+  EXPECT_EQ(with_own.size(), 103u);  // "forward" was one already
+  EXPECT_TRUE(std::is_sorted(with_own.begin(), with_own.end()));
+  EXPECT_EQ(with_own.front(), "T_destination");  // uppercase sorts first
+  EXPECT_TRUE(own->HasClassAttribute("in_features"));
+  EXPECT_FALSE(bare->HasClassAttribute("aaa"));
+  EXPECT_THAT(own->RegisterBuffer("aaa", Tensor()),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_TRUE(own->GetAttr("in_features").ok());
 }
 
 }  // namespace
