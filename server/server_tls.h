@@ -2,7 +2,8 @@
 // The server's TLS material, re-read while it serves: cert-manager (or any
 // rotation) replaces a Kubernetes Secret's files in place, and the server
 // must present the new certificate, and trust a new client CA, without a
-// restart that would drop every stream.
+// restart that would drop every stream. A cluster replica's calls to the
+// other replicas follow the same files (PeerTls).
 //
 // Example:
 //   MODELSTATE_ASSIGN_OR_RETURN(
@@ -12,6 +13,16 @@
 //   ...  // build and start the grpc::Server
 //   // Every minute and on SIGHUP (Server does both):
 //   if (std::string line = tls->Reload(); !line.empty()) LogLine(line);
+//
+//   // The calls to other replicas:
+//   MODELSTATE_ASSIGN_OR_RETURN(
+//       std::unique_ptr<PeerTls> peers,
+//       PeerTls::Create({"/tls/tls.crt", "/tls/tls.key", "/tls/ca.crt",
+//                        "cluster_ca_file"}));
+//   router->set_peer_credentials(peers->Credentials());
+//   bool taken = false;
+//   std::string line = peers->Reload(&taken);  // with tls->Reload()
+//   if (taken) router->set_peer_credentials(peers->Credentials());
 #ifndef MODELSTATE_SERVER_SERVER_TLS_H_
 #define MODELSTATE_SERVER_SERVER_TLS_H_
 
