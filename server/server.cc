@@ -36,6 +36,7 @@
 #include "server/health_service.h"
 #include "server/metrics.h"
 #include "server/model_state_service.h"
+#include "server/parse_errors.h"
 #include "server/server_tls.h"
 #include "service/audit_log.h"
 #include "service/authenticator.h"
@@ -622,9 +623,11 @@ absl::Status Server::Listen(
   if (cluster_handlers_ != nullptr) {
     builder.RegisterService(cluster_handlers_.get());
   }
-  // Every call is counted, timed and given a correlation id for the log.
-  builder.experimental().SetInterceptorCreators(
-      metrics_->InterceptorCreators());
+  // Every call is counted, timed and given a correlation id for the log,
+  // after a request gRPC could not parse has been given a status that says so.
+  auto interceptors = metrics_->InterceptorCreators();
+  interceptors.insert(interceptors.begin(), ParseErrorInterceptorCreator());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   calls_ = std::make_unique<AsyncCallQueue>(builder);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || (!config_.listen.empty() && port == 0)) {

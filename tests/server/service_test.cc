@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -798,6 +799,53 @@ TEST_F(ServiceTest, MalformedNamesAndSpecsForEveryUnaryRpc) {
   absl::StatusOr<v1::GetModuleResponse> described = client_->GetModule(get);
   ASSERT_THAT(described, IsOk());
   EXPECT_EQ(described->info().children_size(), 0);
+}
+
+// gRPC parses a request before any handler runs, and protobuf refuses one
+// nesting more than 100 messages: a spec deeper than that must still get a
+// status naming the request, not gRPC's empty INTERNAL.
+TEST_F(ServiceTest, ARequestTooDeepToParseIsInvalidArgumentNamingIt) {
+  // Each Sequential level nests two messages (ModuleSpec, ModuleChild), each
+  // custom level three (ModuleSpec, Member, ModuleMember).
+  const auto nested = [](int depth, bool custom) {
+    v1::ModuleSpec leaf = SpecProto(R"({"type": "Linear", "args": [2, 2]})");
+    for (int level = 1; level < depth; ++level) {
+      v1::ModuleSpec outer;
+      if (custom) {
+        outer.set_type("Block");
+        v1::ModuleMember* member = outer.add_members()->mutable_module();
+        member->set_name("inner");
+        *member->mutable_spec() = std::move(leaf);
+      } else {
+        outer.set_type("Sequential");
+        *outer.add_children()->mutable_spec() = std::move(leaf);
+      }
+      leaf = std::move(outer);
+    }
+    return leaf;
+  };
+  v1::BuildModuleRequest request;
+  request.set_module("deep/seq48");
+  *request.mutable_spec() = nested(48, /*custom=*/false);
+  EXPECT_THAT(client_->BuildModule(request), IsOk());
+  request.set_module("deep/custom32");
+  *request.mutable_spec() = nested(32, /*custom=*/true);
+  EXPECT_THAT(client_->BuildModule(request), IsOk());
+  for (const auto& [name, custom, depth] :
+       {std::tuple("deep/seq", false, 51), std::tuple("deep/custom", true, 35),
+        std::tuple("deep/seq", false, 400)}) {
+    SCOPED_TRACE(depth);
+    request.set_module(name);
+    *request.mutable_spec() = nested(depth, custom);
+    EXPECT_THAT(client_->BuildModule(request),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("request: the server could not parse the "
+                                   "request of /modelstate.v1."
+                                   "ModelStateService/BuildModule")));
+  }
+  v1::GetModuleRequest get;
+  get.set_module("deep/seq");
+  EXPECT_THAT(client_->GetModule(get), StatusIs(absl::StatusCode::kNotFound));
 }
 
 // An interceptor blocks every registration named "temp": an ordinary build
