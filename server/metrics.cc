@@ -484,6 +484,13 @@ void ServerMetrics::Observe(const ModelStore* store, const SubscriberHub* hub,
                           return static_cast<double>(u.quota.max_bytes);
                         }));
   registry_.AddCallback(
+      "modelstate_builds_waiting",
+      "Builds waiting for another build of the same name (bounded per name "
+      "by --max_build_waiters).",
+      {}, [store]() -> Samples {
+        return {{{}, static_cast<double>(store->BuildsWaiting())}};
+      });
+  registry_.AddCallback(
       "modelstate_subscriber_queue_depth",
       "Events sent to a subscriber and not yet answered, by subscriber "
       "name.",

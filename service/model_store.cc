@@ -604,6 +604,19 @@ std::vector<HookDecision> ModelStore::Decide(
   return finals;
 }
 
+int ModelStore::BuildsWaiting(const ModuleName& name) const {
+  MutexLock lock(&mu_);
+  auto it = build_waiters_.find(name.full());
+  return it == build_waiters_.end() ? 0 : it->second;
+}
+
+int ModelStore::BuildsWaiting() const {
+  MutexLock lock(&mu_);
+  int waiting = 0;
+  for (const auto& [name, waiters] : build_waiters_) waiting += waiters;
+  return waiting;
+}
+
 absl::Status ModelStore::ClaimName(const OperationContext& ctx,
                                    const ModuleName& name) {
   // A cancelled call is noticed within this long.

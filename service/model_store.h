@@ -148,6 +148,10 @@ class ModelStore {
   // (Limits::max_build_waiters; 0, the default: any number). Each waiter
   // holds its caller's thread for as long as that build's hooks take.
   void set_max_build_waiters(int max_waiters);
+  // How many builds wait for another build of `name` now; of any name,
+  // without one (the modelstate_builds_waiting gauge).
+  int BuildsWaiting(const ModuleName& name) const;
+  int BuildsWaiting() const;
 
   // Per-namespace limits on modules and tensor bytes held (on devices with
   // storage; meta tensors hold none), checked before a build, registration

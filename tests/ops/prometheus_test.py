@@ -241,6 +241,7 @@ class PrometheusTest(unittest.TestCase):
             state_bytes)
         # The scrub runs each second; nothing hosted here is mapped from a
         # data file yet (nothing restarted), so it finds nothing to read.
+        self.assertEqual(self.value('modelstate_builds_waiting'), 0)
         self.assertEqual(self.value('modelstate_damaged_storages'), 0)
         self.assertEqual(self.value('modelstate_scrub_bytes_total'), 0)
         self.assertGreaterEqual(self.value('modelstate_scrub_passes_total'), 0)

@@ -34,6 +34,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
+#include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "proto/convert.h"
 #include "service/audit_log.h"
@@ -1842,8 +1843,31 @@ TEST(AccessReloadTest, ABuildWaitingWhenItsCallerIsRevokedBuildsNothing) {
   const std::filesystem::path tokens = dir / "tokens.json";
   WriteText(tokens, TokenFile(People()));
   TestServer server({"--token_file=" + tokens.string(), "--reload_seconds=0",
-                     "--max_build_waiters=1"});
+                     "--max_build_waiters=1", "--metrics_listen=127.0.0.1:0"});
   ASSERT_THAT(server.Start(), IsOk());
+  // The builds waiting, read from the server's modelstate_builds_waiting.
+  const std::string kMetricsAt = "Prometheus metrics on http://";
+  std::string log = server.Log();
+  for (int i = 0; i < 1000 && log.find(kMetricsAt) == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    log = server.Log();
+  }
+  const size_t at = log.find(kMetricsAt);
+  ASSERT_NE(at, std::string::npos) << log;
+  const std::string address =
+      log.substr(at + kMetricsAt.size(),
+                 log.find("/metrics", at) - at - kMetricsAt.size());
+  const auto builds_waiting = [&]() -> int {
+    const size_t colon = address.rfind(':');
+    httplib::Client http(address.substr(0, colon),
+                         std::stoi(address.substr(colon + 1)));
+    httplib::Result scraped = http.Get("/metrics");
+    if (!scraped) return -1;
+    const std::string kSeries = "\nmodelstate_builds_waiting ";
+    const size_t series = scraped->body.find(kSeries);
+    if (series == std::string::npos) return -1;
+    return std::atoi(scraped->body.c_str() + series + kSeries.size());
+  };
   std::unique_ptr<client::ModelStateClient> root =
       ClientWithToken(server, "root-token");
   absl::Notification holding;
@@ -1876,7 +1900,12 @@ TEST(AccessReloadTest, ABuildWaitingWhenItsCallerIsRevokedBuildsNothing) {
   });
   // alice's build waits for root's, the one waiter allowed: another build
   // of the name is refused at once, naming the limit. Then her token goes.
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (builds_waiting() != 1) {
+    ASSERT_LT(std::chrono::steady_clock::now(), until) << "alice never waited";
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   auto probe_context = root->NewContext(absl::Seconds(5));
   v1::BuildModuleResponse probe_response;
   const grpc::Status probed = root->stub().BuildModule(

@@ -117,6 +117,17 @@ class ModelStoreTest : public ::testing::Test {
     return store_->Build(ctx_, Name(name), SpecFromJson(json), options, false);
   }
 
+  // Until `count` builds wait for another build of `name` (false after
+  // 30 s): a test that needs a waiter does not guess how long one takes.
+  bool AwaitWaiters(const ModuleName& name, int count) {
+    const absl::Time until = absl::Now() + absl::Seconds(30);
+    while (store_->BuildsWaiting(name) != count) {
+      if (absl::Now() > until) return false;
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    return true;
+  }
+
   StateDict State(const std::string& name) {
     absl::StatusOr<StateDictSnapshot> snapshot =
         store_->Snapshot(Name(name), {});
@@ -953,7 +964,7 @@ TEST_F(ModelStoreTest, ABuildThatWaitedIsAskedAgainWhetherItMayGoOn) {
     second = store_->Build(revoked, Name("t/new"), SpecFromJson(kLinear),
                            options, false);
   });
-  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(AwaitWaiters(Name("t/new"), 1));
   EXPECT_EQ(asked, 0);  // not while it waits
   store_->set_decider(nullptr);
   decider.release_.Notify();
@@ -989,11 +1000,19 @@ TEST_F(ModelStoreTest, BuildsWaitingForOneNameAreBounded) {
       decider.deciding_.WaitForNotificationWithTimeout(absl::Seconds(30)));
   absl::StatusOr<BuildOutcome> second;
   std::thread waiting([&] { second = Build("t/new"); });
-  absl::SleepFor(absl::Milliseconds(100));
-  EXPECT_THAT(Build("t/new").status(),
-              StatusIs(absl::StatusCode::kResourceExhausted,
-                       AllOf(HasSubstr("module: another build of 't/new'"),
-                             HasSubstr("max_build_waiters"))));
+  ASSERT_TRUE(AwaitWaiters(Name("t/new"), 1));
+  // With a deadline: were this one to wait, the test would fail, not hang.
+  OperationContext probe = ctx_;
+  probe.deadline = absl::Now() + absl::Seconds(5);
+  BuildOptions no_hooks;
+  no_hooks.hooks = nullptr;
+  EXPECT_THAT(
+      store_
+          ->Build(probe, Name("t/new"), SpecFromJson(kLinear), no_hooks, false)
+          .status(),
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               AllOf(HasSubstr("module: another build of 't/new'"),
+                     HasSubstr("max_build_waiters"))));
   decider.release_.Notify();
   building.join();
   waiting.join();
