@@ -373,17 +373,33 @@ absl::Status CheckIncarnation(Context& c, const CitedRecords& cited,
   // The first cited record begins the life when no build is cited: the
   // records are those after the module's last delete.
   uint64_t begun = cited.records.front().first;
-  for (const auto& record : cited.records)
+  uint64_t last = begun;
+  for (const auto& record : cited.records) {
     begun = std::min(begun, record.first);
+    last = std::max(last, record.first);
+  }
   begun = cited.build_seq.value_or(begun);
   MODELSTATE_ASSIGN_OR_RETURN(auto* rpc, c.Client());
-  for (const char* type : {"delete", "build"}) {
+  // A delete or build after the life began starts another life. A move
+  // after the last cited record took the module to a replica whose log
+  // this one does not hold, where it may have been deleted and built
+  // again before it came back: not "the attested one" either.
+  struct Ended {
+    const char* type;
+    uint64_t after;
+    const char* what;
+  };
+  for (const Ended& ended :
+       {Ended{"delete", begun, "was deleted"},
+        Ended{"build", begun, "was built again"},
+        Ended{"move_out", last, "moved to another replica"},
+        Ended{"move_in", last, "came from another replica"}}) {
     v1::QueryAuditRequest request;
     request.mutable_filter()->set_namespace_(name.first);
     request.mutable_filter()->set_module(name.second);
-    request.mutable_filter()->set_type(type);
+    request.mutable_filter()->set_type(ended.type);
     request.mutable_filter()->set_outcome("ok");
-    request.set_after_seq(begun);
+    request.set_after_seq(ended.after);
     request.set_limit(1);
     absl::StatusOr<v1::QueryAuditResponse> later = rpc->QueryAudit(request);
     if (!later.ok()) {
@@ -394,13 +410,12 @@ absl::Status CheckIncarnation(Context& c, const CitedRecords& cited,
     if (!later->records().empty()) {
       return CheckFailed(
           c, "module",
-          absl::StrCat(
-              full, " was ",
-              absl::string_view(type) == "delete" ? "deleted" : "built again",
-              " (audit record ", later->records(0).seq(),
-              ") after the attested life began (record ", begun,
-              "): the live module is a later one of that name, "
-              "whatever its bytes"));
+          absl::StrCat(full, " ", ended.what, " (audit record ",
+                       later->records(0).seq(), ") after the attested ",
+                       ended.after == begun ? "life began" : "records end",
+                       " (record ", ended.after, "): the live module ",
+                       ended.after == begun ? "is" : "may be",
+                       " a later one of that name, whatever its bytes"));
     }
   }
   c.out() << "module: " << full << " is the attested one (its life began "

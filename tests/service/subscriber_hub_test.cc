@@ -534,7 +534,6 @@ TEST_F(HubTest, AChainNamesOnlySubscribersTheRecipientMayLearnOf) {
   EXPECT_EQ(admin_seen[1].chain[0].reason, "admin secret: no biases");
 }
 
-// A failure names the subscriber in its reason: hidden alike.
 // A name bound to another identity is refused with the field named; its
 // owner is named only to a caller that may learn of the subscriber under
 // it (as ListSubscribers would list it), or, with none connected, of every
@@ -577,6 +576,7 @@ TEST_F(HubTest, ATakenNameNamesItsOwnerOnlyToWhoMayLearnOfIt) {
   EXPECT_THAT(attach("root", {"*"}), IsOk());
 }
 
+// A failure names the subscriber in its reason: hidden alike.
 TEST_F(HubTest, AHiddenSubscribersFailureIsNotNamedToTheTeam) {
   SubscriptionSpec silent = Spec("admin-silent");
   silent.timeout = absl::Milliseconds(50);
