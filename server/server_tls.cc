@@ -108,6 +108,40 @@ std::string Describe(X509* leaf) {
 // Never asks for a pass phrase (the default would prompt on a terminal).
 int NoPassphrase(char*, int, int, void*) { return 0; }
 
+// How a reading of the TLS files compares with the set in force, for both
+// reloads: a new set to take; or nothing to take, with the error to log
+// (each failure once, `last_error` remembering it) or the line that says
+// the files read well again.
+struct ReloadStep {
+  bool take = false;
+  std::string error;
+  std::string line;
+};
+ReloadStep Compare(const absl::StatusOr<TlsMaterial>& read,
+                   const TlsMaterial& in_force, std::string* last_error) {
+  ReloadStep step;
+  if (!read.ok()) {
+    const std::string error(read.status().message());
+    if (error != *last_error) step.error = error;
+    *last_error = error;
+    return step;
+  }
+  const bool was_bad = !last_error->empty();
+  last_error->clear();
+  if (read->cert_chain == in_force.cert_chain &&
+      read->private_key == in_force.private_key &&
+      read->client_ca == in_force.client_ca) {
+    if (was_bad) {
+      step.line = absl::StrCat(
+          "the TLS files read well again; the set in force is unchanged (",
+          in_force.summary, ")");
+    }
+    return step;
+  }
+  step.take = true;
+  return step;
+}
+
 }  // namespace
 
 absl::StatusOr<TlsMaterial> ReadTlsMaterial(const TlsFiles& files) {
@@ -256,23 +290,11 @@ std::string ServerTls::Reload() {
   // Read outside the lock: handshakes wait on it.
   absl::StatusOr<TlsMaterial> read = ReadTlsMaterial(files_);
   MutexLock lock(&mu_);
-  if (!read.ok()) {
-    std::string error(read.status().message());
-    if (error == last_error_) return "";
-    last_error_ = error;
+  ReloadStep step = Compare(read, material_, &last_error_);
+  if (!step.take) {
+    if (step.error.empty()) return step.line;
     return absl::StrCat("kept the TLS certificate in force (",
-                        material_.summary, "): ", error);
-  }
-  const bool was_bad = !last_error_.empty();
-  last_error_.clear();
-  if (read->cert_chain == material_.cert_chain &&
-      read->private_key == material_.private_key &&
-      read->client_ca == material_.client_ca) {
-    return was_bad ? absl::StrCat(
-                         "the TLS files read well again; the "
-                         "certificate in force is unchanged (",
-                         material_.summary, ")")
-                   : "";
+                        material_.summary, "): ", step.error);
   }
   const bool new_ca = read->client_ca != material_.client_ca;
   material_ = *std::move(read);
@@ -334,24 +356,16 @@ std::string PeerTls::Reload(bool* taken) {
   *taken = false;
   absl::StatusOr<TlsMaterial> read = ReadTlsMaterial(files_);
   MutexLock lock(&mu_);
-  if (!read.ok()) {
-    std::string error(read.status().message());
-    if (error == last_error_) return "";
-    last_error_ = error;
+  ReloadStep step = Compare(read, material_, &last_error_);
+  if (!step.take) {
+    if (step.error.empty()) {
+      return step.line.empty()
+                 ? ""
+                 : absl::StrCat("calls to other replicas: ", step.line);
+    }
     return absl::StrCat("calls to other replicas keep the certificate and --",
                         files_.client_ca_flag, " in force (", material_.summary,
-                        "): ", error);
-  }
-  const bool was_bad = !last_error_.empty();
-  last_error_.clear();
-  if (read->cert_chain == material_.cert_chain &&
-      read->private_key == material_.private_key &&
-      read->client_ca == material_.client_ca) {
-    return was_bad ? absl::StrCat(
-                         "the TLS files for calls to other replicas read "
-                         "well again; the set in force is unchanged (",
-                         material_.summary, ")")
-                   : "";
+                        "): ", step.error);
   }
   const bool new_ca = read->client_ca != material_.client_ca;
   material_ = *std::move(read);

@@ -1300,6 +1300,16 @@ class ClusterTest(unittest.TestCase):
                                                      "moving.json")))
 
 
+def write_certificate_extensions(d):
+    """openssl's extension files for a replica's certificate (server and
+    client of the other replicas, on 127.0.0.1) and a client's."""
+    with open(os.path.join(d, "replica.ext"), "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1\n"
+                "extendedKeyUsage=serverAuth,clientAuth\n")
+    with open(os.path.join(d, "client.ext"), "w") as f:
+        f.write("extendedKeyUsage=clientAuth\n")
+
+
 class TlsClusterTest(unittest.TestCase):
     """Two TLS replicas with mutual TLS: replica-to-replica calls use TLS."""
 
@@ -1307,11 +1317,7 @@ class TlsClusterTest(unittest.TestCase):
     def setUpClass(cls):
         cls.dir = tempfile.mkdtemp(prefix="modelstate-tls-")
         d = cls.dir
-        with open(os.path.join(d, "replica.ext"), "w") as f:
-            f.write("subjectAltName=IP:127.0.0.1\n"
-                    "extendedKeyUsage=serverAuth,clientAuth\n")
-        with open(os.path.join(d, "client.ext"), "w") as f:
-            f.write("extendedKeyUsage=clientAuth\n")
+        write_certificate_extensions(d)
         ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
         subprocess.run(
             "set -e; cd %s; "
@@ -1469,11 +1475,7 @@ class TlsRotationTest(unittest.TestCase):
         self.dir = tempfile.mkdtemp(prefix="modelstate-tls-roll-")
         self.addCleanup(shutil.rmtree, self.dir, True)
         d = self.dir
-        with open(os.path.join(d, "replica.ext"), "w") as f:
-            f.write("subjectAltName=IP:127.0.0.1\n"
-                    "extendedKeyUsage=serverAuth,clientAuth\n")
-        with open(os.path.join(d, "client.ext"), "w") as f:
-            f.write("extendedKeyUsage=clientAuth\n")
+        write_certificate_extensions(d)
         ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
         script = ["set -e", "cd " + d]
         for ca in ("old", "new"):
@@ -1612,7 +1614,7 @@ class TlsRotationTest(unittest.TestCase):
                     "--cluster_ca_file in force")
         self.check_forwarding(owners, "new", {("r1", "r0"), ("r0", "r1")})
         self.install(ca=["old", "new"], replica="new")
-        self.reload("the TLS files for calls to other replicas read well "
+        self.reload("calls to other replicas: the TLS files read well "
                     "again")
         # The old CA dropped: a replica that still presented the
         # certificate it started with would be refused by the other.

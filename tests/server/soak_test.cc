@@ -35,6 +35,7 @@ namespace {
 
 using ::modelstate::testing::BuildRequest;
 using ::modelstate::testing::IsOk;
+using ::modelstate::testing::kRssIsTheProgram;
 using ::modelstate::testing::ProcStatusBytes;
 using ::modelstate::testing::TestServer;
 
@@ -44,22 +45,6 @@ using ::modelstate::testing::TestServer;
 // baseline after the clients go leaves room for allocator and gRPC caches.
 constexpr long kPeakOverBaselineKib = 384 << 10;
 constexpr long kSettledOverBaselineKib = 64 << 10;
-
-// Under AddressSanitizer the server's RSS measures the sanitizer, not the
-// server: freed blocks wait in a 256 MiB quarantine and shadow memory grows
-// with every address touched. The sanitized run checks everything else and
-// prints the figures; the bounds are asserted by the plain build.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kRssIsTheServers = false;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kRssIsTheServers = false;
-#else
-constexpr bool kRssIsTheServers = true;
-#endif
-#else
-constexpr bool kRssIsTheServers = true;
-#endif
 
 int SoakSeconds() {
   const char* env = std::getenv("SOAK_SECONDS");
@@ -196,7 +181,7 @@ TEST(SoakTest, MixedLoadStaysBoundedAndMemoryReturns) {
             << peak / 1024 << " MiB, after " << settled / 1024 << " MiB\n";
   EXPECT_EQ(unexpected, 0);
   EXPECT_GT(operations, 0);
-  if (kRssIsTheServers) {
+  if (kRssIsTheProgram) {
     EXPECT_LT(peak - baseline, kPeakOverBaselineKib);
     EXPECT_LT(settled - baseline, kSettledOverBaselineKib);
   }
@@ -209,7 +194,7 @@ TEST(SoakTest, MixedLoadStaysBoundedAndMemoryReturns) {
   ASSERT_THAT(server.Start(), IsOk());
   const long restarted = rss_kib();
   std::cout << "soak: RSS after a restart " << restarted / 1024 << " MiB\n";
-  if (kRssIsTheServers) {
+  if (kRssIsTheProgram) {
     EXPECT_LT(restarted - baseline, kSettledOverBaselineKib);
   }
   std::filesystem::remove(tokens);

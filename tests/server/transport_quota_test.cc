@@ -41,23 +41,9 @@ namespace {
 
 using ::modelstate::testing::BuildRequest;
 using ::modelstate::testing::IsOk;
+using ::modelstate::testing::kRssIsTheProgram;
 using ::modelstate::testing::ProcStatusBytes;
 using ::modelstate::testing::TestServer;
-
-// Under AddressSanitizer the server's RSS measures the sanitizer's
-// quarantine and shadow memory, not the server (as in soak_test.cc): the
-// sanitized run checks the calls' outcomes and prints the figures.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kRssIsTheServers = false;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kRssIsTheServers = false;
-#else
-constexpr bool kRssIsTheServers = true;
-#endif
-#else
-constexpr bool kRssIsTheServers = true;
-#endif
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 // 24 callers of 16 MiB each: the flood the README's figures describe (24 x
@@ -206,7 +192,7 @@ TEST(TransportQuotaTest, ABadTokenFloodIsHeldToTheQuota) {
   }
   EXPECT_EQ(refused, kCallers * kRounds);
   EXPECT_GT(bounded.codes[grpc::StatusCode::RESOURCE_EXHAUSTED], 0);
-  if (kRssIsTheServers) {
+  if (kRssIsTheProgram) {
     EXPECT_LT(bounded.peak - bounded.baseline, kPeakOverBaseline);
     // Else the flood proves nothing about the quota.
     EXPECT_GT(unbounded.peak - unbounded.baseline, kPeakOverBaseline);

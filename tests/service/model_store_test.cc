@@ -843,7 +843,7 @@ TEST_F(ModelStoreTest, ABuildOfANameBeingBuiltIsAlreadyExistsNotOverQuota) {
       ++returned;
     });
   }
-  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(AwaitWaiters(Name("t/new"), 7));
   EXPECT_EQ(returned, 0);  // they wait for the first
   decider.release_.Notify();
   building.join();
@@ -886,7 +886,7 @@ TEST_F(ModelStoreTest, ABuildWaitingForOneThatStoresNothingBuildsTheName) {
     second = Build("t/new");
     returned = true;
   });
-  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(AwaitWaiters(Name("t/new"), 1));
   EXPECT_FALSE(returned);
   // The first holds the decider it asked; the second's registrations pass.
   store_->set_decider(nullptr);
@@ -925,7 +925,7 @@ TEST_F(ModelStoreTest, AWaitForAnotherBuildEndsAtTheCallsDeadlineOrCancel) {
     third = store_->Build(cancelled, Name("t/new"), SpecFromJson(kLinear),
                           options, false);
   });
-  absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_TRUE(AwaitWaiters(Name("t/new"), 1));
   cancel = true;
   waiting.join();  // before the first is released
   EXPECT_THAT(third.status(), StatusIs(absl::StatusCode::kCancelled));
