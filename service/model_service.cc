@@ -596,13 +596,19 @@ Transfer::~Transfer() {
 
 absl::Status Transfer::status() const {
   MutexLock lock(&mu_);
+  AwaitDenialLocked();
   return status_;
 }
 
 absl::Status Transfer::Commit() {
   MutexLock lock(&mu_);
+  AwaitDenialLocked();
   committed_ = status_.ok();
   return status_;
+}
+
+void Transfer::AwaitDenialLocked() const {
+  while (denial_unrecorded_) denial_recorded_.Wait(&mu_);
 }
 
 void Transfer::set_stop(std::function<void()> stop) {
@@ -644,6 +650,7 @@ void ModelService::RecheckTransfers(absl::Duration grace) {
   // Recorded once the locks are let go: an audit append may sync to disk,
   // and every transfer starting or ending would wait for it.
   struct Denial {
+    uint64_t transfer_id;
     Caller caller;
     const char* rpc;
     AccessGate::Refusal refusal;
@@ -663,14 +670,25 @@ void ModelService::RecheckTransfers(absl::Duration grace) {
                                         transfer->module_);
       if (!refusal.has_value()) continue;
       transfer->status_ = refusal->status;
+      // Its handler, at its next message, waits for the record below.
+      transfer->denial_unrecorded_ = true;
       revoked.push_back(id);
       denials.push_back(
-          Denial{transfer->caller_, transfer->rpc_, *std::move(refusal)});
+          Denial{id, transfer->caller_, transfer->rpc_, *std::move(refusal)});
     }
   }
   for (Denial& denial : denials) {
     gate_.Refuse(denial.caller, denial.rpc, std::move(denial.refusal))
         .IgnoreError();
+    // Looked up again: a transfer that ended meanwhile (its client went
+    // away) is no longer tracked, nor alive.
+    MutexLock lock(&transfers_mu_);
+    auto it = transfers_.find(denial.transfer_id);
+    if (it == transfers_.end()) continue;
+    Transfer* transfer = it->second;
+    MutexLock recorded(&transfer->mu_);
+    transfer->denial_unrecorded_ = false;
+    transfer->denial_recorded_.SignalAll();
   }
   // Most end at their next message; a stalled one would hold its call (and
   // a GetStateDict its snapshot) until its deadline.

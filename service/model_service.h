@@ -150,9 +150,15 @@ class Transfer {
   const char* rpc_ = "";
   Permission permission_ = Permission::kRead;
   ModuleName module_;
+  // Waits while a reload's denial of this transfer is decided but not yet
+  // in the audit log, so that whoever is told of it can find it there.
+  void AwaitDenialLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   mutable Mutex mu_;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   bool committed_ ABSL_GUARDED_BY(mu_) = false;
+  bool denial_unrecorded_ ABSL_GUARDED_BY(mu_) = false;
+  mutable CondVar denial_recorded_;
   std::function<void()> stop_ ABSL_GUARDED_BY(mu_);
 };
 

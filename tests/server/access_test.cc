@@ -1719,6 +1719,15 @@ TEST(AccessReloadTest, AReloadEndsTheTransfersOfRevokedCallers) {
       << rita_status.error_message();
   EXPECT_THAT(rita_status.error_message(), HasSubstr("no longer names 'rita'"));
   EXPECT_LT(rita_bytes, 48u << 20);
+  // Her denial is in the log by the time she is told.
+  {
+    v1::QueryAuditRequest query;
+    query.mutable_filter()->set_type("denied");
+    query.mutable_filter()->set_identity("rita");
+    absl::StatusOr<v1::QueryAuditResponse> told = root->QueryAudit(query);
+    ASSERT_THAT(told, IsOk());
+    EXPECT_EQ(told->records_size(), 1);
+  }
 
   // alice's next message is refused, and nothing of hers is loaded.
   for (int i = 4; i < 64 && loader->Write(data); ++i) {
@@ -1763,13 +1772,19 @@ TEST(AccessReloadTest, AReloadEndsTheTransfersOfRevokedCallers) {
   EXPECT_THAT(denied, Contains("rita"));
   EXPECT_THAT(denied, Contains("alice"));
   EXPECT_THAT(denied, Contains("stall"));
-  // And alice's load as one that failed.
+  uint64_t alice_denied = 0;
+  for (const v1::AuditRecordProto& r : records.records()) {
+    if (r.identity() == "alice") alice_denied = r.seq();
+  }
+  // And alice's load as one that failed, after its denial: the load ends
+  // only once the denial is in the log.
   query.mutable_filter()->set_type("load_state_dict");
   query.mutable_filter()->set_identity("alice");
   auto load_query = root->NewContext(absl::Seconds(10));
   ASSERT_TRUE(root->stub().QueryAudit(load_query.get(), query, &records).ok());
   ASSERT_EQ(records.records_size(), 1);
   EXPECT_THAT(records.records(0).DebugString(), HasSubstr("may no longer"));
+  EXPECT_LT(alice_denied, records.records(0).seq());
   server.Stop();
 }
 
