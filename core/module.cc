@@ -337,6 +337,13 @@ std::vector<std::string> Module::ClassAttributeNames() const {
   return names;
 }
 
+std::vector<std::string> Module::OwnClassAttributeNames() const {
+  std::vector<std::string> names(class_attributes_.begin(),
+                                 class_attributes_.end());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 void Module::SetPlainAttribute(std::string name, AttrValue value) {
   attributes_.Set(std::move(name), std::move(value));
 }

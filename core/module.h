@@ -226,6 +226,9 @@ class Module : public std::enable_shared_from_this<Module> {
   bool HasClassAttribute(absl::string_view name) const;
   // All of them, sorted.
   std::vector<std::string> ClassAttributeNames() const;
+  // Only those beyond every module's (the class's own methods and fields),
+  // sorted: what a saved module needs to carry.
+  std::vector<std::string> OwnClassAttributeNames() const;
 
   // ----------------------------------------------------------------------
   // Direct access. Entries may hold undefined tensors / null modules (None).

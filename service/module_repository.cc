@@ -239,7 +239,9 @@ class TreeEncoder {
         {"fixed_shapes", m.fixed_shapes()},
         {"training", m.is_training()},
         {"fills_num_batches_tracked", m.fills_num_batches_tracked()},
-        {"class_attributes", m.ClassAttributeNames()},
+        // Not the ~100 names every module has: a file that lists them too
+        // (as files saved before did) reads the same.
+        {"class_attributes", m.OwnClassAttributeNames()},
         {"extra_state", m.has_extra_state()
                             ? Json{{"tensor", TensorRef(m.extra_state())}}
                             : Json(nullptr)},

@@ -485,6 +485,49 @@ TEST_F(ModuleRepositoryTest, MappedSavesSwitchTheTreeToItsFiles) {
   ExpectSameTree(*m, *loaded->root);
 }
 
+// A saved module lists only its class's own attribute names, not the
+// ~100 every module has (they made most of a small module's manifest); a
+// manifest that lists them all, as saves before did, reads the same.
+TEST_F(ModuleRepositoryTest, ClassAttributesSavedAreOnlyTheClasssOwn) {
+  std::shared_ptr<Module> root = Module::Create("Odd");
+  root->AddClassAttributes({"custom_method", "forward"});
+  ASSERT_THAT(root->RegisterModule(
+                  "lin", Build(R"({"type": "Linear", "args": [2, 3]})")),
+              IsOk());
+  ASSERT_THAT(repo_->Save(Name("t/odd"), *root, Note("build")), IsOk());
+  const fs::path manifest = ModuleDir("t/odd") / "manifest.json";
+  MODELSTATE_ASSERT_OK_AND_ASSIGN(std::string text,
+                                  ReadFile(manifest.string()));
+  nlohmann::json sealed = nlohmann::json::parse(text);
+  nlohmann::json& modules = sealed["body"]["modules"];
+  ASSERT_EQ(modules.size(), 2u);
+  // "forward" is every module's; Linear's own are these two.
+  EXPECT_EQ(modules[0]["class_attributes"],
+            nlohmann::json::array({"custom_method"}));
+  EXPECT_EQ(modules[1]["class_attributes"],
+            nlohmann::json::array({"__constants__", "reset_parameters"}));
+
+  // The form saves used to write: every name, the shared ones too.
+  for (nlohmann::json& m : modules) {
+    std::vector<std::string> all =
+        m["class_attributes"].get<std::vector<std::string>>();
+    for (const std::string& name :
+         Module::Create("Bare")->ClassAttributeNames()) {
+      all.push_back(name);
+    }
+    std::sort(all.begin(), all.end());
+    m["class_attributes"] = all;
+  }
+  sealed["sha256"] = Sha256Hex(sealed["body"].dump());
+  ASSERT_THAT(WriteFileAtomically(manifest.string(), sealed.dump()), IsOk());
+  ModuleRepository::LoadReport report = Reload();
+  ASSERT_THAT(report.errors, IsEmpty());
+  ASSERT_THAT(report.modules, SizeIs(1));
+  ExpectSameTree(*root, *report.modules[0].root);
+  EXPECT_TRUE(report.modules[0].root->HasClassAttribute("custom_method"));
+  EXPECT_FALSE(Module::Create("Bare")->HasClassAttribute("custom_method"));
+}
+
 class DamagedFileTest : public ModuleRepositoryTest {
  protected:
   void SetUp() override {
