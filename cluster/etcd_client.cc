@@ -62,46 +62,98 @@ absl::Status WithEndpoint(const absl::Status& status,
 
 }  // namespace
 
+namespace {
+
+std::shared_ptr<grpc::ChannelCredentials> ChannelCredentialsOf(
+    const std::string& ca_pem, const std::string& cert_pem,
+    const std::string& key_pem) {
+  if (ca_pem.empty()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = ca_pem;
+  ssl.pem_cert_chain = cert_pem;
+  ssl.pem_private_key = key_pem;
+  return grpc::SslCredentials(ssl);
+}
+
+}  // namespace
+
+std::vector<std::shared_ptr<EtcdClient::Endpoint>> EtcdClient::Connect(
+    const std::vector<std::string>& addresses,
+    const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
+  std::vector<std::shared_ptr<Endpoint>> endpoints;
+  for (const std::string& address : addresses) {
+    auto endpoint = std::make_shared<Endpoint>();
+    endpoint->address = address;
+    grpc::ChannelArguments args;
+    // Its own connections: a channel made after new credentials
+    // (SetCredentials) must not reuse one that an older channel made with
+    // the old ones.
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    endpoint->channel = grpc::CreateCustomChannel(address, credentials, args);
+    endpoint->kv = pb::KV::NewStub(endpoint->channel);
+    endpoint->lease = pb::Lease::NewStub(endpoint->channel);
+    endpoint->auth = pb::Auth::NewStub(endpoint->channel);
+    endpoints.push_back(std::move(endpoint));
+  }
+  return endpoints;
+}
+
 absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(
     EtcdOptions options) {
   if (options.endpoints.empty()) {
     return absl::InvalidArgumentError("etcd_endpoints: no endpoint given");
   }
-  std::shared_ptr<grpc::ChannelCredentials> credentials =
-      grpc::InsecureChannelCredentials();
-  if (!options.ca_pem.empty()) {
-    grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = options.ca_pem;
-    ssl.pem_cert_chain = options.cert_pem;
-    ssl.pem_private_key = options.key_pem;
-    credentials = grpc::SslCredentials(ssl);
-  }
-  auto client = std::unique_ptr<EtcdClient>(new EtcdClient(options));
-  for (const std::string& address : client->options_.endpoints) {
+  for (const std::string& address : options.endpoints) {
     if (address.empty()) {
       return absl::InvalidArgumentError("etcd_endpoints: an empty endpoint");
     }
-    auto endpoint = std::make_unique<Endpoint>();
-    endpoint->address = address;
-    endpoint->channel = grpc::CreateChannel(address, credentials);
-    endpoint->kv = pb::KV::NewStub(endpoint->channel);
-    endpoint->lease = pb::Lease::NewStub(endpoint->channel);
-    endpoint->auth = pb::Auth::NewStub(endpoint->channel);
-    client->endpoints_.push_back(std::move(endpoint));
   }
+  auto client = std::unique_ptr<EtcdClient>(new EtcdClient(options));
+  std::vector<std::shared_ptr<Endpoint>> endpoints = Connect(
+      client->options_.endpoints,
+      ChannelCredentialsOf(options.ca_pem, options.cert_pem, options.key_pem));
+  MutexLock lock(&client->mu_);
+  client->endpoints_ = std::move(endpoints);
+  client->tls_ = !options.ca_pem.empty();
+  client->password_ = options.password;
   return client;
 }
 
 EtcdClient::EtcdClient(EtcdOptions options) : options_(std::move(options)) {}
 EtcdClient::~EtcdClient() = default;
 
-absl::Status EtcdClient::Authenticate(size_t index) {
-  Endpoint& endpoint = *endpoints_[index];
+void EtcdClient::SetCredentials(const EtcdCredentials& credentials) {
+  bool tls;
+  {
+    MutexLock lock(&mu_);
+    tls = tls_;
+  }
+  // Plaintext stays plaintext, and TLS never falls back to it.
+  if (tls && credentials.ca_pem.empty()) return;
+  std::vector<std::shared_ptr<Endpoint>> endpoints = Connect(
+      options_.endpoints,
+      tls ? ChannelCredentialsOf(credentials.ca_pem, credentials.cert_pem,
+                                 credentials.key_pem)
+          : grpc::InsecureChannelCredentials());
+  MutexLock lock(&mu_);
+  endpoints_ = std::move(endpoints);
+  if (credentials.password != password_) {
+    password_ = credentials.password;
+    // etcd keeps the old token valid until it expires or the password
+    // changes there; the new password is used at once all the same.
+    token_.clear();
+  }
+}
+
+absl::Status EtcdClient::Authenticate(Endpoint& endpoint) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
   pb::AuthenticateRequest request;
   request.set_name(options_.user);
-  request.set_password(options_.password);
+  {
+    MutexLock lock(&mu_);
+    request.set_password(password_);
+  }
   pb::AuthenticateResponse response;
   // Invoke names the endpoint in an error.
   MODELSTATE_RETURN_IF_ERROR(
@@ -119,17 +171,21 @@ absl::Status EtcdClient::Invoke(Call call) {
     first = current_;
   }
   absl::Status status;
-  for (size_t tried = 0; tried < endpoints_.size(); ++tried) {
-    const size_t index = (first + tried) % endpoints_.size();
-    Endpoint& endpoint = *endpoints_[index];
+  const size_t count = options_.endpoints.size();
+  for (size_t tried = 0; tried < count; ++tried) {
+    const size_t index = (first + tried) % count;
+    const std::string& address = options_.endpoints[index];
     for (int attempt = 0; attempt < 2; ++attempt) {
       std::string token;
+      // Held for the call: SetCredentials may replace it meanwhile.
+      std::shared_ptr<Endpoint> endpoint;
       {
         MutexLock lock(&mu_);
         token = token_;
+        endpoint = endpoints_[index];
       }
       if (!options_.user.empty() && token.empty()) {
-        status = Authenticate(index);
+        status = Authenticate(*endpoint);
         if (!status.ok()) break;
         MutexLock lock(&mu_);
         token = token_;
@@ -137,7 +193,7 @@ absl::Status EtcdClient::Invoke(Call call) {
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
       if (!token.empty()) context.AddMetadata("token", token);
-      status = FromGrpc(call(endpoint, &context));
+      status = FromGrpc(call(*endpoint, &context));
       // etcd answers an expired or revoked token with this text.
       const bool stale_token =
           !options_.user.empty() &&
@@ -152,9 +208,9 @@ absl::Status EtcdClient::Invoke(Call call) {
         MutexLock lock(&mu_);
         current_ = index;
       }
-      return WithEndpoint(status, endpoint.address);
+      return WithEndpoint(status, address);
     }
-    status = WithEndpoint(status, endpoint.address);
+    status = WithEndpoint(status, address);
   }
   // Every endpoint failed or timed out: etcd is unreachable. Our own
   // deadline running out is not the caller's, whose deadline may be far.

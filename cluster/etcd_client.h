@@ -64,6 +64,15 @@ struct EtcdLease {
   int64_t ttl_seconds = 0;
 };
 
+// What a running client may be given anew (SetCredentials): the TLS
+// material and password of EtcdOptions.
+struct EtcdCredentials {
+  std::string ca_pem;
+  std::string cert_pem;
+  std::string key_pem;
+  std::string password;
+};
+
 // Thread-safe.
 class EtcdClient {
  public:
@@ -108,6 +117,15 @@ class EtcdClient {
   absl::StatusOr<int64_t> TimeToLive(int64_t lease);
   absl::Status RevokeLease(int64_t lease);
 
+  // Calls from now on go over new channels made with `credentials` (a
+  // rotated client certificate or CA: a channel reconnects with the
+  // credentials it was made with); calls under way finish on theirs. A new
+  // password drops the token, so the next call authenticates with it.
+  // Leases live in etcd, not in a connection: they are kept. TLS stays on
+  // or off as it was made (an empty CA keeps plaintext).
+  void SetCredentials(const EtcdCredentials& credentials)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   struct Endpoint;
   explicit EtcdClient(EtcdOptions options);
@@ -124,13 +142,23 @@ class EtcdClient {
       grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
                                    Response*),
       const Request& request);
-  absl::Status Authenticate(size_t endpoint) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Authenticate(Endpoint& endpoint) ABSL_LOCKS_EXCLUDED(mu_);
+  // The channels and stubs to each endpoint, made with `credentials`.
+  static std::vector<std::shared_ptr<Endpoint>> Connect(
+      const std::vector<std::string>& addresses,
+      const std::shared_ptr<grpc::ChannelCredentials>& credentials);
   // Runs the transaction; returns whether its compares held.
   absl::StatusOr<bool> Transact(const etcdserverpb::TxnRequest& request);
 
+  // Its credentials are the ones it was made with; SetCredentials changes
+  // endpoints_ and password_.
   const EtcdOptions options_;
-  std::vector<std::unique_ptr<Endpoint>> endpoints_;
   Mutex mu_;
+  // One per options_.endpoints, replaced together by SetCredentials; a
+  // call holds the one it uses.
+  std::vector<std::shared_ptr<Endpoint>> endpoints_ ABSL_GUARDED_BY(mu_);
+  bool tls_ ABSL_GUARDED_BY(mu_) = false;
+  std::string password_ ABSL_GUARDED_BY(mu_);
   size_t current_ ABSL_GUARDED_BY(mu_) = 0;
   std::string token_ ABSL_GUARDED_BY(mu_);
 };

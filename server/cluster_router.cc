@@ -53,6 +53,17 @@ absl::Status ClusterRouter::Join(
   if (!advertise_address.empty() && options.advertise_address.empty()) {
     options.advertise_address = advertise_address;
   }
+  uint64_t credentials_set;
+  {
+    MutexLock lock(&mu_);
+    credentials_set = etcd_credentials_set_;
+    if (etcd_credentials_.has_value()) {
+      options.etcd.ca_pem = etcd_credentials_->ca_pem;
+      options.etcd.cert_pem = etcd_credentials_->cert_pem;
+      options.etcd.key_pem = etcd_credentials_->key_pem;
+      options.etcd.password = etcd_credentials_->password;
+    }
+  }
   ClusterMember::JoinReport report;
   MODELSTATE_ASSIGN_OR_RETURN(
       std::unique_ptr<ClusterMember> member,
@@ -62,6 +73,10 @@ absl::Status ClusterRouter::Join(
   if (joined) joined(report);
   MutexLock lock(&mu_);
   member_ = std::move(member);
+  // Credentials set while it joined: set_etcd_credentials saw no member.
+  if (etcd_credentials_set_ != credentials_set) {
+    member_->etcd().SetCredentials(*etcd_credentials_);
+  }
   return absl::OkStatus();
 }
 
@@ -84,6 +99,15 @@ void ClusterRouter::set_peer_credentials(
   MutexLock lock(&mu_);
   peers_ = std::move(peers);
   channels_.clear();
+}
+
+void ClusterRouter::set_etcd_credentials(const EtcdCredentials& credentials) {
+  // Under mu_, so that a Join ending meanwhile sees these or hands them on.
+  // SetCredentials only makes channels: nothing here waits on etcd.
+  MutexLock lock(&mu_);
+  etcd_credentials_ = credentials;
+  ++etcd_credentials_set_;
+  if (member_ != nullptr) member_->etcd().SetCredentials(credentials);
 }
 
 std::shared_ptr<grpc::Channel> ClusterRouter::ChannelTo(

@@ -102,6 +102,12 @@ class ClusterRouter {
   // ones are dropped, as a channel reconnects with the credentials it was
   // made with; calls under way finish on them (a Peer holds its channel).
   void set_peer_credentials(std::shared_ptr<grpc::ChannelCredentials> peers);
+  // New credentials for etcd (a rotated client certificate, CA or
+  // password, server/server_tls.h's EtcdTls): the member's client makes
+  // new connections with them (EtcdClient::SetCredentials), and a Join
+  // still to come uses them. The lease is etcd's, not a connection's: the
+  // replica keeps it, and its membership, across the switch.
+  void set_etcd_credentials(const EtcdCredentials& credentials);
   // How often a subscriber's home looks for members to relay from.
   absl::Duration relay_refresh() const { return options_.relay_refresh; }
 
@@ -164,6 +170,10 @@ class ClusterRouter {
   Mutex mu_;
   std::shared_ptr<grpc::ChannelCredentials> peers_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<ClusterMember> member_ ABSL_GUARDED_BY(mu_);
+  // The latest set_etcd_credentials, and how many there were: a Join that
+  // began before one hands it to its member when it ends.
+  std::optional<EtcdCredentials> etcd_credentials_ ABSL_GUARDED_BY(mu_);
+  uint64_t etcd_credentials_set_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_
       ABSL_GUARDED_BY(mu_);
   // Builds placed here and under way, by module: a failed one releases

@@ -744,6 +744,7 @@ void Server::Reload(absl::string_view why) {
         why, ": ", line.empty() ? "the TLS files are as in force" : line));
   }
   ReloadPeerTls(why);
+  ReloadEtcd(why);
   ReloadTokens(why);
   ReloadQuotas(why);
 }
@@ -755,6 +756,7 @@ void Server::ReloadChanged() {
     if (!line.empty()) LogLine(absl::StrCat("TLS: ", line));
   }
   ReloadPeerTls("TLS");
+  ReloadEtcd("TLS");
   if (std::string now = BytesOf(config_.token_file);
       !now.empty() && now != token_bytes_) {
     ReloadTokens("the token file changed");
@@ -772,6 +774,15 @@ void Server::ReloadPeerTls(absl::string_view why) {
   // Channels made before keep the old set when they reconnect: the
   // router makes new ones. Calls under way finish on theirs.
   if (taken) router_->set_peer_credentials(peer_tls_->Credentials());
+  if (!line.empty()) LogLine(absl::StrCat(why, ": ", line));
+}
+
+void Server::ReloadEtcd(absl::string_view why) {
+  if (config_.etcd_files == nullptr || router_ == nullptr) return;
+  bool taken = false;
+  const std::string line = config_.etcd_files->Reload(&taken);
+  // Calls under way finish on the old connections; the lease is kept.
+  if (taken) router_->set_etcd_credentials(config_.etcd_files->Credentials());
   if (!line.empty()) LogLine(absl::StrCat(why, ": ", line));
 }
 

@@ -54,6 +54,7 @@ namespace modelstate::server {
 class AsyncCallQueue;
 class ClusterRouter;
 class ClusterServiceImpl;
+class EtcdTls;
 class HealthService;
 class MetricsHttpServer;
 class ModelStateServiceImpl;
@@ -122,6 +123,11 @@ struct ServerConfig {
   // is cluster.replica_id; cluster.advertise_address "" is the address it
   // listens on; cluster.volume_id is this data directory's.
   ClusterOptions cluster;
+  // The files cluster.etcd's credentials were read from
+  // (modelstate-server's --etcd_*_file), re-read with the TLS files at
+  // each reload and handed to the etcd client when they changed; null:
+  // cluster.etcd's are kept.
+  std::shared_ptr<EtcdTls> etcd_files;
   // The secret replicas present to one another (a file; at least 16
   // bytes); required with etcd endpoints.
   std::string cluster_secret_file;
@@ -209,6 +215,8 @@ class Server {
   // Reload's parts. The token file's: open subscriptions and transfers are
   // checked against the new principals.
   void ReloadPeerTls(absl::string_view why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(reload_mu_);
+  void ReloadEtcd(absl::string_view why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(reload_mu_);
   void ReloadTokens(absl::string_view why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(reload_mu_);

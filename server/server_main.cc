@@ -4,8 +4,9 @@
 //
 // SIGTERM / SIGINT shut it down cleanly: new calls are refused, running
 // calls get --shutdown_grace_seconds to finish, then are cancelled. SIGHUP
-// re-reads --token_file, --quota_file and the TLS files (a bad file keeps
-// the old one); they are also re-read when changed, every --reload_seconds.
+// re-reads --token_file, --quota_file, the TLS files and the --etcd_*_file
+// ones (a bad file keeps the old one); they are also re-read when changed,
+// every --reload_seconds.
 //
 // Without --token_file there is no authentication: every caller is an admin,
 // so the server then listens on loopback addresses only. Plaintext on a
@@ -45,6 +46,7 @@
 #include "core/emulated_device.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "server/server.h"
+#include "server/server_tls.h"
 
 namespace {
 
@@ -177,13 +179,17 @@ ABSL_FLAG(std::string, etcd_endpoints, "",
           "Comma-separated etcd endpoints (host:port): join the modelstate "
           "cluster they coordinate; empty: a server on its own");
 ABSL_FLAG(std::string, etcd_ca_file, "",
-          "CA bundle (PEM) that etcd's certificate must chain to: TLS to etcd");
+          "CA bundle (PEM) that etcd's certificate must chain to: TLS to "
+          "etcd; re-read with the TLS files (SIGHUP, --reload_seconds)");
 ABSL_FLAG(std::string, etcd_cert_file, "",
-          "Client certificate (PEM) to present to etcd");
-ABSL_FLAG(std::string, etcd_key_file, "", "Its private key (PEM)");
+          "Client certificate (PEM) to present to etcd; re-read with the TLS "
+          "files");
+ABSL_FLAG(std::string, etcd_key_file, "",
+          "Its private key (PEM); re-read with the TLS files");
 ABSL_FLAG(std::string, etcd_user, "", "etcd user (etcd authentication)");
 ABSL_FLAG(std::string, etcd_password_file, "",
-          "File holding the etcd user's password");
+          "File holding the etcd user's password; re-read with the TLS files "
+          "(a new password: a new token)");
 ABSL_FLAG(std::string, replica_id, "",
           "This replica's name in the cluster (default: the host name, a "
           "StatefulSet pod's name)");
@@ -354,73 +360,30 @@ modelstate::Limits LimitsFromFlags() {
   return limits;
 }
 
-// The file at `path`, given as --`flag` ("" when `path` is empty).
-// `guarded`: refused when its group or others may write it (ReadGuardedFile);
-// `secret`: a warning when others may read it. Only warned about, as the
-// server's TLS key is: a Kubernetes Secret is mounted 0644 unless its
-// defaultMode says otherwise.
-absl::StatusOr<std::string> ReadCredential(absl::string_view flag,
-                                           const std::string& path,
-                                           bool guarded, bool secret) {
-  if (path.empty()) return std::string();
-  uint32_t mode = 0;
-  absl::StatusOr<std::string> text =
-      guarded ? modelstate::ReadGuardedFile(path, &mode)
-              : modelstate::ReadFile(path);
-  if (!text.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, ": ", text.status().message()));
-  }
-  if (secret && (mode & S_IROTH) != 0) {
-    LogLine(absl::StrFormat(
-        "warning: --%s %s is readable by others (mode %04o); chmod o-r it "
-        "(or a Secret's defaultMode 0440)",
-        flag, path, mode));
-  }
-  return text;
-}
-
 // The --etcd_* and cluster flags into `config`.
 absl::Status ClusterFromFlags(modelstate::server::ServerConfig& config) {
   const std::string endpoints = absl::GetFlag(FLAGS_etcd_endpoints);
   if (endpoints.empty()) return absl::OkStatus();
   modelstate::ClusterOptions& cluster = config.cluster;
   cluster.etcd.endpoints = absl::StrSplit(endpoints, ',', absl::SkipEmpty());
-  // Guarded like the other credentials: whoever can write the password or
-  // the key chooses the etcd identity this replica logs in as, whoever can
-  // write the CA chooses the etcd it believes, and so what membership and
-  // placement it reads and writes.
-  MODELSTATE_ASSIGN_OR_RETURN(
-      cluster.etcd.ca_pem,
-      ReadCredential("etcd_ca_file", absl::GetFlag(FLAGS_etcd_ca_file),
-                     /*guarded=*/true,
-                     /*secret=*/false));
-  MODELSTATE_ASSIGN_OR_RETURN(
-      cluster.etcd.cert_pem,
-      ReadCredential("etcd_cert_file", absl::GetFlag(FLAGS_etcd_cert_file),
-                     /*guarded=*/false,
-                     /*secret=*/false));
-  MODELSTATE_ASSIGN_OR_RETURN(
-      cluster.etcd.key_pem,
-      ReadCredential("etcd_key_file", absl::GetFlag(FLAGS_etcd_key_file),
-                     /*guarded=*/true, /*secret=*/true));
-  if (cluster.etcd.cert_pem.empty() != cluster.etcd.key_pem.empty()) {
-    return absl::InvalidArgumentError(
-        "--etcd_cert_file and --etcd_key_file: give both or neither");
+  // Read and checked as the server's TLS files are (a key others may
+  // write refused, a key not the certificate's refused), and re-read with
+  // them at each reload (server/server_tls.h's EtcdTls).
+  MODELSTATE_ASSIGN_OR_RETURN(config.etcd_files,
+                              modelstate::server::EtcdTls::Create(
+                                  {absl::GetFlag(FLAGS_etcd_ca_file),
+                                   absl::GetFlag(FLAGS_etcd_cert_file),
+                                   absl::GetFlag(FLAGS_etcd_key_file),
+                                   absl::GetFlag(FLAGS_etcd_password_file)}));
+  for (const std::string& warning : config.etcd_files->Warnings()) {
+    LogLine(warning);
   }
-  if (!cluster.etcd.cert_pem.empty() && cluster.etcd.ca_pem.empty()) {
-    return absl::InvalidArgumentError(
-        "--etcd_cert_file: a client certificate for etcd needs "
-        "--etcd_ca_file (TLS to etcd)");
-  }
+  const modelstate::EtcdCredentials etcd = config.etcd_files->Credentials();
+  cluster.etcd.ca_pem = etcd.ca_pem;
+  cluster.etcd.cert_pem = etcd.cert_pem;
+  cluster.etcd.key_pem = etcd.key_pem;
   cluster.etcd.user = absl::GetFlag(FLAGS_etcd_user);
-  MODELSTATE_ASSIGN_OR_RETURN(
-      std::string password,
-      ReadCredential("etcd_password_file",
-                     absl::GetFlag(FLAGS_etcd_password_file), /*guarded=*/true,
-                     /*secret=*/true));
-  cluster.etcd.password =
-      std::string(absl::StripTrailingAsciiWhitespace(password));
+  cluster.etcd.password = etcd.password;
   cluster.replica_id = absl::GetFlag(FLAGS_replica_id);
   if (cluster.replica_id.empty()) {
     char host[256] = {};

@@ -11,8 +11,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "base/file_util.h"
 #include "grpc/grpc.h"
@@ -108,18 +110,75 @@ std::string Describe(X509* leaf) {
 // Never asks for a pass phrase (the default would prompt on a terminal).
 int NoPassphrase(char*, int, int, void*) { return 0; }
 
-// How a reading of the TLS files compares with the set in force, for both
-// reloads: a new set to take; or nothing to take, with the error to log
-// (each failure once, `last_error` remembering it) or the line that says
-// the files read well again.
-struct ReloadStep {
-  bool take = false;
-  std::string error;
-  std::string line;
-};
-ReloadStep Compare(const absl::StatusOr<TlsMaterial>& read,
-                   const TlsMaterial& in_force, std::string* last_error) {
-  ReloadStep step;
+}  // namespace
+
+absl::StatusOr<TlsMaterial> ReadTlsMaterial(const TlsFiles& files) {
+  TlsMaterial material;
+  const bool certificate = !files.cert.empty() || !files.key.empty();
+  if (certificate) {
+    absl::StatusOr<std::string> cert = ReadFile(files.cert);
+    if (!cert.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", files.cert_flag, ": ", cert.status().message()));
+    }
+    material.cert_chain = *std::move(cert);
+    // Whoever may write the key serves as this server: refused, as at
+    // start.
+    absl::StatusOr<std::string> key =
+        ReadGuardedFile(files.key, &material.key_mode);
+    if (!key.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", files.key_flag, ": ", key.status().message()));
+    }
+    material.private_key = *std::move(key);
+  }
+  if (!files.client_ca.empty()) {
+    // Whoever may write the client CA mints identities.
+    absl::StatusOr<std::string> ca = ReadGuardedFile(files.client_ca);
+    if (!ca.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", files.client_ca_flag, ": ", ca.status().message()));
+    }
+    material.client_ca = *std::move(ca);
+    if (absl::Status parsed =
+            ParseCertificates(files.client_ca_flag, files.client_ca,
+                              material.client_ca)
+                .status();
+        !parsed.ok()) {
+      return parsed;
+    }
+  }
+  if (!certificate) {
+    material.summary = "no client certificate";
+    return material;
+  }
+  absl::StatusOr<std::vector<X509Ptr>> chain =
+      ParseCertificates(files.cert_flag, files.cert, material.cert_chain);
+  if (!chain.ok()) return chain.status();
+  ERR_clear_error();
+  BioPtr bio = MemoryBio(material.private_key);
+  PkeyPtr pkey(
+      PEM_read_bio_PrivateKey(bio.get(), nullptr, &NoPassphrase, nullptr));
+  if (pkey == nullptr) {
+    return Bad(
+        files.key_flag, files.key,
+        absl::StrCat("holds no unencrypted PEM private key", OpenSslError()));
+  }
+  X509* leaf = chain->front().get();
+  if (X509_check_private_key(leaf, pkey.get()) != 1) {
+    ERR_clear_error();
+    return Bad(files.key_flag, files.key,
+               absl::StrCat("is not the key of the first certificate in ",
+                            files.cert, " (", Describe(leaf), ")"));
+  }
+  material.summary = Describe(leaf);
+  return material;
+}
+
+TlsReloadStep CompareTlsMaterial(const absl::StatusOr<TlsMaterial>& read,
+                                 const TlsMaterial& in_force,
+                                 std::string* last_error) {
+  TlsReloadStep step;
   if (!read.ok()) {
     const std::string error(read.status().message());
     if (error != *last_error) step.error = error;
@@ -140,63 +199,6 @@ ReloadStep Compare(const absl::StatusOr<TlsMaterial>& read,
   }
   step.take = true;
   return step;
-}
-
-}  // namespace
-
-absl::StatusOr<TlsMaterial> ReadTlsMaterial(const TlsFiles& files) {
-  TlsMaterial material;
-  absl::StatusOr<std::string> cert = ReadFile(files.cert);
-  if (!cert.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--tls_cert_file: ", cert.status().message()));
-  }
-  material.cert_chain = *std::move(cert);
-  // Whoever may write the key serves as this server: refused, as at start.
-  absl::StatusOr<std::string> key =
-      ReadGuardedFile(files.key, &material.key_mode);
-  if (!key.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--tls_key_file: ", key.status().message()));
-  }
-  material.private_key = *std::move(key);
-  if (!files.client_ca.empty()) {
-    // Whoever may write the client CA mints identities.
-    absl::StatusOr<std::string> ca = ReadGuardedFile(files.client_ca);
-    if (!ca.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--", files.client_ca_flag, ": ", ca.status().message()));
-    }
-    material.client_ca = *std::move(ca);
-    if (absl::Status parsed =
-            ParseCertificates(files.client_ca_flag, files.client_ca,
-                              material.client_ca)
-                .status();
-        !parsed.ok()) {
-      return parsed;
-    }
-  }
-  absl::StatusOr<std::vector<X509Ptr>> chain =
-      ParseCertificates("tls_cert_file", files.cert, material.cert_chain);
-  if (!chain.ok()) return chain.status();
-  ERR_clear_error();
-  BioPtr bio = MemoryBio(material.private_key);
-  PkeyPtr pkey(
-      PEM_read_bio_PrivateKey(bio.get(), nullptr, &NoPassphrase, nullptr));
-  if (pkey == nullptr) {
-    return Bad(
-        "tls_key_file", files.key,
-        absl::StrCat("holds no unencrypted PEM private key", OpenSslError()));
-  }
-  X509* leaf = chain->front().get();
-  if (X509_check_private_key(leaf, pkey.get()) != 1) {
-    ERR_clear_error();
-    return Bad("tls_key_file", files.key,
-               absl::StrCat("is not the key of the first certificate in ",
-                            files.cert, " (", Describe(leaf), ")"));
-  }
-  material.summary = Describe(leaf);
-  return material;
 }
 
 namespace {
@@ -290,7 +292,7 @@ std::string ServerTls::Reload() {
   // Read outside the lock: handshakes wait on it.
   absl::StatusOr<TlsMaterial> read = ReadTlsMaterial(files_);
   MutexLock lock(&mu_);
-  ReloadStep step = Compare(read, material_, &last_error_);
+  TlsReloadStep step = CompareTlsMaterial(read, material_, &last_error_);
   if (!step.take) {
     if (step.error.empty()) return step.line;
     return absl::StrCat("kept the TLS certificate in force (",
@@ -356,7 +358,7 @@ std::string PeerTls::Reload(bool* taken) {
   *taken = false;
   absl::StatusOr<TlsMaterial> read = ReadTlsMaterial(files_);
   MutexLock lock(&mu_);
-  ReloadStep step = Compare(read, material_, &last_error_);
+  TlsReloadStep step = CompareTlsMaterial(read, material_, &last_error_);
   if (!step.take) {
     if (step.error.empty()) {
       return step.line.empty()
@@ -378,6 +380,129 @@ std::string PeerTls::Reload(bool* taken) {
                             "new --",
                             files_.client_ca_flag)
              : "");
+}
+
+absl::StatusOr<std::shared_ptr<EtcdTls>> EtcdTls::Create(EtcdFiles files) {
+  if (files.cert.empty() != files.key.empty()) {
+    return absl::InvalidArgumentError(
+        "--etcd_cert_file and --etcd_key_file: give both or neither");
+  }
+  if (!files.cert.empty() && files.ca.empty()) {
+    return absl::InvalidArgumentError(
+        "--etcd_cert_file: a client certificate for etcd needs "
+        "--etcd_ca_file (TLS to etcd)");
+  }
+  auto tls = std::shared_ptr<EtcdTls>(new EtcdTls(std::move(files), Set()));
+  absl::StatusOr<Set> set = tls->Read();
+  if (!set.ok()) return set.status();
+  MutexLock lock(&tls->mu_);
+  tls->set_ = *std::move(set);
+  return tls;
+}
+
+absl::StatusOr<EtcdTls::Set> EtcdTls::Read() const {
+  Set set;
+  // Guarded as the server's own: whoever may write the key chooses the
+  // identity this replica shows etcd, whoever may write the CA the etcd
+  // it believes, and so the membership and placement it reads and writes.
+  if (!files_.ca.empty()) {
+    TlsFiles tls{files_.cert, files_.key, files_.ca};
+    tls.client_ca_flag = "etcd_ca_file";
+    tls.cert_flag = "etcd_cert_file";
+    tls.key_flag = "etcd_key_file";
+    absl::StatusOr<TlsMaterial> material = ReadTlsMaterial(tls);
+    if (!material.ok()) return material.status();
+    set.tls = *std::move(material);
+  }
+  if (!files_.password.empty()) {
+    // Whoever may write it picks the etcd user this replica logs in as.
+    absl::StatusOr<std::string> password =
+        ReadGuardedFile(files_.password, &set.password_mode);
+    if (!password.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--etcd_password_file: ", password.status().message()));
+    }
+    set.password = std::string(absl::StripTrailingAsciiWhitespace(*password));
+  }
+  return set;
+}
+
+EtcdCredentials EtcdTls::Credentials() const {
+  MutexLock lock(&mu_);
+  return {set_.tls.client_ca, set_.tls.cert_chain, set_.tls.private_key,
+          set_.password};
+}
+
+std::vector<std::string> EtcdTls::WarningsOf(const Set& set) const {
+  std::vector<std::string> warnings;
+  auto readable = [&](absl::string_view flag, const std::string& path,
+                      uint32_t mode) {
+    if ((mode & S_IROTH) == 0) return;
+    warnings.push_back(absl::StrFormat(
+        "warning: --%s %s is readable by others (mode %04o); chmod o-r it "
+        "(or a Secret's defaultMode 0440)",
+        flag, path, mode));
+  };
+  if (!set.tls.private_key.empty()) {
+    readable("etcd_key_file", files_.key, set.tls.key_mode);
+  }
+  if (!files_.password.empty()) {
+    readable("etcd_password_file", files_.password, set.password_mode);
+  }
+  return warnings;
+}
+
+std::vector<std::string> EtcdTls::Warnings() const {
+  MutexLock lock(&mu_);
+  return WarningsOf(set_);
+}
+
+std::string EtcdTls::Reload(bool* taken) {
+  *taken = false;
+  absl::StatusOr<Set> read = Read();
+  MutexLock lock(&mu_);
+  // The TLS files compared as the other reloads' are; a bad password file
+  // keeps the whole set out as a bad TLS file does.
+  const absl::StatusOr<TlsMaterial> tls =
+      read.ok() ? absl::StatusOr<TlsMaterial>(read->tls)
+                : absl::StatusOr<TlsMaterial>(read.status());
+  const TlsReloadStep step = CompareTlsMaterial(tls, set_.tls, &last_error_);
+  if (!read.ok()) {
+    if (step.error.empty()) return "";
+    return absl::StrCat(
+        "calls to etcd keep the credentials in force",
+        files_.ca.empty() ? "" : absl::StrCat(" (", set_.tls.summary, ")"),
+        ": ", step.error);
+  }
+  const bool new_password = read->password != set_.password;
+  if (!step.take && !new_password) {
+    if (step.line.empty()) return "";
+    return files_.ca.empty()
+               ? "calls to etcd: --etcd_password_file reads well again; the "
+                 "password in force is unchanged"
+               : absl::StrCat("calls to etcd: ", step.line);
+  }
+  const bool new_certificate = read->tls.cert_chain != set_.tls.cert_chain ||
+                               read->tls.private_key != set_.tls.private_key;
+  const bool new_ca = read->tls.client_ca != set_.tls.client_ca;
+  set_ = *std::move(read);
+  *taken = true;
+  std::vector<std::string> what;
+  if (new_certificate && !set_.tls.cert_chain.empty()) {
+    what.push_back(absl::StrCat("present the certificate ", set_.tls.summary));
+  }
+  if (new_ca) {
+    what.push_back("check etcd's certificate against the new --etcd_ca_file");
+  }
+  if (new_password) {
+    what.push_back("log in with the new --etcd_password_file (a new token)");
+  }
+  std::string line =
+      absl::StrCat("new connections to etcd ", absl::StrJoin(what, " and "));
+  for (const std::string& warning : WarningsOf(set_)) {
+    absl::StrAppend(&line, "; ", warning);
+  }
+  return line;
 }
 
 }  // namespace modelstate::server

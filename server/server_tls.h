@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "base/sync.h"
+#include "cluster/etcd_client.h"
 #include "grpc/grpc_security.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
@@ -45,14 +46,18 @@ struct TlsFiles {
   std::string cert;       // certificate chain (PEM), leaf first
   std::string key;        // its private key (PEM)
   std::string client_ca;  // "": no client certificates asked for
-  // The flag that names `client_ca`, for errors (PeerTls's CA is
-  // --cluster_ca_file).
+  // The flags that name the files, for errors (PeerTls's CA is
+  // --cluster_ca_file, EtcdTls's files the --etcd_* ones).
   std::string client_ca_flag = "tls_client_ca_file";
+  std::string cert_flag = "tls_cert_file";
+  std::string key_flag = "tls_key_file";
 };
 
 // One reading of the three files, checked: the chain parses, the key
 // parses and is the leaf's, the client CA holds a certificate. The key and
-// the client CA are refused when group or others may write them.
+// the client CA are refused when group or others may write them. `cert`
+// and `key` both "" read the CA alone (TLS to etcd without a client
+// certificate); ServerTls and PeerTls always have them.
 struct TlsMaterial {
   std::string cert_chain;
   std::string private_key;
@@ -63,6 +68,19 @@ struct TlsMaterial {
   uint32_t key_mode = 0;
 };
 absl::StatusOr<TlsMaterial> ReadTlsMaterial(const TlsFiles& files);
+
+// How a reading of the TLS files compares with the set in force, for every
+// reload (ServerTls's, PeerTls's, EtcdTls's): a new set to take; or
+// nothing to take, with the error to log (each failure once, `last_error`
+// remembering it) or the line that says the files read well again.
+struct TlsReloadStep {
+  bool take = false;
+  std::string error;
+  std::string line;
+};
+TlsReloadStep CompareTlsMaterial(const absl::StatusOr<TlsMaterial>& read,
+                                 const TlsMaterial& in_force,
+                                 std::string* last_error);
 
 // Serves the material in force to gRPC, which asks for it at each TLS
 // handshake (the SSL credentials' certificate config fetcher): a
@@ -147,6 +165,65 @@ class PeerTls {
   mutable Mutex mu_;
   TlsMaterial material_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<grpc::ChannelCredentials> credentials_ ABSL_GUARDED_BY(mu_);
+  std::string last_error_ ABSL_GUARDED_BY(mu_);
+};
+
+// The files a replica reaches etcd with: --etcd_ca_file, --etcd_cert_file,
+// --etcd_key_file and --etcd_password_file, re-read with the server's TLS
+// files, so that a rotated client certificate, a rolled etcd CA or a new
+// password reach etcd without a restart (which would drop the replica
+// from the cluster once etcd refused the old ones). Read and checked as
+// ServerTls's (ReadTlsMaterial, CompareTlsMaterial); the password as a
+// guarded file. A set with one bad file is kept out whole, and said once.
+//
+// Example:
+//   MODELSTATE_ASSIGN_OR_RETURN(
+//       std::shared_ptr<EtcdTls> etcd,
+//       EtcdTls::Create({"/etcd/ca.crt", "/etcd/tls.crt", "/etcd/tls.key",
+//                        "/etcd/password"}));
+//   options.etcd.ca_pem = etcd->Credentials().ca_pem;  // ...
+//   bool taken = false;
+//   std::string line = etcd->Reload(&taken);  // with tls->Reload()
+//   if (taken) client.SetCredentials(etcd->Credentials());
+struct EtcdFiles {
+  std::string ca;    // "": plaintext to etcd
+  std::string cert;  // "": no client certificate (then no key)
+  std::string key;
+  std::string password;  // "": no password
+};
+
+// Thread-safe.
+class EtcdTls {
+ public:
+  // INVALID_ARGUMENT naming the flag for what ReadTlsMaterial refuses, a
+  // password file others may write, a certificate without its key (or
+  // the other way round), or one without a CA.
+  static absl::StatusOr<std::shared_ptr<EtcdTls>> Create(EtcdFiles files);
+
+  // The set in force.
+  EtcdCredentials Credentials() const;
+  // Warnings for the log about the set in force: a key or password that
+  // others may read.
+  std::vector<std::string> Warnings() const;
+
+  // Re-reads the files: as PeerTls::Reload. `*taken` tells whether a new
+  // set is in force (then Credentials() is new).
+  std::string Reload(bool* taken);
+
+ private:
+  struct Set {
+    TlsMaterial tls;  // empty without --etcd_ca_file
+    std::string password;
+    uint32_t password_mode = 0;
+  };
+  EtcdTls(EtcdFiles files, Set set)
+      : files_(std::move(files)), set_(std::move(set)) {}
+  absl::StatusOr<Set> Read() const;
+  std::vector<std::string> WarningsOf(const Set& set) const;
+
+  const EtcdFiles files_;
+  mutable Mutex mu_;
+  Set set_ ABSL_GUARDED_BY(mu_);
   std::string last_error_ ABSL_GUARDED_BY(mu_);
 };
 

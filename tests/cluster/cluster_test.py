@@ -65,7 +65,11 @@ Checked through the real Python client's stubs, against every replica:
 - TLS certificates rotated to a new CA on running replicas (both CAs
   trusted during the roll, then the old dropped), reloaded on SIGHUP: the
   replicas still forward to each other, a bad set (a key not the
-  certificate's) is kept out of the calls between replicas and logged.
+  certificate's) is kept out of the calls between replicas and logged;
+- etcd's client certificate and CA rolled the same way (etcd restarted to
+  trust both CAs, the replicas' --etcd_* files swapped and SIGHUP, etcd
+  restarted trusting the new CA alone): the replicas keep their lease and
+  membership and forward as before; a bad set is kept out, logged once.
 
 Exits 77 (ctest SKIP_RETURN_CODE) when the etcd binary is absent.
 
@@ -1629,6 +1633,200 @@ class TlsRotationTest(unittest.TestCase):
                           "the certificate subject /CN=replica", log)
             self.assertIn("their certificates are checked against the new "
                           "--cluster_ca_file", log)
+
+
+class EtcdTlsRotationTest(unittest.TestCase):
+    """etcd's client certificate and CA rolled to a new CA on running
+    replicas, as cert-manager renews a Secret: after SIGHUP the replicas
+    reach etcd with the new files (they used to keep the ones read at start,
+    and lost their lease once etcd stopped trusting the old CA)."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="modelstate-etcd-roll-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        d = self.dir
+        write_certificate_extensions(d)
+        ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+        script = ["set -e", "cd " + d]
+        # One certificate per CA, for 127.0.0.1, serves as etcd's own and
+        # as the replicas' client certificate.
+        for ca in ("old", "new"):
+            script += [
+                "openssl req -x509 %s -keyout %s-ca.key -out %s-ca.pem "
+                "-days 2 -subj /CN=%s-etcd-ca" % (ec, ca, ca, ca),
+                "openssl req %s -keyout %s.key -out %s.csr -subj /CN=%s-member"
+                % (ec, ca, ca, ca),
+                "openssl x509 -req -in %s.csr -CA %s-ca.pem -CAkey %s-ca.key "
+                "-CAcreateserial -out %s.pem -days 2 -extfile replica.ext"
+                % (ca, ca, ca, ca)]
+        subprocess.run("; ".join(script), shell=True, check=True,
+                       capture_output=True)
+        self.install(ca=["old"], cert="old")
+        self.write("both-ca.pem", self.read("old-ca.pem") +
+                   self.read("new-ca.pem"))
+        self.write("secret", b"a-cluster-secret-for-an-etcd-roll\n")
+        # A quota file: each SIGHUP logs a line for it, after the etcd one.
+        self.write("quotas.json", b'{"default": {"max_modules": 1000}}')
+        self.etcd = Etcd(tls=self.etcd_tls("old", ["old"]))
+        self.addCleanup(self.etcd.stop)
+        self.servers = {}
+        for replica in ("r0", "r1"):
+            self.servers[replica] = server_process.Server(
+                SERVER_BINARY, "--etcd_endpoints=" + self.etcd.endpoint,
+                "--replica_id=" + replica, "--reload_seconds=0",
+                "--cluster_lease_seconds=%d" % LEASE_SECONDS,
+                "--cluster_secret_file=" + os.path.join(d, "secret"),
+                "--quota_file=" + os.path.join(d, "quotas.json"),
+                "--etcd_ca_file=" + os.path.join(d, "etcd-ca.pem"),
+                "--etcd_cert_file=" + os.path.join(d, "etcd.crt"),
+                "--etcd_key_file=" + os.path.join(d, "etcd.key"))
+            self.addCleanup(self.servers[replica].stop)
+
+    def read(self, name):
+        with open(os.path.join(self.dir, name), "rb") as f:
+            return f.read()
+
+    def write(self, name, data):
+        """Renamed over the old file, as the kubelet swaps a Secret's."""
+        path = os.path.join(self.dir, name)
+        with open(os.open(path + ".new", os.O_WRONLY | os.O_CREAT |
+                          os.O_TRUNC, 0o600), "wb") as f:
+            f.write(data)
+        os.replace(path + ".new", path)
+
+    def install(self, ca, cert, key=None):
+        """The replicas' etcd files: etcd-ca.pem holds the CAs `ca`,
+        etcd.crt / etcd.key the certificate signed by CA `cert` (and the
+        key of CA `key`'s, when given)."""
+        self.write("etcd-ca.pem", b"".join(self.read(c + "-ca.pem")
+                                           for c in ca))
+        self.write("etcd.crt", self.read(cert + ".pem"))
+        self.write("etcd.key", self.read((key or cert) + ".key"))
+
+    def etcd_tls(self, cert, trusted):
+        self.write("etcd-trusted.pem", b"".join(self.read(c + "-ca.pem")
+                                                for c in trusted))
+        return {"cert": os.path.join(self.dir, cert + ".pem"),
+                "key": os.path.join(self.dir, cert + ".key"),
+                "ca": os.path.join(self.dir, "etcd-trusted.pem")}
+
+    def restart_etcd(self, cert, trusted):
+        """etcd restarted on its data with certificate `cert`, trusting
+        client certificates of the CAs `trusted` only."""
+        self.etcd.process.kill()
+        self.etcd.process.wait()
+        self.etcd.tls = self.etcd_tls(cert, trusted)
+        self.etcd.start()
+
+    def log(self, replica):
+        with open(os.path.join(self.servers[replica].dir, "server.log")) as f:
+            return f.read()
+
+    def reload(self):
+        """SIGHUP to every replica; returns once each has logged the quota
+        line that comes after the etcd files' (a binary that does not
+        re-read them logs it too)."""
+        quotas = "SIGHUP: quotas from"
+        before = {r: self.log(r).count(quotas) for r in self.servers}
+        for server in self.servers.values():
+            server.process.send_signal(signal.SIGHUP)
+        deadline = time.time() + TIMEOUT
+        for replica in self.servers:
+            while self.log(replica).count(quotas) <= before[replica]:
+                self.assertLess(time.time(), deadline,
+                                "%s did not reload" % replica)
+                time.sleep(0.05)
+
+    def stub(self, replica):
+        channel = grpc.insecure_channel(self.servers[replica].address)
+        self.addCleanup(channel.close)
+        return pb_grpc.ModelStateServiceStub(channel)
+
+    def build(self, module, seed):
+        request = pb.BuildModuleRequest(module=module, seed=seed)
+        request.spec.type = "Linear"
+        request.spec.args.add().number_value = 4
+        request.spec.args.add().number_value = 3
+        self.stub("r0").BuildModule(request, timeout=TIMEOUT)
+
+    def owners(self, via):
+        channel = grpc.insecure_channel(self.servers[via].address)
+        self.addCleanup(channel.close)
+        status = cluster_pb2_grpc.ClusterServiceStub(channel).GetClusterStatus(
+            cluster_pb2.GetClusterStatusRequest(), timeout=TIMEOUT)
+        self.assertEqual(sorted(m.replica for m in status.members),
+                         ["r0", "r1"], via)
+        return {p.module: p.owner for p in status.placements}
+
+    def check_cluster(self, modules):
+        """Both replicas are members, each module is read through the
+        replica that does not own it as its owner has it, and a new module
+        is built (a write: the owner holds a live lease)."""
+        for via in self.servers:
+            owners = self.owners(via)
+            for module in modules:
+                owner = owners[module]
+                other = "r1" if owner == "r0" else "r0"
+                request = pb.GetStateDictRequest(module=module)
+                direct = list(self.stub(owner).GetStateDict(
+                    request, timeout=TIMEOUT))
+                forwarded = list(self.stub(other).GetStateDict(
+                    request, timeout=TIMEOUT))
+                self.assertEqual(b"".join(c.data for c in direct),
+                                 b"".join(c.data for c in forwarded))
+        self.built = getattr(self, "built", 0) + 1
+        self.build("roll/later%d" % self.built, seed=self.built)
+
+    def settled(self, modules, what):
+        """check_cluster once etcd, just restarted, answers again."""
+        deadline = time.time() + TIMEOUT
+        while True:
+            try:
+                return self.check_cluster(modules)
+            except grpc.RpcError as e:
+                if time.time() > deadline:
+                    self.fail("%s: %s %s" % (what, e.code(), e.details()))
+                time.sleep(0.2)
+
+    def test_etcd_certificate_rolled_to_a_new_ca(self):
+        for i in range(2):
+            self.build("roll/m%d" % i, seed=i)
+        modules = sorted(self.owners("r0"))
+        self.assertEqual(sorted(self.owners("r0").values()), ["r0", "r1"])
+        # The roll: etcd trusts both CAs; the replicas get the certificate
+        # the new CA signed; etcd drops the old CA (and presents a
+        # certificate the new CA signed).
+        self.restart_etcd("old", ["old", "new"])
+        self.settled(modules, "etcd trusting both CAs")
+        self.install(ca=["old", "new"], cert="new")
+        self.reload()
+        self.check_cluster(modules)
+        self.restart_etcd("new", ["new"])
+        # Past a lease: a replica that still presented the old certificate
+        # (or trusted only the old CA) would have lost it by now.
+        time.sleep(LEASE_SECONDS + 1)
+        self.settled(modules, "etcd trusting the new CA alone")
+        for replica in self.servers:
+            log = self.log(replica)
+            self.assertIn("SIGHUP: new connections to etcd present the "
+                          "certificate subject /CN=new-member", log)
+            self.assertIn("check etcd's certificate against the new "
+                          "--etcd_ca_file", log)
+            # The lease survived the switch (and etcd's restarts): no
+            # replica had to register again.
+            self.assertNotIn("registering again", log)
+        # A bad set (the old key with the new certificate) is kept out,
+        # and said once: etcd still takes the set in force.
+        self.install(ca=["new"], cert="new", key="old")
+        self.reload()
+        self.reload()
+        for replica in self.servers:
+            log = self.log(replica)
+            self.assertIn("SIGHUP: calls to etcd keep the credentials in "
+                          "force (subject /CN=new-member", log)
+            self.assertEqual(log.count(
+                "is not the key of the first certificate in"), 1, replica)
+        self.check_cluster(modules)
 
 
 class EtcdAuthTest(unittest.TestCase):

@@ -37,6 +37,7 @@
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "proto/convert.h"
+#include "server/server_tls.h"
 #include "service/audit_log.h"
 #include "service/authenticator.h"
 #include "service/data_dir.h"
@@ -2473,6 +2474,98 @@ TEST_F(TlsTest, SighupReReadsTheTlsFiles) {
       context.auth_context()->FindPropertyValues("x509_common_name");
   ASSERT_EQ(names.size(), 1u);
   EXPECT_EQ(std::string(names[0].data(), names[0].size()), "after-hup");
+}
+
+// etcd's files (server/server_tls.h's EtcdTls) follow a reload as the
+// server's TLS files do: a bad set is kept out and said once, a good one
+// taken, a new password taken on its own. They used to be read at start
+// only, so a replica lost etcd once its old certificate was refused.
+TEST_F(TlsTest, EtcdFilesFollowAReloadAndABadSetIsKeptOut) {
+  const TempDir dir("etcd-files");
+  auto put = [&](const std::string& name, const std::string& text) {
+    WriteText(dir / name, text);
+    Chmod(dir / name, 0600);
+  };
+  auto path = [&](const std::string& name) { return (dir / name).string(); };
+  put("ca", Read("ca.pem"));
+  put("crt", Read("server.pem"));
+  put("key", Read("server.key"));
+  put("password", "first\n");
+  absl::StatusOr<std::shared_ptr<server::EtcdTls>> created =
+      server::EtcdTls::Create(
+          {path("ca"), path("crt"), path("key"), path("password")});
+  ASSERT_THAT(created.status(), IsOk());
+  server::EtcdTls& etcd = **created;
+  EXPECT_EQ(etcd.Credentials().cert_pem, Read("server.pem"));
+  EXPECT_EQ(etcd.Credentials().password, "first");
+  EXPECT_THAT(etcd.Warnings(), IsEmpty());
+  bool taken = true;
+  EXPECT_EQ(etcd.Reload(&taken), "");
+  EXPECT_FALSE(taken);
+
+  // The client certificate with the server's key: kept out, said once.
+  put("crt", Read("client.pem"));
+  std::string line = etcd.Reload(&taken);
+  EXPECT_FALSE(taken);
+  EXPECT_THAT(line, HasSubstr("calls to etcd keep the credentials in force "
+                              "(subject /CN=localhost"));
+  EXPECT_THAT(line, HasSubstr("--etcd_key_file: " + path("key") +
+                              ": is not the key of the first certificate"));
+  EXPECT_EQ(etcd.Reload(&taken), "");
+  EXPECT_FALSE(taken);
+  EXPECT_EQ(etcd.Credentials().cert_pem, Read("server.pem"));
+
+  put("key", Read("client.key"));
+  line = etcd.Reload(&taken);
+  EXPECT_TRUE(taken);
+  EXPECT_THAT(line, HasSubstr("new connections to etcd present the "
+                              "certificate subject /CN=alice-cert"));
+  EXPECT_THAT(line, Not(HasSubstr("--etcd_ca_file")));
+  EXPECT_EQ(etcd.Credentials().cert_pem, Read("client.pem"));
+  EXPECT_EQ(etcd.Credentials().key_pem, Read("client.key"));
+  EXPECT_EQ(etcd.Credentials().password, "first");
+
+  // A new password on its own.
+  put("password", "second\n");
+  line = etcd.Reload(&taken);
+  EXPECT_TRUE(taken);
+  EXPECT_EQ(line,
+            "new connections to etcd log in with the new "
+            "--etcd_password_file (a new token)");
+  EXPECT_EQ(etcd.Credentials().password, "second");
+
+  // A password file others may write, and a CA that is not PEM: the set
+  // in force is kept, each failure said once.
+  Chmod(dir / "password", 0666);
+  line = etcd.Reload(&taken);
+  EXPECT_FALSE(taken);
+  EXPECT_THAT(line, HasSubstr("--etcd_password_file: " + path("password") +
+                              " is writable by its group and others"));
+  EXPECT_EQ(etcd.Reload(&taken), "");
+  Chmod(dir / "password", 0600);
+  EXPECT_THAT(etcd.Reload(&taken), HasSubstr("read well again"));
+  EXPECT_FALSE(taken);
+  put("ca", "not a certificate\n");
+  EXPECT_THAT(etcd.Reload(&taken), HasSubstr("--etcd_ca_file: " + path("ca") +
+                                             ": holds no PEM certificate"));
+  EXPECT_FALSE(taken);
+  EXPECT_EQ(etcd.Credentials().ca_pem, Read("ca.pem"));
+  EXPECT_EQ(etcd.Credentials().password, "second");
+
+  // At start the same checks refuse the set.
+  EXPECT_THAT(server::EtcdTls::Create(
+                  {path("ca"), path("crt"), path("key"), path("password")})
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--etcd_ca_file: ")));
+  EXPECT_THAT(
+      server::EtcdTls::Create({"", path("crt"), path("key"), ""}).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("needs --etcd_ca_file")));
+  EXPECT_THAT(
+      server::EtcdTls::Create({path("ca"), path("crt"), "", ""}).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("give both or neither")));
 }
 
 // ------------------------------------------------------------------ quotas
