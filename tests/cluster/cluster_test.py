@@ -1894,6 +1894,63 @@ class EtcdAuthTest(unittest.TestCase):
                 "--replica_id=a1", "--cluster_secret_file=" + self.secret)
 
 
+    def test_b_a_new_password_is_taken_on_sighup(self):
+        # The password changed in etcd (which drops the user's tokens) and
+        # in the replica's Secret: after SIGHUP the replica logs in with
+        # the new one. It used to keep the one read at start, fail to log
+        # in again and lose its lease.
+        path = self.password_file("rotated")
+        self.write_password(path, "member-password")
+        server = server_process.Server(
+            SERVER_BINARY, "--etcd_endpoints=" + self.etcd.endpoint,
+            "--etcd_user=modelstate", "--etcd_password_file=" + path,
+            "--replica_id=a2", "--reload_seconds=0",
+            "--cluster_lease_seconds=%d" % LEASE_SECONDS,
+            "--cluster_secret_file=" + self.secret)
+        self.addCleanup(server.stop)
+        channel = grpc.insecure_channel(server.address)
+        self.addCleanup(channel.close)
+        stub = pb_grpc.ModelStateServiceStub(channel)
+        cluster = cluster_pb2_grpc.ClusterServiceStub(channel)
+
+        def build(module):
+            request = pb.BuildModuleRequest(module=module)
+            request.spec.type = "Linear"
+            request.spec.args.add().number_value = 2
+            request.spec.args.add().number_value = 2
+            stub.BuildModule(request, timeout=TIMEOUT)
+        build("auth/before")
+        self.addCleanup(self.set_password, "member-password")
+        self.set_password("member-password-2")
+        self.write_password(path, "member-password-2")
+        server.process.send_signal(signal.SIGHUP)
+        # Past a lease: the replica renewed it with a new token.
+        time.sleep(LEASE_SECONDS + 1)
+        status = cluster.GetClusterStatus(
+            cluster_pb2.GetClusterStatusRequest(), timeout=TIMEOUT)
+        self.assertIn("a2", [m.replica for m in status.members])
+        build("auth/after")
+        with open(os.path.join(server.dir, "server.log")) as f:
+            log = f.read()
+        self.assertIn("SIGHUP: new connections to etcd log in with the new "
+                      "--etcd_password_file", log)
+        # The lease it had (the switch is not a new membership).
+        self.assertNotIn("registering again", log)
+
+    def write_password(self, path, password):
+        with open(os.open(path + ".new", os.O_WRONLY | os.O_CREAT |
+                          os.O_TRUNC, 0o600), "w") as f:
+            f.write(password + "\n")
+        os.replace(path + ".new", path)
+
+    def set_password(self, password):
+        subprocess.run(
+            ["etcdctl", "--endpoints=" + self.etcd.endpoint,
+             "--user=root:root-password", "user", "passwd", "modelstate",
+             "--interactive=false"], input=password + "\n", text=True,
+            check=True, capture_output=True,
+            env=dict(os.environ, ETCDCTL_API="3"))
+
 if __name__ == "__main__":
     if len(sys.argv) < 3:
         print(__doc__, file=sys.stderr)
