@@ -12,8 +12,8 @@ namespace modelstate {
 
 namespace pb = ::etcdserverpb;
 
+// The connection to one etcd endpoint (options_.endpoints[i]).
 struct EtcdClient::Endpoint {
-  std::string address;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<pb::KV::Stub> kv;
   std::unique_ptr<pb::Lease::Stub> lease;
@@ -60,10 +60,6 @@ absl::Status WithEndpoint(const absl::Status& status,
       status.code(), absl::StrCat("etcd at ", address, ": ", status.message()));
 }
 
-}  // namespace
-
-namespace {
-
 std::shared_ptr<grpc::ChannelCredentials> ChannelCredentialsOf(
     const std::string& ca_pem, const std::string& cert_pem,
     const std::string& key_pem) {
@@ -83,7 +79,6 @@ std::vector<std::shared_ptr<EtcdClient::Endpoint>> EtcdClient::Connect(
   std::vector<std::shared_ptr<Endpoint>> endpoints;
   for (const std::string& address : addresses) {
     auto endpoint = std::make_shared<Endpoint>();
-    endpoint->address = address;
     grpc::ChannelArguments args;
     // Its own connections: a channel made after new credentials
     // (SetCredentials) must not reuse one that an older channel made with
