@@ -3,7 +3,8 @@
 // rotation) replaces a Kubernetes Secret's files in place, and the server
 // must present the new certificate, and trust a new client CA, without a
 // restart that would drop every stream. A cluster replica's calls to the
-// other replicas follow the same files (PeerTls).
+// other replicas follow the same files (PeerTls), and its calls to etcd
+// follow the --etcd_* files, re-read with them (EtcdTls).
 //
 // Example:
 //   MODELSTATE_ASSIGN_OR_RETURN(
@@ -30,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
