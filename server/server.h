@@ -182,12 +182,12 @@ class Server {
   // bearer tokens work), with the server's message size limit.
   std::shared_ptr<grpc::Channel> InProcessChannel();
 
-  // Re-reads the TLS files, the token file and the quota file; a file that
-  // cannot be read (or fails a check) keeps what is in force. Logs what
-  // happened, each line after `why`.
+  // Re-reads the TLS files (the etcd ones too), the token file and the
+  // quota file; a file that cannot be read (or fails a check) keeps what is
+  // in force. Logs what happened, each line after `why`.
   void Reload(absl::string_view why = "reload");
-  // What reload_interval runs: the TLS files re-read (logged only when
-  // something changed), and the token and quota files re-read only when
+  // What reload_interval runs: the TLS and etcd files re-read (logged only
+  // when something changed), and the token and quota files re-read only when
   // their bytes changed since they were last read.
   void ReloadChanged();
   // Health turns NOT_SERVING at once, subscribers are disconnected, new
