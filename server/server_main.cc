@@ -115,10 +115,10 @@ ABSL_FLAG(std::string, tls_client_ca_file, Defaults().tls_client_ca_file,
           "TLS; a certificate's CN names a principal of --token_file");
 ABSL_FLAG(int, reload_seconds,
           static_cast<int>(absl::ToInt64Seconds(Defaults().reload_interval)),
-          "How often the TLS files, the token file and the quota file are "
-          "checked and re-read when changed (a rotated Secret is served to "
-          "new connections; a bad file keeps the ones in force); 0: on "
-          "SIGHUP only");
+          "How often the TLS files (--etcd_* ones included), the token file "
+          "and the quota file are checked and re-read when changed (a rotated "
+          "Secret is served to new connections; a bad file keeps the ones in "
+          "force); 0: on SIGHUP only");
 ABSL_FLAG(std::string, token_file, Defaults().token_file,
           "Principals, their token hashes and roles (JSON; see README "
           "\"Deploy\"); turns on authentication; re-read on SIGHUP and when "
