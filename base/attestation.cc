@@ -36,6 +36,11 @@ bool HasText(const OrderedJson& j, const char* key, absl::string_view text) {
 // `text` parsed as a JSON object, or INVALID_ARGUMENT naming `field`.
 absl::StatusOr<OrderedJson> ObjectOf(absl::string_view text,
                                      absl::string_view field) {
+  if (JsonNestedDeeperThan(text, kMaxStatementJsonDepth)) {
+    return StatementError(field, absl::StrCat("nests deeper than ",
+                                              kMaxStatementJsonDepth,
+                                              " levels"));
+  }
   OrderedJson value = OrderedJson::parse(text, nullptr, false);
   if (value.is_discarded() || !value.is_object()) {
     return StatementError(field, "is not a JSON object");
@@ -128,6 +133,30 @@ absl::StatusOr<std::vector<AttestedResource>> OmsResources(
 }
 
 }  // namespace
+
+bool JsonNestedDeeperThan(absl::string_view json, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  bool escaped = false;
+  for (char ch : json) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (ch == '\\') {
+        escaped = true;
+      } else if (ch == '"') {
+        in_string = false;
+      }
+    } else if (ch == '"') {
+      in_string = true;
+    } else if (ch == '[' || ch == '{') {
+      if (++depth > max_depth) return true;
+    } else if (ch == ']' || ch == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
 
 std::vector<std::string> Sha256HexAll(
     absl::Span<const absl::string_view> buffers, int threads) {
@@ -254,6 +283,12 @@ absl::StatusOr<std::string> SignOmsBundle(absl::string_view model_name,
 
 absl::StatusOr<std::vector<AttestedResource>> VerifyOmsBundle(
     absl::string_view bundle_json, absl::string_view public_key) {
+  // Before the parse: the bundle is anyone's file until its signature is
+  // checked, and its envelope is dumped (recursively) to be read.
+  if (JsonNestedDeeperThan(bundle_json, kMaxStatementJsonDepth)) {
+    return BundleError(absl::StrCat("nests deeper than ",
+                                    kMaxStatementJsonDepth, " levels"));
+  }
   OrderedJson bundle = OrderedJson::parse(bundle_json, nullptr, false);
   if (bundle.is_discarded() || !bundle.is_object()) {
     return BundleError("not a JSON object");

@@ -55,6 +55,16 @@ std::vector<std::string> Sha256HexAll(
 absl::StatusOr<std::string> Sha256OfDigests(
     absl::Span<const std::string> hex_digests);
 
+// The deepest nesting of JSON arrays and objects the readers below (and
+// base/attestation_predicate.h) accept. nlohmann/json copies and dumps a
+// value recursively, so a file nested 100000 deep would overflow the stack
+// of whoever reads it, before any signature is checked; what the server
+// writes nests a few dozen levels (a spec in a build record at most 64).
+inline constexpr int kMaxStatementJsonDepth = 128;
+// Whether `json` nests arrays and objects more than `max_depth` deep,
+// counting brackets outside strings (the text need not be valid JSON).
+bool JsonNestedDeeperThan(absl::string_view json, int max_depth);
+
 // An in-toto ResourceDescriptor identified by its SHA-256.
 struct AttestedResource {
   std::string name;

@@ -351,8 +351,69 @@ def make_streams(pb2, tensor_pb2):
           stream(pb2, tensor_pb2, 0, [], meta, [1]))
 
 
+# ------------------------------------------------------------------ predicate
+
+def attestation_predicate(records, build_seq=None):
+    """A SLSA predicate as service/attestation.cc writes one: records is a
+    list of (seq, type); build_seq the build record's seq, if any."""
+    import base64
+    import hashlib
+    note = ("modelstate.example/log\n%d\n%s\n\n\u2014 modelstate AAAA\n"
+            % (max(s for s, _ in records),
+               base64.b64encode(hashlib.sha256(b"root").digest()).decode()))
+    external = {"module": "team/mlp", "changes": []}
+    if build_seq is not None:
+        external["build"] = {"type": "Linear", "spec": {"type": "Linear",
+                             "args": [4, 3]}, "seed": 7, "seq": build_seq}
+    cited = [{"seq": seq, "type": kind, "outcome": "ok",
+              "identity": "alice",
+              "leaf_hash": hashlib.sha256(b"record %d" % seq).hexdigest()}
+             for seq, kind in records]
+    return {
+        "buildDefinition": {
+            "buildType": "https://modelstate.dev/attestation/build/v1",
+            "externalParameters": external,
+            "resolvedDependencies": []},
+        "runDetails": {
+            "builder": {"id": "urn:modelstate:log:key",
+                        "version": {"modelstate": "1"}},
+            "metadata": {},
+            "byproducts": [
+                {"name": "audit-checkpoint",
+                 "mediaType": "text/plain; charset=utf-8",
+                 "content": base64.b64encode(note.encode()).decode(),
+                 "annotations": {"verifier_key": "key"}},
+                {"name": "audit-records",
+                 "digest": {"sha256": hashlib.sha256(b"d").hexdigest()},
+                 "annotations": {"records": cited}},
+                {"name": "participants",
+                 "uri": "urn:modelstate:participants",
+                 "annotations": {"identities": ["alice"],
+                                 "subscribers": []}}]}}
+
+
+def make_predicates():
+    built = attestation_predicate(
+        [(3, "build"), (5, "load_state_dict"), (9, "move")], build_seq=3)
+    moved = attestation_predicate([(12, "move_in"), (14, "set_training")])
+    write("predicate_fuzz", "built.json",
+          json.dumps(built, sort_keys=True).encode())
+    write("predicate_fuzz", "moved.json",
+          json.dumps(moved, sort_keys=True).encode())
+    statement = {
+        "_type": "https://in-toto.io/Statement/v1",
+        "subject": [{"name": "weight",
+                     "digest": {"sha256": "ab" * 32},
+                     "annotations": {"dtype": "float32", "shape": [3, 4]}}],
+        "predicateType": "https://slsa.dev/provenance/v1",
+        "predicate": built}
+    write("predicate_fuzz", "statement.json",
+          json.dumps(statement, sort_keys=True).encode())
+
+
 def main():
-    for target in ["safetensors_fuzz", "spec_fuzz", "stream_fuzz"]:
+    for target in ["safetensors_fuzz", "spec_fuzz", "stream_fuzz",
+                   "predicate_fuzz"]:
         shutil.rmtree(os.path.join(CORPUS, target), ignore_errors=True)
         os.makedirs(os.path.join(CORPUS, target))
     tmp = tempfile.mkdtemp()
@@ -361,6 +422,7 @@ def main():
         make_safetensors()
         make_specs(pb2, json_format)
         make_streams(pb2, tensor_pb2)
+        make_predicates()
     finally:
         shutil.rmtree(tmp)
 
