@@ -33,6 +33,11 @@ namespace modelstate::cli {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitError = 1;
 inline constexpr int kExitUsage = 2;
+// verify-attestation and verify-bundle only: the check could not be
+// completed (the server unreachable, a permission missing, a file that
+// cannot be read, a limit reached), so nothing is known either way; 1 is
+// kept for "checked, and it does not hold".
+inline constexpr int kExitNotChecked = 3;
 
 // Where a run writes, and the defaults it inherits from the process.
 struct Environment {

@@ -158,15 +158,32 @@ bool FailedYetMayHaveChanged(const AuditRecord& r) {
          !atomic->get<bool>();
 }
 
+// The change a "recovered" record names (details.change), or "".
+std::string RecoveredChange(const AuditRecord& r) {
+  const AttestJson details = RecordDetails(r);
+  auto change = details.find("change");
+  return change != details.end() && change->is_string()
+             ? change->get<std::string>()
+             : "";
+}
+
 }  // namespace
 
 std::vector<AuditRecord> RecordsThatShaped(
     absl::Span<const AuditRecord> module_records) {
   size_t start = 0;
   for (size_t i = 0; i < module_records.size(); ++i) {
-    if (module_records[i].type == "delete" &&
-        module_records[i].outcome == "ok") {
-      start = i + 1;
+    const AuditRecord& r = module_records[i];
+    if (r.outcome != "ok") continue;
+    if (r.type == "delete") start = i + 1;
+    // A change saved and then recorded only at the next start
+    // (service/audit_events.h): a recovered delete ends a life as a
+    // recorded one does, and a recovered build begins one. Without this
+    // the statement would cite the earlier life's build as this one's.
+    if (r.type == "recovered") {
+      const std::string change = RecoveredChange(r);
+      if (change == "delete") start = i + 1;
+      if (change == "build") start = i;
     }
   }
   std::vector<AuditRecord> out;

@@ -46,7 +46,9 @@ inline constexpr absl::string_view kRecordsByproduct = "audit-records";
 
 // Of one module's records (all with its namespace and name, in seq order),
 // those of its current life that shaped it: everything after its last
-// successful delete, except refused calls ("denied") and changes that
+// successful delete (a "recovered" one too, or from a "recovered" build
+// on: a change the log recorded only at the next start), except refused
+// calls ("denied") and changes that
 // failed (outcome "error") whole. A failed non-atomic load and a failed
 // forward (one that may write buffers) are kept: they may have changed the
 // module before they failed.

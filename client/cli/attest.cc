@@ -12,16 +12,17 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/attestation.h"
+#include "base/attestation_predicate.h"
 #include "base/checkpoint.h"
 #include "base/dsse.h"
 #include "base/file_util.h"
@@ -41,10 +42,12 @@ namespace modelstate::cli {
 namespace {
 
 constexpr int kVerifyHashThreads = 2;
-// The byproducts that tie an attestation to the log (service/attestation.h
-// names them on the server's side).
-constexpr absl::string_view kCheckpointByproductName = "audit-checkpoint";
-constexpr absl::string_view kRecordsByproductName = "audit-records";
+// --max-records' default: each cited record is one inclusion proof to
+// fetch, so a statement citing millions (signed by a stolen key, or a
+// module trained step by step on the server) would make --online issue
+// millions of calls. 12005 took 7.9 s on loopback (0.66 ms each); at a
+// 3 ms round trip, 10000 take half a minute.
+constexpr uint64_t kDefaultMaxRecords = 10000;
 
 struct AttestArgs {
   std::string module;
@@ -80,13 +83,42 @@ struct VerifyArgs {
   std::optional<std::string> file;
   std::optional<std::string> module;
   bool online = false;
+  uint64_t max_records = kDefaultMaxRecords;  // 0: no limit
 };
+
+// Marks a verdict: a check that ran and found the attestation (or bundle)
+// does not hold. Any other error of a verifying command means the check
+// could not be completed (Verifying).
+constexpr char kVerdictPayload[] = "modelstate.cli/verdict";
 
 // A failed check: shown as "FAILED: <what>: <why>", exit status 1.
 absl::Status CheckFailed(Context& c, absl::string_view what,
                          absl::string_view why) {
   c.out() << "FAILED: " << what << ": " << why << "\n";
-  return AlreadyShown(absl::InvalidArgumentError(what));
+  absl::Status failed = AlreadyShown(absl::InvalidArgumentError(what));
+  failed.SetPayload(kVerdictPayload, absl::Cord());
+  return failed;
+}
+
+// A check that could not be completed (the server refused or could not be
+// reached): shown as "NOT CHECKED: <what>: <CODE>: <why>", exit status 3.
+absl::Status CouldNotCheck(Context& c, absl::string_view what,
+                           const absl::Status& why) {
+  c.out() << "NOT CHECKED: " << what << ": "
+          << absl::StatusCodeToString(why.code()) << ": " << why.message()
+          << "\n";
+  return NotChecked(AlreadyShown(why));
+}
+
+// What a verifying command returns: its verdicts (exit status 1) and
+// usage errors (2) as they are; any other error, a file that cannot be
+// read or a server that cannot be reached, is "could not check" (3), so
+// that a script never takes it for "does not hold", nor for OK.
+absl::Status Verifying(absl::Status status) {
+  if (status.ok() || status.GetPayload(kVerdictPayload).has_value()) {
+    return status;
+  }
+  return NotChecked(std::move(status));
 }
 
 // --key: a verifier key, or a file holding one.
@@ -160,163 +192,19 @@ absl::Status CompareSubjects(Context& c, const InTotoStatement& statement,
   return absl::OkStatus();
 }
 
-// What --online reads from the predicate: the checkpoint note, the records
-// (seq, leaf hash) it cites, and the record that began the attested life.
-struct CitedRecords {
-  std::string checkpoint_note;
-  std::vector<std::pair<uint64_t, std::string>> records;
-  // buildDefinition.externalParameters.build.seq: the build record, one of
-  // `records`. Unset for a module that came by a cluster move and was never
-  // built on this replica; its life then begins at the first cited record.
-  std::optional<uint64_t> build_seq;
-};
-
-// The member `key` of `j`, or null when `j` is no object or lacks it. The
-// predicate is read through this and type checks alone: it is signed by
-// the log's key, yet a verifier must not trust its shape (nlohmann's
-// operator[] on a missing key of a const object is undefined, and get<>()
-// and value() of the wrong type throw).
-const nlohmann::json* Member(const nlohmann::json& j, const char* key) {
-  if (!j.is_object()) return nullptr;
-  auto it = j.find(key);
-  return it == j.end() ? nullptr : &*it;
-}
-
-absl::Status Malformed(absl::string_view where, absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat(where, " ", why));
-}
-
-// An audit record's seq: an integer of at least 1 (seqs count from 1).
-absl::StatusOr<uint64_t> SeqAt(const nlohmann::json* seq,
-                               absl::string_view where) {
-  if (seq == nullptr || !seq->is_number_unsigned() ||
-      seq->get<uint64_t>() == 0) {
-    return Malformed(where, "is not an audit record seq (an integer >= 1)");
+// Whether a server's error answers what the check asked (no record at
+// that seq, a tree size beyond the log, no module of that name) rather
+// than keeps it from being asked (unreachable, refused, timed out,
+// overloaded, failing).
+bool Answers(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      return true;
+    default:
+      return false;
   }
-  return seq->get<uint64_t>();
-}
-
-bool IsLowerHex64(const std::string& s) {
-  if (s.size() != 64) return false;
-  for (char ch : s) {
-    if (!absl::ascii_isdigit(ch) && !(ch >= 'a' && ch <= 'f')) return false;
-  }
-  return true;
-}
-
-absl::Status ReadCheckpoint(const nlohmann::json& b, absl::string_view where,
-                            CitedRecords& out) {
-  const nlohmann::json* content = Member(b, "content");
-  if (content == nullptr || !content->is_string()) {
-    return Malformed(where, "has no content (text)");
-  }
-  if (!absl::Base64Unescape(content->get_ref<const std::string&>(),
-                            &out.checkpoint_note) ||
-      out.checkpoint_note.empty()) {
-    return Malformed(absl::StrCat(where, ".content"),
-                     "is not a base64 checkpoint note");
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ReadRecords(const nlohmann::json& b, absl::string_view where,
-                         CitedRecords& out) {
-  const nlohmann::json* annotations = Member(b, "annotations");
-  const nlohmann::json* records =
-      annotations == nullptr ? nullptr : Member(*annotations, "records");
-  if (records == nullptr || !records->is_array()) {
-    return Malformed(absl::StrCat(where, ".annotations.records"),
-                     "is missing or not an array");
-  }
-  std::set<uint64_t> seen;
-  for (size_t i = 0; i < records->size(); ++i) {
-    const nlohmann::json& r = (*records)[i];
-    const std::string at = absl::StrCat(where, ".annotations.records[", i, "]");
-    if (!r.is_object()) return Malformed(at, "is not an object");
-    MODELSTATE_ASSIGN_OR_RETURN(
-        uint64_t seq, SeqAt(Member(r, "seq"), absl::StrCat(at, ".seq")));
-    // Each seq is one inclusion proof to fetch: a repeated one proves
-    // nothing more and would let a statement ask for any number of them.
-    if (!seen.insert(seq).second) {
-      return Malformed(at, absl::StrCat("repeats seq ", seq));
-    }
-    const nlohmann::json* leaf = Member(r, "leaf_hash");
-    if (leaf == nullptr || !leaf->is_string() ||
-        !IsLowerHex64(leaf->get_ref<const std::string&>())) {
-      return Malformed(absl::StrCat(at, ".leaf_hash"),
-                       "is not a SHA-256 in lowercase hex");
-    }
-    out.records.emplace_back(seq, leaf->get<std::string>());
-  }
-  return absl::OkStatus();
-}
-
-// The byproducts' checkpoint and records, each given once, at least one
-// record, and the build record among them. INVALID_ARGUMENT naming the
-// field that is missing or malformed.
-absl::StatusOr<CitedRecords> Cited(const InTotoStatement& statement) {
-  const nlohmann::json predicate =
-      nlohmann::json::parse(statement.predicate_json, nullptr, false);
-  const nlohmann::json* run = Member(predicate, "runDetails");
-  const nlohmann::json* byproducts =
-      run == nullptr ? nullptr : Member(*run, "byproducts");
-  if (byproducts == nullptr || !byproducts->is_array()) {
-    return Malformed("runDetails.byproducts", "is missing or not an array");
-  }
-  CitedRecords out;
-  bool checkpoint = false;
-  bool records = false;
-  for (size_t i = 0; i < byproducts->size(); ++i) {
-    const nlohmann::json& b = (*byproducts)[i];
-    const std::string where = absl::StrCat("runDetails.byproducts[", i, "]");
-    if (!b.is_object()) return Malformed(where, "is not an object");
-    // Byproducts of other names (participants, any a later server adds)
-    // are not checked here.
-    const nlohmann::json* name = Member(b, "name");
-    if (name == nullptr || !name->is_string()) continue;
-    const std::string& n = name->get_ref<const std::string&>();
-    bool* seen = n == kCheckpointByproductName ? &checkpoint
-                 : n == kRecordsByproductName  ? &records
-                                               : nullptr;
-    if (seen == nullptr) continue;
-    // Two would leave it to the verifier which one the statement means.
-    if (*seen) return Malformed(where, absl::StrCat("repeats ", n));
-    *seen = true;
-    MODELSTATE_RETURN_IF_ERROR(n == kCheckpointByproductName
-                                   ? ReadCheckpoint(b, where, out)
-                                   : ReadRecords(b, where, out));
-  }
-  if (!checkpoint) {
-    return Malformed("runDetails.byproducts",
-                     absl::StrCat("has no ", kCheckpointByproductName));
-  }
-  // Every module's life begins with a record (its build, or the move that
-  // brought it): a statement citing none ties its digests to no history,
-  // and must not pass as checked against the log.
-  if (out.records.empty()) {
-    return Malformed(
-        "runDetails.byproducts",
-        absl::StrCat("cite no audit records (", kRecordsByproductName, ")"));
-  }
-  const nlohmann::json* definition = Member(predicate, "buildDefinition");
-  const nlohmann::json* external =
-      definition == nullptr ? nullptr
-                            : Member(*definition, "externalParameters");
-  const nlohmann::json* build =
-      external == nullptr ? nullptr : Member(*external, "build");
-  if (build != nullptr) {
-    const std::string where = "buildDefinition.externalParameters.build.seq";
-    MODELSTATE_ASSIGN_OR_RETURN(out.build_seq,
-                                SeqAt(Member(*build, "seq"), where));
-    bool cited = false;
-    for (const auto& record : out.records)
-      cited |= record.first == *out.build_seq;
-    if (!cited) {
-      return Malformed(where, absl::StrCat(*out.build_seq,
-                                           " is not among the cited records"));
-    }
-  }
-  return out;
 }
 
 // Each cited record's inclusion proof, from the server, checked against
@@ -337,7 +225,12 @@ absl::Status CheckInclusions(Context& c, const CitedRecords& cited,
     const std::string what = absl::StrCat("record ", seq);
     absl::StatusOr<v1::GetInclusionProofResponse> proof =
         rpc->GetInclusionProof(seq, checkpoint.size);
-    if (!proof.ok()) return CheckFailed(c, what, proof.status().message());
+    if (!proof.ok()) {
+      if (!Answers(proof.status())) {
+        return CouldNotCheck(c, what, proof.status());
+      }
+      return CheckFailed(c, what, proof.status().message());
+    }
     if (absl::BytesToHexString(proof->leaf_hash()) != leaf_hex) {
       return CheckFailed(c, what, "the log holds another record at this seq");
     }
@@ -358,13 +251,46 @@ absl::Status CheckInclusions(Context& c, const CitedRecords& cited,
   return absl::OkStatus();
 }
 
+// What ends an attested life, and from which record on it counts: a
+// delete or build after the life began starts another life. A move after
+// the last cited record took the module to a replica whose log this one
+// does not hold, where it may have been deleted and built again before it
+// came back: not "the attested one" either.
+struct LifeEnd {
+  const char* type;  // the change's record type
+  const char* what;
+  bool after_last;  // counts after the last cited record, not the first
+};
+constexpr LifeEnd kLifeEnds[] = {
+    {"delete", "was deleted", false},
+    {"build", "was built again", false},
+    {"move_out", "moved to another replica", true},
+    {"move_in", "came from another replica", true},
+};
+
+// The FAILED line for `ended`, found in audit record `seq` (`how` says
+// more of that record, or is "").
+absl::Status LifeEnded(Context& c, const std::string& full,
+                       const LifeEnd& ended, uint64_t seq, uint64_t after,
+                       absl::string_view how) {
+  return CheckFailed(
+      c, "module",
+      absl::StrCat(full, " ", ended.what, " (audit record ", seq, how,
+                   ") after the attested ",
+                   ended.after_last ? "records end" : "life began", " (record ",
+                   after, "): the live module ",
+                   ended.after_last ? "may be" : "is",
+                   " a later one of that name, whatever its bytes"));
+}
+
 // That the live module `module` is the attested one, not a later module
 // of the same name: no successful delete or build of it in the log after
-// the record that began the attested life. Neither the bytes nor the
-// records can tell: a delete and a rebuild from the same spec and seed
-// give the same bytes, and the records of the earlier life stay in the
-// log, where they verify. Only records of this server's log are seen (in
-// a cluster, a delete on another replica is in that replica's log).
+// the record that began the attested life (nor a move after the last
+// cited record). Neither the bytes nor the records can tell: a delete and
+// a rebuild from the same spec and seed give the same bytes, and the
+// records of the earlier life stay in the log, where they verify. Only
+// records of this server's log are seen (in a cluster, a delete on
+// another replica is in that replica's log).
 absl::Status CheckIncarnation(Context& c, const CitedRecords& cited,
                               const std::string& module) {
   const std::string full = FullName(module);
@@ -380,61 +306,65 @@ absl::Status CheckIncarnation(Context& c, const CitedRecords& cited,
   }
   begun = cited.build_seq.value_or(begun);
   MODELSTATE_ASSIGN_OR_RETURN(auto* rpc, c.Client());
-  // A delete or build after the life began starts another life. A move
-  // after the last cited record took the module to a replica whose log
-  // this one does not hold, where it may have been deleted and built
-  // again before it came back: not "the attested one" either.
-  struct Ended {
-    const char* type;
-    uint64_t after;
-    const char* what;
-  };
-  for (const Ended& ended :
-       {Ended{"delete", begun, "was deleted"},
-        Ended{"build", begun, "was built again"},
-        Ended{"move_out", last, "moved to another replica"},
-        Ended{"move_in", last, "came from another replica"}}) {
+  auto query = [&](const char* type, uint64_t after, int limit) {
     v1::QueryAuditRequest request;
     request.mutable_filter()->set_namespace_(name.first);
     request.mutable_filter()->set_module(name.second);
-    request.mutable_filter()->set_type(ended.type);
+    request.mutable_filter()->set_type(type);
     request.mutable_filter()->set_outcome("ok");
-    request.set_after_seq(ended.after);
-    request.set_limit(1);
-    absl::StatusOr<v1::QueryAuditResponse> later = rpc->QueryAudit(request);
-    if (!later.ok()) {
-      return CheckFailed(c, "module",
-                         absl::StrCat("cannot read its audit records: ",
-                                      later.status().ToString()));
-    }
+    request.set_after_seq(after);
+    request.set_limit(limit);
+    return rpc->QueryAudit(request);
+  };
+  // Without the records nothing is known either way: not a verdict.
+  auto unread = [&](const absl::Status& status) {
+    return CouldNotCheck(
+        c, "module",
+        absl::Status(
+            status.code(),
+            absl::StrCat("cannot read its audit records: ", status.message())));
+  };
+  for (const LifeEnd& ended : kLifeEnds) {
+    const uint64_t after = ended.after_last ? last : begun;
+    absl::StatusOr<v1::QueryAuditResponse> later = query(ended.type, after, 1);
+    if (!later.ok()) return unread(later.status());
     if (!later->records().empty()) {
-      return CheckFailed(
-          c, "module",
-          absl::StrCat(full, " ", ended.what, " (audit record ",
-                       later->records(0).seq(), ") after the attested ",
-                       ended.after == begun ? "life began" : "records end",
-                       " (record ", ended.after, "): the live module ",
-                       ended.after == begun ? "is" : "may be",
-                       " a later one of that name, whatever its bytes"));
+      return LifeEnded(c, full, ended, later->records(0).seq(), after, "");
     }
+  }
+  // A change the server saved but stopped before recording is recorded at
+  // its next start as "recovered", naming the change in details.change
+  // (service/audit_events.h): a recovered delete or build ends the life
+  // as a recorded one does. Few exist; they are read page by page.
+  constexpr int kPage = 1000;
+  for (uint64_t after = begun;;) {
+    absl::StatusOr<v1::QueryAuditResponse> recovered =
+        query("recovered", after, kPage);
+    if (!recovered.ok()) return unread(recovered.status());
+    for (const v1::AuditRecordProto& r : recovered->records()) {
+      const nlohmann::json details =
+          nlohmann::json::parse(r.details_json(), nullptr, false);
+      if (!details.is_object()) continue;
+      auto change = details.find("change");
+      if (change == details.end() || !change->is_string()) continue;
+      for (const LifeEnd& ended : kLifeEnds) {
+        const uint64_t from = ended.after_last ? last : begun;
+        if (change->get_ref<const std::string&>() == ended.type &&
+            r.seq() > from) {
+          return LifeEnded(c, full, ended, r.seq(), from,
+                           ", recovered at a start: the server had stopped "
+                           "before recording it");
+        }
+      }
+    }
+    if (recovered->records_size() < kPage || recovered->next_after_seq() == 0) {
+      break;
+    }
+    after = recovered->next_after_seq();
   }
   c.out() << "module: " << full << " is the attested one (its life began "
           << "at audit record " << begun << ")\n";
   return absl::OkStatus();
-}
-
-// The module the statement attests (its buildDefinition's
-// externalParameters.module), or "" when it names none.
-std::string AttestedModule(const InTotoStatement& statement) {
-  const nlohmann::json predicate =
-      nlohmann::json::parse(statement.predicate_json, nullptr, false);
-  const nlohmann::json::json_pointer where(
-      "/buildDefinition/externalParameters/module");
-  if (!predicate.is_object() || !predicate.contains(where) ||
-      !predicate[where].is_string()) {
-    return "";
-  }
-  return predicate[where].get<std::string>();
 }
 
 absl::Status RunVerify(Context& c, const VerifyArgs& a) {
@@ -466,7 +396,7 @@ absl::Status RunVerify(Context& c, const VerifyArgs& a) {
     // The digests alone would let one module's attestation vouch for
     // another that holds the same bytes (two builds of one spec and seed),
     // citing a history that is not the other's.
-    const std::string attested = AttestedModule(*statement);
+    const std::string attested = AttestedModuleOf(statement->predicate_json);
     const std::string wanted = FullName(*a.module);
     if (attested != wanted) {
       return CheckFailed(c, "module",
@@ -483,14 +413,33 @@ absl::Status RunVerify(Context& c, const VerifyArgs& a) {
   }
   if (a.module.has_value()) {
     MODELSTATE_ASSIGN_OR_RETURN(auto* rpc, c.Client());
-    MODELSTATE_ASSIGN_OR_RETURN(StateDict state, rpc->GetStateDict(*a.module));
+    absl::StatusOr<StateDict> state = rpc->GetStateDict(*a.module);
+    if (!state.ok()) {
+      // No module of that name: it is not the attested one.
+      if (state.status().code() == absl::StatusCode::kNotFound) {
+        return CheckFailed(c, "module", state.status().message());
+      }
+      return CouldNotCheck(c, "module", state.status());
+    }
     MODELSTATE_RETURN_IF_ERROR(CompareSubjects(
-        c, *statement, state, absl::StrCat("module ", *a.module)));
+        c, *statement, *state, absl::StrCat("module ", *a.module)));
   }
   if (a.online) {
-    absl::StatusOr<CitedRecords> cited = Cited(*statement);
+    absl::StatusOr<CitedRecords> cited =
+        ReadCitedRecords(statement->predicate_json);
     if (!cited.ok()) {
       return CheckFailed(c, "predicate", cited.status().message());
+    }
+    // Refused before the first call: so many records may be a legitimate
+    // history, so this says "not checked", not "does not hold".
+    if (a.max_records != 0 && cited->records.size() > a.max_records) {
+      return CouldNotCheck(
+          c, "records",
+          absl::ResourceExhaustedError(absl::StrCat(
+              "the statement cites ", cited->records.size(),
+              " audit records, more than --max-records ", a.max_records,
+              " (each is one inclusion proof to fetch); raise it to check "
+              "them all")));
     }
     MODELSTATE_RETURN_IF_ERROR(
         CheckInclusions(c, *cited, FormatVerifierKey(key)));
@@ -621,11 +570,13 @@ void AddAttestCommands(CommandSet& commands) {
        "attested digests, dtypes and shapes against a safetensors file "
        "(--file) or the live module (--module, which must be the attested "
        "module), and with --online each cited audit record's inclusion "
-       "under the cited checkpoint. Exit status 1 names the first check "
-       "that failed.",
+       "under the cited checkpoint (at most --max-records of them). Exit "
+       "status 1 names the first check that failed; 3 says a check could "
+       "not be completed (the server unreachable or refusing, a file "
+       "unreadable, too many records).",
        "modelstatectl verify-attestation mlp.dsse.json --key key.vkey "
        "--file mlp.safetensors"},
-      [verify](Context& c) { return RunVerify(c, *verify); });
+      [verify](Context& c) { return Verifying(RunVerify(c, *verify)); });
   v->add_option("envelope", verify->envelope, "the .dsse.json file")
       ->required();
   v->add_option("--key", verify->key, "the log's verifier key, or its file")
@@ -634,6 +585,10 @@ void AddAttestCommands(CommandSet& commands) {
   v->add_option("--module", verify->module, "a module to compare");
   v->add_flag("--online", verify->online,
               "check the cited records' inclusion with the server");
+  v->add_option("--max-records", verify->max_records,
+                "with --online: check at most this many cited records, "
+                "else exit 3 (0: no limit)")
+      ->capture_default_str();
 
   auto bundle = std::make_shared<VerifyBundleArgs>();
   CLI::App* vb = commands.Add(
@@ -642,10 +597,11 @@ void AddAttestCommands(CommandSet& commands) {
        "a file holding it), that it is an OMS v1.0 statement whose subject "
        "is the digest of its resources, and that --file's SHA-256 is the "
        "one signed for its name. Exit status 1 names the first check that "
-       "failed.",
+       "failed; 3 says the check could not be completed (a file that "
+       "cannot be read).",
        "modelstatectl verify-bundle mlp.safetensors.sig --key key.vkey "
        "--file mlp.safetensors"},
-      [bundle](Context& c) { return RunVerifyBundle(c, *bundle); });
+      [bundle](Context& c) { return Verifying(RunVerifyBundle(c, *bundle)); });
   vb->add_option("bundle", bundle->bundle,
                  "the bundle (get-state --sign's .sig)")
       ->required();

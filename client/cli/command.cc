@@ -21,6 +21,7 @@ namespace {
 // Status payloads that say how ReportStatus shows a status.
 constexpr char kUsagePayload[] = "modelstate.cli/usage";
 constexpr char kShownPayload[] = "modelstate.cli/shown";
+constexpr char kNotCheckedPayload[] = "modelstate.cli/not-checked";
 
 }  // namespace
 
@@ -75,6 +76,11 @@ absl::Status AlreadyShown(absl::Status status) {
   return status;
 }
 
+absl::Status NotChecked(absl::Status status) {
+  status.SetPayload(kNotCheckedPayload, absl::Cord());
+  return status;
+}
+
 absl::Status ClusterCallError(absl::Status status) {
   if (status.code() != absl::StatusCode::kUnimplemented) return status;
   // The text of server/model_state_service.cc's NotAClusterMember().
@@ -99,7 +105,8 @@ int ReportStatus(const absl::Status& status, absl::string_view command,
     *env.err << "error: " << absl::StatusCodeToString(status.code()) << ": "
              << status.message() << "\n";
   }
-  return kExitError;
+  return status.GetPayload(kNotCheckedPayload).has_value() ? kExitNotChecked
+                                                           : kExitError;
 }
 
 CLI::App* CommandSet::Add(CommandDoc doc, Handler run) {

@@ -3,8 +3,8 @@
 // subcommand with a CommandDoc (what its help shows) and a handler that
 // returns absl::Status. ReportStatus() is the one place that turns a status
 // into what stderr shows and the exit status: OK is 0, a UsageError() is 2
-// with a pointer to the command's help, anything else is 1 with
-// "error: <CODE>: <message>".
+// with a pointer to the command's help, a NotChecked() one 3, anything
+// else is 1 with "error: <CODE>: <message>".
 //
 // Each command group (modules.cc, state.cc, subscribe.cc, audit.cc,
 // server.cc) adds its commands through a CommandSet; their options live in
@@ -79,6 +79,9 @@ absl::Status UsageError(absl::string_view message);
 // A failure the command has already shown on stdout (audit verify's BROKEN
 // line): exit status 1 and nothing more on stderr.
 absl::Status AlreadyShown(absl::Status status);
+// A verifying command's check that could not be completed: exit status 3
+// (kExitNotChecked), with stderr as for any error unless AlreadyShown too.
+absl::Status NotChecked(absl::Status status);
 
 // What a ClusterService call's failure says. A server that is not a
 // cluster member does not serve that service, and gRPC's UNIMPLEMENTED

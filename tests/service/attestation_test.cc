@@ -6,6 +6,8 @@
 // missing module each fail naming what failed.
 #include "base/attestation.h"
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -28,6 +30,7 @@
 #include "nlohmann/json.hpp"
 #include "service/attestation.h"
 #include "service/audit_events.h"
+#include "service/module_repository.h"
 #include "tests/testing/in_process_server.h"
 #include "tests/testing/requests.h"
 #include "tests/testing/status_matchers.h"
@@ -137,6 +140,38 @@ TEST(AttestationFormatTest, OmsBundleVerifiesAndDetectsTampering) {
   }
 }
 
+// nlohmann/json copies and dumps recursively: a bundle (anyone's file,
+// read before its signature is checked) or a statement nested 300000 deep
+// overflowed the verifier's stack. Too deep is an error naming it.
+TEST(AttestationFormatTest, DeepNestingIsRefusedNotACrash) {
+  const int depth = 300000;
+  const std::string deep = std::string(depth, '[') + std::string(depth, ']');
+  const std::string bundle =
+      absl::StrCat(R"({"mediaType":")", kSigstoreBundleMediaType,
+                   R"(","dsseEnvelope":{"payloadType":"x","x":)", deep, "}}");
+  auto key = Ed25519PrivateKey::FromSeed(std::string(32, '\x07'));
+  ASSERT_THAT(key.status(), IsOk());
+  EXPECT_THAT(VerifyOmsBundle(bundle, key->public_key()).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("nests deeper than 128 levels")));
+  const std::string statement = absl::StrCat(
+      R"({"_type":")", kInTotoStatementType,
+      R"(","subject":[{"name":"w","digest":{"sha256":")", Sha256Hex("w"),
+      R"("},"annotations":{"a":)", deep, R"(}}],"predicateType":")",
+      kSlsaProvenanceV1, R"(","predicate":{}})");
+  EXPECT_THAT(InTotoStatementFromJson(statement).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("nests deeper than 128 levels")));
+  // Brackets inside strings do not count; 128 levels are read.
+  EXPECT_FALSE(JsonNestedDeeperThan(R"({"a":"[[[[\"[["})", 1));
+  EXPECT_TRUE(JsonNestedDeeperThan(R"({"a":[]})", 1));
+  const std::string deepest =
+      std::string(127, '[') + "{}" + std::string(127, ']');
+  EXPECT_FALSE(JsonNestedDeeperThan(deepest, kMaxStatementJsonDepth));
+  EXPECT_TRUE(
+      JsonNestedDeeperThan("[" + deepest + "]", kMaxStatementJsonDepth));
+}
+
 TEST(BuildRecordTest, TheSpecIsRecordedWithItsArgumentsAndDigest) {
   ModuleSpec custom;
   custom.type = "Gate";
@@ -232,6 +267,45 @@ TEST(AttestationRecordsTest, CurrentLifeWithoutFailuresOrDenials) {
   std::vector<uint64_t> seqs;
   for (const AuditRecord& r : RecordsThatShaped(records)) seqs.push_back(r.seq);
   EXPECT_THAT(seqs, ElementsAre(3, 6));
+}
+
+// A change the log missed is recorded at the next start as "recovered",
+// naming it: a recovered delete ends a life, and a recovered build begins
+// one, as recorded ones do.
+TEST(AttestationRecordsTest, RecoveredDeletesAndBuildsBoundALife) {
+  struct Given {
+    const char* type;
+    const char* details;
+  };
+  auto shaped = [](std::vector<Given> given) {
+    std::vector<AuditRecord> records(given.size());
+    for (size_t i = 0; i < given.size(); ++i) {
+      records[i].seq = i + 1;
+      records[i].type = given[i].type;
+      records[i].outcome = "ok";
+      records[i].details_json = given[i].details;
+    }
+    std::vector<uint64_t> seqs;
+    for (const AuditRecord& r : RecordsThatShaped(records)) {
+      seqs.push_back(r.seq);
+    }
+    return seqs;
+  };
+  EXPECT_THAT(shaped({{"build", "{}"},
+                      {"recovered", R"({"change":"delete"})"},
+                      {"build", "{}"},
+                      {"load_state_dict", "{}"}}),
+              ElementsAre(3, 4));
+  EXPECT_THAT(shaped({{"build", "{}"},
+                      {"load_state_dict", "{}"},
+                      {"recovered", R"({"change":"build"})"},
+                      {"move", "{}"}}),
+              ElementsAre(3, 4));
+  // Other recovered changes shape the module like the change they name.
+  EXPECT_THAT(shaped({{"build", "{}"},
+                      {"recovered", R"({"change":"load_state_dict"})"},
+                      {"recovered", "not json"}}),
+              ElementsAre(1, 2, 3));
 }
 
 // A failed non-atomic load keeps the entries it copied before the error,
@@ -932,6 +1006,238 @@ TEST_F(AttestServerTest, VerifyRejectsMalformedSignedPredicates) {
     EXPECT_THAT(r.out, HasSubstr(c.failed)) << r.out << r.err;
     EXPECT_THAT(r.out, ::testing::Not(HasSubstr("\nOK\n")));
   }
+}
+
+// A delete and a rebuild that the log missed (the server stopped after
+// saving each and before recording it) come back at the next starts as
+// "recovered" records naming the change: the module check reads them as
+// it reads recorded ones, and a new attestation's life begins there.
+TEST_F(AttestServerTest, OnlineVerifyTellsARebuildRecoveredAtStart) {
+  const std::string spec = R"({"type": "Linear", "args": [4, 3]})";
+  ASSERT_THAT(client_->BuildModule(BuildRequest("team/rc", spec, 7)).status(),
+              IsOk());
+  auto attested = client_->AttestModule("team/rc");
+  ASSERT_THAT(attested.status(), IsOk());
+  const std::string key = attested->verifier_key();
+  const std::string old_dsse = Path("rc-old.dsse.json");
+  std::ofstream(old_dsse) << attested->envelope();
+  const std::filesystem::path log = server_.data_dir() / "audit.log";
+  auto log_lines = [&] {
+    std::ifstream in(log);
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    return lines;
+  };
+
+  // A delete that committed its tombstone (ModuleRepository::Remove, the
+  // delete's first half) when the server died, before the delete's record.
+  client_.reset();
+  server_.Stop();
+  {
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(
+        std::unique_ptr<ModuleRepository> repo,
+        ModuleRepository::Open((server_.data_dir() / "modules").string()));
+    ASSERT_THAT(repo->LoadAll().modules, ::testing::SizeIs(1));
+    MODELSTATE_ASSERT_OK_AND_ASSIGN(ModuleName name,
+                                    ParseModuleName("team/rc"));
+    ChangeNote note;
+    note.type = "delete";
+    note.correlation_id = "crashed-delete";
+    note.audit_seq = log_lines().size();
+    ASSERT_THAT(repo->Remove(name, note), IsOk());
+  }
+  ASSERT_THAT(server_.Start(), IsOk());
+  client_ = server_.NewClient();
+  EXPECT_THAT(client_->GetStateDict("team/rc").status(),
+              StatusIs(absl::StatusCode::kNotFound));
+
+  // A rebuild whose record the log lost: the log ends before it, as in
+  // tests/server/durability_test.cc, and no checkpoint covers what is gone.
+  ASSERT_THAT(client_->BuildModule(BuildRequest("team/rc", spec, 7)).status(),
+              IsOk());
+  client_.reset();
+  server_.Stop();
+  std::vector<std::string> lines = log_lines();
+  while (!lines.empty() &&
+         lines.back().find(R"("type":"build")") == std::string::npos) {
+    lines.pop_back();
+  }
+  ASSERT_FALSE(lines.empty());
+  lines.pop_back();
+  {
+    std::ofstream out(log, std::ios::trunc);
+    for (const std::string& line : lines) out << line << "\n";
+  }
+  std::filesystem::remove(server_.data_dir() / "audit.checkpoint");
+  ASSERT_THAT(server_.Start(), IsOk());
+  client_ = server_.NewClient();
+
+  CliResult r = Cli({"audit", "query", "--type", "recovered"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_THAT(r.out, HasSubstr(R"("change":"delete")"));
+  ASSERT_THAT(r.out, HasSubstr(R"("change":"build")"));
+  r = Cli({"verify-attestation", old_dsse, "--key", key, "--module", "team/rc",
+           "--online"});
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("digests: 2 entries match module team/rc"));
+  EXPECT_THAT(r.out, HasSubstr("included in the checkpoint"));
+  EXPECT_THAT(r.out, HasSubstr("FAILED: module: team/rc was deleted "
+                               "(audit record "));
+  EXPECT_THAT(r.out, HasSubstr(", recovered at a start: the server had "
+                               "stopped before recording it) after the "
+                               "attested life began"));
+
+  // The live module's own attestation cites the recovered build as the
+  // start of its life, not the first build, and verifies.
+  auto fresh = client_->AttestModule("team/rc");
+  ASSERT_THAT(fresh.status(), IsOk());
+  auto statement =
+      InTotoStatementFromJson(DsseFromJson(fresh->envelope())->payload);
+  ASSERT_THAT(statement.status(), IsOk());
+  const auto predicate = nlohmann::json::parse(statement->predicate_json);
+  EXPECT_FALSE(
+      predicate["buildDefinition"]["externalParameters"].contains("build"))
+      << statement->predicate_json;
+  const auto& cited =
+      predicate["runDetails"]["byproducts"][1]["annotations"]["records"];
+  ASSERT_EQ(cited.size(), 1u) << cited.dump();
+  EXPECT_EQ(cited[0]["type"], "recovered");
+  const std::string new_dsse = Path("rc-new.dsse.json");
+  std::ofstream(new_dsse) << fresh->envelope();
+  r = Cli({"verify-attestation", new_dsse, "--key", key, "--module", "team/rc",
+           "--online"});
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+}
+
+// Exit status 1 says the attestation does not hold; 3 that it could not be
+// checked: the server unreachable, a permission missing, a file that
+// cannot be read, more records than --max-records. Never 0 for those.
+TEST_F(AttestServerTest, CouldNotCheckHasItsOwnExitStatus) {
+  ASSERT_THAT(client_
+                  ->BuildModule(BuildRequest(
+                      "team/ex", R"({"type": "Linear", "args": [3, 2]})"))
+                  .status(),
+              IsOk());
+  auto attested = client_->AttestModule("team/ex");
+  ASSERT_THAT(attested.status(), IsOk());
+  const std::string key = attested->verifier_key();
+  const std::string dsse = Path("ex.dsse.json");
+  std::ofstream(dsse) << attested->envelope();
+  CliResult r = Cli({"verify-attestation", dsse, "--key", key, "--module",
+                     "team/ex", "--online"});
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const size_t cited =
+      nlohmann::json::parse(
+          DsseFromJson(attested->envelope())
+              ->payload)["predicate"]["runDetails"]["byproducts"][1]
+                        ["annotations"]["records"]
+                            .size();
+
+  // No server at that address.
+  std::vector<std::string> args = {
+      "--server", "127.0.0.1:1", "--timeout", "2",       "verify-attestation",
+      dsse,       "--key",       key,         "--online"};
+  std::ostringstream out, err;
+  cli::Environment env;
+  env.out = &out;
+  env.err = &err;
+  EXPECT_EQ(cli::RunCli(args, env), cli::kExitNotChecked)
+      << out.str() << err.str();
+  EXPECT_THAT(out.str(), HasSubstr("NOT CHECKED: record "));
+  EXPECT_THAT(out.str(), HasSubstr("UNAVAILABLE"));
+  EXPECT_THAT(out.str(), ::testing::Not(HasSubstr("FAILED")));
+
+  // Files that cannot be read.
+  r = Cli({"verify-attestation", Path("none.dsse.json"), "--key", key});
+  EXPECT_EQ(r.code, 3) << r.out << r.err;
+  r = Cli({"verify-attestation", dsse, "--key", key, "--file",
+           Path("none.safetensors")});
+  EXPECT_EQ(r.code, 3) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("signature: OK"));
+  r = Cli({"verify-bundle", Path("none.sig"), "--key", key, "--file", dsse});
+  EXPECT_EQ(r.code, 3) << r.out << r.err;
+  // A module that is not there is an answer: not the attested one.
+  ASSERT_THAT(client_->DeleteModule("team/ex"), IsOk());
+  r = Cli({"verify-attestation", dsse, "--key", key, "--module", "team/ex"});
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("FAILED: module: "));
+  // A usage error stays 2.
+  r = Cli({"verify-attestation", dsse, "--key", key, "--max-records", "many"});
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+
+  // More cited records than --max-records: refused before any call.
+  r = Cli({"verify-attestation", dsse, "--key", key, "--online",
+           "--max-records", absl::StrCat(cited - 1)});
+  EXPECT_EQ(r.code, 3) << r.out << r.err;
+  EXPECT_THAT(r.out,
+              HasSubstr(absl::StrCat("NOT CHECKED: records: RESOURCE_EXHAUSTED:"
+                                     " the statement cites ",
+                                     cited,
+                                     " audit records, more than "
+                                     "--max-records ",
+                                     cited - 1)));
+  r = Cli({"verify-attestation", dsse, "--key", key, "--online",
+           "--max-records", absl::StrCat(cited)});
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  r = Cli({"verify-attestation", dsse, "--key", key, "--online",
+           "--max-records", "0"});
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+}
+
+// An auditor is needed for --online: a reader of the namespace (who may
+// compare the live module) gets "not checked", not "does not hold".
+TEST(AttestPermissionTest, AMissingPermissionIsNotCheckedNotFailed) {
+  const std::filesystem::path tokens =
+      std::filesystem::temp_directory_path() /
+      absl::StrCat("attest-perm-tokens-", getpid(), ".json");
+  InProcessServer server([&tokens](server::ServerConfig& config) {
+    config.token_file = tokens.string();
+  });
+  {
+    nlohmann::json principals = nlohmann::json::array();
+    principals.push_back({{"identity", "root"},
+                          {"token_sha256", Sha256Hex("root-token")},
+                          {"roles", {{"admin", {"*"}}}}});
+    principals.push_back({{"identity", "rita"},
+                          {"token_sha256", Sha256Hex("rita-token")},
+                          {"roles", {{"reader", {"team"}}}}});
+    std::ofstream(tokens) << nlohmann::json{{"principals", principals}}.dump();
+    std::filesystem::permissions(tokens,
+                                 std::filesystem::perms::owner_read |
+                                     std::filesystem::perms::owner_write |
+                                     std::filesystem::perms::group_read |
+                                     std::filesystem::perms::others_read);
+  }
+  ASSERT_THAT(server.Start(), IsOk());
+  client::ClientOptions root;
+  root.bearer_token = "root-token";
+  auto client = server.NewClient(root);
+  ASSERT_THAT(client
+                  ->BuildModule(BuildRequest(
+                      "team/p", R"({"type": "Linear", "args": [3, 2]})"))
+                  .status(),
+              IsOk());
+  auto attested = client->AttestModule("team/p");
+  ASSERT_THAT(attested.status(), IsOk());
+  const std::string dsse = (server.dir() / "p.dsse.json").string();
+  std::ofstream(dsse) << attested->envelope();
+  const std::filesystem::path rita = server.dir() / "rita.token";
+  std::ofstream(rita) << "rita-token";
+  std::ostringstream out, err;
+  cli::Environment env;
+  env.out = &out;
+  env.err = &err;
+  const int code =
+      cli::RunCli({"--server", server.address(), "--token-file", rita.string(),
+                   "verify-attestation", dsse, "--key",
+                   attested->verifier_key(), "--module", "team/p", "--online"},
+                  env);
+  EXPECT_EQ(code, cli::kExitNotChecked) << out.str() << err.str();
+  EXPECT_THAT(out.str(), HasSubstr("digests: 2 entries match module team/p"));
+  EXPECT_THAT(out.str(), HasSubstr("NOT CHECKED: record "));
+  EXPECT_THAT(out.str(), HasSubstr("PERMISSION_DENIED"));
+  server.Stop();
+  std::filesystem::remove(tokens);
 }
 
 }  // namespace
