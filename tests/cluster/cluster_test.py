@@ -1314,6 +1314,18 @@ def write_certificate_extensions(d):
         f.write("extendedKeyUsage=clientAuth\n")
 
 
+def write_tokens_and_secret(d, secret):
+    """tokens.json, where carol-cert (the client certificate's name) is
+    admin everywhere, and the cluster secret file; both private (0600)."""
+    with open(os.open(os.path.join(d, "tokens.json"),
+                      os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+        json.dump({"principals": [
+            {"identity": "carol-cert", "roles": {"admin": ["*"]}}]}, f)
+    with open(os.open(os.path.join(d, "secret"),
+                      os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+        f.write(secret + "\n")
+
+
 class TlsClusterTest(unittest.TestCase):
     """Two TLS replicas with mutual TLS: replica-to-replica calls use TLS."""
 
@@ -1336,13 +1348,7 @@ class TlsClusterTest(unittest.TestCase):
             "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key "
             "-CAcreateserial -out client.pem -days 2 -extfile client.ext"
             % (d, ec, ec, ec), shell=True, check=True, capture_output=True)
-        with open(os.open(os.path.join(d, "tokens.json"),
-                          os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
-            json.dump({"principals": [
-                {"identity": "carol-cert", "roles": {"admin": ["*"]}}]}, f)
-        with open(os.open(os.path.join(d, "secret"),
-                          os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
-            f.write("a-cluster-secret-for-tls-replicas\n")
+        write_tokens_and_secret(d, "a-cluster-secret-for-tls-replicas")
         files = {name: os.path.join(d, name) for name in
                  ("ca.pem", "replica.pem", "replica.key", "tokens.json",
                   "secret")}
@@ -1496,13 +1502,7 @@ class TlsRotationTest(unittest.TestCase):
         subprocess.run("; ".join(script), shell=True, check=True,
                        capture_output=True)
         self.install(ca=["old"], replica="old")
-        with open(os.open(os.path.join(d, "tokens.json"),
-                          os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
-            json.dump({"principals": [
-                {"identity": "carol-cert", "roles": {"admin": ["*"]}}]}, f)
-        with open(os.open(os.path.join(d, "secret"),
-                          os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
-            f.write("a-cluster-secret-for-a-tls-roll\n")
+        write_tokens_and_secret(d, "a-cluster-secret-for-a-tls-roll")
         self.etcd = Etcd()
         self.addCleanup(self.etcd.stop)
         self.servers = {}
