@@ -4,9 +4,8 @@
 # crash, a sanitizer report, a leak, a timeout or an out-of-memory; the
 # reproducer is left in the build directory (crash-*, leak-*, ...).
 #
-#   deploy/fuzz.sh                     every target, 60 s each (predicate_fuzz
-#                                      45 s, see below)
-#   FUZZ_SECONDS=600 deploy/fuzz.sh    longer, every target
+#   deploy/fuzz.sh                     every target, 60 s each
+#   FUZZ_SECONDS=600 deploy/fuzz.sh    longer
 #   FUZZ_TARGETS="spec_fuzz" deploy/fuzz.sh
 #   ASAN_BUILD_DIR=dir deploy/fuzz.sh  build somewhere else (default: build-asan,
 #                                      shared with deploy/sanitize.sh asan)
@@ -19,21 +18,8 @@ ms_install_packages "${MODELSTATE_PACKAGES[@]}" \
   clang-14 libclang-rt-14-dev libfuzzer-14-dev
 
 build_dir=${ASAN_BUILD_DIR:-$MODELSTATE_ROOT/build-asan}
+seconds=${FUZZ_SECONDS:-60}
 read -r -a targets <<<"${FUZZ_TARGETS:-safetensors_fuzz spec_fuzz stream_fuzz predicate_fuzz}"
-# FUZZ_SECONDS sets every target's time. Without it predicate_fuzz (the
-# attestation statement and predicate reader) gets 45 s, so that adding it
-# cost CI under a minute. Measured locally from its seeds (ASan + UBSan,
-# about 1100 executions a second on a loaded core): coverage 2112 edges at
-# 20 s, 2200 at 40 s, 2378 at 110 s, 2403 at 215 s; nothing found.
-seconds_of() {
-  if [ -n "${FUZZ_SECONDS:-}" ]; then
-    echo "$FUZZ_SECONDS"
-  elif [ "$1" = predicate_fuzz ]; then
-    echo 45
-  else
-    echo 60
-  fi
-}
 
 # The fuzz targets live in the ASan build of deploy/sanitize.sh asan (one
 # compilation of the libraries for both); after it, this builds nothing.
@@ -54,7 +40,6 @@ for target in "${targets[@]}"; do
   corpus=$run_dir/$target/corpus
   artifacts=$run_dir/$target/
   log=$run_dir/$target/fuzz.log
-  seconds=$(seconds_of "$target")
   rm -rf "${run_dir:?}/$target"
   mkdir -p "$corpus"
   cp -r "$seeds"/. "$corpus"/
@@ -80,7 +65,7 @@ for target in "${targets[@]}"; do
   fi
 done
 
-echo "[fuzz] summary (${FUZZ_SECONDS:-60}s per target, predicate_fuzz ${FUZZ_SECONDS:-45}s):"
+echo "[fuzz] summary (${seconds}s per target):"
 for line in "${summary[@]}"; do echo "[fuzz]   $line"; done
 echo "[fuzz]   $(printf '%-20s %12s executions' total "$total")"
 if [ ${#failed[@]} -ne 0 ]; then
