@@ -32,6 +32,7 @@
 #include "base/status_macros.h"
 #include "client/cli/command.h"
 #include "client/cli/interrupt.h"
+#include "client/cli/options.h"
 #include "client/cli/output.h"
 #include "core/safetensors.h"
 #include "core/state_digest.h"
@@ -588,7 +589,8 @@ void AddAttestCommands(CommandSet& commands) {
   v->add_option("--max-records", verify->max_records,
                 "with --online: check at most this many cited records, "
                 "else exit 3 (0: no limit)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(NonNegativeInteger());
 
   auto bundle = std::make_shared<VerifyBundleArgs>();
   CLI::App* vb = commands.Add(

@@ -1164,6 +1164,10 @@ TEST_F(AttestServerTest, CouldNotCheckHasItsOwnExitStatus) {
   // A usage error stays 2.
   r = Cli({"verify-attestation", dsse, "--key", key, "--max-records", "many"});
   EXPECT_EQ(r.code, 2) << r.out << r.err;
+  // Not wrapped round to a huge limit, which would mean "no limit".
+  r = Cli({"verify-attestation", dsse, "--key", key, "--max-records", "-1"});
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--max-records"));
 
   // More cited records than --max-records: refused before any call.
   r = Cli({"verify-attestation", dsse, "--key", key, "--online",
