@@ -140,6 +140,12 @@ absl::Status AccessGate::Refuse(const Caller& caller, absl::string_view rpc,
   return Deny(caller, rpc, refusal.module, std::move(refusal.status));
 }
 
+void AccessGate::Revoke(const Caller& caller, absl::string_view rpc,
+                        const Refusal& refusal) {
+  denials_.RecordRevocation(caller.ctx, caller.peer, rpc, refusal.module,
+                            refusal.status);
+}
+
 absl::Status AccessGate::StillAllowsIn(const Caller& caller,
                                        absl::string_view rpc,
                                        Permission permission,

@@ -124,6 +124,11 @@ class AccessGate {
   // Records `refusal` of `caller`'s `rpc` as a denial; its status.
   absl::Status Refuse(const Caller& caller, absl::string_view rpc,
                       Refusal refusal);
+  // Records `refusal` of a call already under way, revoked by a reload, in
+  // a record of its own at once (DenialRecorder::RecordRevocation): a
+  // caller's parallel transfers revoked together each leave theirs.
+  void Revoke(const Caller& caller, absl::string_view rpc,
+              const Refusal& refusal);
   // The principal `caller`'s credentials name now, if it is still the
   // same identity; otherwise UNAUTHENTICATED, recorded. Without
   // authentication, `caller`'s own principal.

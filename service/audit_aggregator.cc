@@ -66,6 +66,10 @@ bool AuditAggregator::Record(const Occurrence& occurrence,
   return true;
 }
 
+void AuditAggregator::RecordOwn(absl::FunctionRef<AuditRecord()> individual) {
+  if (audit_ != nullptr) (void)audit_->Append(individual());
+}
+
 void AuditAggregator::WriteAndReset(Entry& entry) {
   if (entry.tally.count == 0) return;
   AuditTally tally = std::move(entry.tally);

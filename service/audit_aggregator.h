@@ -89,6 +89,10 @@ class AuditAggregator {
   bool Record(const Occurrence& occurrence,
               absl::FunctionRef<AuditRecord()> individual,
               absl::FunctionRef<Summarise()> summarise);
+  // An occurrence that gets its own record whatever its key's count, for
+  // callers whose occurrences are bounded on their own (a reload revokes
+  // each transfer under way once) and must be found at once.
+  void RecordOwn(absl::FunctionRef<AuditRecord()> individual);
   // Writes `key`'s tally now (its owner is gone, for now). The key keeps
   // what it used of the interval's individual records, so coming back
   // does not buy more.

@@ -91,6 +91,15 @@ void DenialRecorder::Record(const OperationContext& ctx, absl::string_view peer,
       });
 }
 
+void DenialRecorder::RecordRevocation(const OperationContext& ctx,
+                                      absl::string_view peer,
+                                      absl::string_view rpc,
+                                      const ModuleName& module,
+                                      const absl::Status& status) {
+  counts_.RecordOwn(
+      [&] { return audit_events::Denied(ctx, peer, rpc, module, status); });
+}
+
 void DenialRecorder::Flush() { counts_.Flush(); }
 
 void DenialRecorder::Stop() { counts_.Stop(); }

@@ -57,6 +57,13 @@ class DenialRecorder {
   void Record(const OperationContext& ctx, absl::string_view peer,
               absl::string_view rpc, const ModuleName& module,
               const absl::Status& status);
+  // Like Record, but always its own record at once, never counted: for a
+  // revocation of a call under way, which its caller is told of and must
+  // find in the log (each tracked call is revoked at most once, so these
+  // are bounded by the calls the server admits).
+  void RecordRevocation(const OperationContext& ctx, absl::string_view peer,
+                        absl::string_view rpc, const ModuleName& module,
+                        const absl::Status& status);
   // Writes the counted refusals now and starts a new interval.
   void Flush();
   // Ends the interval thread and flushes (idempotent). Refusals recorded

@@ -678,8 +678,7 @@ void ModelService::RecheckTransfers(absl::Duration grace) {
     }
   }
   for (Denial& denial : denials) {
-    gate_.Refuse(denial.caller, denial.rpc, std::move(denial.refusal))
-        .IgnoreError();
+    gate_.Revoke(denial.caller, denial.rpc, denial.refusal);
     // Looked up again: a transfer that ended meanwhile (its client went
     // away) is no longer tracked, nor alive.
     MutexLock lock(&transfers_mu_);

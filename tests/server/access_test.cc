@@ -1789,6 +1789,68 @@ TEST(AccessReloadTest, AReloadEndsTheTransfersOfRevokedCallers) {
   server.Stop();
 }
 
+// A caller's parallel transfers revoked by one reload each leave a denial
+// of their own, in the log by the time each is told: refusals of one key
+// are otherwise counted and written as one record when the interval ends
+// (--audit_denied_interval_s, 60 s here).
+TEST(AccessReloadTest, EachRevokedTransferHasItsOwnDenialWhenItEnds) {
+  const TempDir dir("access-revoke-parallel");
+  const std::filesystem::path tokens = dir / "tokens.json";
+  WriteText(tokens, TokenFile(People()));
+  TestServer server(
+      {"--token_file=" + tokens.string(), "--audit_denied_interval_s=60"});
+  ASSERT_THAT(server.Start(), IsOk());
+  std::unique_ptr<client::ModelStateClient> root =
+      ClientWithToken(server, "root-token");
+  BuildBig(*root, "team-a/big");
+  std::unique_ptr<client::ModelStateClient> rita =
+      ClientWithToken(server, "rita-token");
+  constexpr int kReaders = 3;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::StateDictChunk>>> readers;
+  v1::StateDictChunk chunk;
+  for (int i = 0; i < kReaders; ++i) {
+    contexts.push_back(rita->NewContext(absl::Seconds(30)));
+    v1::GetStateDictRequest request;
+    request.set_module("team-a/big");
+    request.set_chunk_bytes(64 << 10);
+    readers.push_back(
+        rita->stub().GetStateDict(contexts.back().get(), request));
+    ASSERT_TRUE(readers.back()->Read(&chunk) && chunk.has_header());
+    ASSERT_TRUE(readers.back()->Read(&chunk));
+  }
+  std::vector<Who> after;
+  for (const Who& w : People()) {
+    if (w.identity != "rita") after.push_back(w);
+  }
+  WriteText(tokens, TokenFile(after));
+  ASSERT_EQ(kill(server.pid(), SIGHUP), 0);
+  AwaitReloads(server, 1);
+  v1::QueryAuditRequest query;
+  query.mutable_filter()->set_type("denied");
+  query.mutable_filter()->set_identity("rita");
+  for (int i = 0; i < kReaders; ++i) {
+    while (readers[i]->Read(&chunk)) {
+    }
+    grpc::Status status = readers[i]->Finish();
+    ASSERT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+        << status.error_message();
+    absl::StatusOr<v1::QueryAuditResponse> denied = root->QueryAudit(query);
+    ASSERT_THAT(denied, IsOk());
+    EXPECT_GE(denied->records_size(), i + 1) << "reader " << i;
+  }
+  absl::StatusOr<v1::QueryAuditResponse> denied = root->QueryAudit(query);
+  ASSERT_THAT(denied, IsOk());
+  std::set<std::string> requests;
+  for (const v1::AuditRecordProto& r : denied->records()) {
+    EXPECT_THAT(r.DebugString(), Not(HasSubstr("aggregated")));
+    requests.insert(r.correlation_id());
+  }
+  EXPECT_EQ(requests.size(), static_cast<size_t>(kReaders));
+  EXPECT_FALSE(requests.contains(""));
+  server.Stop();
+}
+
 // A revoked load that stops sending is cancelled by the reload after its
 // grace; what ends its stream then reads as the client's cancellation. Its
 // record says it was revoked, as for a revoked load that keeps sending.
