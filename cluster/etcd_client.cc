@@ -140,7 +140,7 @@ void EtcdClient::SetCredentials(const EtcdCredentials& credentials) {
   }
 }
 
-absl::Status EtcdClient::Authenticate(Endpoint& endpoint) {
+absl::StatusOr<std::string> EtcdClient::Authenticate(Endpoint& endpoint) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
   pb::AuthenticateRequest request;
@@ -154,8 +154,10 @@ absl::Status EtcdClient::Authenticate(Endpoint& endpoint) {
   MODELSTATE_RETURN_IF_ERROR(
       FromGrpc(endpoint.auth->Authenticate(&context, request, &response)));
   MutexLock lock(&mu_);
-  token_ = response.token();
-  return absl::OkStatus();
+  // A token got with a password SetCredentials replaced meanwhile serves
+  // this call only: the next one logs in with the new password.
+  if (request.password() == password_) token_ = response.token();
+  return response.token();
 }
 
 template <typename Call>
@@ -180,10 +182,10 @@ absl::Status EtcdClient::Invoke(Call call) {
         endpoint = endpoints_[index];
       }
       if (!options_.user.empty() && token.empty()) {
-        status = Authenticate(*endpoint);
+        absl::StatusOr<std::string> fresh = Authenticate(*endpoint);
+        status = fresh.status();
         if (!status.ok()) break;
-        MutexLock lock(&mu_);
-        token = token_;
+        token = *std::move(fresh);
       }
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));

@@ -142,7 +142,10 @@ class EtcdClient {
       grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
                                    Response*),
       const Request& request);
-  absl::Status Authenticate(Endpoint& endpoint) ABSL_LOCKS_EXCLUDED(mu_);
+  // A token for `endpoint`'s calls, kept for later ones unless the
+  // password changed meanwhile.
+  absl::StatusOr<std::string> Authenticate(Endpoint& endpoint)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The channels and stubs to each endpoint, made with `credentials`.
   static std::vector<std::shared_ptr<Endpoint>> Connect(
       const std::vector<std::string>& addresses,
