@@ -1314,6 +1314,26 @@ def write_certificate_extensions(d):
         f.write("extendedKeyUsage=clientAuth\n")
 
 
+def make_certificates(d, cas, certificates):
+    """Runs openssl in `d`: each of `cas` (file stem, CN) a self-signed CA
+    (stem.key, stem.pem), then each of `certificates` (file stem, CA stem,
+    CN, extension file) a key and a certificate that CA signed."""
+    ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+    script = ["set -e", "cd " + d]
+    for stem, cn in cas:
+        script.append("openssl req -x509 %s -keyout %s.key -out %s.pem "
+                      "-days 2 -subj /CN=%s" % (ec, stem, stem, cn))
+    for stem, ca, cn, ext in certificates:
+        script += [
+            "openssl req %s -keyout %s.key -out %s.csr -subj /CN=%s"
+            % (ec, stem, stem, cn),
+            "openssl x509 -req -in %s.csr -CA %s.pem -CAkey %s.key "
+            "-CAcreateserial -out %s.pem -days 2 -extfile %s"
+            % (stem, ca, ca, stem, ext)]
+    subprocess.run("; ".join(script), shell=True, check=True,
+                   capture_output=True)
+
+
 def write_tokens_and_secret(d, secret):
     """tokens.json, where carol-cert (the client certificate's name) is
     admin everywhere, and the cluster secret file; both private (0600)."""
@@ -1334,20 +1354,10 @@ class TlsClusterTest(unittest.TestCase):
         cls.dir = tempfile.mkdtemp(prefix="modelstate-tls-")
         d = cls.dir
         write_certificate_extensions(d)
-        ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
-        subprocess.run(
-            "set -e; cd %s; "
-            "openssl req -x509 %s -keyout ca.key -out ca.pem -days 2 "
-            "-subj /CN=cluster-ca; "
-            "openssl req %s -keyout replica.key -out replica.csr "
-            "-subj /CN=replica; "
-            "openssl x509 -req -in replica.csr -CA ca.pem -CAkey ca.key "
-            "-CAcreateserial -out replica.pem -days 2 -extfile replica.ext; "
-            "openssl req %s -keyout client.key -out client.csr "
-            "-subj /CN=carol-cert; "
-            "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key "
-            "-CAcreateserial -out client.pem -days 2 -extfile client.ext"
-            % (d, ec, ec, ec), shell=True, check=True, capture_output=True)
+        make_certificates(
+            d, [("ca", "cluster-ca")],
+            [("replica", "ca", "replica", "replica.ext"),
+             ("client", "ca", "carol-cert", "client.ext")])
         write_tokens_and_secret(d, "a-cluster-secret-for-tls-replicas")
         files = {name: os.path.join(d, name) for name in
                  ("ca.pem", "replica.pem", "replica.key", "tokens.json",
@@ -1486,21 +1496,12 @@ class TlsRotationTest(unittest.TestCase):
         self.addCleanup(shutil.rmtree, self.dir, True)
         d = self.dir
         write_certificate_extensions(d)
-        ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
-        script = ["set -e", "cd " + d]
-        for ca in ("old", "new"):
-            script += [
-                "openssl req -x509 %s -keyout %s-ca.key -out %s-ca.pem "
-                "-days 2 -subj /CN=%s-cluster-ca" % (ec, ca, ca, ca)]
-            for who, cn in (("replica", "replica"), ("client", "carol-cert")):
-                script += [
-                    "openssl req %s -keyout %s-%s.key -out %s-%s.csr "
-                    "-subj /CN=%s" % (ec, ca, who, ca, who, cn),
-                    "openssl x509 -req -in %s-%s.csr -CA %s-ca.pem "
-                    "-CAkey %s-ca.key -CAcreateserial -out %s-%s.pem -days 2 "
-                    "-extfile %s.ext" % (ca, who, ca, ca, ca, who, who)]
-        subprocess.run("; ".join(script), shell=True, check=True,
-                       capture_output=True)
+        make_certificates(
+            d, [(ca + "-ca", ca + "-cluster-ca") for ca in ("old", "new")],
+            [("%s-%s" % (ca, who), ca + "-ca", cn, who + ".ext")
+             for ca in ("old", "new")
+             for who, cn in (("replica", "replica"),
+                             ("client", "carol-cert"))])
         self.install(ca=["old"], replica="old")
         write_tokens_and_secret(d, "a-cluster-secret-for-a-tls-roll")
         self.etcd = Etcd()
@@ -1646,21 +1647,12 @@ class EtcdTlsRotationTest(unittest.TestCase):
         self.addCleanup(shutil.rmtree, self.dir, True)
         d = self.dir
         write_certificate_extensions(d)
-        ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
-        script = ["set -e", "cd " + d]
         # One certificate per CA, for 127.0.0.1, serves as etcd's own and
         # as the replicas' client certificate.
-        for ca in ("old", "new"):
-            script += [
-                "openssl req -x509 %s -keyout %s-ca.key -out %s-ca.pem "
-                "-days 2 -subj /CN=%s-etcd-ca" % (ec, ca, ca, ca),
-                "openssl req %s -keyout %s.key -out %s.csr -subj /CN=%s-member"
-                % (ec, ca, ca, ca),
-                "openssl x509 -req -in %s.csr -CA %s-ca.pem -CAkey %s-ca.key "
-                "-CAcreateserial -out %s.pem -days 2 -extfile replica.ext"
-                % (ca, ca, ca, ca)]
-        subprocess.run("; ".join(script), shell=True, check=True,
-                       capture_output=True)
+        make_certificates(
+            d, [(ca + "-ca", ca + "-etcd-ca") for ca in ("old", "new")],
+            [(ca, ca + "-ca", ca + "-member", "replica.ext")
+             for ca in ("old", "new")])
         self.install(ca=["old"], cert="old")
         self.write("both-ca.pem", self.read("old-ca.pem") +
                    self.read("new-ca.pem"))
