@@ -37,9 +37,9 @@ bool HasText(const OrderedJson& j, const char* key, absl::string_view text) {
 absl::StatusOr<OrderedJson> ObjectOf(absl::string_view text,
                                      absl::string_view field) {
   if (JsonNestedDeeperThan(text, kMaxStatementJsonDepth)) {
-    return StatementError(field, absl::StrCat("nests deeper than ",
-                                              kMaxStatementJsonDepth,
-                                              " levels"));
+    return StatementError(
+        field,
+        absl::StrCat("nests deeper than ", kMaxStatementJsonDepth, " levels"));
   }
   OrderedJson value = OrderedJson::parse(text, nullptr, false);
   if (value.is_discarded() || !value.is_object()) {
@@ -286,8 +286,8 @@ absl::StatusOr<std::vector<AttestedResource>> VerifyOmsBundle(
   // Before the parse: the bundle is anyone's file until its signature is
   // checked, and its envelope is dumped (recursively) to be read.
   if (JsonNestedDeeperThan(bundle_json, kMaxStatementJsonDepth)) {
-    return BundleError(absl::StrCat("nests deeper than ",
-                                    kMaxStatementJsonDepth, " levels"));
+    return BundleError(
+        absl::StrCat("nests deeper than ", kMaxStatementJsonDepth, " levels"));
   }
   OrderedJson bundle = OrderedJson::parse(bundle_json, nullptr, false);
   if (bundle.is_discarded() || !bundle.is_object()) {

@@ -96,9 +96,9 @@ absl::Status ReadRecords(const nlohmann::json& b, absl::string_view where,
 absl::StatusOr<CitedRecords> ReadCitedRecords(
     absl::string_view predicate_json) {
   if (JsonNestedDeeperThan(predicate_json, kMaxStatementJsonDepth)) {
-    return Malformed("the predicate", absl::StrCat("nests deeper than ",
-                                                   kMaxStatementJsonDepth,
-                                                   " levels"));
+    return Malformed(
+        "the predicate",
+        absl::StrCat("nests deeper than ", kMaxStatementJsonDepth, " levels"));
   }
   const nlohmann::json predicate =
       nlohmann::json::parse(predicate_json, nullptr, false);
