@@ -116,7 +116,8 @@ absl::StatusOr<Principal> AccessGate::NamedNow(const Caller& caller) const {
 absl::StatusOr<Principal> AccessGate::StillNamed(const Caller& caller,
                                                  absl::string_view rpc) {
   absl::StatusOr<Principal> now = NamedNow(caller);
-  if (!now.ok()) return Deny(caller, rpc, ModuleName{}, now.status());
+  if (!now.ok())
+    return Refuse(caller, rpc, Refusal{ModuleName{}, now.status()});
   return now;
 }
 
@@ -137,7 +138,8 @@ std::optional<AccessGate::Refusal> AccessGate::StillAllowsInUnrecorded(
 
 absl::Status AccessGate::Refuse(const Caller& caller, absl::string_view rpc,
                                 Refusal refusal) {
-  return Deny(caller, rpc, refusal.module, std::move(refusal.status));
+  Revoke(caller, rpc, refusal);
+  return std::move(refusal.status);
 }
 
 void AccessGate::Revoke(const Caller& caller, absl::string_view rpc,
@@ -182,11 +184,12 @@ absl::Status AccessGate::StillAllows(const Caller& caller,
                        : absl::StrCat(lost.size() == 1 ? "in namespace '"
                                                        : "in namespaces '",
                                       absl::StrJoin(lost, "', '"), "'");
-  return Deny(caller, rpc, ModuleName{},
-              absl::PermissionDeniedError(
-                  absl::StrCat("'", identity, "' may no longer ", rpc, " ",
-                               where, " (needs ", PermissionName(permission),
-                               " permission; the token file was reloaded)")));
+  return Refuse(
+      caller, rpc,
+      Refusal{ModuleName{}, absl::PermissionDeniedError(absl::StrCat(
+                                "'", identity, "' may no longer ", rpc, " ",
+                                where, " (needs ", PermissionName(permission),
+                                " permission; the token file was reloaded)"))});
 }
 
 absl::Status AccessGate::AuditWritable() const {

@@ -96,8 +96,9 @@ class AccessGate {
   // `permission` in every namespace it held it in when the stream opened.
   // Otherwise UNAUTHENTICATED (the token or certificate names no principal,
   // or another one) or PERMISSION_DENIED (a namespace was taken away),
-  // recorded. A revoked token must not keep a subscription that decides
-  // registrations, or an audit watch, running until it disconnects.
+  // recorded as Revoke records. A revoked token must not keep a subscription
+  // that decides registrations, or an audit watch, running until it
+  // disconnects.
   absl::Status StillAllows(const Caller& caller, absl::string_view rpc,
                            Permission permission);
   // For a transfer of `module` (GetStateDict, LoadStateDict) opened by
@@ -121,14 +122,17 @@ class AccessGate {
   std::optional<Refusal> StillAllowsInUnrecorded(
       const Caller& caller, absl::string_view rpc, Permission permission,
       const ModuleName& module) const;
-  // Records `refusal` of `caller`'s `rpc` as a denial; its status.
-  absl::Status Refuse(const Caller& caller, absl::string_view rpc,
-                      Refusal refusal);
-  // Records `refusal` of a call already under way, revoked by a reload, in
-  // a record of its own at once (DenialRecorder::RecordRevocation): a
-  // caller's parallel transfers revoked together each leave theirs.
+  // Records `refusal` of a call already admitted, revoked by a reload, in
+  // a record of its own at once (DenialRecorder::RecordRevocation), never
+  // counted into an interval's total: a caller's parallel transfers,
+  // subscriptions or audit watches revoked together each leave theirs, in
+  // the log before the caller is told. Bounded by the calls the server
+  // admits, as each is revoked once. Every Still* refusal is recorded so.
   void Revoke(const Caller& caller, absl::string_view rpc,
               const Refusal& refusal);
+  // Revoke, then the refusal's status.
+  absl::Status Refuse(const Caller& caller, absl::string_view rpc,
+                      Refusal refusal);
   // The principal `caller`'s credentials name now, if it is still the
   // same identity; otherwise UNAUTHENTICATED, recorded. Without
   // authentication, `caller`'s own principal.

@@ -565,10 +565,15 @@ absl::Status ModelService::StillLearnsOf(const Caller& caller) {
                  MayLearnOfNamespaces(caller))) {
     return absl::OkStatus();
   }
-  return absl::PermissionDeniedError(absl::StrCat(
-      "the reloaded token file narrows the subscribers '",
-      caller.principal.identity,
-      "' may learn of (its review and audit namespaces); subscribe again"));
+  return gate_.Refuse(
+      caller, "Subscribe",
+      AccessGate::Refusal{
+          ModuleName{},
+          absl::PermissionDeniedError(absl::StrCat(
+              "the reloaded token file narrows the subscribers '",
+              caller.principal.identity,
+              "' may learn of (its review and audit namespaces); subscribe "
+              "again"))});
 }
 
 void ModelService::RecheckSubscribers() {

@@ -527,7 +527,8 @@ class ModelService {
   // them (RecheckSubscribers).
   void TrackSubscriber(uint64_t id, const Caller& caller);
   // OK unless a reload narrowed the subscribers `caller` may learn of
-  // (MayLearnOf), which its chains would otherwise go on naming.
+  // (MayLearnOf), which its chains would otherwise go on naming; then
+  // PERMISSION_DENIED, recorded (AccessGate::Revoke).
   absl::Status StillLearnsOf(const Caller& caller);
   void ForgetSubscriber(uint64_t id);
 

@@ -1356,6 +1356,92 @@ TEST(AccessReloadTest, AReloadEndsTheStreamsOfRevokedCallers) {
   server.Stop();
 }
 
+// The denied records of `identity` as the audit log holds them now.
+std::vector<v1::AuditRecordProto> DeniedRecordsOf(
+    client::ModelStateClient& auditor, const std::string& identity) {
+  v1::QueryAuditRequest query;
+  query.mutable_filter()->set_type("denied");
+  query.mutable_filter()->set_identity(identity);
+  absl::StatusOr<v1::QueryAuditResponse> denied = auditor.QueryAudit(query);
+  EXPECT_THAT(denied, IsOk());
+  if (!denied.ok()) return {};
+  return {denied->records().begin(), denied->records().end()};
+}
+
+// Two subscriptions of one caller and two audit watches of another, all
+// revoked by one reload: each stream's denial is a record of its own, in
+// the log when its caller is told, never counted into the interval's total
+// (before, the second of each pair was written only when the interval
+// ended, a minute later).
+TEST(AccessReloadTest, EachRevokedStreamHasItsOwnDenial) {
+  const TempDir dir("access-revoke-streams");
+  const std::filesystem::path tokens = dir / "tokens.json";
+  WriteText(tokens, TokenFile(People()));
+  TestServer server({"--token_file=" + tokens.string(),
+                     "--audit_denied_interval_s=60", "--reload_seconds=0"});
+  ASSERT_THAT(server.Start(), IsOk());
+  std::unique_ptr<client::ModelStateClient> root =
+      ClientWithToken(server, "root-token");
+  std::unique_ptr<client::ModelStateClient> rev =
+      ClientWithToken(server, "rev-token");
+  std::unique_ptr<client::ModelStateClient> aud =
+      ClientWithToken(server, "aud-token");
+  ASSERT_THAT(root->BuildModule(BuildRequest("team-a/base", kNet)), IsOk());
+  constexpr int kStreams = 2;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<
+      grpc::ClientReaderWriter<v1::SubscribeRequest, v1::SubscribeResponse>>>
+      subscriptions;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::AuditRecordProto>>>
+      watches;
+  for (int i = 0; i < kStreams; ++i) {
+    contexts.push_back(rev->NewContext(absl::Seconds(20)));
+    subscriptions.push_back(SubscribeToTeamA(*rev, absl::StrCat("rev-hook-", i),
+                                             contexts.back().get()));
+    contexts.push_back(aud->NewContext(absl::Seconds(20)));
+    v1::WatchAuditRequest request;
+    request.mutable_filter()->set_namespace_("team-a");
+    watches.push_back(aud->stub().WatchAudit(contexts.back().get(), request));
+    v1::AuditRecordProto record;
+    ASSERT_TRUE(watches.back()->Read(&record));  // the watch is open
+  }
+
+  std::vector<Who> people;
+  for (Who w : People()) {
+    if (w.identity == "rev") continue;
+    if (w.identity == "aud") w.roles = {{"auditor", {"team-b"}}};
+    people.push_back(w);
+  }
+  WriteText(tokens, TokenFile(people));
+  ASSERT_EQ(kill(server.pid(), SIGHUP), 0);
+  for (int i = 0; i < kStreams; ++i) {
+    v1::SubscribeResponse event;
+    while (subscriptions[i]->Read(&event)) {
+    }
+    EXPECT_EQ(subscriptions[i]->Finish().error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_GE(DeniedRecordsOf(*root, "rev").size(), static_cast<size_t>(i + 1))
+        << "subscription " << i;
+    v1::AuditRecordProto record;
+    while (watches[i]->Read(&record)) {
+    }
+    EXPECT_EQ(watches[i]->Finish().error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_GE(DeniedRecordsOf(*root, "aud").size(), static_cast<size_t>(i + 1))
+        << "watch " << i;
+  }
+  for (const std::string identity : {"rev", "aud"}) {
+    std::set<std::string> requests;
+    for (const v1::AuditRecordProto& r : DeniedRecordsOf(*root, identity)) {
+      EXPECT_THAT(r.DebugString(), Not(HasSubstr("aggregated")));
+      requests.insert(r.correlation_id());
+    }
+    EXPECT_EQ(requests.size(), static_cast<size_t>(kStreams)) << identity;
+    EXPECT_FALSE(requests.contains("")) << identity;
+  }
+  server.Stop();
+}
+
 void AwaitReloads(const TestServer& server, int count);
 
 // A load whose bytes all came before the reload, waiting for the module's
@@ -1468,6 +1554,12 @@ TEST(AccessReloadTest, AReloadThatNarrowsWhomASubscriberMayLearnOfEndsIt) {
       << ended.error_message();
   EXPECT_THAT(ended.error_message(),
               HasSubstr("narrows the subscribers 'carol' may learn of"));
+  // Recorded as denied, as any revocation (before: only the detach was).
+  std::unique_ptr<client::ModelStateClient> root =
+      ClientWithToken(server, "root-token");
+  std::vector<v1::AuditRecordProto> denied = DeniedRecordsOf(*root, "carol");
+  ASSERT_EQ(denied.size(), 1u);
+  EXPECT_THAT(denied[0].DebugString(), HasSubstr("narrows the subscribers"));
   // rev's view did not change: its subscription stays.
   kept->WritesDone();
   while (kept->Read(&event)) {
