@@ -1929,6 +1929,34 @@ class EtcdAuthTest(unittest.TestCase):
         # The lease it had (the switch is not a new membership).
         self.assertNotIn("registering again", log)
 
+    def test_c_a_refused_login_is_unavailable_to_clients(self):
+        # The password changed in etcd (which drops the user's tokens) but
+        # not in the replica's file: a call that needs etcd is UNAVAILABLE,
+        # naming the login, not etcd's INVALID_ARGUMENT, which a client
+        # would take for a fault of its own request.
+        server = server_process.Server(
+            SERVER_BINARY, "--etcd_endpoints=" + self.etcd.endpoint,
+            "--etcd_user=modelstate",
+            "--etcd_password_file=" + self.password_file("member-password"),
+            "--replica_id=a3", "--cluster_secret_file=" + self.secret)
+        self.addCleanup(server.stop)
+        channel = grpc.insecure_channel(server.address)
+        self.addCleanup(channel.close)
+        stub = pb_grpc.ModelStateServiceStub(channel)
+        self.addCleanup(self.set_password, "member-password")
+        self.set_password("member-password-3")
+        request = pb.BuildModuleRequest(module="auth/refused")
+        request.spec.type = "Linear"
+        request.spec.args.add().number_value = 2
+        request.spec.args.add().number_value = 2
+        with self.assertRaises(grpc.RpcError) as refused:
+            stub.BuildModule(request, timeout=TIMEOUT)
+        self.assertEqual(refused.exception.code(),
+                         grpc.StatusCode.UNAVAILABLE,
+                         refused.exception.details())
+        self.assertIn("etcd refused the login of user 'modelstate'",
+                      refused.exception.details())
+
     def write_password(self, path, password):
         with open(os.open(path + ".new", os.O_WRONLY | os.O_CREAT |
                           os.O_TRUNC, 0o600), "w") as f:
