@@ -121,7 +121,7 @@ ABSL_FLAG(int, reload_seconds,
           "force); 0: on SIGHUP only");
 ABSL_FLAG(std::string, token_file, Defaults().token_file,
           "Principals, their token hashes and roles (JSON; see README "
-          "\"Deploy\"); turns on authentication; re-read on SIGHUP and when "
+          "\"Security\"); turns on authentication; re-read on SIGHUP and when "
           "changed (--reload_seconds)");
 ABSL_FLAG(bool, plaintext, Defaults().plaintext,
           "Allow plaintext on a non-loopback --listen address");

@@ -15,6 +15,12 @@
 //   <data_dir>/cluster.volume                         names this data
 //                                                     directory to a
 //                                                     cluster (random id)
+//   <data_dir>/shm.sock                               the Unix socket
+//                                                     same-host clients
+//                                                     register shared
+//                                                     memory at (unless
+//                                                     --shm_socket names
+//                                                     another)
 //   <data_dir>/staging/                               unlinked files of
 //                                                     loads being received
 //   <data_dir>/modules/                               the ModuleRepository

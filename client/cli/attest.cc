@@ -560,6 +560,7 @@ void AddAttestCommands(CommandSet& commands) {
       [attest](Context& c) { return RunAttest(c, *attest); });
   AddModuleArgument(a, attest->module);
   a->add_option("-o,--output", attest->output, "the envelope's file")
+      ->type_name("FILE")
       ->required()
       ->check(NonEmpty("a file name"));
 
@@ -579,16 +580,21 @@ void AddAttestCommands(CommandSet& commands) {
        "--file mlp.safetensors"},
       [verify](Context& c) { return Verifying(RunVerify(c, *verify)); });
   v->add_option("envelope", verify->envelope, "the .dsse.json file")
+      ->type_name("FILE")
       ->required();
   v->add_option("--key", verify->key, "the log's verifier key, or its file")
+      ->type_name("KEY")
       ->required();
-  v->add_option("--file", verify->file, "a safetensors file to compare");
-  v->add_option("--module", verify->module, "a module to compare");
+  v->add_option("--file", verify->file, "a safetensors file to compare")
+      ->type_name("FILE");
+  v->add_option("--module", verify->module, "a module to compare")
+      ->type_name("MODULE");
   v->add_flag("--online", verify->online,
               "check the cited records' inclusion with the server");
   v->add_option("--max-records", verify->max_records,
                 "with --online: check at most this many cited records, "
                 "else exit 3 (0: no limit)")
+      ->type_name("N")
       ->capture_default_str()
       ->check(NonNegativeInteger());
 
@@ -606,10 +612,14 @@ void AddAttestCommands(CommandSet& commands) {
       [bundle](Context& c) { return Verifying(RunVerifyBundle(c, *bundle)); });
   vb->add_option("bundle", bundle->bundle,
                  "the bundle (get-state --sign's .sig)")
+      ->type_name("FILE")
       ->required();
   vb->add_option("--key", bundle->key, "the log's verifier key, or its file")
+      ->type_name("KEY")
       ->required();
-  vb->add_option("--file", bundle->file, "the signed file")->required();
+  vb->add_option("--file", bundle->file, "the signed file")
+      ->type_name("FILE")
+      ->required();
 }
 
 }  // namespace modelstate::cli

@@ -394,8 +394,9 @@ absl::Status RunForward(Context& c, const ForwardArgs& a) {
   MODELSTATE_RETURN_IF_ERROR(
       Uninterrupted([&] { return WriteSafetensorsFile(*a.output, outputs); }));
   if (c.json()) return c.PrintJson(response);
-  c.out() << "wrote " << outputs.tensors.size() << " outputs to " << *a.output
-          << "\n";
+  c.out() << "wrote " << outputs.tensors.size()
+          << (outputs.tensors.size() == 1 ? " output to " : " outputs to ")
+          << *a.output << "\n";
   for (const auto& item : outputs.tensors) {
     c.out() << "  " << item.key << ": " << item.value.DebugString() << "\n";
   }

@@ -2,6 +2,12 @@
 // dtype conversion on a CUDA device with the CPU's results bit for bit (the
 // rules of internal/element_convert.h, compiled for the device). Declared
 // without CUDA types so that host C++ can call it.
+//
+// Example (as the backend's ConvertOnDevice does):
+//   int error = LaunchConvert(src, static_cast<int>(DType::kFloat32), dst,
+//                             static_cast<int>(DType::kFloat16), count,
+//                             cudaStreamPerThread);
+//   if (error == 0) error = cudaStreamSynchronize(cudaStreamPerThread);
 #ifndef MODELSTATE_CORE_CUDA_CONVERT_KERNEL_H_
 #define MODELSTATE_CORE_CUDA_CONVERT_KERNEL_H_
 

@@ -5,6 +5,13 @@
 // peer copies, and dtype conversion kernels. Only in builds with
 // MODELSTATE_WITH_CUDA; storage.cc installs it for DeviceType::kCuda. On a
 // machine without a GPU it reports 0 devices and says why.
+//
+// Example (what storage.cc does; tests install one with fewer threads):
+//   RegisterDeviceBackend(cuda::MakeCudaBackend(/*staging_threads=*/2));
+//   MODELSTATE_ASSIGN_OR_RETURN(Tensor w,
+//                               Tensor::Zeros(DType::kFloat32, {1024}));
+//   MODELSTATE_ASSIGN_OR_RETURN(
+//       Tensor on_gpu, w.To(Device::Cuda(0), DType::kFloat32));
 #ifndef MODELSTATE_CORE_CUDA_CUDA_BACKEND_H_
 #define MODELSTATE_CORE_CUDA_CUDA_BACKEND_H_
 

@@ -936,7 +936,7 @@ TEST_F(CliTest, ForwardRunsTheModuleOnAFilesTensors) {
   const std::string out = Path("y.safetensors");
   CommandResult r = Cli({"forward", "fwd/lin", "-i", in, "-o", out, "--eval"});
   ASSERT_EQ(r.exit_code, 0) << Show(r);
-  EXPECT_THAT(r.out, StartsWith("wrote 1 outputs to "));
+  EXPECT_THAT(r.out, StartsWith("wrote 1 output to "));
   EXPECT_THAT(r.out, HasSubstr("output0: float32[4, 2] on cpu"));
   MODELSTATE_ASSERT_OK_AND_ASSIGN(StateDict got, ReadSafetensorsFile(out));
   std::shared_ptr<Module> local = modelstate::testing::LocalBuild(spec, 5);

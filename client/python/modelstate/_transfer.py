@@ -165,7 +165,7 @@ def _with_ring(client, wanted, through, plain):
 def _through_ring(client, ring, call, plain):
     """call(ring) with the ring's `consumed` set to 0; once more after
     registering the ring again when the server no longer knows its token
-    (idle for 10 minutes, or restarted); plain() when the server's side of
+    (its registering connection ended, or the server restarted); plain() when the server's side of
     the ring is still held by an earlier call, or the ring cannot be
     registered again. Raises grpc.RpcError as the calls do."""
     for attempt in (1, 2):
