@@ -151,18 +151,8 @@ absl::StatusOr<std::string> EtcdClient::Authenticate(Endpoint& endpoint) {
   }
   pb::AuthenticateResponse response;
   // Invoke names the endpoint in an error.
-  absl::Status login =
-      FromGrpc(endpoint.auth->Authenticate(&context, request, &response));
-  if (!login.ok() && !absl::IsUnavailable(login) &&
-      !absl::IsDeadlineExceeded(login)) {
-    // etcd refuses a wrong user or password as INVALID_ARGUMENT. Passed on,
-    // a client would take it for a fault of its own request; it is this
-    // replica's configuration, which a reload of the password file mends.
-    return absl::UnavailableError(absl::StrCat(
-        "etcd refused the login of user '", options_.user,
-        "' (--etcd_user, --etcd_password_file): ", login.message()));
-  }
-  MODELSTATE_RETURN_IF_ERROR(login);
+  MODELSTATE_RETURN_IF_ERROR(
+      FromGrpc(endpoint.auth->Authenticate(&context, request, &response)));
   MutexLock lock(&mu_);
   // A token got with a password SetCredentials replaced meanwhile serves
   // this call only: the next one logs in with the new password.
@@ -194,6 +184,20 @@ absl::Status EtcdClient::Invoke(Call call) {
       if (!options_.user.empty() && token.empty()) {
         absl::StatusOr<std::string> fresh = Authenticate(*endpoint);
         status = fresh.status();
+        if (!status.ok() && !absl::IsUnavailable(status) &&
+            !absl::IsDeadlineExceeded(status)) {
+          // etcd refuses a wrong user or password as INVALID_ARGUMENT.
+          // Passed on, a client would take it for a fault of its own
+          // request; it is this replica's configuration, which a reload of
+          // the password file mends. Said at once: every etcd member keeps
+          // the same users, and a later endpoint's "unreachable" would
+          // hide it.
+          return WithEndpoint(
+              absl::UnavailableError(absl::StrCat(
+                  "etcd refused the login of user '", options_.user,
+                  "' (--etcd_user, --etcd_password_file): ", status.message())),
+              address);
+        }
         if (!status.ok()) break;
         token = *std::move(fresh);
       }

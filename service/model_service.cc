@@ -509,15 +509,19 @@ absl::StatusOr<uint64_t> SubscriberSession::Attach(
   // RecheckSubscribers finds this subscriber. Checked after the attach, a
   // revoked interceptor was sent events (and could decide them) first.
   ReaderMutexLock attaching(&service_->attach_mu_);
-  if (service_->gate_.policy_generation() != caller_.policy_generation) {
+  if (const uint64_t generation = service_->gate_.policy_generation();
+      generation != caller_.policy_generation) {
     MODELSTATE_RETURN_IF_ERROR(service_->gate_.StillAllows(
         caller_, "Subscribe", Permission::kSubscribe));
-    // Whom its chains name, as the reloaded file says.
     MODELSTATE_ASSIGN_OR_RETURN(
         Principal now, service_->gate_.StillNamed(caller_, "Subscribe"));
-    Caller reloaded = caller_;
-    reloaded.principal = std::move(now);
-    spec.learns_of = MayLearnOfNamespaces(reloaded);
+    // It subscribes under the reloaded file: its chains name whom that
+    // file lets it learn of, and later reloads are compared with it (with
+    // the old principal, a reload that changed nothing of the caller's
+    // would find its learn-of namespaces narrowed and end it).
+    caller_.principal = std::move(now);
+    caller_.policy_generation = generation;
+    spec.learns_of = MayLearnOfNamespaces(caller_);
   }
   MODELSTATE_ASSIGN_OR_RETURN(
       subscriber_id_,
@@ -588,9 +592,15 @@ void ModelService::RecheckSubscribers() {
     absl::Status still =
         gate_.StillAllows(caller, "Subscribe", Permission::kSubscribe);
     if (still.ok()) still = StillLearnsOf(caller);
+    if (still.ok()) continue;
+    // Forgotten at once, not when its stream ends: a client that reads
+    // nothing holds the stream open, and the next reload must not revoke
+    // (and record) it again. Reloads run one at a time (the server's
+    // reload thread), so none records it twice meanwhile.
+    ForgetSubscriber(id);
     // Detached before its stream ends, like any subscriber that leaves:
     // what it held fails by its policy, and it decides nothing more.
-    if (!still.ok()) hub_->Disconnect(id, still, caller.ctx);
+    hub_->Disconnect(id, still, caller.ctx);
   }
 }
 

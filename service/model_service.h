@@ -442,7 +442,8 @@ class ModelService {
   // After the token file was reloaded: ends every subscription whose
   // caller's credentials no longer name a principal that may review all
   // the namespaces it could when it subscribed (UNAUTHENTICATED or
-  // PERMISSION_DENIED, recorded). Audit watches ask on their own.
+  // PERMISSION_DENIED, recorded once). Audit watches ask on their own.
+  // Not reentrant: the server calls it from one thread at a time.
   void RecheckSubscribers();
   // After the token file was reloaded: revokes every GetStateDict and
   // LoadStateDict under way whose caller's credentials no longer name a

@@ -6,7 +6,7 @@
 // MODELSTATE_WITH_CUDA; storage.cc installs it for DeviceType::kCuda. On a
 // machine without a GPU it reports 0 devices and says why.
 //
-// Example (what storage.cc does; tests install one with fewer threads):
+// Example (storage.cc installs the default one; cuda_bench chooses threads):
 //   RegisterDeviceBackend(cuda::MakeCudaBackend(/*staging_threads=*/2));
 //   MODELSTATE_ASSIGN_OR_RETURN(Tensor w,
 //                               Tensor::Zeros(DType::kFloat32, {1024}));

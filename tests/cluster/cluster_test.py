@@ -76,6 +76,7 @@ Exits 77 (ctest SKIP_RETURN_CODE) when the etcd binary is absent.
 Usage: cluster_test.py SERVER_BINARY CLI_BINARY [unittest arguments]
 """
 
+import glob
 import hashlib
 import json
 import os
@@ -1878,12 +1879,22 @@ class EtcdAuthTest(unittest.TestCase):
                          [("auth/m", "a0")])
 
     def test_a_wrong_password_keeps_the_server_from_starting(self):
+        # The refusal is what the log says, even with an unreachable
+        # endpoint after the one that refused (every member keeps the same
+        # users: it is not tried, and its "unreachable" hid the refusal).
+        root = tempfile.mkdtemp(dir=self.dir)
         with self.assertRaises(RuntimeError):
             server_process.Server(
-                SERVER_BINARY, "--etcd_endpoints=" + self.etcd.endpoint,
+                SERVER_BINARY,
+                "--etcd_endpoints=%s,127.0.0.1:1" % self.etcd.endpoint,
                 "--etcd_user=modelstate",
                 "--etcd_password_file=" + self.password_file("wrong"),
-                "--replica_id=a1", "--cluster_secret_file=" + self.secret)
+                "--replica_id=a1", "--cluster_secret_file=" + self.secret,
+                root=root)
+        [log] = glob.glob(os.path.join(root, "*", "server.log"))
+        with open(log) as f:
+            self.assertIn("etcd refused the login of user 'modelstate'",
+                          f.read())
 
 
     def test_b_a_new_password_is_taken_on_sighup(self):

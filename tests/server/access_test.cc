@@ -1568,6 +1568,117 @@ TEST(AccessReloadTest, AReloadThatNarrowsWhomASubscriberMayLearnOfEndsIt) {
   server.Stop();
 }
 
+// A revoked subscriber whose client reads nothing more keeps its stream
+// open (the server's pending write never completes): later reloads must
+// not revoke it again. Before, each SIGHUP wrote another denied record of
+// the same call.
+TEST(AccessReloadTest, AStalledRevokedSubscriberIsRecordedOnce) {
+  const TempDir dir("access-revoke-stalled-subscriber");
+  const std::filesystem::path tokens = dir / "tokens.json";
+  WriteText(tokens, TokenFile(People()));
+  TestServer server({"--token_file=" + tokens.string(), "--reload_seconds=0"});
+  ASSERT_THAT(server.Start(), IsOk());
+  std::unique_ptr<client::ModelStateClient> root =
+      ClientWithToken(server, "root-token");
+  std::unique_ptr<client::ModelStateClient> rev =
+      ClientWithToken(server, "rev-token");
+  auto context = rev->NewContext(absl::Seconds(60));
+  auto stream = rev->stub().Subscribe(context.get());
+  v1::SubscribeRequest request;
+  v1::Subscription& observe = *request.mutable_subscription();
+  observe.set_name("rev-stalled");
+  observe.set_mode(v1::Subscription::MODE_OBSERVE);
+  observe.add_namespaces("team-a");
+  observe.set_include_data(true);
+  observe.set_max_data_bytes(4 << 20);
+  ASSERT_TRUE(stream->Write(request));
+  v1::SubscribeResponse ack;
+  ASSERT_TRUE(stream->Read(&ack) && ack.has_ack());
+  // Events of 4 MiB each that rev never reads: the server's writes stall.
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_THAT(root->BuildModule(BuildRequest(
+                    absl::StrCat("team-a/big", i),
+                    R"({"type": "Linear", "args": [1024, 1024]})")),
+                IsOk());
+  }
+  std::vector<Who> people;
+  for (const Who& w : People()) {
+    if (w.identity != "rev") people.push_back(w);
+  }
+  WriteText(tokens, TokenFile(people));
+  // Three reloads, and a fourth so that the third's recheck is over
+  // (reloads run one after another).
+  for (int reloads = 1; reloads <= 4; ++reloads) {
+    ASSERT_EQ(kill(server.pid(), SIGHUP), 0);
+    AwaitReloads(server, reloads);
+  }
+  EXPECT_EQ(DeniedRecordsOf(*root, "rev").size(), 1u);
+  context->TryCancel();
+  server.Stop();
+}
+
+// A subscription whose first message came after a reload subscribes under
+// the reloaded file: a later reload that changes nothing of its caller's
+// leaves it alone. Before, it was compared with the principal of the old
+// file, found to learn of fewer subscribers, and ended.
+TEST(AccessReloadTest, ASubscriptionAttachedAfterAReloadOutlivesTheNext) {
+  const TempDir dir("access-attach-after-reload");
+  const std::filesystem::path tokens = dir / "tokens.json";
+  std::vector<Who> people = People();
+  people.push_back(
+      {"carol", "carol-token", {{"reviewer", {"team-a"}}, {"auditor", {"*"}}}});
+  WriteText(tokens, TokenFile(people));
+  // One stream per identity: a probe is refused once carol's stream holds
+  // her slot, i.e. once it was authenticated under the first file.
+  TestServer server({"--token_file=" + tokens.string(), "--reload_seconds=0",
+                     "--max_streams_per_identity=1"});
+  ASSERT_THAT(server.Start(), IsOk());
+  std::unique_ptr<client::ModelStateClient> carol =
+      ClientWithToken(server, "carol-token");
+  auto context = carol->NewContext(absl::Seconds(30));
+  auto stream = carol->stub().Subscribe(context.get());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  grpc::StatusCode probed = grpc::StatusCode::OK;
+  for (int i = 0; i < 200; ++i) {
+    auto probe_context = carol->NewContext(absl::Seconds(10));
+    auto probe = carol->stub().Subscribe(probe_context.get());
+    probe->WritesDone();
+    probed = probe->Finish().error_code();
+    if (probed == grpc::StatusCode::RESOURCE_EXHAUSTED) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(probed, grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // Her audit narrows to team-a before her subscription message comes.
+  people.back().roles = {{"reviewer", {"team-a"}}, {"auditor", {"team-a"}}};
+  WriteText(tokens, TokenFile(people));
+  ASSERT_EQ(kill(server.pid(), SIGHUP), 0);
+  AwaitReloads(server, 1);
+  v1::SubscribeRequest request;
+  request.mutable_subscription()->set_name("carol-hook");
+  request.mutable_subscription()->add_namespaces("team-a");
+  request.mutable_subscription()->set_failure_policy(
+      v1::Subscription::FAIL_OPEN);
+  ASSERT_TRUE(stream->Write(request));
+  v1::SubscribeResponse event;
+  ASSERT_TRUE(stream->Read(&event) && event.has_ack());
+  // A reload about someone else, and one more so that its recheck is over.
+  people.push_back({"dave", "dave-token", {{"reader", {"team-b"}}}});
+  WriteText(tokens, TokenFile(people));
+  for (int reloads = 2; reloads <= 3; ++reloads) {
+    ASSERT_EQ(kill(server.pid(), SIGHUP), 0);
+    AwaitReloads(server, reloads);
+  }
+  stream->WritesDone();
+  while (stream->Read(&event)) {
+  }
+  grpc::Status ended = stream->Finish();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::OK) << ended.error_message();
+  std::unique_ptr<client::ModelStateClient> root =
+      ClientWithToken(server, "root-token");
+  EXPECT_THAT(DeniedRecordsOf(*root, "carol"), IsEmpty());
+  server.Stop();
+}
+
 // --reload_seconds: a token file changed in place (as the kubelet updates
 // a Secret, signalling nobody) is read again without a SIGHUP; a file that
 // did not change is not reloaded.

@@ -165,9 +165,10 @@ def _with_ring(client, wanted, through, plain):
 def _through_ring(client, ring, call, plain):
     """call(ring) with the ring's `consumed` set to 0; once more after
     registering the ring again when the server no longer knows its token
-    (its registering connection ended, or the server restarted); plain() when the server's side of
-    the ring is still held by an earlier call, or the ring cannot be
-    registered again. Raises grpc.RpcError as the calls do."""
+    (the connection that registered it ended, or the server restarted);
+    plain() when the server's side of the ring is still held by an earlier
+    call, or the ring cannot be registered again. Raises grpc.RpcError as
+    the calls do."""
     for attempt in (1, 2):
         ring.consumed = 0
         ring.begin_direct_call()
