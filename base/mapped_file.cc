@@ -1,11 +1,14 @@
 #include "base/mapped_file.h"
 
 #include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <mutex>
 
 #include "base/file_util.h"
 
@@ -31,6 +34,67 @@ absl::StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(
 
 MappedFile::~MappedFile() {
   if (size_ > 0) munmap(const_cast<char*>(data_), size_);
+}
+
+namespace {
+
+// The bytes a thread is reading under ReadCatchingBusErrors, and where to
+// go back to when they fault.
+struct BusErrorGuard {
+  sigjmp_buf resume;
+  const char* begin;
+  const char* end;
+};
+thread_local BusErrorGuard* bus_error_guard = nullptr;
+struct sigaction previous_sigbus;
+
+void OnSigbus(int signal, siginfo_t* info, void* context) {
+  const BusErrorGuard* guard = bus_error_guard;
+  const char* at = static_cast<const char*>(info->si_addr);
+  if (guard != nullptr && at >= guard->begin && at < guard->end) {
+    siglongjmp(const_cast<BusErrorGuard*>(guard)->resume, 1);
+  }
+  // Not a read this guards: what would have happened without it.
+  if ((previous_sigbus.sa_flags & SA_SIGINFO) != 0 &&
+      previous_sigbus.sa_sigaction != nullptr) {
+    previous_sigbus.sa_sigaction(signal, info, context);
+    return;
+  }
+  if (previous_sigbus.sa_handler != SIG_DFL &&
+      previous_sigbus.sa_handler != SIG_IGN) {
+    previous_sigbus.sa_handler(signal);
+    return;
+  }
+  ::signal(SIGBUS, SIG_DFL);
+  raise(SIGBUS);
+}
+
+}  // namespace
+
+bool MappedFile::ReadCatchingBusErrors(absl::string_view bytes,
+                                       absl::FunctionRef<void()> read) {
+  static std::once_flag installed;
+  std::call_once(installed, [] {
+    struct sigaction action = {};
+    action.sa_sigaction = OnSigbus;
+    action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGBUS, &action, &previous_sigbus);
+  });
+  BusErrorGuard guard;
+  guard.begin = bytes.data();
+  guard.end = bytes.data() + bytes.size();
+  BusErrorGuard* const outer = bus_error_guard;
+  // 1: the signal mask is saved and restored, so that SIGBUS, blocked while
+  // its handler runs, is not left blocked after the jump back.
+  if (sigsetjmp(guard.resume, 1) != 0) {
+    bus_error_guard = outer;
+    return false;
+  }
+  bus_error_guard = &guard;
+  read();
+  bus_error_guard = outer;
+  return true;
 }
 
 }  // namespace modelstate

@@ -8,6 +8,11 @@
 //   MODELSTATE_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file,
 //                               MappedFile::Open("data-1.safetensors"));
 //   absl::string_view header = file->bytes().substr(0, 8);
+//   uint32_t crc = 0;
+//   if (!MappedFile::ReadCatchingBusErrors(
+//           file->bytes(), [&] { crc = Crc32c(file->bytes()); })) {
+//     // cut short under the mapping, or the disk failed to read a page
+//   }
 #ifndef MODELSTATE_BASE_MAPPED_FILE_H_
 #define MODELSTATE_BASE_MAPPED_FILE_H_
 
@@ -15,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -22,7 +28,8 @@ namespace modelstate {
 
 // Thread-safe (immutable). The mapping stays valid after the file is
 // unlinked or renamed; a file truncated under it by another program makes
-// reads past the new end fault, as with any mapping.
+// reads past the new end fault, as with any mapping (see
+// ReadCatchingBusErrors).
 class MappedFile {
  public:
   // Maps all of `path` read-only. An empty file maps to no bytes. Errors
@@ -36,6 +43,17 @@ class MappedFile {
 
   absl::string_view bytes() const { return {data_, size_}; }
   const std::string& path() const { return path_; }
+
+  // Runs `read`, which reads `bytes` (of some mapping), and returns false
+  // instead of letting the process die if reading them raises SIGBUS: the
+  // file was cut short under the mapping, or the disk could not read a
+  // page. A SIGBUS anywhere else goes to the handler that was there before
+  // (or kills the process, as it would have). `read` may be abandoned
+  // part-way, so it must take no lock and own nothing that needs
+  // destroying (a checksum loop). Thread-safe; installs a SIGBUS handler
+  // the first time.
+  static bool ReadCatchingBusErrors(absl::string_view bytes,
+                                    absl::FunctionRef<void()> read);
 
  private:
   MappedFile(std::string path, const char* data, size_t size)

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/crc32c.h"
+#include "base/mapped_file.h"
 #include "base/status_macros.h"
 #include "base/sync.h"
 #if MODELSTATE_WITH_CUDA
@@ -440,26 +441,45 @@ absl::Status Storage::CheckIntegrity(bool again) const {
   if (owner_ != Owner::kFile) return absl::OkStatus();
   uint8_t known = integrity_.load(std::memory_order_acquire);
   if (known == kUnchecked || (again && known == kIntact)) {
-    const uint32_t crc =
-        Crc32c(absl::string_view(static_cast<const char*>(data_), nbytes_));
-    if (crc == crc32c_) {
+    const absl::string_view bytes(static_cast<const char*>(data_), nbytes_);
+    uint32_t crc = 0;
+    const bool read =
+        MappedFile::ReadCatchingBusErrors(bytes, [&] { crc = Crc32c(bytes); });
+    if (read && crc == crc32c_) {
       // Two checks may race; a damaged verdict is never undone.
       uint8_t expected = known;
       integrity_.compare_exchange_strong(expected, kIntact);
-    } else if (integrity_.exchange(kDamaged) != kDamaged) {
-      damaged_storages.fetch_add(1);
+    } else {
+      uint8_t before = integrity_.load(std::memory_order_acquire);
+      const uint8_t verdict = read ? kDamaged : kUnreadable;
+      while (before != kDamaged && before != kUnreadable &&
+             !integrity_.compare_exchange_weak(before, verdict)) {
+      }
+      if (before != kDamaged && before != kUnreadable) {
+        damaged_storages.fetch_add(1);
+      }
     }
     known = integrity_.load(std::memory_order_acquire);
   }
-  if (known != kDamaged) return absl::OkStatus();
-  return absl::DataLossError(absl::StrFormat(
-      "%s is damaged on disk: its %d bytes do not match their CRC-32C "
-      "0x%08x; they are not served",
-      origin_, nbytes_, crc32c_));
+  if (known == kDamaged) {
+    return absl::DataLossError(absl::StrFormat(
+        "%s is damaged on disk: its %d bytes do not match their CRC-32C "
+        "0x%08x; they are not served",
+        origin_, nbytes_, crc32c_));
+  }
+  if (known == kUnreadable) {
+    return absl::DataLossError(absl::StrFormat(
+        "%s cannot be read from disk: reading its %d bytes faulted (the "
+        "file is shorter than when it was mapped, or the disk failed to "
+        "read a page); they are not served",
+        origin_, nbytes_));
+  }
+  return absl::OkStatus();
 }
 
 bool Storage::damaged() const {
-  return integrity_.load(std::memory_order_acquire) == kDamaged;
+  const uint8_t known = integrity_.load(std::memory_order_acquire);
+  return known == kDamaged || known == kUnreadable;
 }
 
 uint64_t Storage::DamagedCount() { return damaged_storages.load(); }

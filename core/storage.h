@@ -153,7 +153,8 @@ class Storage {
   // For file bytes: checks them against their CRC-32C the first time they
   // are needed (every time when `again`, as a scrub does), so that damage
   // on disk is found before any byte is served. DATA_LOSS naming the origin
-  // once the bytes do not match; from then on the storage stays damaged.
+  // once the bytes do not match, or cannot be read at all (the read faulted:
+  // the process lives on); from then on the storage stays damaged.
   // OK for every other storage, and thread-safe.
   absl::Status CheckIntegrity(bool again = false) const;
   // Whether CheckIntegrity has ever found these bytes damaged.
@@ -171,8 +172,10 @@ class Storage {
  private:
   friend class ScopedStorageReuse;
   enum class Owner { kMalloc, kMmap, kString, kBackend, kFile };
-  // What CheckIntegrity knows of file bytes.
-  enum Integrity : uint8_t { kUnchecked, kIntact, kDamaged };
+  // What CheckIntegrity knows of file bytes. kUnreadable: reading them
+  // faulted (the file cut short, a page the disk could not read); damaged
+  // as kDamaged is, with its own message.
+  enum Integrity : uint8_t { kUnchecked, kIntact, kDamaged, kUnreadable };
   Storage(void* data, size_t nbytes, Device device, Owner owner);
 
   void* data_;

@@ -39,13 +39,14 @@ case "$kind" in
     # thread that faults in fresh storages), shared_ring_test (a
     # producer and a consumer on one shared-memory ring) and
     # state_stream_test (a staged load's writer and observer threads
-    # sharing its queue). The tests that start the server
+    # sharing its queue), mapped_file_test (threads catching their own bus
+    # errors in a signal handler that jumps back). The tests that start the server
     # process are left out: Debian's gRPC and Abseil are not built with
     # TSan, which then reports their internal synchronisation as races and
     # defers the server's SIGTERM until its threads run instrumented code.
     targets=(subscriber_hub_test hooks_test module_repository_test merkle_test
              forward_test device_test tensor_test shared_ring_test
-             state_stream_test)
+             state_stream_test mapped_file_test)
     cmake --build "$dir" -j"$(nproc)" --target "${targets[@]}"
     # Ignore the intercepted calls (memcpy, epoll, ...) that uninstrumented
     # libraries make themselves, one entry per library the tests load;

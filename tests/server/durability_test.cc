@@ -475,6 +475,60 @@ TEST_F(DurabilityTest, TheScrubFindsDamageAndItIsNeverServedAgain) {
   server_.set_flags({});
 }
 
+// A data file cut short under a running server (a disk that fails to read
+// a page faults the same way): the check that meets the missing bytes, on
+// their first read or the scrub's, says DATA_LOSS naming them, and the
+// server lives on. Before, the read's SIGBUS killed it.
+TEST_F(DurabilityTest, AFileCutShortUnderTheServerIsDataLossNotACrash) {
+  ASSERT_THAT(client_->BuildModule(BuildRequest(
+                  "c/first", R"({"type": "Linear", "args": [256, 256]})", 1)),
+              IsOk());
+  ASSERT_THAT(
+      client_->BuildModule(BuildRequest(
+          "c/scrubbed", R"({"type": "Linear", "args": [256, 256]})", 2)),
+      IsOk());
+  ASSERT_THAT(client_->BuildModule(BuildRequest(
+                  "c/intact", R"({"type": "Linear", "args": [8, 8]})", 3)),
+              IsOk());
+  StopGracefully();
+  server_.set_flags({"--scrub_interval=300ms"});
+  Restart();
+  // Read once, and so checked, before its file is cut: the scrub finds it.
+  ASSERT_THAT(client_->GetStateDict("c/scrubbed"), IsOk());
+  // Data files are numbered in the order they were written.
+  const std::vector<std::pair<std::string, std::string>> cut = {
+      {"first", "data-1.safetensors"}, {"scrubbed", "data-2.safetensors"}};
+  for (const auto& [name, file] : cut) {
+    const fs::path data = ModuleDir(server_, "c", name) / file;
+    fs::resize_file(data, fs::file_size(data) / 4);
+  }
+  const auto unreadable = [](const std::string& module,
+                             const std::string& file) {
+    return StatusIs(absl::StatusCode::kDataLoss,
+                    AllOf(HasSubstr("'weight'"),
+                          HasSubstr(absl::StrCat("module '", module, "'")),
+                          HasSubstr(absl::StrCat(module, "/", file)),
+                          HasSubstr("cannot be read from disk")));
+  };
+  EXPECT_THAT(client_->GetStateDict("c/first"),
+              unreadable("c/first", "data-1.safetensors"));
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (
+      std::chrono::steady_clock::now() < deadline &&
+      server_.Log().find("scrub: DATA_LOSS: 'weight': module 'c/scrubbed'") ==
+          std::string::npos) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_THAT(server_.Log(),
+              HasSubstr("scrub: DATA_LOSS: 'weight': module 'c/scrubbed'"));
+  EXPECT_THAT(client_->GetStateDict("c/scrubbed"),
+              unreadable("c/scrubbed", "data-2.safetensors"));
+  // The server is alive and serves what is intact.
+  EXPECT_THAT(client_->GetStateDict("c/intact"), IsOk());
+  server_.set_flags({});
+}
+
 TEST_F(DurabilityTest, DamageIsNamedAtStartOrOnTheReadThatMeetsIt) {
   // Built first, d/bad gets the data file data-1.safetensors.
   ASSERT_THAT(client_->BuildModule(BuildRequest(
