@@ -1568,6 +1568,26 @@ TEST(AccessReloadTest, AReloadThatNarrowsWhomASubscriberMayLearnOfEndsIt) {
   server.Stop();
 }
 
+// With --max_streams_per_identity=1, after `c` opened a Subscribe stream
+// that sends nothing yet: RESOURCE_EXHAUSTED once a probe stream of the
+// same identity is refused, i.e. once the first stream holds the slot (it
+// was authenticated). It waits first for the stream to arrive, so that the
+// probes do not take the slot before it (a probe holds it only until its
+// half-close).
+grpc::StatusCode ProbeStreamSlot(client::ModelStateClient& c) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  grpc::StatusCode probed = grpc::StatusCode::OK;
+  for (int i = 0; i < 200; ++i) {
+    auto probe_context = c.NewContext(absl::Seconds(10));
+    auto probe = c.stub().Subscribe(probe_context.get());
+    probe->WritesDone();
+    probed = probe->Finish().error_code();
+    if (probed == grpc::StatusCode::RESOURCE_EXHAUSTED) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return probed;
+}
+
 // A revoked subscriber whose client reads nothing more keeps its stream
 // open (the server's pending write never completes): later reloads must
 // not revoke it again. Before, each SIGHUP wrote another denied record of
@@ -1637,17 +1657,7 @@ TEST(AccessReloadTest, ASubscriptionAttachedAfterAReloadOutlivesTheNext) {
       ClientWithToken(server, "carol-token");
   auto context = carol->NewContext(absl::Seconds(30));
   auto stream = carol->stub().Subscribe(context.get());
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  grpc::StatusCode probed = grpc::StatusCode::OK;
-  for (int i = 0; i < 200; ++i) {
-    auto probe_context = carol->NewContext(absl::Seconds(10));
-    auto probe = carol->stub().Subscribe(probe_context.get());
-    probe->WritesDone();
-    probed = probe->Finish().error_code();
-    if (probed == grpc::StatusCode::RESOURCE_EXHAUSTED) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_EQ(probed, grpc::StatusCode::RESOURCE_EXHAUSTED);
+  ASSERT_EQ(ProbeStreamSlot(*carol), grpc::StatusCode::RESOURCE_EXHAUSTED);
   // Her audit narrows to team-a before her subscription message comes.
   people.back().roles = {{"reviewer", {"team-a"}}, {"auditor", {"team-a"}}};
   WriteText(tokens, TokenFile(people));
@@ -1738,19 +1748,7 @@ TEST(AccessReloadTest, ASubscriptionRevokedBeforeItAttachesIsNeverAttached) {
   std::unique_ptr<client::ModelStateClient> rev = as("rev-token");
   auto context = rev->NewContext(absl::Seconds(20));
   auto stream = rev->stub().Subscribe(context.get());
-  // Time for the first stream to arrive, so that the probes do not take
-  // its slot before it (a probe holds it only until its half-close).
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  grpc::StatusCode probed = grpc::StatusCode::OK;
-  for (int i = 0; i < 200; ++i) {
-    auto probe_context = rev->NewContext(absl::Seconds(10));
-    auto probe = rev->stub().Subscribe(probe_context.get());
-    probe->WritesDone();
-    probed = probe->Finish().error_code();
-    if (probed == grpc::StatusCode::RESOURCE_EXHAUSTED) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_EQ(probed, grpc::StatusCode::RESOURCE_EXHAUSTED);
+  ASSERT_EQ(ProbeStreamSlot(*rev), grpc::StatusCode::RESOURCE_EXHAUSTED);
 
   std::vector<Who> people;
   for (const Who& w : People()) {
