@@ -41,6 +41,7 @@
 #include "absl/time/time.h"
 #include "base/file_util.h"
 #include "base/log.h"
+#include "base/malloc_settings.h"
 #include "base/signal_pipe.h"
 #include "base/status_macros.h"
 #include "core/emulated_device.h"
@@ -548,8 +549,7 @@ int main(int argc, char** argv) {
   // soak test's clients left, 15 MiB with one arena. The transfer and
   // 32-client benchmarks measured the same either way (tcache keeps small
   // allocations off the arena lock).
-  if (mallopt(M_MMAP_THRESHOLD, 32 << 20) != 1 ||
-      mallopt(M_TRIM_THRESHOLD, 1 << 30) != 1 || mallopt(M_ARENA_MAX, 1) != 1) {
+  if (!modelstate::ReuseMessageMemory()) {
     LogLine("warning: malloc refused the mmap, trim and arena settings");
   }
   absl::StatusOr<ServerConfig> config = ConfigFromFlags();
