@@ -40,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "base/file_util.h"
+#include "base/malloc_settings.h"
 #include "base/sha256.h"
 #include "client/model_state_client.h"
 #include "client/subscriber.h"
@@ -62,6 +63,10 @@ ABSL_FLAG(std::vector<std::string>, figures,
                                     "restore", "attest", "shared_memory",
                                     "mapped", "idle_latency"}),
           "which figures to measure");
+ABSL_FLAG(bool, reuse_message_memory, false,
+          "this process (the clients) takes the server's malloc settings "
+          "(base/malloc_settings.h), as README recommends for a process "
+          "that runs many transfers at once");
 // The raw gRPC server mode (this binary, started by itself).
 ABSL_FLAG(bool, serve_raw, false,
           "serve the raw gRPC baseline and nothing else");
@@ -883,6 +888,12 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  // Before any thread starts: arenas made earlier would stay in use.
+  if (absl::GetFlag(FLAGS_reuse_message_memory) &&
+      !modelstate::ReuseMessageMemory()) {
+    std::cerr << "transfer_bench: malloc refused the settings\n";
+    return 1;
+  }
   if (absl::GetFlag(FLAGS_serve_raw)) {
     return modelstate::bench::RunRawServer(absl::GetFlag(FLAGS_listen),
                                            absl::GetFlag(FLAGS_ready_file));
