@@ -1,6 +1,7 @@
 #include "base/mapped_file.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -51,7 +52,9 @@ struct sigaction previous_sigbus;
 void OnSigbus(int signal, siginfo_t* info, void* context) {
   const BusErrorGuard* guard = bus_error_guard;
   const char* at = static_cast<const char*>(info->si_addr);
-  if (guard != nullptr && at >= guard->begin && at < guard->end) {
+  // si_code > 0: raised by the kernel for a fault, not sent by a process.
+  if (guard != nullptr && info->si_code > 0 && at >= guard->begin &&
+      at < guard->end) {
     siglongjmp(const_cast<BusErrorGuard*>(guard)->resume, 1);
   }
   // Not a read this guards: what would have happened without it.
@@ -85,10 +88,15 @@ bool MappedFile::ReadCatchingBusErrors(absl::string_view bytes,
   guard.begin = bytes.data();
   guard.end = bytes.data() + bytes.size();
   BusErrorGuard* const outer = bus_error_guard;
-  // 1: the signal mask is saved and restored, so that SIGBUS, blocked while
-  // its handler runs, is not left blocked after the jump back.
-  if (sigsetjmp(guard.resume, 1) != 0) {
+  // The mask is not saved (that is a system call per read, and scrubs make
+  // one per tensor): the handler runs with SIGBUS alone added to it, which
+  // is unblocked again after the jump back.
+  if (sigsetjmp(guard.resume, 0) != 0) {
     bus_error_guard = outer;
+    sigset_t bus;
+    sigemptyset(&bus);
+    sigaddset(&bus, SIGBUS);
+    pthread_sigmask(SIG_UNBLOCK, &bus, nullptr);
     return false;
   }
   bus_error_guard = &guard;

@@ -53,6 +53,24 @@ absl::Status FromGrpc(const grpc::Status& status) {
                       status.error_message());
 }
 
+// Whether etcd refused a login itself, which no other member would
+// accept: a wrong user or password (INVALID_ARGUMENT, as etcd's
+// ErrGRPCAuthFailed), a user without rights, or authentication turned off
+// while a user is configured.
+bool LoginRefused(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kUnauthenticated:
+      return true;
+    case absl::StatusCode::kFailedPrecondition:
+      return absl::StrContains(status.message(),
+                               "authentication is not enabled");
+    default:
+      return false;
+  }
+}
+
 absl::Status WithEndpoint(const absl::Status& status,
                           absl::string_view address) {
   if (status.ok()) return status;
@@ -184,10 +202,9 @@ absl::Status EtcdClient::Invoke(Call call) {
       if (!options_.user.empty() && token.empty()) {
         absl::StatusOr<std::string> fresh = Authenticate(*endpoint);
         status = fresh.status();
-        if (!status.ok() && !absl::IsUnavailable(status) &&
-            !absl::IsDeadlineExceeded(status)) {
-          // etcd refuses a wrong user or password as INVALID_ARGUMENT.
-          // Passed on, a client would take it for a fault of its own
+        if (LoginRefused(status)) {
+          // Passed on as etcd says it (INVALID_ARGUMENT for a wrong
+          // password), a client would take it for a fault of its own
           // request; it is this replica's configuration, which a reload of
           // the password file mends. Said at once: every etcd member keeps
           // the same users, and a later endpoint's "unreachable" would
@@ -198,7 +215,13 @@ absl::Status EtcdClient::Invoke(Call call) {
                   "' (--etcd_user, --etcd_password_file): ", status.message())),
               address);
         }
-        if (!status.ok()) break;
+        if (!status.ok()) {
+          // Anything else (too many requests, a member's own trouble, a
+          // proxy's error) may pass on another endpoint: tried next.
+          status = absl::UnavailableError(
+              absl::StrCat("logging in failed: ", status.ToString()));
+          break;
+        }
         token = *std::move(fresh);
       }
       grpc::ClientContext context;

@@ -490,12 +490,18 @@ absl::Status ModelService::Admit(const Caller& caller, SubscriptionSpec& spec) {
     MODELSTATE_RETURN_IF_ERROR(
         gate_.AllowIn(caller, "Subscribe", Permission::kSubscribe, wanted));
   }
+  ScopeToPrincipal(caller, spec);
+  return absl::OkStatus();
+}
+
+void ModelService::ScopeToPrincipal(const Caller& caller,
+                                    SubscriptionSpec& spec) {
   std::vector<std::string> visible =
       caller.principal.NamespacesFor(Permission::kSubscribe);
+  spec.visible_namespaces.clear();
   if (!Everywhere(visible)) spec.visible_namespaces = std::move(visible);
   // Whom the chains it is sent name: those ListSubscribers shows it.
   spec.learns_of = MayLearnOfNamespaces(caller);
-  return absl::OkStatus();
 }
 
 SubscriberSession::~SubscriberSession() { Detach(); }
@@ -515,13 +521,15 @@ absl::StatusOr<uint64_t> SubscriberSession::Attach(
         caller_, "Subscribe", Permission::kSubscribe));
     MODELSTATE_ASSIGN_OR_RETURN(
         Principal now, service_->gate_.StillNamed(caller_, "Subscribe"));
-    // It subscribes under the reloaded file: its chains name whom that
-    // file lets it learn of, and later reloads are compared with it (with
-    // the old principal, a reload that changed nothing of the caller's
-    // would find its learn-of namespaces narrowed and end it).
+    // It subscribes under the reloaded file: it sees the namespaces that
+    // file lets it review, its chains name whom it lets it learn of, and
+    // later reloads are compared with it (with the old principal, a
+    // reload that changed nothing of the caller's would find its learn-of
+    // namespaces narrowed and end it; one that had widened them would
+    // neither send it their events nor let a later narrowing pass).
     caller_.principal = std::move(now);
     caller_.policy_generation = generation;
-    spec.learns_of = MayLearnOfNamespaces(caller_);
+    service_->ScopeToPrincipal(caller_, spec);
   }
   MODELSTATE_ASSIGN_OR_RETURN(
       subscriber_id_,

@@ -537,6 +537,9 @@ class ModelService {
       const Caller& caller, const ModuleName& module,
       RegistrationRequest request);
   absl::Status Admit(const Caller& caller, SubscriptionSpec& spec);
+  // What of `spec` the caller's principal decides: the namespaces it sees
+  // and whom its chains name.
+  void ScopeToPrincipal(const Caller& caller, SubscriptionSpec& spec);
   absl::Status HasAudit() const;
   absl::Status HasCheckpoints() const;
   // Audit permission somewhere, or witness permission somewhere when

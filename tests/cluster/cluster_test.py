@@ -53,7 +53,10 @@ Checked through the real Python client's stubs, against every replica:
   (no server fails) and work again once it is back;
 - etcd with authentication on (--etcd_user, --etcd_password_file): a
   server with the password joins, one with a wrong password does not
-  start; an endpoint list whose first endpoint is dead still works;
+  start (its log names the refusal, not a dead endpoint after it); an
+  endpoint list whose first endpoint is dead, or busy ("too many
+  requests"), still works; a new password is taken on SIGHUP; one etcd
+  no longer accepts is UNAVAILABLE to clients, naming the login;
 - TLS servers with mutual TLS (certificates made by the openssl command),
   on an etcd that requires client certificates too: replicas reach etcd
   with --etcd_ca_file/--etcd_cert_file/--etcd_key_file (a key or CA others
@@ -1822,6 +1825,30 @@ class EtcdTlsRotationTest(unittest.TestCase):
         self.check_cluster(modules)
 
 
+# An etcd member that answers every login with etcd's "too many requests"
+# (RESOURCE_EXHAUSTED): prints its port, serves until its stdin closes, then
+# prints how many logins it refused.
+BUSY_ETCD = """
+import sys
+from concurrent import futures
+import grpc
+calls = []
+def busy(request, context):
+    calls.append(1)
+    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                  "etcdserver: too many requests")
+server = grpc.server(futures.ThreadPoolExecutor(2))
+server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+    "etcdserverpb.Auth",
+    {"Authenticate": grpc.unary_unary_rpc_method_handler(busy)})])
+print(server.add_insecure_port("127.0.0.1:0"), flush=True)
+server.start()
+sys.stdin.read()
+server.stop(0)
+print(len(calls), flush=True)
+"""
+
+
 class EtcdAuthTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -1939,6 +1966,30 @@ class EtcdAuthTest(unittest.TestCase):
                       "--etcd_password_file", log)
         # The lease it had (the switch is not a new membership).
         self.assertNotIn("registering again", log)
+
+    def test_b_a_busy_member_is_passed_over(self):
+        # A member that cannot log anyone in just now (etcd's "too many
+        # requests") is not a refusal of the password: the next endpoint
+        # is tried, and the replica starts. The busy member is a process of
+        # its own: a gRPC server in this one would be forked with every
+        # server this test starts.
+        busy = subprocess.Popen(
+            [sys.executable, "-c", BUSY_ETCD], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True)
+        self.addCleanup(busy.wait)
+        self.addCleanup(busy.stdin.close)
+        self.addCleanup(busy.stdout.close)
+        port = int(busy.stdout.readline())
+        server = server_process.Server(
+            SERVER_BINARY,
+            "--etcd_endpoints=127.0.0.1:%d,%s" % (port, self.etcd.endpoint),
+            "--etcd_user=modelstate",
+            "--etcd_password_file=" + self.password_file("member-password"),
+            "--replica_id=a4", "--cluster_key_prefix=/modelstate/busy/",
+            "--cluster_secret_file=" + self.secret)
+        self.addCleanup(server.stop)
+        busy.stdin.close()
+        self.assertGreaterEqual(int(busy.stdout.readline()), 1)
 
     def test_c_a_refused_login_is_unavailable_to_clients(self):
         # The password changed in etcd (which drops the user's tokens) but

@@ -1689,6 +1689,45 @@ TEST(AccessReloadTest, ASubscriptionAttachedAfterAReloadOutlivesTheNext) {
   server.Stop();
 }
 
+// A subscription whose first message came after a reload that widened its
+// caller's reviewer namespaces sees the namespace it gained. Before, it
+// was admitted with the old file's (and then revoked for that namespace
+// by a reload that took it back, never having been sent its events).
+TEST(AccessReloadTest, ASubscriptionAttachedAfterAWideningReloadSeesItAll) {
+  const TempDir dir("access-attach-after-widening");
+  const std::filesystem::path tokens = dir / "tokens.json";
+  std::vector<Who> people = People();
+  people.push_back({"carol", "carol-token", {{"reviewer", {"team-a"}}}});
+  WriteText(tokens, TokenFile(people));
+  TestServer server({"--token_file=" + tokens.string(), "--reload_seconds=0",
+                     "--max_streams_per_identity=1"});
+  ASSERT_THAT(server.Start(), IsOk());
+  std::unique_ptr<client::ModelStateClient> carol =
+      ClientWithToken(server, "carol-token");
+  auto context = carol->NewContext(absl::Seconds(20));
+  auto stream = carol->stub().Subscribe(context.get());
+  ASSERT_EQ(ProbeStreamSlot(*carol), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  people.back().roles = {{"reviewer", {"team-a", "team-b"}}};
+  WriteText(tokens, TokenFile(people));
+  ASSERT_EQ(kill(server.pid(), SIGHUP), 0);
+  AwaitReloads(server, 1);
+  v1::SubscribeRequest request;
+  request.mutable_subscription()->set_name("carol-watch");
+  request.mutable_subscription()->set_mode(v1::Subscription::MODE_OBSERVE);
+  ASSERT_TRUE(stream->Write(request));
+  v1::SubscribeResponse event;
+  ASSERT_TRUE(stream->Read(&event) && event.has_ack());
+  std::unique_ptr<client::ModelStateClient> root =
+      ClientWithToken(server, "root-token");
+  ASSERT_THAT(root->BuildModule(BuildRequest("team-b/m", kNet)), IsOk());
+  ASSERT_TRUE(stream->Read(&event)) << stream->Finish().error_message();
+  ASSERT_TRUE(event.has_event()) << event.DebugString();
+  EXPECT_EQ(event.event().namespace_(), "team-b");
+  context->TryCancel();
+  (void)stream->Finish();
+  server.Stop();
+}
+
 // --reload_seconds: a token file changed in place (as the kubelet updates
 // a Secret, signalling nobody) is read again without a SIGHUP; a file that
 // did not change is not reloaded.
