@@ -28,7 +28,9 @@ else
   ms_install_packages "${MODELSTATE_PACKAGES[@]}"
   build_dir=${BENCH_BUILD_DIR:-$MODELSTATE_ROOT/build-bench}
   report=$MODELSTATE_ROOT/BENCHMARKS.md
-  cmake -S "$MODELSTATE_ROOT" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release
+  # A unity build, as deploy/run.sh's: the benchmarks measure what runs.
+  cmake -S "$MODELSTATE_ROOT" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_UNITY_BUILD=ON
   cmake --build "$build_dir" -j"$(nproc)" --target modelstate-server \
     modelstatectl core_bench transfer_bench dump_state_dict forward_bench \
     audit_bench

@@ -10,6 +10,7 @@
 #include "absl/synchronization/notification.h"
 #include "base/sync.h"
 #include "modelstate/v1/model_state_service.grpc.pb.h"
+#include "proto/convert.h"
 #include "server/forwarding.h"
 
 namespace modelstate::server {
