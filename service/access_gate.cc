@@ -161,7 +161,13 @@ absl::Status AccessGate::StillAllowsIn(const Caller& caller,
 absl::Status AccessGate::StillAllows(const Caller& caller,
                                      absl::string_view rpc,
                                      Permission permission) {
-  if (!authenticates()) return absl::OkStatus();
+  return StillAllowed(caller, rpc, permission).status();
+}
+
+absl::StatusOr<Principal> AccessGate::StillAllowed(const Caller& caller,
+                                                   absl::string_view rpc,
+                                                   Permission permission) {
+  if (!authenticates()) return caller.principal;
   const std::string& identity = caller.principal.identity;
   absl::StatusOr<Principal> now = StillNamed(caller, rpc);
   if (!now.ok()) return now.status();
@@ -178,7 +184,7 @@ absl::Status AccessGate::StillAllows(const Caller& caller,
         lost.push_back(ns);
     }
   }
-  if (lost.empty()) return absl::OkStatus();
+  if (lost.empty()) return now;
   const std::string where =
       everywhere(lost) ? "in every namespace"
                        : absl::StrCat(lost.size() == 1 ? "in namespace '"

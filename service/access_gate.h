@@ -101,6 +101,12 @@ class AccessGate {
   // disconnects.
   absl::Status StillAllows(const Caller& caller, absl::string_view rpc,
                            Permission permission);
+  // StillAllows, and the principal it checked (the reloaded file's): for a
+  // caller that goes on under that principal, so that what it keeps is
+  // what was checked, whatever reload comes meanwhile.
+  absl::StatusOr<Principal> StillAllowed(const Caller& caller,
+                                         absl::string_view rpc,
+                                         Permission permission);
   // For a transfer of `module` (GetStateDict, LoadStateDict) opened by
   // `caller`, or a build of it that waited for another (BuildModule),
   // asked again once the token file was reloaded: OK while its

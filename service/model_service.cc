@@ -517,10 +517,11 @@ absl::StatusOr<uint64_t> SubscriberSession::Attach(
   ReaderMutexLock attaching(&service_->attach_mu_);
   if (const uint64_t generation = service_->gate_.policy_generation();
       generation != caller_.policy_generation) {
-    MODELSTATE_RETURN_IF_ERROR(service_->gate_.StillAllows(
-        caller_, "Subscribe", Permission::kSubscribe));
+    // One look-up: the principal kept is the one checked, even if another
+    // reload comes meanwhile (its recheck then finds this subscriber).
     MODELSTATE_ASSIGN_OR_RETURN(
-        Principal now, service_->gate_.StillNamed(caller_, "Subscribe"));
+        Principal now, service_->gate_.StillAllowed(caller_, "Subscribe",
+                                                    Permission::kSubscribe));
     // It subscribes under the reloaded file: it sees the namespaces that
     // file lets it review, its chains name whom it lets it learn of, and
     // later reloads are compared with it (with the old principal, a

@@ -1976,9 +1976,8 @@ class EtcdAuthTest(unittest.TestCase):
         busy = subprocess.Popen(
             [sys.executable, "-c", BUSY_ETCD], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, text=True)
-        self.addCleanup(busy.wait)
-        self.addCleanup(busy.stdin.close)
-        self.addCleanup(busy.stdout.close)
+        self.addCleanup(busy.communicate)
+        self.addCleanup(busy.kill)
         port = int(busy.stdout.readline())
         server = server_process.Server(
             SERVER_BINARY,
@@ -1988,8 +1987,8 @@ class EtcdAuthTest(unittest.TestCase):
             "--replica_id=a4", "--cluster_key_prefix=/modelstate/busy/",
             "--cluster_secret_file=" + self.secret)
         self.addCleanup(server.stop)
-        busy.stdin.close()
-        self.assertGreaterEqual(int(busy.stdout.readline()), 1)
+        refused, _ = busy.communicate(timeout=30)
+        self.assertGreaterEqual(int(refused), 1)
 
     def test_c_a_refused_login_is_unavailable_to_clients(self):
         # The password changed in etcd (which drops the user's tokens) but
